@@ -1,0 +1,40 @@
+"""Cooperative cancellation and inactivity deadlines for synchronous work."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+
+
+class CancelToken:
+    """Set by whoever owns the request (a disconnect, a task cancel); checked by the work.
+
+    `idle_timeout_s` is an inactivity timeout: it counts from the last `progress()` call, so only
+    real progress (embedding, authorization, scanning, generation) keeps work alive.
+    """
+
+    def __init__(self, idle_timeout_s: float | None = None) -> None:
+        self._event = threading.Event()
+        self._idle = idle_timeout_s
+        self._last = time.monotonic()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def progress(self) -> None:
+        self._last = time.monotonic()
+
+    def idle_expired(self) -> bool:
+        return self._idle is not None and time.monotonic() - self._last > self._idle
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise RetrievalError(ErrorCode.CANCELLED, "The request was cancelled.")
+        if self.idle_expired():
+            raise RetrievalError(ErrorCode.TIMEOUT, "No progress within the inactivity timeout.")

@@ -1,0 +1,91 @@
+"""The identity of a corpus: which embedding produced its vectors, and how it was chunked.
+
+Stored with the corpus and compared at open, before any embedding call; nothing is converted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import JSONScalar
+
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+# Shapes of secrets that must never be used as a label (they end up in logs and descriptors).
+_SECRET_SHAPES = (
+    re.compile(r"^(sk|pk|rk|xox[abpr]|ghp|gho|github_pat|glpat|AKIA|AIza)[-_A-Za-z0-9]{8,}"),
+    re.compile(r"^(bearer|basic)[\s:]", re.IGNORECASE),
+    re.compile(r"^eyJ[A-Za-z0-9_-]{8,}\."),  # a JWT
+    re.compile(r"[A-Za-z0-9_-]{40,}"),  # a long opaque run of key material
+)
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+
+def check_label(kind: str, value: str) -> str:
+    """Accept a non-secret identifier; reject anything shaped like a key, token or address."""
+    if _EMAIL.search(value):
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, f"{kind} must not be an e-mail address.")
+    if any(p.search(value) for p in _SECRET_SHAPES):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"{kind} looks like a secret; use a non-secret label."
+        )
+    if not _LABEL.match(value):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            f"{kind} must be 1-128 characters of letters, digits and . _ : / -",
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingDescriptor:
+    """Everything that makes two vectors comparable. Separate from any generation model."""
+
+    provider_id: str
+    vendor: str
+    account_id: str
+    auth_mode: Literal["api-key", "none", "local"]
+    model: str
+    dimensions: int
+    metric: Literal["cosine"] = "cosine"
+
+    def __post_init__(self) -> None:
+        for kind in ("provider_id", "vendor", "account_id", "model"):
+            check_label(kind, getattr(self, kind))
+        if not 1 <= self.dimensions <= 16384:
+            raise RetrievalError(ErrorCode.INVALID_REQUEST, "dimensions must be in 1..16384")
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusDescriptor:
+    corpus_id: str
+    index_version: str
+    embedding: EmbeddingDescriptor
+    chunking: Mapping[str, JSONScalar] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_label("corpus id", self.corpus_id)
+        check_label("index version", self.index_version)
+
+    def canonical_json(self) -> str:
+        """A stable serialization: equal descriptors give byte-equal strings."""
+        body = asdict(self)
+        body["chunking"] = dict(self.chunking)
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    def mismatch(self, stored_json: str) -> list[str]:
+        """The names of fields that differ from a stored descriptor (empty when compatible)."""
+        stored = json.loads(stored_json)
+        mine = json.loads(self.canonical_json())
+        diffs: list[str] = []
+        for key in sorted(set(stored) | set(mine)):
+            if key == "embedding":
+                a, b = stored.get(key, {}), mine.get(key, {})
+                diffs += [f"embedding.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            elif stored.get(key) != mine.get(key):
+                diffs.append(key)
+        return diffs

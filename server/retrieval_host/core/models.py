@@ -1,0 +1,138 @@
+"""Domain values of the in-process API: immutable, no I/O, snake_case (HTTP maps to camelCase)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+JSONScalar: TypeAlias = str | int | float | bool | None
+JSONValue: TypeAlias = JSONScalar | Sequence["JSONValue"] | Mapping[str, "JSONValue"]
+Metadata: TypeAlias = Mapping[str, JSONValue]
+
+Operation: TypeAlias = Literal["search", "index", "delete"]
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a passage came from inside its document (1-based pages and lines)."""
+
+    page: int | None = None
+    start_line: int | None = None
+    end_line: int | None = None
+    document_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """A source document revision as the application names it."""
+
+    id: str
+    revision: str
+    title: str = ""
+    metadata: Metadata = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInput:
+    id: str
+    text: str
+    location: Location = Location()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRequest:
+    corpus: str
+    source: SourceInfo
+    chunks: Sequence[ChunkInput]
+    # SHA-256 of the full document text. Ingestion helpers pass the real document's digest;
+    # for prepared passages it defaults to the digest of the passages joined by blank lines.
+    document_sha256: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRequest:
+    corpus: str
+    query: str
+    source_ids: Sequence[str] | None = None
+    limit: int = 8
+    max_context_bytes: int | None = None
+    # Exact-match filters on source metadata, applied before ranking like the revision filter.
+    filters: Mapping[str, JSONScalar] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    corpus: str
+    source_id: str
+    revision: str
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingUsage:
+    """Embedding metering, kept apart from generation usage."""
+
+    requests: int = 0
+    input_tokens: int = 0
+
+    def __add__(self, other: EmbeddingUsage) -> EmbeddingUsage:
+        return EmbeddingUsage(
+            self.requests + other.requests, self.input_tokens + other.input_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Under what a read was made: the corpus, its index version and the granted namespace."""
+
+    corpus: str
+    index_version: str
+    namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRef:
+    id: str
+    revision: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    chunk_id: str
+    source: SourceRef
+    location: Location
+    text: str
+    document_sha256: str
+    score: float
+    retrieved_at: str
+    scope: Scope
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    hits: Sequence[Hit]
+    truncated: bool
+    retrieved_at: str
+    scope: Scope | None
+    usage: EmbeddingUsage
+
+
+@dataclass(frozen=True, slots=True)
+class IndexResult:
+    corpus: str
+    source: SourceRef
+    status: Literal["indexed", "unchanged"]
+    chunk_count: int
+    document_sha256: str
+    replaced_revision: str | None
+    usage: EmbeddingUsage
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    corpus: str
+    source: SourceRef
+    deleted_chunks: int
+    # Reclamation is reported apart from visibility: the passages are gone from every read as
+    # soon as the delete commits; whether their bytes were overwritten is a store property.
+    reclamation: Literal["overwritten", "pending", "unknown"]

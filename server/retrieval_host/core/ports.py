@@ -1,0 +1,173 @@
+"""The ports core declares and adapters implement. Core never imports an adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
+from retrieval_host.core.models import EmbeddingUsage, JSONScalar, Location, Metadata, Operation
+
+Vectors = npt.NDArray[np.float32]
+
+# In an `index` grant, a source mapped to this value may be written at any revision (the
+# ingestion helper derives revisions from content, which the application cannot know ahead).
+# It is refused in `search` and `delete` grants: those always name an exact revision.
+ANY_REVISION = "*"
+
+
+# --- authorization -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationRequest:
+    operation: Operation
+    corpus: str
+    # None when the caller named no sources (a search over everything it may read).
+    source_ids: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one subject may touch for one operation: a namespace and exact source revisions."""
+
+    namespace: str
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+Authorizer = Callable[[AuthorizationRequest, RequestContext], "Grant | None"]
+"""Application code. Returns None to deny. Called again after reads (point-in-time checks)."""
+
+
+# --- embedding -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingBatch:
+    vectors: Vectors  # shape (n, dimensions), float32, L2-normalised rows
+    usage: EmbeddingUsage
+
+
+class EmbeddingAdapter(Protocol):
+    """Turns texts into unit vectors with one explicitly chosen model.
+
+    Implementations validate what the model returns (count, order, dimensions, finiteness,
+    non-zero) and never retry a failed request: a failure raises `EMBEDDING_FAILED`.
+    """
+
+    @property
+    def descriptor(self) -> EmbeddingDescriptor: ...
+
+    @property
+    def max_input_tokens(self) -> int:
+        """Tokens the model actually reads; longer inputs would be silently cut."""
+        ...
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """The model's own token count of each text (no truncation applied)."""
+        ...
+
+    def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch: ...
+
+
+# --- vector store --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSource:
+    source_id: str
+    revision: str
+    title: str
+    metadata: Metadata
+    document_sha256: str
+    # SHA-256 over the canonical content *and* provenance of the revision: equal fingerprints
+    # under one revision mean an identical re-index (`unchanged`), different ones a conflict.
+    fingerprint: str
+    chunk_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    chunk_id: str
+    ordinal: int
+    text: str
+    location: Location
+    vector: Vectors  # shape (dimensions,)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    chunk_id: str
+    source_id: str
+    revision: str
+    text: str
+    location: Location
+    document_sha256: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityLimits:
+    max_passages_per_source: int = 10_000
+    max_passage_bytes: int = 16_384
+    max_corpus_payload_bytes: int = 2 * 1024**3
+
+
+class VectorStore(Protocol):
+    """Durable passages and vectors, partitioned by corpus and namespace.
+
+    Contract (one suite runs it over every adapter):
+    - `open_corpus` stores the descriptor on first use and raises `DESCRIPTOR_MISMATCH` on any
+      difference later; it makes no embedding call.
+    - `replace_source` swaps one whole revision atomically. It raises `SOURCE_CONFLICT` if the
+      current revision is no longer `expected_revision` (a racing writer), `CHUNK_ID_CONFLICT`
+      if a chunk id is used by another source in the namespace, `CAPACITY_EXCEEDED` if the
+      corpus payload would pass its limit. On any error the previous revision stays.
+    - `search` ranks only rows whose source is in `allowed` at exactly that revision, inside the
+      namespace (and matching `filters` on source metadata), *before* similarity ranking; it
+      checks `cancel` between scan batches and returns at most `k` candidates, best first.
+    """
+
+    def open_corpus(self, descriptor: CorpusDescriptor) -> None: ...
+
+    def get_source(self, corpus: str, namespace: str, source_id: str) -> StoredSource | None: ...
+
+    def replace_source(
+        self,
+        corpus: str,
+        namespace: str,
+        source: StoredSource,
+        chunks: Sequence[StoredChunk],
+        *,
+        expected_revision: str | None,
+        limits: CapacityLimits,
+    ) -> None: ...
+
+    def delete_source(self, corpus: str, namespace: str, source_id: str, revision: str) -> int:
+        """Delete exactly that revision; `SOURCE_UNAVAILABLE` if absent, `SOURCE_CONFLICT` if
+        the source is at another revision. Returns the number of passages removed."""
+        ...
+
+    def search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        query: Vectors,
+        k: int,
+        cancel: CancelToken,
+        filters: Mapping[str, JSONScalar] | None = None,
+    ) -> list[Candidate]: ...
+
+    @property
+    def reclamation(self) -> str:
+        """What a delete does to stored bytes: `overwritten`, `pending` or `unknown`."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,310 @@
+"""RetrievalService: the in-process index/search/delete operations over configured corpora."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from retrieval_host.core.budget import apply_byte_budget
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import CorpusDescriptor, check_label
+from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
+from retrieval_host.core.models import (
+    DeleteRequest,
+    DeleteResult,
+    EmbeddingUsage,
+    Hit,
+    IndexRequest,
+    IndexResult,
+    JSONScalar,
+    Operation,
+    Scope,
+    SearchRequest,
+    SearchResult,
+    SourceRef,
+)
+from retrieval_host.core.ports import (
+    ANY_REVISION,
+    AuthorizationRequest,
+    Authorizer,
+    CapacityLimits,
+    EmbeddingAdapter,
+    Grant,
+    StoredChunk,
+    StoredSource,
+    VectorStore,
+)
+from retrieval_host.core.validation import check_id, check_index_request, check_search_request
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A configured corpus: its identity, embedding, store and the application's authorizer."""
+
+    id: str
+    version: str
+    embedding: EmbeddingAdapter
+    store: VectorStore
+    authorize: Authorizer
+    limits: CapacityLimits = field(default_factory=CapacityLimits)
+    # Settings of the ingestion helper that produced the passages; part of the index identity.
+    chunking: Mapping[str, JSONScalar] = field(default_factory=dict)
+
+    @property
+    def descriptor(self) -> CorpusDescriptor:
+        return CorpusDescriptor(self.id, self.version, self.embedding.descriptor, self.chunking)
+
+
+class RetrievalService:
+    """The driver's retrieval operations. Synchronous; callers run it off their event loop.
+
+    Every operation asks the application's authorizer, and asks again after reading and before
+    committing: these are point-in-time checks, so a revocation landing between the second check
+    and the caller reading the answer is not retracted.
+    """
+
+    def __init__(self, corpora: Sequence[Corpus], *, clock: Callable[[], str] = _utc_now) -> None:
+        self._corpora: dict[str, Corpus] = {}
+        for corpus in corpora:
+            check_label("corpus id", corpus.id)
+            if corpus.id in self._corpora:
+                raise RetrievalError(ErrorCode.INVALID_REQUEST, f"duplicate corpus {corpus.id!r}")
+            # Checked here, before anything can embed: an incompatible descriptor never gets
+            # as far as spending an embedding request.
+            corpus.store.open_corpus(corpus.descriptor)
+            self._corpora[corpus.id] = corpus
+        self._clock = clock
+
+    @property
+    def corpora(self) -> Mapping[str, Corpus]:
+        return dict(self._corpora)
+
+    def corpus(self, corpus_id: str) -> Corpus:
+        corpus = self._corpora.get(corpus_id)
+        if corpus is None:
+            # Same answer as a denied grant: callers cannot probe which corpora exist.
+            raise _denied()
+        return corpus
+
+    # --- search ----------------------------------------------------------------------------
+
+    def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
+        check_search_request(request)
+        corpus = self.corpus(request.corpus)
+        ids = tuple(dict.fromkeys(request.source_ids)) if request.source_ids is not None else None
+        grant = _authorize(corpus, "search", ids, context)
+        granted = {s: r for s, r in grant.sources.items() if r != ANY_REVISION}
+        if ids is None:
+            allowed = granted
+        else:
+            if any(sid not in granted for sid in ids):
+                raise source_unavailable()
+            allowed = {sid: granted[sid] for sid in ids}
+            for sid, revision in allowed.items():
+                stored = corpus.store.get_source(corpus.id, grant.namespace, sid)
+                if stored is None or stored.revision != revision:
+                    raise source_unavailable()  # missing looks exactly like unauthorized
+        scope = Scope(corpus.id, corpus.version, grant.namespace)
+        retrieved_at = self._clock()
+        if not allowed:
+            return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
+
+        context.cancel.check()
+        batch = corpus.embedding.embed([request.query], context.cancel)
+        context.cancel.progress()
+        candidates = corpus.store.search(
+            corpus.id,
+            grant.namespace,
+            allowed,
+            batch.vectors[0],
+            request.limit + 1,
+            context.cancel,
+            request.filters,
+        )
+        context.cancel.progress()
+
+        recheck = _authorize_or_none(corpus, "search", ids, context)
+        if recheck is None or recheck.namespace != grant.namespace:
+            candidates = []
+        else:
+            candidates = [c for c in candidates if recheck.sources.get(c.source_id) == c.revision]
+
+        hits = [
+            Hit(
+                chunk_id=c.chunk_id,
+                source=SourceRef(c.source_id, c.revision),
+                location=c.location,
+                text=c.text,
+                document_sha256=c.document_sha256,
+                score=c.score,
+                retrieved_at=retrieved_at,
+                scope=scope,
+            )
+            for c in candidates[: request.limit]
+        ]
+        kept, dropped = apply_byte_budget(hits, request.max_context_bytes)
+        truncated = dropped or len(candidates) > request.limit
+        return SearchResult(kept, truncated, retrieved_at, scope, batch.usage)
+
+    # --- index -----------------------------------------------------------------------------
+
+    def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
+        check_index_request(request)
+        corpus = self.corpus(request.corpus)
+        source = request.source
+        limits = corpus.limits
+        if len(request.chunks) > limits.max_passages_per_source:
+            raise RetrievalError(
+                ErrorCode.CAPACITY_EXCEEDED,
+                f"a source may have at most {limits.max_passages_per_source} passages.",
+                reason="passages-per-source",
+            )
+        if any(len(c.text.encode("utf-8")) > limits.max_passage_bytes for c in request.chunks):
+            raise RetrievalError(
+                ErrorCode.CAPACITY_EXCEEDED,
+                f"a passage may have at most {limits.max_passage_bytes} bytes.",
+                reason="passage-bytes",
+            )
+
+        grant = _authorize(corpus, "index", (source.id,), context)
+        _require_index_grant(grant, source.id, source.revision)
+
+        document_sha256 = request.document_sha256 or sha256_text(joined_text(request.chunks))
+        fingerprint = revision_fingerprint(source, request.chunks, document_sha256)
+        existing = corpus.store.get_source(corpus.id, grant.namespace, source.id)
+        ref = SourceRef(source.id, source.revision)
+        if existing is not None and existing.revision == source.revision:
+            if existing.fingerprint == fingerprint:
+                return IndexResult(
+                    corpus.id,
+                    ref,
+                    "unchanged",
+                    existing.chunk_count,
+                    existing.document_sha256,
+                    None,
+                    EmbeddingUsage(),
+                )
+            raise RetrievalError(
+                ErrorCode.SOURCE_CONFLICT,
+                "this revision is already indexed with different content or provenance; "
+                "index the change under a new revision.",
+                reason="revision-content-differs",
+            )
+
+        texts = [c.text for c in request.chunks]
+        too_long = [
+            c.id
+            for c, n in zip(request.chunks, corpus.embedding.count_tokens(texts), strict=True)
+            if n > corpus.embedding.max_input_tokens
+        ]
+        if too_long:
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST,
+                f"{len(too_long)} passage(s) exceed the embedding model's "
+                f"{corpus.embedding.max_input_tokens} tokens and would be cut; split them.",
+                reason="passage-too-long",
+            )
+
+        context.cancel.check()
+        batch = corpus.embedding.embed(texts, context.cancel)
+        context.cancel.progress()
+        context.cancel.check()
+
+        # The grant is checked once more right before the commit: embedding can take long.
+        _require_index_grant(
+            _authorize(corpus, "index", (source.id,), context),
+            source.id,
+            source.revision,
+            namespace=grant.namespace,
+        )
+        stored = StoredSource(
+            source_id=source.id,
+            revision=source.revision,
+            title=source.title,
+            metadata=source.metadata,
+            document_sha256=document_sha256,
+            fingerprint=fingerprint,
+            chunk_count=len(request.chunks),
+        )
+        chunks = [
+            StoredChunk(c.id, i, c.text, c.location, batch.vectors[i])
+            for i, c in enumerate(request.chunks)
+        ]
+        corpus.store.replace_source(
+            corpus.id,
+            grant.namespace,
+            stored,
+            chunks,
+            expected_revision=existing.revision if existing is not None else None,
+            limits=limits,
+        )
+        return IndexResult(
+            corpus.id,
+            ref,
+            "indexed",
+            len(chunks),
+            document_sha256,
+            existing.revision if existing is not None else None,
+            batch.usage,
+        )
+
+    # --- delete ----------------------------------------------------------------------------
+
+    def delete_context(self, request: DeleteRequest, context: RequestContext) -> DeleteResult:
+        check_id("corpus", request.corpus)
+        check_id("source id", request.source_id)
+        check_id("revision", request.revision)
+        corpus = self.corpus(request.corpus)
+        grant = _authorize(corpus, "delete", (request.source_id,), context)
+        if grant.sources.get(request.source_id) != request.revision:
+            raise source_unavailable()
+        context.cancel.check()
+        removed = corpus.store.delete_source(
+            corpus.id, grant.namespace, request.source_id, request.revision
+        )
+        reclamation = corpus.store.reclamation
+        return DeleteResult(
+            corpus.id,
+            SourceRef(request.source_id, request.revision),
+            removed,
+            reclamation if reclamation in ("overwritten", "pending") else "unknown",  # type: ignore[arg-type]
+        )
+
+
+def _denied() -> RetrievalError:
+    return RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+
+
+def _authorize_or_none(
+    corpus: Corpus, operation: Operation, ids: tuple[str, ...] | None, context: RequestContext
+) -> Grant | None:
+    grant = corpus.authorize(AuthorizationRequest(operation, corpus.id, ids), context)
+    context.cancel.progress()
+    if grant is not None and not isinstance(grant, Grant):
+        raise TypeError("an authorizer must return a Grant or None")
+    return grant
+
+
+def _authorize(
+    corpus: Corpus, operation: Operation, ids: tuple[str, ...] | None, context: RequestContext
+) -> Grant:
+    grant = _authorize_or_none(corpus, operation, ids, context)
+    if grant is None:
+        raise _denied()
+    return grant
+
+
+def _require_index_grant(
+    grant: Grant, source_id: str, revision: str, *, namespace: str | None = None
+) -> None:
+    granted = grant.sources.get(source_id)
+    if granted not in (revision, ANY_REVISION) or (
+        namespace is not None and grant.namespace != namespace
+    ):
+        raise source_unavailable()

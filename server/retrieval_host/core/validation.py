@@ -1,0 +1,100 @@
+"""Shape checks on requests that every entry point (in-process or HTTP) goes through."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import ChunkInput, IndexRequest, Location, Metadata, SearchRequest
+
+MAX_ID_CHARS = 256
+MAX_QUERY_BYTES = 8192
+MAX_LIMIT = 100
+MAX_METADATA_BYTES = 16_384
+MAX_SOURCE_IDS = 10_000
+
+
+def _invalid(detail: str) -> RetrievalError:
+    return RetrievalError(ErrorCode.INVALID_REQUEST, detail)
+
+
+def check_id(kind: str, value: str) -> None:
+    if not value or len(value) > MAX_ID_CHARS or value != value.strip():
+        raise _invalid(f"{kind} must be 1-{MAX_ID_CHARS} characters without surrounding spaces.")
+    if any(ord(ch) < 32 for ch in value):
+        raise _invalid(f"{kind} must not contain control characters.")
+
+
+def check_metadata(metadata: Metadata) -> None:
+    try:
+        encoded = json.dumps(metadata, allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise _invalid("metadata must be JSON (finite numbers, string keys).") from exc
+    if len(encoded.encode("utf-8")) > MAX_METADATA_BYTES:
+        raise _invalid(f"metadata must be at most {MAX_METADATA_BYTES} bytes as JSON.")
+
+
+def check_location(loc: Location) -> None:
+    for name in ("page", "start_line", "end_line"):
+        value = getattr(loc, name)
+        if value is not None and (isinstance(value, bool) or value < 1):
+            raise _invalid(f"location.{name} must be a positive integer.")
+    if loc.start_line is not None and loc.end_line is not None and loc.end_line < loc.start_line:
+        raise _invalid("location.endLine must not precede startLine.")
+    if loc.document_id is not None and (not loc.document_id or len(loc.document_id) > 998):
+        raise _invalid("location.documentId must be 1-998 characters.")
+
+
+def check_chunks(chunks: Sequence[ChunkInput]) -> None:
+    if not chunks:
+        raise _invalid("a source revision needs at least one passage.")
+    seen: set[str] = set()
+    for chunk in chunks:
+        check_id("chunk id", chunk.id)
+        if chunk.id in seen:
+            raise _invalid("chunk ids must be unique within a source.")
+        seen.add(chunk.id)
+        if not chunk.text.strip():
+            raise _invalid("passage text must not be empty.")
+        check_location(chunk.location)
+
+
+def check_index_request(request: IndexRequest) -> None:
+    check_id("corpus", request.corpus)
+    check_id("source id", request.source.id)
+    check_id("revision", request.source.revision)
+    if request.source.revision == "*":
+        raise _invalid("'*' is not a revision.")
+    if len(request.source.title) > 1024:
+        raise _invalid("title must be at most 1024 characters.")
+    check_metadata(request.source.metadata)
+    if request.document_sha256 is not None and (
+        len(request.document_sha256) != 64
+        or any(c not in "0123456789abcdef" for c in request.document_sha256)
+    ):
+        raise _invalid("documentSha256 must be 64 lowercase hex digits.")
+    check_chunks(request.chunks)
+
+
+def check_search_request(request: SearchRequest) -> None:
+    check_id("corpus", request.corpus)
+    if not request.query.strip():
+        raise _invalid("query must not be empty.")
+    if len(request.query.encode("utf-8")) > MAX_QUERY_BYTES:
+        raise _invalid(f"query must be at most {MAX_QUERY_BYTES} bytes.")
+    if isinstance(request.limit, bool) or not 1 <= request.limit <= MAX_LIMIT:
+        raise _invalid(f"limit must be in 1..{MAX_LIMIT}.")
+    if request.max_context_bytes is not None and request.max_context_bytes < 1:
+        raise _invalid("maxContextBytes must be positive.")
+    if request.source_ids is not None:
+        if len(request.source_ids) > MAX_SOURCE_IDS:
+            raise _invalid(f"at most {MAX_SOURCE_IDS} sourceIds.")
+        for sid in request.source_ids:
+            check_id("source id", sid)
+    if request.filters is not None:
+        for key, value in request.filters.items():
+            check_id("filter key", key)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise _invalid("filter values must be finite.")
