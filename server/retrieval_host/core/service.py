@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
@@ -43,6 +44,16 @@ def _utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+@dataclass(frozen=True, slots=True)
+class CommitEvent:
+    operation: Literal["index", "delete"]
+    corpus: str
+    namespace: str
+    source_id: str
+    revision: str
+    subject: str
+
+
 @dataclass(frozen=True)
 class Corpus:
     """A configured corpus: its identity, embedding, store and the application's authorizer."""
@@ -55,6 +66,10 @@ class Corpus:
     limits: CapacityLimits = field(default_factory=CapacityLimits)
     # Settings of the ingestion helper that produced the passages; part of the index identity.
     chunking: Mapping[str, JSONScalar] = field(default_factory=dict)
+    # Application effect after a committed index (also an `unchanged` confirmation, so a retry
+    # heals a registry that missed the first call) or delete. It runs after the commit: an
+    # exception here surfaces to the caller, but the mutation stands; retrying confirms it.
+    on_committed: Callable[[CommitEvent], None] | None = None
 
     @property
     def descriptor(self) -> CorpusDescriptor:
@@ -181,6 +196,7 @@ class RetrievalService:
         ref = SourceRef(source.id, source.revision)
         if existing is not None and existing.revision == source.revision:
             if existing.fingerprint == fingerprint:
+                _notify(corpus, "index", grant.namespace, source.id, source.revision, context)
                 return IndexResult(
                     corpus.id,
                     ref,
@@ -244,6 +260,7 @@ class RetrievalService:
             expected_revision=existing.revision if existing is not None else None,
             limits=limits,
         )
+        _notify(corpus, "index", grant.namespace, source.id, source.revision, context)
         return IndexResult(
             corpus.id,
             ref,
@@ -268,12 +285,27 @@ class RetrievalService:
         removed = corpus.store.delete_source(
             corpus.id, grant.namespace, request.source_id, request.revision
         )
+        _notify(corpus, "delete", grant.namespace, request.source_id, request.revision, context)
         reclamation = corpus.store.reclamation
         return DeleteResult(
             corpus.id,
             SourceRef(request.source_id, request.revision),
             removed,
             reclamation if reclamation in ("overwritten", "pending") else "unknown",  # type: ignore[arg-type]
+        )
+
+
+def _notify(
+    corpus: Corpus,
+    operation: Literal["index", "delete"],
+    namespace: str,
+    source_id: str,
+    revision: str,
+    context: RequestContext,
+) -> None:
+    if corpus.on_committed is not None:
+        corpus.on_committed(
+            CommitEvent(operation, corpus.id, namespace, source_id, revision, context.subject)
         )
 
 
