@@ -40,7 +40,7 @@ from retrieval_host.core.ports import (
 from retrieval_host.core.validation import check_id, check_index_request, check_search_request
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -84,7 +84,7 @@ class RetrievalService:
     and the caller reading the answer is not retracted.
     """
 
-    def __init__(self, corpora: Sequence[Corpus], *, clock: Callable[[], str] = _utc_now) -> None:
+    def __init__(self, corpora: Sequence[Corpus], *, clock: Callable[[], str] = utc_now) -> None:
         self._corpora: dict[str, Corpus] = {}
         for corpus in corpora:
             check_label("corpus id", corpus.id)
@@ -104,7 +104,7 @@ class RetrievalService:
         corpus = self._corpora.get(corpus_id)
         if corpus is None:
             # Same answer as a denied grant: callers cannot probe which corpora exist.
-            raise _denied()
+            raise denied()
         return corpus
 
     # --- search ----------------------------------------------------------------------------
@@ -113,6 +113,7 @@ class RetrievalService:
         check_search_request(request)
         corpus = self.corpus(request.corpus)
         ids = tuple(dict.fromkeys(request.source_ids)) if request.source_ids is not None else None
+        context.report("retrieval.authorization", corpus=corpus.id, check="before-read")
         grant = _authorize(corpus, "search", ids, context)
         granted = {s: r for s, r in grant.sources.items() if r != ANY_REVISION}
         if ids is None:
@@ -131,8 +132,10 @@ class RetrievalService:
             return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
 
         context.cancel.check()
+        context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
         batch = corpus.embedding.embed([request.query], context.cancel)
         context.cancel.progress()
+        context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
         candidates = corpus.store.search(
             corpus.id,
             grant.namespace,
@@ -144,6 +147,7 @@ class RetrievalService:
         )
         context.cancel.progress()
 
+        context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
         recheck = _authorize_or_none(corpus, "search", ids, context)
         if recheck is None or recheck.namespace != grant.namespace:
             candidates = []
@@ -166,6 +170,15 @@ class RetrievalService:
         kept, dropped = apply_byte_budget(hits, request.max_context_bytes)
         truncated = dropped or len(candidates) > request.limit
         return SearchResult(kept, truncated, retrieved_at, scope, batch.usage)
+
+    def current_grant(
+        self, corpus_id: str, source_ids: Sequence[str] | None, context: RequestContext
+    ) -> Grant | None:
+        """The application's search grant right now (None when denied): for point-in-time
+        rechecks of evidence that was read earlier, e.g. before each generation step."""
+        corpus = self.corpus(corpus_id)
+        ids = tuple(dict.fromkeys(source_ids)) if source_ids is not None else None
+        return _authorize_or_none(corpus, "search", ids, context)
 
     # --- index -----------------------------------------------------------------------------
 
@@ -309,7 +322,7 @@ def _notify(
         )
 
 
-def _denied() -> RetrievalError:
+def denied() -> RetrievalError:
     return RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
 
 
@@ -328,7 +341,7 @@ def _authorize(
 ) -> Grant:
     grant = _authorize_or_none(corpus, operation, ids, context)
     if grant is None:
-        raise _denied()
+        raise denied()
     return grant
 
 

@@ -1,0 +1,135 @@
+"""Durable run records and idempotency keys in SQLite (apsw, bundled SQLite >= 3.51.3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import apsw
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.run_codec import result_from_json, result_to_json
+from retrieval_host.core.run_ports import RunRecord, RunStatus
+from retrieval_host.core.runs_model import RunResult
+
+_APPLICATION_ID = 0x52484E52  # "RHNR": refuse a database that is not ours
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    subject TEXT NOT NULL,
+    idempotency_key TEXT,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
+    created_at TEXT NOT NULL,
+    result_json TEXT,
+    error_code TEXT,
+    UNIQUE (subject, idempotency_key)
+);
+"""
+
+
+class SqliteRunStore:
+    """Implements `core.run_ports.RunStore`. One connection, serialized by a lock."""
+
+    def __init__(self, connection: apsw.Connection) -> None:
+        self._db = connection
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> SqliteRunStore:
+        from retrieval_host.adapters.store_sqlite import check_private_location
+
+        target = Path(path)
+        check_private_location(target)
+        fresh = not target.exists()
+        if fresh:
+            fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            os.close(fd)
+        db = apsw.Connection(str(target))
+        db.set_busy_timeout(5000)
+        for pragma in (
+            "PRAGMA journal_mode=WAL",
+            "PRAGMA synchronous=FULL",
+            "PRAGMA foreign_keys=ON",
+            "PRAGMA secure_delete=ON",
+        ):
+            db.execute(pragma).fetchall()
+        app_id = db.execute("PRAGMA application_id").fetchall()[0][0]
+        tables = db.execute("SELECT count(*) FROM sqlite_schema").fetchall()[0][0]
+        if app_id == 0 and tables == 0:
+            with db:
+                db.execute(_SCHEMA)
+                db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
+                db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+        elif app_id != _APPLICATION_ID:
+            db.close()
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"{target.name} is not a retrieval-host run database; refusing to use it.",
+            )
+        return cls(db)
+
+    def begin(self, record: RunRecord) -> RunRecord | None:
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT INTO runs (run_id, subject, idempotency_key, fingerprint, status,"
+                " created_at) VALUES (?, ?, ?, ?, 'running', ?)"
+                " ON CONFLICT (subject, idempotency_key) DO NOTHING",
+                (
+                    record.run_id,
+                    record.subject,
+                    record.idempotency_key,
+                    record.request_fingerprint,
+                    record.created_at,
+                ),
+            )
+            if self._db.changes() == 1:
+                return None
+            rows = self._db.execute(
+                "SELECT * FROM runs WHERE subject = ? AND idempotency_key = ?",
+                (record.subject, record.idempotency_key),
+            ).fetchall()
+        return _record(rows[0])
+
+    def complete(self, run_id: str, result: RunResult) -> None:
+        body = json.dumps(result_to_json(result), separators=(",", ":"))
+        with self._lock, self._db:
+            self._db.execute(
+                "UPDATE runs SET status = 'completed', result_json = ? WHERE run_id = ?",
+                (body, run_id),
+            )
+
+    def finish(self, run_id: str, status: RunStatus, error_code: str) -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                "UPDATE runs SET status = ?, error_code = ?"
+                " WHERE run_id = ? AND status = 'running'",
+                (status, error_code, run_id),
+            )
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+        return _record(rows[0]) if rows else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _record(row: tuple[object, ...]) -> RunRecord:
+    run_id, subject, key, fingerprint, status, created_at, result_json, error_code = row
+    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
+    return RunRecord(
+        run_id=str(run_id),
+        subject=str(subject),
+        idempotency_key=None if key is None else str(key),
+        request_fingerprint=str(fingerprint),
+        status=str(status),  # type: ignore[arg-type]
+        created_at=str(created_at),
+        result=result,
+        error_code=None if error_code is None else str(error_code),
+    )

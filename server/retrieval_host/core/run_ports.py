@@ -1,0 +1,119 @@
+"""Ports of grounded runs: generation providers and the durable run record store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeAlias
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.models import JSONValue, Location
+from retrieval_host.core.runs_model import GenerationUsage, RunResult
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text, exactly as the model produced it
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_call_id: str | None = None
+    tool_calls: Sequence[ToolCall] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: Mapping[str, JSONValue]
+
+
+@dataclass(frozen=True, slots=True)
+class EvidencePassage:
+    """A passage supplied to the model, structured for providers that do not read prompts."""
+
+    handle: str  # the chunk id, cited as [source:handle]
+    source_id: str
+    revision: str
+    title: str
+    location: Location
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    model: str
+    messages: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    evidence: Sequence[EvidencePassage] = ()
+    question: str = ""
+    step: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequested:
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReported:
+    usage: GenerationUsage
+
+
+GenerationEvent: TypeAlias = TextDelta | ToolCallRequested | UsageReported
+
+
+class GenerationProvider(Protocol):
+    """A generation account. Streams events; raises `PROVIDER_FAILED` (never retries).
+
+    Implementations call `cancel.check()` while streaming and `cancel.progress()` on each
+    chunk received, so an idle timeout counts real progress only.
+    """
+
+    @property
+    def kind(self) -> str: ...
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]: ...
+
+
+RunStatus: TypeAlias = Literal["running", "completed", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    subject: str
+    idempotency_key: str | None
+    request_fingerprint: str
+    status: RunStatus
+    created_at: str
+    result: RunResult | None = None
+    error_code: str | None = None
+    extra: Mapping[str, JSONValue] = field(default_factory=dict)
+
+
+class RunStore(Protocol):
+    """Durable run records; idempotency keys are unique per subject."""
+
+    def begin(self, record: RunRecord) -> RunRecord | None:
+        """Insert a `running` record; if the subject already used its idempotency key, insert
+        nothing and return the existing record."""
+        ...
+
+    def complete(self, run_id: str, result: RunResult) -> None: ...
+
+    def finish(self, run_id: str, status: RunStatus, error_code: str) -> None: ...
+
+    def get(self, run_id: str) -> RunRecord | None: ...
