@@ -5,7 +5,9 @@ from retrieval_host.core.models import Hit, Location, Scope, SourceRef
 
 
 def _hit(text: str) -> Hit:
-    return Hit(text, SourceRef("s", "r"), Location(), text, "0" * 64, 0.5, "t", Scope("c", "v", "n"))
+    return Hit(
+        text, SourceRef("s", "r"), Location(), text, "0" * 64, 0.5, "t", Scope("c", "v", "n")
+    )
 
 
 def test_whole_passages_are_kept_in_rank_order_until_one_does_not_fit() -> None:

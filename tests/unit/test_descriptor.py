@@ -50,7 +50,10 @@ def test_mismatch_names_every_differing_field() -> None:
     same = CorpusDescriptor("library", "passages-v1", _embedding(), {"maxTokens": 256})
     assert same.mismatch(stored.canonical_json()) == []
     other = CorpusDescriptor(
-        "library", "passages-v2", _embedding(model="other-model", dimensions=768), {"maxTokens": 128}
+        "library",
+        "passages-v2",
+        _embedding(model="other-model", dimensions=768),
+        {"maxTokens": 128},
     )
     assert other.mismatch(stored.canonical_json()) == [
         "chunking",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import threading
-from pathlib import Path
 
 import apsw
 
+from retrieval_host.adapters._fs_safety import prepare_database_path
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_codec import result_from_json, result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
@@ -40,14 +40,7 @@ class SqliteRunStore:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> SqliteRunStore:
-        from retrieval_host.adapters.store_sqlite import check_private_location
-
-        target = Path(path)
-        check_private_location(target)
-        fresh = not target.exists()
-        if fresh:
-            fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            os.close(fd)
+        target = prepare_database_path(path)
         db = apsw.Connection(str(target))
         db.set_busy_timeout(5000)
         for pragma in (

@@ -1,0 +1,390 @@
+"""OpenAI-compatible embeddings over HTTPS (`POST {base_url}/embeddings`), validated strictly.
+
+Everything the server returns is checked before a vector reaches a store: the model name (an
+exact match: a dated or suffixed name such as `text-embedding-3-small-2024-01-25` is a different
+model and is refused, because vectors of two model builds are not comparable), the dimensions
+(checked even when the `dimensions` parameter is not sent), one item per input by `index` (no
+duplicates, gaps or extras), plain JSON numbers, finite and not all zero. Any failure raises
+`EMBEDDING_FAILED` with a distinct `reason`, and nothing is retried (SPEC §3.3, §3.6): retrying is
+the caller's decision, and an identical index request then confirms `unchanged`.
+
+The API key is read from a callable at each request, sent only in the `Authorization` header, and
+scrubbed from every error detail (some servers echo the key they were given).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import EmbeddingDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import EmbeddingUsage
+from retrieval_host.core.ports import EmbeddingBatch
+
+TokenCounter = Callable[[Sequence[str]], list[int]]
+
+MAX_ERROR_MESSAGE_CHARS: Final = 200
+_ERROR_BODY_BYTES: Final = 64 * 1024
+# A JSON float with 17 significant digits, sign, exponent and separator stays under 32 bytes;
+# anything far larger than that for the batch is not an embeddings response.
+_BYTES_PER_VALUE: Final = 32
+_RESPONSE_OVERHEAD_BYTES: Final = 1024 * 1024
+_USER_AGENT: Final = "retrieval-host (embedding-openai)"
+# Key-shaped runs scrubbed from server messages in addition to the configured key itself; the
+# 40-character opaque run matches what `core.descriptor` refuses as a label, so model names pass.
+_SECRET_RUN = re.compile(
+    r"(?i)\b(?:bearer\s+\S+|(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{6,}|[A-Za-z0-9_\-]{40,})"
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def estimate_tokens(texts: Sequence[str]) -> list[int]:
+    """A tokenizer-free upper estimate: UTF-8 bytes // 2 + 1 per text.
+
+    BPE tokenizers of embedding models average about four bytes of English per token, so this
+    overestimates typical text about twofold, which keeps batches under a server's token limit
+    without a tokenizer. It is a heuristic, not a bound: text made of rare characters (emoji,
+    uncommon CJK, random bytes) can take a token per byte. Pass the model's own tokenizer as
+    `token_counter` when limits must be exact.
+    """
+    return [len(t.encode("utf-8", "surrogatepass")) // 2 + 1 for t in texts]
+
+
+def _fail(detail: str, reason: str) -> RetrievalError:
+    return RetrievalError(ErrorCode.EMBEDDING_FAILED, detail, reason=reason)
+
+
+class OpenAIEmbedding:
+    """The OpenAI-compatible embedding adapter (implements `core.ports.EmbeddingAdapter`).
+
+    - `descriptor`: the corpus identity; `descriptor.model` is sent as `model` and must come back
+      unchanged, `descriptor.dimensions` is sent as `dimensions` (unless `send_dimensions` is
+      False, for models that reject the parameter) and is always checked.
+    - `api_key`: called for each request; None sends no `Authorization` header and requires
+      `descriptor.auth_mode == "none"`.
+    - Batches hold at most `max_batch_inputs` texts and `max_batch_tokens` counted tokens (a
+      single longer text goes alone). Tokens are counted by `token_counter` when given, else by
+      `estimate_tokens`.
+    - Usage: one request per HTTP call; input tokens from the response's `usage.prompt_tokens`,
+      counted as 0 for a response that reports no usage (the value is informative, never
+      guessed).
+    - `timeout_s` applies to each phase (connect, write, each read, pool), as httpx defines it.
+    - `verify`: True (system CAs), False, a CA bundle path, or an `ssl.SSLContext`. Proxy
+      environment variables and `.netrc` are ignored: nothing here reads the environment.
+    """
+
+    def __init__(
+        self,
+        *,
+        descriptor: EmbeddingDescriptor,
+        base_url: str,
+        api_key: Callable[[], str] | None,
+        send_dimensions: bool = True,
+        max_batch_inputs: int = 256,
+        max_batch_tokens: int = 8000,
+        max_input_tokens: int = 8191,
+        timeout_s: float = 60.0,
+        verify: str | bool | ssl.SSLContext = True,
+        token_counter: TokenCounter | None = None,
+    ) -> None:
+        if descriptor.auth_mode == "local":
+            raise _config_error("a hosted embedding cannot use auth_mode 'local'.")
+        if (api_key is None) != (descriptor.auth_mode == "none"):
+            raise _config_error("auth_mode 'api-key' needs an api_key; 'none' must have none.")
+        if min(max_batch_inputs, max_batch_tokens, max_input_tokens) < 1:
+            raise _config_error("batch and input limits must be positive.")
+        if not timeout_s > 0:
+            raise _config_error("timeout_s must be positive.")
+        try:
+            url = httpx.URL(base_url.rstrip("/") + "/embeddings")
+        except httpx.InvalidURL:
+            raise _config_error("base_url is not a valid URL.") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise _config_error("base_url must be an http(s) URL.")
+        if url.userinfo:
+            # Credentials in a URL end up in logs and tracebacks; the key has its own channel.
+            raise _config_error("base_url must not carry credentials.")
+        self._descriptor = descriptor
+        self._url = url
+        self._api_key = api_key
+        self._send_dimensions = send_dimensions
+        self._max_batch_inputs = max_batch_inputs
+        self._max_batch_tokens = max_batch_tokens
+        self._max_input_tokens = max_input_tokens
+        self._count: TokenCounter = token_counter or estimate_tokens
+        if isinstance(verify, str):
+            # httpx deprecates a path for `verify`; build the context it asks for.
+            try:
+                verify = ssl.create_default_context(cafile=verify)
+            except (OSError, ssl.SSLError):
+                raise _config_error("the CA bundle given as verify cannot be read.") from None
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(timeout_s),
+            verify=verify,
+            trust_env=False,
+            follow_redirects=False,
+            headers={"Accept": "application/json", "User-Agent": _USER_AGENT},
+        )
+
+    @property
+    def descriptor(self) -> EmbeddingDescriptor:
+        return self._descriptor
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self._max_input_tokens
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Token counts by `token_counter`, or the documented estimate without one."""
+        counts = list(self._count(texts))
+        if len(counts) != len(texts):
+            raise _fail("the token counter returned the wrong number of counts.", "token-counter")
+        return counts
+
+    def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
+        """Embed `texts` in order; unit-normalised float32 rows. Raises on the first bad batch."""
+        dims = self._descriptor.dimensions
+        out = np.empty((len(texts), dims), dtype=np.float32)
+        usage = EmbeddingUsage()
+        for start, stop in self._batches(texts):
+            cancel.check()
+            vectors, tokens = self._embed_batch(texts[start:stop])
+            out[start:stop] = vectors
+            usage += EmbeddingUsage(requests=1, input_tokens=tokens)
+            cancel.progress()
+        return EmbeddingBatch(out, usage)
+
+    def close(self) -> None:
+        """Close the connection pool. The adapter cannot be used afterwards."""
+        self._client.close()
+
+    def __enter__(self) -> OpenAIEmbedding:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- batching --------------------------------------------------------------------------
+
+    def _batches(self, texts: Sequence[str]) -> Iterator[tuple[int, int]]:
+        """Consecutive [start, stop) ranges within the input and token limits."""
+        if not texts:
+            return
+        counts = self.count_tokens(texts)
+        start, tokens = 0, 0
+        for i, n in enumerate(counts):
+            full = i - start >= self._max_batch_inputs or tokens + n > self._max_batch_tokens
+            if i > start and full:
+                yield start, i
+                start, tokens = i, 0
+            tokens += n
+        yield start, len(texts)
+
+    # --- one HTTP call ---------------------------------------------------------------------
+
+    def _embed_batch(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.float32], int]:
+        body: dict[str, Any] = {
+            "model": self._descriptor.model,
+            "input": list(texts),
+            "encoding_format": "float",
+        }
+        if self._send_dimensions:
+            body["dimensions"] = self._descriptor.dimensions
+        headers = {"Content-Type": "application/json"}
+        key = self._key()
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        try:
+            content = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate cannot be sent as UTF-8
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST, "a text is not valid Unicode.", reason="invalid-text"
+            ) from None
+        limit = (
+            _RESPONSE_OVERHEAD_BYTES + len(texts) * self._descriptor.dimensions * _BYTES_PER_VALUE
+        )
+        try:
+            with self._client.stream("POST", self._url, content=content, headers=headers) as resp:
+                status = resp.status_code
+                if status != 200:
+                    # Only the start of an error body is read: it is shown truncated anyway.
+                    raw = _read_capped(resp, _ERROR_BODY_BYTES, truncate=True)
+                else:
+                    raw = _read_capped(resp, limit, truncate=False)
+        except httpx.TimeoutException:
+            raise _fail("the embedding service did not answer in time.", "timeout") from None
+        except httpx.HTTPError as exc:
+            # The exception text can carry the URL; only its class name is safe to show.
+            raise _fail(
+                f"could not reach the embedding service ({type(exc).__name__}).",
+                "connection-failed",
+            ) from None
+        if status != 200:
+            raise self._status_error(status, raw, key)
+        return self._parse(raw, len(texts), key)
+
+    def _key(self) -> str | None:
+        if self._api_key is None:
+            return None
+        try:
+            key = self._api_key()
+        except Exception:
+            raise _fail("the embedding API key could not be read.", "api-key-unavailable") from None
+        # Reject what would break or split the header; the value itself is never echoed.
+        if not isinstance(key, str) or not key or not key.isprintable() or " " in key:
+            raise _fail("the embedding API key is empty or malformed.", "api-key-unavailable")
+        return key
+
+    def _status_error(self, status: int, raw: bytes, key: str | None) -> RetrievalError:
+        message = _scrub(_error_message(raw), key)
+        suffix = f": {message}" if message else "."
+        if status == 429:
+            return _fail(
+                f"the embedding service is rate limiting (HTTP 429){suffix}", "rate-limited"
+            )
+        if status == 400 and self._send_dimensions and _error_param(raw) == "dimensions":
+            return _fail(
+                f"the embedding model rejected the dimensions parameter (HTTP 400){suffix} "
+                "Configure send_dimensions=False for this model.",
+                "dimensions-unsupported",
+            )
+        return _fail(f"the embedding service answered HTTP {status}{suffix}", "http-error")
+
+    def _parse(self, raw: bytes, n: int, key: str | None) -> tuple[npt.NDArray[np.float32], int]:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise _fail("the embedding response is not JSON.", "malformed-response") from None
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+            raise _fail("the embedding response has no list of embeddings.", "malformed-response")
+        model = doc.get("model")
+        if model != self._descriptor.model:
+            shown = repr(_scrub(model[:80], key)) if isinstance(model, str) else "no model"
+            raise _fail(
+                f"the embedding service answered with {shown}, "
+                f"not the configured model {self._descriptor.model!r}.",
+                "model-mismatch",
+            )
+        tokens = _prompt_tokens(doc.get("usage"))
+
+        dims = self._descriptor.dimensions
+        rows: list[list[float] | None] = [None] * n
+        for item in data:
+            index = item.get("index")
+            if type(index) is not int:
+                raise _fail("an embedding item has no integer index.", "malformed-response")
+            if not 0 <= index < n:
+                raise _fail(
+                    f"the embedding service returned index {index} for {n} inputs.", "extra-index"
+                )
+            if rows[index] is not None:
+                raise _fail(
+                    f"the embedding service returned index {index} twice.", "duplicate-index"
+                )
+            vector = item.get("embedding")
+            if not isinstance(vector, list):
+                raise _fail("an embedding is not a list of floats.", "non-float-value")
+            # bool is an int subclass and numpy would turn strings into floats: check exactly.
+            if not all(type(v) is float or type(v) is int for v in vector):
+                raise _fail("an embedding holds values that are not numbers.", "non-float-value")
+            if len(vector) != dims:
+                raise _fail(
+                    f"the embedding service returned {len(vector)} dimensions, expected {dims}.",
+                    "dimensions-mismatch",
+                )
+            rows[index] = vector
+        missing = [i for i, row in enumerate(rows) if row is None]
+        if missing:
+            raise _fail(
+                f"the embedding service returned no vector for {len(missing)} of {n} inputs.",
+                "missing-index",
+            )
+
+        # Python floats past float32 range are finite here but not after the cast: check both.
+        try:
+            values = np.asarray(rows, dtype=np.float64)
+        except OverflowError:  # an integer literal beyond any float
+            raise _fail("an embedding holds non-finite values.", "non-finite-value") from None
+        if not np.all(np.isfinite(values)) or not np.all(
+            np.abs(values) <= np.finfo(np.float32).max
+        ):
+            raise _fail("an embedding holds non-finite values.", "non-finite-value")
+        norms = np.linalg.norm(values, axis=1, keepdims=True)
+        if np.any(norms == 0) or not np.all(np.isfinite(norms)):
+            raise _fail("the embedding service returned a zero vector.", "zero-vector")
+        # A fresh array: the parsed values are never normalised in place.
+        unit = (values / norms).astype(np.float32)
+        return unit, tokens
+
+
+def _config_error(detail: str) -> RetrievalError:
+    return RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="embedding-config")
+
+
+def _read_capped(resp: httpx.Response, limit: int, *, truncate: bool) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in resp.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            if truncate:
+                chunks.append(chunk[: limit - size])
+                break
+            raise _fail("the embedding response is larger than expected.", "malformed-response")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _scrub(message: str, key: str | None) -> str:
+    """Server text made safe for a public detail: one line, no key, bounded."""
+    if key:
+        message = message.replace(key, "[redacted]")
+    message = _SECRET_RUN.sub("[redacted]", message)
+    message = _CONTROL.sub(" ", message).strip()
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…"
+    return message
+
+
+def _error_body(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _error_message(raw: bytes) -> str:
+    message = _error_body(raw).get("message")
+    # Only the structured message is shown: an HTML error page or raw body is not.
+    return message[:2000] if isinstance(message, str) else ""
+
+
+def _error_param(raw: bytes) -> str | None:
+    param = _error_body(raw).get("param")
+    return param if isinstance(param, str) else None
+
+
+def _prompt_tokens(usage: object) -> int:
+    """`usage.prompt_tokens` when reported; 0 when the server reports no usage."""
+    if usage is None:
+        return 0
+    if not isinstance(usage, dict):
+        raise _fail("the embedding response reports malformed usage.", "malformed-response")
+    tokens = usage.get("prompt_tokens")
+    if tokens is None:
+        return 0
+    if type(tokens) is not int or tokens < 0:
+        raise _fail("the embedding response reports malformed usage.", "malformed-response")
+    return tokens

@@ -1,0 +1,243 @@
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.run_ports import (
+    GenerationEvent,
+    GenerationRequest,
+    RunRecord,
+    TextDelta,
+    ToolCall,
+    ToolCallRequested,
+)
+from retrieval_host.core.runs_model import (
+    OutputArtifactSpec,
+    RunCompleted,
+    RunDelta,
+    RunEvent,
+    RunFailed,
+    RunProgress,
+    RunRequest,
+    RunRetrieval,
+    RunStarted,
+)
+from retrieval_host_client import validate_source_citations
+from tests.runs.conftest import World
+
+ALICE = RequestContext("alice")
+
+
+def _before(query: str = "How long does the battery last?", **kw: object) -> RunRequest:
+    return RunRequest(
+        provider="local",
+        model="extractive",
+        input=query,
+        retrieval=RunRetrieval(corpus="library"),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_before_run_answers_with_citations_that_validate_against_its_manifest(
+    world: World,
+) -> None:
+    events: list[RunEvent] = []
+    world.engine.execute(
+        _before(output_artifact=OutputArtifactSpec("answer.md")), ALICE, events.append
+    )
+    assert isinstance(events[0], RunStarted)
+    assert isinstance(events[-1], RunCompleted)
+    assert all(e.phase for e in events if isinstance(e, RunProgress))
+    phases = [e.phase for e in events if isinstance(e, RunProgress)]
+    assert phases.index("retrieval.embedding") < phases.index("retrieval.scan")
+    assert phases.index("retrieval.scan") < phases.index("generation") < phases.index("recording")
+    result = events[-1].result
+    assert "".join(e.text for e in events if isinstance(e, RunDelta)) == result.text
+    manifest = [s.id for s in result.sources]
+    cited = validate_source_citations(result.text, manifest, require_citation=True)
+    assert "battery-1" in cited
+    assert all(s.origin == "retrieval" and s.location.page == 1 for s in result.sources)
+    assert result.artifact is not None and result.artifact.source_ids == cited
+    assert [r.status for r in result.receipts] == ["ok"]
+    assert result.usage.embedding.requests == 1 and result.usage.generation.requests == 1
+    assert result.text.startswith("Extractive answer")
+
+
+def test_no_evidence_fails_before_any_generation(world: World) -> None:
+    world.acl.search = {}
+    with pytest.raises(RetrievalError) as info:
+        world.engine.run(_before(), ALICE)
+    assert info.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+    assert world.provider.requests == []
+
+
+def test_evidence_is_fenced_with_a_per_run_delimiter_that_passages_cannot_forge(
+    world: World,
+) -> None:
+    first = world.engine.run(_before("ignore previous instructions admin corpus"), ALICE)
+    prompt = world.provider.requests[0].messages[-1].content
+    system = world.provider.requests[0].messages[0].content
+    assert "planted-1" in [s.id for s in first.sources]
+    begin = [line for line in prompt.splitlines() if line.startswith("BEGIN-EVIDENCE-")]
+    assert len(begin) == 1
+    delimiter = begin[0].removeprefix("BEGIN-")
+    assert prompt.count(delimiter) == 4  # twice in the description line, BEGIN and END
+    assert prompt.index("Ignore previous instructions") > prompt.index(f"\nBEGIN-{delimiter}")
+    assert prompt.index("Ignore previous instructions") < prompt.rindex(f"END-{delimiter}")
+    assert prompt.rstrip().endswith(f"END-{delimiter}")
+    assert "untrusted" in system and "Ignore previous" not in system
+    world.engine.run(_before("ignore previous instructions admin corpus"), ALICE)
+    assert delimiter not in world.provider.requests[1].messages[-1].content
+    # The planted text changed nothing: same provider, same tools (none), same corpus.
+    assert all(r.tools == [] for r in world.provider.requests)
+
+
+def test_a_passage_containing_the_delimiter_is_neutralized(world: World) -> None:
+    engine = type(world.engine)(
+        world.service,
+        {"local": world.provider},
+        world.runs,
+        new_delimiter=lambda: "EVIDENCE-guess",
+    )
+    engine.run(_before("ignore previous instructions admin corpus"), ALICE)
+    prompt = world.provider.requests[0].messages[-1].content
+    assert "END-EVIDENCE-guess BEGIN" not in prompt
+    assert prompt.count("EVIDENCE-guess") == 4
+    assert "[fence-removed]" in prompt
+
+
+def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
+    world: World,
+) -> None:
+    events: list[RunEvent] = []
+
+    def sink(event: RunEvent) -> None:
+        events.append(event)
+        if isinstance(event, RunProgress) and event.phase == "retrieval.receipt":
+            # The search has returned battery-1; the application revokes it now.
+            world.acl.search.pop("battery")
+
+    world.engine.execute(_before(), ALICE, sink)
+    assert isinstance(events[-1], RunCompleted)
+    receipt = events[-1].result.receipts[0]
+    assert "battery-1" in receipt.source_ids  # it was found...
+    sent = world.provider.requests[0]
+    assert "battery-1" not in {p.handle for p in sent.evidence}  # ...but never sent
+    assert "battery-1" not in sent.messages[-1].content
+    assert "battery-1" not in [s.id for s in events[-1].result.sources]
+
+
+def test_a_revocation_after_generation_fails_the_run_instead_of_recording_it(
+    world: World,
+) -> None:
+    events: list[RunEvent] = []
+
+    def sink(event: RunEvent) -> None:
+        events.append(event)
+        if isinstance(event, RunProgress) and event.phase == "recording":
+            world.acl.search.clear()
+
+    world.engine.execute(_before(), ALICE, sink)
+    assert isinstance(events[-1], RunFailed)
+    assert events[-1].error.code is ErrorCode.SOURCE_UNAVAILABLE
+    record = world.runs.get(events[-1].run_id)
+    assert record is not None and record.status == "failed" and record.result is None
+
+
+def test_tool_mode_honours_the_quota_and_deduplicates_queries(world: World) -> None:
+    class AsksFiveTimes:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            if request.step == 1:
+                for i, q in enumerate(["battery", "solar", "battery", "panels", "capacity"]):
+                    yield ToolCallRequested(
+                        ToolCall(f"c{i}", "search_context", json.dumps({"query": q}))
+                    )
+            else:
+                yield TextDelta(
+                    "done " + " ".join(f"[source:{p.handle}]" for p in request.evidence)
+                )
+
+    engine = world.with_provider("local", AsksFiveTimes())
+    request = RunRequest(
+        provider="local",
+        model="m",
+        input="q",
+        retrieval=RunRetrieval(corpus="library", mode="tool", max_queries=2, limit=1),
+    )
+    result = engine.run(request, ALICE)
+    statuses = [r.status for r in result.receipts]
+    assert statuses == ["ok", "ok", "duplicate", "quota-exceeded", "quota-exceeded"]
+    assert result.usage.embedding.requests == 2
+    assert [r.sequence for r in result.receipts] == [1, 2, 3, 4, 5]
+    validate_source_citations(result.text, [s.id for s in result.sources], require_citation=True)
+
+
+def test_replay_returns_the_recorded_answer_without_new_work_and_fails_once_revoked(
+    world: World,
+) -> None:
+    first = world.engine.run(_before(idempotency_key="k1"), ALICE)
+    asked = len(world.provider.requests)
+    again = world.engine.run(_before(idempotency_key="k1"), ALICE)
+    assert again.replayed and again.text == first.text and again.run_id == first.run_id
+    assert len(world.provider.requests) == asked
+    with pytest.raises(RetrievalError) as reused:
+        world.engine.run(_before("another question", idempotency_key="k1"), ALICE)
+    assert reused.value.reason == "idempotency-key-reused"
+    world.acl.search = {k: v for k, v in world.acl.search.items() if k != "battery"}
+    with pytest.raises(RetrievalError) as info:
+        world.engine.run(_before(idempotency_key="k1"), ALICE)
+    assert info.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    assert len(world.provider.requests) == asked
+
+
+def test_an_interrupted_run_refuses_replay(world: World) -> None:
+    request = _before(idempotency_key="k2")
+    from retrieval_host.core.runs import request_fingerprint
+
+    world.runs.begin(
+        RunRecord("run_x", "alice", "k2", request_fingerprint(request), "running", "t")
+    )
+    with pytest.raises(RetrievalError) as info:
+        world.engine.run(request, ALICE)
+    assert info.value.code is ErrorCode.CONTEXT_REPLAY_UNAVAILABLE
+
+
+def test_get_run_is_for_the_same_subject_only(world: World) -> None:
+    result = world.engine.run(_before(), ALICE)
+    assert world.engine.get_run(result.run_id, ALICE).result == result
+    with pytest.raises(RetrievalError) as info:
+        world.engine.get_run(result.run_id, RequestContext("mallory"))
+    assert info.value.code is ErrorCode.SOURCE_UNAVAILABLE
+
+
+def test_an_idle_timeout_fails_a_stalled_provider(world: World) -> None:
+    release = threading.Event()
+
+    class Stalls:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            while not release.wait(0.01):
+                cancel.check()
+            yield TextDelta("never")
+
+    engine = world.with_provider("local", Stalls())
+    context = RequestContext("alice", CancelToken(idle_timeout_s=0.3))
+    events: list[RunEvent] = []
+    engine.execute(_before(idle_timeout_ms=300), context, events.append)
+    assert isinstance(events[-1], RunFailed)
+    assert events[-1].error.code is ErrorCode.TIMEOUT
+    record = world.runs.get(events[0].run_id)  # type: ignore[union-attr]
+    assert record is not None and record.status == "failed"

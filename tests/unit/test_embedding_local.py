@@ -1,0 +1,305 @@
+"""LocalEmbedding: golden vectors, 256-token truncation, untruncated counts, pinned digests.
+
+The golden vectors in golden_vectors.json were computed by this module's `write_golden()`
+(`python -m tests.unit.test_embedding_local` from the repository root). Regenerate them only on
+a deliberate change of weights or tokenizer, and say so in the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+import pytest
+from tokenizers import Tokenizer
+
+from retrieval_host.adapters import embedding_local
+from retrieval_host.adapters.embedding_local import (
+    DIMENSIONS,
+    MAX_TOKENS,
+    MODEL_NAME,
+    MODEL_SHA256,
+    TOKENIZER_SHA256,
+    LocalEmbedding,
+)
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import EmbeddingDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+
+GOLDEN_FILE = Path(__file__).with_name("golden_vectors.json")
+
+GOLDEN_TEXTS = {
+    "short": "The quick brown fox jumps over the lazy dog.",
+    "paragraph": (
+        "Retrieval systems split long documents into passages, embed each passage as a vector, "
+        "and store those vectors alongside the original text and its location. When a question "
+        "arrives, it is embedded with the same model, and the passages whose vectors lie "
+        "closest to it are returned as evidence. The quality of the answer depends on how well "
+        "the model captures meaning, how the text was divided, and whether the application "
+        "only shows passages the reader is allowed to see. Citations let a reader verify every "
+        "claim against the exact passage it came from, page and line included, before trusting "
+        "the generated answer."
+    ),
+    "non_ascii": (
+        "Crème brûlée à la façon de Zoë, naïve Ñandú señor — 東京の夜景はとても美しいです。"
+        " 北京欢迎你！Größenverhältnisse über Ærøskøbing."
+    ),
+}
+
+COOKING = (
+    "To make a simple tomato sauce, warm olive oil in a heavy pan over medium heat, add sliced "
+    "garlic and cook it gently until fragrant but not brown. Pour in crushed tomatoes, season "
+    "with salt, a pinch of sugar and black pepper, then let the sauce simmer slowly for twenty "
+    "minutes, stirring now and then so that it does not stick to the bottom of the pan. Tear "
+    "fresh basil leaves over the top, stir in a knob of butter for a glossy finish, and taste "
+    "again before serving it over freshly boiled pasta with grated parmesan cheese on the side, "
+    "along with a green salad dressed in lemon juice and good oil."
+)
+ASTRONOMY = (
+    "Neutron stars are the collapsed cores of massive stars, so dense that a teaspoon of their "
+    "matter would weigh billions of tonnes, and pulsars sweep beams of radio waves across the "
+    "galaxy as they spin hundreds of times every second."
+)
+
+
+@pytest.fixture(scope="module")
+def local() -> LocalEmbedding:
+    return LocalEmbedding(threads=1)
+
+
+@pytest.fixture
+def truncating_tokenizer() -> Tokenizer:
+    """The shipped tokenizer as it is configured on disk: it cuts at 128 tokens."""
+    return Tokenizer.from_file(str(embedding_local._tokenizer_path()))
+
+
+def embed(adapter: LocalEmbedding, *texts: str) -> npt.NDArray[np.float32]:
+    return adapter.embed(list(texts), CancelToken()).vectors
+
+
+def cosine(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def prefix_of(text: str, tokenizer: Tokenizer, tokens: int) -> str:
+    """The text covered by the first `tokens` tokens ([CLS] and [SEP] included)."""
+    tokenizer.no_truncation()
+    encoding = tokenizer.encode(text)
+    # Index 0 is [CLS]; content tokens 1..tokens-2 plus the closing [SEP] make `tokens`.
+    return text[: encoding.offsets[tokens - 2][1]]
+
+
+# --- golden vectors ----------------------------------------------------------------------
+
+
+def load_golden() -> dict[str, Any]:
+    golden: dict[str, Any] = json.loads(GOLDEN_FILE.read_text(encoding="utf-8"))
+    return golden
+
+
+def test_golden_file_matches_the_pinned_model_and_texts() -> None:
+    golden = load_golden()
+    assert golden["model"] == MODEL_NAME
+    assert golden["modelSha256"] == MODEL_SHA256
+    assert golden["tokenizerSha256"] == TOKENIZER_SHA256
+    assert {k: v["text"] for k, v in golden["vectors"].items()} == GOLDEN_TEXTS
+    assert all(len(v["vector"]) == DIMENSIONS for v in golden["vectors"].values())
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_TEXTS))
+def test_embeds_like_the_golden_vectors(local: LocalEmbedding, name: str) -> None:
+    golden = np.asarray(load_golden()["vectors"][name]["vector"], dtype=np.float32)
+    (fresh,) = embed(local, GOLDEN_TEXTS[name])
+    assert cosine(fresh, golden) >= 0.99999
+
+
+def test_a_batch_embeds_like_each_text_alone(local: LocalEmbedding) -> None:
+    batched = embed(local, *GOLDEN_TEXTS.values())
+    for row, text in zip(batched, GOLDEN_TEXTS.values(), strict=True):
+        assert cosine(row, embed(local, text)[0]) >= 0.99999
+
+
+def test_vectors_are_unit_norm_float32(local: LocalEmbedding) -> None:
+    vectors = embed(local, *GOLDEN_TEXTS.values(), "x")
+    assert vectors.dtype == np.float32
+    assert vectors.shape == (4, DIMENSIONS)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_unrelated_texts_are_less_similar_than_paraphrases(local: LocalEmbedding) -> None:
+    fox, paraphrase, pasta = embed(
+        local,
+        GOLDEN_TEXTS["short"],
+        "A fast brown fox leaps over a sleepy dog.",
+        "Boil the pasta in salted water for nine minutes.",
+    )
+    assert cosine(fox, paraphrase) > cosine(fox, pasta) + 0.3
+
+
+# --- truncation and token counts ----------------------------------------------------------
+
+
+def test_reads_past_128_tokens_up_to_256(
+    local: LocalEmbedding, truncating_tokenizer: Tokenizer
+) -> None:
+    text = f"{COOKING} {ASTRONOMY}"
+    (full_count,) = local.count_tokens([text])
+    assert 128 < full_count < MAX_TOKENS
+    prefix = prefix_of(text, truncating_tokenizer, 128)
+    assert local.count_tokens([prefix]) == [128]
+
+    # A model that read only 128 tokens (the shipped tokenizer.json's setting) would see the
+    # same input for both texts ...
+    truncating_tokenizer.enable_truncation(128)
+    assert truncating_tokenizer.encode(text).ids == truncating_tokenizer.encode(prefix).ids
+    # ... this one reads the astronomy tail too.
+    full, cut = embed(local, text, prefix)
+    assert cosine(full, cut) < 0.98
+
+
+def test_cuts_inputs_at_256_tokens(local: LocalEmbedding, truncating_tokenizer: Tokenizer) -> None:
+    text = f"{COOKING} {COOKING} {ASTRONOMY}"
+    assert local.count_tokens([text])[0] > MAX_TOKENS
+    prefix = prefix_of(text, truncating_tokenizer, MAX_TOKENS)
+    assert local.count_tokens([prefix]) == [MAX_TOKENS]
+    full, cut = embed(local, text, prefix)
+    assert cosine(full, cut) >= 0.99999
+
+
+def test_count_tokens_is_not_truncated(local: LocalEmbedding) -> None:
+    long_text = " ".join([COOKING] * 4)
+    (count,) = local.count_tokens([long_text])
+    assert count > 400
+    assert local.max_input_tokens == MAX_TOKENS == 256
+
+
+def test_usage_counts_the_tokens_actually_read(local: LocalEmbedding) -> None:
+    long_text = " ".join([COOKING] * 4)
+    batch = local.embed(["hello world", long_text], CancelToken())
+    assert batch.usage.requests == 1
+    # [CLS] hello world [SEP] = 4, and the long text is read up to the 256-token cut.
+    assert batch.usage.input_tokens == 4 + MAX_TOKENS
+
+
+def test_a_cancelled_token_stops_before_inference(local: LocalEmbedding) -> None:
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(RetrievalError) as info:
+        local.embed(["hello"], token)
+    assert info.value.code is ErrorCode.CANCELLED
+
+
+def test_describes_itself_as_the_pinned_local_model(local: LocalEmbedding) -> None:
+    assert local.descriptor == EmbeddingDescriptor(
+        provider_id="local-minilm",
+        vendor="sentence-transformers",
+        account_id="local",
+        auth_mode="local",
+        model="all-MiniLM-L6-v2-int8",
+        dimensions=384,
+        metric="cosine",
+    )
+
+
+# --- pinned digests ----------------------------------------------------------------------
+
+
+class _SessionSpy:
+    """Wraps onnxruntime.InferenceSession to record whether a session was ever created."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.calls = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+
+@pytest.fixture
+def session_spy(monkeypatch: pytest.MonkeyPatch) -> _SessionSpy:
+    # The adapter looks the class up on the onnxruntime module at each load.
+    spy = _SessionSpy(ort.InferenceSession)
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    return spy
+
+
+def test_refuses_tampered_weights_before_creating_a_session(
+    tmp_path: Path, session_spy: _SessionSpy
+) -> None:
+    tampered = tmp_path / "model.onnx"
+    shutil.copyfile(embedding_local._model_path(), tampered)
+    with tampered.open("r+b") as f:
+        f.seek(1_000_000)
+        byte = f.read(1)
+        f.seek(1_000_000)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+    with pytest.raises(RetrievalError) as info:
+        LocalEmbedding(model_path=tampered)
+    assert info.value.code is ErrorCode.EMBEDDING_FAILED
+    assert info.value.reason == "weights-digest-mismatch"
+    assert session_spy.calls == 0
+
+
+def test_refuses_a_tampered_tokenizer_before_creating_a_session(
+    tmp_path: Path, session_spy: _SessionSpy
+) -> None:
+    original = embedding_local._tokenizer_path().read_text(encoding="utf-8")
+    # Still a valid tokenizer, only one vocabulary entry renamed: the digest, not a parse
+    # error, is what refuses it.
+    assert '"fox":' in original
+    tampered = tmp_path / "tokenizer.json"
+    tampered.write_text(original.replace('"fox":', '"f0x":', 1), encoding="utf-8")
+    Tokenizer.from_file(str(tampered))
+
+    with pytest.raises(RetrievalError) as info:
+        LocalEmbedding(tokenizer_path=tampered)
+    assert info.value.code is ErrorCode.EMBEDDING_FAILED
+    assert info.value.reason == "weights-digest-mismatch"
+    assert session_spy.calls == 0
+
+
+def test_an_identical_copy_of_the_weights_loads(
+    tmp_path: Path, session_spy: _SessionSpy, local: LocalEmbedding
+) -> None:
+    copy = tmp_path / "model.onnx"
+    shutil.copyfile(embedding_local._model_path(), copy)
+    adapter = LocalEmbedding(model_path=copy)
+    assert session_spy.calls == 1
+    np.testing.assert_allclose(embed(adapter, "hello"), embed(local, "hello"), rtol=0, atol=1e-6)
+
+
+def test_a_missing_weights_file_is_an_embedding_failure(tmp_path: Path) -> None:
+    with pytest.raises(RetrievalError) as info:
+        LocalEmbedding(model_path=tmp_path / "absent.onnx")
+    assert info.value.code is ErrorCode.EMBEDDING_FAILED
+
+
+# --- regeneration ------------------------------------------------------------------------
+
+
+def write_golden() -> None:
+    """Recompute golden_vectors.json (384 floats per text, 7 significant digits)."""
+    adapter = LocalEmbedding(threads=1)
+    vectors = embed(adapter, *GOLDEN_TEXTS.values())
+    doc = {
+        "model": MODEL_NAME,
+        "modelSha256": MODEL_SHA256,
+        "tokenizerSha256": TOKENIZER_SHA256,
+        "generatedBy": "python -m tests.unit.test_embedding_local",
+        "vectors": {
+            name: {"text": text, "vector": [float(f"{v:.7g}") for v in row.tolist()]}
+            for (name, text), row in zip(GOLDEN_TEXTS.items(), vectors, strict=True)
+        },
+    }
+    GOLDEN_FILE.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    write_golden()
