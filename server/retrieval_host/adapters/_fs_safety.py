@@ -1,0 +1,175 @@
+"""POSIX checks that keep the SQLite store in a private directory (SPEC §3.7).
+
+The database, its sidecars and the directories above it must be under the control of the user
+running the host (or root). If anyone else could write to one of them, they could swap the file
+for a link, plant a `-wal` that SQLite would replay, or rename a directory out from under us.
+
+Policy (each point is what the checks enforce, and why):
+
+- The database file and any `-wal`, `-shm` or `-journal` sidecar that exists must be a regular
+  file (never a symbolic link), owned by the effective uid, and not writable by group or others.
+  The database must have one hard link: SQLite names its sidecars after the path it was given,
+  so two names for one file would let two connections miss each other's locks.
+- The database's own directory must be owned by the effective uid or root and not writable by
+  group or others, sticky or not: a shared directory lets other users create the sidecar names.
+- Each ancestor directory up to `/` must be owned by the effective uid or root and not writable
+  by group or others, with one exception: a root-owned directory with the sticky bit (`/tmp`)
+  is accepted as an ancestor, because the sticky bit stops other users from renaming or removing
+  the entry below it, which is checked in turn.
+- Symbolic links in the directory part of the path are resolved once; the real directories are
+  checked and the resolved path is what gets opened, so a link changing later does not redirect
+  the store while it is open.
+- A missing database directory (only the last one) is created with mode 0700, a missing
+  database file with mode 0600. SQLite gives the sidecars the database file's mode.
+
+On systems without POSIX ownership (Windows) the ownership and mode checks are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+
+SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def _unsafe(detail: str, reason: str) -> RetrievalError:
+    return RetrievalError(ErrorCode.UNSAFE_STORE, detail, reason=reason)
+
+
+def _posix() -> bool:
+    return os.name == "posix" and hasattr(os, "geteuid")
+
+
+def check_store_file(path: Path, what: str) -> None:
+    """Refuse a database or sidecar file that is a link, shared, or owned by someone else.
+
+    A missing file passes: SQLite creates sidecars on demand with the database's mode.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise _unsafe(f"{what} {path} is a symbolic link; the store refuses links.", "symlink")
+    if not stat.S_ISREG(st.st_mode):
+        raise _unsafe(f"{what} {path} is not a regular file.", "not-regular-file")
+    if not _posix():
+        return
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise _unsafe(
+            f"{what} {path} is owned by uid {st.st_uid}, not by the user running the host "
+            f"(uid {euid}).",
+            "foreign-owner",
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise _unsafe(
+            f"{what} {path} is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}); make it 0600.",
+            "writable-by-others",
+        )
+
+
+def check_directory_chain(directory: Path) -> None:
+    """Check the (already resolved) database directory and every ancestor up to `/`."""
+    if not _posix():
+        return
+    euid = os.geteuid()
+    current = directory
+    own_directory = True
+    while True:
+        st = os.lstat(current)
+        if not stat.S_ISDIR(st.st_mode):
+            raise _unsafe(f"{current} is not a directory.", "not-a-directory")
+        if st.st_uid not in (euid, 0):
+            raise _unsafe(
+                f"directory {current} is owned by uid {st.st_uid}; every directory above the "
+                f"database must belong to the host's user (uid {euid}) or root.",
+                "foreign-owner",
+            )
+        shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        sticky_root = bool(st.st_mode & stat.S_ISVTX) and st.st_uid == 0
+        if shared and (own_directory or not sticky_root):
+            where = "the database directory" if own_directory else "directory"
+            raise _unsafe(
+                f"{where} {current} is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); keep the database in a private (0700) "
+                "directory.",
+                "writable-by-others",
+            )
+        parent = current.parent
+        if parent == current:
+            return
+        current = parent
+        own_directory = False
+
+
+def _ensure_directory(directory: Path) -> None:
+    """Create the database's own directory (0700) when it is missing; never its ancestors."""
+    if os.path.lexists(directory):
+        return
+    parent = Path(os.path.realpath(directory.parent))
+    if not parent.is_dir():
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"the directory {directory.parent} does not exist; create it first.",
+            reason="missing-directory",
+        )
+    # The parent must be safe before anything is created inside it.
+    check_directory_chain(parent)
+    with contextlib.suppress(FileExistsError):  # a concurrent opener created it: checked below
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+
+
+def _create_database_file(path: Path) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        return  # created concurrently; the caller checks it like any existing file
+    try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def prepare_database_path(path: str | os.PathLike[str]) -> Path:
+    """Check (and create if missing) a private database location; return the path to open.
+
+    Raises `UNSAFE_STORE` naming the first problem found, or `STORE_UNAVAILABLE` when the
+    directory above the database's own directory does not exist.
+    """
+    given = Path(os.path.abspath(os.fspath(path)))
+    if given.name in ("", ".", ".."):
+        raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "the store path must name a file.")
+    _ensure_directory(given.parent)
+    directory = Path(os.path.realpath(given.parent))
+    check_directory_chain(directory)
+    database = directory / given.name
+    check_store_file(database, "the database file")
+    check_sidecars(database)
+    if not os.path.lexists(database):
+        _create_database_file(database)
+        check_store_file(database, "the database file")
+    st = os.lstat(database)
+    if st.st_nlink > 1:
+        raise _unsafe(
+            f"the database file {database} has {st.st_nlink} hard links; SQLite cannot "
+            "coordinate its locks across several names for one file.",
+            "hard-link",
+        )
+    return database
+
+
+def check_sidecars(database: Path) -> None:
+    """Check the `-wal`, `-shm` and `-journal` files beside the database, where they exist."""
+    for suffix in SIDECAR_SUFFIXES:
+        check_store_file(Path(f"{database}{suffix}"), f"the {suffix} sidecar")

@@ -1,0 +1,1063 @@
+"""The embedded SQLite vector store (SPEC §3.7): durable rows in SQLite, similarity in NumPy.
+
+Durability. Sources and passages live in one SQLite file opened through `apsw` (which bundles
+SQLite >= 3.51.3; older builds have a WAL-reset bug that can corrupt a database written by
+several connections, so they are refused). The connection runs in WAL mode with
+`synchronous=FULL`, foreign keys, `secure_delete` and `trusted_schema=OFF`; every statement is
+static SQL with bound values. A source revision is replaced in one `BEGIN IMMEDIATE`
+transaction, so a reader (in this process or another) sees the old revision or the new one.
+
+Identity. The file carries `PRAGMA application_id` and `user_version`. A file with another
+application id, or with tables but no id, is *refused with `UNSAFE_STORE`* (reason
+`unrelated-database`) and left untouched: it belongs to something else, writing our schema into it
+would damage it, and retrying cannot help (so not the transient `STORE_UNAVAILABLE`). A newer
+schema version is refused the same way (reason `schema-version`).
+
+Search. Vectors are never read from SQLite per query. Each corpus namespace is held in memory
+as an append-only float32 matrix whose rows for one source revision are contiguous, with a
+source -> row-span index. A query first gathers the rows of the allowed `(source, revision)`
+pairs whose metadata match the filters, then scores only those rows in batches of
+`scan_batch_rows`, checking the cancel token between batches, and keeps the top k. The cache is
+updated in place after this store's own commits and reloaded per changed source when a
+per-corpus generation counter shows that another connection committed.
+
+Concurrency. Writers are serialised by a process-wide lock per database file and, across
+processes, by SQLite's own locking (with a busy timeout). A search holds no lock while scoring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+import apsw
+import numpy as np
+import numpy.typing as npt
+
+from retrieval_host.adapters._fs_safety import check_sidecars, prepare_database_path
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import CorpusDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.models import JSONScalar, Location
+from retrieval_host.core.ports import (
+    Candidate,
+    CapacityLimits,
+    StoredChunk,
+    StoredSource,
+    Vectors,
+)
+
+APPLICATION_ID: Final = 0x52485653  # "RHVS": retrieval-host vector store
+SCHEMA_VERSION: Final = 1
+MIN_SQLITE_VERSION: Final = (3, 51, 3)
+BUSY_TIMEOUT_MS: Final = 10_000
+WAL_SIZE_LIMIT_BYTES: Final = 64 * 1024 * 1024
+_TABLES: Final = frozenset({"corpora", "sources", "chunks"})
+
+_SCHEMA: Final = (
+    """CREATE TABLE corpora (
+        corpus_id TEXT PRIMARY KEY,
+        descriptor_json TEXT NOT NULL,
+        generation INTEGER NOT NULL DEFAULT 0
+    ) STRICT""",
+    """CREATE TABLE sources (
+        id INTEGER PRIMARY KEY,
+        corpus_id TEXT NOT NULL REFERENCES corpora(corpus_id),
+        namespace TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        revision TEXT NOT NULL,
+        title TEXT NOT NULL,
+        metadata_json TEXT NOT NULL,
+        document_sha256 TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        chunk_count INTEGER NOT NULL,
+        payload_bytes INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        UNIQUE (corpus_id, namespace, source_id)
+    ) STRICT""",
+    """CREATE TABLE chunks (
+        source_pk INTEGER NOT NULL REFERENCES sources(id) ON DELETE CASCADE,
+        corpus_id TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        chunk_id TEXT NOT NULL,
+        ordinal INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        page INTEGER,
+        start_line INTEGER,
+        end_line INTEGER,
+        document_id TEXT,
+        vector BLOB NOT NULL,
+        UNIQUE (corpus_id, namespace, chunk_id),
+        UNIQUE (source_pk, ordinal)
+    ) STRICT""",
+)
+
+_log = logging.getLogger(__name__)
+
+_Matrix = npt.NDArray[np.float32]
+_Index = npt.NDArray[np.int64]
+
+# One lock per database file for the whole process: writers from several store instances on the
+# same file queue here instead of spinning in SQLite's busy handler.
+_PATH_LOCKS: dict[str, threading.Lock] = {}
+_PATH_LOCKS_GUARD = threading.Lock()
+
+
+def _path_lock(path: Path) -> threading.Lock:
+    with _PATH_LOCKS_GUARD:
+        return _PATH_LOCKS.setdefault(str(path), threading.Lock())
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCounters:
+    """Monotonic scan counters (a snapshot): observe that a cancelled request stopped scanning."""
+
+    scans_started: int = 0
+    scan_batches: int = 0
+    scans_cancelled: int = 0
+    rows_scored: int = 0
+
+
+def check_sqlite_version(version: str) -> None:
+    """Refuse SQLite builds older than 3.51.3 (WAL-reset corruption with several connections)."""
+    try:
+        parts = tuple(int(p) for p in version.split(".")[:3])
+    except ValueError:
+        parts = ()
+    if parts < MIN_SQLITE_VERSION:
+        raise RetrievalError(
+            ErrorCode.UNSAFE_STORE,
+            f"SQLite {version} is too old; the store needs 3.51.3 or newer (use the apsw wheel "
+            "that bundles it).",
+            reason="sqlite-version",
+        )
+
+
+def _store_error(action: str, exc: apsw.Error) -> RetrievalError:
+    # The SQLite message is not rendered to callers (it may name paths or values); it stays
+    # attached as the cause for the log.
+    if isinstance(exc, apsw.BusyError | apsw.LockedError):
+        return RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"the database stayed locked by another writer while {action}.",
+            reason="busy",
+        )
+    if isinstance(exc, apsw.NotADBError):
+        return RetrievalError(
+            ErrorCode.UNSAFE_STORE,
+            "the store path holds a file that is not a SQLite database.",
+            reason="not-a-database",
+        )
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE, f"the database failed while {action}.", reason="sqlite-error"
+    )
+
+
+@contextlib.contextmanager
+def _translated(action: str) -> Iterator[None]:
+    try:
+        yield
+    except apsw.Error as exc:
+        raise _store_error(action, exc) from exc
+
+
+def _json_kind(value: object) -> str:
+    # JSON equality, not Python equality: `true` never equals `1`, numbers compare by value.
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "structured"
+
+
+def _metadata_matches(metadata: Mapping[str, Any], filters: Mapping[str, JSONScalar]) -> bool:
+    for key, wanted in filters.items():
+        if key not in metadata:
+            return False
+        have = metadata[key]
+        kind = _json_kind(have)
+        if kind == "structured" or kind != _json_kind(wanted) or have != wanted:
+            return False
+    return True
+
+
+def _unit_rows(vectors: _Matrix, what: str) -> _Matrix:
+    """A new array of the rows scaled to unit length; the input is never written to."""
+    if not np.all(np.isfinite(vectors)):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"{what} must be finite.", reason="vector-values"
+        )
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    if np.any(norms == 0):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"{what} must not be zero.", reason="vector-values"
+        )
+    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
+
+
+# --- the in-memory index --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Revision:
+    """One source revision as the in-memory index knows it (immutable: shared with searches)."""
+
+    source_id: str
+    revision: str
+    document_sha256: str
+    metadata: Mapping[str, Any]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    chunk_id: str
+    text: str
+    location: Location
+    source: _Revision
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    source: _Revision
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    """A source revision read from SQLite (or just written), ready to enter the index."""
+
+    namespace: str
+    source: _Revision
+    rows: tuple[tuple[str, str, Location], ...]
+    unit_vectors: _Matrix
+
+
+class _Segment:
+    """One corpus namespace: an append-only matrix with contiguous rows per source revision.
+
+    Replacing a source appends its rows and drops the old span; the dead rows are only skipped
+    (never scored: searches gather live spans) until the matrix is full, when the live rows are
+    compacted into a new array. Rows are never written twice in one array, so a search that
+    captured an array and a span list keeps reading consistent data without a lock.
+    """
+
+    def __init__(self, dimensions: int) -> None:
+        self.dimensions = dimensions
+        self.matrix: _Matrix = np.empty((0, dimensions), dtype=np.float32)
+        self.rows: list[_Row] = []
+        self.spans: dict[str, _Span] = {}
+        self.size = 0
+        self.live = 0
+
+    def remove(self, source_id: str) -> None:
+        span = self.spans.pop(source_id, None)
+        if span is not None:
+            self.live -= span.stop - span.start
+            if len(self.matrix) > 4096 and self.live < len(self.matrix) // 4:
+                self._compact(0)
+
+    def put(self, loaded: _Loaded) -> None:
+        self.remove(loaded.source.source_id)
+        count = len(loaded.rows)
+        if self.size + count > len(self.matrix):
+            self._compact(count)
+        start = self.size
+        self.matrix[start : start + count] = loaded.unit_vectors
+        self.rows.extend(_Row(cid, text, loc, loaded.source) for cid, text, loc in loaded.rows)
+        self.spans[loaded.source.source_id] = _Span(loaded.source, start, start + count)
+        self.size += count
+        self.live += count
+
+    def _compact(self, extra: int) -> None:
+        capacity = max(2 * (self.live + extra), 256)
+        matrix = np.empty((capacity, self.dimensions), dtype=np.float32)
+        rows: list[_Row] = []
+        spans: dict[str, _Span] = {}
+        at = 0
+        for source_id, span in self.spans.items():
+            n = span.stop - span.start
+            matrix[at : at + n] = self.matrix[span.start : span.stop]
+            rows.extend(self.rows[span.start : span.stop])
+            spans[source_id] = _Span(span.source, at, at + n)
+            at += n
+        self.matrix, self.rows, self.spans, self.size = matrix, rows, spans, at
+
+
+@dataclass
+class _CorpusState:
+    descriptor: CorpusDescriptor
+    segments: dict[str, _Segment]
+    generations: dict[tuple[str, str], int]  # (namespace, source_id) -> generation loaded
+    loaded_generation: int
+
+    @property
+    def dimensions(self) -> int:
+        return self.descriptor.embedding.dimensions
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """What a search captured under the cache lock; scored afterwards without any lock."""
+
+    matrix: _Matrix
+    rows: list[_Row]
+    index: _Index
+
+
+def _gather(spans: list[tuple[int, int]]) -> _Index:
+    """The row numbers of the spans, ascending (so adjacent spans form slice-able runs)."""
+    spans.sort()
+    starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
+    lengths = np.fromiter((e - s for s, e in spans), dtype=np.int64, count=len(spans))
+    total = int(lengths.sum())
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(total, dtype=np.int64)
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+class SqliteVectorStore:
+    """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
+
+    Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
+    used under a lock; searches score outside every lock.
+    """
+
+    def __init__(self, connection: apsw.Connection, path: Path, scan_batch_rows: int) -> None:
+        """Private: use `SqliteVectorStore.open(path)`, which checks and prepares the file."""
+        self._conn: apsw.Connection | None = connection
+        self._path = path
+        self._batch = scan_batch_rows
+        self._write_lock = _path_lock(path)
+        self._db_lock = threading.RLock()
+        self._cache_lock = threading.Lock()
+        self._counter_lock = threading.Lock()
+        self._counters = StoreCounters()
+        self._corpora: dict[str, _CorpusState] = {}
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], *, scan_batch_rows: int = 8192
+    ) -> SqliteVectorStore:
+        """Open (creating if missing) the store at `path` after the private-location checks.
+
+        Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
+        SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
+        """
+        if isinstance(scan_batch_rows, bool) or scan_batch_rows < 1:
+            raise ValueError("scan_batch_rows must be a positive integer")
+        check_sqlite_version(apsw.sqlite_lib_version())
+        database = prepare_database_path(path)
+        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+        with _translated("opening the store"):
+            conn = apsw.Connection(str(database), flags=flags)
+        try:
+            with _translated("opening the store"):
+                conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+                # Before anything writes: a schema in the file must not run our functions.
+                conn.execute("PRAGMA trusted_schema=OFF")
+                conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
+                fresh = _check_identity(conn)
+                _configure(conn)
+                if fresh:
+                    _create_schema(conn)
+            check_sidecars(database)  # SQLite created them just now: same checks
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, database, scan_batch_rows)
+
+    def __enter__(self) -> SqliteVectorStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def reclamation(self) -> str:
+        """`overwritten`: `secure_delete` zeroes freed pages and deletes checkpoint the WAL."""
+        return "overwritten"
+
+    @property
+    def counters(self) -> StoreCounters:
+        """A snapshot of the scan counters (they only ever increase)."""
+        with self._counter_lock:
+            return self._counters
+
+    def close(self) -> None:
+        """Close the connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
+        with self._db_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            with self._cache_lock:
+                self._corpora.clear()
+
+    # --- corpora -----------------------------------------------------------------------------
+
+    def open_corpus(self, descriptor: CorpusDescriptor) -> None:
+        """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later."""
+        canonical = descriptor.canonical_json()
+        with self._write_lock, self._db_lock:
+            conn = self._connection()
+            with _translated("opening a corpus"), _immediate(conn):
+                row = conn.execute(
+                    "SELECT descriptor_json FROM corpora WHERE corpus_id = ?",
+                    (descriptor.corpus_id,),
+                ).fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO corpora (corpus_id, descriptor_json) VALUES (?, ?)",
+                        (descriptor.corpus_id, canonical),
+                    )
+                elif row[0] != canonical:
+                    differing = descriptor.mismatch(str(row[0]))
+                    if differing:
+                        raise RetrievalError(
+                            ErrorCode.DESCRIPTOR_MISMATCH,
+                            f"corpus {descriptor.corpus_id!r} was built with a different "
+                            f"descriptor; differing fields: {', '.join(differing)}.",
+                        )
+        # Loading the vectors can take a while on a big corpus: other writers need not wait.
+        with self._db_lock:
+            state = self._corpora.get(descriptor.corpus_id)
+            if state is None or state.descriptor != descriptor:
+                state = _CorpusState(descriptor, {}, {}, -1)
+                with self._cache_lock:
+                    self._corpora[descriptor.corpus_id] = state
+            self._refresh(state)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def get_source(self, corpus: str, namespace: str, source_id: str) -> StoredSource | None:
+        """The current revision of a source, read from SQLite (authoritative), or None."""
+        with self._db_lock, _translated("reading a source"):
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT source_id, revision, title, metadata_json, document_sha256, "
+                    "fingerprint, chunk_count FROM sources "
+                    "WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
+                    (corpus, namespace, source_id),
+                )
+                .fetchone()
+            )
+        if row is None:
+            return None
+        return StoredSource(
+            source_id=str(row[0]),
+            revision=str(row[1]),
+            title=str(row[2]),
+            metadata=json.loads(str(row[3])),
+            document_sha256=str(row[4]),
+            fingerprint=str(row[5]),
+            chunk_count=int(row[6]),
+        )
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def replace_source(
+        self,
+        corpus: str,
+        namespace: str,
+        source: StoredSource,
+        chunks: Sequence[StoredChunk],
+        *,
+        expected_revision: str | None,
+        limits: CapacityLimits,
+    ) -> None:
+        """Swap in one whole revision in one IMMEDIATE transaction (see the port's contract)."""
+        state = self._state(corpus)
+        if source.chunk_count != len(chunks):
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST, "chunk_count must equal the number of chunks."
+            )
+        chunk_ids = [c.chunk_id for c in chunks]
+        if len(set(chunk_ids)) != len(chunk_ids) or len({c.ordinal for c in chunks}) != len(chunks):
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST,
+                "chunk ids and ordinals must be unique within a source.",
+            )
+        raw = self._vectors(state, [c.vector for c in chunks], "passage vectors")
+        unit = _unit_rows(raw, "passage vectors")
+        blobs = [row.astype("<f4").tobytes() for row in raw]
+        payload = sum(len(c.text.encode("utf-8")) for c in chunks) + sum(map(len, blobs))
+        metadata_json = json.dumps(
+            source.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+        key = (corpus, namespace, source.source_id)
+
+        with self._write_lock, self._db_lock:
+            conn = self._connection()
+            with _translated("replacing a source"), _immediate(conn):
+                current_pk = _check_replacement(
+                    conn, key, expected_revision, chunk_ids, payload, limits
+                )
+                before, generation = _bump_generation(conn, corpus)
+                if current_pk is not None:
+                    conn.execute("DELETE FROM sources WHERE id = ?", (current_pk,))
+                source_pk = _one(
+                    conn.execute(
+                        "INSERT INTO sources (corpus_id, namespace, source_id, revision, "
+                        "title, metadata_json, document_sha256, fingerprint, chunk_count, "
+                        "payload_bytes, generation) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        (
+                            *key,
+                            source.revision,
+                            source.title,
+                            metadata_json,
+                            source.document_sha256,
+                            source.fingerprint,
+                            len(chunks),
+                            payload,
+                            generation,
+                        ),
+                    )
+                )[0]
+                conn.executemany(
+                    "INSERT INTO chunks (source_pk, corpus_id, namespace, chunk_id, "
+                    "ordinal, text, page, start_line, end_line, document_id, vector) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            source_pk,
+                            corpus,
+                            namespace,
+                            c.chunk_id,
+                            c.ordinal,
+                            c.text,
+                            c.location.page,
+                            c.location.start_line,
+                            c.location.end_line,
+                            c.location.document_id,
+                            blob,
+                        )
+                        for c, blob in zip(chunks, blobs, strict=True)
+                    ],
+                )
+            # Chunks enter the index in ordinal order, the order a reload reads them back in.
+            order = sorted(range(len(chunks)), key=lambda i: chunks[i].ordinal)
+            loaded = _Loaded(
+                namespace,
+                _Revision(
+                    source.source_id,
+                    source.revision,
+                    source.document_sha256,
+                    json.loads(metadata_json),
+                    generation,
+                ),
+                tuple((chunks[i].chunk_id, chunks[i].text, chunks[i].location) for i in order),
+                unit[order],
+            )
+            self._after_commit(state, before, generation, [loaded], [])
+
+    def delete_source(self, corpus: str, namespace: str, source_id: str, revision: str) -> int:
+        """Delete exactly that revision; `SOURCE_UNAVAILABLE` if absent, `SOURCE_CONFLICT` if
+        the source is at another revision. Returns the number of passages removed."""
+        state = self._state(corpus)
+        with self._write_lock, self._db_lock:
+            conn = self._connection()
+            with _translated("deleting a source"), _immediate(conn):
+                current = conn.execute(
+                    "SELECT id, revision FROM sources "
+                    "WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
+                    (corpus, namespace, source_id),
+                ).fetchone()
+                if current is None:
+                    raise source_unavailable()
+                if str(current[1]) != revision:
+                    raise RetrievalError(
+                        ErrorCode.SOURCE_CONFLICT,
+                        "the source is at another revision; delete names the exact current "
+                        "revision.",
+                        reason="stale-revision",
+                    )
+                removed = int(
+                    _one(
+                        conn.execute(
+                            "SELECT COUNT(*) FROM chunks WHERE source_pk = ?", (current[0],)
+                        )
+                    )[0]
+                )
+                before, generation = _bump_generation(conn, corpus)
+                conn.execute("DELETE FROM sources WHERE id = ?", (current[0],))
+            self._after_commit(state, before, generation, [], [(namespace, source_id)])
+            _truncate_wal(conn)
+        return removed
+
+    # --- search ------------------------------------------------------------------------------
+
+    def search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        query: Vectors,
+        k: int,
+        cancel: CancelToken,
+        filters: Mapping[str, JSONScalar] | None = None,
+    ) -> list[Candidate]:
+        """Top-k cosine matches among the allowed revisions only, best first.
+
+        Rows outside `allowed` (or the namespace, or the filters) never enter the similarity
+        product. `cancel` is checked before each batch of `scan_batch_rows` rows.
+        """
+        state = self._state(corpus)
+        raw_query = self._vectors(state, [query], "the query vector")
+        unit_query = _unit_rows(raw_query, "the query vector")[0]
+        if k <= 0 or not allowed:
+            return []
+        self._ensure_fresh(state)
+        scan = self._capture(state, namespace, allowed, filters)
+        if scan is None:
+            return []
+        scores = self._score(scan, unit_query, cancel)
+        n = len(scores)
+        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+        # Best first; equal scores in row order, so results are deterministic.
+        top = top[np.lexsort((scan.index[top], -scores[top]))]
+        results: list[Candidate] = []
+        for i in top:
+            row = scan.rows[int(scan.index[i])]
+            results.append(
+                Candidate(
+                    chunk_id=row.chunk_id,
+                    source_id=row.source.source_id,
+                    revision=row.source.revision,
+                    text=row.text,
+                    location=row.location,
+                    document_sha256=row.source.document_sha256,
+                    score=float(np.clip(scores[i], -1.0, 1.0)),
+                )
+            )
+        return results
+
+    def _capture(
+        self,
+        state: _CorpusState,
+        namespace: str,
+        allowed: Mapping[str, str],
+        filters: Mapping[str, JSONScalar] | None,
+    ) -> _Scan | None:
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            if segment is None:
+                return None
+            # Walk the smaller side: the grant or the namespace's sources.
+            candidates: Iterable[_Span | None]
+            if len(allowed) <= len(segment.spans):
+                candidates = (segment.spans.get(sid) for sid in allowed)
+            else:
+                candidates = (s for sid, s in segment.spans.items() if sid in allowed)
+            spans: list[tuple[int, int]] = []
+            for span in candidates:
+                if span is None or span.stop == span.start:
+                    continue
+                if allowed.get(span.source.source_id) != span.source.revision:
+                    continue
+                if filters and not _metadata_matches(span.source.metadata, filters):
+                    continue
+                spans.append((span.start, span.stop))
+            if not spans:
+                return None
+            return _Scan(segment.matrix, segment.rows, _gather(spans))
+
+    def _score(self, scan: _Scan, query: _Matrix, cancel: CancelToken) -> _Matrix:
+        n = len(scan.index)
+        scores = np.empty(n, dtype=np.float32)
+        self._count(scans_started=1)
+        for offset in range(0, n, self._batch):
+            try:
+                cancel.check()
+            except RetrievalError:
+                self._count(scans_cancelled=1)
+                raise
+            part = scan.index[offset : offset + self._batch]
+            first, last = int(part[0]), int(part[-1])
+            if last - first + 1 == len(part):
+                block = scan.matrix[first : last + 1]  # a contiguous run: a view, no copy
+            else:
+                block = np.take(scan.matrix, part, axis=0)
+            scores[offset : offset + len(part)] = block @ query
+            self._count(scan_batches=1, rows_scored=len(part))
+            cancel.progress()
+        return scores
+
+    def _count(
+        self,
+        *,
+        scans_started: int = 0,
+        scan_batches: int = 0,
+        scans_cancelled: int = 0,
+        rows_scored: int = 0,
+    ) -> None:
+        with self._counter_lock:
+            c = self._counters
+            self._counters = StoreCounters(
+                c.scans_started + scans_started,
+                c.scan_batches + scan_batches,
+                c.scans_cancelled + scans_cancelled,
+                c.rows_scored + rows_scored,
+            )
+
+    # --- cache maintenance ---------------------------------------------------------------------
+
+    def _ensure_fresh(self, state: _CorpusState) -> None:
+        """Reload what other connections committed since the cache was last brought up to date."""
+        with self._db_lock:
+            with _translated("reading the corpus generation"):
+                row = (
+                    self._connection()
+                    .execute(
+                        "SELECT generation FROM corpora WHERE corpus_id = ?",
+                        (state.descriptor.corpus_id,),
+                    )
+                    .fetchone()
+                )
+            if row is None or int(row[0]) != state.loaded_generation:
+                self._refresh(state)
+
+    def _after_commit(
+        self,
+        state: _CorpusState,
+        before: int,
+        generation: int,
+        loaded: list[_Loaded],
+        removed: list[tuple[str, str]],
+    ) -> None:
+        # Caller holds the db lock. Apply our own change directly only when the cache was
+        # exactly at the generation our transaction started from; otherwise another
+        # connection committed in between and the cache reloads what changed.
+        if state.loaded_generation == before:
+            with self._cache_lock:
+                self._apply(state, loaded, removed)
+                state.loaded_generation = generation
+            return
+        try:
+            self._refresh(state)
+        except RetrievalError:
+            # The write is committed: failing it now would invite a retry of a done mutation.
+            # The next search retries the reload instead.
+            state.loaded_generation = -1
+            _log.warning("cache reload after a commit failed; retried on the next search")
+
+    def _refresh(self, state: _CorpusState) -> None:
+        """Bring one corpus's cache up to date from SQLite, loading only changed sources.
+
+        Caller holds the db lock. The listing and the loads share one read transaction, so the
+        cache moves from one committed state to another.
+        """
+        corpus = state.descriptor.corpus_id
+        conn = self._connection()
+        with _translated("loading the corpus"), _transaction(conn, "BEGIN"):
+            row = conn.execute(
+                "SELECT generation FROM corpora WHERE corpus_id = ?", (corpus,)
+            ).fetchone()
+            generation = int(row[0]) if row is not None else 0
+            listing = {
+                (str(ns), str(sid)): (int(pk), int(gen))
+                for pk, ns, sid, gen in conn.execute(
+                    "SELECT id, namespace, source_id, generation FROM sources WHERE corpus_id = ?",
+                    (corpus,),
+                )
+            }
+            removed = [key for key in state.generations if key not in listing]
+            loaded = [
+                self._load(conn, state, pk)
+                for key, (pk, gen) in listing.items()
+                if state.generations.get(key) != gen
+            ]
+        with self._cache_lock:
+            self._apply(state, loaded, removed)
+            state.loaded_generation = generation
+
+    def _load(self, conn: apsw.Connection, state: _CorpusState, source_pk: int) -> _Loaded:
+        row = _one(
+            conn.execute(
+                "SELECT namespace, source_id, revision, document_sha256, metadata_json, "
+                "generation FROM sources WHERE id = ?",
+                (source_pk,),
+            )
+        )
+        chunks: list[tuple[Any, ...]] = conn.execute(
+            "SELECT chunk_id, text, page, start_line, end_line, document_id, vector "
+            "FROM chunks WHERE source_pk = ? ORDER BY ordinal",
+            (source_pk,),
+        ).fetchall()
+        width = state.dimensions * 4
+        blobs = [bytes(c[6]) for c in chunks]
+        if any(len(b) != width for b in blobs):
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                "a stored vector does not have the corpus dimensions.",
+                reason="corrupt-vector",
+            )
+        matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), -1)
+        rows = tuple((str(c[0]), str(c[1]), Location(c[2], c[3], c[4], c[5])) for c in chunks)
+        return _Loaded(
+            str(row[0]),
+            _Revision(str(row[1]), str(row[2]), str(row[3]), json.loads(str(row[4])), int(row[5])),
+            rows,
+            _unit_rows(matrix.astype(np.float32), "stored vectors"),
+        )
+
+    def _apply(
+        self, state: _CorpusState, loaded: list[_Loaded], removed: list[tuple[str, str]]
+    ) -> None:
+        # Caller holds the cache lock.
+        for namespace, source_id in removed:
+            segment = state.segments.get(namespace)
+            if segment is not None:
+                segment.remove(source_id)
+            state.generations.pop((namespace, source_id), None)
+        for item in loaded:
+            segment = state.segments.get(item.namespace)
+            if segment is None:
+                segment = state.segments[item.namespace] = _Segment(state.dimensions)
+            segment.put(item)
+            state.generations[(item.namespace, item.source.source_id)] = item.source.generation
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _connection(self) -> apsw.Connection:
+        if self._conn is None:
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE, "the store is closed.", reason="closed"
+            )
+        return self._conn
+
+    def _state(self, corpus: str) -> _CorpusState:
+        with self._cache_lock:
+            state = self._corpora.get(corpus)
+        if state is None:
+            self._connection()  # a closed store says so first
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"corpus {corpus!r} has not been opened on this store.",
+                reason="corpus-not-open",
+            )
+        return state
+
+    @staticmethod
+    def _vectors(state: _CorpusState, vectors: Sequence[Vectors], what: str) -> _Matrix:
+        dims = state.dimensions
+        if not vectors:
+            return np.empty((0, dims), dtype=np.float32)
+        arrays = [np.asarray(v) for v in vectors]
+        if any(a.shape != (dims,) for a in arrays):
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST,
+                f"{what} must have shape ({dims},), the corpus dimensions.",
+                reason="vector-shape",
+            )
+        # np.stack copies: the caller's arrays are never written to.
+        return np.stack(arrays).astype(np.float32, copy=False)
+
+
+def _one(cursor: apsw.Cursor) -> tuple[Any, ...]:
+    row = cursor.fetchone()
+    if row is None:
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE, "the database returned no row.", reason="sqlite-error"
+        )
+    return tuple(row)
+
+
+@contextlib.contextmanager
+def _transaction(conn: apsw.Connection, begin: str) -> Iterator[None]:
+    """Run the block in one transaction: COMMIT at the end, ROLLBACK on any exception."""
+    conn.execute(begin)
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _immediate(conn: apsw.Connection) -> contextlib.AbstractContextManager[None]:
+    # IMMEDIATE takes the write lock up front: a read-then-write transaction can never find
+    # its snapshot stale at the first write (SQLITE_BUSY_SNAPSHOT, which skips the busy wait).
+    return _transaction(conn, "BEGIN IMMEDIATE")
+
+
+def _check_replacement(
+    conn: apsw.Connection,
+    key: tuple[str, str, str],
+    expected_revision: str | None,
+    chunk_ids: list[str],
+    payload: int,
+    limits: CapacityLimits,
+) -> int | None:
+    """The checks of `replace_source`, inside its transaction; returns the current row id."""
+    corpus, namespace, _ = key
+    current = conn.execute(
+        "SELECT id, revision FROM sources WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
+        key,
+    ).fetchone()
+    current_pk = int(current[0]) if current is not None else None
+    if (str(current[1]) if current is not None else None) != expected_revision:
+        raise RetrievalError(
+            ErrorCode.SOURCE_CONFLICT,
+            "another writer changed this source first; read it again and retry if the change "
+            "still applies.",
+            reason="concurrent-writer",
+        )
+    taken = conn.execute(
+        "SELECT 1 FROM chunks WHERE corpus_id = ? AND namespace = ? AND source_pk IS NOT ? "
+        "AND chunk_id IN (SELECT value FROM json_each(?)) LIMIT 1",
+        (corpus, namespace, current_pk, json.dumps(chunk_ids)),
+    ).fetchone()
+    if taken is not None:
+        raise RetrievalError(
+            ErrorCode.CHUNK_ID_CONFLICT,
+            "a chunk id of this revision is already used by another source in this namespace.",
+        )
+    used = _one(
+        conn.execute(
+            "SELECT COALESCE(SUM(payload_bytes), 0) FROM sources "
+            "WHERE corpus_id = ? AND id IS NOT ?",
+            (corpus, current_pk),
+        )
+    )[0]
+    if int(used) + payload > limits.max_corpus_payload_bytes:
+        raise RetrievalError(
+            ErrorCode.CAPACITY_EXCEEDED,
+            f"the corpus may hold at most {limits.max_corpus_payload_bytes} bytes of passages "
+            "and vectors.",
+            reason="corpus-payload",
+        )
+    return current_pk
+
+
+def _truncate_wal(conn: apsw.Connection) -> None:
+    """Fold the WAL into the database and truncate it, so deleted rows' old frames go too.
+
+    secure_delete has zeroed the freed pages in the database, but the WAL still holds earlier
+    frames with the deleted content. Best effort, never an error (the delete is committed): a
+    reader in another process can keep the WAL in use, and then the next checkpoint overwrites
+    those frames. A short busy timeout keeps a delete from waiting on such a reader for long.
+    """
+    conn.set_busy_timeout(250)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    except apsw.Error:
+        _log.info("WAL checkpoint after a delete was deferred")
+    finally:
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+
+
+def _rollback(conn: apsw.Connection) -> None:
+    # SQLite may already have rolled back (e.g. on a full disk); ROLLBACK would then fail.
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def _bump_generation(conn: apsw.Connection, corpus: str) -> tuple[int, int]:
+    row = conn.execute(
+        "UPDATE corpora SET generation = generation + 1 WHERE corpus_id = ? RETURNING generation",
+        (corpus,),
+    ).fetchone()
+    if row is None:
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"corpus {corpus!r} is missing from the database.",
+            reason="corpus-missing",
+        )
+    generation = int(row[0])
+    return generation - 1, generation
+
+
+def _check_identity(conn: apsw.Connection) -> bool:
+    """True for an empty database; raises for anything that is not ours. Reads only."""
+    application_id = int(_one(conn.execute("PRAGMA application_id"))[0])
+    user_version = int(_one(conn.execute("PRAGMA user_version"))[0])
+    names = {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+        )
+    }
+    if application_id == 0 and user_version == 0 and not names:
+        return True
+    if application_id != APPLICATION_ID:
+        raise RetrievalError(
+            ErrorCode.UNSAFE_STORE,
+            "the file at the store path is a SQLite database of another application (other "
+            "tables or another application id); point the store at its own private file.",
+            reason="unrelated-database",
+        )
+    if user_version != SCHEMA_VERSION:
+        raise RetrievalError(
+            ErrorCode.UNSAFE_STORE,
+            f"the store has schema version {user_version}; this host reads version "
+            f"{SCHEMA_VERSION}.",
+            reason="schema-version",
+        )
+    if not names >= _TABLES:
+        raise RetrievalError(
+            ErrorCode.UNSAFE_STORE,
+            "the store's schema is incomplete; it was not written by this host.",
+            reason="unrelated-database",
+        )
+    return False
+
+
+def _configure(conn: apsw.Connection) -> None:
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+    if mode is None or str(mode[0]).lower() != "wal":
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            "the store could not switch to WAL mode.",
+            reason="journal-mode",
+        )
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA secure_delete=ON")
+    # After a checkpoint, a WAL grown by a burst of writes is cut back to this size.
+    conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+    checks = {
+        "synchronous": 2,
+        "foreign_keys": 1,
+        "secure_delete": 1,
+    }
+    for pragma, wanted in checks.items():
+        value = conn.execute(f"PRAGMA {pragma}").fetchone()  # static names from the dict above
+        if value is None or int(value[0]) != wanted:
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"the store could not set PRAGMA {pragma}.",
+                reason="pragma",
+            )
+
+
+def _create_schema(conn: apsw.Connection) -> None:
+    with _immediate(conn):
+        # Another process may have created it between our check and the write lock.
+        if not _check_identity(conn):
+            return
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA application_id={APPLICATION_ID}")  # constants, not input
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

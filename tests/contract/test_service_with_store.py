@@ -1,0 +1,129 @@
+"""RetrievalService over each store adapter with the real local embedding model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import (
+    ChunkInput,
+    DeleteRequest,
+    EmbeddingUsage,
+    IndexRequest,
+    Location,
+    Operation,
+    SearchRequest,
+    SourceInfo,
+)
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.service import Corpus, RetrievalService
+from tests.contract.conftest import StoreHarness
+
+PASSAGES = {
+    "a": ["Otters hold hands while they sleep.", "Sea otters use rocks as tools."],
+    "b": ["The invoice is due within thirty days.", "Late payments accrue interest."],
+}
+
+
+@dataclass
+class GrantBook:
+    """The application's authorizer for a test: one grant per operation, changeable."""
+
+    grants: dict[Operation, Grant | None] = field(default_factory=dict)
+    calls: list[AuthorizationRequest] = field(default_factory=list)
+
+    def __call__(self, request: AuthorizationRequest, context: RequestContext) -> Grant | None:
+        self.calls.append(request)
+        return self.grants.get(request.operation)
+
+
+@dataclass
+class Setup:
+    service: RetrievalService
+    book: GrantBook
+
+
+@pytest.fixture
+def setup(harness: StoreHarness, local_embedding: LocalEmbedding) -> Setup:
+    book = GrantBook()
+    book.grants["index"] = Grant("team", {"a": ANY_REVISION, "b": ANY_REVISION})
+    corpus = Corpus("docs", "passages-v1", local_embedding, harness.open(), book)
+    return Setup(RetrievalService([corpus]), book)
+
+
+def ctx() -> RequestContext:
+    return RequestContext(subject="user-1")
+
+
+def index_request(source_id: str, rev: str, texts: list[str] | None = None) -> IndexRequest:
+    texts = texts if texts is not None else PASSAGES[source_id]
+    return IndexRequest(
+        "docs",
+        SourceInfo(source_id, rev, title=f"{source_id} title", metadata={"kind": "note"}),
+        [
+            ChunkInput(f"{source_id}-{i}", t, Location(start_line=i + 1, end_line=i + 1))
+            for i, t in enumerate(texts)
+        ],
+    )
+
+
+def test_an_identical_reindex_is_unchanged_and_embeds_nothing(setup: Setup) -> None:
+    first = setup.service.index_context(index_request("a", "r1"), ctx())
+    again = setup.service.index_context(index_request("a", "r1"), ctx())
+    assert first.status == "indexed"
+    assert first.usage.requests == 1
+    assert again.status == "unchanged"
+    assert again.usage == EmbeddingUsage()
+    assert (again.chunk_count, again.document_sha256) == (2, first.document_sha256)
+
+
+def test_changed_content_under_the_same_revision_is_a_conflict(setup: Setup) -> None:
+    setup.service.index_context(index_request("a", "r1"), ctx())
+    changed = index_request("a", "r1", ["Otters hold hands while they nap.", "Rocks."])
+    with pytest.raises(RetrievalError) as excinfo:
+        setup.service.index_context(changed, ctx())
+    assert excinfo.value.code is ErrorCode.SOURCE_CONFLICT
+
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    result = setup.service.search_context(SearchRequest("docs", "otters"), ctx())
+    assert sorted(h.text for h in result.hits) == sorted(PASSAGES["a"])
+
+
+def test_a_new_revision_replaces_the_old_and_delete_reports_reclamation(setup: Setup) -> None:
+    setup.service.index_context(index_request("a", "r1"), ctx())
+    result = setup.service.index_context(index_request("a", "r2", ["Only otters now."]), ctx())
+    assert (result.status, result.replaced_revision) == ("indexed", "r1")
+
+    setup.book.grants["search"] = Grant("team", {"a": "r2"})
+    hits = setup.service.search_context(SearchRequest("docs", "otters"), ctx()).hits
+    assert [(h.text, h.source.revision) for h in hits] == [("Only otters now.", "r2")]
+    assert hits[0].scope.namespace == "team"
+
+    setup.book.grants["delete"] = Grant("team", {"a": "r2"})
+    deleted = setup.service.delete_context(DeleteRequest("docs", "a", "r2"), ctx())
+    assert (deleted.deleted_chunks, deleted.reclamation) == (1, "overwritten")
+    assert setup.service.search_context(SearchRequest("docs", "otters"), ctx()).hits == []
+
+
+def test_an_unauthorized_and_a_missing_source_give_identical_errors(setup: Setup) -> None:
+    setup.service.index_context(index_request("a", "r1"), ctx())
+    setup.service.index_context(index_request("b", "r1"), ctx())
+    # "b" exists but is not granted; "ghost" is granted but does not exist; "a" is granted at
+    # a revision that is not the current one.
+    setup.book.grants["search"] = Grant("team", {"a": "r0", "ghost": "r1"})
+
+    def error_for(source_id: str) -> tuple[object, ...]:
+        with pytest.raises(RetrievalError) as excinfo:
+            setup.service.search_context(
+                SearchRequest("docs", "invoice", source_ids=[source_id]), ctx()
+            )
+        e = excinfo.value
+        return (e.code, e.detail, e.reason, str(e), e.status, e.title, e.args)
+
+    unauthorized, missing, stale = error_for("b"), error_for("ghost"), error_for("a")
+    assert unauthorized[0] is ErrorCode.SOURCE_UNAVAILABLE
+    assert unauthorized == missing == stale

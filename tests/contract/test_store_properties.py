@@ -1,0 +1,147 @@
+"""Property: over random corpora and grants, search ranks exactly the allowed rows.
+
+The reference is brute force in NumPy over the passages the grant allows (namespace, exact
+current revision, metadata filter). Equality with it means nothing outside the grant is returned
+*and* filtering happened before ranking (k results still come from the allowed rows).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.ports import CapacityLimits
+from tests.contract.conftest import STORE_KINDS, ContractStore, _open_store
+from tests.support.sqlite_store import descriptor, revision, unit_vectors
+
+NAMESPACES = ("n0", "n1", "n2")
+SOURCES = ("s0", "s1", "s2", "s3", "s4")
+DIM = 6
+_corpus_ids = itertools.count()
+
+
+@pytest.fixture(scope="module", params=STORE_KINDS)
+def shared_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ContractStore]:
+    # One store for all examples (each example gets its own corpus): small scan batches so
+    # most searches span several of them.
+    store = _open_store(str(request.param), tmp_path_factory.mktemp("props"), scan_batch_rows=3)
+    yield store
+    store.close()
+
+
+@dataclass(frozen=True)
+class History:
+    """The revisions one (namespace, source) went through, and whether it was then deleted."""
+
+    namespace: str
+    source_id: str
+    revisions: tuple[int, ...]  # chunk count per successive revision
+    tier: int
+    deleted: bool
+
+
+histories = st.builds(
+    History,
+    namespace=st.sampled_from(NAMESPACES),
+    source_id=st.sampled_from(SOURCES),
+    revisions=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+    tier=st.integers(0, 2),
+    deleted=st.booleans(),
+)
+# The revision a grant names for a source: its current one, an older one, or one never written.
+revision_choice = st.sampled_from(["current", "previous", "bogus"])
+grants = st.tuples(
+    st.sampled_from((*NAMESPACES, "n-missing")),
+    st.dictionaries(st.sampled_from((*SOURCES, "ghost")), revision_choice, max_size=6),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    corpus=st.lists(
+        histories, min_size=1, max_size=10, unique_by=lambda h: (h.namespace, h.source_id)
+    ),
+    grant=grants,
+    tier_filter=st.none() | st.integers(0, 2),
+    k=st.integers(1, 12),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_search_never_ranks_a_row_outside_the_grant(
+    shared_store: ContractStore,
+    corpus: list[History],
+    grant: tuple[str, dict[str, str]],
+    tier_filter: int | None,
+    k: int,
+    seed: int,
+) -> None:
+    store = shared_store
+    corpus_id = f"p{next(_corpus_ids)}"
+    store.open_corpus(descriptor(corpus_id, dimensions=DIM))
+    rng = np.random.default_rng(seed)
+    limits = CapacityLimits()
+
+    # What is current after writing every history: (namespace, source) -> (revision, vectors).
+    current: dict[tuple[str, str], tuple[str, np.typing.NDArray[np.float32], int]] = {}
+    for h in corpus:
+        previous: str | None = None
+        for number, count in enumerate(h.revisions, start=1):
+            rev = f"r{number}"
+            vectors = unit_vectors(rng, count, DIM)
+            ids = [f"{h.namespace}/{h.source_id}/{rev}/{i}" for i in range(count)]
+            source, chunks = revision(
+                h.source_id, rev, vectors, metadata={"tier": h.tier}, chunk_ids=ids
+            )
+            store.replace_source(
+                corpus_id, h.namespace, source, chunks, expected_revision=previous, limits=limits
+            )
+            previous = rev
+            current[(h.namespace, h.source_id)] = (rev, vectors, h.tier)
+        if h.deleted:
+            assert previous is not None
+            assert store.delete_source(corpus_id, h.namespace, h.source_id, previous) == count
+            del current[(h.namespace, h.source_id)]
+
+    namespace, choices = grant
+    allowed: dict[str, str] = {}
+    for source_id, choice in choices.items():
+        stored = current.get((namespace, source_id))
+        latest = int(stored[0][1:]) if stored is not None else 1
+        allowed[source_id] = {
+            "current": f"r{latest}",
+            "previous": f"r{max(latest - 1, 0)}",
+            "bogus": "r9",
+        }[choice]
+
+    query = unit_vectors(rng, 1, DIM)[0]
+    filters = {"tier": tier_filter} if tier_filter is not None else None
+    hits = store.search(corpus_id, namespace, allowed, query, k, CancelToken(), filters)
+
+    for hit in hits:
+        hit_namespace, hit_source, hit_revision, _ = hit.chunk_id.split("/")
+        assert hit_namespace == namespace
+        assert allowed.get(hit.source_id) == hit.revision == hit_revision
+        assert hit_source == hit.source_id
+
+    reference: list[tuple[float, str]] = []
+    for source_id, rev in allowed.items():
+        stored = current.get((namespace, source_id))
+        if stored is None or stored[0] != rev:
+            continue
+        if tier_filter is not None and stored[2] != tier_filter:
+            continue
+        scores = stored[1] @ query
+        reference += [
+            (float(s), f"{namespace}/{source_id}/{rev}/{i}") for i, s in enumerate(scores)
+        ]
+    reference.sort(key=lambda pair: -pair[0])
+    assert [h.chunk_id for h in hits] == [cid for _, cid in reference[:k]]
+    np.testing.assert_allclose([h.score for h in hits], [s for s, _ in reference[:k]], atol=1e-5)

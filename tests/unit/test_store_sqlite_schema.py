@@ -1,0 +1,155 @@
+"""The SQLite store's file identity, pragmas and reclamation, checked on real database files."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import apsw
+import numpy as np
+import pytest
+
+from retrieval_host.adapters.store_sqlite import (
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    SqliteVectorStore,
+    check_sqlite_version,
+)
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.ports import CapacityLimits
+from tests.support.sqlite_store import descriptor, revision, unit_vectors
+
+
+def raw_database(path: Path, *statements: str) -> Path:
+    path.touch(mode=0o600)
+    conn = apsw.Connection(str(path))
+    for statement in statements:
+        conn.execute(statement)
+    conn.close()
+    return path
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def refused(path: Path, reason: str) -> None:
+    before = digest(path)
+    with pytest.raises(RetrievalError) as excinfo:
+        SqliteVectorStore.open(path)
+    assert excinfo.value.code is ErrorCode.UNSAFE_STORE, excinfo.value
+    assert excinfo.value.reason == reason
+    assert digest(path) == before  # the refused file was not touched
+
+
+def test_the_bundled_sqlite_is_recent_enough() -> None:
+    check_sqlite_version(apsw.sqlite_lib_version())
+    for ok in ("3.51.3", "3.54.1", "3.100.0", "4.0.0"):
+        check_sqlite_version(ok)
+    for old in ("3.51.2", "3.45.1", "2.8.17", "garbage"):
+        with pytest.raises(RetrievalError) as excinfo:
+            check_sqlite_version(old)
+        assert excinfo.value.code is ErrorCode.UNSAFE_STORE
+        assert excinfo.value.reason == "sqlite-version"
+
+
+def test_a_database_of_another_application_is_refused(tmp_path: Path) -> None:
+    path = raw_database(
+        tmp_path / "app.db", "CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT)"
+    )
+    refused(path, "unrelated-database")
+
+
+def test_a_database_with_another_application_id_is_refused(tmp_path: Path) -> None:
+    refused(raw_database(tmp_path / "other.db", "PRAGMA application_id=1234"), "unrelated-database")
+
+
+def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    SqliteVectorStore.open(tmp_path / "store.db").close()
+    raw_database(tmp_path / "store.db", f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    refused(tmp_path / "store.db", "schema-version")
+
+
+def test_our_application_id_without_our_tables_is_refused(tmp_path: Path) -> None:
+    path = raw_database(
+        tmp_path / "fake.db",
+        f"PRAGMA application_id={APPLICATION_ID}",
+        f"PRAGMA user_version={SCHEMA_VERSION}",
+        "CREATE TABLE something (x)",
+    )
+    refused(path, "unrelated-database")
+
+
+def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"these are not the pages you are looking for\n" * 200)
+    path.chmod(0o600)
+    refused(path, "not-a-database")
+
+
+def test_a_store_reopens_with_its_data_and_settings(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    v = unit_vectors(np.random.default_rng(0), 3)
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        source, chunks = revision("a", "r1", v)
+        store.replace_source(
+            "c1", "ns", source, chunks, expected_revision=None, limits=CapacityLimits()
+        )
+
+    raw = apsw.Connection(str(path))
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchall() == [("wal",)]
+        assert raw.execute("PRAGMA application_id").fetchall() == [(APPLICATION_ID,)]
+        assert raw.execute("PRAGMA user_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        raw.close()
+
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        assert store.get_source("c1", "ns", "a") == source
+        hits = store.search("c1", "ns", {"a": "r1"}, v[2], 1, CancelToken())
+        assert [h.chunk_id for h in hits] == ["a:2"]
+
+
+def test_delete_cascades_and_overwrites_the_deleted_text(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    marker = "QUOKKA-SECRET-PASSAGE-7d1f"
+    v = unit_vectors(np.random.default_rng(0), 2)
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        keep, keep_chunks = revision("keep", "r1", v)
+        gone, gone_chunks = revision("gone", "r1", v, texts=[marker * 20, marker])
+        for s, c in ((keep, keep_chunks), (gone, gone_chunks)):
+            store.replace_source("c1", "ns", s, c, expected_revision=None, limits=CapacityLimits())
+        assert store.delete_source("c1", "ns", "gone", "r1") == 2
+
+        files = [p for p in tmp_path.iterdir() if p.name.startswith("store.db")]
+        assert all(marker.encode() not in p.read_bytes() for p in files)
+        raw = apsw.Connection(str(path))
+        try:
+            # Foreign keys are on: the passages went with their source row.
+            assert raw.execute("SELECT COUNT(*) FROM chunks").fetchall() == [(2,)]
+            assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
+        finally:
+            raw.close()
+
+
+def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
+    store = SqliteVectorStore.open(tmp_path / "store.db")
+    store.open_corpus(descriptor("c1"))
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(RetrievalError) as excinfo:
+        store.get_source("c1", "ns", "a")
+    assert (excinfo.value.code, excinfo.value.reason) == (ErrorCode.STORE_UNAVAILABLE, "closed")
+    with pytest.raises(RetrievalError) as excinfo:
+        store.search("c1", "ns", {"a": "r1"}, np.ones(8, dtype=np.float32), 1, CancelToken())
+    assert excinfo.value.reason == "closed"
+
+
+def test_scan_batch_rows_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="scan_batch_rows"):
+        SqliteVectorStore.open(tmp_path / "store.db", scan_batch_rows=0)
