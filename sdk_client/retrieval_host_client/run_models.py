@@ -1,0 +1,177 @@
+"""Wire models of grounded runs (`POST /v1/runs`, `GET /v1/runs/{id}`, and the SSE events)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue, StringConstraints
+
+from retrieval_host_client.models import (
+    EmbeddingUsage,
+    Identifier,
+    Location,
+    Problem,
+    QueryText,
+    SourceRef,
+    _Request,
+    _Response,
+)
+
+__all__ = [
+    "GenerationUsage",
+    "ManifestEntry",
+    "OutputArtifact",
+    "OutputArtifactSpec",
+    "Receipt",
+    "RunCompletedEvent",
+    "RunDeltaEvent",
+    "RunEvent",
+    "RunFailedEvent",
+    "RunProgressEvent",
+    "RunRecord",
+    "RunRequest",
+    "RunResult",
+    "RunRetrieval",
+    "RunStartedEvent",
+    "RunUsage",
+]
+
+Label = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+InputText = Annotated[str, StringConstraints(min_length=1, max_length=16_384, pattern=r"\S")]
+
+
+class RunRetrieval(_Request):
+    """Which corpus grounds the run and how: `before` searches once, `tool` lets the model
+    search within `maxQueries`, `off` generates without evidence."""
+
+    corpus: Identifier
+    mode: Literal["off", "before", "tool"] = "before"
+    source_ids: Annotated[list[Identifier], Field(max_length=10_000)] | None = None
+    query: QueryText | None = None
+    limit: Annotated[int, Field(ge=1, le=100)] = 6
+    max_context_bytes: Annotated[int, Field(ge=1)] | None = 32_768
+    max_queries: Annotated[int, Field(ge=0, le=16)] = 3
+
+
+class OutputArtifactSpec(_Request):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    media_type: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "text/markdown"
+
+
+class RunRequest(_Request):
+    """A grounded generation request. `provider` must be granted to the caller's token."""
+
+    provider: Label
+    model: Label
+    input: InputText
+    retrieval: RunRetrieval | None = None
+    output_artifact: OutputArtifactSpec | None = None
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
+    idle_timeout_ms: Annotated[int, Field(ge=1)] | None = None
+    max_generation_steps: Annotated[int, Field(ge=1, le=16)] = 4
+
+
+class ManifestEntry(_Response):
+    """A passage the run supplied to the model; `id` is what `[source:ID]` cites."""
+
+    id: str
+    origin: Literal["retrieval"]
+    source: SourceRef
+    title: str = ""
+    location: Location
+
+
+class Receipt(_Response):
+    """One retrieval attempt inside a run, failed attempts included."""
+
+    sequence: int
+    query: str
+    key: str
+    started_at: str
+    status: Literal["ok", "failed", "duplicate", "quota-exceeded"]
+    source_ids: list[str]
+    error_code: str | None = None
+
+
+class GenerationUsage(_Response):
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class RunUsage(_Response):
+    generation: GenerationUsage
+    embedding: EmbeddingUsage
+
+
+class OutputArtifact(_Response):
+    name: str
+    media_type: str
+    source_ids: list[str]
+
+
+class RunResult(_Response):
+    """A completed run: the answer, what it may cite, how it searched, and what it cost."""
+
+    run_id: str
+    status: Literal["completed"]
+    provider: str
+    model: str
+    text: str
+    sources: list[ManifestEntry]
+    receipts: list[Receipt]
+    usage: RunUsage
+    artifact: OutputArtifact | None = None
+    corpus: str | None = None
+    created_at: str
+    completed_at: str
+    replayed: bool = False
+
+
+class RunRecord(_Response):
+    """`GET /v1/runs/{id}`: the recorded run of the caller's subject."""
+
+    run_id: str
+    status: Literal["running", "completed", "failed", "cancelled"]
+    created_at: str
+    result: RunResult | None = None
+    error_code: str | None = None
+
+
+class RunStartedEvent(_Response):
+    type: Literal["run.started"] = "run.started"
+    run_id: str
+    created_at: str
+
+
+class RunProgressEvent(_Response):
+    """Progress always names its `phase`; the other fields are that phase's context."""
+
+    type: Literal["run.progress"] = "run.progress"
+    phase: Annotated[str, StringConstraints(min_length=1)]
+
+    @property
+    def context(self) -> dict[str, JsonValue]:
+        """The phase's context: every field besides `type` and `phase`."""
+        return dict(self.model_extra or {})
+
+
+class RunDeltaEvent(_Response):
+    type: Literal["run.delta"] = "run.delta"
+    text: str
+
+
+class RunCompletedEvent(_Response):
+    type: Literal["run.completed"] = "run.completed"
+    result: RunResult
+
+
+class RunFailedEvent(_Response):
+    type: Literal["run.failed"] = "run.failed"
+    run_id: str | None = None
+    problem: Problem
+
+
+RunEvent = RunStartedEvent | RunProgressEvent | RunDeltaEvent | RunCompletedEvent | RunFailedEvent

@@ -1,0 +1,236 @@
+"""`POST /v1/runs` (JSON or Server-Sent Events) and `GET /v1/runs/{id}`.
+
+The run executes in a worker thread; its events cross to the event loop through an unbounded
+memory stream (a run emits a bounded number of events, so the buffer is bounded by the run).
+A client that disconnects cancels the run: the worker stops at its next check, the provider
+stream is closed, the record says `cancelled`, and the concurrency slot is released when this
+handler returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from sse_starlette.event import ServerSentEvent
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.run_codec import result_to_json
+from retrieval_host.core.runs import RunEngine
+from retrieval_host.core.runs_model import (
+    OutputArtifactSpec,
+    RunCompleted,
+    RunDelta,
+    RunEvent,
+    RunFailed,
+    RunProgress,
+    RunRequest,
+    RunRetrieval,
+    RunStarted,
+)
+from retrieval_host.http.auth import Principal, permission_denied
+from retrieval_host.http.problems import problem_body
+from retrieval_host.http.request_id import request_id_of
+from retrieval_host_client import run_models as wire
+
+
+
+def core_request(body: wire.RunRequest) -> RunRequest:
+    r = body.retrieval
+    a = body.output_artifact
+    return RunRequest(
+        provider=body.provider,
+        model=body.model,
+        input=body.input,
+        retrieval=None
+        if r is None
+        else RunRetrieval(
+            corpus=r.corpus,
+            mode=r.mode,
+            source_ids=None if r.source_ids is None else tuple(r.source_ids),
+            query=r.query,
+            limit=r.limit,
+            max_context_bytes=r.max_context_bytes,
+            max_queries=r.max_queries,
+        ),
+        output_artifact=None if a is None else OutputArtifactSpec(a.name, a.media_type),
+        idempotency_key=body.idempotency_key,
+        idle_timeout_ms=body.idle_timeout_ms,
+        max_generation_steps=body.max_generation_steps,
+    )
+
+
+def event_json(event: RunEvent, request_id: str) -> dict[str, Any]:
+    """The wire form of a run event (camelCase; progress context flattened beside `phase`)."""
+    if isinstance(event, RunStarted):
+        return {"type": event.type, "runId": event.run_id, "createdAt": event.created_at}
+    if isinstance(event, RunProgress):
+        return {**event.context, "type": event.type, "phase": event.phase}
+    if isinstance(event, RunDelta):
+        return {"type": event.type, "text": event.text}
+    if isinstance(event, RunCompleted):
+        return {"type": event.type, "result": result_to_json(event.result)}
+    error = event.error
+    return {
+        "type": event.type,
+        "runId": event.run_id,
+        "problem": problem_body(error.code, error.detail, request_id, reason=error.reason),
+    }
+
+
+def _wants_stream(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return any(part.split(";")[0].strip() == "text/event-stream" for part in accept.split(","))
+
+
+class RunRoutes:
+    """Run handlers. Authentication, body parsing and the worker limiter are shared with the
+    retrieval routes (passed in), so both families enforce the same policy."""
+
+    def __init__(
+        self,
+        engine: RunEngine,
+        *,
+        authenticate: Callable[[Request], Principal],
+        parse_body: Callable[[Request], Any],
+        limiter: Callable[[], anyio.CapacityLimiter],
+        heartbeat_s: float,
+        max_workers: int,
+    ) -> None:
+        self._engine = engine
+        self._authenticate = authenticate
+        self._parse_body = parse_body
+        self._limiter = limiter
+        self._heartbeat_s = heartbeat_s
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="run")
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/runs", self.create, methods=["POST"]),
+            Route("/v1/runs/{run_id}", self.get, methods=["GET"]),
+        ]
+
+    async def create(self, request: Request) -> Response:
+        principal = self._authenticate(request)
+        body: wire.RunRequest = await self._parse_body(request)
+        if body.provider not in principal.providers:
+            raise permission_denied()
+        if body.retrieval is not None and body.retrieval.mode != "off":
+            # An omitted search grant denies retrieval inside an otherwise allowed run.
+            principal.require("search", body.retrieval.corpus)
+        run_request = core_request(body)
+        idle = None if body.idle_timeout_ms is None else body.idle_timeout_ms / 1000
+        request_id = request_id_of(request.scope)
+        context = RequestContext(principal.subject, CancelToken(idle), request_id)
+        queue = self._start(run_request, context)
+        try:
+            first = await queue.get()
+        except BaseException:
+            context.cancel.cancel()
+            raise
+        if isinstance(first, BaseException):
+            # Refused before a run existed (bad provider, reused key...): a plain problem.
+            raise first
+
+        async def events() -> AsyncIterator[RunEvent]:
+            try:
+                item: RunEvent | BaseException = first
+                while True:
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
+                    if isinstance(item, RunCompleted | RunFailed):
+                        return
+                    item = await queue.get()
+            finally:
+                # A no-op once the run finished; on a disconnect it stops the worker at its
+                # next check and the run is recorded as cancelled.
+                context.cancel.cancel()
+
+        if _wants_stream(request):
+            return EventSourceResponse(
+                self._sse(events(), request_id),
+                ping=self._heartbeat_s,
+                headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            )
+        return await self._collect(events(), request)
+
+    def _start(
+        self, run_request: RunRequest, context: RequestContext
+    ) -> asyncio.Queue[RunEvent | BaseException]:
+        """Run in a worker thread; events cross to this loop through an unbounded queue (a
+        run emits a bounded number of events). Not a task group: an SSE body is iterated in
+        another task than the handler's, and the worker must not be tied to either."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RunEvent | BaseException] = asyncio.Queue()
+
+        def emit(event: RunEvent) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        def work() -> None:
+            try:
+                self._engine.execute(run_request, context, emit)
+            except Exception as exc:  # rendered by the handler as a problem
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+        loop.run_in_executor(self._executor, work)
+        return queue
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _sse(
+        self, events: AsyncIterator[RunEvent], request_id: str
+    ) -> AsyncIterator[ServerSentEvent]:
+        async for event in events:
+            yield ServerSentEvent(
+                data=json.dumps(event_json(event, request_id), ensure_ascii=False),
+                event=event.type,
+            )
+
+    async def _collect(self, events: AsyncIterator[RunEvent], request: Request) -> Response:
+        outcome: RunEvent | None = None
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            async for event in events:
+                outcome = event
+            group.cancel_scope.cancel()
+        if isinstance(outcome, RunFailed):
+            raise outcome.error
+        if not isinstance(outcome, RunCompleted):
+            raise RetrievalError(ErrorCode.CANCELLED, "The client disconnected.")
+        body = json.dumps(result_to_json(outcome.result), ensure_ascii=False)
+        return Response(body, media_type="application/json")
+
+    async def get(self, request: Request) -> Response:
+        principal = self._authenticate(request)
+        run_id = request.path_params["run_id"]
+        context = RequestContext(principal.subject, CancelToken(), request_id_of(request.scope))
+        record = await anyio.to_thread.run_sync(
+            lambda: self._engine.get_run(run_id, context), limiter=self._limiter()
+        )
+        body = {
+            "runId": record.run_id,
+            "status": record.status,
+            "createdAt": record.created_at,
+            "result": None if record.result is None else result_to_json(record.result),
+            "errorCode": record.error_code,
+        }
+        return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
