@@ -45,7 +45,6 @@ from retrieval_host.http.request_id import request_id_of
 from retrieval_host_client import run_models as wire
 
 
-
 def core_request(body: wire.RunRequest) -> RunRequest:
     r = body.retrieval
     a = body.output_artifact
