@@ -15,7 +15,6 @@ scrubbed from every error detail (some servers echo the key they were given).
 from __future__ import annotations
 
 import json
-import re
 import ssl
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
@@ -24,6 +23,20 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from retrieval_host.adapters._openai_http import (
+    ERROR_BODY_BYTES,
+    MAX_ERROR_MESSAGE_CHARS,
+    encode_json,
+    endpoint_url,
+    error_message,
+    error_param,
+    make_client,
+    read_api_key,
+    read_capped,
+    request_headers,
+    scrub,
+    tls_verify,
+)
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -32,19 +45,13 @@ from retrieval_host.core.ports import EmbeddingBatch
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
-MAX_ERROR_MESSAGE_CHARS: Final = 200
-_ERROR_BODY_BYTES: Final = 64 * 1024
+__all__ = ["MAX_ERROR_MESSAGE_CHARS", "OpenAIEmbedding", "TokenCounter", "estimate_tokens"]
+
 # A JSON float with 17 significant digits, sign, exponent and separator stays under 32 bytes;
 # anything far larger than that for the batch is not an embeddings response.
 _BYTES_PER_VALUE: Final = 32
 _RESPONSE_OVERHEAD_BYTES: Final = 1024 * 1024
 _USER_AGENT: Final = "retrieval-host (embedding-openai)"
-# Key-shaped runs scrubbed from server messages in addition to the configured key itself; the
-# 40-character opaque run matches what `core.descriptor` refuses as a label, so model names pass.
-_SECRET_RUN = re.compile(
-    r"(?i)\b(?:bearer\s+\S+|(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{6,}|[A-Za-z0-9_\-]{40,})"
-)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
 def estimate_tokens(texts: Sequence[str]) -> list[int]:
@@ -104,15 +111,7 @@ class OpenAIEmbedding:
             raise _config_error("batch and input limits must be positive.")
         if not timeout_s > 0:
             raise _config_error("timeout_s must be positive.")
-        try:
-            url = httpx.URL(base_url.rstrip("/") + "/embeddings")
-        except httpx.InvalidURL:
-            raise _config_error("base_url is not a valid URL.") from None
-        if url.scheme not in ("http", "https") or not url.host:
-            raise _config_error("base_url must be an http(s) URL.")
-        if url.userinfo:
-            # Credentials in a URL end up in logs and tracebacks; the key has its own channel.
-            raise _config_error("base_url must not carry credentials.")
+        url = endpoint_url(base_url, "/embeddings", _config_error)
         self._descriptor = descriptor
         self._url = url
         self._api_key = api_key
@@ -121,17 +120,9 @@ class OpenAIEmbedding:
         self._max_batch_tokens = max_batch_tokens
         self._max_input_tokens = max_input_tokens
         self._count: TokenCounter = token_counter or estimate_tokens
-        if isinstance(verify, str):
-            # httpx deprecates a path for `verify`; build the context it asks for.
-            try:
-                verify = ssl.create_default_context(cafile=verify)
-            except (OSError, ssl.SSLError):
-                raise _config_error("the CA bundle given as verify cannot be read.") from None
-        self._client = httpx.Client(
+        self._client = make_client(
             timeout=httpx.Timeout(timeout_s),
-            verify=verify,
-            trust_env=False,
-            follow_redirects=False,
+            verify=tls_verify(verify, _config_error),
             headers={"Accept": "application/json", "User-Agent": _USER_AGENT},
         )
 
@@ -199,16 +190,9 @@ class OpenAIEmbedding:
         }
         if self._send_dimensions:
             body["dimensions"] = self._descriptor.dimensions
-        headers = {"Content-Type": "application/json"}
-        key = self._key()
-        if key is not None:
-            headers["Authorization"] = f"Bearer {key}"
-        try:
-            content = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate cannot be sent as UTF-8
-            raise RetrievalError(
-                ErrorCode.INVALID_REQUEST, "a text is not valid Unicode.", reason="invalid-text"
-            ) from None
+        key = read_api_key(self._api_key, "embedding", _fail)
+        headers = request_headers(key)
+        content = encode_json(body)
         limit = (
             _RESPONSE_OVERHEAD_BYTES + len(texts) * self._descriptor.dimensions * _BYTES_PER_VALUE
         )
@@ -217,9 +201,9 @@ class OpenAIEmbedding:
                 status = resp.status_code
                 if status != 200:
                     # Only the start of an error body is read: it is shown truncated anyway.
-                    raw = _read_capped(resp, _ERROR_BODY_BYTES, truncate=True)
+                    raw = read_capped(resp, ERROR_BODY_BYTES, truncate=True)
                 else:
-                    raw = _read_capped(resp, limit, truncate=False)
+                    raw = read_capped(resp, limit, truncate=False, too_large=_too_large)
         except httpx.TimeoutException:
             raise _fail("the embedding service did not answer in time.", "timeout") from None
         except httpx.HTTPError as exc:
@@ -232,26 +216,14 @@ class OpenAIEmbedding:
             raise self._status_error(status, raw, key)
         return self._parse(raw, len(texts), key)
 
-    def _key(self) -> str | None:
-        if self._api_key is None:
-            return None
-        try:
-            key = self._api_key()
-        except Exception:
-            raise _fail("the embedding API key could not be read.", "api-key-unavailable") from None
-        # Reject what would break or split the header; the value itself is never echoed.
-        if not isinstance(key, str) or not key or not key.isprintable() or " " in key:
-            raise _fail("the embedding API key is empty or malformed.", "api-key-unavailable")
-        return key
-
     def _status_error(self, status: int, raw: bytes, key: str | None) -> RetrievalError:
-        message = _scrub(_error_message(raw), key)
+        message = scrub(error_message(raw), key)
         suffix = f": {message}" if message else "."
         if status == 429:
             return _fail(
                 f"the embedding service is rate limiting (HTTP 429){suffix}", "rate-limited"
             )
-        if status == 400 and self._send_dimensions and _error_param(raw) == "dimensions":
+        if status == 400 and self._send_dimensions and error_param(raw) == "dimensions":
             return _fail(
                 f"the embedding model rejected the dimensions parameter (HTTP 400){suffix} "
                 "Configure send_dimensions=False for this model.",
@@ -269,7 +241,7 @@ class OpenAIEmbedding:
             raise _fail("the embedding response has no list of embeddings.", "malformed-response")
         model = doc.get("model")
         if model != self._descriptor.model:
-            shown = repr(_scrub(model[:80], key)) if isinstance(model, str) else "no model"
+            shown = repr(scrub(model[:80], key)) if isinstance(model, str) else "no model"
             raise _fail(
                 f"the embedding service answered with {shown}, "
                 f"not the configured model {self._descriptor.model!r}.",
@@ -331,49 +303,8 @@ def _config_error(detail: str) -> RetrievalError:
     return RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="embedding-config")
 
 
-def _read_capped(resp: httpx.Response, limit: int, *, truncate: bool) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in resp.iter_bytes():
-        size += len(chunk)
-        if size > limit:
-            if truncate:
-                chunks.append(chunk[: limit - size])
-                break
-            raise _fail("the embedding response is larger than expected.", "malformed-response")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _scrub(message: str, key: str | None) -> str:
-    """Server text made safe for a public detail: one line, no key, bounded."""
-    if key:
-        message = message.replace(key, "[redacted]")
-    message = _SECRET_RUN.sub("[redacted]", message)
-    message = _CONTROL.sub(" ", message).strip()
-    if len(message) > MAX_ERROR_MESSAGE_CHARS:
-        message = message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…"
-    return message
-
-
-def _error_body(raw: bytes) -> dict[str, Any]:
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return {}
-    error = doc.get("error") if isinstance(doc, dict) else None
-    return error if isinstance(error, dict) else {}
-
-
-def _error_message(raw: bytes) -> str:
-    message = _error_body(raw).get("message")
-    # Only the structured message is shown: an HTML error page or raw body is not.
-    return message[:2000] if isinstance(message, str) else ""
-
-
-def _error_param(raw: bytes) -> str | None:
-    param = _error_body(raw).get("param")
-    return param if isinstance(param, str) else None
+def _too_large() -> RetrievalError:
+    return _fail("the embedding response is larger than expected.", "malformed-response")
 
 
 def _prompt_tokens(usage: object) -> int:

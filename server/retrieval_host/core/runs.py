@@ -283,15 +283,26 @@ class RunEngine:
                     "No authorized passage matched; nothing was generated.",
                 )
 
-        messages: list[Message] = [Message("system", SYSTEM_INSTRUCTIONS)]
         tools = [SEARCH_TOOL] if mode == "tool" else []
         text_parts: list[str] = []
+        # Tool rounds so far: the model's message and each call's outcome (handles or a note).
+        # They are rendered again at every step, so a passage revoked since it was found is
+        # left out of what the model sees next.
+        rounds: list[tuple[Message, list[tuple[str, str | list[str]]]]] = []
         for step in range(1, request.max_generation_steps + 1):
             context.cancel.check()
             if spec is not None and state.evidence:
                 self._recheck_evidence(spec, state, context, emit, drop=True)
-            prompt = self._user_prompt(request.input, state)
-            step_messages = [*messages, Message("user", prompt)]
+            step_messages = [
+                Message("system", SYSTEM_INSTRUCTIONS),
+                Message("user", self._user_prompt(request.input, state, fenced=mode == "before")),
+            ]
+            for assistant, outcomes in rounds:
+                step_messages.append(assistant)
+                step_messages += [
+                    Message("tool", self._render_tool(outcome, state), tool_call_id=call_id)
+                    for call_id, outcome in outcomes
+                ]
             emit(RunProgress("generation", {"step": step, "provider": request.provider}))
             calls: list[ToolCall] = []
             step_text: list[str] = []
@@ -319,10 +330,10 @@ class RunEngine:
             text_parts.extend(step_text)
             if not calls or mode != "tool" or spec is None:
                 break
-            messages.append(Message("assistant", "".join(step_text), tool_calls=calls))
-            for call in calls:
-                found = self._tool_call(spec, call, state, context, emit)
-                messages.append(Message("tool", found, tool_call_id=call.id))
+            assistant = Message("assistant", "".join(step_text), tool_calls=calls)
+            rounds.append(
+                (assistant, [(c.id, self._tool_call(spec, c, state, context, emit)) for c in calls])
+            )
             if step == request.max_generation_steps:
                 raise RetrievalError(
                     ErrorCode.PROVIDER_FAILED,
@@ -367,10 +378,16 @@ class RunEngine:
         self._store.complete(state.run_id, result)
         return result
 
-    def _user_prompt(self, question: str, state: _RunState) -> str:
-        if not state.evidence:
+    def _user_prompt(self, question: str, state: _RunState, *, fenced: bool) -> str:
+        if not fenced or not state.evidence:
             return f"Question:\n{question}"
         return f"Question:\n{question}\n\n{fence(list(state.evidence.values()), state.delimiter)}"
+
+    def _render_tool(self, outcome: str | list[str], state: _RunState) -> str:
+        if isinstance(outcome, str):
+            return outcome
+        passages = [state.evidence[h] for h in outcome if h in state.evidence]
+        return fence(passages, state.delimiter) if passages else "No passages matched."
 
     def _recheck_evidence(
         self,
@@ -399,7 +416,8 @@ class RunEngine:
         state: _RunState,
         context: RequestContext,
         emit: EventSink,
-    ) -> str:
+    ) -> str | list[str]:
+        """One tool call: the handles it found (rendered per step), or a note for the model."""
         if call.name != SEARCH_TOOL.name:
             return "Unknown tool. Only search_context is available."
         try:
@@ -411,10 +429,7 @@ class RunEngine:
             query = ""
         receipt = self._retrieve(spec, query, state, context, emit)
         if receipt.status == "ok":
-            found = [state.evidence[h] for h in receipt.source_ids if h in state.evidence]
-            if not found:
-                return "No new passages matched."
-            return fence(found, state.delimiter)
+            return list(receipt.source_ids)
         return {
             "duplicate": "This query was already searched in this run.",
             "quota-exceeded": "The search quota of this run is used up.",

@@ -1,0 +1,168 @@
+"""HTTP plumbing shared by the OpenAI-compatible adapters (embeddings, chat completions).
+
+Nothing here knows which adapter it serves: failures are built by the caller's own error
+factories, so each adapter keeps its error code (`EMBEDDING_FAILED`, `PROVIDER_FAILED`) and its
+wording.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import httpx
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+
+MAX_ERROR_MESSAGE_CHARS: Final = 200
+ERROR_BODY_BYTES: Final = 64 * 1024
+# Key-shaped runs scrubbed from server messages in addition to the configured key itself; the
+# 40-character opaque run matches what `core.descriptor` refuses as a label, so model names pass.
+_SECRET_RUN = re.compile(
+    r"(?i)\b(?:bearer\s+\S+|(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{6,}|[A-Za-z0-9_\-]{40,})"
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+ConfigError = Callable[[str], RetrievalError]
+Failure = Callable[[str, str], RetrievalError]  # (detail, reason) -> error
+
+
+def endpoint_url(base_url: str, path: str, config_error: ConfigError) -> httpx.URL:
+    """`base_url` + `path`, refused unless it is a plain http(s) URL without credentials."""
+    try:
+        url = httpx.URL(base_url.rstrip("/") + path)
+    except httpx.InvalidURL:
+        raise config_error("base_url is not a valid URL.") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise config_error("base_url must be an http(s) URL.")
+    if url.userinfo:
+        # Credentials in a URL end up in logs and tracebacks; the key has its own channel.
+        raise config_error("base_url must not carry credentials.")
+    return url
+
+
+def tls_verify(
+    verify: str | bool | ssl.SSLContext, config_error: ConfigError
+) -> bool | ssl.SSLContext:
+    """What httpx takes as `verify`; a CA bundle path becomes an `ssl.SSLContext`."""
+    if not isinstance(verify, str):
+        return verify
+    # httpx deprecates a path for `verify`; build the context it asks for.
+    try:
+        return ssl.create_default_context(cafile=verify)
+    except (OSError, ssl.SSLError):
+        raise config_error("the CA bundle given as verify cannot be read.") from None
+
+
+def make_client(
+    *,
+    timeout: httpx.Timeout,
+    verify: bool | ssl.SSLContext,
+    headers: Mapping[str, str],
+    limits: httpx.Limits | None = None,
+) -> httpx.Client:
+    """A client that reads nothing from the environment and follows no redirect.
+
+    `trust_env=False`: proxy variables and `.netrc` are ignored, so configuration alone decides
+    where a request (and its key) goes; a redirect could carry the key elsewhere.
+    """
+    return httpx.Client(
+        timeout=timeout,
+        verify=verify,
+        trust_env=False,
+        follow_redirects=False,
+        headers=dict(headers),
+        limits=limits if limits is not None else httpx.Limits(),
+    )
+
+
+def read_api_key(api_key: Callable[[], str] | None, service: str, fail: Failure) -> str | None:
+    """The key for one request, from its callable; None when the account uses no key."""
+    if api_key is None:
+        return None
+    try:
+        key = api_key()
+    except Exception:
+        raise fail(f"the {service} API key could not be read.", "api-key-unavailable") from None
+    # Reject what would break or split the header; the value itself is never echoed.
+    if not isinstance(key, str) or not key or not key.isprintable() or " " in key:
+        raise fail(f"the {service} API key is empty or malformed.", "api-key-unavailable")
+    return key
+
+
+def request_headers(key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def encode_json(body: Mapping[str, Any]) -> bytes:
+    """The request body as UTF-8 JSON; text that is not valid Unicode is the caller's error."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate cannot be sent as UTF-8
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, "a text is not valid Unicode.", reason="invalid-text"
+        ) from None
+
+
+def read_capped(
+    resp: httpx.Response,
+    limit: int,
+    *,
+    truncate: bool,
+    too_large: Callable[[], RetrievalError] | None = None,
+) -> bytes:
+    """At most `limit` bytes of the body: cut there (`truncate`), or raise `too_large()`."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in resp.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            if truncate or too_large is None:
+                chunks.append(chunk[: limit - size])
+                break
+            raise too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def scrub(message: str, key: str | None) -> str:
+    """Server text made safe for a public detail: one line, no key, bounded."""
+    if key:
+        message = message.replace(key, "[redacted]")
+    message = _SECRET_RUN.sub("[redacted]", message)
+    message = _CONTROL.sub(" ", message).strip()
+    if len(message) > MAX_ERROR_MESSAGE_CHARS:
+        message = message[: MAX_ERROR_MESSAGE_CHARS - 1] + "…"
+    return message
+
+
+def error_object(doc: object) -> dict[str, Any]:
+    """The `error` object of an OpenAI error body, or {} when there is none."""
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _error_body(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return error_object(doc)
+
+
+def error_message(raw: bytes) -> str:
+    """The structured `error.message` (unscrubbed, at most 2,000 chars), or ''."""
+    message = _error_body(raw).get("message")
+    # Only the structured message is shown: an HTML error page or raw body is not.
+    return message[:2000] if isinstance(message, str) else ""
+
+
+def error_param(raw: bytes) -> str | None:
+    param = _error_body(raw).get("param")
+    return param if isinstance(param, str) else None
