@@ -1,0 +1,26 @@
+"""Ingestion helpers: PDF, Markdown and e-mail files into cited passages (SPEC §3.8).
+
+`prepare_document` turns the bytes of one file into a source revision and its passages;
+`Driver.ingest_context` (in `retrieval_host.driver`) indexes them through the same atomic path
+as prepared passages; `batch.ingest_paths` ingests many files resumably.
+"""
+
+from retrieval_host.ingest.document import PreparedDocument, chunk_id, prepare_document
+from retrieval_host.ingest.settings import (
+    CHUNKING_SCHEME,
+    MEDIA_TYPES,
+    ChunkingSettings,
+    IngestLimits,
+    media_type_for_path,
+)
+
+__all__ = [
+    "CHUNKING_SCHEME",
+    "MEDIA_TYPES",
+    "ChunkingSettings",
+    "IngestLimits",
+    "PreparedDocument",
+    "chunk_id",
+    "media_type_for_path",
+    "prepare_document",
+]

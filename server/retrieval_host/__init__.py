@@ -1,0 +1,1 @@
+"""retrieval-host: authenticated HTTPS retrieval, authorized search and grounded runs."""

@@ -1,0 +1,125 @@
+"""The driver: the in-process API that the HTTP layer and embedding applications call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.models import (
+    DeleteRequest,
+    DeleteResult,
+    IndexRequest,
+    IndexResult,
+    SearchRequest,
+    SearchResult,
+)
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.service import Corpus, RetrievalService
+from retrieval_host.core.validation import check_id
+from retrieval_host.ingest import ChunkingSettings, IngestLimits, prepare_document
+from retrieval_host.ingest.settings import check_media_type
+
+_DEFAULT_LIMITS = IngestLimits()
+
+
+@dataclass(frozen=True)
+class IngestRequest:
+    """A raw document to turn into passages and index as one source revision.
+
+    `revision` defaults to a digest of the content (see `retrieval_host.ingest.document`);
+    `title` defaults to the document's own title.
+    """
+
+    corpus: str
+    source_id: str
+    media_type: str
+    data: bytes
+    revision: str | None = None
+    title: str | None = None
+
+
+class Driver:
+    """The in-process API: RetrievalService operations plus ingestion (and later runs).
+
+    Synchronous, like the service: callers on an event loop run it in a worker thread.
+    """
+
+    def __init__(
+        self, retrieval: RetrievalService, *, ingest_limits: IngestLimits = _DEFAULT_LIMITS
+    ) -> None:
+        self.retrieval = retrieval
+        self.ingest_limits = ingest_limits
+
+    def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
+        """Authorized similarity search (SPEC §3.5)."""
+        return self.retrieval.search_context(request, context)
+
+    def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
+        """Atomically replace one source revision with prepared passages (SPEC §3.3)."""
+        return self.retrieval.index_context(request, context)
+
+    def delete_context(self, request: DeleteRequest, context: RequestContext) -> DeleteResult:
+        """Delete exactly the authorized revision of a source (SPEC §3.4)."""
+        return self.retrieval.delete_context(request, context)
+
+    def ingest_context(self, request: IngestRequest, context: RequestContext) -> IndexResult:
+        """Parse a raw document into passages and index them (SPEC §3.8).
+
+        The corpus's own chunking identity decides the passage size (an empty one means the
+        defaults), measured with the corpus's embedding tokenizer. Before any parsing the
+        caller must hold an `index` grant for the source (for the given revision, or `*`): a
+        subject without one cannot make the host parse a file. Parsing runs in the calling
+        thread and checks `context.cancel` between pages, messages and counting batches; the
+        index is then written through `index_context`, so authorization is asked again and the
+        revision appears atomically, or, when identical, is reported `unchanged` without
+        embedding. A failure or a cancel at any point leaves the previous revision in place.
+        """
+        media_type = check_media_type(request.media_type)
+        corpus = self.retrieval.corpus(request.corpus)
+        check_id("source id", request.source_id)
+        if request.revision is not None:
+            check_id("revision", request.revision)
+        _preauthorize(corpus, request, context)
+        settings = ChunkingSettings.from_identity(corpus.chunking)
+        if settings.max_tokens > corpus.embedding.max_input_tokens:
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST,
+                f"the corpus chunks to {settings.max_tokens} tokens but its embedding model "
+                f"reads {corpus.embedding.max_input_tokens}; passages would be cut.",
+                reason="chunking-exceeds-model",
+            )
+        context.cancel.check()
+        prepared = prepare_document(
+            request.data,
+            media_type,
+            source_id=request.source_id,
+            revision=request.revision,
+            title=request.title,
+            token_counter=corpus.embedding.count_tokens,
+            settings=settings,
+            limits=self.ingest_limits,
+            cancel=context.cancel,
+        )
+        context.cancel.check()
+        return self.retrieval.index_context(prepared.index_request(corpus.id), context)
+
+
+def _preauthorize(corpus: Corpus, request: IngestRequest, context: RequestContext) -> None:
+    """Refuse before parsing when the subject may not index this source at all.
+
+    The same answers as the service gives (`PERMISSION_DENIED` for no grant, the one
+    `SOURCE_UNAVAILABLE` for a source outside it); `index_context` decides again at commit.
+    """
+    asked = AuthorizationRequest("index", corpus.id, (request.source_id,))
+    grant = corpus.authorize(asked, context)
+    context.cancel.progress()
+    if grant is None:
+        raise RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+    if not isinstance(grant, Grant):
+        raise TypeError("an authorizer must return a Grant or None")
+    granted = grant.sources.get(request.source_id)
+    if granted is None or (
+        request.revision is not None and granted not in (request.revision, ANY_REVISION)
+    ):
+        raise source_unavailable()

@@ -1,0 +1,58 @@
+"""Text normalization and bounded metadata shared by the extractors."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from retrieval_host.core.models import JSONValue
+
+_NEWLINES: Final = re.compile(r"\r\n?")
+_SURROGATES: Final = re.compile("[\ud800-\udfff]")
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+# Source metadata must stay under core's 16 KiB (as JSON). Lists that can grow with the document
+# (sections, messages) get most of it; the rest is for scalar fields.
+LIST_BUDGET_BYTES: Final = 11_000
+FIELD_CHARS: Final = 300
+
+
+def normalize_text(text: str) -> str:
+    """The one normalization every extracted text goes through.
+
+    Line breaks become `\\n` (CRLF and lone CR alike), NUL characters are dropped (no store can
+    keep them in text) and lone surrogates, which a broken PDF font map can produce and UTF-8
+    cannot encode, become U+FFFD. Nothing else is touched: passage text stays the document's.
+    """
+    text = _NEWLINES.sub("\n", text)
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    return _SURROGATES.sub("\ufffd", text)
+
+
+def clip(value: str, limit: int = FIELD_CHARS) -> str:
+    """A short single-line label for metadata: control characters removed, length bounded."""
+    value = " ".join(_CONTROL.sub(" ", normalize_text(value)).split())
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def json_size(value: JSONValue) -> int:
+    """Bytes of `value` as core's metadata check serializes it (ASCII-escaped JSON)."""
+    return len(json.dumps(value, sort_keys=True))
+
+
+def bounded(
+    items: Iterable[Mapping[str, JSONValue]], budget: int = LIST_BUDGET_BYTES
+) -> tuple[list[JSONValue], bool]:
+    """Keep items in order while their JSON fits in `budget` bytes; say whether any were left."""
+    kept: list[JSONValue] = []
+    used = 2
+    for item in items:
+        size = json_size(item) + 2
+        if used + size > budget:
+            return kept, True
+        kept.append(dict(item))
+        used += size
+    return kept, False

@@ -1,0 +1,262 @@
+"""Batch ingestion of many files, resumable after a crash, stoppable between files.
+
+Each file is one source, ingested with `Driver.ingest_context`, so each lands atomically: the
+index only ever holds complete revisions. There is no staging area anywhere: a file's passages
+exist only inside the store's replacement transaction until it commits. So a batch that is
+cancelled (or killed) leaves exactly the files that had committed, nothing half-written.
+
+The journal is a JSON-lines file, one line per finished file (`indexed`, `unchanged` or
+`failed`), each written and fsync'ed before the next file starts. A rerun reads it and skips
+files recorded as `indexed` or `unchanged` for the same corpus, source id and file content
+(SHA-256 of the bytes); everything else is ingested again. A file interrupted mid-way was either
+not committed (it is indexed now) or committed without its journal line (the rerun gets
+`unchanged`, without embedding): revisions are content digests and replacement is atomic, so
+nothing is ever duplicated. A torn last journal line (a crash during the write) is ignored.
+One journal belongs to one batch at a time; two concurrent runs must not share it.
+
+Source ids: the path relative to `root` with `/` separators when `root` is given (keeps ids
+unique across directories), else the file name. Two files mapping to one id are refused before
+anything is ingested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.validation import check_id
+from retrieval_host.driver import Driver, IngestRequest
+from retrieval_host.ingest.settings import media_type_for_path, too_large
+
+JOURNAL_VERSION: Final = 1
+
+# Failures that belong to one file: recorded, and the batch goes on with the next file.
+# Anything else (store down, embedding failing, no permission at all) stops the batch.
+_PER_FILE: Final = frozenset(
+    {
+        ErrorCode.INVALID_DOCUMENT,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        ErrorCode.CAPACITY_EXCEEDED,
+        ErrorCode.SOURCE_CONFLICT,
+        ErrorCode.CHUNK_ID_CONFLICT,
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.SOURCE_UNAVAILABLE,
+    }
+)
+
+Status = Literal["indexed", "unchanged", "skipped", "failed"]
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """What happened to one file. `skipped` means the journal already recorded it done."""
+
+    path: str
+    source_id: str
+    status: Status
+    revision: str | None = None
+    chunk_count: int | None = None
+    error_code: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """The outcome of `ingest_paths`, in file order; `cancelled` if it stopped early."""
+
+    items: tuple[BatchItem, ...]
+    cancelled: bool
+
+    def count(self, status: Status) -> int:
+        return sum(1 for item in self.items if item.status == status)
+
+
+def source_id_for(path: Path, root: Path | None) -> str:
+    """The source id of a file: its path under `root` (POSIX separators), else its name."""
+    if root is None:
+        return path.name
+    return path.resolve().relative_to(root.resolve()).as_posix()
+
+
+def ingest_paths(
+    driver: Driver,
+    corpus: str,
+    paths: Sequence[Path],
+    context: RequestContext,
+    *,
+    journal_path: Path,
+    progress: Callable[[int, int], None] | None = None,
+    root: Path | None = None,
+) -> BatchReport:
+    """Ingest `paths` into `corpus` one file at a time (see the module docstring).
+
+    `progress(done, total)` is called after each file. A cancel of `context` stops the batch
+    between files (or aborts the current one before it commits) and returns the report so far
+    with `cancelled=True`. Errors that are not about one file are raised.
+    """
+    planned = [(path, source_id_for(path, root)) for path in paths]
+    seen: dict[str, Path] = {}
+    for path, source_id in planned:
+        check_id("source id", source_id)
+        if source_id in seen:
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST,
+                f"two files map to source id {source_id!r}; pass a root directory.",
+                reason="duplicate-source-id",
+            )
+        seen[source_id] = path
+
+    done = _read_journal(journal_path, corpus)
+    items: list[BatchItem] = []
+    with _Journal(journal_path) as journal:
+        for index, (path, source_id) in enumerate(planned):
+            if context.cancel.cancelled:
+                return BatchReport(tuple(items), cancelled=True)
+            try:
+                item = _one(driver, corpus, path, source_id, context, done, journal)
+            except RetrievalError as exc:
+                if exc.code == ErrorCode.CANCELLED:
+                    return BatchReport(tuple(items), cancelled=True)
+                raise
+            items.append(item)
+            if progress is not None:
+                progress(index + 1, len(planned))
+    return BatchReport(tuple(items), cancelled=False)
+
+
+def _one(
+    driver: Driver,
+    corpus: str,
+    path: Path,
+    source_id: str,
+    context: RequestContext,
+    done: set[tuple[str, str]],
+    journal: _Journal,
+) -> BatchItem:
+    name = str(path)
+    try:
+        media_type = media_type_for_path(path)
+        if path.stat().st_size > driver.ingest_limits.max_bytes:
+            raise too_large("bytes", f"the file is larger than {driver.ingest_limits.max_bytes}.")
+        data = path.read_bytes()
+    except RetrievalError as exc:
+        return _failed(journal, corpus, name, source_id, None, exc.code.value, exc.reason)
+    except OSError:
+        return _failed(
+            journal, corpus, name, source_id, None, ErrorCode.INVALID_REQUEST.value, "unreadable"
+        )
+    file_sha256 = hashlib.sha256(data).hexdigest()
+    if (source_id, file_sha256) in done:
+        return BatchItem(name, source_id, "skipped")
+    try:
+        result = driver.ingest_context(IngestRequest(corpus, source_id, media_type, data), context)
+    except RetrievalError as exc:
+        if exc.code not in _PER_FILE:
+            raise
+        return _failed(journal, corpus, name, source_id, file_sha256, exc.code.value, exc.reason)
+    journal.append(
+        {
+            "v": JOURNAL_VERSION,
+            "corpus": corpus,
+            "sourceId": source_id,
+            "path": name,
+            "fileSha256": file_sha256,
+            "status": result.status,
+            "revision": result.source.revision,
+            "chunkCount": result.chunk_count,
+        }
+    )
+    return BatchItem(name, source_id, result.status, result.source.revision, result.chunk_count)
+
+
+def _failed(
+    journal: _Journal,
+    corpus: str,
+    name: str,
+    source_id: str,
+    file_sha256: str | None,
+    code: str,
+    reason: str | None,
+) -> BatchItem:
+    # Recorded for the operator; a rerun tries failed files again.
+    journal.append(
+        {
+            "v": JOURNAL_VERSION,
+            "corpus": corpus,
+            "sourceId": source_id,
+            "path": name,
+            "fileSha256": file_sha256,
+            "status": "failed",
+            "errorCode": code,
+            "reason": reason,
+        }
+    )
+    return BatchItem(name, source_id, "failed", error_code=code, reason=reason)
+
+
+def _read_journal(path: Path, corpus: str) -> set[tuple[str, str]]:
+    """(source id, file SHA-256) of files recorded done for `corpus`."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return set()
+    done: set[tuple[str, str]] = set()
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line torn by a crash mid-write
+        if (
+            isinstance(entry, dict)
+            and entry.get("v") == JOURNAL_VERSION
+            and entry.get("corpus") == corpus
+            and entry.get("status") in ("indexed", "unchanged")
+            and isinstance(entry.get("sourceId"), str)
+            and isinstance(entry.get("fileSha256"), str)
+        ):
+            done.add((entry["sourceId"], entry["fileSha256"]))
+    return done
+
+
+class _Journal:
+    """Append-only JSON lines, each one durable (fsync) before the call returns."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def __enter__(self) -> _Journal:
+        created = not self._path.exists()
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        if created:
+            _fsync_dir(self._path.parent)
+        elif self._path.stat().st_size > 0:
+            with self._path.open("rb") as existing:
+                existing.seek(-1, os.SEEK_END)
+                if existing.read(1) != b"\n":
+                    # Close a torn line so the next entry starts on a line of its own.
+                    os.write(self._fd, b"\n")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.close(self._fd)
+
+    def append(self, entry: dict[str, object]) -> None:
+        line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
+        os.write(self._fd, line.encode("utf-8"))
+        os.fsync(self._fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

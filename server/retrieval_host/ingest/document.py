@@ -1,0 +1,165 @@
+"""`prepare_document`: raw bytes of a supported type → a source revision and its passages.
+
+Determinism is what makes re-ingestion cheap and safe: the same bytes with the same settings
+always give the same revision, chunk ids, texts and locations, so indexing them again returns
+`unchanged` before anything is embedded.
+
+- `documentSha256` is the SHA-256 of the document's full extracted text (UTF-8): the Markdown
+  file, the PDF's page texts joined by form feeds, or the messages' body texts joined by form
+  feeds, after normalization (line breaks to LF, NUL dropped; see `_text.normalize_text`).
+- The default revision is `sha256:` + the SHA-256 of the normalized content *as indexed*: that
+  text digest plus the derived title and metadata, the media type and the chunking identity.
+  Byte noise that changes nothing indexed (CRLF vs LF, a re-saved PDF) keeps the revision;
+  anything that would change the stored revision (text, headers, attachment list, title)
+  changes it, so a re-ingest never meets `SOURCE_CONFLICT` by accident.
+- Chunk ids are `p` + 24 hex digits of SHA-256 over (source id, revision, ordinal, text):
+  unique across the sources of a namespace, stable for the same content, and made of
+  characters that are safe inside a `[source:ID]` citation marker.
+
+Text inside a document is content: nothing in it is interpreted as an instruction, a setting
+or a grant; parsing only ever reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.models import ChunkInput, IndexRequest, JSONValue, SourceInfo
+from retrieval_host.core.validation import MAX_METADATA_BYTES, check_id
+from retrieval_host.ingest._text import clip, json_size
+from retrieval_host.ingest.chunking import Chunker, Extracted
+from retrieval_host.ingest.email import extract_email
+from retrieval_host.ingest.markdown import extract_markdown
+from retrieval_host.ingest.pdf import extract_pdf
+from retrieval_host.ingest.settings import (
+    CHUNKING_SCHEME,
+    EML,
+    MARKDOWN,
+    MBOX,
+    PDF,
+    ChunkingSettings,
+    IngestLimits,
+    check_media_type,
+    invalid_document,
+    too_large,
+)
+
+
+@dataclass(frozen=True)
+class PreparedDocument:
+    """A source revision and its passages, ready for `index_context`."""
+
+    source: SourceInfo
+    chunks: tuple[ChunkInput, ...]
+    document_sha256: str
+
+    def index_request(self, corpus: str) -> IndexRequest:
+        """The request that indexes this revision into `corpus`."""
+        return IndexRequest(corpus, self.source, self.chunks, self.document_sha256)
+
+
+DEFAULT_SETTINGS = ChunkingSettings()
+DEFAULT_LIMITS = IngestLimits()
+
+
+def prepare_document(
+    data: bytes,
+    media_type: str,
+    *,
+    source_id: str,
+    revision: str | None = None,
+    title: str | None = None,
+    token_counter: Callable[[Sequence[str]], list[int]],
+    settings: ChunkingSettings = DEFAULT_SETTINGS,
+    limits: IngestLimits = DEFAULT_LIMITS,
+    cancel: CancelToken | None = None,
+) -> PreparedDocument:
+    """Parse `data` as `media_type` and cut it into passages (pure CPU work, no I/O).
+
+    `token_counter` is the embedding model's own counter (`EmbeddingAdapter.count_tokens`);
+    every passage has at most `settings.max_tokens` tokens by it. `revision` defaults to the
+    content digest described in the module docstring; `title` defaults to the document's own
+    (front matter or first H1, PDF info title, first message's subject). `cancel` is checked
+    between pages, messages and counting batches.
+
+    Raises `RetrievalError`: `UNSUPPORTED_MEDIA_TYPE`; `PAYLOAD_TOO_LARGE` with a reason
+    (`bytes`, `pages`, `messages`, `mime-parts`, `mime-depth`, `header-bytes`, `html-bytes`,
+    `pdf-resource-limit`, `passages`); `INVALID_DOCUMENT` with a reason (`empty-document`,
+    `content-type-mismatch`, `pdf-encrypted`, `pdf-no-text-layer`, `pdf-malformed`,
+    `markdown-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad source id or
+    revision; `CANCELLED`/`TIMEOUT` from `cancel`.
+    """
+    media = check_media_type(media_type)
+    check_id("source id", source_id)
+    if revision is not None:
+        check_id("revision", revision)
+    if len(data) > limits.max_bytes:
+        raise too_large("bytes", f"the document is larger than {limits.max_bytes} bytes.")
+    if not data.strip():
+        raise invalid_document("empty-document", "the document is empty.")
+
+    extracted = _extract(data, media, title, limits, cancel)
+    chunker = Chunker(token_counter, settings, max_passages=limits.max_passages, cancel=cancel)
+    passages = chunker.passages(extracted.segments)
+    if not passages:
+        raise invalid_document("empty-document", "the document has no text to index.")
+
+    document_sha256 = hashlib.sha256(extracted.text.encode("utf-8")).hexdigest()
+    final_title = title if title is not None else clip(extracted.title, 1024)
+    metadata = _fit_metadata(dict(extracted.metadata))
+    if revision is None:
+        revision = "sha256:" + _digest(
+            {
+                "scheme": CHUNKING_SCHEME,
+                "chunking": dict(settings.as_identity()),
+                "mediaType": media,
+                "documentSha256": document_sha256,
+                "title": final_title,
+                "metadata": metadata,
+            }
+        )
+    chunks = tuple(
+        ChunkInput(chunk_id(source_id, revision, ordinal, p.text), p.text, p.location)
+        for ordinal, p in enumerate(passages)
+    )
+    return PreparedDocument(
+        SourceInfo(source_id, revision, final_title, metadata), chunks, document_sha256
+    )
+
+
+def chunk_id(source_id: str, revision: str, ordinal: int, text: str) -> str:
+    """The deterministic id of the `ordinal`-th passage of a source revision."""
+    material = "\x1f".join((source_id, revision, str(ordinal), text))
+    return "p" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
+
+
+def _extract(
+    data: bytes, media: str, title: str | None, limits: IngestLimits, cancel: CancelToken | None
+) -> Extracted:
+    if media == PDF:
+        return extract_pdf(data, title, limits, cancel)
+    if media == MARKDOWN:
+        return extract_markdown(data, title)
+    if media in (EML, MBOX):
+        return extract_email(data, media, title, limits, cancel)
+    raise AssertionError(media)  # check_media_type admits nothing else
+
+
+def _digest(value: JSONValue) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _fit_metadata(metadata: dict[str, JSONValue]) -> dict[str, JSONValue]:
+    """Last guard under core's metadata bound: growing lists give way first, flagged."""
+    for key in ("sections", "messages", "frontMatter"):
+        if json_size(metadata) <= MAX_METADATA_BYTES - 512:
+            break
+        if key in metadata:
+            metadata[key] = [] if key != "frontMatter" else {}
+            metadata[f"{key}Truncated"] = True
+    return metadata

@@ -1,0 +1,418 @@
+"""E-mail: one `.eml` message or an mbox thread as a single versioned source.
+
+Each message is parsed with the standard library (`email.policy.default`); its body text is
+one segment whose passages carry the Message-ID as `location.documentId` (a missing or unusable
+Message-ID becomes `<sha256:HEX>` of the message's bytes, so it is deterministic). Line numbers
+count the lines of that message's extracted body text: its readable text parts, joined by a
+blank line. Per part, text/plain is preferred; in `multipart/alternative` the HTML version is
+used only when there is no plain one, turned into text with BeautifulSoup (scripts, styles and
+comments dropped, block elements on their own lines). Charsets are decoded with replacement; an
+unknown or non-text charset is read as UTF-8 with replacement. Nothing ever raises on bad bytes.
+
+Attachments (any part with a filename or `Content-Disposition: attachment`, any part that is
+not text/plain or text/html, attached messages) are listed in metadata by file name, content
+type and decoded size. They are never parsed, decoded for content or executed.
+
+Source metadata: `messageCount` and `messages`, a list in thread order of `{messageId, from,
+date, subject, attachments}` (header values as written, decoded, cut to 300 characters; at most
+20 attachments per message). When the list would not fit the metadata budget it is cut short
+and `messagesTruncated` is true.
+
+Bounds, each `PAYLOAD_TOO_LARGE`: messages in an mbox (`messages`, counted before parsing), the
+header section of any part (`header-bytes`, checked before parsing for the top level), MIME
+parts per message (`mime-parts`, estimated from boundary lines before parsing, then counted
+exactly), MIME nesting (`mime-depth`), HTML to convert per document (`html-bytes`).
+
+The mbox is split on lines starting with `From ` (mboxo/mboxrd); quoted `>From ` body lines are
+kept as written.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Iterator
+from email import policy
+from email.message import EmailMessage, Message
+from email.parser import BytesParser
+from typing import Final, TypeVar
+
+from bs4 import BeautifulSoup
+from bs4.element import CData, NavigableString, Tag
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.models import JSONValue
+from retrieval_host.ingest._text import bounded, clip, normalize_text
+from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
+from retrieval_host.ingest.settings import (
+    MBOX,
+    IngestLimits,
+    MiB,
+    invalid_document,
+    too_large,
+)
+
+# html.parser handles roughly a megabyte a second; this bounds the time spent on HTML bodies.
+MAX_HTML_BYTES: Final = 4 * MiB
+MAX_ATTACHMENTS_LISTED: Final = 20
+
+_ENVELOPE: Final = re.compile(rb"^From [^\n]*\n", re.MULTILINE)
+_HEADER_LINE: Final = re.compile(rb"^[!-9;-~]+[ \t]*:")
+_HEADER_END: Final = re.compile(rb"\r?\n\r?\n")
+_BOUNDARY: Final = re.compile(rb'boundary\s*=\s*(?:"([^"\r\n]{1,200})"|([^\s;"]{1,200}))', re.I)
+_DASH_LINE: Final = re.compile(rb"^--([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
+_BLOCK_TAGS: Final = frozenset(
+    "address article aside blockquote br dd div dl dt figcaption figure footer form h1 h2 h3 "
+    "h4 h5 h6 header hr li main nav ol p pre section table td th tr ul".split()
+)
+_SKIP_TAGS: Final = frozenset("head script style template noscript iframe object svg".split())
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+def extract_email(
+    data: bytes,
+    media_type: str,
+    title: str | None,
+    limits: IngestLimits,
+    cancel: CancelToken | None,
+) -> Extracted:
+    """Extract a message or a thread (see the module docstring for the rules and bounds)."""
+    raws = _split_mbox(data, limits) if media_type == MBOX else [_single(data)]
+    html_budget = [MAX_HTML_BYTES]
+    segments: list[Segment] = []
+    bodies: list[str] = []
+    infos: list[dict[str, JSONValue]] = []
+    for raw in raws:
+        if cancel is not None:
+            cancel.check()
+        message = _parse(raw, limits)
+        message_id = _message_id(message, raw)
+        texts: list[str] = []
+        attachments: list[dict[str, JSONValue]] = []
+        _collect(message, texts, attachments, html_budget, top=True)
+        body = "\n\n".join(t for t in texts if t.strip())
+        bodies.append(body)
+        if body.strip():
+            lines = tuple(body.split("\n"))
+            segments.append(Segment(lines, 1, paragraph_blocks(lines), document_id=message_id))
+        infos.append(_message_info(message, message_id, attachments))
+        if cancel is not None:
+            cancel.progress()
+    if not segments:
+        raise invalid_document("empty-document", "no message has any readable text.")
+
+    kept, truncated = bounded(infos)
+    metadata: dict[str, JSONValue] = {
+        "mediaType": media_type,
+        "messageCount": len(raws),
+        "messages": kept,
+    }
+    if truncated:
+        metadata["messagesTruncated"] = True
+    if title is None:
+        first_subject = infos[0].get("subject") if infos else None
+        title = first_subject if isinstance(first_subject, str) else ""
+    return Extracted(tuple(segments), "\f".join(bodies), title, metadata)
+
+
+# --- framing -----------------------------------------------------------------------------------
+
+
+def _single(data: bytes) -> bytes:
+    """An .eml file; an mbox-style envelope line in front of it is tolerated and dropped."""
+    if data.startswith(b"From "):
+        newline = data.find(b"\n")
+        data = b"" if newline < 0 else data[newline + 1 :]
+    if not _HEADER_LINE.match(data):
+        raise invalid_document(
+            "content-type-mismatch", "the bytes do not start with an e-mail header."
+        )
+    return data
+
+
+def _split_mbox(data: bytes, limits: IngestLimits) -> list[bytes]:
+    if not data.startswith(b"From "):
+        raise invalid_document("content-type-mismatch", "an mbox must start with a 'From ' line.")
+    starts: list[tuple[int, int]] = []
+    for match in _ENVELOPE.finditer(data):
+        if len(starts) >= limits.max_messages:
+            raise too_large("messages", f"the mbox has more than {limits.max_messages} messages.")
+        starts.append((match.start(), match.end()))
+    if not starts:  # a single envelope line without a newline
+        return [b""]
+    messages: list[bytes] = []
+    for index, (_, body_start) in enumerate(starts):
+        end = starts[index + 1][0] if index + 1 < len(starts) else len(data)
+        raw = data[body_start:end]
+        # The blank line before the next envelope separates messages; it is not content.
+        if raw.endswith(b"\r\n"):
+            raw = raw[:-2]
+        elif raw.endswith(b"\n"):
+            raw = raw[:-1]
+        messages.append(raw)
+    return messages
+
+
+def _parse(raw: bytes, limits: IngestLimits) -> EmailMessage:
+    end = _HEADER_END.search(raw, 0, limits.max_header_bytes + 4)
+    header_bytes = end.start() if end else len(raw)
+    if header_bytes > limits.max_header_bytes:
+        raise _header_too_large(limits)
+    _estimate_parts(raw, limits)
+    try:
+        message = BytesParser(policy=policy.default).parsebytes(raw)
+    except RecursionError as exc:
+        raise _too_deep(limits) from exc
+    except Exception as exc:  # the parser is lenient; anything it still raises is a bad message
+        _log.info("unparseable message: %s", type(exc).__name__)
+        raise invalid_document("email-malformed", "a message could not be parsed.") from exc
+    if not isinstance(message, EmailMessage):  # policy.default always builds EmailMessage
+        raise invalid_document("email-malformed", "a message could not be parsed.")
+    _check_structure(message, limits)
+    return message
+
+
+def _estimate_parts(raw: bytes, limits: IngestLimits) -> None:
+    """Refuse a message with too many parts before the (slow) parser builds them all.
+
+    Every part starts at a delimiter line `--BOUNDARY` of a declared boundary, so the number
+    of such lines bounds the number of parts from above.
+    """
+    declared: set[bytes] = set()
+    for match in _BOUNDARY.finditer(raw):
+        declared.add(match.group(1) or match.group(2))
+        if len(declared) > limits.max_mime_parts:  # each multipart declares one boundary
+            raise _too_many_parts(limits)
+    if not declared:
+        return
+    count = 0
+    for match in _DASH_LINE.finditer(raw):
+        if match.group(1) in declared:  # a closing `--BOUNDARY--` does not match: no new part
+            count += 1
+            if count > limits.max_mime_parts:
+                raise _too_many_parts(limits)
+
+
+def _check_structure(message: Message, limits: IngestLimits) -> None:
+    """Count parts, nesting and header bytes exactly, iteratively (no recursion)."""
+    stack: list[tuple[Message, int]] = [(message, 0)]
+    parts = 0
+    while stack:
+        part, depth = stack.pop()
+        parts += 1
+        if parts > limits.max_mime_parts:
+            raise _too_many_parts(limits)
+        if depth > limits.max_mime_depth:
+            raise _too_deep(limits)
+        if sum(len(k) + len(v) + 4 for k, v in part.raw_items()) > limits.max_header_bytes:
+            raise _header_too_large(limits)
+        if part.is_multipart():
+            children = part.get_payload()
+            if isinstance(children, list):
+                stack.extend((child, depth + 1) for child in children if isinstance(child, Message))
+
+
+def _too_many_parts(limits: IngestLimits) -> RetrievalError:
+    return too_large("mime-parts", f"a message has more than {limits.max_mime_parts} MIME parts.")
+
+
+def _too_deep(limits: IngestLimits) -> RetrievalError:
+    return too_large(
+        "mime-depth", f"a message nests MIME parts deeper than {limits.max_mime_depth}."
+    )
+
+
+def _header_too_large(limits: IngestLimits) -> RetrievalError:
+    return too_large(
+        "header-bytes", f"a header section is larger than {limits.max_header_bytes} bytes."
+    )
+
+
+# --- content ---------------------------------------------------------------------------------
+
+
+def _collect(
+    part: Message,
+    texts: list[str],
+    attachments: list[dict[str, JSONValue]],
+    html_budget: list[int],
+    *,
+    top: bool = False,
+) -> None:
+    """Readable text of a part into `texts`, attachments into `attachments`.
+
+    Recursive, but only after `_check_structure` has bounded the depth.
+    """
+    content_type = _content_type(part)
+    if part.is_multipart():
+        children = list(_children(part))
+        if content_type.startswith("message/") and not top:
+            attachments.append(_attachment(part, content_type))
+            return
+        if content_type == "multipart/alternative":
+            chosen = _pick_alternative(children)
+            if chosen is not None:
+                _collect(chosen, texts, attachments, html_budget)
+            return
+        for child in children:
+            _collect(child, texts, attachments, html_budget)
+        return
+    disposition = _safe(part.get_content_disposition)
+    filename = _safe(part.get_filename)
+    if (
+        disposition == "attachment"
+        or filename is not None
+        or content_type not in ("text/plain", "text/html")
+    ):
+        attachments.append(_attachment(part, content_type))
+        return
+    payload = _payload(part)
+    text = _decode(payload, _safe(part.get_content_charset))
+    if content_type == "text/html":
+        html_budget[0] -= len(payload)
+        if html_budget[0] < 0:
+            raise too_large(
+                "html-bytes", f"the document has more than {MAX_HTML_BYTES} bytes of HTML."
+            )
+        text = html_to_text(text)
+    texts.append(normalize_text(text))
+
+
+def _children(part: Message) -> Iterator[Message]:
+    payload = part.get_payload()
+    if isinstance(payload, list):
+        yield from (child for child in payload if isinstance(child, Message))
+
+
+def _pick_alternative(children: list[Message]) -> Message | None:
+    """text/plain first, then HTML, then the richest (last) structured alternative."""
+    types = [_content_type(c) for c in children]
+    for wanted in ("text/plain", "text/html"):
+        for child, content_type in zip(children, types, strict=True):
+            if content_type == wanted and _safe(child.get_filename) is None:
+                return child
+    structured = [c for c, t in zip(children, types, strict=True) if t.startswith("multipart/")]
+    return structured[-1] if structured else None
+
+
+def _attachment(part: Message, content_type: str) -> dict[str, JSONValue]:
+    filename = _safe(part.get_filename)
+    size = None if part.is_multipart() else len(_payload(part))
+    return {
+        "filename": clip(filename) if isinstance(filename, str) else None,
+        "contentType": clip(content_type, 100),
+        "size": size,
+    }
+
+
+def _content_type(part: Message) -> str:
+    try:
+        return part.get_content_type()
+    except Exception:  # a header the parser cannot read: the part is opaque data
+        return "application/octet-stream"
+
+
+def _payload(part: Message) -> bytes:
+    try:
+        payload = part.get_payload(decode=True)
+    except Exception:  # a broken transfer encoding: nothing readable
+        return b""
+    return payload if isinstance(payload, bytes) else b""
+
+
+def _safe(getter: Callable[[], _T]) -> _T | None:
+    try:
+        return getter()
+    except Exception:  # malformed header parameters never stop ingestion
+        return None
+
+
+def _decode(payload: bytes, charset: str | None) -> str:
+    """Bytes to text with the declared charset, replacing what does not decode.
+
+    An unknown charset, or a codec that is not a text encoding (`base64`, `zlib`, ... are
+    codecs too), falls back to UTF-8, which also reads the common unlabelled case.
+    """
+    name = "utf-8"
+    if charset:
+        try:
+            info = codecs.lookup(charset)
+        except (LookupError, ValueError, TypeError):
+            info = None
+        if info is not None and getattr(info, "_is_text_encoding", True):
+            name = info.name
+    try:
+        return payload.decode(name, errors="replace")
+    except Exception:  # a codec that fails anyway (some are stricter than "replace")
+        return payload.decode("utf-8", errors="replace")
+
+
+def html_to_text(html: str) -> str:
+    """Readable text of an HTML body: no scripts, styles or comments; blocks on their own lines.
+
+    The tree is walked with an explicit stack, so deeply nested markup cannot exhaust the
+    interpreter's recursion limit.
+    """
+    # A leading tag keeps BeautifulSoup from guessing that short markup is a file name or URL,
+    # or that an XML prolog means XML (both only warn, but warnings are not for documents).
+    soup = BeautifulSoup("<html>\n" + html, "html.parser")
+    out: list[str] = []
+    stack: list[tuple[object, bool]] = [(soup, False)]
+    while stack:
+        node, closing = stack.pop()
+        if closing:
+            out.append("\n")
+        elif isinstance(node, NavigableString):
+            if type(node) in (NavigableString, CData):
+                out.append(str(node))
+        elif isinstance(node, Tag) and node.name not in _SKIP_TAGS:
+            if node.name in _BLOCK_TAGS:
+                out.append("\n")
+                stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node.contents))
+    lines = [" ".join(line.split()) for line in "".join(out).split("\n")]
+    text: list[str] = []
+    for line in lines:
+        if line or (text and text[-1]):
+            text.append(line)
+    return "\n".join(text).strip("\n")
+
+
+def _message_id(message: Message, raw: bytes) -> str:
+    value = _header(message, "Message-ID")
+    if value is not None:
+        value = clip(value, 998)
+        if value and " " not in value:
+            return value
+    return "<sha256:" + hashlib.sha256(raw).hexdigest() + ">"
+
+
+def _header(message: Message, name: str) -> str | None:
+    """A header's decoded value, or its raw text if the structured parser trips over it."""
+    try:
+        value = message.get(name)
+        return None if value is None else str(value)
+    except Exception:
+        for key, raw in message.raw_items():
+            if key.lower() == name.lower():
+                return str(raw)
+        return None
+
+
+def _message_info(
+    message: Message, message_id: str, attachments: list[dict[str, JSONValue]]
+) -> dict[str, JSONValue]:
+    info: dict[str, JSONValue] = {"messageId": clip(message_id)}
+    for key, header in (("from", "From"), ("date", "Date"), ("subject", "Subject")):
+        value = _header(message, header)
+        info[key] = clip(value) if value is not None else None
+    listed: list[JSONValue] = list(attachments[:MAX_ATTACHMENTS_LISTED])
+    info["attachments"] = listed
+    if len(attachments) > MAX_ATTACHMENTS_LISTED:
+        info["attachmentCount"] = len(attachments)
+    return info

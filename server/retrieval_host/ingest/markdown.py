@@ -1,0 +1,212 @@
+"""Markdown: heading-aware sections, whole code fences, front matter as metadata.
+
+Markdown must be UTF-8 (a leading BOM is dropped). Guessing another encoding would silently
+change the text, and with it the revision, so undecodable bytes are refused with
+`INVALID_DOCUMENT` / `markdown-not-utf8`; NUL bytes or a PDF header mean the file is not text at all
+(`content-type-mismatch`).
+
+Every heading (ATX `#` or setext underline) starts a section; passages never cross sections,
+so each passage has one heading path. A heading with no text of its own before a deeper heading
+joins that subsection (no passage holds only a title). Line numbers are the file's, front
+matter included, counted after CRLF/CR become LF.
+
+The heading paths are kept in source metadata as `sections`: a list of
+`{"headings": [...], "startLine": a, "endLine": b}` in file order (a passage belongs to the
+section whose range holds its `startLine`); a list rather than a per-chunk map because it is
+smaller and serves any location. If it would not fit the metadata budget it is cut short and
+`sectionsTruncated` is true. Front matter (`---` ... `---` or `...` at the very top) is read as
+flat `key: value` lines into `frontMatter` (strings; no YAML evaluation, nested values kept as
+their text) and is not part of any passage.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+from retrieval_host.core.models import JSONValue
+from retrieval_host.ingest._text import FIELD_CHARS, bounded, clip, json_size, normalize_text
+from retrieval_host.ingest.chunking import Block, Extracted, Segment
+from retrieval_host.ingest.settings import MARKDOWN, invalid_document
+
+_FENCE: Final = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_ATX: Final = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_SETEXT: Final = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+_FRONT_KEY: Final = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_ .-]{0,63}?)[ \t]*:(?:[ \t]+(.*))?$")
+_FRONT_MATTER_MAX_LINES: Final = 200
+_FRONT_MATTER_MAX_KEYS: Final = 64
+_FRONT_MATTER_BUDGET: Final = 3000
+
+
+@dataclass
+class _Section:
+    path: tuple[str, ...]
+    level: int  # 0 for the text before the first heading
+    blocks: list[Block] = field(default_factory=list)
+    heading_only: bool = True
+
+
+def extract_markdown(data: bytes, title: str | None) -> Extracted:
+    """Decode and section a Markdown file (see the module docstring for the rules)."""
+    if b"\x00" in data or data.lstrip().startswith(b"%PDF-"):
+        raise invalid_document(
+            "content-type-mismatch", "the bytes are not text, so they are not Markdown."
+        )
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid_document(
+            "markdown-not-utf8", "Markdown must be UTF-8; convert the file first."
+        ) from exc
+    text = normalize_text(raw.removeprefix("\ufeff"))
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start another
+
+    front, body_start = _front_matter(lines)
+    sections = _sections(lines, body_start)
+    segments: list[Segment] = []
+    section_meta: list[dict[str, JSONValue]] = []
+    for section in sections:
+        if not section.blocks:
+            continue
+        first, last = section.blocks[0].start, section.blocks[-1].end
+        segments.append(
+            Segment(
+                lines=tuple(lines[first:last]),
+                first_line=first + 1,
+                blocks=tuple(Block(b.start - first, b.end - first, b.code) for b in section.blocks),
+            )
+        )
+        section_meta.append(
+            {
+                "headings": [clip(h, 200) for h in section.path],
+                "startLine": first + 1,
+                "endLine": last,
+            }
+        )
+
+    metadata: dict[str, JSONValue] = {"mediaType": MARKDOWN, "lineCount": len(lines)}
+    if front:
+        metadata["frontMatter"] = front
+    kept, truncated = bounded(section_meta)
+    metadata["sections"] = kept
+    if truncated:
+        metadata["sectionsTruncated"] = True
+
+    if title is None:
+        fm_title = front.get("title")
+        h1 = next((s.path[0] for s in sections if s.level == 1 and s.path), None)
+        title = fm_title if isinstance(fm_title, str) else (h1 or "")
+    return Extracted(tuple(segments), text, title, metadata)
+
+
+def _front_matter(lines: list[str]) -> tuple[dict[str, JSONValue], int]:
+    """Flat `key: value` pairs of a leading `---` block and the index of the first body line."""
+    if not lines or lines[0].rstrip() != "---":
+        return {}, 0
+    end = None
+    for i in range(1, min(len(lines), _FRONT_MATTER_MAX_LINES)):
+        if lines[i].rstrip() in ("---", "..."):
+            end = i
+            break
+    if end is None:
+        return {}, 0  # an unclosed `---` is a thematic break, not front matter
+    front: dict[str, JSONValue] = {}
+    for line in lines[1:end]:
+        match = _FRONT_KEY.match(line)
+        if match is None or len(front) >= _FRONT_MATTER_MAX_KEYS:
+            continue
+        key = match.group(1).strip()
+        value = clip(_unquote((match.group(2) or "").strip()), FIELD_CHARS)
+        if json_size({**front, key: value}) > _FRONT_MATTER_BUDGET:
+            break
+        front[key] = value
+    return front, end + 1
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _sections(lines: list[str], start: int) -> list[_Section]:
+    sections = [_Section((), 0)]
+    stack: list[tuple[int, str]] = []
+    paragraph: int | None = None  # first line of the open paragraph
+
+    def heading(level: int, text: str, first: int, end: int) -> None:
+        while stack and stack[-1][0] >= level:
+            stack.pop()
+        stack.append((level, text.strip()))
+        sections.append(_Section(tuple(h for _, h in stack), level, [Block(first, end)]))
+
+    def close_paragraph(end: int) -> None:
+        nonlocal paragraph
+        if paragraph is not None:
+            sections[-1].blocks.append(Block(paragraph, end))
+            sections[-1].heading_only = False
+            paragraph = None
+
+    i = start
+    while i < len(lines):
+        line = lines[i]
+        fence = _FENCE.match(line)
+        if fence and not (fence.group(1)[0] == "`" and "`" in fence.group(2)):
+            close_paragraph(i)
+            marker = fence.group(1)
+            closing = re.compile(rf"^ {{0,3}}{re.escape(marker[0])}{{{len(marker)},}}[ \t]*$")
+            end = len(lines)  # an unclosed fence runs to the end of the document
+            for j in range(i + 1, len(lines)):
+                if closing.match(lines[j]):
+                    end = j + 1
+                    break
+            sections[-1].blocks.append(Block(i, end, code=True))
+            sections[-1].heading_only = False
+            i = end
+            continue
+        atx = _ATX.match(line)
+        if atx:
+            close_paragraph(i)
+            heading(len(atx.group(1)), atx.group(2) or "", i, i + 1)
+            i += 1
+            continue
+        if not line.strip():
+            close_paragraph(i)
+            i += 1
+            continue
+        setext = _SETEXT.match(line)
+        if setext and paragraph is not None:
+            first = paragraph
+            paragraph = None
+            text = " ".join(part.strip() for part in lines[first:i])
+            heading(1 if setext.group(1)[0] == "=" else 2, text, first, i + 1)
+            i += 1
+            continue
+        if paragraph is None:
+            paragraph = i
+        i += 1
+    close_paragraph(len(lines))
+    return _merge_title_only(sections)
+
+
+def _merge_title_only(sections: list[_Section]) -> list[_Section]:
+    """Fold a heading with no text of its own into the deeper heading that follows it."""
+    merged: list[_Section] = []
+    carry: list[Block] = []
+    for index, section in enumerate(sections):
+        section.blocks[:0] = carry
+        carry = []
+        following = sections[index + 1] if index + 1 < len(sections) else None
+        if (
+            section.level > 0
+            and section.heading_only
+            and following is not None
+            and following.level > section.level
+        ):
+            carry = section.blocks
+            continue
+        merged.append(section)
+    return merged

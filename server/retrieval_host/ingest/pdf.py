@@ -1,0 +1,167 @@
+"""PDF: text per page with pypdf, each passage located by page and by lines on that page.
+
+Untrusted PDFs are read in pypdf's lenient mode (real-world files are often slightly broken and
+pypdf repairs what it safely can) under tighter resource bounds than pypdf's defaults:
+
+- every decoder (Flate, LZW, run-length, JBIG2, Brotli) stops at `MAX_STREAM_OUTPUT` bytes of
+  output per stream, so a decompression bomb costs megabytes, not gigabytes;
+- the page tree is walked by pypdf with an explicit stack, bounded in depth and in entries
+  (about two per allowed page), after the declared `/Count` has been checked against
+  `IngestLimits.max_pages`; cycles are detected by pypdf; no text is extracted before both pass;
+- no external decoder binary (jbig2dec) is ever run;
+- the extracted text is bounded by `IngestLimits.max_bytes` in total.
+
+Outcomes: a limit → `PAYLOAD_TOO_LARGE` (`pages`, `bytes` or `pdf-resource-limit`); a
+password → `INVALID_DOCUMENT`/`pdf-encrypted` (a file encrypted with an empty user password,
+i.e. only restricted by an owner password, opens as any viewer would open it); no text on any
+page → `pdf-no-text-layer` (scanned images need OCR first); anything pypdf cannot read →
+`pdf-malformed`. Line numbers count the lines of `page.extract_text()` for that page, from 1.
+"""
+
+from __future__ import annotations
+
+import logging
+from io import BytesIO
+from typing import Any, Final
+
+import pypdf
+from pypdf import PasswordType
+from pypdf.errors import LimitReachedError
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.models import JSONValue
+from retrieval_host.ingest._text import clip, normalize_text
+from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
+from retrieval_host.ingest.settings import PDF, IngestLimits, MiB, invalid_document, too_large
+
+MAX_STREAM_OUTPUT: Final = 16 * MiB
+# Acrobat accepts the header anywhere in the first KiB; so does this check.
+_HEADER_WINDOW: Final = 1024
+
+_log = logging.getLogger(__name__)
+# pypdf logs every repair it makes to a damaged file as a warning: for uploaded files that is
+# log volume an attacker controls (one line per broken object). Errors still get through.
+logging.getLogger("pypdf").setLevel(logging.ERROR)
+
+
+def extract_pdf(
+    data: bytes, title: str | None, limits: IngestLimits, cancel: CancelToken | None
+) -> Extracted:
+    """Extract page texts (see the module docstring for the limits and the errors)."""
+    if b"%PDF-" not in data[:_HEADER_WINDOW]:
+        raise invalid_document("content-type-mismatch", "the bytes do not start a PDF file.")
+    configuration = pypdf.Configuration(
+        maximum_declared_stream_length=limits.max_bytes,
+        array_based_stream_maximum_output_length=MAX_STREAM_OUTPUT,
+        jbig2_maximum_output_length=MAX_STREAM_OUTPUT,
+        lzw_maximum_output_length=MAX_STREAM_OUTPUT,
+        run_length_maximum_output_length=MAX_STREAM_OUTPUT,
+        zlib_maximum_output_length=MAX_STREAM_OUTPUT,
+        brotli_maximum_output_length=MAX_STREAM_OUTPUT,
+        image_maximum_buffer_size=MAX_STREAM_OUTPUT,
+        stream_decoding_work_maximum_length=4 * MAX_STREAM_OUTPUT,
+        page_tree_maximum_entries=2 * limits.max_pages + 16,
+        jbig2dec_binary=None,
+    )
+    try:
+        with pypdf.apply_configuration(configuration):
+            return _extract(data, title, limits, cancel)
+    except RetrievalError:
+        raise
+    except LimitReachedError as exc:
+        raise too_large(
+            "pdf-resource-limit", "the PDF needs more memory or work than allowed to read."
+        ) from exc
+    except RecursionError as exc:
+        raise invalid_document("pdf-malformed", "the PDF could not be read.") from exc
+    except Exception as exc:
+        # pypdf raises many exception types on hostile input (its own, ValueError, KeyError,
+        # struct.error, ...); whichever it is, the file is unreadable, not the host broken.
+        _log.info("unreadable PDF: %s", type(exc).__name__)
+        raise invalid_document("pdf-malformed", "the PDF could not be read.") from exc
+
+
+def _extract(
+    data: bytes, title: str | None, limits: IngestLimits, cancel: CancelToken | None
+) -> Extracted:
+    reader = pypdf.PdfReader(BytesIO(data), strict=False)
+    if reader.is_encrypted:
+        try:
+            opened = reader.decrypt("")
+        except Exception as exc:  # an unsupported or broken encryption dictionary
+            raise _encrypted() from exc
+        if opened == PasswordType.NOT_DECRYPTED:
+            raise _encrypted()
+
+    declared = _declared_page_count(reader)
+    if declared is not None and declared > limits.max_pages:
+        raise _too_many_pages(limits)
+    try:
+        pages = reader.pages
+        count = len(pages)
+    except LimitReachedError as exc:
+        raise _too_many_pages(limits) from exc
+    if count > limits.max_pages:
+        raise _too_many_pages(limits)
+    if count == 0:
+        raise invalid_document("empty-document", "the PDF has no pages.")
+
+    texts: list[str] = []
+    total = 0
+    segments: list[Segment] = []
+    for number, page in enumerate(pages, start=1):
+        if cancel is not None:
+            cancel.check()
+        page_text = normalize_text(page.extract_text())
+        if cancel is not None:
+            cancel.progress()
+        total += len(page_text)
+        if total > limits.max_bytes:
+            raise too_large("bytes", "the PDF's text is larger than allowed.")
+        texts.append(page_text)
+        if not page_text.strip():
+            continue
+        lines = tuple(page_text.split("\n"))
+        segments.append(Segment(lines, 1, paragraph_blocks(lines), page=number))
+    if not segments:
+        raise invalid_document(
+            "pdf-no-text-layer",
+            "the PDF has no text layer (scanned pages need OCR before ingestion).",
+        )
+
+    metadata: dict[str, JSONValue] = {
+        "mediaType": PDF,
+        "pageCount": count,
+        "pagesWithText": len(segments),
+    }
+    if title is None:
+        title = _info_title(reader)
+    return Extracted(tuple(segments), "\f".join(texts), title, metadata)
+
+
+def _encrypted() -> RetrievalError:
+    return invalid_document("pdf-encrypted", "the PDF is encrypted and needs a password.")
+
+
+def _too_many_pages(limits: IngestLimits) -> RetrievalError:
+    return too_large("pages", f"the PDF has more than {limits.max_pages} pages.")
+
+
+def _declared_page_count(reader: pypdf.PdfReader) -> int | None:
+    """The page tree's own `/Count`, read without walking the tree (it may lie: both count)."""
+    try:
+        root: Any = reader.trailer["/Root"].get_object()
+        count = root["/Pages"].get_object()["/Count"].get_object()
+    except Exception:  # a missing or odd /Count is for the tree walk to judge
+        return None
+    return count if isinstance(count, int) else None
+
+
+def _info_title(reader: pypdf.PdfReader) -> str:
+    try:
+        info = reader.metadata
+        value = info.title if info is not None else None
+    except Exception:  # a broken /Info dictionary is no reason to refuse the text
+        return ""
+    return clip(value, 1024) if isinstance(value, str) else ""

@@ -1,0 +1,161 @@
+"""Chunking settings (part of a corpus's identity), ingestion limits and the supported types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import JSONScalar
+
+PDF: Final = "application/pdf"
+MARKDOWN: Final = "text/markdown"
+EML: Final = "message/rfc822"
+MBOX: Final = "application/mbox"
+
+MEDIA_TYPES: Final[frozenset[str]] = frozenset({PDF, MARKDOWN, EML, MBOX})
+
+_SUFFIXES: Final[Mapping[str, str]] = {
+    ".pdf": PDF,
+    ".md": MARKDOWN,
+    ".markdown": MARKDOWN,
+    ".eml": EML,
+    ".mbox": MBOX,
+}
+
+# The version of the whole passage-making procedure (extraction, normalization, splitting, ids).
+# Any change that could move a passage boundary or an id bumps it, which changes the corpus
+# identity: an existing corpus then refuses to open instead of mixing two schemes.
+CHUNKING_SCHEME: Final = "rh-ingest/1"
+
+MiB: Final = 1024 * 1024
+KiB: Final = 1024
+
+
+def media_type_for_path(path: Path) -> str:
+    """The media type of a file by its suffix: .pdf .md/.markdown .eml .mbox.
+
+    Raises `UNSUPPORTED_MEDIA_TYPE` for any other suffix; the content is never sniffed, and
+    `prepare_document` still checks that the bytes match the type.
+    """
+    media_type = _SUFFIXES.get(path.suffix.lower())
+    if media_type is None:
+        raise RetrievalError(
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            "supported files are .pdf, .md, .markdown, .eml and .mbox.",
+            reason="unknown-suffix",
+        )
+    return media_type
+
+
+def check_media_type(media_type: str) -> str:
+    """Normalize a media type (case, parameters such as `; charset=utf-8`) and require support."""
+    base = media_type.split(";", 1)[0].strip().lower()
+    if base not in MEDIA_TYPES:
+        raise RetrievalError(
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            "supported media types are " + ", ".join(sorted(MEDIA_TYPES)) + ".",
+            reason="unsupported-media-type",
+        )
+    return base
+
+
+def _invalid_settings(detail: str) -> RetrievalError:
+    return RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="chunking-settings")
+
+
+@dataclass(frozen=True)
+class ChunkingSettings:
+    """How documents are cut into passages; part of the corpus identity (SPEC §3.1).
+
+    `max_tokens` is measured with the embedding model's own tokenizer, special tokens included,
+    and must not exceed the model's `max_input_tokens` (the driver checks this), so no passage
+    is ever silently truncated by the model. `overlap_tokens` is how much trailing text of a
+    passage is repeated at the start of the next one within the same page, section or message;
+    overlap is made of whole lines or sentences, so it can be shorter than asked (or empty when
+    the last sentence alone is longer than the overlap).
+    """
+
+    max_tokens: int = 256
+    overlap_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "overlap_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _invalid_settings(f"{name} must be an integer.")
+        if not 16 <= self.max_tokens <= 8192:
+            raise _invalid_settings("max_tokens must be in 16..8192.")
+        if not 0 <= self.overlap_tokens <= self.max_tokens // 2:
+            raise _invalid_settings("overlap_tokens must be in 0..max_tokens/2.")
+
+    def as_identity(self) -> dict[str, int | str]:
+        """The settings as stored in the corpus descriptor (`Corpus(chunking=...)`)."""
+        return {
+            "scheme": CHUNKING_SCHEME,
+            "max_tokens": self.max_tokens,
+            "overlap_tokens": self.overlap_tokens,
+        }
+
+    @classmethod
+    def from_identity(cls, identity: Mapping[str, JSONScalar]) -> ChunkingSettings:
+        """Rebuild the settings from a corpus's `chunking`; an empty mapping means defaults.
+
+        A corpus chunked by another scheme is refused (`DESCRIPTOR_MISMATCH`): passages of two
+        schemes in one index would cite inconsistently, and nothing is silently converted.
+        """
+        if not identity:
+            return cls()
+        if identity.get("scheme") != CHUNKING_SCHEME or set(identity) != {
+            "scheme",
+            "max_tokens",
+            "overlap_tokens",
+        }:
+            raise RetrievalError(
+                ErrorCode.DESCRIPTOR_MISMATCH,
+                f"the corpus was chunked by another scheme than {CHUNKING_SCHEME}; "
+                "rebuild it into a new corpus.",
+                reason="chunking-scheme",
+            )
+        max_tokens = identity["max_tokens"]
+        overlap = identity["overlap_tokens"]
+        if not isinstance(max_tokens, int) or not isinstance(overlap, int):
+            raise _invalid_settings("chunking identity holds non-integer token counts.")
+        return cls(max_tokens=max_tokens, overlap_tokens=overlap)
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """Bounds on one ingested document; exceeding one is `PAYLOAD_TOO_LARGE` with a `reason`.
+
+    They are checked as early as possible: bytes before parsing, the page count before any
+    text is extracted, message and MIME part counts before or while walking (never recursing
+    without a bound), and passages while cutting, so a hostile file costs bounded work.
+    """
+
+    max_bytes: int = 32 * MiB
+    max_pages: int = 2000
+    max_messages: int = 5000
+    max_mime_parts: int = 1000
+    max_mime_depth: int = 16
+    max_passages: int = 10_000
+    max_header_bytes: int = 64 * KiB
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RetrievalError(
+                    ErrorCode.INVALID_REQUEST, f"{name} must be a positive integer."
+                )
+
+
+def too_large(reason: str, detail: str) -> RetrievalError:
+    """A `PAYLOAD_TOO_LARGE` error with its machine-readable reason."""
+    return RetrievalError(ErrorCode.PAYLOAD_TOO_LARGE, detail, reason=reason)
+
+
+def invalid_document(reason: str, detail: str) -> RetrievalError:
+    """An `INVALID_DOCUMENT` error with its machine-readable reason."""
+    return RetrievalError(ErrorCode.INVALID_DOCUMENT, detail, reason=reason)

@@ -1,0 +1,214 @@
+"""Batch ingestion: journal, resume after SIGKILL without duplicates, cancel between files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.ingest.batch import ingest_paths
+from tests.support import ingest_documents as docs
+from tests.support.ingest_host import CORPUS, Host, context, dump_index, make_host, sources
+
+REPO = Path(__file__).resolve().parents[2]
+TOPICS = ["ferries", "cranes", "moorings", "lighthouses", "tides", "customs"]
+
+
+def write_corpus(root: Path) -> list[Path]:
+    """Six files of three types, each worth a dozen passages of embedding work."""
+    files: list[Path] = []
+    for n, topic in enumerate(TOPICS):
+        lines = [
+            f"Rule {i} for {topic}: every {topic[:-1]} inspection {i} is logged with the "
+            f"harbour office, signed by the duty officer and kept for {i + n} years."
+            for i in range(30)
+        ]
+        if n < 3:
+            path = root / "guides" / f"{topic}.md"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"# {topic.title()}\n\n" + "\n".join(lines) + "\n")
+        elif n < 5:
+            path = root / "manuals" / f"{topic}.pdf"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(docs.text_pdf([lines[:15], lines[15:]]))
+        else:
+            path = root / "mail" / f"{topic}.mbox"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(
+                docs.mbox(
+                    docs.message("\n".join(lines[:15]) + "\n", message_id="<c1@example.org>"),
+                    docs.message("\n".join(lines[15:]) + "\n", message_id="<c2@example.org>"),
+                )
+            )
+        files.append(path)
+    return files
+
+
+def source_ids(root: Path, files: list[Path]) -> list[str]:
+    return [f.relative_to(root).as_posix() for f in files]
+
+
+def completed(journal: Path) -> int:
+    if not journal.exists():
+        return 0
+    count = 0
+    for line in journal.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        count += entry.get("status") in ("indexed", "unchanged")
+    return count
+
+
+def test_a_killed_batch_resumes_to_the_same_index_as_a_clean_run(
+    tmp_path: Path, local_embedding: LocalEmbedding
+) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)
+    ids = source_ids(root, files)
+    db = tmp_path / "resumed" / "index.db"
+    journal = tmp_path / "journal.jsonl"
+
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.ingest_batch_child", str(db), str(journal),
+         str(root), *map(str, files)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while child.poll() is None and completed(journal) < 1 and time.monotonic() < deadline:
+        time.sleep(0.002)  # polling the journal: the kill must land right after a file
+    child.send_signal(signal.SIGKILL)
+    _, stderr = child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL, stderr.decode()[-2000:]
+    done_at_kill = completed(journal)
+    assert 1 <= done_at_kill < len(files), "the kill must land mid-way"
+
+    resumed = make_host(db, local_embedding)
+    try:
+        report = ingest_paths(
+            resumed.driver, CORPUS, files, context(), journal_path=journal, root=root
+        )
+        statuses = [item.status for item in report.items]
+        assert statuses[:done_at_kill] == ["skipped"] * done_at_kill
+        assert set(statuses[done_at_kill:]) <= {"indexed", "unchanged"}
+        assert statuses.count("unchanged") <= 1  # at most the file killed after its commit
+        assert not report.cancelled
+        resumed_rows = dump_index(resumed, ids)
+        resumed_sources = sources(resumed, ids)
+    finally:
+        resumed.store.close()
+
+    clean = make_host(tmp_path / "clean" / "index.db", local_embedding)
+    try:
+        clean_report = ingest_paths(
+            clean.driver, CORPUS, files, context(), journal_path=tmp_path / "clean.jsonl",
+            root=root,
+        )  # fmt: skip
+        assert [item.status for item in clean_report.items] == ["indexed"] * len(files)
+        clean_rows = dump_index(clean, ids)
+        assert sources(clean, ids) == resumed_sources
+    finally:
+        clean.store.close()
+
+    assert len(resumed_sources) == len(files)
+    assert len(clean_rows) == sum(count for _, count, _ in resumed_sources.values())
+    assert resumed_rows == clean_rows  # chunk for chunk: ids, texts, locations, revisions
+
+
+def test_a_rerun_after_completion_skips_everything(
+    tmp_path: Path, host: Host, local_embedding: LocalEmbedding
+) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:3]
+    journal = tmp_path / "journal.jsonl"
+    seen: list[tuple[int, int]] = []
+    first = ingest_paths(
+        host.driver, CORPUS, files, context(), journal_path=journal, root=root,
+        progress=lambda done, total: seen.append((done, total)),
+    )  # fmt: skip
+    assert [i.status for i in first.items] == ["indexed"] * 3
+    assert [i.source_id for i in first.items] == source_ids(root, files)
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    calls = host.embedding.embed_calls
+    with journal.open("a") as torn:
+        torn.write('{"v": 1, "corpus": "handbook", "sta')  # a crash mid-write
+    again = ingest_paths(host.driver, CORPUS, files, context(), journal_path=journal, root=root)
+    assert [i.status for i in again.items] == ["skipped"] * 3
+    assert host.embedding.embed_calls == calls
+    for line in journal.read_text().splitlines()[:3]:
+        assert json.loads(line)["status"] == "indexed"
+
+
+def test_a_changed_file_is_ingested_again_despite_the_journal(tmp_path: Path, host: Host) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:2]
+    journal = tmp_path / "journal.jsonl"
+    ingest_paths(host.driver, CORPUS, files, context(), journal_path=journal, root=root)
+    files[0].write_text(files[0].read_text() + "\nOne more rule.\n")
+    report = ingest_paths(host.driver, CORPUS, files, context(), journal_path=journal, root=root)
+    assert [i.status for i in report.items] == ["indexed", "skipped"]
+
+
+def test_a_cancelled_batch_stops_between_files_with_only_whole_files_indexed(
+    tmp_path: Path, host: Host
+) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:4]
+    ids = source_ids(root, files)
+    cancel = CancelToken()
+    report = ingest_paths(
+        host.driver, CORPUS, files, context(cancel=cancel), journal_path=tmp_path / "j.jsonl",
+        root=root, progress=lambda done, total: cancel.cancel(),
+    )  # fmt: skip
+    assert report.cancelled
+    assert [i.status for i in report.items] == ["indexed"]
+    stored = sources(host, ids)
+    assert list(stored) == [ids[0]]
+    assert len(dump_index(host, ids)) == stored[ids[0]][1]  # complete, nothing partial
+
+
+def test_a_bad_file_is_recorded_and_the_batch_goes_on(tmp_path: Path, host: Host) -> None:
+    root = tmp_path / "docs"
+    good = write_corpus(root)[:2]
+    bad = root / "broken.pdf"
+    bad.write_bytes(b"%PDF-1.7\nnot really a pdf")
+    unknown = root / "notes.txt"
+    unknown.write_text("plain text")
+    journal = tmp_path / "journal.jsonl"
+    report = ingest_paths(
+        host.driver, CORPUS, [good[0], bad, unknown, good[1]], context(), journal_path=journal,
+        root=root,
+    )  # fmt: skip
+    assert [(i.status, i.error_code, i.reason) for i in report.items] == [
+        ("indexed", None, None),
+        ("failed", "INVALID_DOCUMENT", "pdf-malformed"),
+        ("failed", "UNSUPPORTED_MEDIA_TYPE", "unknown-suffix"),
+        ("indexed", None, None),
+    ]
+    assert report.count("failed") == 2
+    rerun = ingest_paths(
+        host.driver, CORPUS, [good[0], bad], context(), journal_path=journal, root=root
+    )
+    assert [i.status for i in rerun.items] == ["skipped", "failed"]  # failures are retried
+
+
+def test_two_files_with_one_source_id_are_refused_up_front(tmp_path: Path, host: Host) -> None:
+    a = tmp_path / "a" / "guide.md"
+    b = tmp_path / "b" / "guide.md"
+    for path in (a, b):
+        path.parent.mkdir()
+        path.write_text("# Guide\n\nText.\n")
+    with pytest.raises(RetrievalError) as caught:
+        ingest_paths(host.driver, CORPUS, [a, b], context(), journal_path=tmp_path / "j.jsonl")
+    assert caught.value.code == ErrorCode.INVALID_REQUEST
+    assert caught.value.reason == "duplicate-source-id"
+    assert host.embedding.embed_calls == 0

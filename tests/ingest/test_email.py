@@ -1,0 +1,220 @@
+"""E-mail ingestion: one source per thread, Message-IDs in locations, safe decoding."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.validation import MAX_METADATA_BYTES
+from retrieval_host.ingest import IngestLimits, PreparedDocument, prepare_document
+from tests.ingest.conftest import TokenCounter
+from tests.support import ingest_documents as docs
+
+HTML_REPLY = (
+    "<html><head><title>ignored title</title><style>p {color: red}</style></head><body>"
+    "<p>The <b>east</b> quay is closed on Sunday.</p>"
+    "<script>document.write('never indexed')</script>"
+    "<ul><li>Moor west instead.</li><li>Pay at the office.</li></ul>"
+    "<!-- a comment that is not text -->"
+    "</body></html>"
+)
+
+
+def alternative_message() -> bytes:
+    return (
+        b"From: Bob <bob@example.org>\r\nSubject: Re: Quay\r\n"
+        b"Message-ID: <m2@example.org>\r\nMIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/alternative; boundary="alt"\r\n\r\n'
+        b"--alt\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
+        b"Plain: the east quay is closed on Sunday.\r\n"
+        b"--alt\r\nContent-Type: text/html; charset=utf-8\r\n\r\n"
+        + HTML_REPLY.encode()
+        + b"\r\n--alt--\r\n"
+    )
+
+
+def attachment_message() -> bytes:
+    secret = base64.b64encode(b"ATTACHMENT-BODY-NEVER-INDEXED\n" * 3)
+    return (
+        b"From: Carol <carol@example.org>\r\nSubject: Re: Quay\r\n"
+        b"Message-ID: <m3@example.org>\r\nMIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/mixed; boundary="mix"\r\n\r\n'
+        b"--mix\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
+        b"Fee table attached.\r\nSee the second column.\r\n"
+        b'--mix\r\nContent-Type: text/csv; name="fees.csv"\r\n'
+        b'Content-Disposition: attachment; filename="fees.csv"\r\n'
+        b"Content-Transfer-Encoding: base64\r\n\r\n" + secret + b"\r\n"
+        b"--mix\r\nContent-Type: application/x-sh\r\n"
+        b'Content-Disposition: attachment; filename="run.sh"\r\n\r\n'
+        b"rm -rf / # never executed, never indexed\r\n"
+        b"--mix--\r\n"
+    )
+
+
+def html_only_message() -> bytes:
+    return docs.message(
+        HTML_REPLY, message_id="<m4@example.org>", content_type="text/html; charset=utf-8"
+    )
+
+
+def thread() -> bytes:
+    first = docs.message("Is the east quay open on Sunday?\n\nThanks,\nAlice\n", subject="Quay")
+    return docs.mbox(first, alternative_message(), attachment_message(), html_only_message())
+
+
+def prepare(data: bytes, count_tokens: TokenCounter, media_type: str, **limits: int) -> Any:
+    return prepare_document(
+        data,
+        media_type,
+        source_id="quay-thread",
+        token_counter=count_tokens,
+        limits=IngestLimits(**limits),
+    )
+
+
+def test_a_thread_is_one_source_with_message_ids_in_locations(
+    count_tokens: TokenCounter,
+) -> None:
+    prepared: PreparedDocument = prepare(thread(), count_tokens, "application/mbox")
+    by_id = {c.location.document_id: c for c in prepared.chunks}
+    assert list(by_id) == [
+        "<m1@example.org>",
+        "<m2@example.org>",
+        "<m3@example.org>",
+        "<m4@example.org>",
+    ]
+    first = by_id["<m1@example.org>"]
+    assert first.text == "Is the east quay open on Sunday?\n\nThanks,\nAlice"
+    assert (first.location.start_line, first.location.end_line) == (1, 4)
+    assert by_id["<m3@example.org>"].text == "Fee table attached.\nSee the second column."
+    assert prepared.source.title == "Quay"
+    messages: Any = prepared.source.metadata["messages"]
+    assert [m["messageId"] for m in messages] == list(by_id)
+    assert messages[1] == {
+        "messageId": "<m2@example.org>",
+        "from": "Bob <bob@example.org>",
+        "date": None,
+        "subject": "Re: Quay",
+        "attachments": [],
+    }
+    assert messages[0]["date"] == "Mon, 01 Jan 2024 10:00:00 +0000"
+    assert prepared.source.metadata["messageCount"] == 4
+
+
+def test_plain_text_is_preferred_and_html_is_turned_into_text(
+    count_tokens: TokenCounter,
+) -> None:
+    prepared: PreparedDocument = prepare(thread(), count_tokens, "application/mbox")
+    by_id = {c.location.document_id: c.text for c in prepared.chunks}
+    assert by_id["<m2@example.org>"] == "Plain: the east quay is closed on Sunday."
+    html_text = by_id["<m4@example.org>"]
+    assert html_text == (
+        "The east quay is closed on Sunday.\n\nMoor west instead.\n\nPay at the office."
+    )
+    everything = "\n".join(by_id.values())
+    for hidden in ("never indexed", "color: red", "ignored title", "a comment"):
+        assert hidden not in everything
+
+
+def test_attachments_are_listed_and_never_parsed(count_tokens: TokenCounter) -> None:
+    prepared: PreparedDocument = prepare(thread(), count_tokens, "application/mbox")
+    messages: Any = prepared.source.metadata["messages"]
+    assert messages[2]["attachments"] == [
+        {"filename": "fees.csv", "contentType": "text/csv", "size": 90},
+        {"filename": "run.sh", "contentType": "application/x-sh", "size": 40},
+    ]
+    texts = "\n".join(c.text for c in prepared.chunks)
+    assert "ATTACHMENT-BODY" not in texts
+    assert "rm -rf" not in texts
+
+
+def test_broken_charsets_decode_with_replacement(count_tokens: TokenCounter) -> None:
+    prepared: PreparedDocument = prepare(
+        docs.broken_charsets_message(), count_tokens, "message/rfc822"
+    )
+    text = prepared.chunks[0].text
+    assert "unknown charset caf\ufffd \ufffd\ufffd end" in text
+    assert "codec charset x\ufffd" in text  # a non-text codec label falls back to UTF-8
+    assert "mislabelled \ufffdt\ufffd latin-1 bytes" in text
+    assert prepared.chunks[0].location.document_id == "<charsets@example.org>"
+
+
+def test_a_missing_message_id_becomes_a_content_digest(count_tokens: TokenCounter) -> None:
+    raw = docs.message("No id here.\n", message_id=None)
+    first: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    again: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    document_id = first.chunks[0].location.document_id
+    assert document_id is not None and document_id.startswith("<sha256:")
+    assert len(document_id) == len("<sha256:>") + 64
+    assert again.chunks[0].location.document_id == document_id
+
+
+def test_an_eml_may_start_with_an_mbox_envelope_line(count_tokens: TokenCounter) -> None:
+    raw = b"From someone@example.org Mon Jan  1 10:00:00 2024\n" + docs.message("Hi.\n")
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert [c.text for c in prepared.chunks] == ["Hi."]
+
+
+@pytest.mark.parametrize(
+    ("data", "media_type"),
+    [
+        pytest.param(b"# Not mail\n\nJust Markdown.\n", "application/mbox", id="mbox-without-from"),
+        pytest.param(b"%PDF-1.7\n%...", "message/rfc822", id="pdf-as-eml"),
+    ],
+)
+def test_bytes_that_are_not_mail_are_a_mismatch(
+    data: bytes, media_type: str, count_tokens: TokenCounter
+) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare(data, count_tokens, media_type)
+    assert caught.value.code == ErrorCode.INVALID_DOCUMENT
+    assert caught.value.reason == "content-type-mismatch"
+
+
+@pytest.mark.parametrize(
+    ("data", "media_type", "limits", "reason"),
+    [
+        pytest.param(thread(), "application/mbox", {"max_messages": 3}, "messages", id="messages"),
+        pytest.param(
+            docs.many_parts_message(12), "message/rfc822", {"max_mime_parts": 10}, "mime-parts"
+        ),
+        pytest.param(docs.nested_message(6), "message/rfc822", {"max_mime_depth": 4}, "mime-depth"),
+        pytest.param(
+            docs.long_header_message(3000), "message/rfc822", {"max_header_bytes": 2048},
+            "header-bytes",
+        ),
+    ],
+)  # fmt: skip
+def test_mail_limits_are_typed_errors(
+    data: bytes, media_type: str, limits: dict[str, int], reason: str, count_tokens: TokenCounter
+) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare(data, count_tokens, media_type, **limits)
+    assert caught.value.code == ErrorCode.PAYLOAD_TOO_LARGE
+    assert caught.value.reason == reason
+
+
+def test_a_message_without_text_is_an_empty_document(count_tokens: TokenCounter) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare(b"From: a@example.org\r\nSubject: only headers\r\n", count_tokens, "message/rfc822")
+    assert caught.value.reason == "empty-document"
+
+
+def test_thread_metadata_stays_within_the_metadata_bound(count_tokens: TokenCounter) -> None:
+    messages = [
+        docs.message(f"Reply {i}.\n", message_id=f"<r{i}@example.org>", subject="S" * 400)
+        for i in range(300)
+    ]
+    prepared: PreparedDocument = prepare(docs.mbox(*messages), count_tokens, "application/mbox")
+    metadata = prepared.source.metadata
+    assert metadata["messagesTruncated"] is True
+    assert metadata["messageCount"] == 300
+    assert len(json.dumps(metadata, sort_keys=True)) <= MAX_METADATA_BYTES
+    listed: Any = metadata["messages"]
+    assert 0 < len(listed) < 300
+    assert len(listed[0]["subject"]) == 300  # header values are cut for metadata
+    assert len(prepared.chunks) == 300  # every message is still indexed

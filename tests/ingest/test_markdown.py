@@ -1,0 +1,167 @@
+"""Markdown ingestion: heading paths, file line ranges, whole code fences, front matter."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.validation import MAX_METADATA_BYTES
+from retrieval_host.ingest import ChunkingSettings, PreparedDocument, prepare_document
+from tests.ingest.conftest import TokenCounter
+
+GUIDE = """\
+---
+title: "Harbour guide"
+owner: port-authority
+---
+# Harbour
+
+The harbour opens at dawn.
+
+## Mooring
+
+Boats moor on the east quay.
+Fees are paid at the office.
+
+### Winter
+
+In winter the west quay closes.
+
+## Fuel
+
+```sh
+pump --start
+pump --litres 40
+
+pump --stop
+```
+
+After fuelling, sign the log.
+
+Lights
+======
+
+The lighthouse is checked weekly.
+"""
+
+
+def prepare(data: bytes, count_tokens: TokenCounter, **settings: int) -> PreparedDocument:
+    return prepare_document(
+        data,
+        "text/markdown",
+        source_id="guide.md",
+        token_counter=count_tokens,
+        settings=ChunkingSettings(**settings),
+    )
+
+
+def section_of(prepared: PreparedDocument, line: int) -> list[str]:
+    sections: Any = prepared.source.metadata["sections"]
+    for section in sections:
+        if section["startLine"] <= line <= section["endLine"]:
+            return list(section["headings"])
+    raise AssertionError(f"no section holds line {line}")
+
+
+def test_passages_follow_sections_with_file_line_numbers(count_tokens: TokenCounter) -> None:
+    prepared = prepare(GUIDE.encode(), count_tokens)
+    lines = GUIDE.split("\n")
+    located = [(c.location.start_line, c.location.end_line, c.text) for c in prepared.chunks]
+    for start, end, text in located:
+        assert start is not None and end is not None
+        assert text == "\n".join(lines[start - 1 : end])  # whole lines here: exact slices
+    assert located[0] == (5, 7, "# Harbour\n\nThe harbour opens at dawn.")
+    assert (9, 12, "## Mooring\n\nBoats moor on the east quay.\nFees are paid at the office.") in (
+        located
+    )
+    winter = next(c for c in prepared.chunks if "west quay closes" in c.text)
+    assert winter.location.start_line == 14
+    assert section_of(prepared, 14) == ["Harbour", "Mooring", "Winter"]
+    assert section_of(prepared, 20) == ["Harbour", "Fuel"]
+    lights = next(c for c in prepared.chunks if "lighthouse" in c.text)
+    assert lights.location.start_line == 29  # the setext heading's first line
+    assert section_of(prepared, 32) == ["Lights"]
+
+
+def test_front_matter_is_metadata_and_never_a_passage(count_tokens: TokenCounter) -> None:
+    prepared = prepare(GUIDE.encode(), count_tokens)
+    assert prepared.source.metadata["frontMatter"] == {
+        "title": "Harbour guide",
+        "owner": "port-authority",
+    }
+    assert prepared.source.title == "Harbour guide"
+    assert all("port-authority" not in c.text for c in prepared.chunks)
+    assert min(c.location.start_line or 0 for c in prepared.chunks) == 5
+
+
+def test_a_code_fence_that_fits_stays_whole(count_tokens: TokenCounter) -> None:
+    prepared = prepare(GUIDE.encode(), count_tokens, max_tokens=40, overlap_tokens=0)
+    fence = "```sh\npump --start\npump --litres 40\n\npump --stop\n```"
+    holding = [c for c in prepared.chunks if "pump --start" in c.text]
+    assert len(holding) == 1
+    assert fence in holding[0].text
+
+
+def test_a_fence_longer_than_a_passage_is_split_by_whole_lines(
+    count_tokens: TokenCounter,
+) -> None:
+    code = [f"    step_{n} = compute(step_{n - 1}, factor={n})" for n in range(1, 61)]
+    doc = "# Script\n\n```python\n" + "\n".join(code) + "\n```\n"
+    prepared = prepare(doc.encode(), count_tokens, max_tokens=64, overlap_tokens=0)
+    assert len(prepared.chunks) > 3
+    counts = count_tokens([c.text for c in prepared.chunks])
+    assert max(counts) <= 64
+    file_lines = doc.split("\n")
+    for chunk in prepared.chunks:
+        start, end = chunk.location.start_line, chunk.location.end_line
+        assert start is not None and end is not None
+        # Whole lines: the passage equals the file's lines (code keeps its indentation).
+        assert chunk.text == "\n".join(file_lines[start - 1 : end])
+    joined = "\n".join(c.text for c in prepared.chunks)
+    assert all(line.strip() in joined for line in code)
+
+
+def test_a_heading_without_text_joins_its_first_subsection(count_tokens: TokenCounter) -> None:
+    doc = b"# Manual\n## Setup\n\nInstall the tool.\n"
+    prepared = prepare(doc, count_tokens)
+    assert [c.text for c in prepared.chunks] == ["# Manual\n## Setup\n\nInstall the tool."]
+    assert section_of(prepared, 1) == ["Manual", "Setup"]
+
+
+def test_crlf_and_lf_files_are_the_same_revision(count_tokens: TokenCounter) -> None:
+    lf = prepare(GUIDE.encode(), count_tokens)
+    crlf = prepare(GUIDE.replace("\n", "\r\n").encode(), count_tokens)
+    bom = prepare(b"\xef\xbb\xbf" + GUIDE.encode(), count_tokens)
+    assert lf == crlf == bom
+    assert lf.source.revision.startswith("sha256:")
+
+
+def test_markdown_must_be_utf8(count_tokens: TokenCounter) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare("# Café\n\nCrème brûlée.\n".encode("latin-1"), count_tokens)
+    assert caught.value.code == ErrorCode.INVALID_DOCUMENT
+    assert caught.value.reason == "markdown-not-utf8"
+
+
+@pytest.mark.parametrize("data", [b"# Title\n\x00\x01binary", b"%PDF-1.7\n%binary"])
+def test_binary_bytes_are_not_markdown(data: bytes, count_tokens: TokenCounter) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare(data, count_tokens)
+    assert caught.value.reason == "content-type-mismatch"
+
+
+def test_a_document_of_only_front_matter_is_empty(count_tokens: TokenCounter) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare(b"---\ntitle: x\n---\n\n   \n", count_tokens)
+    assert caught.value.reason == "empty-document"
+
+
+def test_many_sections_stay_within_the_metadata_bound(count_tokens: TokenCounter) -> None:
+    doc = "\n".join(f"## Part {n}\n\nText of part {n}.\n" for n in range(1500))
+    prepared = prepare(doc.encode(), count_tokens)
+    assert prepared.source.metadata["sectionsTruncated"] is True
+    assert len(json.dumps(prepared.source.metadata, sort_keys=True)) <= MAX_METADATA_BYTES
+    assert len(prepared.chunks) == 1500

@@ -1,0 +1,145 @@
+"""PDF ingestion: text per page, passages located by page and lines, typed failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.ingest import ChunkingSettings, prepare_document
+from tests.ingest.conftest import TokenCounter
+from tests.support import ingest_documents as docs
+
+PAGES = [
+    [f"Page one, line {n}: the ferry schedule changes in spring." for n in range(1, 13)],
+    [
+        "Page two opens with the harbour rules.",
+        "Boats moor on the east quay only.",
+        "The orchid access code is 7781 and expires in May.",
+        *[f"Page two, line {n}: anchors are checked each morning." for n in range(4, 11)],
+    ],
+    [f"Page three, line {n}: the lighthouse lamp is cleaned weekly." for n in range(1, 9)],
+]
+
+
+def assert_located(text: str, page_lines: list[str], start: int, end: int) -> None:
+    """`text` is exactly what lines start..end of the page hold (first/last possibly partial)."""
+    parts = text.split("\n")
+    assert len(parts) == end - start + 1
+    assert page_lines[start - 1].endswith(parts[0])
+    assert page_lines[end - 1].startswith(parts[-1])
+    assert parts[1:-1] == page_lines[start : end - 1]
+
+
+def test_known_text_comes_back_with_its_page_and_lines(count_tokens: TokenCounter) -> None:
+    data = docs.text_pdf(PAGES)
+    prepared = prepare_document(
+        data,
+        "application/pdf",
+        source_id="harbour.pdf",
+        token_counter=count_tokens,
+        settings=ChunkingSettings(max_tokens=64, overlap_tokens=8),
+    )
+    assert len(prepared.chunks) > 3
+    for chunk in prepared.chunks:
+        loc = chunk.location
+        assert loc.page is not None and loc.start_line is not None and loc.end_line is not None
+        assert loc.document_id is None
+        assert_located(chunk.text, PAGES[loc.page - 1], loc.start_line, loc.end_line)
+    orchid = [c for c in prepared.chunks if "orchid access code is 7781" in c.text]
+    assert orchid
+    for chunk in orchid:
+        assert chunk.location.page == 2
+        assert chunk.location.start_line is not None and chunk.location.end_line is not None
+        assert chunk.location.start_line <= 3 <= chunk.location.end_line
+    assert {c.location.page for c in prepared.chunks} == {1, 2, 3}
+    assert prepared.source.metadata["pageCount"] == 3
+
+
+def test_every_line_of_every_page_is_in_some_passage(count_tokens: TokenCounter) -> None:
+    prepared = prepare_document(
+        docs.text_pdf(PAGES),
+        "application/pdf",
+        source_id="harbour.pdf",
+        token_counter=count_tokens,
+        settings=ChunkingSettings(max_tokens=48, overlap_tokens=0),
+    )
+    for number, lines in enumerate(PAGES, start=1):
+        on_page = "\n".join(c.text for c in prepared.chunks if c.location.page == number)
+        for line in lines:
+            assert line in on_page or all(part in on_page for part in line.split(". "))
+
+
+def test_the_pdf_info_title_is_the_default_title(count_tokens: TokenCounter) -> None:
+    data = docs.text_pdf([["Some text."]], title="Harbour Rules")
+    prepared = prepare_document(data, "application/pdf", source_id="h", token_counter=count_tokens)
+    assert prepared.source.title == "Harbour Rules"
+    explicit = prepare_document(
+        data, "application/pdf", source_id="h", title="Mine", token_counter=count_tokens
+    )
+    assert explicit.source.title == "Mine"
+
+
+def test_a_password_protected_pdf_is_refused_as_encrypted(count_tokens: TokenCounter) -> None:
+    locked = docs.encrypted_pdf(docs.text_pdf([["Secret harbour plan."]]), user_password="pw")
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(locked, "application/pdf", source_id="x", token_counter=count_tokens)
+    assert caught.value.code == ErrorCode.INVALID_DOCUMENT
+    assert caught.value.reason == "pdf-encrypted"
+
+
+def test_a_pdf_restricted_only_by_an_owner_password_is_read(count_tokens: TokenCounter) -> None:
+    restricted = docs.encrypted_pdf(
+        docs.text_pdf([["Open harbour plan."]]), user_password="", algorithm="AES-128"
+    )
+    prepared = prepare_document(
+        restricted, "application/pdf", source_id="x", token_counter=count_tokens
+    )
+    assert [c.text for c in prepared.chunks] == ["Open harbour plan."]
+
+
+def test_a_pdf_without_a_text_layer_says_so(count_tokens: TokenCounter) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(
+            docs.drawing_only_pdf(), "application/pdf", source_id="x", token_counter=count_tokens
+        )
+    assert caught.value.code == ErrorCode.INVALID_DOCUMENT
+    assert caught.value.reason == "pdf-no-text-layer"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(docs.one_page_pdf()[:180], id="truncated"),
+        pytest.param(b"%PDF-1.7\n" + bytes(range(256)) * 8, id="garbage-after-header"),
+        pytest.param(docs.cyclic_page_tree_pdf(), id="cyclic-page-tree"),
+    ],
+)
+def test_an_unreadable_pdf_is_malformed(data: bytes, count_tokens: TokenCounter) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(data, "application/pdf", source_id="x", token_counter=count_tokens)
+    assert caught.value.code == ErrorCode.INVALID_DOCUMENT
+    assert caught.value.reason == "pdf-malformed"
+
+
+def test_a_repairable_self_referencing_xref_still_reads(count_tokens: TokenCounter) -> None:
+    prepared = prepare_document(
+        docs.self_referencing_xref_pdf(),
+        "application/pdf",
+        source_id="x",
+        token_counter=count_tokens,
+    )
+    assert [c.text for c in prepared.chunks] == ["Hello from a hand-made page"]
+    assert prepared.chunks[0].location.page == 1
+
+
+def test_bytes_that_are_not_a_pdf_are_a_content_type_mismatch(
+    count_tokens: TokenCounter,
+) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(
+            b"# A Markdown file\n\nNot a PDF.\n",
+            "application/pdf",
+            source_id="x",
+            token_counter=count_tokens,
+        )
+    assert caught.value.reason == "content-type-mismatch"
