@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from retrieval_host.core.context import RequestContext
@@ -15,12 +18,43 @@ from retrieval_host.core.models import (
     SearchResult,
 )
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.run_ports import RunRecord
+from retrieval_host.core.runs import RunEngine
+from retrieval_host.core.runs_model import RunEvent, RunRequest, RunResult
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.validation import check_id
 from retrieval_host.ingest import ChunkingSettings, IngestLimits, prepare_document
 from retrieval_host.ingest.settings import check_media_type
 
 _DEFAULT_LIMITS = IngestLimits()
+_DONE = object()
+
+
+def _stream(
+    engine: RunEngine, request: RunRequest, context: RequestContext
+) -> Generator[RunEvent, None, None]:
+    # The run executes in its own thread so events reach the caller as they happen; leaving
+    # the iterator early cancels the run.
+    events: queue.SimpleQueue[RunEvent | BaseException | object] = queue.SimpleQueue()
+
+    def work() -> None:
+        try:
+            engine.execute(request, context, events.put)
+        except BaseException as exc:  # delivered to the consumer
+            events.put(exc)
+        finally:
+            events.put(_DONE)
+
+    thread = threading.Thread(target=work, name="run", daemon=True)
+    thread.start()
+    try:
+        while (item := events.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        context.cancel.cancel()
+        thread.join()
 
 
 @dataclass(frozen=True)
@@ -40,16 +74,42 @@ class IngestRequest:
 
 
 class Driver:
-    """The in-process API: RetrievalService operations plus ingestion (and later runs).
+    """The in-process API: retrieval operations, ingestion and grounded runs.
 
     Synchronous, like the service: callers on an event loop run it in a worker thread.
+    `runs` is None when no generation provider is configured.
     """
 
     def __init__(
-        self, retrieval: RetrievalService, *, ingest_limits: IngestLimits = _DEFAULT_LIMITS
+        self,
+        retrieval: RetrievalService,
+        *,
+        ingest_limits: IngestLimits = _DEFAULT_LIMITS,
+        runs: RunEngine | None = None,
     ) -> None:
         self.retrieval = retrieval
         self.ingest_limits = ingest_limits
+        self.runs = runs
+
+    def run(self, request: RunRequest, context: RequestContext) -> RunResult:
+        """A grounded run to its end (SPEC §3.9); raises the run's typed error if it fails."""
+        return self._runs().run(request, context)
+
+    def stream_run(
+        self, request: RunRequest, context: RequestContext
+    ) -> Generator[RunEvent, None, None]:
+        """The same run as typed events: run.started, run.progress, run.delta, then
+        run.completed or run.failed. Events are produced as the run advances."""
+        return _stream(self._runs(), request, context)
+
+    def get_run(self, run_id: str, context: RequestContext) -> RunRecord:
+        """The recorded run of this subject, its evidence re-authorized."""
+        return self._runs().get_run(run_id, context)
+
+    def _runs(self) -> RunEngine:
+        if self.runs is None:
+            raise RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+        return self.runs
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         """Authorized similarity search (SPEC §3.5)."""
