@@ -13,11 +13,15 @@ from typing import Protocol
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.store_pgvector import PgVectorStore
 from retrieval_host.adapters.store_sqlite import SqliteVectorStore, StoreCounters
 from retrieval_host.core.ports import VectorStore
+from tests.support.pg import pg_server_session, schema_for, shared_dsn
 from tests.support.sqlite_store import descriptor
 
-STORE_KINDS = ["sqlite"]
+__all__ = ["pg_server_session"]  # autouse session fixture: stops the shared server at the end
+
+STORE_KINDS = ["sqlite", "pgvector"]
 
 
 class ContractStore(VectorStore, Protocol):
@@ -30,6 +34,10 @@ class ContractStore(VectorStore, Protocol):
 def _open_store(kind: str, location: Path, scan_batch_rows: int) -> ContractStore:
     if kind == "sqlite":
         return SqliteVectorStore.open(location / "store.db", scan_batch_rows=scan_batch_rows)
+    if kind == "pgvector":
+        return PgVectorStore.open(
+            shared_dsn(), schema=schema_for(location), scan_batch_rows=scan_batch_rows
+        )
     raise AssertionError(f"unknown store kind {kind}")
 
 

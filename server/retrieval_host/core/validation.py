@@ -58,6 +58,9 @@ def check_chunks(chunks: Sequence[ChunkInput]) -> None:
         seen.add(chunk.id)
         if not chunk.text.strip():
             raise _invalid("passage text must not be empty.")
+        if "\x00" in chunk.text:
+            # Refused for every store alike: PostgreSQL text cannot hold U+0000.
+            raise _invalid("passage text must not contain NUL characters.")
         check_location(chunk.location)
 
 

@@ -1,0 +1,210 @@
+"""Durable run records and idempotency keys in PostgreSQL, shared by every host replica.
+
+Same semantics as `run_store_sqlite.SqliteRunStore`: `begin` inserts a `running` record, or,
+when the subject already used the idempotency key, inserts nothing and returns the existing
+record, so a replay works whichever replica receives it. Two replicas beginning the same key at
+once are settled by the unique constraint: `INSERT ... ON CONFLICT DO NOTHING` waits for the
+other insert to commit, then the reading statement sees it. Results are stored as the public
+JSON of `core.run_codec`.
+
+The table lives in the same schema as the vector store (default `retrieval_host`) under its own
+`schema_version` component (`run-store`); a schema that is not ours is refused with
+`UNSAFE_STORE` as for the vector store.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from psycopg import sql
+
+from retrieval_host.adapters.store_pgvector import (
+    DEFAULT_SCHEMA,
+    Connection,
+    ConnectionPool,
+    check_schema_name,
+    ensure_schema_component,
+    translated,
+)
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.run_codec import result_from_json, result_to_json
+from retrieval_host.core.run_ports import RunRecord, RunStatus
+from retrieval_host.core.runs_model import RunResult
+
+__all__ = ["PgRunStore"]
+
+COMPONENT: Final = "run-store"
+SCHEMA_VERSION: Final = 1
+
+_TABLES: Final = {
+    "runs": {
+        "run_id": "text",
+        "subject": "text",
+        "idempotency_key": "text",
+        "fingerprint": "text",
+        "status": "text",
+        "created_at": "text",
+        "result_json": "text",
+        "error_code": "text",
+    }
+}
+_DDL: Final = (
+    """CREATE TABLE {s}.runs (
+        run_id text PRIMARY KEY,
+        subject text NOT NULL,
+        idempotency_key text,
+        fingerprint text NOT NULL,
+        status text NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
+        created_at text NOT NULL,
+        result_json text,
+        error_code text,
+        CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)
+    )""",
+)
+
+
+class PgRunStore:
+    """Implements `core.run_ports.RunStore` over PostgreSQL; create with `open()`."""
+
+    def __init__(self, pool: ConnectionPool, schema: str) -> None:
+        """Private: use `PgRunStore.open(dsn)`, which prepares the schema."""
+        self._pool = pool
+        self._schema = schema
+
+    @classmethod
+    def open(
+        cls,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        pool_size: int = 2,
+        statement_timeout_ms: int = 30_000,
+    ) -> PgRunStore:
+        """Connect and create (or check) the run table. `UNSAFE_STORE` for a foreign schema."""
+        check_schema_name(schema)
+        if isinstance(statement_timeout_ms, bool) or statement_timeout_ms < 1:
+            raise ValueError("statement_timeout_ms must be a positive integer")
+
+        def setup(conn: Connection) -> None:
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false), "
+                "set_config('lock_timeout', %s, false)",
+                (str(statement_timeout_ms), str(statement_timeout_ms)),
+            )
+
+        pool = ConnectionPool(dsn, pool_size, setup)
+        try:
+            with pool.connection() as conn:
+                ensure_schema_component(conn, schema, COMPONENT, SCHEMA_VERSION, _TABLES, _DDL)
+        except BaseException:
+            pool.close()
+            raise
+        return cls(pool, schema)
+
+    def begin(self, record: RunRecord) -> RunRecord | None:
+        """Insert a `running` record, or return the subject's record for the same key."""
+        _reject_nul(record.run_id, record.subject, record.idempotency_key)
+        with (
+            self._pool.connection() as conn,
+            translated("recording a run"),
+            conn.transaction(),
+        ):
+            inserted = conn.execute(
+                self._sql(
+                    "INSERT INTO {s}.runs (run_id, subject, idempotency_key, fingerprint, "
+                    "status, created_at) VALUES (%s, %s, %s, %s, 'running', %s) "
+                    "ON CONFLICT (subject, idempotency_key) DO NOTHING RETURNING run_id"
+                ),
+                (
+                    record.run_id,
+                    record.subject,
+                    record.idempotency_key,
+                    record.request_fingerprint,
+                    record.created_at,
+                ),
+            ).fetchone()
+            if inserted is not None:
+                return None
+            row = conn.execute(
+                self._sql(
+                    "SELECT run_id, subject, idempotency_key, fingerprint, status, "
+                    "created_at, result_json, error_code FROM {s}.runs "
+                    "WHERE subject = %s AND idempotency_key = %s"
+                ),
+                (record.subject, record.idempotency_key),
+            ).fetchone()
+        if row is None:  # pragma: no cover - the conflicting row cannot vanish under READ COMMITTED
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                "the run record of this idempotency key disappeared.",
+                reason="database-error",
+            )
+        return _record(row)
+
+    def complete(self, run_id: str, result: RunResult) -> None:
+        """Mark the run completed with its result (as the public JSON)."""
+        body = json.dumps(result_to_json(result), separators=(",", ":"))
+        with self._pool.connection() as conn, translated("completing a run"):
+            conn.execute(
+                self._sql(
+                    "UPDATE {s}.runs SET status = 'completed', result_json = %s WHERE run_id = %s"
+                ),
+                (body, run_id),
+            )
+
+    def finish(self, run_id: str, status: RunStatus, error_code: str) -> None:
+        """End a still-running run with a failure or cancellation status."""
+        with self._pool.connection() as conn, translated("finishing a run"):
+            conn.execute(
+                self._sql(
+                    "UPDATE {s}.runs SET status = %s, error_code = %s "
+                    "WHERE run_id = %s AND status = 'running'"
+                ),
+                (status, error_code, run_id),
+            )
+
+    def get(self, run_id: str) -> RunRecord | None:
+        """The record of a run, or None."""
+        if "\x00" in run_id:
+            return None
+        with self._pool.connection() as conn, translated("reading a run"):
+            row = conn.execute(
+                self._sql(
+                    "SELECT run_id, subject, idempotency_key, fingerprint, status, "
+                    "created_at, result_json, error_code FROM {s}.runs WHERE run_id = %s"
+                ),
+                (run_id,),
+            ).fetchone()
+        return _record(row) if row is not None else None
+
+    def close(self) -> None:
+        """Close the pool; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
+        self._pool.close()
+
+    def _sql(self, template: str) -> sql.Composed:
+        return sql.SQL(template).format(s=sql.Identifier(self._schema))
+
+
+def _reject_nul(*values: str | None) -> None:
+    if any(v is not None and "\x00" in v for v in values):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            "run identifiers must not contain the NUL character (U+0000).",
+            reason="nul-character",
+        )
+
+
+def _record(row: tuple[Any, ...]) -> RunRecord:
+    run_id, subject, key, fingerprint, status, created_at, result_json, error_code = row
+    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
+    return RunRecord(
+        run_id=str(run_id),
+        subject=str(subject),
+        idempotency_key=None if key is None else str(key),
+        request_fingerprint=str(fingerprint),
+        status=str(status),  # type: ignore[arg-type]
+        created_at=str(created_at),
+        result=result,
+        error_code=None if error_code is None else str(error_code),
+    )

@@ -1,0 +1,181 @@
+"""Run records and idempotency keys in PostgreSQL: a replay works on any replica."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.provider_extractive import ExtractiveProvider
+from retrieval_host.adapters.run_store_pg import PgRunStore
+from retrieval_host.adapters.store_pgvector import PgVectorStore
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, RunRecord
+from retrieval_host.core.runs import RunEngine
+from retrieval_host.core.runs_model import (
+    GenerationUsage,
+    ManifestEntry,
+    Receipt,
+    RunRequest,
+    RunResult,
+    RunRetrieval,
+    RunUsage,
+)
+from retrieval_host.core.service import Corpus, RetrievalService
+
+
+@pytest.fixture
+def run_stores(pg_dsn: str, pg_schema: str) -> Iterator[Callable[[], PgRunStore]]:
+    opened: list[PgRunStore] = []
+
+    def open_store() -> PgRunStore:
+        store = PgRunStore.open(pg_dsn, schema=pg_schema)
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+def record(run_id: str, subject: str = "alice", key: str | None = "k1") -> RunRecord:
+    return RunRecord(run_id, subject, key, "fp-1", "running", "2026-01-01T00:00:00.000Z")
+
+
+def result(run_id: str) -> RunResult:
+    return RunResult(
+        run_id=run_id,
+        status="completed",
+        provider="local",
+        model="extractive",
+        text="Otters sleep holding hands [source:a-1].",
+        sources=[ManifestEntry("a-1", "a", "r1", Location(page=2, start_line=3, end_line=4))],
+        receipts=[Receipt(1, "otters", "key", "2026-01-01T00:00:00.000Z", "ok", ["a-1"])],
+        usage=RunUsage(GenerationUsage(1, 10, 5)),
+        created_at="2026-01-01T00:00:00.000Z",
+        completed_at="2026-01-01T00:00:01.000Z",
+        corpus="docs",
+    )
+
+
+def test_a_key_is_begun_once_per_subject_and_seen_from_another_replica(
+    run_stores: Callable[[], PgRunStore],
+) -> None:
+    here, there = run_stores(), run_stores()
+    assert here.begin(record("run-1")) is None
+    existing = there.begin(record("run-2"))
+    assert existing is not None
+    assert (existing.run_id, existing.status, existing.result) == ("run-1", "running", None)
+    assert there.begin(record("run-3", subject="bob")) is None  # keys are per subject
+    assert there.begin(record("run-4", key=None)) is None  # no key: never a replay
+    assert there.begin(record("run-5", key=None)) is None
+
+    here.complete("run-1", result("run-1"))
+    replayed = there.begin(record("run-6"))
+    assert replayed is not None
+    assert (replayed.status, replayed.result) == ("completed", result("run-1"))
+    there.finish("run-1", "failed", "INTERNAL")  # only a running run can end this way
+    after = here.get("run-1")
+    assert after is not None and (after.status, after.error_code) == ("completed", None)
+    there.finish("run-3", "cancelled", "CANCELLED")
+    cancelled = here.get("run-3")
+    assert cancelled is not None and (cancelled.status, cancelled.error_code) == (
+        "cancelled",
+        "CANCELLED",
+    )
+    assert here.get("run-6") is None
+
+
+def test_racing_begins_of_one_key_insert_exactly_one_record(
+    run_stores: Callable[[], PgRunStore],
+) -> None:
+    stores = [run_stores(), run_stores()]
+    barrier = threading.Barrier(8)
+    answers: list[RunRecord | None] = [None] * 8
+    inserted: list[int] = []
+
+    def begin(i: int) -> None:
+        barrier.wait(timeout=30)
+        answer = stores[i % 2].begin(record(f"run-{i}", key="shared"))
+        if answer is None:
+            inserted.append(i)
+        answers[i] = answer
+
+    threads = [threading.Thread(target=begin, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+
+    assert len(inserted) == 1
+    winner = f"run-{inserted[0]}"
+    assert {a.run_id for a in answers if a is not None} == {winner}
+
+
+class CountingProvider:
+    """The offline extractive provider, counting the generations it was asked for."""
+
+    def __init__(self) -> None:
+        self.inner = ExtractiveProvider()
+        self.calls = 0
+
+    @property
+    def kind(self) -> str:
+        return self.inner.kind
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        self.calls += 1
+        yield from self.inner.generate(request, cancel)
+
+
+def test_a_completed_run_is_replayed_by_another_replica_without_new_generation(
+    pg_dsn: str, pg_schema: str, local_embedding: LocalEmbedding
+) -> None:
+    def authorize(request: AuthorizationRequest, context: RequestContext) -> Grant | None:
+        if request.operation == "index":
+            return Grant("ns", {"otters": ANY_REVISION})
+        return Grant("ns", {"otters": "r1"})
+
+    closers: list[Callable[[], None]] = []
+
+    def replica() -> tuple[RetrievalService, RunEngine, CountingProvider]:
+        store = PgVectorStore.open(pg_dsn, schema=pg_schema)
+        runs = PgRunStore.open(pg_dsn, schema=pg_schema)
+        closers.extend([store.close, runs.close])
+        service = RetrievalService([Corpus("docs", "v1", local_embedding, store, authorize)])
+        provider = CountingProvider()
+        return service, RunEngine(service, {"local": provider}, runs), provider
+
+    try:
+        (service, first, first_provider), (_, second, second_provider) = replica(), replica()
+        alice = RequestContext("alice")
+        service.index_context(
+            IndexRequest(
+                "docs",
+                SourceInfo("otters", "r1", title="Otters"),
+                [ChunkInput("otters-1", "Sea otters hold hands while they sleep.", Location(1))],
+            ),
+            alice,
+        )
+        request = RunRequest(
+            provider="local",
+            model="extractive",
+            input="Why do otters hold hands?",
+            retrieval=RunRetrieval(corpus="docs"),
+            idempotency_key="replay-me",
+        )
+        original = first.run(request, alice)
+        assert first_provider.calls == 1 and not original.replayed
+        again = second.run(request, alice)
+        assert again.replayed and (again.run_id, again.text) == (original.run_id, original.text)
+        assert second_provider.calls == 0  # the replaying replica generated nothing
+    finally:
+        for close in closers:
+            close()
