@@ -1,0 +1,305 @@
+"""The JSON wire models of protocol v1: one schema for the client, the host and its OpenAPI.
+
+Request models forbid unknown fields (a typo is an error, not a silently ignored option);
+response models allow them, so an older client keeps working when the host adds a field.
+Fields are snake_case in Python and camelCase on the wire.
+
+The constraints here mirror the host's own checks wherever JSON Schema can say them, so a
+request that matches the schema is not rejected for its shape (limits that depend on the
+corpus, such as passage bytes, are reported by the host as typed problems).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    WithJsonSchema,
+)
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "ChunkInput",
+    "DeleteRequest",
+    "DeleteResponse",
+    "EmbeddingUsage",
+    "Health",
+    "Hit",
+    "IndexRequest",
+    "IndexResponse",
+    "IngestParams",
+    "Location",
+    "LocationInput",
+    "Problem",
+    "ProtocolAuth",
+    "ProtocolInfo",
+    "ProtocolLimits",
+    "Readiness",
+    "Scope",
+    "SearchRequest",
+    "SearchResponse",
+    "SourceInput",
+    "SourceRef",
+    "Usage",
+]
+
+# 1-256 characters, no control characters, no surrounding whitespace (the host's `check_id`).
+IDENTIFIER_PATTERN = r"^[^\s\x00-\x1f](?:[^\x00-\x1f]*[^\s\x00-\x1f])?$"
+Identifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=256, pattern=IDENTIFIER_PATTERN)
+]
+# An identifier that is not `*` (which means "any revision" in an index grant, never a revision).
+Revision = Annotated[
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=256,
+        pattern=r"^(?:[^\s\x00-\x1f*](?:[^\x00-\x1f]*[^\s\x00-\x1f])?|\*[^\x00-\x1f]*[^\s\x00-\x1f])$",
+    ),
+]
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+# At least one non-space character. 2048 characters are at most 8192 UTF-8 bytes, the host's
+# query limit, so the schema never admits a query the host would refuse for its size.
+QueryText = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"\S")]
+PassageText = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
+FilterValue = str | int | float | bool | None
+
+
+def _integral(value: object) -> object:
+    # JSON Schema counts 3.0 as an integer; so does the host (the schema is the contract).
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Integers within what SQLite and every JSON parser hold exactly. (The bounds sit inside the
+# validator so the schema states them as `minimum`/`maximum`.)
+Limit = Annotated[int, Field(ge=1, le=100), BeforeValidator(_integral)]
+Positive = Annotated[int, Field(ge=1, le=2**53), BeforeValidator(_integral)]
+LineNumber = Annotated[int, Field(ge=1, le=2**31 - 1), BeforeValidator(_integral)]
+# Exact-match filters on source metadata. Spelled out for the schema: pydantic would describe
+# constrained keys with `patternProperties`, which admits any other key with any value.
+Filters = Annotated[
+    dict[Identifier, FilterValue],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"minLength": 1, "maxLength": 256, "pattern": IDENTIFIER_PATTERN},
+            "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+        }
+    ),
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, frozen=True, alias_generator=to_camel
+    )
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(
+        extra="allow", populate_by_name=True, frozen=True, alias_generator=to_camel
+    )
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+class LocationInput(_Request):
+    """Where a passage sits in its document: 1-based page and lines, and the message id."""
+
+    page: LineNumber | None = None
+    start_line: LineNumber | None = None
+    end_line: LineNumber | None = None
+    document_id: Annotated[str, StringConstraints(min_length=1, max_length=998)] | None = None
+
+
+class SourceInput(_Request):
+    """One document revision as the application names it."""
+
+    id: Identifier
+    revision: Revision
+    title: Annotated[str, StringConstraints(max_length=1024)] = ""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class ChunkInput(_Request):
+    """A prepared passage with the id the application gives it."""
+
+    id: Identifier
+    text: PassageText
+    location: LocationInput = Field(default_factory=LocationInput)
+
+
+class IndexRequest(_Request):
+    """Replace one complete source revision with these passages."""
+
+    corpus: Identifier
+    source: SourceInput
+    chunks: Annotated[tuple[ChunkInput, ...], Field(min_length=1)]
+    document_sha256: Sha256Hex | None = None
+
+
+class SearchRequest(_Request):
+    """Search what the caller may read; `source_ids` narrows it to named sources."""
+
+    corpus: Identifier
+    query: QueryText
+    source_ids: Annotated[tuple[Identifier, ...], Field(max_length=10_000)] | None = None
+    limit: Limit = 8
+    max_context_bytes: Positive | None = None
+    filters: Filters | None = None
+
+
+class IngestParams(_Request):
+    """The query parameters of `POST /v1/retrieval/ingest` (the body is the raw document).
+
+    `revision` defaults to the SHA-256 of the normalized content, `title` to one taken from
+    the document.
+    """
+
+    corpus: Identifier
+    source_id: Identifier
+    revision: Revision | None = None
+    title: Annotated[str, StringConstraints(max_length=1024)] | None = None
+
+
+class DeleteRequest(_Request):
+    """Delete exactly this revision of a source."""
+
+    corpus: Identifier
+    source_id: Identifier
+    revision: Revision
+
+
+# --- responses ------------------------------------------------------------------------------
+
+
+class Location(_Response):
+    """Where a passage came from: page, line range and, in a thread, the message id."""
+
+    page: int | None = None
+    start_line: int | None = None
+    end_line: int | None = None
+    document_id: str | None = None
+
+
+class SourceRef(_Response):
+    """A source at one exact revision."""
+
+    id: str
+    revision: str
+
+
+class Scope(_Response):
+    """Under what a read was made: the corpus, its index version and the granted namespace."""
+
+    corpus: str
+    index_version: str
+    namespace: str
+
+
+class Hit(_Response):
+    """One retrieved passage with its provenance. `score` is a cosine similarity."""
+
+    chunk_id: str
+    source: SourceRef
+    location: Location
+    text: str
+    document_sha256: str
+    score: float
+    retrieved_at: str
+    scope: Scope
+
+
+class EmbeddingUsage(_Response):
+    """Embedding metering, kept apart from generation usage."""
+
+    requests: int = 0
+    input_tokens: int = 0
+
+
+class Usage(_Response):
+    embedding: EmbeddingUsage = Field(default_factory=EmbeddingUsage)
+
+
+class SearchResponse(_Response):
+    """Hits best first. `truncated` says matches were left out by `limit` or the byte budget."""
+
+    hits: list[Hit]
+    truncated: bool
+    retrieved_at: str
+    scope: Scope | None
+    usage: Usage
+
+
+class IndexResponse(_Response):
+    """`indexed` when the revision was stored, `unchanged` when it already was, identically."""
+
+    corpus: str
+    source: SourceRef
+    status: Literal["indexed", "unchanged"]
+    chunk_count: int
+    document_sha256: str
+    replaced_revision: str | None
+    usage: Usage
+
+
+class DeleteResponse(_Response):
+    """The passages stop appearing at commit; `reclamation` says what happened to the bytes."""
+
+    corpus: str
+    source: SourceRef
+    deleted_chunks: int
+    reclamation: Literal["overwritten", "pending", "unknown"]
+
+
+class Problem(_Response):
+    """An `application/problem+json` error body. Switch on `code`, never on `title`."""
+
+    type: str
+    title: str
+    status: int
+    code: str
+    detail: str
+    request_id: str
+    reason: str | None = None
+
+
+class ProtocolLimits(_Response):
+    max_body_bytes: int
+    max_concurrency: int
+    header_timeout_s: float
+    body_timeout_s: float
+    ingest_media_types: list[str] = Field(default_factory=list)
+
+
+class ProtocolAuth(_Response):
+    scheme: Literal["bearer"]
+    header: str = "Authorization"
+
+
+class ProtocolInfo(_Response):
+    """What `GET /v1/protocol` tells a caller before it holds a token."""
+
+    name: str
+    version: str
+    capabilities: list[str]
+    limits: ProtocolLimits
+    auth: ProtocolAuth
+
+
+class Health(_Response):
+    status: Literal["ok"]
+
+
+class Readiness(_Response):
+    status: Literal["ready", "unavailable"]
+    checks: dict[str, bool] = Field(default_factory=dict)

@@ -1,0 +1,275 @@
+"""`retrieval-host`: serve, make tokens, ingest files, and the quickstart.
+
+retrieval-host serve --config host.json
+retrieval-host token new [--subject S] [--search CORPUS]... [--index CORPUS]... [--delete CORPUS]...
+retrieval-host ingest PATH... --config host.json --corpus C --subject S [--journal FILE]
+retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import secrets
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.driver import Driver
+from retrieval_host.http.auth import token_sha256
+from retrieval_host.ingest import media_type_for_path
+from retrieval_host.ingest.batch import ingest_paths
+from retrieval_host.settings import HostSettings, SettingsError, load_settings
+
+TOKEN_PREFIX: Final = "rh_"  # noqa: S105 - a prefix, not a secret
+
+
+def new_token() -> str:
+    """A fresh bearer token: 256 random bits, URL-safe, with a recognisable prefix."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_config_entry(
+    token: str,
+    subject: str,
+    *,
+    search: Sequence[str] = (),
+    index: Sequence[str] = (),
+    delete: Sequence[str] = (),
+) -> dict[str, object]:
+    """The `tokens` entry of the host configuration for a token (its hash, never the token)."""
+    return {
+        "sha256": token_sha256(token),
+        "subject": subject,
+        "providers": [],
+        "retrieval": {"search": list(search), "index": list(index), "delete": list(delete)},
+    }
+
+
+@contextlib.contextmanager
+def _importable(directory: Path) -> Iterator[None]:
+    # The config file's directory is importable while the factory loads, so an application
+    # module can sit beside its config (appended: it never shadows an installed module).
+    added = str(directory) not in sys.path
+    if added:
+        sys.path.append(str(directory))
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(str(directory))
+
+
+def load_factory(settings: HostSettings) -> Callable[[HostSettings], Driver] | None:
+    """Import the `module:function` named by `application` (None when there is none)."""
+    if settings.application is None:
+        return None
+    module_name, _, attribute = settings.application.partition(":")
+    with _importable(settings.config_dir):
+        module = importlib.import_module(module_name)
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise SettingsError(f"application {settings.application} is not a callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def build_driver(settings: HostSettings) -> Driver | None:
+    factory = load_factory(settings)
+    if factory is None:
+        return None
+    driver = factory(settings)
+    if not isinstance(driver, Driver):
+        raise SettingsError(f"application {settings.application} did not return a Driver")
+    return driver
+
+
+def close_driver(driver: Driver | None) -> None:
+    """Close what the factory opened: the driver's own `close`, else each store once."""
+    if driver is None:
+        return
+    close = getattr(driver, "close", None)
+    if callable(close):
+        close()
+        return
+    stores = {id(c.store): c.store for c in driver.retrieval.corpora.values()}
+    for store in stores.values():
+        store.close()
+
+
+def run_server(settings: HostSettings, driver: Driver | None, environ: Mapping[str, str]) -> None:
+    """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM)."""
+    from retrieval_host.http.app import create_app
+    from retrieval_host.http.logs import log_config
+    from retrieval_host.http.server import serve
+
+    app = create_app(settings, driver)
+    serve(settings, app, environ, log_config=log_config(settings.log_level))
+
+
+def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    settings = load_settings(args.config, environ)
+    driver = build_driver(settings)
+    try:
+        run_server(settings, driver, environ)
+    finally:
+        close_driver(driver)
+    return 0
+
+
+def _expand(paths: Sequence[Path]) -> tuple[list[Path], Path | None]:
+    """Files to ingest (directories searched recursively for supported types) and the root
+    their source ids are relative to (the directory, when one directory is given)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            for candidate in sorted(p for p in path.rglob("*") if p.is_file()):
+                try:
+                    media_type_for_path(candidate)
+                except RetrievalError:
+                    continue  # not a document type the ingest helpers read
+                files.append(candidate)
+        else:
+            files.append(path)
+    root = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
+    return files, root
+
+
+def _ingest(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    settings = load_settings(args.config, environ)
+    files, root = _expand(args.paths)
+    if not files:
+        print("retrieval-host: no PDF, Markdown or e-mail files found", file=sys.stderr)
+        return 2
+    journal = args.journal or Path(f".retrieval-host-ingest-{args.corpus}.jsonl")
+    driver = build_driver(settings)
+    if driver is None:
+        raise SettingsError("ingest needs an application (the factory that builds the corpora)")
+
+    def progress(done: int, total: int) -> None:
+        filled = done * 30 // total
+        bar = "#" * filled + "-" * (30 - filled)
+        print(f"\r[{bar}] {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    try:
+        report = ingest_paths(
+            driver,
+            args.corpus,
+            files,
+            RequestContext(subject=args.subject),
+            journal_path=journal,
+            progress=progress,
+            root=root,
+        )
+    finally:
+        close_driver(driver)
+    print(file=sys.stderr)
+    for item in report.items:
+        detail = f"{item.chunk_count} passages" if item.chunk_count is not None else ""
+        if item.error_code is not None:
+            detail = f"{item.error_code} {item.reason or ''}".strip()
+        print(f"{item.status:<9} {item.source_id}  {detail}".rstrip())
+    counts = ", ".join(
+        f"{report.count(status)} {status}"
+        for status in ("indexed", "unchanged", "skipped", "failed")
+    )
+    print(f"{counts} (journal: {journal})")
+    return 1 if report.count("failed") or report.cancelled else 0
+
+
+def _token_new(args: argparse.Namespace) -> int:
+    token = new_token()
+    entry = token_config_entry(
+        token, args.subject, search=args.search, index=args.index, delete=args.delete
+    )
+    print("New token (shown once; keep it in your secret store, the host keeps only its hash):")
+    print(token)
+    print()
+    print('Add this entry to "tokens" in the host configuration:')
+    print(json.dumps(entry))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="retrieval-host", description="Authenticated retrieval over HTTPS."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve the host from a configuration file")
+    serve.add_argument("--config", required=True, type=Path, help="host configuration JSON")
+
+    token = commands.add_parser("token", help="manage bearer tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True)
+    new = token_commands.add_parser("new", help="print a new token and its configuration entry")
+    new.add_argument("--subject", default="app", help="the subject the token acts as")
+    for operation in ("search", "index", "delete"):
+        new.add_argument(
+            f"--{operation}",
+            action="append",
+            default=[],
+            metavar="CORPUS",
+            help=f"grant {operation} on a corpus (repeatable; none = denied)",
+        )
+
+    ingest = commands.add_parser(
+        "ingest", help="index PDF, Markdown and e-mail files into a corpus (resumable)"
+    )
+    ingest.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or folders")
+    ingest.add_argument("--config", required=True, type=Path, help="host configuration JSON")
+    ingest.add_argument("--corpus", required=True, help="the corpus to index into")
+    ingest.add_argument(
+        "--subject", required=True, help="the subject the application authorizes the writes for"
+    )
+    ingest.add_argument(
+        "--journal",
+        type=Path,
+        help="progress journal (default: .retrieval-host-ingest-CORPUS.jsonl here); "
+        "rerun with the same journal to resume",
+    )
+
+    quick = commands.add_parser(
+        "quickstart", help="a local HTTPS host with sample documents, in one command"
+    )
+    quick.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("state"),
+        help="where certificates, token, config and index live (default: ./state)",
+    )
+    quick.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    quick.add_argument(
+        "--no-serve", action="store_true", help="prepare and index, print the commands, exit"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """The `retrieval-host` entry point."""
+    args = _parser().parse_args(argv)
+    env = dict(os.environ) if environ is None else environ
+    try:
+        if args.command == "serve":
+            return _serve(args, env)
+        if args.command == "token":
+            return _token_new(args)
+        if args.command == "ingest":
+            return _ingest(args, env)
+        from retrieval_host.quickstart import quickstart
+
+        return quickstart(args.state_dir, port=args.port, serve=not args.no_serve, environ=env)
+    except SettingsError as exc:
+        print(f"retrieval-host: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

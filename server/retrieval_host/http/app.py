@@ -1,0 +1,149 @@
+"""`create_app(settings, driver)`: the host's ASGI application.
+
+The stack, outermost first, all pure ASGI:
+
+1. `RequestIdMiddleware` — the request id, and `INTERNAL` for anything that escapes;
+2. `OriginMiddleware` — the Origin allow-list (and CORS headers for listed origins);
+3. `LimitsMiddleware` — body size and deadline, host-wide concurrency;
+4. Starlette routing, with one exception handler family rendering `application/problem+json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import AsyncIterator, Mapping
+from functools import cache
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.driver import Driver
+from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
+from retrieval_host.http.limits import LimitCounters, LimitsMiddleware
+from retrieval_host.http.openapi import build_openapi
+from retrieval_host.http.origin import OriginMiddleware
+from retrieval_host.http.problems import problem_response
+from retrieval_host.http.request_id import (
+    RequestIdMiddleware,
+    internal_error,
+    log_unexpected,
+    request_id_of,
+)
+from retrieval_host.http.routes import Routes, ingest_media_types
+from retrieval_host.settings import HostSettings
+
+logger = logging.getLogger("retrieval_host.http")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("retrieval-host")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+        return "0"
+
+
+class HostApp:
+    """The ASGI application, with the handles operators and tests read (counters, routes)."""
+
+    def __init__(
+        self,
+        asgi: ASGIApp,
+        routes: Routes,
+        limits: LimitsMiddleware,
+        origins: OriginMiddleware,
+    ) -> None:
+        self._asgi = asgi
+        self.routes = routes
+        self._limits = limits
+        self._origins = origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._asgi(scope, receive, send)
+
+    @property
+    def counters(self) -> LimitCounters:
+        return self._limits.counters
+
+    @property
+    def origin_rejections(self) -> int:
+        return self._origins.rejected
+
+
+async def _retrieval_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RetrievalError)
+    request_id = request_id_of(request.scope)
+    if exc.status >= 500:
+        logger.warning("%s: %s", exc.code.value, exc.detail, extra={"request_id": request_id})
+    headers = (
+        {"WWW-Authenticate": WWW_AUTHENTICATE} if exc.code is ErrorCode.UNAUTHENTICATED else None
+    )
+    return problem_response(exc, request_id, headers=headers)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    # Routing errors (unknown path 404, wrong method 405) keep their HTTP status.
+    detail = "No such route." if exc.status_code == 404 else "Method not allowed on this route."
+    error = RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="route")
+    return problem_response(
+        error, request_id_of(request.scope), status=exc.status_code, headers=exc.headers
+    )
+
+
+async def _client_disconnect(request: Request, exc: Exception) -> Response:
+    # Nobody reads this: the client left while sending its body.
+    error = RetrievalError(ErrorCode.CANCELLED, "The client disconnected.")
+    return problem_response(error, request_id_of(request.scope))
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # Logged here, before answering, so the log line exists by the time the caller sees 500.
+    log_unexpected(exc, request.scope)
+    return problem_response(internal_error(), request_id_of(request.scope))
+
+
+def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
+    """Build the host's ASGI application for one configuration and one driver.
+
+    `driver` is what the application factory returned; `None` serves discovery only (no
+    retrieval capabilities, no retrieval routes).
+    """
+
+    @cache
+    def openapi() -> Mapping[str, Any]:
+        return build_openapi(
+            version=_version(),
+            ingest_media_types=ingest_media_types() if driver is not None else [],
+            retrieval=driver is not None,
+        )
+
+    routes = Routes(settings, driver, TokenAuthenticator(settings.tokens), openapi)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        routes.started = True
+        try:
+            yield
+        finally:
+            routes.started = False
+
+    starlette = Starlette(
+        routes=routes.routes(),
+        exception_handlers={
+            RetrievalError: _retrieval_error,
+            HTTPException: _http_exception,
+            ClientDisconnect: _client_disconnect,
+            Exception: _unexpected,
+        },
+        lifespan=lifespan,
+    )
+    limits = LimitsMiddleware(starlette, settings.limits)
+    origins = OriginMiddleware(limits, settings.allowed_origins)
+    return HostApp(RequestIdMiddleware(origins), routes, limits, origins)

@@ -1,0 +1,108 @@
+"""Bearer tokens: SHA-256 hashes in the configuration, constant-time comparison, per-corpus grants.
+
+The token decides who the caller is (`subject`) and which corpora it may use per operation;
+the application's authorizer then decides which sources inside a corpus. An omitted grant
+denies. A token in the query string is refused outright (it ends up in logs and histories).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import parse_qsl
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import Operation
+from retrieval_host.settings import TokenSettings
+
+# Query parameter names under which clients commonly put credentials.
+QUERY_CREDENTIAL_NAMES: Final = frozenset(
+    {"access_token", "token", "api_key", "apikey", "api-key", "key", "auth", "authorization",
+     "bearer", "bearer_token", "id_token", "refresh_token"}
+)  # fmt: skip
+WWW_AUTHENTICATE: Final = 'Bearer realm="retrieval-host"'
+
+
+def permission_denied() -> RetrievalError:
+    """The one 403 body: a missing grant looks exactly like a corpus that does not exist.
+
+    The text equals the core service's denial (an end-to-end test compares the two bodies).
+    """
+    return RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+
+
+def token_sha256(token: str) -> str:
+    """The hex digest the configuration stores for a token."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The authenticated caller: its subject and what its token grants."""
+
+    subject: str
+    providers: frozenset[str]
+    search: frozenset[str]
+    index: frozenset[str]
+    delete: frozenset[str]
+
+    def may(self, operation: Operation, corpus: str) -> bool:
+        grants = {"search": self.search, "index": self.index, "delete": self.delete}[operation]
+        return corpus in grants
+
+    def require(self, operation: Operation, corpus: str) -> None:
+        if not self.may(operation, corpus):
+            raise permission_denied()
+
+
+class TokenAuthenticator:
+    """Checks `Authorization: Bearer` against the configured hashes in constant time."""
+
+    def __init__(self, tokens: Sequence[TokenSettings]) -> None:
+        self._entries = [
+            (
+                bytes.fromhex(t.sha256),
+                Principal(
+                    subject=t.subject,
+                    providers=frozenset(t.providers),
+                    search=frozenset(t.retrieval.search),
+                    index=frozenset(t.retrieval.index),
+                    delete=frozenset(t.retrieval.delete),
+                ),
+            )
+            for t in tokens
+        ]
+
+    def _match(self, token: str) -> Principal | None:
+        digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+        found: Principal | None = None
+        # Every configured hash is compared, so timing does not reveal which one (or whether
+        # an early one) matched.
+        for stored, principal in self._entries:
+            if hmac.compare_digest(digest, stored):
+                found = principal
+        return found
+
+    def authenticate(self, authorization: str | None, query_string: bytes) -> Principal:
+        """The principal of a request, or `UNAUTHENTICATED`."""
+        query = query_string.decode("latin-1")
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            if name.lower() in QUERY_CREDENTIAL_NAMES or (value and self._match(value)):
+                raise RetrievalError(
+                    ErrorCode.UNAUTHENTICATED,
+                    "Tokens in the query string are refused; send Authorization: Bearer.",
+                    reason="token-in-query",
+                )
+        if authorization is None or not authorization.strip():
+            raise RetrievalError(ErrorCode.UNAUTHENTICATED, "A bearer token is required.")
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise RetrievalError(ErrorCode.UNAUTHENTICATED, "Use the Authorization: Bearer scheme.")
+        principal = self._match(token)
+        if principal is None:
+            raise RetrievalError(ErrorCode.UNAUTHENTICATED, "The bearer token is not valid.")
+        return principal

@@ -1,0 +1,187 @@
+"""Limits every route shares: body size, body deadline and the host-wide concurrency limit.
+
+Pure ASGI, so it sees the body as the server delivers it, before any framework buffers it:
+
+- A `Content-Length` over the limit is refused before a byte of the body is read. Otherwise
+  (chunked bodies included) bytes are counted as they are handed to the application, in
+  pieces of at most 64 KiB, and the request fails with `PAYLOAD_TOO_LARGE` as soon as the
+  count passes the limit, so at most limit + 64 KiB are accepted. The response closes the
+  connection so the server stops reading the rest (uvicorn itself holds at most one
+  transport read, up to 256 KiB with TLS, beyond what the application took).
+- The body must be complete within `bodyTimeoutS` of the request start (408, connection
+  closed). The header deadline lives in the server protocol (`server_protocol.py`): no ASGI
+  code runs before the headers are complete.
+- At most `maxConcurrency` requests are in flight; one more is answered `HOST_BUSY` (503) at
+  once, never queued. Probes and discovery (`/healthz`, `/readyz`, `/v1/protocol`,
+  `/v1/openapi.json`) are exempt: they are cheap, hold no worker, and must answer while the
+  host is saturated (a busy host is alive, and a client must still be able to discover it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.http.problems import send_problem
+from retrieval_host.http.request_id import request_id_of
+from retrieval_host.settings import LimitSettings
+
+# The body reaches the application in pieces of at most this size, so a request is refused
+# after at most `maxBodyBytes` + 64 KiB accepted, however much the server read in one go.
+BODY_PIECE_BYTES: Final = 64 * 1024
+EXEMPT_PATHS: Final = frozenset({"/healthz", "/readyz", "/v1/protocol", "/v1/openapi.json"})
+
+
+class RequestTimeout(RetrievalError):
+    """The client did not send its request in time (HTTP 408, code `TIMEOUT`)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            ErrorCode.TIMEOUT,
+            "The request was not received within the deadline.",
+            reason="request-timeout",
+        )
+
+    @property
+    def status(self) -> int:
+        return 408
+
+
+def payload_too_large(limit: int) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        f"The request body is larger than {limit} bytes.",
+        reason="body-too-large",
+    )
+
+
+def host_busy() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.HOST_BUSY, "The host is at its concurrency limit; retry later.", reason="busy"
+    )
+
+
+@dataclass
+class LimitCounters:
+    """What the limits did, for tests and metrics (event-loop owned: no locking needed)."""
+
+    in_flight: int = 0
+    busy_rejections: int = 0
+    too_large_rejections: int = 0
+    body_timeouts: int = 0
+    # Body bytes read from the server for the most recent request refused as too large.
+    last_rejected_body_bytes: int = 0
+    max_rejected_body_bytes: int = 0
+
+
+class LimitsMiddleware:
+    """Pure ASGI enforcement of `LimitSettings` (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, limits: LimitSettings) -> None:
+        self.app = app
+        self.limits = limits
+        self.counters = LimitCounters()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = request_id_of(scope)
+        limit = self.limits.max_body_bytes
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            self._record_too_large(0)
+            await send_problem(send, payload_too_large(limit), request_id, extra_headers=[_CLOSE])
+            return
+
+        exempt = scope["path"] in EXEMPT_PATHS
+        if not exempt:
+            if self.counters.in_flight >= self.limits.max_concurrency:
+                self.counters.busy_rejections += 1
+                await send_problem(
+                    send, host_busy(), request_id, extra_headers=[(b"retry-after", b"1")]
+                )
+                return
+            self.counters.in_flight += 1
+        try:
+            await self._limited(scope, receive, send, limit)
+        finally:
+            if not exempt:
+                self.counters.in_flight -= 1
+
+    async def _limited(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        deadline = time.monotonic() + self.limits.body_timeout_s
+        received = 0
+        body_done = False
+        close_connection = False
+
+        held = b""  # the rest of a server message larger than one piece
+        held_more = False
+
+        async def next_piece() -> Message:
+            nonlocal held, held_more
+            if not held:
+                remaining = deadline - time.monotonic()
+                try:
+                    with anyio.fail_after(max(remaining, 0.0)):
+                        message = await receive()
+                except TimeoutError:
+                    raise RequestTimeout() from None
+                if message["type"] != "http.request":
+                    return message
+                held, held_more = message.get("body", b""), message.get("more_body", False)
+            piece, held = held[:BODY_PIECE_BYTES], held[BODY_PIECE_BYTES:]
+            return {"type": "http.request", "body": piece, "more_body": bool(held) or held_more}
+
+        async def limited_receive() -> Message:
+            nonlocal received, body_done, close_connection
+            if body_done:
+                return await receive()
+            try:
+                message = await next_piece()
+            except RequestTimeout:
+                close_connection = True
+                self.counters.body_timeouts += 1
+                raise
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    close_connection = True
+                    self._record_too_large(received)
+                    raise payload_too_large(limit)
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
+            return message
+
+        async def closing_send(message: Message) -> None:
+            # After refusing a body, close the connection: otherwise the server would go on
+            # reading (and discarding) the rest of an unbounded upload on a keep-alive socket.
+            if message["type"] == "http.response.start" and close_connection:
+                message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
+            await send(message)
+
+        await self.app(scope, limited_receive, closing_send)
+
+    def _record_too_large(self, received: int) -> None:
+        self.counters.too_large_rejections += 1
+        self.counters.last_rejected_body_bytes = received
+        self.counters.max_rejected_body_bytes = max(self.counters.max_rejected_body_bytes, received)
+
+
+_CLOSE: Final = (b"connection", b"close")
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

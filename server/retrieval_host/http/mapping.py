@@ -1,0 +1,104 @@
+"""Wire models (camelCase, pydantic) to core dataclasses (snake_case, no I/O) and back.
+
+Kept in the web layer: the client package knows nothing of core, and core nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+from retrieval_host.core import models as core
+from retrieval_host_client import models as wire
+
+
+def search_request(body: wire.SearchRequest) -> core.SearchRequest:
+    return core.SearchRequest(
+        corpus=body.corpus,
+        query=body.query,
+        source_ids=body.source_ids,
+        limit=body.limit,
+        max_context_bytes=body.max_context_bytes,
+        filters=dict(body.filters) if body.filters is not None else None,
+    )
+
+
+def _location_in(loc: wire.LocationInput) -> core.Location:
+    return core.Location(loc.page, loc.start_line, loc.end_line, loc.document_id)
+
+
+def index_request(body: wire.IndexRequest) -> core.IndexRequest:
+    return core.IndexRequest(
+        corpus=body.corpus,
+        source=core.SourceInfo(
+            body.source.id, body.source.revision, body.source.title, dict(body.source.metadata)
+        ),
+        chunks=tuple(core.ChunkInput(c.id, c.text, _location_in(c.location)) for c in body.chunks),
+        document_sha256=body.document_sha256,
+    )
+
+
+def delete_request(body: wire.DeleteRequest) -> core.DeleteRequest:
+    return core.DeleteRequest(body.corpus, body.source_id, body.revision)
+
+
+def _location_out(loc: core.Location) -> wire.Location:
+    return wire.Location(
+        page=loc.page, start_line=loc.start_line, end_line=loc.end_line, document_id=loc.document_id
+    )
+
+
+def _scope(scope: core.Scope) -> wire.Scope:
+    return wire.Scope(
+        corpus=scope.corpus, index_version=scope.index_version, namespace=scope.namespace
+    )
+
+
+def _source(ref: core.SourceRef) -> wire.SourceRef:
+    return wire.SourceRef(id=ref.id, revision=ref.revision)
+
+
+def _usage(usage: core.EmbeddingUsage) -> wire.Usage:
+    return wire.Usage(
+        embedding=wire.EmbeddingUsage(requests=usage.requests, input_tokens=usage.input_tokens)
+    )
+
+
+def search_response(result: core.SearchResult) -> wire.SearchResponse:
+    return wire.SearchResponse(
+        hits=[
+            wire.Hit(
+                chunk_id=h.chunk_id,
+                source=_source(h.source),
+                location=_location_out(h.location),
+                text=h.text,
+                document_sha256=h.document_sha256,
+                score=h.score,
+                retrieved_at=h.retrieved_at,
+                scope=_scope(h.scope),
+            )
+            for h in result.hits
+        ],
+        truncated=result.truncated,
+        retrieved_at=result.retrieved_at,
+        scope=_scope(result.scope) if result.scope is not None else None,
+        usage=_usage(result.usage),
+    )
+
+
+def index_response(result: core.IndexResult) -> wire.IndexResponse:
+    return wire.IndexResponse(
+        corpus=result.corpus,
+        source=_source(result.source),
+        status=result.status,
+        chunk_count=result.chunk_count,
+        document_sha256=result.document_sha256,
+        replaced_revision=result.replaced_revision,
+        usage=_usage(result.usage),
+    )
+
+
+def delete_response(result: core.DeleteResult) -> wire.DeleteResponse:
+    return wire.DeleteResponse(
+        corpus=result.corpus,
+        source=_source(result.source),
+        deleted_chunks=result.deleted_chunks,
+        reclamation=result.reclamation,
+    )

@@ -1,0 +1,252 @@
+"""OpenAPI 3.1 of protocol v1, generated from the wire models that validate the requests.
+
+Request bodies use the models' validation schemas and responses their serialization schemas,
+both from `retrieval_host_client.models`, so the document cannot drift from what the host
+accepts and returns. Every operation lists its problem responses and its security.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from retrieval_host_client import models as wire
+
+REF: Final = "#/components/schemas/{model}"
+PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
+
+_STATUS_TEXT: Final = {
+    400: "The body is not valid JSON (`INVALID_REQUEST`).",
+    401: "No valid bearer token, or a token in the query string (`UNAUTHENTICATED`).",
+    403: "The token has no grant for this corpus, the corpus does not exist, or the Origin is "
+    "not allowed (`PERMISSION_DENIED`).",
+    404: "A named source is unavailable: missing or not authorized, indistinguishably "
+    "(`SOURCE_UNAVAILABLE`).",
+    408: "The request headers or body did not arrive in time (`TIMEOUT`).",
+    409: "A conflicting revision, chunk id or corpus descriptor (`SOURCE_CONFLICT`, "
+    "`CHUNK_ID_CONFLICT`, `DESCRIPTOR_MISMATCH`).",
+    413: "The body or a corpus capacity is too large (`PAYLOAD_TOO_LARGE`, `CAPACITY_EXCEEDED`).",
+    415: "Unsupported Content-Type (`UNSUPPORTED_MEDIA_TYPE`).",
+    422: "The request or document is invalid (`INVALID_REQUEST`, `INVALID_DOCUMENT`).",
+    500: "The host failed (`INTERNAL`, `UNSAFE_STORE`); nothing of the cause is disclosed.",
+    502: "The embedding service failed (`EMBEDDING_FAILED`).",
+    503: "The host is at its concurrency limit or a store is unavailable (`HOST_BUSY`, "
+    "`STORE_UNAVAILABLE`).",
+    504: "The work made no progress within its inactivity timeout (`TIMEOUT`).",
+}
+_PUBLIC_PROBLEMS: Final = (403, 408, 413, 500)
+_RETRIEVAL_PROBLEMS: Final = (400, 401, 403, 404, 408, 409, 413, 415, 422, 500, 502, 503, 504)
+
+
+@dataclass(frozen=True, slots=True)
+class _Operation:
+    path: str
+    method: Literal["get", "post"]
+    operation_id: str
+    summary: str
+    response: type[BaseModel] | None  # None: a free-form JSON object
+    request: type[BaseModel] | None = None
+    secured: bool = False
+    problems: Sequence[int] = _PUBLIC_PROBLEMS
+    ingest: bool = False
+
+
+def _operations() -> list[_Operation]:
+    return [
+        _Operation(
+            "/v1/protocol",
+            "get",
+            "getProtocol",
+            "Protocol name and version, capabilities, limits and auth scheme (no token).",
+            wire.ProtocolInfo,
+        ),
+        _Operation("/v1/openapi.json", "get", "getOpenApi", "This document (no token).", None),
+        _Operation("/healthz", "get", "getHealth", "Liveness.", wire.Health),
+        _Operation(
+            "/readyz",
+            "get",
+            "getReadiness",
+            "Readiness: stores open and answering, models loaded (503 when not).",
+            wire.Readiness,
+        ),
+        _Operation(
+            "/v1/retrieval/search",
+            "post",
+            "search",
+            "Search what the token's subject may read (token `search` grant).",
+            wire.SearchResponse,
+            wire.SearchRequest,
+            secured=True,
+            problems=_RETRIEVAL_PROBLEMS,
+        ),
+        _Operation(
+            "/v1/retrieval/index",
+            "post",
+            "index",
+            "Index one complete source revision from prepared passages (token `index` grant).",
+            wire.IndexResponse,
+            wire.IndexRequest,
+            secured=True,
+            problems=_RETRIEVAL_PROBLEMS,
+        ),
+        _Operation(
+            "/v1/retrieval/ingest",
+            "post",
+            "ingest",
+            "Index a raw PDF, Markdown or e-mail document sent as the body, with its "
+            "Content-Type (token `index` grant).",
+            wire.IndexResponse,
+            wire.IngestParams,
+            secured=True,
+            problems=_RETRIEVAL_PROBLEMS,
+            ingest=True,
+        ),
+        _Operation(
+            "/v1/retrieval/delete",
+            "post",
+            "delete",
+            "Delete exactly one source revision (token `delete` grant).",
+            wire.DeleteResponse,
+            wire.DeleteRequest,
+            secured=True,
+            problems=_RETRIEVAL_PROBLEMS,
+        ),
+    ]
+
+
+def _schemas() -> tuple[dict[tuple[type[BaseModel], JsonSchemaMode], Any], dict[str, Any]]:
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
+        (wire.SearchRequest, "validation"),
+        (wire.IndexRequest, "validation"),
+        (wire.DeleteRequest, "validation"),
+        (wire.SearchResponse, "serialization"),
+        (wire.IndexResponse, "serialization"),
+        (wire.DeleteResponse, "serialization"),
+        (wire.ProtocolInfo, "serialization"),
+        (wire.Health, "serialization"),
+        (wire.Readiness, "serialization"),
+        (wire.Problem, "serialization"),
+    ]
+    refs, top = models_json_schema(models, by_alias=True, ref_template=REF)
+    return {key: refs[key] for key in models}, dict(top.get("$defs", {}))
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    # An optional query parameter is absent, never null: keep only the non-null branch.
+    options = [s for s in schema.get("anyOf", []) if s.get("type") != "null"]
+    if len(options) == 1:
+        kept = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
+        return {**kept, **options[0]}
+    return schema
+
+
+def build_openapi(
+    *, version: str, ingest_media_types: Sequence[str], retrieval: bool = True
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of every route this host serves (retrieval routes only when a
+    retrieval service is configured)."""
+    refs, components = _schemas()
+    request_id_header = {"$ref": "#/components/headers/RequestId"}
+
+    def problem(status: int) -> dict[str, Any]:
+        headers: dict[str, Any] = {"X-Request-Id": request_id_header}
+        if status == 401:
+            headers["WWW-Authenticate"] = {
+                "description": "The Bearer challenge.",
+                "schema": {"type": "string"},
+            }
+        return {
+            "description": _STATUS_TEXT[status],
+            "headers": headers,
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": refs[(wire.Problem, "serialization")]}},
+        }
+
+    paths: dict[str, Any] = {}
+    for op in _operations():
+        if op.secured and not retrieval:
+            continue
+        if op.response is None:
+            success_schema: dict[str, Any] = {"type": "object"}
+        else:
+            success_schema = refs[(op.response, "serialization")]
+        responses: dict[str, Any] = {
+            "200": {
+                "description": "Success.",
+                "headers": {"X-Request-Id": request_id_header},
+                "content": {"application/json": {"schema": success_schema}},
+            }
+        }
+        for status in op.problems:
+            responses[str(status)] = problem(status)
+        if op.path == "/readyz":
+            responses["503"] = {
+                "description": "Not ready.",
+                "headers": {"X-Request-Id": request_id_header},
+                "content": {"application/json": {"schema": success_schema}},
+            }
+        operation: dict[str, Any] = {
+            "operationId": op.operation_id,
+            "summary": op.summary,
+            "security": [{"bearerAuth": []}] if op.secured else [],
+            "responses": responses,
+        }
+        if op.ingest:
+            assert op.request is not None
+            params = op.request.model_json_schema(by_alias=True, mode="validation")
+            required = set(params.get("required", []))
+            operation["parameters"] = [
+                {
+                    "name": name,
+                    "in": "query",
+                    "required": name in required,
+                    "schema": _without_null(schema),
+                }
+                for name, schema in params["properties"].items()
+            ]
+            operation["requestBody"] = {
+                "required": True,
+                "description": "The raw document.",
+                "content": {
+                    media: {"schema": {"type": "string", "contentMediaType": media}}
+                    for media in ingest_media_types
+                },
+            }
+        elif op.request is not None:
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": refs[(op.request, "validation")]}},
+            }
+        paths.setdefault(op.path, {})[op.method] = operation
+
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "retrieval-host",
+            "version": version,
+            "description": "Authenticated retrieval over HTTPS: ingest, index, authorized search "
+            "and delete. Errors are application/problem+json with a stable `code`.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token from `retrieval-host token new`; the host stores "
+                    "only its SHA-256. Tokens in query strings are refused.",
+                }
+            },
+            "headers": {
+                "RequestId": {
+                    "description": "The id of this request, also in every problem body.",
+                    "required": True,
+                    "schema": {"type": "string"},
+                }
+            },
+        },
+    }

@@ -1,0 +1,300 @@
+"""The routes of protocol v1: HTTP in, a call of the in-process driver, HTTP out.
+
+Each retrieval route authenticates first (nothing about the request is examined for an
+unauthenticated caller), validates the body with the wire model (strictly: only the
+documented camelCase names and JSON types), checks the token's corpus grant, then runs the
+synchronous driver call in a worker thread while watching the connection: a client that goes
+away sets the call's cancel token, and the work stops at its next check (a search scan between
+two batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from email.message import Message as EmailMessage
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.to_thread
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import Operation
+from retrieval_host.driver import Driver, IngestRequest
+from retrieval_host.http import mapping
+from retrieval_host.http.auth import Principal, TokenAuthenticator
+from retrieval_host.http.request_id import request_id_of
+from retrieval_host.ingest import MEDIA_TYPES
+from retrieval_host.settings import HostSettings
+from retrieval_host_client import models as wire
+
+PROTOCOL_NAME: Final = "retrieval-host"
+PROTOCOL_VERSION: Final = "1"
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+class InvalidRequest(RetrievalError):
+    """A malformed request; `status` is 400 for unparsable JSON, 422 for a wrong shape."""
+
+    def __init__(self, detail: str, status: int = 422, reason: str | None = None) -> None:
+        super().__init__(ErrorCode.INVALID_REQUEST, detail, reason=reason)
+        self._status = status
+
+    @property
+    def status(self) -> int:
+        return self._status
+
+
+def _validation_detail(exc: ValidationError, where: str) -> str:
+    # Locations and messages only: echoing input values could reflect secrets or passages.
+    parts = []
+    for error in exc.errors(include_input=False, include_url=False, include_context=False)[:5]:
+        loc = ".".join(str(p) for p in error["loc"])
+        parts.append(f"{where}{'.' + loc if loc else ''}: {error['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _media_type(request: Request) -> str | None:
+    raw = request.headers.get("content-type")
+    if raw is None:
+        return None
+    parsed = EmailMessage()
+    parsed["content-type"] = raw
+    return parsed.get_content_type().lower()
+
+
+def ingest_media_types() -> list[str]:
+    return sorted(MEDIA_TYPES)
+
+
+class Routes:
+    """The route handlers, bound to one host configuration and (optionally) one driver."""
+
+    def __init__(
+        self,
+        settings: HostSettings,
+        driver: Driver | None,
+        authenticator: TokenAuthenticator,
+        openapi: Callable[[], Mapping[str, Any]],
+    ) -> None:
+        self.settings = settings
+        self.driver = driver
+        self.authenticator = authenticator
+        self._openapi = openapi
+        self._limiter: anyio.CapacityLimiter | None = None
+        self.started = False
+
+    def routes(self) -> list[Route]:
+        public = [
+            Route("/v1/protocol", self.protocol, methods=["GET"]),
+            Route("/v1/openapi.json", self.openapi, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+        ]
+        if self.driver is None:
+            return public
+        return [
+            *public,
+            Route("/v1/retrieval/search", self.search, methods=["POST"]),
+            Route("/v1/retrieval/index", self.index, methods=["POST"]),
+            Route("/v1/retrieval/ingest", self.ingest, methods=["POST"]),
+            Route("/v1/retrieval/delete", self.delete, methods=["POST"]),
+        ]
+
+    # --- public ------------------------------------------------------------------------------
+
+    def protocol_info(self) -> wire.ProtocolInfo:
+        limits = self.settings.limits
+        capabilities = ["scoped-retrieval", "retrieval-indexing"] if self.driver is not None else []
+        return wire.ProtocolInfo(
+            name=PROTOCOL_NAME,
+            version=PROTOCOL_VERSION,
+            capabilities=capabilities,
+            limits=wire.ProtocolLimits(
+                max_body_bytes=limits.max_body_bytes,
+                max_concurrency=limits.max_concurrency,
+                header_timeout_s=limits.header_timeout_s,
+                body_timeout_s=limits.body_timeout_s,
+                ingest_media_types=ingest_media_types() if self.driver is not None else [],
+            ),
+            auth=wire.ProtocolAuth(scheme="bearer"),
+        )
+
+    async def protocol(self, request: Request) -> Response:
+        return _model_response(self.protocol_info())
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(dict(self._openapi()))
+
+    async def healthz(self, request: Request) -> Response:
+        return _model_response(wire.Health(status="ok"))
+
+    async def readyz(self, request: Request) -> Response:
+        checks = {"started": self.started}
+        if self.driver is not None:
+            checks["stores"] = await anyio.to_thread.run_sync(self._stores_answer)
+        ready = all(checks.values())
+        body = wire.Readiness(status="ready" if ready else "unavailable", checks=checks)
+        return _model_response(body, status=200 if ready else 503)
+
+    def _stores_answer(self) -> bool:
+        # The factory opened every store and loaded every embedding model before the app was
+        # built; this confirms each store still answers a read.
+        assert self.driver is not None
+        try:
+            for corpus in self.driver.retrieval.corpora.values():
+                corpus.store.get_source(corpus.id, "readyz", "readyz")
+        except Exception:
+            return False
+        return True
+
+    # --- retrieval ---------------------------------------------------------------------------
+
+    async def search(self, request: Request) -> Response:
+        principal = self._authenticate(request)
+        body = await self._json(request, wire.SearchRequest)
+        context = self._context(principal, "search", body.corpus, request)
+        driver = self._driver()
+        result = await self._run(
+            request, context, lambda: driver.search_context(mapping.search_request(body), context)
+        )
+        return _model_response(mapping.search_response(result))
+
+    async def index(self, request: Request) -> Response:
+        principal = self._authenticate(request)
+        body = await self._json(request, wire.IndexRequest)
+        context = self._context(principal, "index", body.corpus, request)
+        driver = self._driver()
+        result = await self._run(
+            request, context, lambda: driver.index_context(mapping.index_request(body), context)
+        )
+        return _model_response(mapping.index_response(result))
+
+    async def delete(self, request: Request) -> Response:
+        principal = self._authenticate(request)
+        body = await self._json(request, wire.DeleteRequest)
+        context = self._context(principal, "delete", body.corpus, request)
+        driver = self._driver()
+        result = await self._run(
+            request, context, lambda: driver.delete_context(mapping.delete_request(body), context)
+        )
+        return _model_response(mapping.delete_response(result))
+
+    async def ingest(self, request: Request) -> Response:
+        principal = self._authenticate(request)
+        params = self._ingest_params(request)
+        context = self._context(principal, "index", params.corpus, request)
+        media_type = _media_type(request)
+        if media_type not in MEDIA_TYPES:
+            raise RetrievalError(
+                ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                "Send the document with Content-Type one of: "
+                + ", ".join(ingest_media_types())
+                + ".",
+            )
+        data = await request.body()
+        ingest = IngestRequest(
+            params.corpus,
+            params.source_id,
+            media_type,
+            data,
+            revision=params.revision,
+            title=params.title,
+        )
+        driver = self._driver()
+        result = await self._run(request, context, lambda: driver.ingest_context(ingest, context))
+        return _model_response(mapping.index_response(result))
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _driver(self) -> Driver:
+        assert self.driver is not None  # retrieval routes exist only with a driver
+        return self.driver
+
+    def _authenticate(self, request: Request) -> Principal:
+        return self.authenticator.authenticate(
+            request.headers.get("authorization"), request.scope.get("query_string", b"")
+        )
+
+    def _context(
+        self, principal: Principal, operation: Operation, corpus: str, request: Request
+    ) -> RequestContext:
+        principal.require(operation, corpus)
+        return RequestContext(
+            subject=principal.subject, cancel=CancelToken(), request_id=request_id_of(request.scope)
+        )
+
+    async def _json(self, request: Request, model: type[M]) -> M:
+        if _media_type(request) != "application/json":
+            raise RetrievalError(
+                ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                "Send a JSON body (Content-Type: application/json).",
+            )
+        raw = await request.body()
+        try:
+            return model.model_validate_json(raw, strict=True, by_alias=True, by_name=False)
+        except ValidationError as exc:
+            if any(e["type"] == "json_invalid" for e in exc.errors()):
+                raise InvalidRequest("The body is not valid JSON.", status=400) from None
+            raise InvalidRequest(_validation_detail(exc, "body")) from None
+
+    def _ingest_params(self, request: Request) -> wire.IngestParams:
+        items: Sequence[tuple[str, str]] = request.query_params.multi_items()
+        names = [name for name, _ in items]
+        if len(set(names)) != len(names):
+            raise InvalidRequest("Each query parameter may appear once.")
+        try:
+            return wire.IngestParams.model_validate(
+                dict(items), strict=True, by_alias=True, by_name=False
+            )
+        except ValidationError as exc:
+            raise InvalidRequest(_validation_detail(exc, "query")) from None
+
+    def _worker_limiter(self) -> anyio.CapacityLimiter:
+        # Created on first use: it belongs to the running event loop.
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.settings.limits.max_concurrency)
+        return self._limiter
+
+    async def _run(self, request: Request, context: RequestContext, work: Callable[[], T]) -> T:
+        """Run `work` in a worker thread; a client disconnect cancels it cooperatively."""
+        results: list[T] = []
+        errors: list[Exception] = []
+
+        async def run_work() -> None:
+            try:
+                results.append(await anyio.to_thread.run_sync(work, limiter=self._worker_limiter()))
+            except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
+                errors.append(exc)
+            finally:
+                group.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_on_disconnect, request.receive, context.cancel)
+            group.start_soon(run_work)
+        if errors:
+            raise errors[0]
+        return results[0]
+
+
+async def _cancel_on_disconnect(receive: Receive, cancel: CancelToken) -> None:
+    # The body has been read by now, so the next message is the disconnect (or nothing).
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel.cancel()
+            return
+
+
+def _model_response(model: BaseModel, status: int = 200) -> Response:
+    return Response(
+        model.model_dump_json(by_alias=True), status_code=status, media_type="application/json"
+    )

@@ -1,0 +1,137 @@
+"""uvicorn's httptools protocol with deadlines for the request headers and body.
+
+uvicorn has no header timeout: a client that sends one header byte a second holds its
+connection (and a file descriptor) as long as it likes. This subclass arms a timer when the
+connection is made, and again when the first byte of a later keep-alive request arrives; the
+timer is cancelled when the headers are complete. When it fires the client gets a 408
+problem and the connection is closed. Timers run on the event loop, so other connections are
+served meanwhile.
+
+The body deadline is enforced where the request runs (`limits.py`, which answers 408). This
+class only adds a backstop for bodies nobody reads (a route that answered without reading
+them): a message still incomplete shortly after the body deadline closes the connection.
+The TLS handshake itself is bounded by the event loop's handshake timeout (60 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, ClassVar
+
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from retrieval_host.http.limits import RequestTimeout
+from retrieval_host.http.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
+
+logger = logging.getLogger("retrieval_host.http")
+BODY_BACKSTOP_GRACE_S = 0.5
+
+
+class HeaderDeadlineProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol that cuts off clients too slow to send their request headers."""
+
+    header_timeout_s: ClassVar[float] = 10.0
+    body_timeout_s: ClassVar[float] = 60.0
+    # Connections cut off, for tests and metrics.
+    header_timeouts: ClassVar[int] = 0
+    body_timeouts: ClassVar[int] = 0
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def with_timeouts(cls, header_s: float, body_s: float) -> type[HeaderDeadlineProtocol]:
+        """A subclass bound to these deadlines (uvicorn instantiates the class it is given)."""
+        return type(
+            cls.__name__,
+            (cls,),
+            {
+                "header_timeout_s": header_s,
+                "body_timeout_s": body_s,
+                "header_timeouts": 0,
+                "body_timeouts": 0,
+            },
+        )
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        # The first request's deadline runs from the connection; later keep-alive requests'
+        # from their first byte (idle time before it is uvicorn's keep-alive timeout).
+        if self._header_timer is None:
+            self._arm_header_deadline()
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_deadline()
+        super().on_headers_complete()
+        self._disarm_body_deadline()
+        # A little after the application's own body deadline, which answers first if the
+        # application is reading.
+        self._body_timer = self.loop.call_later(
+            self.body_timeout_s + BODY_BACKSTOP_GRACE_S, self._body_too_slow
+        )
+
+    def on_message_complete(self) -> None:
+        self._disarm_body_deadline()
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        self._disarm_body_deadline()
+        super().connection_lost(exc)
+
+    def _disarm_body_deadline(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        if not self.transport.is_closing():
+            type(self).body_timeouts += 1
+            logger.info("request body not received in time; closing the connection")
+            self.transport.close()
+
+    def _arm_header_deadline(self) -> None:
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        type(self).header_timeouts += 1
+        error = RequestTimeout()
+        request_id = uuid.uuid4().hex
+        logger.info("request headers not received in time", extra={"request_id": request_id})
+        body = encode_problem(
+            problem_body(error.code, error.detail, request_id, status=408, reason=error.reason)
+        )
+        head = (
+            b"HTTP/1.1 408 Request Timeout\r\n"
+            b"content-type: " + PROBLEM_MEDIA_TYPE.encode("ascii") + b"\r\n"
+            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n"
+            b"x-request-id: " + request_id.encode("ascii") + b"\r\n"
+            b"connection: close\r\n\r\n"
+        )
+        self.transport.write(head + body)
+        self.transport.close()

@@ -1,0 +1,237 @@
+"""`retrieval-host quickstart`: a working local HTTPS host in one command.
+
+Everything lives in one state directory (default `./state`, mode 0700):
+
+    ca.pem, ca-key.pem        a local CA (trust ca.pem in clients; the key never leaves)
+    server.pem, server-key.pem  the server certificate for 127.0.0.1 and localhost
+    token                     the demo bearer token (0600); host.json keeps only its hash
+    host.json                 the host configuration (rewritten each run: the port may change)
+    acl.json, registry.json   the example application's ACL and revision registry
+    store/retrieval.sqlite    the index (local embedding model, SQLite)
+    samples/, my-note.md      the sample documents and a note for the ingest example
+
+Running it again reuses the certificates, token, ACL and index; the samples come back
+`unchanged` without any embedding work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from retrieval_host.cli import (
+    build_driver,
+    close_driver,
+    new_token,
+    run_server,
+    token_config_entry,
+)
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.models import SearchRequest, SearchResult
+from retrieval_host.driver import Driver, IngestRequest
+from retrieval_host.example_acl import acl_file_content
+from retrieval_host.ingest import media_type_for_path
+from retrieval_host.settings import load_settings
+from retrieval_host.tls import ensure_local_certificates
+
+CORPUS: Final = "library"
+SUBJECT: Final = "quickstart"
+NAMESPACE: Final = "demo"
+DEMO_QUESTION: Final = "How do I rotate a token?"
+NOTE: Final = """# My first note
+
+The quickstart indexed this note through the HTTPS ingest route. Search for it with the
+search command, then delete it again with the delete command: deletes name the exact revision.
+"""
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+
+
+def _private_file(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    path.chmod(0o600)
+
+
+def _display(path: Path) -> str:
+    """The path as a user should type it: relative to the working directory when inside it."""
+    try:
+        shown = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return shlex.quote(shown)
+
+
+def _samples(state_dir: Path) -> list[Path]:
+    target = state_dir / "samples"
+    target.mkdir(mode=0o700, exist_ok=True)
+    # Beside this module (package data): `retrieval_host` is a namespace package, which
+    # importlib.resources cannot always enumerate.
+    source = Path(__file__).with_name("samples")
+    copied = []
+    for item in sorted(source.iterdir()):
+        if not item.is_file() or item.name.startswith((".", "_")):
+            continue
+        try:
+            media_type_for_path(item)
+        except RetrievalError:
+            continue  # only documents the ingest helpers take
+        dest = target / item.name
+        if not dest.exists():
+            shutil.copyfile(item, dest)
+        copied.append(dest)
+    return copied
+
+
+def prepare_state(state_dir: Path, port: int) -> Path:
+    """Create (or reuse) everything in `state_dir`; return the host configuration path."""
+    _private_dir(state_dir)
+    certs = ensure_local_certificates(state_dir)
+    token_file = state_dir / "token"
+    if token_file.exists():
+        token = token_file.read_text(encoding="utf-8").strip()
+    else:
+        token = new_token()
+        _private_file(token_file, token + "\n")
+    acl_file = state_dir / "acl.json"
+    if not acl_file.exists():
+        acl_file.write_text(json.dumps(acl_file_content(SUBJECT, NAMESPACE), indent=2) + "\n")
+    note = state_dir / "my-note.md"
+    if not note.exists():
+        note.write_text(NOTE, encoding="utf-8")
+    grants = [CORPUS]
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "tls": {"certFile": certs.cert_file.name, "keyFile": certs.key_file.name},
+        "tokens": [token_config_entry(token, SUBJECT, search=grants, index=grants, delete=grants)],
+        "providers": {},
+        "store": {"sqlitePath": "store/retrieval.sqlite"},
+        "application": "retrieval_host.example_acl:create_driver",
+        "applicationOptions": {
+            "aclFile": "acl.json",
+            "registryFile": "registry.json",
+            "corpora": [CORPUS],
+        },
+        "allowedOrigins": [],
+    }
+    host_file = state_dir / "host.json"
+    host_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return host_file
+
+
+def index_samples(driver: Driver, samples: list[Path]) -> None:
+    context = RequestContext(subject=SUBJECT)
+    for path in samples:
+        result = driver.ingest_context(
+            IngestRequest(CORPUS, path.stem, media_type_for_path(path), path.read_bytes()),
+            context,
+        )
+        print(
+            f"  {result.status:<9} {path.name}: {result.chunk_count} passages, "
+            f"revision {_short(result.source.revision)}",
+            flush=True,
+        )
+
+
+def _short(revision: str) -> str:
+    return revision if len(revision) <= 20 else revision[:19] + "…"
+
+
+def _cite(result: SearchResult) -> None:
+    if not result.hits:
+        print("  (no passage found)")
+        return
+    hit = result.hits[0]
+    where = []
+    if hit.location.page is not None:
+        where.append(f"page {hit.location.page}")
+    if hit.location.start_line is not None:
+        where.append(f"lines {hit.location.start_line}-{hit.location.end_line}")
+    if hit.location.document_id is not None:
+        where.append(f"message {hit.location.document_id}")
+    text = " ".join(hit.text.split())
+    if len(text) > 400:
+        text = text[:400] + " …"
+    print(f"A: {text} [source:{hit.chunk_id}]")
+    print(
+        f"   from {hit.source.id} (revision {_short(hit.source.revision)}), "
+        f"{', '.join(where) or 'whole document'}; cosine similarity {hit.score:.2f}"
+    )
+    print("   (the best passage as is; grounded generated answers come with runs)")
+
+
+def curl_commands(state_dir: Path, port: int) -> list[tuple[str, str]]:
+    """(what, command) pairs that work verbatim in a POSIX shell from the current directory."""
+    ca = _display(state_dir / "ca.pem")
+    token = _display(state_dir / "token")
+    note = _display(state_dir / "my-note.md")
+    base = f"https://127.0.0.1:{port}"
+    auth = f'-H "Authorization: Bearer $(cat {token})"'
+    search = json.dumps({"corpus": CORPUS, "query": DEMO_QUESTION}, separators=(",", ":"))
+    delete = json.dumps(
+        {"corpus": CORPUS, "sourceId": "my-note", "revision": "1"}, separators=(",", ":")
+    )
+    json_type = "-H 'Content-Type: application/json'"
+    return [
+        ("Discover the protocol (no token needed)", f"curl --cacert {ca} {base}/v1/protocol"),
+        (
+            "Search the sample documents",
+            f"curl --cacert {ca} {auth} {base}/v1/retrieval/search {json_type} -d '{search}'",
+        ),
+        (
+            "Ingest a document (the raw file is the body)",
+            f"curl --cacert {ca} {auth} -H 'Content-Type: text/markdown' --data-binary @{note} "
+            f"'{base}/v1/retrieval/ingest?corpus={CORPUS}&sourceId=my-note&revision=1'",
+        ),
+        (
+            "Delete it again (deletes name the exact revision)",
+            f"curl --cacert {ca} {auth} {base}/v1/retrieval/delete {json_type} -d '{delete}'",
+        ),
+    ]
+
+
+def quickstart(
+    state_dir: Path, *, port: int = 8443, serve: bool = True, environ: Mapping[str, str]
+) -> int:
+    """Prepare the state directory, index the samples, print the commands, then serve."""
+    state_dir = state_dir.expanduser().absolute()
+    host_file = prepare_state(state_dir, port)
+    samples = _samples(state_dir)
+    print(f"retrieval-host quickstart: state in {_display(state_dir)}")
+    print(f"  CA certificate  {_display(state_dir / 'ca.pem')}  (clients trust this)")
+    print(f"  demo token      {_display(state_dir / 'token')}  (subject {SUBJECT!r}, mode 0600)")
+    print(f"  host config     {_display(host_file)}")
+    # Only the configuration file: the quickstart is not steered by RETRIEVAL_HOST_* variables.
+    settings = load_settings(host_file, {})
+    print(f"Indexing the sample documents into corpus {CORPUS!r} with the local model:")
+    driver = build_driver(settings)
+    assert driver is not None
+    try:
+        index_samples(driver, samples)
+        print(f"\nQ: {DEMO_QUESTION}")
+        _cite(
+            driver.search_context(
+                SearchRequest(CORPUS, DEMO_QUESTION, limit=1), RequestContext(subject=SUBJECT)
+            )
+        )
+        print("\nTry it:")
+        for what, command in curl_commands(state_dir, port):
+            print(f"  # {what}")
+            print(f"  {command}")
+        print(flush=True)
+        if serve:
+            print(f"Serving https://127.0.0.1:{port} (Ctrl+C stops it).", flush=True)
+            run_server(settings, driver, environ)
+    finally:
+        close_driver(driver)
+    return 0

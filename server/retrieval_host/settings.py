@@ -1,0 +1,289 @@
+"""Host configuration: one JSON file, then environment overrides with one prefix.
+
+The result is a frozen model passed to `create_app` and to the application factory. Nothing
+else in the host reads `os.environ`: `load_settings` takes the environment as an argument.
+
+Secrets are never inline. A secret field holds a reference, `{"file": PATH}` or
+`{"env": NAME}`, resolved once at load into a `SecretStr`. Token *hashes* are not secrets and
+are listed inline; the tokens themselves are never stored.
+
+Environment overrides: `RETRIEVAL_HOST_<FIELD>[__<FIELD>...]=VALUE`, where each field is named
+in snake case or camel case, case-insensitively (`RETRIEVAL_HOST_LISTEN__PORT=9443`,
+`RETRIEVAL_HOST_LIMITS__MAX_BODY_BYTES=1048576`). A value that parses as JSON is used as that
+JSON value (numbers, booleans, lists), anything else as a string.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "ENV_PREFIX",
+    "HostSettings",
+    "LimitSettings",
+    "ListenSettings",
+    "RetrievalGrants",
+    "SecretRef",
+    "SettingsError",
+    "StoreSettings",
+    "TlsSettings",
+    "TokenSettings",
+    "load_settings",
+]
+
+ENV_PREFIX: Final = "RETRIEVAL_HOST_"
+
+CorpusId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class SettingsError(Exception):
+    """The configuration cannot be used; the message names the field, never a secret value."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel
+    )
+
+
+class SecretRef(_Model):
+    """Where a secret lives: a file (its content, one trailing newline stripped) or an env var."""
+
+    file: Path | None = None
+    env: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        if (self.file is None) == (self.env is None):
+            raise ValueError('a secret is {"file": PATH} or {"env": NAME}, exactly one of them')
+        return self
+
+    def resolve(self, environ: Mapping[str, str], base_dir: Path) -> SecretStr:
+        if self.env is not None:
+            if self.env not in environ:
+                raise SettingsError(f"environment variable {self.env} is not set")
+            return SecretStr(environ[self.env])
+        assert self.file is not None
+        path = self.file if self.file.is_absolute() else base_dir / self.file
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SettingsError(f"cannot read secret file {path}: {exc.strerror}") from exc
+        return SecretStr(text.removesuffix("\n"))
+
+
+class ListenSettings(_Model):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8443
+
+
+class TlsSettings(_Model):
+    """The server certificate chain and key (PEM files). The key file is the secret; its path
+    is not. `keyPassword` is a secret reference when the key is encrypted."""
+
+    cert_file: Path
+    key_file: Path
+    key_password: SecretRef | None = None
+
+
+class LimitSettings(_Model):
+    """Limits shared by every route. Timeouts are in seconds."""
+
+    max_body_bytes: Annotated[int, Field(ge=1)] = 32 * 1024 * 1024
+    max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 16
+    # Deadline from the connection (or the first byte of a keep-alive request) to the end of
+    # the request headers. uvicorn has none of its own.
+    header_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    # Deadline from the request start to the last byte of the body.
+    body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+
+
+class RetrievalGrants(_Model):
+    """Corpus ids a token may use per operation. An omitted or empty list denies."""
+
+    search: tuple[CorpusId, ...] = ()
+    index: tuple[CorpusId, ...] = ()
+    delete: tuple[CorpusId, ...] = ()
+
+
+class TokenSettings(_Model):
+    """One bearer token, stored as the SHA-256 hex digest of the token string."""
+
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    subject: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    providers: tuple[str, ...] = ()
+    retrieval: RetrievalGrants = Field(default_factory=RetrievalGrants)
+
+
+class StoreSettings(_Model):
+    sqlite_path: Path | None = None
+
+
+class HostSettings(_Model):
+    """The whole host configuration (see `config/host.example.json`)."""
+
+    listen: ListenSettings = Field(default_factory=ListenSettings)
+    tls: TlsSettings | None = None
+    # Plain HTTP is allowed only behind a TLS-terminating proxy on the same machine.
+    behind_proxy: bool = False
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    tokens: tuple[TokenSettings, ...] = ()
+    providers: dict[str, JsonValue] = Field(default_factory=dict)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    # "package.module:factory"; the factory takes these settings and returns a Driver.
+    application: Annotated[str, StringConstraints(pattern=r"^[\w.]+:[\w]+$")] | None = None
+    # Free-form options for the application factory (e.g. where its ACL file lives).
+    application_options: dict[str, JsonValue] = Field(default_factory=dict)
+    allowed_origins: tuple[str, ...] = ()
+    # Directory that relative paths in this configuration are resolved against.
+    config_dir: Path = Field(default_factory=Path.cwd)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_are_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            if not re.fullmatch(r"https?://[^/\s?#]+", origin):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port])")
+        return value
+
+    @model_validator(mode="after")
+    def _transport_is_safe(self) -> HostSettings:
+        if self.tls is None:
+            if not self.behind_proxy:
+                raise ValueError(
+                    "tls is required (set behindProxy: true only behind a TLS-terminating "
+                    "proxy on this machine)"
+                )
+            if not _is_loopback(self.listen.host):
+                raise ValueError("behindProxy needs a loopback listen host (127.0.0.1 or ::1)")
+        hashes = [t.sha256 for t in self.tokens]
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("two tokens share one sha256")
+        return self
+
+    def path(self, value: str | Path) -> Path:
+        """Resolve a path from this configuration against `config_dir`."""
+        candidate = Path(value).expanduser()
+        return candidate if candidate.is_absolute() else self.config_dir / candidate
+
+    def tls_key_password(self, environ: Mapping[str, str]) -> SecretStr | None:
+        if self.tls is None or self.tls.key_password is None:
+            return None
+        return self.tls.key_password.resolve(environ, self.config_dir)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _norm(name: str) -> str:
+    return name.replace("_", "").lower()
+
+
+def _apply_override(
+    data: dict[str, Any], model: type[BaseModel], path: list[str], raw: str, variable: str
+) -> None:
+    fields = {_norm(name): (name, info) for name, info in model.model_fields.items()}
+    key = _norm(path[0])
+    if key not in fields:
+        raise SettingsError(f"unknown setting {variable}")
+    name, info = fields[key]
+    alias = info.alias or name
+    if len(path) == 1:
+        try:
+            data[alias] = json.loads(raw)
+        except ValueError:
+            data[alias] = raw
+        return
+    nested = info.annotation
+    # Optional nested models (`tls`) are declared as `X | None`: find the model class.
+    candidates = [nested, *getattr(nested, "__args__", ())]
+    sub = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    if sub is None:
+        raise SettingsError(f"setting {variable}: {path[0]} has no nested fields")
+    current = data.get(alias)
+    if current is None:
+        current = data.get(name)
+    target: dict[str, Any] = dict(current) if isinstance(current, dict) else {}
+    _apply_override(target, sub, path[1:], raw, variable)
+    data.pop(name, None)
+    data[alias] = target
+
+
+def load_settings(
+    path: str | Path | None, environ: Mapping[str, str], *, prefix: str = ENV_PREFIX
+) -> HostSettings:
+    """Read the JSON file (if any), apply `RETRIEVAL_HOST_*` overrides, validate, resolve paths."""
+    data: dict[str, Any] = {}
+    config_dir = Path.cwd()
+    if path is not None:
+        file = Path(path).expanduser().resolve()
+        try:
+            loaded = json.loads(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SettingsError(f"cannot read {file}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise SettingsError(f"{file} is not valid JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise SettingsError(f"{file} must hold a JSON object")
+        data = loaded
+        config_dir = file.parent
+    for key in sorted(environ):
+        if key.startswith(prefix) and len(key) > len(prefix):
+            parts = key[len(prefix) :].split("__")
+            _apply_override(data, HostSettings, parts, environ[key], key)
+    data.setdefault("configDir", str(config_dir))
+    try:
+        settings = HostSettings.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+    return _resolved(settings)
+
+
+def _resolved(settings: HostSettings) -> HostSettings:
+    updates: dict[str, Any] = {}
+    if settings.tls is not None:
+        updates["tls"] = settings.tls.model_copy(
+            update={
+                "cert_file": settings.path(settings.tls.cert_file),
+                "key_file": settings.path(settings.tls.key_file),
+            }
+        )
+    if settings.store.sqlite_path is not None:
+        updates["store"] = settings.store.model_copy(
+            update={"sqlite_path": settings.path(settings.store.sqlite_path)}
+        )
+    return settings.model_copy(update=updates)
+
+
+def _describe(exc: ValidationError) -> str:
+    # Only locations and messages: input values may hold something secret-looking.
+    parts = []
+    for error in exc.errors(include_input=False, include_url=False)[:10]:
+        loc = ".".join(str(p) for p in error["loc"]) or "(root)"
+        parts.append(f"{loc}: {error['msg']}")
+    return "invalid configuration: " + "; ".join(parts)

@@ -1,0 +1,143 @@
+"""TLS for the host: the server context (TLS 1.2 minimum) and the quickstart's local CA.
+
+The server context is built here rather than from uvicorn's `ssl_version`/`ssl_ciphers`
+options so the policy is explicit and testable: TLS 1.2 or 1.3 only, forward-secret AEAD
+suites for TLS 1.2, no compression, no renegotiation, HTTP/1.1 over ALPN.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
+
+
+def server_context(cert_file: Path, key_file: Path, password: str | None = None) -> ssl.SSLContext:
+    """The host's TLS server context: TLS 1.2 minimum, AEAD suites, ALPN http/1.1."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(TLS12_CIPHERS)
+    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    if hasattr(ssl, "OP_NO_RENEGOTIATION"):
+        context.options |= ssl.OP_NO_RENEGOTIATION
+    context.set_alpn_protocols(["http/1.1"])
+    context.load_cert_chain(str(cert_file), str(key_file), password=password)
+    return context
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCertificates:
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    # Created with 0600 from the start: never briefly readable by others.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    path.chmod(0o600)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def ensure_local_certificates(
+    state_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+) -> LocalCertificates:
+    """A local CA (`ca.pem`) and a server certificate it signed, created once in `state_dir`.
+
+    Reused as they are when all files exist, so clients that trust `ca.pem` keep working
+    across restarts. The CA key stays in the state directory (0600); it signs nothing else.
+    """
+    certs = LocalCertificates(
+        ca_file=state_dir / "ca.pem",
+        cert_file=state_dir / "server.pem",
+        key_file=state_dir / "server-key.pem",
+    )
+    ca_key_file = state_dir / "ca-key.pem"
+    if all(p.exists() for p in (certs.ca_file, certs.cert_file, certs.key_file, ca_key_file)):
+        return certs
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "retrieval-host quickstart"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "retrieval-host local CA"),
+        ]
+    )
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        # Under 398 days: the longest validity current clients accept for a server cert.
+        .not_valid_after(now + dt.timedelta(days=397))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    _write_private(ca_key_file, _key_pem(ca_key))
+    _write_private(certs.key_file, _key_pem(server_key))
+    certs.ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    certs.cert_file.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    return certs

@@ -1,0 +1,130 @@
+"""The README's first command: `retrieval-host quickstart` serves, and its curl commands work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import ssl
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.host import wait_until
+
+
+def _cli() -> list[str]:
+    script = Path(sys.executable).with_name("retrieval-host")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _ready(ca: Path, port: int) -> bool:
+    try:
+        context = ssl.create_default_context(cafile=str(ca))
+        response = httpx.get(f"https://127.0.0.1:{port}/readyz", verify=context, timeout=2)
+    except httpx.TransportError:
+        return False
+    return response.status_code == 200
+
+
+def _run_curl(command: str, cwd: Path) -> Any:
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, (command, done.stderr)
+    return json.loads(done.stdout)
+
+
+def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) -> None:
+    assert shutil.which("curl"), "curl is needed to run the printed commands"
+    port = _free_port()
+    state = tmp_path / "state"
+    process = subprocess.Popen(
+        [*_cli(), "quickstart", "--state-dir", "state", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    errors: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
+        threading.Thread(target=lambda: errors.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        wait_until(
+            lambda: any(line.startswith("Serving") for line in lines) or process.poll() is not None,
+            timeout=120,
+            what="the quickstart to index and start serving",
+        )
+        assert process.poll() is None, "".join(lines + errors)
+        wait_until(lambda: _ready(state / "ca.pem", port), timeout=30, what="/readyz")
+
+        output = "".join(lines)
+        assert "Q: How do I rotate a token?" in output
+        assert "[source:" in output  # the cited passage shown before serving
+        commands = [line.strip() for line in lines if line.strip().startswith("curl ")]
+        assert len(commands) == 4, output
+
+        protocol, search, ingest, delete = (_run_curl(c, tmp_path) for c in commands)
+        assert protocol["name"] == "retrieval-host"
+        assert "scoped-retrieval" in protocol["capabilities"]
+        assert search["hits"], search
+        assert "rotate" in search["hits"][0]["text"].lower()
+        assert search["hits"][0]["location"]["startLine"] >= 1
+        assert ingest["status"] == "indexed", ingest
+        assert ingest["source"] == {"id": "my-note", "revision": "1"}
+        assert delete["deletedChunks"] == ingest["chunkCount"], delete
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            code = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            for reader in readers:
+                reader.join(timeout=10)
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+    assert code in (0, 130), "".join(errors)  # 130: the conventional exit after Ctrl+C
+
+    assert _mode(state) == 0o700
+    for secret in ("token", "ca-key.pem", "server-key.pem"):
+        assert _mode(state / secret) == 0o600, secret
+    token = (state / "token").read_text()
+    assert token.startswith("rh_")
+    assert token.strip() not in (state / "host.json").read_text()  # only its hash is stored
+
+    again = subprocess.run(
+        [*_cli(), "quickstart", "--state-dir", "state", "--port", str(port), "--no-serve"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert (state / "token").read_text() == token  # reused, not replaced
+    indexed = [line for line in again.stdout.splitlines() if "passages, revision" in line]
+    assert len(indexed) == 3
+    assert all(line.split()[0] == "unchanged" for line in indexed), again.stdout

@@ -1,0 +1,29 @@
+"""Fixtures of the in-process ASGI tests of the host (httpx.ASGITransport, no server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from tests.support.host import World, build_world
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def http_embedding() -> LocalEmbedding:
+    return LocalEmbedding(threads=1)
+
+
+@pytest.fixture(scope="module")
+def http_world(
+    tmp_path_factory: pytest.TempPathFactory, http_embedding: LocalEmbedding
+) -> Iterator[World]:
+    world = build_world(tmp_path_factory.mktemp("http-world"), http_embedding)
+    yield world
+    world.close()

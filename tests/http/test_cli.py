@@ -1,0 +1,125 @@
+"""The `retrieval-host` command line: token new, serve's configuration errors, the factory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from retrieval_host.cli import build_driver, close_driver, main
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import SearchRequest
+from retrieval_host.driver import IngestRequest
+from retrieval_host.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "server" / "retrieval_host" / "samples"
+
+
+def test_token_new_prints_the_token_once_and_only_its_hash_for_the_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(["token", "new", "--subject", "reporting", "--search", "library", "--search", "hr"])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    token = next(line for line in lines if line.startswith("rh_"))
+    assert len(token) > 40
+    entry = json.loads(next(line for line in lines if line.startswith("{")))
+    assert entry == {
+        "sha256": hashlib.sha256(token.encode()).hexdigest(),
+        "subject": "reporting",
+        "providers": [],
+        "retrieval": {"search": ["library", "hr"], "index": [], "delete": []},
+    }
+    assert main(["token", "new"]) == 0
+    assert token not in capsys.readouterr().out  # a fresh token every time
+
+
+def test_serve_reports_a_bad_configuration_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "host.json"
+    config.write_text(json.dumps({"listen": {"port": "not-a-port"}}))
+    assert main(["serve", "--config", str(config)], environ={}) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("retrieval-host: invalid configuration")
+    assert "Traceback" not in error
+
+
+@pytest.fixture
+def example_config(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The example host file and application beside it, with the store in a private dir."""
+    for name in ("host.example.json", "example_app.py", "acl.example.json"):
+        shutil.copy(REPO / "config" / name, tmp_path / name)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    environ = {
+        "RETRIEVAL_HOST_STORE__SQLITE_PATH": str(state / "store" / "retrieval.sqlite"),
+        "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps(
+            {"aclFile": "acl.example.json", "registryFile": str(state / "registry.json")}
+        ),
+    }
+    return tmp_path / "host.example.json", environ
+
+
+def test_the_example_application_builds_a_working_driver(
+    example_config: tuple[Path, dict[str, str]],
+) -> None:
+    config, environ = example_config
+    settings = load_settings(config, environ)
+    driver = build_driver(settings)
+    assert driver is not None
+    try:
+        alice = RequestContext(subject="alice")
+        result = driver.ingest_context(
+            IngestRequest(
+                "library", "handbook", "text/markdown", (SAMPLES / "operator-guide.md").read_bytes()
+            ),
+            alice,
+        )
+        assert result.status == "indexed"
+        registry = json.loads((config.parent / "state" / "registry.json").read_text())
+        assert registry["library"]["team-a"]["handbook"] == result.source.revision
+        found = driver.search_context(SearchRequest("library", "rotate a token", limit=1), alice)
+        assert found.hits[0].source.id == "handbook"
+        with pytest.raises(RetrievalError) as denied:  # the example ACL: no such grant
+            driver.ingest_context(
+                IngestRequest("library", "other", "text/markdown", b"# x\n\ny\n"), alice
+            )
+        assert denied.value.code == ErrorCode.SOURCE_UNAVAILABLE
+    finally:
+        close_driver(driver)
+
+
+def test_ingest_indexes_a_folder_and_resumes_from_its_journal(
+    example_config: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, environ = example_config
+    acl = {"subjects": {"ops": {"namespace": "docs", "search": ["*"], "index": ["*"]}}}
+    (config.parent / "acl.example.json").write_text(json.dumps(acl))
+    journal = config.parent / "journal.jsonl"
+    argv = [
+        "ingest",
+        str(SAMPLES),
+        "--config",
+        str(config),
+        "--corpus",
+        "library",
+        "--subject",
+        "ops",
+        "--journal",
+        str(journal),
+    ]
+    assert main(argv, environ=environ) == 0
+    first = capsys.readouterr()
+    assert "3 indexed, 0 unchanged, 0 skipped, 0 failed" in first.out
+    assert "3/3" in first.err  # the progress bar
+    assert len(journal.read_text().splitlines()) == 3
+    assert main(argv, environ=environ) == 0
+    assert "0 indexed, 0 unchanged, 3 skipped, 0 failed" in capsys.readouterr().out

@@ -1,0 +1,135 @@
+"""The OpenAPI document: generated from the wire models, every route, problems and security."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from retrieval_host.http.openapi import build_openapi
+from retrieval_host.http.routes import ingest_media_types
+from retrieval_host_client import models as wire
+
+RETRIEVAL = [
+    "/v1/retrieval/search",
+    "/v1/retrieval/index",
+    "/v1/retrieval/ingest",
+    "/v1/retrieval/delete",
+]
+PUBLIC = ["/v1/protocol", "/v1/openapi.json", "/healthz", "/readyz"]
+
+
+@pytest.fixture(scope="module")
+def document() -> dict[str, Any]:
+    return build_openapi(version="1.2.3", ingest_media_types=ingest_media_types())
+
+
+def _resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    ref = schema["$ref"]
+    assert ref.startswith("#/components/schemas/")
+    resolved: dict[str, Any] = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    return resolved
+
+
+def test_every_route_is_documented_with_its_security(document: dict[str, Any]) -> None:
+    assert document["openapi"] == "3.1.0"
+    assert document["info"]["version"] == "1.2.3"
+    assert set(document["paths"]) == set(PUBLIC + RETRIEVAL)
+    for path in PUBLIC:
+        assert document["paths"][path]["get"]["security"] == []
+    for path in RETRIEVAL:
+        operation = document["paths"][path]["post"]
+        assert operation["security"] == [{"bearerAuth": []}]
+        assert operation["responses"]["401"]["headers"]["WWW-Authenticate"]
+    scheme = document["components"]["securitySchemes"]["bearerAuth"]
+    assert scheme == {**scheme, "type": "http", "scheme": "bearer"}
+
+
+def test_every_problem_response_uses_the_problem_schema(document: dict[str, Any]) -> None:
+    for path, methods in document["paths"].items():
+        for operation in methods.values():
+            responses = operation["responses"]
+            assert "200" in responses
+            assert "500" in responses, path
+            for status, response in responses.items():
+                assert "X-Request-Id" in response["headers"]
+                if status == "200" or (path == "/readyz" and status == "503"):
+                    continue
+                content = response["content"]["application/problem+json"]["schema"]
+                problem = _resolve(document, content)
+                assert set(problem["required"]) >= {
+                    "type",
+                    "title",
+                    "status",
+                    "code",
+                    "detail",
+                    "requestId",
+                }
+
+
+def test_request_schemas_are_the_validating_models(document: dict[str, Any]) -> None:
+    cases: list[tuple[str, type[BaseModel]]] = [
+        ("/v1/retrieval/search", wire.SearchRequest),
+        ("/v1/retrieval/index", wire.IndexRequest),
+        ("/v1/retrieval/delete", wire.DeleteRequest),
+    ]
+    for path, model in cases:
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        schema = _resolve(document, body["schema"])
+        assert schema["additionalProperties"] is False  # unknown fields are refused
+        expected = model.model_json_schema(by_alias=True, mode="validation")
+        assert set(schema["properties"]) == set(expected["properties"])
+    search = _resolve(
+        document,
+        document["paths"]["/v1/retrieval/search"]["post"]["requestBody"]["content"][
+            "application/json"
+        ]["schema"],
+    )
+    assert search["properties"]["limit"] == {
+        **search["properties"]["limit"],
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 100,
+    }
+    assert search["required"] == ["corpus", "query"]
+
+
+def test_ingest_takes_raw_documents_and_query_parameters(document: dict[str, Any]) -> None:
+    ingest = document["paths"]["/v1/retrieval/ingest"]["post"]
+    assert set(ingest["requestBody"]["content"]) == {
+        "application/pdf",
+        "text/markdown",
+        "message/rfc822",
+        "application/mbox",
+    }
+    parameters = {p["name"]: p for p in ingest["parameters"]}
+    assert set(parameters) == {"corpus", "sourceId", "revision", "title"}
+    assert parameters["corpus"]["required"] and parameters["sourceId"]["required"]
+    assert not parameters["revision"]["required"]
+    assert all(p["in"] == "query" for p in parameters.values())
+    assert "anyOf" not in parameters["revision"]["schema"]  # absent, never null
+
+
+def test_response_models_tolerate_new_fields_and_request_models_refuse_them() -> None:
+    hit = wire.Problem.model_validate(
+        {
+            "type": "t",
+            "title": "x",
+            "status": 1,
+            "code": "C",
+            "detail": "d",
+            "requestId": "r",
+            "new": 1,
+        }
+    )
+    assert hit.model_extra == {"new": 1}
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        wire.DeleteRequest.model_validate({"corpus": "c", "sourceId": "s", "revision": "r", "x": 1})
+    built = wire.SearchRequest(corpus="c", query="q", source_ids=("a",))  # by name in Python
+    assert built.model_dump(by_alias=True, exclude_none=True) == {
+        "corpus": "c",
+        "query": "q",
+        "sourceIds": ("a",),
+        "limit": 8,
+    }

@@ -1,0 +1,127 @@
+"""Host configuration: one JSON file plus RETRIEVAL_HOST_* overrides, secrets never inline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from retrieval_host.settings import HostSettings, SettingsError, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+HASH = "a" * 64
+
+
+def _write(directory: Path, data: dict[str, Any]) -> Path:
+    path = directory / "host.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _minimal(**extra: Any) -> dict[str, Any]:
+    return {"tls": {"certFile": "tls/cert.pem", "keyFile": "tls/key.pem"}, **extra}
+
+
+def test_the_file_and_environment_overrides_give_one_frozen_settings_object(
+    tmp_path: Path,
+) -> None:
+    path = _write(
+        tmp_path,
+        _minimal(
+            limits={"maxBodyBytes": 1000},
+            tokens=[{"sha256": HASH, "subject": "app", "retrieval": {"search": ["library"]}}],
+        ),
+    )
+    settings = load_settings(
+        path,
+        {
+            "RETRIEVAL_HOST_LISTEN__PORT": "9443",
+            "RETRIEVAL_HOST_LIMITS__MAX_CONCURRENCY": "3",
+            "RETRIEVAL_HOST_limits__headerTimeoutS": "2.5",
+            "RETRIEVAL_HOST_ALLOWED_ORIGINS": '["https://app.example"]',
+            "UNRELATED": "ignored",
+        },
+    )
+    assert settings.listen.port == 9443
+    assert settings.limits.max_body_bytes == 1000  # from the file
+    assert settings.limits.max_concurrency == 3
+    assert settings.limits.header_timeout_s == 2.5
+    assert settings.allowed_origins == ("https://app.example",)
+    assert settings.tokens[0].retrieval.search == ("library",)
+    assert settings.tokens[0].retrieval.delete == ()  # omitted grants deny
+    with pytest.raises(ValidationError):
+        settings.listen.port = 1  # type: ignore[misc]
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, _minimal(store={"sqlitePath": "data/store.sqlite"}))
+    settings = load_settings(path, {})
+    assert settings.tls is not None
+    assert settings.tls.cert_file == tmp_path / "tls" / "cert.pem"
+    assert settings.store.sqlite_path == tmp_path / "data" / "store.sqlite"
+    assert settings.path("acl.json") == tmp_path / "acl.json"
+
+
+def test_secrets_come_from_a_file_or_an_environment_variable(tmp_path: Path) -> None:
+    (tmp_path / "key-password").write_text("s3cret\n")
+    from_file = load_settings(
+        _write(
+            tmp_path,
+            {"tls": {"certFile": "c", "keyFile": "k", "keyPassword": {"file": "key-password"}}},
+        ),
+        {},
+    )
+    password = from_file.tls_key_password({})
+    assert password is not None
+    assert password.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(from_file) + str(password)
+
+    from_env = load_settings(
+        _write(tmp_path, {"tls": {"certFile": "c", "keyFile": "k", "keyPassword": {"env": "PW"}}}),
+        {},
+    )
+    assert from_env.tls_key_password({"PW": "other"}).get_secret_value() == "other"  # type: ignore[union-attr]
+    with pytest.raises(SettingsError, match="PW is not set"):
+        from_env.tls_key_password({})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"tls": {"certFile": "c", "keyFile": "k", "keyPassword": "inline-secret"}},
+        {"tls": {"certFile": "c", "keyFile": "k", "keyPassword": {"file": "a", "env": "B"}}},
+        _minimal(unknownField=1),
+        _minimal(tokens=[{"sha256": "not-a-hash", "subject": "s"}]),
+        _minimal(tokens=[{"sha256": HASH, "subject": "a"}, {"sha256": HASH, "subject": "b"}]),
+        _minimal(allowedOrigins=["https://app.example/path"]),
+        _minimal(application="not an import path"),
+    ],
+    ids=["inline-secret", "two-sources", "unknown", "bad-hash", "dup-hash", "origin", "app"],
+)
+def test_invalid_configurations_are_refused_without_echoing_values(
+    tmp_path: Path, data: dict[str, Any]
+) -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings(_write(tmp_path, data), {})
+    assert "inline-secret" not in str(refused.value)
+
+
+def test_an_unknown_override_is_an_error() -> None:
+    with pytest.raises(SettingsError, match="RETRIEVAL_HOST_LIMITS__MAX_BODY"):
+        load_settings(
+            None, {"RETRIEVAL_HOST_BEHIND_PROXY": "true", "RETRIEVAL_HOST_LIMITS__MAX_BODY": "1"}
+        )
+
+
+def test_the_example_host_file_is_a_valid_configuration(tmp_path: Path) -> None:
+    shutil.copy(REPO / "config" / "host.example.json", tmp_path / "host.json")
+    settings = load_settings(tmp_path / "host.json", {})
+    assert isinstance(settings, HostSettings)
+    assert settings.application == "example_app:create_driver"
+    assert settings.tls is not None
+    assert settings.tls.cert_file == tmp_path / "tls" / "server.pem"
+    assert settings.tokens[0].retrieval.search == ("library",)
