@@ -42,12 +42,13 @@ def token_config_entry(
     search: Sequence[str] = (),
     index: Sequence[str] = (),
     delete: Sequence[str] = (),
+    providers: Sequence[str] = (),
 ) -> dict[str, object]:
     """The `tokens` entry of the host configuration for a token (its hash, never the token)."""
     return {
         "sha256": token_sha256(token),
         "subject": subject,
-        "providers": [],
+        "providers": list(providers),
         "retrieval": {"search": list(search), "index": list(index), "delete": list(delete)},
     }
 
@@ -67,7 +68,9 @@ def _importable(directory: Path) -> Iterator[None]:
                 sys.path.remove(str(directory))
 
 
-def load_factory(settings: HostSettings) -> Callable[[HostSettings], Driver] | None:
+def load_factory(
+    settings: HostSettings,
+) -> Callable[[HostSettings, Mapping[str, str]], Driver] | None:
     """Import the `module:function` named by `application` (None when there is none)."""
     if settings.application is None:
         return None
@@ -80,11 +83,13 @@ def load_factory(settings: HostSettings) -> Callable[[HostSettings], Driver] | N
     return factory  # type: ignore[no-any-return]
 
 
-def build_driver(settings: HostSettings) -> Driver | None:
+def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver | None:
+    """Call the application factory: `factory(settings, environ)` (the environment is passed
+    so secrets named in the configuration can be resolved; nothing else reads os.environ)."""
     factory = load_factory(settings)
     if factory is None:
         return None
-    driver = factory(settings)
+    driver = factory(settings, environ)
     if not isinstance(driver, Driver):
         raise SettingsError(f"application {settings.application} did not return a Driver")
     return driver
@@ -115,7 +120,7 @@ def run_server(settings: HostSettings, driver: Driver | None, environ: Mapping[s
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = load_settings(args.config, environ)
-    driver = build_driver(settings)
+    driver = build_driver(settings, environ)
     try:
         run_server(settings, driver, environ)
     finally:
@@ -148,7 +153,7 @@ def _ingest(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print("retrieval-host: no PDF, Markdown or e-mail files found", file=sys.stderr)
         return 2
     journal = args.journal or Path(f".retrieval-host-ingest-{args.corpus}.jsonl")
-    driver = build_driver(settings)
+    driver = build_driver(settings, environ)
     if driver is None:
         raise SettingsError("ingest needs an application (the factory that builds the corpora)")
 

@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import CommitEvent, Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
 from retrieval_host.settings import HostSettings
+from retrieval_host.wiring import build_run_engine, build_vector_store
 
 ALL_SOURCES: Final = "*"
 
@@ -202,7 +202,7 @@ def acl_file_content(subject: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def create_driver(settings: HostSettings) -> Driver:
+def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = None) -> Driver:
     """The example application factory: `retrieval_host.example_acl:create_driver`.
 
     `applicationOptions`: `aclFile` and `registryFile` (paths relative to the config file),
@@ -211,8 +211,7 @@ def create_driver(settings: HostSettings) -> Driver:
     (`store.sqlitePath`) serve every corpus.
     """
     options = settings.application_options
-    if settings.store.sqlite_path is None:
-        raise ValueError("the example application needs store.sqlitePath")
+    environ = {} if environ is None else environ
     registry = RevisionRegistry(settings.path(str(options.get("registryFile", "registry.json"))))
     acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), registry)
     corpora = options.get("corpora", ["library"])
@@ -220,7 +219,7 @@ def create_driver(settings: HostSettings) -> Driver:
         raise ValueError("applicationOptions.corpora must be a list of corpus ids")
     threads = options.get("embeddingThreads", 1)
     embedding = LocalEmbedding(threads=threads if isinstance(threads, int) else 1)
-    store = SqliteVectorStore.open(settings.store.sqlite_path)
+    store = build_vector_store(settings, environ)
     chunking = ChunkingSettings().as_identity()
     service = RetrievalService(
         [
@@ -237,4 +236,4 @@ def create_driver(settings: HostSettings) -> Driver:
             if isinstance(corpus_id, str)
         ]
     )
-    return Driver(service)
+    return Driver(service, runs=build_run_engine(settings, environ, service))

@@ -33,17 +33,21 @@ from retrieval_host.cli import (
 )
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.models import SearchRequest, SearchResult
+from retrieval_host.core.models import Location
+from retrieval_host.core.runs_model import RunRequest, RunRetrieval
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.example_acl import acl_file_content
 from retrieval_host.ingest import media_type_for_path
 from retrieval_host.settings import load_settings
 from retrieval_host.tls import ensure_local_certificates
+from retrieval_host_client import validate_source_citations
 
 CORPUS: Final = "library"
 SUBJECT: Final = "quickstart"
 NAMESPACE: Final = "demo"
 DEMO_QUESTION: Final = "How do I rotate a token?"
+PROVIDER: Final = "local"
+MODEL: Final = "extractive"
 NOTE: Final = """# My first note
 
 The quickstart indexed this note through the HTTPS ingest route. Search for it with the
@@ -113,8 +117,13 @@ def prepare_state(state_dir: Path, port: int) -> Path:
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
         "tls": {"certFile": certs.cert_file.name, "keyFile": certs.key_file.name},
-        "tokens": [token_config_entry(token, SUBJECT, search=grants, index=grants, delete=grants)],
-        "providers": {},
+        "tokens": [
+            token_config_entry(
+                token, SUBJECT, search=grants, index=grants, delete=grants, providers=[PROVIDER]
+            )
+        ],
+        # The offline extractive provider: cited sentences from the evidence, no model account.
+        "providers": {PROVIDER: {"kind": "extractive"}},
         "store": {"sqlitePath": "store/retrieval.sqlite"},
         "application": "retrieval_host.example_acl:create_driver",
         "applicationOptions": {
@@ -147,27 +156,35 @@ def _short(revision: str) -> str:
     return revision if len(revision) <= 20 else revision[:19] + "…"
 
 
-def _cite(result: SearchResult) -> None:
-    if not result.hits:
-        print("  (no passage found)")
-        return
-    hit = result.hits[0]
+def _where(location: Location) -> str:
     where = []
-    if hit.location.page is not None:
-        where.append(f"page {hit.location.page}")
-    if hit.location.start_line is not None:
-        where.append(f"lines {hit.location.start_line}-{hit.location.end_line}")
-    if hit.location.document_id is not None:
-        where.append(f"message {hit.location.document_id}")
-    text = " ".join(hit.text.split())
-    if len(text) > 400:
-        text = text[:400] + " …"
-    print(f"A: {text} [source:{hit.chunk_id}]")
-    print(
-        f"   from {hit.source.id} (revision {_short(hit.source.revision)}), "
-        f"{', '.join(where) or 'whole document'}; cosine similarity {hit.score:.2f}"
+    if location.page is not None:
+        where.append(f"page {location.page}")
+    if location.start_line is not None:
+        where.append(f"lines {location.start_line}-{location.end_line}")
+    if location.document_id is not None:
+        where.append(f"message {location.document_id}")
+    return ", ".join(where) or "whole document"
+
+
+def _answer(driver: Driver) -> None:
+    """Run one grounded question with the extractive provider and print the cited answer."""
+    result = driver.run(
+        RunRequest(PROVIDER, MODEL, DEMO_QUESTION, RunRetrieval(CORPUS, limit=3)),
+        RequestContext(subject=SUBJECT),
     )
-    print("   (the best passage as is; grounded generated answers come with runs)")
+    cited = validate_source_citations(
+        result.text, [s.id for s in result.sources], require_citation=True
+    )
+    print(result.text.rstrip())
+    print("Sources:")
+    for entry in result.sources:
+        if entry.id in cited:
+            print(
+                f"  [source:{entry.id}] {entry.source_id} (revision {_short(entry.revision)}), "
+                f"{_where(entry.location)}"
+            )
+    print(f"({len(cited)} citation(s) checked against the run's source manifest)")
 
 
 def curl_commands(state_dir: Path, port: int) -> list[tuple[str, str]]:
@@ -181,12 +198,26 @@ def curl_commands(state_dir: Path, port: int) -> list[tuple[str, str]]:
     delete = json.dumps(
         {"corpus": CORPUS, "sourceId": "my-note", "revision": "1"}, separators=(",", ":")
     )
+    run = json.dumps(
+        {
+            "provider": PROVIDER,
+            "model": MODEL,
+            "input": DEMO_QUESTION,
+            "retrieval": {"corpus": CORPUS, "mode": "before"},
+        },
+        separators=(",", ":"),
+    )
     json_type = "-H 'Content-Type: application/json'"
     return [
         ("Discover the protocol (no token needed)", f"curl --cacert {ca} {base}/v1/protocol"),
         (
             "Search the sample documents",
             f"curl --cacert {ca} {auth} {base}/v1/retrieval/search {json_type} -d '{search}'",
+        ),
+        (
+            "Ask a grounded question, streamed as Server-Sent Events",
+            f"curl -N --cacert {ca} {auth} -H 'Accept: text/event-stream' {base}/v1/runs "
+            f"{json_type} -d '{run}'",
         ),
         (
             "Ingest a document (the raw file is the body)",
@@ -214,16 +245,12 @@ def quickstart(
     # Only the configuration file: the quickstart is not steered by RETRIEVAL_HOST_* variables.
     settings = load_settings(host_file, {})
     print(f"Indexing the sample documents into corpus {CORPUS!r} with the local model:")
-    driver = build_driver(settings)
+    driver = build_driver(settings, environ)
     assert driver is not None
     try:
         index_samples(driver, samples)
         print(f"\nQ: {DEMO_QUESTION}")
-        _cite(
-            driver.search_context(
-                SearchRequest(CORPUS, DEMO_QUESTION, limit=1), RequestContext(subject=SUBJECT)
-            )
-        )
+        _answer(driver)
         print("\nTry it:")
         for what, command in curl_commands(state_dir, port):
             print(f"  # {what}")

@@ -134,6 +134,52 @@ class TokenSettings(_Model):
 
 
 class StoreSettings(_Model):
+    """Where passages and run records live: SQLite (one machine) or PostgreSQL + pgvector
+    (several replicas). Exactly one of `sqlitePath` and `postgresDsn` is set."""
+
+    sqlite_path: Path | None = None
+    postgres_dsn: SecretRef | None = None
+    postgres_schema: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = (
+        "retrieval_host"
+    )
+    hnsw: bool = False
+    ef_search: Annotated[int, Field(ge=1, le=1000)] = 100
+    pool_size: Annotated[int, Field(ge=1, le=100)] = 4
+
+    @model_validator(mode="after")
+    def _one_store(self) -> StoreSettings:
+        if self.sqlite_path is not None and self.postgres_dsn is not None:
+            raise ValueError("set store.sqlitePath or store.postgresDsn, not both")
+        return self
+
+
+class ExtractiveProviderSettings(_Model):
+    """The offline provider: answers with cited sentences quoted from the evidence."""
+
+    kind: Literal["extractive"]
+
+
+class OpenAIProviderSettings(_Model):
+    """An OpenAI-compatible chat-completions account. The key is a secret reference."""
+
+    kind: Literal["openai"]
+    base_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
+    api_key: SecretRef | None = None
+    ca_file: Path | None = None
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+ProviderSettings = Annotated[
+    ExtractiveProviderSettings | OpenAIProviderSettings, Field(discriminator="kind")
+]
+
+
+class RunSettings(_Model):
+    """Grounded runs: SSE heartbeat interval and (for SQLite) where run records live."""
+
+    heartbeat_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    # Default: `runs.db` beside `store.sqlitePath`. Ignored with PostgreSQL (same database).
     sqlite_path: Path | None = None
 
 
@@ -146,7 +192,11 @@ class HostSettings(_Model):
     behind_proxy: bool = False
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tokens: tuple[TokenSettings, ...] = ()
-    providers: dict[str, JsonValue] = Field(default_factory=dict)
+    providers: dict[
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")],
+        ProviderSettings,
+    ] = Field(default_factory=dict)
+    runs: RunSettings = Field(default_factory=RunSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     # "package.module:factory"; the factory takes these settings and returns a Driver.
     application: Annotated[str, StringConstraints(pattern=r"^[\w.]+:[\w]+$")] | None = None

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from retrieval_host_client import validate_source_citations
 from tests.support.host import wait_until
 
 
@@ -51,6 +52,18 @@ def _run_curl(command: str, cwd: Path) -> Any:
     return json.loads(done.stdout)
 
 
+def _run_sse(command: str, cwd: Path) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, (command, done.stderr)
+    return [
+        json.loads(line.removeprefix("data:").strip())
+        for line in done.stdout.splitlines()
+        if line.startswith("data:")
+    ]
+
+
 def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) -> None:
     assert shutil.which("curl"), "curl is needed to run the printed commands"
     port = _free_port()
@@ -83,11 +96,25 @@ def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) 
         assert "Q: How do I rotate a token?" in output
         assert "[source:" in output  # the cited passage shown before serving
         commands = [line.strip() for line in lines if line.strip().startswith("curl ")]
-        assert len(commands) == 4, output
+        assert "Extractive answer" in output  # the grounded run shown before serving
+        assert len(commands) == 5, output
 
-        protocol, search, ingest, delete = (_run_curl(c, tmp_path) for c in commands)
+        protocol = _run_curl(commands[0], tmp_path)
+        search = _run_curl(commands[1], tmp_path)
+        events = _run_sse(commands[2], tmp_path)
+        ingest, delete = (_run_curl(c, tmp_path) for c in commands[3:])
         assert protocol["name"] == "retrieval-host"
         assert "scoped-retrieval" in protocol["capabilities"]
+        assert "grounded-runs" in protocol["capabilities"]
+        assert events[0]["type"] == "run.started"
+        assert events[-1]["type"] == "run.completed", events[-1]
+        assert all(e["phase"] for e in events if e["type"] == "run.progress")
+        result = events[-1]["result"]
+        cited = validate_source_citations(
+            result["text"], [s["id"] for s in result["sources"]], require_citation=True
+        )
+        assert cited
+        assert "".join(e["text"] for e in events if e["type"] == "run.delta") == result["text"]
         assert search["hits"], search
         assert "rotate" in search["hits"][0]["text"].lower()
         assert search["hits"][0]["location"]["startLine"] >= 1

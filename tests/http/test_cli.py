@@ -73,7 +73,7 @@ def test_the_example_application_builds_a_working_driver(
 ) -> None:
     config, environ = example_config
     settings = load_settings(config, environ)
-    driver = build_driver(settings)
+    driver = build_driver(settings, environ)
     assert driver is not None
     try:
         alice = RequestContext(subject="alice")

@@ -39,7 +39,16 @@ def _terms(text: str) -> set[str]:
 def _sentences(passage: EvidencePassage) -> list[str]:
     # A quoted sentence must not smuggle a citation marker of its own into the answer.
     text = passage.text.replace("[source:", "(source:")
-    return [s.strip() for s in _SENTENCE_END.split(text) if len(s.strip()) > 1]
+    sentences: list[str] = []
+    # Lines of one paragraph form one text (documents wrap sentences across lines); Markdown
+    # headings and code fences are structure, not sentences to quote.
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = [line.strip() for line in paragraph.splitlines()]
+        if lines and lines[0].startswith("```"):
+            continue
+        body = " ".join(line for line in lines if line and not line.startswith("#"))
+        sentences += [s.strip() for s in _SENTENCE_END.split(body) if len(s.strip()) > 1]
+    return sentences
 
 
 class ExtractiveProvider:

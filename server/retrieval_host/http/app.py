@@ -37,7 +37,9 @@ from retrieval_host.http.request_id import (
     request_id_of,
 )
 from retrieval_host.http.routes import Routes, ingest_media_types
+from retrieval_host.http.runs import RunRoutes
 from retrieval_host.settings import HostSettings
+from retrieval_host_client import run_models as run_wire
 
 logger = logging.getLogger("retrieval_host.http")
 
@@ -116,15 +118,30 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
     retrieval capabilities, no retrieval routes).
     """
 
+    runs_enabled = driver is not None and driver.runs is not None
+
     @cache
     def openapi() -> Mapping[str, Any]:
         return build_openapi(
             version=_version(),
             ingest_media_types=ingest_media_types() if driver is not None else [],
             retrieval=driver is not None,
+            runs=runs_enabled,
         )
 
     routes = Routes(settings, driver, TokenAuthenticator(settings.tokens), openapi)
+    table = routes.routes()
+    run_routes: RunRoutes | None = None
+    if driver is not None and driver.runs is not None:
+        run_routes = RunRoutes(
+            driver.runs,
+            authenticate=routes.authenticate,
+            parse_body=lambda request: routes.parse_json(request, run_wire.RunRequest),
+            limiter=routes.worker_limiter,
+            heartbeat_s=settings.runs.heartbeat_s,
+            max_workers=settings.limits.max_concurrency,
+        )
+        table += run_routes.routes()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -133,9 +150,11 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
             yield
         finally:
             routes.started = False
+            if run_routes is not None:
+                run_routes.close()
 
     starlette = Starlette(
-        routes=routes.routes(),
+        routes=table,
         exception_handlers={
             RetrievalError: _retrieval_error,
             HTTPException: _http_exception,

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from retrieval_host_client import models as wire
+from retrieval_host_client import run_models as run_wire
 
 REF: Final = "#/components/schemas/{model}"
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
@@ -53,6 +54,33 @@ class _Operation:
     secured: bool = False
     problems: Sequence[int] = _PUBLIC_PROBLEMS
     ingest: bool = False
+    stream: bool = False
+
+
+def _run_operations() -> list[_Operation]:
+    return [
+        _Operation(
+            "/v1/runs",
+            "post",
+            "createRun",
+            "A grounded run (token provider grant, plus `search` for retrieval): one JSON "
+            "result, or Server-Sent Events with `Accept: text/event-stream`.",
+            run_wire.RunResult,
+            run_wire.RunRequest,
+            secured=True,
+            problems=_RETRIEVAL_PROBLEMS,
+            stream=True,
+        ),
+        _Operation(
+            "/v1/runs/{runId}",
+            "get",
+            "getRun",
+            "The recorded run of the token's subject, its evidence re-authorized.",
+            run_wire.RunRecord,
+            secured=True,
+            problems=(401, 403, 404, 408, 500, 503),
+        ),
+    ]
 
 
 def _operations() -> list[_Operation]:
@@ -130,6 +158,9 @@ def _schemas() -> tuple[dict[tuple[type[BaseModel], JsonSchemaMode], Any], dict[
         (wire.Health, "serialization"),
         (wire.Readiness, "serialization"),
         (wire.Problem, "serialization"),
+        (run_wire.RunRequest, "validation"),
+        (run_wire.RunResult, "serialization"),
+        (run_wire.RunRecord, "serialization"),
     ]
     refs, top = models_json_schema(models, by_alias=True, ref_template=REF)
     return {key: refs[key] for key in models}, dict(top.get("$defs", {}))
@@ -145,7 +176,11 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_openapi(
-    *, version: str, ingest_media_types: Sequence[str], retrieval: bool = True
+    *,
+    version: str,
+    ingest_media_types: Sequence[str],
+    retrieval: bool = True,
+    runs: bool = False,
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of every route this host serves (retrieval routes only when a
     retrieval service is configured)."""
@@ -166,7 +201,7 @@ def build_openapi(
         }
 
     paths: dict[str, Any] = {}
-    for op in _operations():
+    for op in [*_operations(), *(_run_operations() if runs else [])]:
         if op.secured and not retrieval:
             continue
         if op.response is None:
@@ -220,6 +255,17 @@ def build_openapi(
                 "required": True,
                 "content": {"application/json": {"schema": refs[(op.request, "validation")]}},
             }
+        if op.stream:
+            responses["200"]["content"]["text/event-stream"] = {
+                "schema": {"type": "string"},
+                "description": "With `Accept: text/event-stream`: events run.started, "
+                "run.progress ({phase, ...context}), run.delta, then run.completed or "
+                "run.failed (a problem body); heartbeat comments between them.",
+            }
+        if "{runId}" in op.path:
+            operation["parameters"] = [
+                {"name": "runId", "in": "path", "required": True, "schema": {"type": "string"}}
+            ]
         paths.setdefault(op.path, {})[op.method] = operation
 
     return {

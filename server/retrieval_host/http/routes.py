@@ -114,6 +114,8 @@ class Routes:
     def protocol_info(self) -> wire.ProtocolInfo:
         limits = self.settings.limits
         capabilities = ["scoped-retrieval", "retrieval-indexing"] if self.driver is not None else []
+        if self.driver is not None and self.driver.runs is not None:
+            capabilities += ["grounded-runs", "run-streaming"]
         return wire.ProtocolInfo(
             name=PROTOCOL_NAME,
             version=PROTOCOL_VERSION,
@@ -159,8 +161,8 @@ class Routes:
     # --- retrieval ---------------------------------------------------------------------------
 
     async def search(self, request: Request) -> Response:
-        principal = self._authenticate(request)
-        body = await self._json(request, wire.SearchRequest)
+        principal = self.authenticate(request)
+        body = await self.parse_json(request, wire.SearchRequest)
         context = self._context(principal, "search", body.corpus, request)
         driver = self._driver()
         result = await self._run(
@@ -169,8 +171,8 @@ class Routes:
         return _model_response(mapping.search_response(result))
 
     async def index(self, request: Request) -> Response:
-        principal = self._authenticate(request)
-        body = await self._json(request, wire.IndexRequest)
+        principal = self.authenticate(request)
+        body = await self.parse_json(request, wire.IndexRequest)
         context = self._context(principal, "index", body.corpus, request)
         driver = self._driver()
         result = await self._run(
@@ -179,8 +181,8 @@ class Routes:
         return _model_response(mapping.index_response(result))
 
     async def delete(self, request: Request) -> Response:
-        principal = self._authenticate(request)
-        body = await self._json(request, wire.DeleteRequest)
+        principal = self.authenticate(request)
+        body = await self.parse_json(request, wire.DeleteRequest)
         context = self._context(principal, "delete", body.corpus, request)
         driver = self._driver()
         result = await self._run(
@@ -189,7 +191,7 @@ class Routes:
         return _model_response(mapping.delete_response(result))
 
     async def ingest(self, request: Request) -> Response:
-        principal = self._authenticate(request)
+        principal = self.authenticate(request)
         params = self._ingest_params(request)
         context = self._context(principal, "index", params.corpus, request)
         media_type = _media_type(request)
@@ -219,7 +221,7 @@ class Routes:
         assert self.driver is not None  # retrieval routes exist only with a driver
         return self.driver
 
-    def _authenticate(self, request: Request) -> Principal:
+    def authenticate(self, request: Request) -> Principal:
         return self.authenticator.authenticate(
             request.headers.get("authorization"), request.scope.get("query_string", b"")
         )
@@ -232,7 +234,7 @@ class Routes:
             subject=principal.subject, cancel=CancelToken(), request_id=request_id_of(request.scope)
         )
 
-    async def _json(self, request: Request, model: type[M]) -> M:
+    async def parse_json(self, request: Request, model: type[M]) -> M:
         if _media_type(request) != "application/json":
             raise RetrievalError(
                 ErrorCode.UNSUPPORTED_MEDIA_TYPE,
@@ -258,7 +260,7 @@ class Routes:
         except ValidationError as exc:
             raise InvalidRequest(_validation_detail(exc, "query")) from None
 
-    def _worker_limiter(self) -> anyio.CapacityLimiter:
+    def worker_limiter(self) -> anyio.CapacityLimiter:
         # Created on first use: it belongs to the running event loop.
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.settings.limits.max_concurrency)
@@ -271,7 +273,7 @@ class Routes:
 
         async def run_work() -> None:
             try:
-                results.append(await anyio.to_thread.run_sync(work, limiter=self._worker_limiter()))
+                results.append(await anyio.to_thread.run_sync(work, limiter=self.worker_limiter()))
             except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
                 errors.append(exc)
             finally:

@@ -1,0 +1,97 @@
+"""Adapters chosen in one place: the vector store, run records and generation providers that a
+host configuration names. Application factories call these, then add their own authorizer."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+
+from retrieval_host.adapters.provider_extractive import ExtractiveProvider
+from retrieval_host.adapters.provider_openai import OpenAIChatProvider
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.ports import VectorStore
+from retrieval_host.core.run_ports import GenerationProvider, RunStore
+from retrieval_host.core.runs import RunEngine
+from retrieval_host.core.service import RetrievalService
+from retrieval_host.settings import HostSettings, OpenAIProviderSettings
+
+
+def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> VectorStore:
+    """SQLite at `store.sqlitePath`, or PostgreSQL + pgvector at `store.postgresDsn`."""
+    store = settings.store
+    if store.postgres_dsn is not None:
+        from retrieval_host.adapters.store_pgvector import PgVectorStore
+
+        dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
+        return PgVectorStore.open(
+            dsn,
+            schema=store.postgres_schema,
+            hnsw=store.hnsw,
+            ef_search=store.ef_search,
+            pool_size=store.pool_size,
+        )
+    if store.sqlite_path is None:
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE, "set store.sqlitePath or store.postgresDsn."
+        )
+    from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+
+    return SqliteVectorStore.open(settings.path(store.sqlite_path))
+
+
+def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> RunStore:
+    """Run records beside the passages: the same PostgreSQL database (so a replay works on any
+    replica), or a SQLite file (`runs.sqlitePath`, default `runs.db` beside the store)."""
+    store = settings.store
+    if store.postgres_dsn is not None:
+        from retrieval_host.adapters.run_store_pg import PgRunStore
+
+        dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
+        return PgRunStore.open(dsn, schema=store.postgres_schema)
+    from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
+
+    path = settings.runs.sqlite_path
+    if path is None:
+        if store.sqlite_path is None:
+            raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "set runs.sqlitePath.")
+        path = settings.path(store.sqlite_path).parent / "runs.db"
+    return SqliteRunStore.open(settings.path(path))
+
+
+def build_providers(
+    settings: HostSettings, environ: Mapping[str, str]
+) -> dict[str, GenerationProvider]:
+    providers: dict[str, GenerationProvider] = {}
+    for name, config in settings.providers.items():
+        if isinstance(config, OpenAIProviderSettings):
+            providers[name] = _openai(settings, config, environ)
+        else:
+            providers[name] = ExtractiveProvider()
+    return providers
+
+
+def _openai(
+    settings: HostSettings, config: OpenAIProviderSettings, environ: Mapping[str, str]
+) -> OpenAIChatProvider:
+    secret = config.api_key
+    key = None if secret is None else secret.resolve(environ, settings.config_dir)
+    verify: bool | ssl.SSLContext = True
+    if config.ca_file is not None:
+        verify = ssl.create_default_context(cafile=str(settings.path(config.ca_file)))
+    return OpenAIChatProvider(
+        base_url=config.base_url,
+        api_key=None if key is None else key.get_secret_value,
+        timeout_s=config.timeout_s,
+        verify=verify,
+        max_output_tokens=config.max_output_tokens,
+    )
+
+
+def build_run_engine(
+    settings: HostSettings, environ: Mapping[str, str], retrieval: RetrievalService | None
+) -> RunEngine | None:
+    """The run engine, or None when the configuration names no provider."""
+    providers = build_providers(settings, environ)
+    if not providers:
+        return None
+    return RunEngine(retrieval, providers, build_run_store(settings, environ))
