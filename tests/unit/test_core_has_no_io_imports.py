@@ -40,8 +40,10 @@ def test_core_imports_only_pure_modules() -> None:
         for module, line in _imports(path):
             root = module.split(".")[0]
             inside = module == "retrieval_host.core" or module.startswith("retrieval_host.core.")
-            if root in FORBIDDEN_ROOTS or root not in ALLOWED_ROOTS or (
-                root == "retrieval_host" and not inside
+            if (
+                root in FORBIDDEN_ROOTS
+                or root not in ALLOWED_ROOTS
+                or (root == "retrieval_host" and not inside)
             ):
                 offenders.append(f"{path.name}:{line} imports {module}")
     assert offenders == []
