@@ -1,6 +1,148 @@
-"""Typed Python client of retrieval-host."""
+"""Typed Python client of retrieval-host (protocol v1), synchronous and asyncio.
 
+    from retrieval_host_client import Client
+
+    with Client("https://127.0.0.1:8443", ca_bundle="state/ca.pem") as client:
+        hits = client.search_context(corpus="library", query="How do I rotate a token?").hits
+
+The token comes from `token=` or, when omitted, from `RETRIEVAL_HOST_TOKEN` (read once, when
+the client is made). Errors are `RetrievalHostError` subclasses: a connection branch, a status
+branch chosen by the problem `code`, and `ProtocolError` for answers that break the protocol.
+"""
+
+from retrieval_host_client._async_client import AsyncClient, AsyncRunStream
+from retrieval_host_client._base import DEFAULT_TIMEOUT, TOKEN_ENV, DocumentInput
 from retrieval_host_client._citations import validate_source_citations
-from retrieval_host_client._errors import InvalidCitationError, RetrievalHostError
+from retrieval_host_client._client import Client, RunStream
+from retrieval_host_client._errors import (
+    APIStatusError,
+    AuthenticationError,
+    CapacityExceededError,
+    ChunkIdConflictError,
+    ConflictError,
+    ContextReplayUnavailableError,
+    DescriptorMismatchError,
+    EmbeddingFailedError,
+    HostBusyError,
+    HostTimeoutError,
+    InternalServerError,
+    InvalidCitationError,
+    InvalidDocumentError,
+    InvalidRequestError,
+    NoRetrievalEvidenceError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ProtocolError,
+    ProviderFailedError,
+    RequestCancelledError,
+    RetrievalHostConnectionError,
+    RetrievalHostError,
+    RetrievalHostTimeoutError,
+    ServiceUnavailableError,
+    SourceConflictError,
+    SourceUnavailableError,
+    StoreUnavailableError,
+    UnsupportedMediaTypeError,
+    UpstreamError,
+)
+from retrieval_host_client._sse import ServerSentEvent, SSEDecoder
+from retrieval_host_client.models import (
+    ChunkInput,
+    DeleteRequest,
+    DeleteResponse,
+    Hit,
+    IndexRequest,
+    IndexResponse,
+    Location,
+    LocationInput,
+    Problem,
+    ProtocolInfo,
+    SearchRequest,
+    SearchResponse,
+    SourceInput,
+    SourceRef,
+)
+from retrieval_host_client.run_models import (
+    ManifestEntry,
+    OutputArtifactSpec,
+    Receipt,
+    RunCompletedEvent,
+    RunDeltaEvent,
+    RunEvent,
+    RunFailedEvent,
+    RunProgressEvent,
+    RunRecord,
+    RunRequest,
+    RunResult,
+    RunRetrieval,
+    RunStartedEvent,
+)
 
-__all__ = ["InvalidCitationError", "RetrievalHostError", "validate_source_citations"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "TOKEN_ENV",
+    "APIStatusError",
+    "AsyncClient",
+    "AsyncRunStream",
+    "AuthenticationError",
+    "CapacityExceededError",
+    "ChunkIdConflictError",
+    "ChunkInput",
+    "Client",
+    "ConflictError",
+    "ContextReplayUnavailableError",
+    "DeleteRequest",
+    "DeleteResponse",
+    "DescriptorMismatchError",
+    "DocumentInput",
+    "EmbeddingFailedError",
+    "Hit",
+    "HostBusyError",
+    "HostTimeoutError",
+    "IndexRequest",
+    "IndexResponse",
+    "InternalServerError",
+    "InvalidCitationError",
+    "InvalidDocumentError",
+    "InvalidRequestError",
+    "Location",
+    "LocationInput",
+    "ManifestEntry",
+    "NoRetrievalEvidenceError",
+    "OutputArtifactSpec",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "Problem",
+    "ProtocolError",
+    "ProtocolInfo",
+    "ProviderFailedError",
+    "Receipt",
+    "RequestCancelledError",
+    "RetrievalHostConnectionError",
+    "RetrievalHostError",
+    "RetrievalHostTimeoutError",
+    "RunCompletedEvent",
+    "RunDeltaEvent",
+    "RunEvent",
+    "RunFailedEvent",
+    "RunProgressEvent",
+    "RunRecord",
+    "RunRequest",
+    "RunResult",
+    "RunRetrieval",
+    "RunStartedEvent",
+    "RunStream",
+    "SSEDecoder",
+    "SearchRequest",
+    "SearchResponse",
+    "ServerSentEvent",
+    "ServiceUnavailableError",
+    "SourceConflictError",
+    "SourceInput",
+    "SourceRef",
+    "SourceUnavailableError",
+    "StoreUnavailableError",
+    "UnsupportedMediaTypeError",
+    "UpstreamError",
+    "validate_source_citations",
+]

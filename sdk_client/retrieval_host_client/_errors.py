@@ -1,10 +1,65 @@
-"""Typed errors of the client. Each carries the stable problem `code` of the host."""
+"""Typed errors of the client.
+
+Three branches under `RetrievalHostError`:
+
+- `RetrievalHostConnectionError` (and its `RetrievalHostTimeoutError`): no complete answer
+  arrived. For a mutation the outcome is then unknown; nothing is ever retried automatically.
+- `APIStatusError`: the host answered with an error status. The subclass is chosen by the
+  problem's stable `code` (one table, `_CODE_CLASSES`); an unknown code, or an error body
+  that is not a problem document (a proxy's HTML page), falls back to a class chosen by the
+  HTTP status, and then to `APIStatusError` itself.
+- `ProtocolError`: the host answered, but not as protocol v1 says (a malformed body, a
+  progress event without its phase, a manifest entry that references no returned hit).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
+from retrieval_host_client.models import Problem
+
+__all__ = [
+    "APIStatusError",
+    "AuthenticationError",
+    "CapacityExceededError",
+    "ChunkIdConflictError",
+    "ConflictError",
+    "ContextReplayUnavailableError",
+    "DescriptorMismatchError",
+    "EmbeddingFailedError",
+    "HostBusyError",
+    "HostTimeoutError",
+    "InternalServerError",
+    "InvalidCitationError",
+    "InvalidDocumentError",
+    "InvalidRequestError",
+    "NoRetrievalEvidenceError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "ProviderFailedError",
+    "RequestCancelledError",
+    "RetrievalHostConnectionError",
+    "RetrievalHostError",
+    "RetrievalHostTimeoutError",
+    "ServiceUnavailableError",
+    "SourceConflictError",
+    "SourceUnavailableError",
+    "StoreUnavailableError",
+    "UnsupportedMediaTypeError",
+    "UpstreamError",
+    "error_from_problem",
+    "error_from_status",
+]
+
 
 class RetrievalHostError(Exception):
-    """Base of every error this package raises. `code` is the host's stable problem code."""
+    """Base of every error this package raises. `code` is the host's stable problem code.
+
+    Errors raised by the client itself carry client-side codes that the host never sends:
+    `CONNECTION_ERROR`, `CLIENT_TIMEOUT` and `PROTOCOL_ERROR`.
+    """
 
     code: str = "INTERNAL"
 
@@ -18,3 +73,237 @@ class InvalidCitationError(RetrievalHostError, ValueError):
     """A `[source:ID]` marker is malformed or unknown, or a required citation is absent."""
 
     code = "INVALID_CITATION"
+
+
+# --- connection branch ------------------------------------------------------------------------
+
+
+class RetrievalHostConnectionError(RetrievalHostError):
+    """No complete response arrived: connect, TLS, send or receive failed.
+
+    `request_sent` is False only when the connection failed before any byte of the request
+    could be written (connect or TLS handshake errors): then the host certainly did nothing.
+    Otherwise a mutation may or may not have been applied; the client never retries it.
+    Re-sending an identical index request is safe (the host answers `unchanged`).
+    """
+
+    code = "CONNECTION_ERROR"
+
+    def __init__(self, message: str, *, request_sent: bool = True, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.request_sent = request_sent
+
+
+class RetrievalHostTimeoutError(RetrievalHostConnectionError):
+    """The client's own timeout (connect, write, read or pool) expired."""
+
+    code = "CLIENT_TIMEOUT"
+
+
+# --- protocol branch --------------------------------------------------------------------------
+
+
+class ProtocolError(RetrievalHostError):
+    """The host's answer breaks protocol v1; the client refuses to pass it on."""
+
+    code = "PROTOCOL_ERROR"
+
+
+# --- status branch ----------------------------------------------------------------------------
+
+
+class APIStatusError(RetrievalHostError):
+    """The host answered with an error status.
+
+    `code` is the problem's stable code (switch on it, never on `title` or `detail`); for an
+    error body that is not a problem document it is `HTTP_<status>`. `problem` is the parsed
+    `application/problem+json` body, or None when there was none.
+    """
+
+    code = "HTTP_ERROR"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str | None = None,
+        request_id: str | None = None,
+        reason: str | None = None,
+        problem: Problem | None = None,
+    ) -> None:
+        super().__init__(message, code=code if code is not None else f"HTTP_{status}")
+        self.status = status
+        self.request_id = request_id
+        self.reason = reason
+        self.problem = problem
+
+    @property
+    def detail(self) -> str | None:
+        """The host's human-readable detail (public; never contains secrets)."""
+        return self.problem.detail if self.problem is not None else None
+
+
+class InvalidRequestError(APIStatusError):
+    """The request was refused for its shape or content (`INVALID_REQUEST`, `INVALID_CITATION`;
+    also any other 400/422)."""
+
+
+class InvalidDocumentError(InvalidRequestError):
+    """An ingested document could not be parsed or exceeds a document limit."""
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    """The document's media type is not one the host ingests."""
+
+
+class AuthenticationError(APIStatusError):
+    """No token, or one the host does not know (401)."""
+
+
+class PermissionDeniedError(APIStatusError):
+    """The token (or the application's authorizer) does not grant this operation (403)."""
+
+
+class SourceUnavailableError(APIStatusError):
+    """A source, revision, corpus or run is missing *or* not authorized; the host never says
+    which (404)."""
+
+
+class ConflictError(APIStatusError):
+    """Base of the 409 conflicts."""
+
+
+class SourceConflictError(ConflictError):
+    """Different content under an existing revision, or a concurrent writer won."""
+
+
+class ChunkIdConflictError(ConflictError):
+    """A chunk id is already used by another source of the corpus."""
+
+
+class DescriptorMismatchError(ConflictError):
+    """The corpus was built with another embedding descriptor."""
+
+
+class ContextReplayUnavailableError(ConflictError):
+    """The run with this idempotency key did not complete; it cannot be replayed."""
+
+
+class PayloadTooLargeError(APIStatusError):
+    """The request body exceeds the host's limit (413)."""
+
+
+class CapacityExceededError(APIStatusError):
+    """A corpus capacity limit (passages, bytes) would be exceeded."""
+
+
+class NoRetrievalEvidenceError(APIStatusError):
+    """No authorized passage matched, so the run generated nothing."""
+
+
+class RequestCancelledError(APIStatusError):
+    """The host cancelled the work (e.g. the client went away)."""
+
+
+class HostTimeoutError(APIStatusError):
+    """The host's timeout expired (a run's `idleTimeoutMs`, or a request sent too slowly).
+
+    Not to be confused with `RetrievalHostTimeoutError`, the client's own timeout."""
+
+
+class ServiceUnavailableError(APIStatusError):
+    """Base of the 503 answers: try again later."""
+
+
+class HostBusyError(ServiceUnavailableError):
+    """The host is at its concurrency limit; it queued nothing."""
+
+
+class StoreUnavailableError(ServiceUnavailableError):
+    """The vector store does not answer."""
+
+
+class UpstreamError(APIStatusError):
+    """Base of the 502 answers: a model provider failed."""
+
+
+class EmbeddingFailedError(UpstreamError):
+    """The embedding provider failed; the host did not retry."""
+
+
+class ProviderFailedError(UpstreamError):
+    """The generation provider failed; the host did not retry."""
+
+
+class InternalServerError(APIStatusError):
+    """An unexpected host error (5xx); details are in the host's log under `request_id`."""
+
+
+_CODE_CLASSES: Final[Mapping[str, type[APIStatusError]]] = {
+    "UNAUTHENTICATED": AuthenticationError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "SOURCE_UNAVAILABLE": SourceUnavailableError,
+    "SOURCE_CONFLICT": SourceConflictError,
+    "CHUNK_ID_CONFLICT": ChunkIdConflictError,
+    "DESCRIPTOR_MISMATCH": DescriptorMismatchError,
+    "CONTEXT_REPLAY_UNAVAILABLE": ContextReplayUnavailableError,
+    "INVALID_REQUEST": InvalidRequestError,
+    "INVALID_CITATION": InvalidRequestError,
+    "INVALID_DOCUMENT": InvalidDocumentError,
+    "UNSUPPORTED_MEDIA_TYPE": UnsupportedMediaTypeError,
+    "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
+    "CAPACITY_EXCEEDED": CapacityExceededError,
+    "NO_RETRIEVAL_EVIDENCE": NoRetrievalEvidenceError,
+    "CANCELLED": RequestCancelledError,
+    "TIMEOUT": HostTimeoutError,
+    "HOST_BUSY": HostBusyError,
+    "STORE_UNAVAILABLE": StoreUnavailableError,
+    "EMBEDDING_FAILED": EmbeddingFailedError,
+    "PROVIDER_FAILED": ProviderFailedError,
+    "UNSAFE_STORE": InternalServerError,
+    "INTERNAL": InternalServerError,
+}
+
+_STATUS_CLASSES: Final[Mapping[int, type[APIStatusError]]] = {
+    400: InvalidRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    415: UnsupportedMediaTypeError,
+    422: InvalidRequestError,
+    502: UpstreamError,
+    503: ServiceUnavailableError,
+}
+
+
+def _status_class(status: int) -> type[APIStatusError]:
+    cls = _STATUS_CLASSES.get(status)
+    if cls is not None:
+        return cls
+    return InternalServerError if status >= 500 else APIStatusError
+
+
+def error_from_problem(problem: Problem, *, status: int | None = None) -> APIStatusError:
+    """The typed error for a problem document (a response body or a `run.failed` event)."""
+    effective = status if status is not None else problem.status
+    cls = _CODE_CLASSES.get(problem.code) or _status_class(effective)
+    message = f"{problem.code} ({effective}): {problem.detail} [request {problem.request_id}]"
+    return cls(
+        message,
+        status=effective,
+        code=problem.code,
+        request_id=problem.request_id,
+        reason=problem.reason,
+        problem=problem,
+    )
+
+
+def error_from_status(status: int, *, request_id: str | None = None) -> APIStatusError:
+    """The typed error for an error response whose body is not a problem document."""
+    cls = _status_class(status)
+    suffix = f" [request {request_id}]" if request_id else ""
+    return cls(
+        f"HTTP {status} without a problem document{suffix}", status=status, request_id=request_id
+    )

@@ -284,6 +284,10 @@ def _apply_override(
     data[alias] = target
 
 
+# Read by the Python client (`retrieval_host_client`), never by the host.
+CLIENT_VARIABLES: Final = frozenset({"RETRIEVAL_HOST_TOKEN"})
+
+
 def load_settings(
     path: str | Path | None, environ: Mapping[str, str], *, prefix: str = ENV_PREFIX
 ) -> HostSettings:
@@ -303,6 +307,8 @@ def load_settings(
         data = loaded
         config_dir = file.parent
     for key in sorted(environ):
+        if key in CLIENT_VARIABLES:
+            continue  # the client's own variables share the prefix; they configure no host
         if key.startswith(prefix) and len(key) > len(prefix):
             parts = key[len(prefix) :].split("__")
             _apply_override(data, HostSettings, parts, environ[key], key)

@@ -125,3 +125,10 @@ def test_the_example_host_file_is_a_valid_configuration(tmp_path: Path) -> None:
     assert settings.tls is not None
     assert settings.tls.cert_file == tmp_path / "tls" / "server.pem"
     assert settings.tokens[0].retrieval.search == ("library",)
+
+
+def test_the_client_token_variable_is_not_a_host_setting(tmp_path: Path) -> None:
+    config = tmp_path / "host.json"
+    config.write_text('{"behindProxy": true}', encoding="utf-8")
+    settings = load_settings(config, {"RETRIEVAL_HOST_TOKEN": "rh_client_side"})
+    assert settings.behind_proxy is True

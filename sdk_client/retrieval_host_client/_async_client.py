@@ -1,0 +1,246 @@
+"""`AsyncClient`: the asyncio shell. It sends what `_base` builds and hands back the bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from retrieval_host_client._base import (
+    UPLOAD_CHUNK_BYTES,
+    BaseClient,
+    Call,
+    DocumentInput,
+    RunEventReader,
+    Upload,
+    transport_error,
+)
+from retrieval_host_client.models import (
+    DeleteRequest,
+    DeleteResponse,
+    IndexRequest,
+    IndexResponse,
+    ProtocolInfo,
+    SearchRequest,
+    SearchResponse,
+)
+from retrieval_host_client.run_models import RunEvent, RunRecord, RunRequest, RunResult
+
+__all__ = ["AsyncClient", "AsyncRunStream"]
+
+T = TypeVar("T")
+
+
+class AsyncRunStream:
+    """The typed events of one streamed run; `async for` it inside `AsyncClient.stream_run`.
+
+    Iteration ends after `run.completed` or `run.failed` (a failed run is an event, not an
+    exception; `until_done()` turns it into the typed error). Heartbeats are not events.
+    Cancelling the task that iterates closes the connection, and the host cancels the run.
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._chunks = response.aiter_bytes()
+        self._reader = RunEventReader()
+        self._pending: list[RunEvent] = []
+        self._ended = False
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id, once `run.started` has been read."""
+        return self._reader.run_id
+
+    @property
+    def result(self) -> RunResult | None:
+        """The completed result, once `run.completed` has been read."""
+        return self._reader.result
+
+    def __aiter__(self) -> AsyncRunStream:
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        while not self._pending:
+            if self._ended or self._reader.finished:
+                raise StopAsyncIteration
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._ended = True
+                self._reader.end()
+                raise
+            except httpx.RequestError as exc:
+                self._ended = True
+                raise transport_error(exc) from exc
+            self._pending.extend(self._reader.feed(chunk))
+        return self._pending.pop(0)
+
+    async def until_done(self) -> RunResult:
+        """Read the remaining events; return the result or raise the failed run's error."""
+        async for _ in self:
+            pass
+        return self._reader.outcome()
+
+    async def _aclose(self) -> None:
+        aclose: Callable[[], Any] | None = getattr(self._chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        await self._response.aclose()
+
+
+class AsyncClient(BaseClient[httpx.AsyncClient]):
+    """Asyncio client of a retrieval host (protocol v1); the same methods as `Client`.
+
+    `AsyncClient(base_url, *, token=None, ca_bundle=None, timeout=30.0, trust_env=True)`,
+    options as for `Client` (the token is read from `RETRIEVAL_HOST_TOKEN` once, here, when
+    not given). Nothing is retried automatically. Use it as an async context manager, or call
+    `aclose()`. Uploads read files in a worker thread, so the event loop never blocks on disk.
+    """
+
+    def _open(self, options: Mapping[str, Any]) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**options)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _send(self, call: Call[T]) -> T:
+        with self._body(call.body) as (content, length):
+            headers = dict(call.headers)
+            if length is not None:
+                headers["Content-Length"] = str(length)
+            request = self._http.build_request(
+                call.method, call.path, params=call.params, headers=headers, content=content
+            )
+            try:
+                response = await self._http.send(request)
+            except httpx.RequestError as exc:
+                raise transport_error(exc) from exc
+        return call.parse(response.status_code, response.headers, response.content)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _body(
+        body: bytes | Upload | None,
+    ) -> Iterator[tuple[bytes | AsyncIterator[bytes] | None, int | None]]:
+        if not isinstance(body, Upload):
+            yield body, None
+            return
+        with body.opened() as (source, length):
+            if isinstance(source, bytes):
+                yield source, length
+            else:
+                yield _chunks(source), length
+
+    async def discover(self) -> ProtocolInfo:
+        """`GET /v1/protocol`: name, version, capabilities, limits and auth scheme (no token)."""
+        return await self._send(self._discover())
+
+    async def search_context(
+        self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> SearchResponse:
+        """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
+        (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`)."""
+        return await self._send(self._search(request, fields))
+
+    async def index_context(
+        self, request: IndexRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> IndexResponse:
+        """Replace one source revision with prepared passages (`unchanged` when identical)."""
+        return await self._send(self._index(request, fields))
+
+    async def ingest_context(
+        self,
+        document: DocumentInput,
+        *,
+        corpus: str,
+        source_id: str,
+        revision: str | None = None,
+        title: str | None = None,
+        media_type: str | None = None,
+    ) -> IndexResponse:
+        """Upload a raw PDF, Markdown or e-mail document; the host parses and indexes it.
+
+        `document` is a path (streamed from disk in chunks), bytes, or a binary file object
+        (read in chunks from its position, not closed). `media_type` defaults to the one of
+        the file name's suffix (.pdf, .md/.markdown, .eml, .mbox).
+        """
+        return await self._send(
+            self._ingest(
+                document,
+                corpus=corpus,
+                source_id=source_id,
+                revision=revision,
+                title=title,
+                media_type=media_type,
+            )
+        )
+
+    async def delete_context(
+        self, request: DeleteRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> DeleteResponse:
+        """Delete exactly one revision of a source (`corpus=`, `source_id=`, `revision=`)."""
+        return await self._send(self._delete(request, fields))
+
+    async def run(
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> RunResult:
+        """Run grounded generation and wait for the result (a failed run raises its error)."""
+        return await self._send(self._run(request, fields))
+
+    @contextlib.asynccontextmanager
+    async def stream_run(
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> AsyncIterator[AsyncRunStream]:
+        """Run grounded generation as a stream of typed events.
+
+        `async with client.stream_run(...) as stream: async for event in stream: ...` — a
+        refusal before the run starts raises its typed error here; leaving the block (or
+        cancelling the task) closes the response, and the host cancels a run not yet ended.
+        """
+        call = self._stream_run(request, fields)
+        assert isinstance(call.body, bytes)
+        http_request = self._http.build_request(
+            call.method, call.path, headers=call.headers, content=call.body
+        )
+        try:
+            response = await self._http.send(http_request, stream=True)
+        except httpx.RequestError as exc:
+            raise transport_error(exc) from exc
+        stream = AsyncRunStream(response)
+        try:
+            refused = not 200 <= response.status_code < 300
+            if refused:
+                try:
+                    await response.aread()
+                except httpx.RequestError as exc:
+                    raise transport_error(exc) from exc
+            call.parse(response.status_code, response.headers, response.content if refused else b"")
+            yield stream
+        finally:
+            await stream._aclose()
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        """`GET /v1/runs/{id}`: the recorded run of the token's subject."""
+        return await self._send(self._get_run(run_id))
+
+
+async def _chunks(read: Callable[[int], bytes]) -> AsyncIterator[bytes]:
+    # Disk reads happen in a worker thread: the event loop keeps serving other tasks.
+    while chunk := await asyncio.to_thread(read, UPLOAD_CHUNK_BYTES):
+        yield chunk

@@ -1,0 +1,230 @@
+"""`Client`: the synchronous shell. It sends what `_base` builds and hands back the bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from retrieval_host_client._base import (
+    UPLOAD_CHUNK_BYTES,
+    BaseClient,
+    Call,
+    DocumentInput,
+    RunEventReader,
+    Upload,
+    transport_error,
+)
+from retrieval_host_client.models import (
+    DeleteRequest,
+    DeleteResponse,
+    IndexRequest,
+    IndexResponse,
+    ProtocolInfo,
+    SearchRequest,
+    SearchResponse,
+)
+from retrieval_host_client.run_models import RunEvent, RunRecord, RunRequest, RunResult
+
+__all__ = ["Client", "RunStream"]
+
+T = TypeVar("T")
+
+
+class RunStream:
+    """The typed events of one streamed run; iterate it inside `Client.stream_run`.
+
+    Iteration ends after `run.completed` or `run.failed` (a failed run is an event, not an
+    exception; `until_done()` turns it into the typed error). Heartbeats are not events.
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._reader = RunEventReader()
+
+    @property
+    def run_id(self) -> str | None:
+        """The run's id, once `run.started` has been read."""
+        return self._reader.run_id
+
+    @property
+    def result(self) -> RunResult | None:
+        """The completed result, once `run.completed` has been read."""
+        return self._reader.result
+
+    def __iter__(self) -> Iterator[RunEvent]:
+        reader = self._reader
+        if reader.finished:
+            return
+        try:
+            for chunk in self._response.iter_bytes():
+                yield from reader.feed(chunk)
+                if reader.finished:
+                    return
+        except httpx.RequestError as exc:
+            raise transport_error(exc) from exc
+        reader.end()
+
+    def until_done(self) -> RunResult:
+        """Read the remaining events; return the result or raise the failed run's error."""
+        for _ in self:
+            pass
+        return self._reader.outcome()
+
+
+class Client(BaseClient[httpx.Client]):
+    """Synchronous client of a retrieval host (protocol v1).
+
+    `Client(base_url, *, token=None, ca_bundle=None, timeout=30.0, trust_env=True)`:
+
+    - `token`: the bearer token; when omitted, `RETRIEVAL_HOST_TOKEN` is read once, here.
+    - `ca_bundle`: a PEM file (or an `ssl.SSLContext`) to trust instead of the default CAs.
+    - `timeout`: seconds (or an `httpx.Timeout`) for connecting, each read and each write;
+      `None` waits forever. A streamed run's heartbeats keep its reads alive.
+    - `trust_env`: honour `HTTPS_PROXY`/`NO_PROXY` (and `SSL_CERT_FILE` when no `ca_bundle`).
+
+    Nothing is retried automatically, reads included: a mutation whose answer was lost raises
+    `RetrievalHostConnectionError` and may or may not have been applied. Redirects are not
+    followed. Use it as a context manager, or call `close()`.
+    """
+
+    def _open(self, options: Mapping[str, Any]) -> httpx.Client:
+        return httpx.Client(**options)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _send(self, call: Call[T]) -> T:
+        with self._body(call.body) as (content, length):
+            headers = dict(call.headers)
+            if length is not None:
+                headers["Content-Length"] = str(length)
+            request = self._http.build_request(
+                call.method, call.path, params=call.params, headers=headers, content=content
+            )
+            try:
+                response = self._http.send(request)
+            except httpx.RequestError as exc:
+                raise transport_error(exc) from exc
+        return call.parse(response.status_code, response.headers, response.content)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _body(
+        body: bytes | Upload | None,
+    ) -> Iterator[tuple[bytes | Iterator[bytes] | None, int | None]]:
+        if not isinstance(body, Upload):
+            yield body, None
+            return
+        with body.opened() as (source, length):
+            if isinstance(source, bytes):
+                yield source, length
+            else:
+                yield iter(functools.partial(source, UPLOAD_CHUNK_BYTES), b""), length
+
+    def discover(self) -> ProtocolInfo:
+        """`GET /v1/protocol`: name, version, capabilities, limits and auth scheme (no token)."""
+        return self._send(self._discover())
+
+    def search_context(
+        self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> SearchResponse:
+        """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
+        (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`)."""
+        return self._send(self._search(request, fields))
+
+    def index_context(
+        self, request: IndexRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> IndexResponse:
+        """Replace one source revision with prepared passages (`unchanged` when identical)."""
+        return self._send(self._index(request, fields))
+
+    def ingest_context(
+        self,
+        document: DocumentInput,
+        *,
+        corpus: str,
+        source_id: str,
+        revision: str | None = None,
+        title: str | None = None,
+        media_type: str | None = None,
+    ) -> IndexResponse:
+        """Upload a raw PDF, Markdown or e-mail document; the host parses and indexes it.
+
+        `document` is a path (streamed from disk in chunks), bytes, or a binary file object
+        (read in chunks from its position, not closed). `media_type` defaults to the one of
+        the file name's suffix (.pdf, .md/.markdown, .eml, .mbox).
+        """
+        return self._send(
+            self._ingest(
+                document,
+                corpus=corpus,
+                source_id=source_id,
+                revision=revision,
+                title=title,
+                media_type=media_type,
+            )
+        )
+
+    def delete_context(
+        self, request: DeleteRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> DeleteResponse:
+        """Delete exactly one revision of a source (`corpus=`, `source_id=`, `revision=`)."""
+        return self._send(self._delete(request, fields))
+
+    def run(
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> RunResult:
+        """Run grounded generation and wait for the result (a failed run raises its error)."""
+        return self._send(self._run(request, fields))
+
+    @contextlib.contextmanager
+    def stream_run(
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+    ) -> Iterator[RunStream]:
+        """Run grounded generation as a stream of typed events.
+
+        `with client.stream_run(...) as stream: for event in stream: ...` — a refusal before
+        the run starts raises its typed error here; leaving the block closes the response
+        (the host then cancels a run that has not ended).
+        """
+        call = self._stream_run(request, fields)
+        assert isinstance(call.body, bytes)
+        http_request = self._http.build_request(
+            call.method, call.path, headers=call.headers, content=call.body
+        )
+        try:
+            response = self._http.send(http_request, stream=True)
+        except httpx.RequestError as exc:
+            raise transport_error(exc) from exc
+        try:
+            refused = not 200 <= response.status_code < 300
+            if refused:
+                try:
+                    response.read()
+                except httpx.RequestError as exc:
+                    raise transport_error(exc) from exc
+            call.parse(response.status_code, response.headers, response.content if refused else b"")
+            yield RunStream(response)
+        finally:
+            response.close()
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """`GET /v1/runs/{id}`: the recorded run of the token's subject."""
+        return self._send(self._get_run(run_id))

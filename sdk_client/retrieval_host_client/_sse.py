@@ -1,0 +1,141 @@
+"""One incremental Server-Sent Events decoder, without I/O, shared by both clients.
+
+It follows the WHATWG event-stream parsing rules: lines end with CRLF, LF or CR (also when a
+CRLF is split across two chunks); a leading byte-order mark is dropped; lines starting with `:`
+are comments (the host's heartbeats) and are consumed, never surfaced; `data` lines of one
+event are joined with LF; an empty line dispatches the event; an event still incomplete when
+the stream ends is discarded (and `end()` says so, so a caller can tell a cut stream from a
+finished one).
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["SSEDecoder", "SSEError", "ServerSentEvent"]
+
+# A bound on what one event may buffer: a hostile or broken host cannot make the client
+# hold an endless line in memory.
+DEFAULT_MAX_EVENT_BYTES: Final = 32 * 1024 * 1024
+
+
+class SSEError(ValueError):
+    """The stream exceeded the decoder's size bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSentEvent:
+    """One dispatched event. `event` defaults to `message`; `id` is the last event id seen."""
+
+    event: str
+    data: str
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    """Feed it bytes (`feed`) or whole lines (`decode_line`); it returns complete events.
+
+    >>> decoder = SSEDecoder()
+    >>> decoder.feed(b": ping\\n\\nevent: run.delta\\ndata: {\\"text\\"")
+    []
+    >>> decoder.feed(b": \\"hi\\"}\\r\\n\\r\\n")
+    [ServerSentEvent(event='run.delta', data='{"text": "hi"}', id=None, retry=None)]
+    """
+
+    def __init__(self, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._max = max_event_bytes
+        self._line = ""  # an unfinished line
+        self._skip_lf = False  # the previous chunk ended with CR: a leading LF belongs to it
+        self._started = False  # the byte-order mark may only open the stream
+        self._event = ""
+        self._data: list[str] = []
+        self._data_size = 0
+        self._has_fields = False  # the pending event has a field (not only comments)
+        self._last_id: str | None = None
+        self._retry: int | None = None
+
+    def feed(self, chunk: bytes | str) -> list[ServerSentEvent]:
+        """Decode one chunk of the stream, split anywhere; return the events it completed."""
+        text = self._text.decode(chunk) if isinstance(chunk, bytes) else chunk
+        if not self._started and text:
+            self._started = True
+            text = text.removeprefix("\ufeff")
+        if self._skip_lf and text:
+            self._skip_lf = False
+            text = text.removeprefix("\n")
+        events: list[ServerSentEvent] = []
+        start = 0
+        length = len(text)
+        while start < length:
+            cr = text.find("\r", start)
+            lf = text.find("\n", start)
+            ends = [i for i in (cr, lf) if i != -1]
+            if not ends:
+                self._line += text[start:]
+                break
+            end = min(ends)
+            line = self._line + text[start:end]
+            self._line = ""
+            start = end + 1
+            if text[end] == "\r":
+                if start < length:
+                    if text[start] == "\n":
+                        start += 1
+                else:
+                    self._skip_lf = True
+            event = self.decode_line(line)
+            if event is not None:
+                events.append(event)
+        if len(self._line) > self._max:
+            raise SSEError(f"an event-stream line is longer than {self._max} characters")
+        return events
+
+    def decode_line(self, line: str) -> ServerSentEvent | None:
+        """Process one line without its terminator; return the event an empty line dispatches."""
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None  # a comment: heartbeats end here
+        name, colon, value = line.partition(":")
+        if colon:
+            value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+            self._has_fields = True
+        elif name == "data":
+            self._data.append(value)
+            self._data_size += len(value) + 1
+            self._has_fields = True
+            if self._data_size > self._max:
+                raise SSEError(f"an event's data is longer than {self._max} characters")
+        elif name == "id":
+            if "\x00" not in value:
+                self._last_id = value
+            self._has_fields = True
+        elif name == "retry":
+            if value.isascii() and value.isdigit():
+                self._retry = int(value)
+            self._has_fields = True
+        # Any other field name is ignored, as the standard says.
+        return None
+
+    def _dispatch(self) -> ServerSentEvent | None:
+        data, event = self._data, self._event
+        self._data, self._event, self._data_size, self._has_fields = [], "", 0, False
+        if not data:
+            return None
+        return ServerSentEvent(event or "message", "\n".join(data), self._last_id, self._retry)
+
+    def end(self) -> bool:
+        """Finish the stream. True when an incomplete event (or line) was discarded."""
+        tail = self._text.decode(b"", final=True)
+        if tail:
+            self._line += tail
+        truncated = bool(self._line and not self._line.startswith(":")) or self._has_fields
+        self._line = ""
+        self._data, self._event, self._data_size, self._has_fields = [], "", 0, False
+        return truncated

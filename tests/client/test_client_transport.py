@@ -1,0 +1,298 @@
+"""Connection failures, timeouts, odd error bodies and protocol violations, in both modes.
+
+The misbehaving host is a real TLS server on loopback (`canned_host.py`) that reads each
+request whole before it answers, drops the connection or stays silent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from retrieval_host_client import (
+    APIStatusError,
+    ConflictError,
+    HostBusyError,
+    InternalServerError,
+    ProtocolError,
+    RetrievalHostConnectionError,
+    RetrievalHostTimeoutError,
+    ServiceUnavailableError,
+    UpstreamError,
+)
+from tests.client.canned_host import DROP, SILENT, Action, Received, canned_host, http_response
+from tests.client.conftest import Connect
+from tests.client.modes import ClientApi
+from tests.support.host import CORPUS, RunningHost, World
+
+PROTOCOL = {
+    "name": "retrieval-host",
+    "version": "1",
+    "capabilities": ["scoped-retrieval", "retrieval-indexing"],
+    "limits": {"maxBodyBytes": 1024, "maxConcurrency": 1, "headerTimeoutS": 1, "bodyTimeoutS": 1},
+    "auth": {"scheme": "bearer"},
+}
+INDEX = {
+    "corpus": CORPUS,
+    "source": {"id": "dropped", "revision": "r1"},
+    "chunks": [{"id": "dropped-0", "text": "A passage the host never confirms."}],
+}
+RUN = {"provider": "extractive", "model": "extractive", "input": "How do I rotate a token?"}
+
+
+def _json(status: int, doc: object, **kwargs: Any) -> bytes:
+    return http_response(status, json.dumps(doc).encode(), **kwargs)
+
+
+def _problem(status: int, code: str) -> bytes:
+    doc = {
+        "type": "urn:x",
+        "title": "t",
+        "status": status,
+        "code": code,
+        "detail": "d",
+        "requestId": "0" * 32,
+    }
+    return _json(status, doc, content_type="application/problem+json")
+
+
+def _drop_mutations(request: Received) -> Action:
+    if request.method == "GET":
+        return _json(200, PROTOCOL)  # keep-alive: the mutation then reuses this connection
+    return DROP
+
+
+MUTATIONS: dict[str, Callable[[ClientApi], object]] = {
+    "index": lambda api: api.index_context(INDEX),
+    "ingest": lambda api: api.ingest_context(
+        b"# Note\n\nText.\n", corpus=CORPUS, source_id="n", media_type="text/markdown"
+    ),
+    "delete": lambda api: api.delete_context(corpus=CORPUS, source_id="n", revision="r1"),
+    "run": lambda api: api.run(RUN),
+    "stream_run": lambda api: api.stream_run(RUN).__enter__(),
+}
+
+
+@pytest.mark.parametrize("operation", list(MUTATIONS))
+def test_a_dropped_mutation_raises_the_connection_branch_and_is_never_resent(
+    connect: Connect, client_world: World, operation: str
+) -> None:
+    with canned_host(client_world.tls, _drop_mutations) as host:
+        api = connect(base_url=host.base_url)
+        assert api.discover().version == "1"
+        with pytest.raises(RetrievalHostConnectionError) as caught:
+            MUTATIONS[operation](api)
+        assert not isinstance(caught.value, RetrievalHostTimeoutError)
+        assert caught.value.request_sent is True
+        assert caught.value.code == "CONNECTION_ERROR"
+        posts = [r for r in host.received() if r.method == "POST"]
+        connections = host.connections
+    assert len(posts) == 1, "the mutation reached the host once and was not sent again"
+    assert connections == 1, "no second connection was opened to retry it"
+    if operation == "index":
+        assert json.loads(posts[0].body)["source"]["id"] == "dropped"
+
+
+def test_a_silent_host_raises_the_timeout_branch(connect: Connect, client_world: World) -> None:
+    with canned_host(client_world.tls, lambda request: SILENT) as host:
+        api = connect(base_url=host.base_url, timeout=0.3)
+        with pytest.raises(RetrievalHostTimeoutError) as caught:
+            api.index_context(INDEX)
+        assert isinstance(caught.value, RetrievalHostConnectionError)
+        assert caught.value.code == "CLIENT_TIMEOUT"
+        assert len(host.received()) == 1
+
+
+def test_a_refused_connection_says_nothing_was_sent(connect: Connect) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    api = connect(base_url=f"https://127.0.0.1:{port}")
+    with pytest.raises(RetrievalHostConnectionError) as caught:
+        api.index_context(INDEX)
+    assert caught.value.request_sent is False
+
+
+def test_without_the_custom_ca_the_tls_handshake_fails_before_sending(
+    connect: Connect, client_host: RunningHost
+) -> None:
+    api = connect(ca_bundle=None)
+    with pytest.raises(RetrievalHostConnectionError) as caught:
+        api.discover()
+    assert caught.value.request_sent is False
+    assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected", "code", "status"),
+    [
+        (http_response(502, b"<html>Bad gateway</html>", content_type="text/html"),
+         UpstreamError, "HTTP_502", 502),
+        (http_response(503, b"busy", content_type="text/plain"), ServiceUnavailableError,
+         "HTTP_503", 503),
+        (_problem(409, "QUOTA_EXHAUSTED"), ConflictError, "QUOTA_EXHAUSTED", 409),
+        (_problem(418, "TEAPOT"), APIStatusError, "TEAPOT", 418),
+        (_problem(503, "HOST_BUSY"), HostBusyError, "HOST_BUSY", 503),
+        (_json(500, {"error": "not a problem"}), InternalServerError, "HTTP_500", 500),
+    ],
+    ids=["html-502", "text-503", "unknown-code-409", "unknown-code-418", "busy", "json-500"],
+)  # fmt: skip
+def test_error_bodies_map_by_code_then_by_status(
+    connect: Connect,
+    client_world: World,
+    answer: bytes,
+    expected: type[APIStatusError],
+    code: str,
+    status: int,
+) -> None:
+    with (
+        canned_host(client_world.tls, lambda request: answer) as host,
+        pytest.raises(APIStatusError) as caught,
+    ):
+        connect(base_url=host.base_url).search_context(corpus=CORPUS, query="q")
+    error = caught.value
+    # Exactly this class: an unknown code falls back to the class of its status.
+    assert type(error) is expected
+    assert error.code == code
+    assert error.status == status
+
+
+def _hit(chunk_id: str, source: str = "s") -> dict[str, Any]:
+    return {
+        "chunkId": chunk_id,
+        "source": {"id": source, "revision": "r1"},
+        "location": {},
+        "text": "t",
+        "documentSha256": "0" * 64,
+        "score": 0.5,
+        "retrievedAt": "2026-01-01T00:00:00Z",
+        "scope": {"corpus": CORPUS, "indexVersion": "v", "namespace": "n"},
+    }
+
+
+def _search(hits: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "hits": hits,
+        "truncated": False,
+        "retrievedAt": "2026-01-01T00:00:00Z",
+        "scope": None,
+        "usage": {"embedding": {"requests": 1, "inputTokens": 3}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (http_response(200, b"{not json"), "not a valid SearchResponse"),
+        (_json(200, _search([_hit("a"), _hit("a")])), "returned twice"),
+        (_json(200, _search([_hit("a", source="other")])), "not asked for"),
+    ],
+    ids=["malformed", "duplicate-hit", "unasked-source"],
+)
+def test_a_search_answer_that_breaks_the_protocol_raises(
+    connect: Connect, client_world: World, answer: bytes, message: str
+) -> None:
+    with (
+        canned_host(client_world.tls, lambda request: answer) as host,
+        pytest.raises(ProtocolError, match=message),
+    ):
+        connect(base_url=host.base_url).search_context(corpus=CORPUS, query="q", source_ids=["s"])
+
+
+def _sse(*events: tuple[str, dict[str, Any]], tail: bytes = b"") -> bytes:
+    body = b": ping\n\n" + b"".join(
+        f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events
+    )
+    return http_response(200, body + tail, content_type="text/event-stream", close=True)
+
+
+STARTED = ("run.started", {"type": "run.started", "runId": "run_1", "createdAt": "now"})
+
+
+def _completed(sources: list[str], receipts: list[str]) -> tuple[str, dict[str, Any]]:
+    result = {
+        "runId": "run_1",
+        "status": "completed",
+        "provider": "extractive",
+        "model": "extractive",
+        "text": "An answer.",
+        "sources": [
+            {"id": s, "origin": "retrieval", "source": {"id": "s", "revision": "r1"},
+             "location": {}}
+            for s in sources
+        ],
+        "receipts": [
+            {"sequence": 1, "query": "q", "key": "k", "startedAt": "now", "status": "ok",
+             "sourceIds": receipts}
+        ],
+        "usage": {"generation": {}, "embedding": {}},
+        "createdAt": "now",
+        "completedAt": "now",
+    }  # fmt: skip
+    return ("run.completed", {"type": "run.completed", "result": result})
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (_sse(STARTED, ("run.progress", {"type": "run.progress", "corpus": CORPUS})),
+         "without its phase"),
+        (_sse(STARTED, _completed(["c1", "c2"], ["c1"])), "references no returned hit"),
+        (_sse(STARTED, _completed(["c1", "c1"], ["c1"])), "twice"),
+        (_sse(("run.delta", {"type": "run.delta", "text": "x"})), "before run.started"),
+        (_sse(STARTED), "before the run ended"),
+        (_sse(STARTED, tail=b"event: run.delta\ndata: {\"type\""), "middle of an event"),
+        (_json(200, {"runId": "run_1"}), "expected an event stream"),
+    ],
+    ids=["no-phase", "manifest", "duplicate-manifest", "order", "cut", "cut-mid-event",
+         "not-a-stream"],
+)  # fmt: skip
+def test_a_run_stream_that_breaks_the_protocol_raises(
+    connect: Connect, client_world: World, answer: bytes, message: str
+) -> None:
+    seen: list[str] = []
+    with canned_host(client_world.tls, lambda request: answer) as host:
+        api = connect(base_url=host.base_url)
+        with pytest.raises(ProtocolError, match=message), api.stream_run(RUN) as stream:
+            seen.extend(event.type for event in stream)
+    assert "run.completed" not in seen
+
+
+def test_a_valid_canned_stream_yields_typed_events_and_skips_unknown_ones(
+    connect: Connect, client_world: World
+) -> None:
+    future = ("run.future", {"type": "run.future", "anything": 1})
+    progress = ("run.progress", {"type": "run.progress", "phase": "retrieval.scan", "rows": 3})
+    answer = _sse(STARTED, future, progress, _completed(["c1"], ["c1", "c2"]))
+    with canned_host(client_world.tls, lambda request: answer) as host:
+        api = connect(base_url=host.base_url)
+        with api.stream_run(RUN) as stream:
+            events = list(stream)
+            result = stream.until_done()
+        sent = host.received()[0]
+    assert [e.type for e in events] == ["run.started", "run.progress", "run.completed"]
+    assert events[1].type == "run.progress" and events[1].context == {"rows": 3}
+    assert result.sources[0].id == "c1"
+    assert stream.run_id == "run_1"
+    assert sent.headers["accept"] == "text/event-stream"
+    assert json.loads(sent.body) == RUN
+
+
+@pytest.mark.parametrize("method", ["run", "get_run"])
+def test_a_run_result_with_a_manifest_entry_of_no_returned_hit_raises(
+    connect: Connect, client_world: World, method: str
+) -> None:
+    result = _completed(["c1", "c9"], ["c1"])[1]["result"]
+    doc = result if method == "run" else {"runId": "run_1", "status": "completed",
+                                          "createdAt": "now", "result": result}  # fmt: skip
+    with canned_host(client_world.tls, lambda request: _json(200, doc)) as host:
+        api = connect(base_url=host.base_url)
+        with pytest.raises(ProtocolError, match="'c9' references no returned hit"):
+            api.run(RUN) if method == "run" else api.get_run("run_1")
+        if method == "get_run":
+            with pytest.raises(ProtocolError, match="asked for run"):
+                api.get_run("run_2")
