@@ -8,7 +8,12 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.errors import (
+    ErrorCode,
+    RetrievalError,
+    permission_denied,
+    source_unavailable,
+)
 from retrieval_host.core.models import (
     DeleteRequest,
     DeleteResult,
@@ -108,7 +113,7 @@ class Driver:
 
     def _runs(self) -> RunEngine:
         if self.runs is None:
-            raise RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+            raise permission_denied()
         return self.runs
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
@@ -175,7 +180,7 @@ def _preauthorize(corpus: Corpus, request: IngestRequest, context: RequestContex
     grant = corpus.authorize(asked, context)
     context.cancel.progress()
     if grant is None:
-        raise RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+        raise permission_denied()
     if not isinstance(grant, Grant):
         raise TypeError("an authorizer must return a Grant or None")
     granted = grant.sources.get(request.source_id)

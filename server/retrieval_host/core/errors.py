@@ -116,3 +116,9 @@ def source_unavailable() -> RetrievalError:
     return RetrievalError(
         ErrorCode.SOURCE_UNAVAILABLE, "One or more requested sources are unavailable."
     )
+
+
+def permission_denied() -> RetrievalError:
+    """The single public denial: a missing grant looks exactly like a corpus that does not
+    exist, wherever it is decided (token grant, application authorizer, provider)."""
+    return RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")

@@ -17,7 +17,12 @@ from dataclasses import asdict, dataclass, field, replace
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import check_label
-from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.errors import (
+    ErrorCode,
+    RetrievalError,
+    permission_denied,
+    source_unavailable,
+)
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS, fence
 from retrieval_host.core.models import EmbeddingUsage, JSONValue, SearchRequest
 from retrieval_host.core.run_ports import (
@@ -188,9 +193,7 @@ class RunEngine:
             raise denied()
         if request.retrieval is not None and request.retrieval.mode != "off":
             if self._retrieval is None:
-                raise RetrievalError(
-                    ErrorCode.PERMISSION_DENIED, "This operation is not permitted."
-                )
+                raise permission_denied()
             self._retrieval.corpus(request.retrieval.corpus)  # same denial for unknown corpora
 
         fingerprint = request_fingerprint(request)

@@ -10,7 +10,12 @@ from typing import Literal
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import CorpusDescriptor, check_label
-from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.errors import (
+    ErrorCode,
+    RetrievalError,
+    permission_denied,
+    source_unavailable,
+)
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
 from retrieval_host.core.models import (
     DeleteRequest,
@@ -290,6 +295,8 @@ class RetrievalService:
         check_id("corpus", request.corpus)
         check_id("source id", request.source_id)
         check_id("revision", request.revision)
+        if request.revision == ANY_REVISION:
+            raise RetrievalError(ErrorCode.INVALID_REQUEST, "a delete names an exact revision.")
         corpus = self.corpus(request.corpus)
         grant = _authorize(corpus, "delete", (request.source_id,), context)
         if grant.sources.get(request.source_id) != request.revision:
@@ -323,7 +330,7 @@ def _notify(
 
 
 def denied() -> RetrievalError:
-    return RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+    return permission_denied()
 
 
 def _authorize_or_none(

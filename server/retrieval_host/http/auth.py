@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import parse_qsl
 
-from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
+
+__all__ = ["Principal", "TokenAuthenticator", "permission_denied", "token_sha256"]
 from retrieval_host.core.models import Operation
 from retrieval_host.settings import TokenSettings
 
@@ -24,14 +26,6 @@ QUERY_CREDENTIAL_NAMES: Final = frozenset(
      "bearer", "bearer_token", "id_token", "refresh_token"}
 )  # fmt: skip
 WWW_AUTHENTICATE: Final = 'Bearer realm="retrieval-host"'
-
-
-def permission_denied() -> RetrievalError:
-    """The one 403 body: a missing grant looks exactly like a corpus that does not exist.
-
-    The text equals the core service's denial (an end-to-end test compares the two bodies).
-    """
-    return RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
 
 
 def token_sha256(token: str) -> str:
