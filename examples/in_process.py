@@ -22,9 +22,7 @@ def authorize(request: AuthorizationRequest, context: RequestContext) -> Grant |
 
 state = Path(tempfile.mkdtemp(prefix="retrieval-example-"))
 store = SqliteVectorStore.open(state / "library.db")
-service = RetrievalService(
-    [Corpus("library", "passages-v1", LocalEmbedding(), store, authorize)]
-)
+service = RetrievalService([Corpus("library", "passages-v1", LocalEmbedding(), store, authorize)])
 context = RequestContext(subject="user-123")
 texts = {
     "battery-study": "The measured battery lifetime was 1,200 charge cycles at 25 °C.",
@@ -36,7 +34,9 @@ for source_id, text in texts.items():
         IndexRequest(
             corpus="library",
             source=SourceInfo(id=source_id, revision="r1", title=source_id),
-            chunks=[ChunkInput(f"{source_id}-p1", text, Location(page=1, start_line=1, end_line=1))],
+            chunks=[
+                ChunkInput(f"{source_id}-p1", text, Location(page=1, start_line=1, end_line=1))
+            ],
         ),
         context,
     )
