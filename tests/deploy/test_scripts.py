@@ -1,0 +1,163 @@
+"""The scripts the image ships (health check, SQLite backup) and deploy/check-image."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import apsw
+import pytest
+
+from retrieval_host.settings import HostSettings, ListenSettings, TlsSettings
+from tests.support.deploy import DEPLOY
+from tests.support.host import RunningHost, TlsFiles, make_tls, serve_in_thread
+
+HEALTHCHECK = DEPLOY / "scripts" / "healthcheck.py"
+BACKUP = DEPLOY / "scripts" / "sqlite_backup.py"
+
+
+def run_script(
+    script: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    # -I as in the image's HEALTHCHECK: no user site, no PYTHON* variables.
+    return subprocess.run(
+        [sys.executable, "-I", str(script), *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", ""), **(env or {})},
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def host(tls: TlsFiles) -> Iterator[RunningHost]:
+    # No application: /healthz and /readyz are served without a driver (no model to load).
+    settings = HostSettings(
+        listen=ListenSettings(host="127.0.0.1", port=0),
+        tls=TlsSettings(cert_file=tls.cert_file, key_file=tls.key_file),
+    )
+    with serve_in_thread(settings, None, tls) as running:
+        yield running
+
+
+def test_healthcheck_verifies_the_host_against_the_configured_ca(
+    host: RunningHost, tls: TlsFiles
+) -> None:
+    result = run_script(
+        HEALTHCHECK,
+        env={
+            "HEALTHCHECK_URL": f"{host.base_url}/healthz",
+            "HEALTHCHECK_CA_FILE": str(tls.ca_file),
+        },
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, "ok"), result.stderr
+
+
+def test_healthcheck_without_a_ca_skips_verification_on_loopback_only(host: RunningHost) -> None:
+    result = run_script(HEALTHCHECK, env={"HEALTHCHECK_URL": f"{host.base_url}/healthz"})
+    assert (result.returncode, result.stdout.strip()) == (0, "ok"), result.stderr
+
+    remote = run_script(HEALTHCHECK, env={"HEALTHCHECK_URL": "https://example.invalid/healthz"})
+    assert remote.returncode == 1
+    assert "not a loopback address" in remote.stderr
+
+
+def test_healthcheck_fails_on_a_certificate_for_another_name(
+    host: RunningHost, tls: TlsFiles
+) -> None:
+    result = run_script(
+        HEALTHCHECK,
+        env={
+            "HEALTHCHECK_URL": f"{host.base_url}/healthz",
+            "HEALTHCHECK_CA_FILE": str(tls.ca_file),
+            "HEALTHCHECK_SERVER_NAME": "retrieval-host.example.com",
+        },
+    )
+    assert result.returncode == 1
+    assert "certificate verify failed" in result.stderr
+
+
+def test_healthcheck_fails_on_a_non_health_path_and_a_closed_port(host: RunningHost) -> None:
+    wrong = run_script(HEALTHCHECK, env={"HEALTHCHECK_URL": f"{host.base_url}/nowhere"})
+    assert wrong.returncode == 1
+    assert "HTTP 404" in wrong.stderr
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    closed = run_script(
+        HEALTHCHECK, env={"HEALTHCHECK_URL": f"https://127.0.0.1:{closed_port}/healthz"}
+    )
+    assert closed.returncode == 1
+    assert "unhealthy" in closed.stderr
+
+
+def _rows(path: Path) -> int:
+    connection = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        (count,) = connection.execute("SELECT count(*) FROM t").fetchone() or (0,)
+        return int(count)
+    finally:
+        connection.close()
+
+
+def test_backup_copies_what_is_committed_in_the_wal_of_a_live_database(tmp_path: Path) -> None:
+    live = tmp_path / "retrieval.sqlite"
+    writer = apsw.Connection(str(live))
+    try:
+        writer.execute("PRAGMA journal_mode=WAL").fetchall()
+        writer.execute("PRAGMA wal_autocheckpoint=0").fetchall()
+        writer.execute("CREATE TABLE t(x TEXT)")
+        with writer:
+            writer.executemany("INSERT INTO t VALUES (?)", [(f"row {i}",) for i in range(500)])
+        # A file copy of the database alone misses what is still in the -wal.
+        copied = tmp_path / "cp-copy.sqlite"
+        shutil.copyfile(live, copied)
+        assert Path(f"{live}-wal").stat().st_size > 0
+
+        backup = tmp_path / "backups" / "retrieval.sqlite"
+        backup.parent.mkdir()
+        result = run_script(BACKUP, str(live), str(backup))
+        assert result.returncode == 0, result.stderr
+        assert "integrity ok" in result.stdout
+        with writer:  # the host keeps writing during and after the backup
+            writer.execute("INSERT INTO t VALUES ('later')")
+    finally:
+        writer.close()
+    assert _rows(backup) == 500
+    assert stat.S_IMODE(backup.stat().st_mode) == 0o600
+    assert sorted(p.name for p in backup.parent.iterdir()) == ["retrieval.sqlite"]
+    with pytest.raises(apsw.SQLError):
+        _rows(copied)
+
+
+def test_backup_of_a_missing_database_fails_and_writes_nothing(tmp_path: Path) -> None:
+    result = run_script(BACKUP, str(tmp_path / "typo.sqlite"), str(tmp_path / "out.sqlite"))
+    assert result.returncode == 1
+    assert "is not a file" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_image_is_an_executable_bash_script_with_valid_syntax() -> None:
+    script = DEPLOY / "check-image"
+    assert os.access(script, os.X_OK)
+    text = script.read_text(encoding="utf-8")
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert "\nset -euo pipefail\n" in text
+    assert "\ntrap cleanup EXIT\n" in text  # the container and volume go, whatever happens
+    result = subprocess.run(
+        ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
