@@ -1,0 +1,886 @@
+"""Grounded runs end to end over real TLS: a real host (uvicorn, SQLite stores, the local
+embedding model) and providers over loopback (the extractive one, and an OpenAI-compatible
+account pointed at `FakeOpenAI`, which also serves the `remote` corpus's embeddings, so every
+provider and embedding request a run makes is counted there).
+
+Every test that completes a run checks its citations against its manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import random
+import re
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
+from retrieval_host_client import run_models as wire
+from retrieval_host_client import validate_source_citations
+from tests.support.fake_openai import (
+    DEFAULT_API_KEY,
+    FakeOpenAI,
+    PlannedResponse,
+    PlannedToolCall,
+)
+from tests.support.host import wait_until
+from tests.support.runs_host import (
+    DOCS,
+    HEARTBEAT_S,
+    PLANTED_TEXT,
+    VAULT_TEXT,
+    LoopHost,
+    RunsWorld,
+    SseItem,
+    SseParser,
+    build_runs_world,
+    raw_tls_socket,
+    serve_with_loop,
+)
+
+QUESTION = "How many charge cycles does the battery last?"
+LIBRARY_CHUNKS = {cid for doc in DOCS["library"] for cid, _, _ in doc.chunks}
+INBOX_CHUNKS = {cid for doc in DOCS["inbox"] for cid, _, _ in doc.chunks}
+# The context each progress phase carries besides `phase` and `type`.
+PHASE_CONTEXT: Mapping[str, set[str]] = {
+    "retrieval.authorization": {"corpus", "check"},
+    "retrieval.embedding": {"corpus", "inputs"},
+    "retrieval.scan": {"corpus", "sources"},
+    "retrieval.receipt": {"sequence", "status", "sources"},
+    "generation": {"step", "provider"},
+    "recording": {"sources"},
+}
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def world(
+    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding, fake: FakeOpenAI
+) -> Iterator[RunsWorld]:
+    built = build_runs_world(tmp_path_factory.mktemp("runs-world"), host_embedding, fake)
+    yield built
+    built.close()
+
+
+@pytest.fixture(scope="module")
+def host(world: RunsWorld) -> Iterator[LoopHost]:
+    with serve_with_loop(world.settings, world.driver, world.tls, world.environ) as served:
+        yield served
+
+
+@pytest.fixture(autouse=True)
+def clean_slate(world: RunsWorld, host: LoopHost) -> Iterator[None]:
+    world.fake.reset()
+    world.restore_acl()
+    yield
+    # Whatever a test did, it leaves no slot held and no run unfinished.
+    wait_until(lambda: host.app.counters.in_flight == 0, what="slots released")
+    wait_until(lambda: "running" not in world.run_statuses(), what="no run left running")
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def run_body(
+    *,
+    provider: str = "local",
+    model: str = "extractive",
+    question: str = QUESTION,
+    corpus: str | None = "library",
+    mode: str = "before",
+    **extra: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"provider": provider, "model": model, "input": question}
+    if corpus is not None:
+        retrieval: dict[str, Any] = {"corpus": corpus, "mode": mode}
+        retrieval.update(extra.pop("retrieval", {}))
+        body["retrieval"] = retrieval
+    body.update(extra)
+    return body
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass
+class Streamed:
+    """An SSE response read to its end (or until `on_item` said so)."""
+
+    status: int
+    headers: httpx.Headers
+    items: list[SseItem]
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [i.data for i in self.items if not i.is_comment]
+
+    @property
+    def pings(self) -> list[SseItem]:
+        return [i for i in self.items if i.is_comment]
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+
+def stream_run(
+    host: LoopHost,
+    token: str,
+    body: Mapping[str, Any],
+    *,
+    on_item: Callable[[SseItem, Sequence[SseItem]], bool] | None = None,
+) -> Streamed:
+    """POST /v1/runs as SSE and parse every line as it arrives. `on_item(item, so_far)` may
+    return True to stop reading (the response is then closed mid-stream)."""
+    items: list[SseItem] = []
+    parser = SseParser()
+    headers = {**auth(token), "Accept": "text/event-stream"}
+    with (
+        host.client() as client,
+        client.stream("POST", "/v1/runs", json=body, headers=headers) as response,
+    ):
+        if response.status_code != 200:
+            response.read()
+            return Streamed(response.status_code, response.headers, [])
+        for line in response.iter_lines():
+            item = parser.line(line, time.monotonic())
+            if item is None:
+                continue
+            if not item.is_comment:
+                assert item.name == item.data["type"], "SSE event name and type agree"
+            items.append(item)
+            if on_item is not None and on_item(item, items):
+                break
+        return Streamed(response.status_code, response.headers, items)
+
+
+def post_run(host: LoopHost, token: str, body: Mapping[str, Any]) -> httpx.Response:
+    with host.client() as client:
+        return client.post("/v1/runs", json=body, headers=auth(token))
+
+
+def get_run(host: LoopHost, token: str, run_id: str) -> httpx.Response:
+    with host.client() as client:
+        return client.get(f"/v1/runs/{run_id}", headers=auth(token))
+
+
+def assert_cited(result: Mapping[str, Any], *, required: bool = True) -> list[str]:
+    """SHOW: every completed answer's citations pass `validate_source_citations`."""
+    manifest = [s["id"] for s in result["sources"]]
+    cited = validate_source_citations(result["text"], manifest, require_citation=required)
+    assert set(cited) <= set(manifest)
+    return cited
+
+
+def problem_of(response: httpx.Response) -> dict[str, Any]:
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["status"] == response.status_code
+    return body
+
+
+def without_request_id(problem: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in problem.items() if k != "requestId"}
+
+
+def chat_texts(fake: FakeOpenAI) -> list[str]:
+    """Every message text of every chat request the fake model received, as it received it."""
+    texts = []
+    for request in fake.chat_requests:
+        for message in request.json["messages"]:
+            texts.append(str(message.get("content") or ""))
+    return texts
+
+
+# --- 1. event order and shapes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("provider", "model"), [("local", "extractive"), ("fake", "gpt-test")])
+def test_a_streamed_run_sends_started_progress_deltas_then_the_full_result(
+    host: LoopHost, world: RunsWorld, provider: str, model: str
+) -> None:
+    body = run_body(provider=provider, model=model)
+    streamed = stream_run(host, world.tokens["alice"], body)
+    assert streamed.status == 200
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.headers["cache-control"] == "no-store"
+    events = streamed.events
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "run.started" and kinds[-1] == "run.completed"
+    assert set(kinds[1:-1]) == {"run.progress", "run.delta"}
+    started, completed = events[0], events[-1]
+    assert started["runId"].startswith("run_") and started["createdAt"]
+
+    progress = streamed.of_type("run.progress")
+    for event in progress:
+        wire.RunProgressEvent.model_validate(event)
+        assert isinstance(event["phase"], str) and event["phase"]
+        assert PHASE_CONTEXT[event["phase"]] <= set(event), event
+    phases = [e["phase"] for e in progress]
+    first = {phase: phases.index(phase) for phase in PHASE_CONTEXT}
+    assert (
+        first["retrieval.authorization"]
+        < first["retrieval.embedding"]
+        < first["retrieval.scan"]
+        < first["retrieval.receipt"]
+        < first["generation"]
+        < first["recording"]
+    )
+    generation_at = next(n for n, e in enumerate(events) if e.get("phase") == "generation")
+    recording_at = next(n for n, e in enumerate(events) if e.get("phase") == "recording")
+    delta_at = [n for n, k in enumerate(kinds) if k == "run.delta"]
+    assert delta_at and generation_at < min(delta_at) and max(delta_at) < recording_at
+
+    result = completed["result"]
+    wire.RunResult.model_validate(result)
+    assert result["runId"] == started["runId"] and result["status"] == "completed"
+    assert (result["provider"], result["model"]) == (provider, model)
+    assert "".join(e["text"] for e in streamed.of_type("run.delta")) == result["text"]
+    assert {s["id"] for s in result["sources"]} == LIBRARY_CHUNKS
+    for entry in result["sources"]:
+        assert entry["origin"] == "retrieval"
+        assert entry["source"] == {"id": entry["id"].split("-")[0], "revision": "r1"}
+        assert entry["location"]
+    thread = next(s for s in result["sources"] if s["id"] == "thread-1")
+    assert thread["location"]["documentId"] == "<policy-1@example.org>"
+    usage = result["usage"]
+    assert usage["generation"]["requests"] == 1
+    assert usage["embedding"]["requests"] == 1 and usage["embedding"]["inputTokens"] > 0
+    if provider == "fake":
+        assert usage["generation"]["inputTokens"] > 0 and usage["generation"]["outputTokens"] > 0
+    [receipt] = result["receipts"]
+    assert receipt["status"] == "ok" and receipt["query"] == QUESTION
+    assert set(receipt["sourceIds"]) == LIBRARY_CHUNKS
+    assert result["replayed"] is False and result["corpus"] == "library"
+    cited = assert_cited(result)
+    assert "battery-1" in cited
+
+    # Without Accept: text/event-stream the same run answers one JSON result.
+    response = post_run(host, world.tokens["alice"], body)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    plain = response.json()
+    wire.RunResult.model_validate(plain)
+    assert plain.keys() == result.keys()
+    assert plain["runId"] != result["runId"]
+    assert plain["text"] == result["text"] and plain["sources"] == result["sources"]
+    assert [r["status"] for r in plain["receipts"]] == ["ok"]
+    assert_cited(plain)
+
+    record = get_run(host, world.tokens["alice"], result["runId"])
+    assert record.status_code == 200
+    assert record.json()["status"] == "completed" and record.json()["result"] == result
+
+
+def test_a_provider_failing_mid_stream_ends_the_stream_with_run_failed_and_a_problem(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    world.fake.set_chat_mode("fail-mid-stream", chunks=3)
+    streamed = stream_run(host, world.tokens["alice"], run_body(provider="fake", model="gpt-test"))
+    kinds = [e["type"] for e in streamed.events]
+    assert kinds[0] == "run.started" and kinds[-1] == "run.failed" and "run.delta" in kinds
+    failed = wire.RunFailedEvent.model_validate(streamed.events[-1])
+    assert failed.run_id == streamed.events[0]["runId"]
+    assert (failed.problem.code, failed.problem.status) == ("PROVIDER_FAILED", 502)
+    assert failed.problem.request_id == streamed.headers["x-request-id"]
+    record = get_run(host, world.tokens["alice"], streamed.events[0]["runId"]).json()
+    assert (record["status"], record["errorCode"], record["result"]) == (
+        "failed",
+        "PROVIDER_FAILED",
+        None,
+    )
+    # Without SSE, the same failure is one problem response.
+    world.fake.set_chat_mode("fail-mid-stream", chunks=3)
+    response = post_run(host, world.tokens["alice"], run_body(provider="fake", model="gpt-test"))
+    assert response.status_code == 502 and problem_of(response)["code"] == "PROVIDER_FAILED"
+
+
+# --- 2. heartbeats and the idle timeout -------------------------------------------------------
+
+
+def test_heartbeats_arrive_at_the_configured_interval_while_the_provider_stalls(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    world.fake.set_chat_mode("stall", chunks=2)  # the role chunk and one word, then silence
+    wanted = 6
+    stalled_pings: list[SseItem] = []
+
+    def watch(item: SseItem, items: Sequence[SseItem]) -> bool:
+        in_stall = any(not i.is_comment and i.data["type"] == "run.delta" for i in items)
+        if item.is_comment and in_stall and len(stalled_pings) < wanted:
+            stalled_pings.append(item)
+            if len(stalled_pings) == wanted:
+                world.fake.release_stalls()
+        return False
+
+    streamed = stream_run(
+        host, world.tokens["alice"], run_body(provider="fake", model="gpt-test"), on_item=watch
+    )
+    assert len(stalled_pings) == wanted
+    assert all(p.comment is not None and p.comment.startswith("ping") for p in stalled_pings)
+    gaps = [b.at - a.at for a, b in itertools.pairwise(stalled_pings)]
+    median = statistics.median(gaps)
+    assert 0.5 * HEARTBEAT_S <= median <= 1.75 * HEARTBEAT_S, gaps
+    # Released, the stream went on to the end.
+    completed = streamed.events[-1]
+    assert completed["type"] == "run.completed"
+    assert_cited(completed["result"])
+
+
+def test_a_provider_stalled_past_the_idle_timeout_fails_the_run_although_heartbeats_flowed(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    world.fake.set_chat_mode("stall", chunks=2)
+    body = run_body(provider="fake", model="gpt-test", idleTimeoutMs=800)
+    streamed = stream_run(host, world.tokens["alice"], body)
+    events = streamed.events
+    assert events[-1]["type"] == "run.failed"
+    problem = events[-1]["problem"]
+    assert problem["code"] == "TIMEOUT" and problem["status"] == 504
+    assert events[-1]["runId"] == events[0]["runId"]
+    wire.RunFailedEvent.model_validate(events[-1])
+    assert problem["requestId"] == streamed.headers["x-request-id"]
+    first_delta = next(i for i in streamed.items if not i.is_comment and i.name == "run.delta")
+    failed = streamed.items[-1]
+    during = [p for p in streamed.pings if first_delta.at < p.at < failed.at]
+    assert len(during) >= 2, "heartbeats flowed during the stall"
+    # Heartbeats did not reset the timeout: it fired about 800 ms after the last real progress.
+    assert 0.7 <= failed.at - first_delta.at <= 3.0
+    wait_until(lambda: world.fake.chat_disconnects == 1, what="provider stream closed")
+    record = get_run(host, world.tokens["alice"], events[0]["runId"]).json()
+    assert (record["status"], record["errorCode"]) == ("failed", "TIMEOUT")
+
+
+# --- 3. replay --------------------------------------------------------------------------------
+
+
+def test_replay_returns_the_recorded_answer_without_new_requests_until_its_source_is_revoked(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    fake, token = world.fake, world.tokens["replayer"]
+    body = run_body(provider="fake", model="gpt-test", corpus="remote", idempotencyKey="replay-1")
+    body["input"] = "How much energy did the wind farm deliver?"
+    first = post_run(host, token, body)
+    assert first.status_code == 200
+    original = first.json()
+    assert original["replayed"] is False
+    assert (fake.chat_requests_count, fake.embedding_requests_count) == (1, 1)
+    assert original["usage"]["embedding"]["requests"] == 1
+    assert_cited(original)
+    counted = fake.requests_count
+
+    again = post_run(host, token, body)
+    assert again.status_code == 200
+    replayed = again.json()
+    assert replayed["replayed"] is True
+    assert {k: v for k, v in replayed.items() if k != "replayed"} == {
+        k: v for k, v in original.items() if k != "replayed"
+    }
+    assert_cited(replayed)
+    streamed = stream_run(host, token, body)
+    assert [e["type"] for e in streamed.events] == ["run.started", "run.completed"]
+    assert streamed.events[-1]["result"]["replayed"] is True
+    assert streamed.events[-1]["result"]["text"] == original["text"]
+    assert_cited(streamed.events[-1]["result"])
+    # Zero provider and zero embedding requests reached the loopback server.
+    assert fake.requests_count == counted
+
+    # The application revokes the evidence's source: the recorded answer is no longer served.
+    world.revoke("replayer", original["sources"][0]["source"]["id"])
+    refused = post_run(host, token, body)
+    assert refused.status_code == 404
+    assert problem_of(refused)["code"] == "SOURCE_UNAVAILABLE"
+    record = get_run(host, token, original["runId"])
+    assert record.status_code == 404 and problem_of(record)["code"] == "SOURCE_UNAVAILABLE"
+    assert fake.requests_count == counted
+
+
+def test_an_interrupted_run_refuses_replay(host: LoopHost, world: RunsWorld) -> None:
+    fake, token = world.fake, world.tokens["replayer"]
+    fake.set_chat_mode("stall", chunks=2)
+    body = run_body(provider="fake", model="gpt-test", corpus="remote", idempotencyKey="cut-1")
+
+    def stop_at_first_delta(item: SseItem, items: Sequence[SseItem]) -> bool:
+        return not item.is_comment and item.data["type"] == "run.delta"
+
+    streamed = stream_run(host, token, body, on_item=stop_at_first_delta)
+    assert streamed.events[-1]["type"] == "run.delta"  # aborted mid-generation
+    run_id = streamed.events[0]["runId"]
+    wait_until(lambda: world.run_by_key("replayer", "cut-1") == (run_id, "cancelled", "CANCELLED"))
+    wait_until(lambda: fake.chat_disconnects == 1, what="provider stream closed")
+    record = get_run(host, token, run_id).json()
+    assert (record["status"], record["result"]) == ("cancelled", None)
+
+    chats = fake.chat_requests_count
+    refused = post_run(host, token, body)
+    assert refused.status_code == 409
+    assert problem_of(refused)["code"] == "CONTEXT_REPLAY_UNAVAILABLE"
+    assert fake.chat_requests_count == chats
+
+
+# --- 4. tool mode under a quota ---------------------------------------------------------------
+
+
+def test_a_model_asking_for_five_searches_under_a_quota_of_two_gets_two(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    fake = world.fake
+    queries = [
+        "wind farm output",
+        "tidal turbines",
+        "  Wind FARM   output ",  # the first one again, once normalized
+        "solar panels",
+        "battery cycles",
+    ]
+    fake.script_chat(
+        [
+            PlannedResponse(
+                tool_calls=[
+                    PlannedToolCall("search_context", json.dumps({"query": q})) for q in queries
+                ]
+            )
+        ]
+    )
+    body = run_body(
+        provider="fake",
+        model="gpt-test",
+        corpus="remote",
+        mode="tool",
+        question="What do the renewable pilots report?",
+        retrieval={"maxQueries": 2},
+    )
+    streamed = stream_run(host, world.tokens["alice"], body)
+    assert streamed.events[-1]["type"] == "run.completed", streamed.events[-1]
+    result = streamed.events[-1]["result"]
+    receipts = result["receipts"]
+    assert [r["status"] for r in receipts] == [
+        "ok",
+        "ok",
+        "duplicate",
+        "quota-exceeded",
+        "quota-exceeded",
+    ]
+    assert [r["sequence"] for r in receipts] == [1, 2, 3, 4, 5]
+    assert receipts[2]["key"] == receipts[0]["key"] and receipts[2]["sourceIds"] == []
+    assert receipts[2]["query"] == "Wind FARM output"
+    assert fake.embedding_requests_count == 2
+    assert result["usage"]["embedding"]["requests"] == 2
+    assert result["usage"]["generation"]["requests"] == fake.chat_requests_count == 2
+    receipt_events = [
+        e for e in streamed.of_type("run.progress") if e["phase"] == "retrieval.receipt"
+    ]
+    assert [e["status"] for e in receipt_events] == [r["status"] for r in receipts]
+    # What the model was told for each call.
+    tool_messages = [m for m in fake.chat_requests[1].json["messages"] if m["role"] == "tool"]
+    assert len(tool_messages) == 5
+    assert "BEGIN-EVIDENCE-" in tool_messages[0]["content"]
+    assert "already searched" in tool_messages[2]["content"]
+    assert all("quota" in m["content"] for m in tool_messages[3:])
+    assert_cited(result)
+
+
+# --- 5. revoked between search and generation -------------------------------------------------
+
+
+def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    hook = world.hook
+    hook.revoked.clear()
+    hook.calls.clear()
+    body = run_body(provider="fake", model="gpt-test", question="How did the solar panels age?")
+    response = post_run(host, world.tokens["revokee"], body)
+    assert response.status_code == 200
+    result = response.json()
+    # The search found the source (granted while it searched)...
+    assert "solar-1" in result["receipts"][0]["sourceIds"]
+    search_grants = [granted for asked, granted in hook.calls if asked is None]
+    assert search_grants and all("solar" in g for g in search_grants)
+    # ...then it was revoked, and nothing of it went to the model.
+    assert hook.revoked.is_set()
+    assert world.fake.chat_requests_count == 1
+    solar_text = DOCS["library"][1].chunks[0][1]
+    for text in chat_texts(world.fake):
+        assert solar_text not in text and "solar-1" not in text
+    assert "solar-1" not in {s["id"] for s in result["sources"]}
+    assert {s["id"] for s in result["sources"]} == LIBRARY_CHUNKS - {"solar-1"}
+    assert_cited(result)
+
+
+# --- 7. a planted instruction -----------------------------------------------------------------
+
+
+def fenced(text: str) -> tuple[str, str]:
+    """(delimiter, the fenced body) of the one fence in `text`."""
+    match = re.search(r"^BEGIN-(EVIDENCE-[0-9a-f]{32})$", text, re.MULTILINE)
+    assert match is not None, "a fence"
+    delimiter = match.group(1)
+    end = text.rindex(f"\nEND-{delimiter}")
+    inside = text[match.end() : end]
+    assert delimiter not in inside, "nothing inside closes the fence"
+    return delimiter, inside
+
+
+def test_a_planted_instruction_stays_fenced_and_changes_neither_provider_tools_nor_corpus(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    fake, token = world.fake, world.tokens["alice"]
+    question = "When does the lab close on Fridays?"
+
+    # `before`: the evidence is fenced inside the user message.
+    body = run_body(provider="fake", model="gpt-test", corpus="inbox", question=question)
+    response = post_run(host, token, body)
+    assert response.status_code == 200
+    before = response.json()
+    [request] = fake.chat_requests
+    assert request.json["model"] == "gpt-test" and "tools" not in request.json
+    assert request.headers["authorization"] == f"Bearer {DEFAULT_API_KEY}"
+    system, user = request.json["messages"]
+    assert system == {"role": "system", "content": SYSTEM_INSTRUCTIONS}
+    delimiter_before, inside = fenced(user["content"])
+    assert PLANTED_TEXT in inside and user["content"].count(PLANTED_TEXT) == 1
+
+    # `tool`: a model that obeys the planted text asks for the vault and another account.
+    fake.reset()
+    obeying = [
+        PlannedToolCall("search_context", json.dumps({"query": "lab hours"})),
+    ]
+    hijack = [
+        PlannedToolCall(
+            "search_context", json.dumps({"query": "board secrets", "corpus": "vault"})
+        ),
+        PlannedToolCall("use_provider", json.dumps({"provider": "root-account"})),
+    ]
+    fake.script_chat([PlannedResponse(tool_calls=obeying), PlannedResponse(tool_calls=hijack)])
+    response = post_run(host, token, {**body, "retrieval": {"corpus": "inbox", "mode": "tool"}})
+    assert response.status_code == 200
+    tool_run = response.json()
+    requests = fake.chat_requests
+    assert len(requests) == 3
+    first_tools = requests[0].json["tools"]
+    assert [t["function"]["name"] for t in first_tools] == ["search_context"]
+    delimiters = set()
+    for sent in requests:
+        assert sent.json["model"] == "gpt-test"
+        assert sent.json["tools"] == first_tools
+        assert sent.headers["authorization"] == f"Bearer {DEFAULT_API_KEY}"
+        assert sent.json["messages"][0] == {"role": "system", "content": SYSTEM_INSTRUCTIONS}
+        for message in sent.json["messages"]:
+            content = str(message.get("content") or "")
+            if PLANTED_TEXT in content:
+                delimiter, inside = fenced(content)
+                assert PLANTED_TEXT in inside
+                delimiters.add(delimiter)
+    assert len(delimiters) == 1 and delimiters != {delimiter_before}, "one fresh delimiter a run"
+    last_tools = [m for m in requests[2].json["messages"] if m["role"] == "tool"]
+    assert last_tools[-1]["content"].startswith("Unknown tool")
+
+    for result in (before, tool_run):
+        assert result["provider"] == "fake" and result["model"] == "gpt-test"
+        assert result["corpus"] == "inbox"
+        assert {s["id"] for s in result["sources"]} <= INBOX_CHUNKS
+        assert all(set(r["sourceIds"]) <= INBOX_CHUNKS for r in result["receipts"])
+        assert_cited(result)
+    assert [r["query"] for r in tool_run["receipts"]] == ["lab hours", "board secrets"]
+    for text in chat_texts(fake):
+        assert VAULT_TEXT not in text and "deal-1" not in text
+
+
+# --- 9. grants --------------------------------------------------------------------------------
+
+
+def test_a_run_needs_the_provider_grant_and_for_retrieval_the_corpus_search_grant(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    no_provider = post_run(host, world.tokens["no-provider"], run_body())
+    assert no_provider.status_code == 403
+    denied = problem_of(no_provider)
+    assert denied["code"] == "PERMISSION_DENIED"
+    for mode in ("before", "tool"):
+        no_search = post_run(host, world.tokens["no-search"], run_body(mode=mode))
+        assert no_search.status_code == 403
+        assert without_request_id(problem_of(no_search)) == without_request_id(denied)
+    # The same token may run without retrieval: the search grant was what it lacked.
+    plain = post_run(host, world.tokens["no-search"], run_body(mode="off"))
+    assert plain.status_code == 200
+    assert plain.json()["sources"] == [] and plain.json()["receipts"] == []
+    assert_cited(plain.json(), required=False)
+    assert "running" not in world.run_statuses()
+
+
+def test_a_run_record_is_visible_to_its_own_subject_only(host: LoopHost, world: RunsWorld) -> None:
+    response = post_run(host, world.tokens["alice"], run_body())
+    assert response.status_code == 200
+    result = response.json()
+    assert_cited(result)
+    mine = get_run(host, world.tokens["alice"], result["runId"])
+    assert mine.status_code == 200 and mine.json()["result"]["text"] == result["text"]
+    theirs = get_run(host, world.tokens["bob"], result["runId"])
+    assert theirs.status_code == 404
+    unknown = get_run(host, world.tokens["bob"], "run_" + "0" * 24)
+    assert without_request_id(problem_of(theirs)) == without_request_id(problem_of(unknown))
+    assert problem_of(theirs)["code"] == "SOURCE_UNAVAILABLE"
+
+
+# --- 10. a JSON-mode run whose client leaves --------------------------------------------------
+
+
+def test_a_client_that_disconnects_from_a_json_run_cancels_it(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    fake = world.fake
+    fake.set_chat_mode("stall", chunks=2)
+    body = json.dumps(
+        run_body(provider="fake", model="gpt-test", idempotencyKey="json-leaves")
+    ).encode()
+    head = (
+        "POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {world.tokens['alice']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with raw_tls_socket(host) as sock:
+        sock.sendall(head + body)
+        wait_until(lambda: fake.chat_requests_count == 1, what="the provider call")
+        assert host.app.counters.in_flight == 1
+        assert busy_run_threads(), "the run's worker (and its provider watchdog) are busy"
+    # The socket is closed while the provider stalls mid-answer.
+    wait_until(lambda: fake.chat_disconnects == 1, what="the provider saw the disconnect")
+    wait_until(lambda: (world.run_by_key("alice", "json-leaves") or ("", ""))[1] == "cancelled")
+    found = world.run_by_key("alice", "json-leaves")
+    assert found is not None and found[2] == "CANCELLED"
+    record = get_run(host, world.tokens["alice"], found[0]).json()
+    assert (record["status"], record["errorCode"]) == ("cancelled", "CANCELLED")
+    wait_until(lambda: host.app.counters.in_flight == 0, what="slot released")
+    wait_until(lambda: not busy_run_threads(), what="worker threads idle")
+
+
+# --- 6. a thousand aborted streams ------------------------------------------------------------
+
+STORM_RUNS = 1000
+STORM_CONCURRENCY = 16
+# One stream in four uses the `fake` account, stalled after its first word: those runs are
+# certainly in progress (mid-generation) when their stream is cut. The others use the
+# extractive provider, which usually finishes before the cut reaches the host.
+STORM_STALLED_EVERY = 4
+
+
+@dataclass
+class StormTally:
+    statuses: dict[int, int]
+    aborted: int = 0
+    finished: int = 0
+    peak_tasks: int = 0
+    peak_stalled: int = 0
+
+
+def _storm_request(i: int, token: str) -> bytes:
+    questions = [QUESTION, "How did the solar panels age?", "What is the charging policy?"]
+    if i % STORM_STALLED_EVERY == 0:
+        body = run_body(provider="fake", model="gpt-test", question=questions[i % 3])
+    else:
+        body = run_body(question=questions[i % 3], mode="off" if i % 3 == 0 else "before")
+    raw = json.dumps(body).encode()
+    head = (
+        "POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(raw)}\r\n\r\n"
+    )
+    return head.encode() + raw
+
+
+async def _storm(host: LoopHost, token: str, seed: int) -> StormTally:
+    """Open `STORM_RUNS` SSE runs, `STORM_CONCURRENCY` at a time, and cut each at a random
+    point: mid-request, right after sending, after k bytes, after k events, or after a random
+    time; half with a TLS close, half with an abrupt abort."""
+    rng = random.Random(seed)
+    context = host.tls.client_context()
+    tally = StormTally({})
+    gate = asyncio.Semaphore(STORM_CONCURRENCY)
+    loop = asyncio.get_running_loop()
+
+    async def one(i: int) -> None:
+        raw = _storm_request(i, token)
+        plan = rng.random()
+        limit_bytes = rng.randint(1, 6000)
+        limit_events = rng.randint(1, 14)
+        trigger = rng.choice(["bytes", "events", "time"])
+        graceful = rng.random() < 0.5
+        async with gate:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", host.port, ssl=context, server_hostname="127.0.0.1"
+            )
+            # A stalled stream sends nothing but heartbeats after its first word: cut it
+            # within a bounded time whatever its trigger, so the storm stays short.
+            patience = 0.5 if i % STORM_STALLED_EVERY == 0 else 10.0
+            deadline = loop.time() + (rng.uniform(0.0, 0.3) if trigger == "time" else patience)
+            try:
+                if plan < 0.05:  # gone halfway through the request body
+                    writer.write(raw[: len(raw) - 20])
+                    await writer.drain()
+                    return
+                writer.write(raw)
+                await writer.drain()
+                if plan < 0.10:  # gone before reading anything
+                    return
+                received = b""
+                status: int | None = None
+                while True:
+                    try:
+                        chunk = await asyncio.wait_for(
+                            reader.read(4096), max(0.0, deadline - loop.time())
+                        )
+                    except TimeoutError:
+                        return
+                    if not chunk:
+                        tally.finished += 1
+                        return
+                    received += chunk
+                    if status is None and len(received) >= 12:
+                        status = int(received[9:12])
+                        tally.statuses[status] = tally.statuses.get(status, 0) + 1
+                    if b"event: run.completed" in received or b"event: run.failed" in received:
+                        tally.finished += 1
+                        return
+                    events = received.count(b"\r\n\r\n") - 1  # the head ends with one too
+                    if (trigger == "events" and events >= limit_events) or (
+                        trigger == "bytes" and len(received) >= limit_bytes
+                    ):
+                        return
+            finally:
+                tally.aborted += 1
+                if graceful:
+                    writer.close()
+                    with contextlib.suppress(OSError, TimeoutError):
+                        await asyncio.wait_for(writer.wait_closed(), timeout=5)
+                else:
+                    writer.transport.abort()
+
+    async def sample() -> None:
+        # The server's task count while streams are open (read on its own loop).
+        while True:
+            tally.peak_tasks = max(tally.peak_tasks, await asyncio.to_thread(host.task_count))
+            stalled = await asyncio.to_thread(stalled_fake_handlers)
+            tally.peak_stalled = max(tally.peak_stalled, len(stalled))
+            await asyncio.sleep(0.05)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        await asyncio.gather(*(one(i) for i in range(STORM_RUNS)))
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    return tally
+
+
+def busy_run_threads() -> list[str]:
+    """Names of run worker threads currently executing host code (idle ones wait in the pool)."""
+    frames = sys._current_frames()
+    busy = []
+    for thread in threading.enumerate():
+        if not thread.name.startswith(("run_", "provider-watchdog")):
+            continue
+        frame = frames.get(thread.ident or -1)
+        if frame is None:
+            continue
+        stack = traceback.extract_stack(frame)
+        if thread.name.startswith("provider-watchdog") or any(
+            "retrieval_host" in entry.filename for entry in stack
+        ):
+            busy.append(thread.name)
+    return busy
+
+
+def stalled_fake_handlers() -> list[str]:
+    """Threads of the fake OpenAI server holding a stalled stream open (waiting for a hang-up)."""
+    frames = sys._current_frames()
+    stalled = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident or -1)
+        if frame is not None and any(
+            entry.name == "_stall" and entry.filename.endswith("fake_openai.py")
+            for entry in traceback.extract_stack(frame)
+        ):
+            stalled.append(thread.name)
+    return stalled
+
+
+def settled_task_count(host: LoopHost, at_most: int, timeout: float = 15.0) -> int:
+    """Poll the server loop's task count until it is at most `at_most`; the last count."""
+    counts: list[int] = []
+
+    def settled() -> bool:
+        counts.append(host.task_count())
+        return counts[-1] <= at_most
+
+    try:
+        wait_until(settled, timeout=timeout, what=f"asyncio tasks back to {at_most}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last counts {counts[-5:]}") from None
+    return counts[-1]
+
+
+def test_a_thousand_streams_aborted_at_random_points_leave_nothing_behind(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    # Warm up (sse-starlette starts one shutdown watcher per loop on first use), then measure.
+    warm = stream_run(host, world.tokens["alice"], run_body())
+    assert_cited(warm.events[-1]["result"])
+    wait_until(lambda: host.app.counters.in_flight == 0)
+    baseline_tasks = host.task_count()
+    before = world.run_statuses()
+    threads_before = threading.active_count()
+
+    world.fake.set_chat_mode("stall", chunks=2)
+    started = time.monotonic()
+    tally = asyncio.run(_storm(host, world.tokens["alice"], seed=20240605))
+    elapsed = time.monotonic() - started
+
+    assert tally.aborted == STORM_RUNS
+    assert set(tally.statuses) <= {200}, tally.statuses  # never refused as busy
+    # Every provider stream left stalled by a cut run was hung up by the host: no handler of
+    # the fake is still waiting in its stall. (A run cut before the fake reached its stall
+    # fails the fake's write instead, so disconnects may be a few short of requests.)
+    wait_until(lambda: not stalled_fake_handlers(), timeout=15, what="provider streams closed")
+    assert tally.peak_stalled > 0  # the measure saw stalled provider streams while they lasted
+    assert world.fake.chat_disconnects > 100
+    assert world.fake.chat_requests_count > 100
+    wait_until(lambda: host.app.counters.in_flight == 0, timeout=15, what="slots at baseline")
+    assert tally.peak_tasks > baseline_tasks + STORM_CONCURRENCY  # open streams were counted
+    assert settled_task_count(host, baseline_tasks) <= baseline_tasks
+    wait_until(lambda: not busy_run_threads(), timeout=15, what="worker threads idle")
+    wait_until(lambda: "running" not in world.run_statuses(), timeout=15, what="runs settled")
+    after = world.run_statuses()
+    new = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert new.get("failed", 0) == 0, new
+    # Every stalled run was cut mid-generation; many extractive ones ran to their end.
+    assert new.get("cancelled", 0) >= world.fake.chat_requests_count, new
+    assert new.get("completed", 0) > 300, new
+    assert sum(new.values()) <= STORM_RUNS
+    # The run pool's threads are bounded by the host's concurrency, not by the streams.
+    assert threading.active_count() <= threads_before + world.settings.limits.max_concurrency
+    # The host still answers a run after the storm.
+    final = stream_run(host, world.tokens["alice"], run_body())
+    assert_cited(final.events[-1]["result"])
+    print(f"storm: {STORM_RUNS} streams in {elapsed:.1f} s, runs {new}, tally {tally}")
