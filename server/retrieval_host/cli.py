@@ -12,6 +12,8 @@ import argparse
 import contextlib
 import importlib
 import json
+import logging
+import logging.config
 import os
 import secrets
 import sys
@@ -119,12 +121,18 @@ def run_server(settings: HostSettings, driver: Driver | None, environ: Mapping[s
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from retrieval_host.http.logs import log_config
+
     settings = load_settings(args.config, environ)
+    # JSON lines from the start: the application factory may log while it opens stores.
+    logging.config.dictConfig(log_config(settings.log_level))
     driver = build_driver(settings, environ)
     try:
         run_server(settings, driver, environ)
     finally:
+        # After a graceful shutdown (SIGTERM) no request is left running: close the stores.
         close_driver(driver)
+        logging.getLogger("retrieval_host").info("stopped; stores closed")
     return 0
 
 

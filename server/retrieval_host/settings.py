@@ -40,6 +40,7 @@ __all__ = [
     "HostSettings",
     "LimitSettings",
     "ListenSettings",
+    "MetricsSettings",
     "RetrievalGrants",
     "SecretRef",
     "SettingsError",
@@ -114,6 +115,10 @@ class LimitSettings(_Model):
     header_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     # Deadline from the request start to the last byte of the body.
     body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # On SIGTERM: how long in-flight requests and open run streams may take to finish before
+    # the host cancels them (streams then end with a final `run.failed`) and exits. Keep it
+    # below the orchestrator's kill timeout (Kubernetes' default grace period is 30 s).
+    shutdown_grace_s: Annotated[float, Field(gt=0, le=3600)] = 25.0
 
 
 class RetrievalGrants(_Model):
@@ -131,6 +136,8 @@ class TokenSettings(_Model):
     subject: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     providers: tuple[str, ...] = ()
     retrieval: RetrievalGrants = Field(default_factory=RetrievalGrants)
+    # May read `GET /metrics` (Prometheus text) on the main port.
+    metrics: bool = False
 
 
 class StoreSettings(_Model):
@@ -183,6 +190,14 @@ class RunSettings(_Model):
     sqlite_path: Path | None = None
 
 
+class MetricsSettings(_Model):
+    """Prometheus metrics. `GET /metrics` on the main port needs a token with `metrics: true`;
+    `port` additionally serves them without a token on 127.0.0.1 only (plain HTTP, for a
+    scraper or agent on the same machine)."""
+
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+
 class HostSettings(_Model):
     """The whole host configuration (see `config/host.example.json`)."""
 
@@ -197,6 +212,7 @@ class HostSettings(_Model):
         ProviderSettings,
     ] = Field(default_factory=dict)
     runs: RunSettings = Field(default_factory=RunSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     # "package.module:factory"; the factory takes these settings and returns a Driver.
     application: Annotated[str, StringConstraints(pattern=r"^[\w.]+:[\w]+$")] | None = None

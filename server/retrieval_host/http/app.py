@@ -3,9 +3,11 @@
 The stack, outermost first, all pure ASGI:
 
 1. `RequestIdMiddleware` — the request id, and `INTERNAL` for anything that escapes;
-2. `OriginMiddleware` — the Origin allow-list (and CORS headers for listed origins);
-3. `LimitsMiddleware` — body size and deadline, host-wide concurrency;
-4. Starlette routing, with one exception handler family rendering `application/problem+json`.
+2. `RequestObserver` — request metrics and the access log line, by route template;
+3. `OriginMiddleware` — the Origin allow-list (and CORS headers for listed origins);
+4. `MetricsEndpoint` — `GET /metrics` (metrics grant), before the concurrency limit;
+5. `LimitsMiddleware` — body size and deadline, host-wide concurrency;
+6. Starlette routing, with one exception handler family rendering `application/problem+json`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.driver import Driver
 from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
 from retrieval_host.http.limits import LimitCounters, LimitsMiddleware
+from retrieval_host.http.metrics import HostMetrics, MetricsEndpoint, RequestObserver
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.origin import OriginMiddleware
 from retrieval_host.http.problems import problem_response
@@ -38,6 +41,7 @@ from retrieval_host.http.request_id import (
 )
 from retrieval_host.http.routes import Routes, ingest_media_types
 from retrieval_host.http.runs import RunRoutes
+from retrieval_host.http.shutdown import Shutdown
 from retrieval_host.settings import HostSettings
 from retrieval_host_client import run_models as run_wire
 
@@ -52,7 +56,8 @@ def _version() -> str:
 
 
 class HostApp:
-    """The ASGI application, with the handles operators and tests read (counters, routes)."""
+    """The ASGI application, with the handles operators and tests read (counters, routes,
+    metrics) and the server drives (`shutdown`)."""
 
     def __init__(
         self,
@@ -60,11 +65,16 @@ class HostApp:
         routes: Routes,
         limits: LimitsMiddleware,
         origins: OriginMiddleware,
+        *,
+        metrics: HostMetrics,
+        shutdown: Shutdown,
     ) -> None:
         self._asgi = asgi
         self.routes = routes
         self._limits = limits
         self._origins = origins
+        self.metrics = metrics
+        self.shutdown = shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._asgi(scope, receive, send)
@@ -129,7 +139,16 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
             runs=runs_enabled,
         )
 
-    routes = Routes(settings, driver, TokenAuthenticator(settings.tokens), openapi)
+    metrics = HostMetrics()
+    shutdown = Shutdown(settings.limits.shutdown_grace_s)
+    routes = Routes(
+        settings,
+        driver,
+        TokenAuthenticator(settings.tokens),
+        openapi,
+        metrics=metrics,
+        shutdown=shutdown,
+    )
     table = routes.routes()
     run_routes: RunRoutes | None = None
     if driver is not None and driver.runs is not None:
@@ -140,6 +159,8 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
             limiter=routes.worker_limiter,
             heartbeat_s=settings.runs.heartbeat_s,
             max_workers=settings.limits.max_concurrency,
+            metrics=metrics,
+            shutdown=shutdown,
         )
         table += run_routes.routes()
 
@@ -164,5 +185,22 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         lifespan=lifespan,
     )
     limits = LimitsMiddleware(starlette, settings.limits)
-    origins = OriginMiddleware(limits, settings.allowed_origins)
-    return HostApp(RequestIdMiddleware(origins), routes, limits, origins)
+    origins = OriginMiddleware(
+        MetricsEndpoint(limits, metrics, settings.tokens), settings.allowed_origins
+    )
+    counters = limits.counters
+    metrics.watch(
+        in_flight=lambda: counters.in_flight,
+        limit=settings.limits.max_concurrency,
+        rejections=lambda: {
+            "busy": counters.busy_rejections,
+            "body-too-large": counters.too_large_rejections,
+            "body-timeout": counters.body_timeouts,
+            "origin": origins.rejected,
+        },
+        stores=[c.store for c in driver.retrieval.corpora.values()] if driver else [],
+    )
+    observed = RequestObserver(origins, metrics, table)
+    return HostApp(
+        RequestIdMiddleware(observed), routes, limits, origins, metrics=metrics, shutdown=shutdown
+    )

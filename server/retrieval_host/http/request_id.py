@@ -54,6 +54,21 @@ def request_id_of(scope: Scope) -> str:
     return "-"
 
 
+def note_subject(scope: Scope, subject: str) -> None:
+    """Record whom the request authenticated as (the access log names the subject, never the
+    token)."""
+    state = scope.get("state")
+    if isinstance(state, dict):
+        state["subject"] = subject
+
+
+def subject_of(scope: Scope) -> str | None:
+    """The subject `note_subject` recorded for this request, if it authenticated."""
+    state = scope.get("state")
+    value = state.get("subject") if isinstance(state, dict) else None
+    return value if isinstance(value, str) else None
+
+
 class RequestIdMiddleware:
     """Pure ASGI: assigns the request id and turns escaped exceptions into `INTERNAL`."""
 

@@ -29,7 +29,9 @@ from retrieval_host.core.models import Operation
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.http import mapping
 from retrieval_host.http.auth import Principal, TokenAuthenticator
-from retrieval_host.http.request_id import request_id_of
+from retrieval_host.http.metrics import HostMetrics
+from retrieval_host.http.request_id import note_subject, request_id_of
+from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.ingest import MEDIA_TYPES
 from retrieval_host.settings import HostSettings
 from retrieval_host_client import models as wire
@@ -84,11 +86,16 @@ class Routes:
         driver: Driver | None,
         authenticator: TokenAuthenticator,
         openapi: Callable[[], Mapping[str, Any]],
+        *,
+        metrics: HostMetrics | None = None,
+        shutdown: Shutdown | None = None,
     ) -> None:
         self.settings = settings
         self.driver = driver
         self.authenticator = authenticator
         self._openapi = openapi
+        self.metrics = metrics
+        self.shutdown = shutdown
         self._limiter: anyio.CapacityLimiter | None = None
         self.started = False
 
@@ -168,6 +175,8 @@ class Routes:
         result = await self._run(
             request, context, lambda: driver.search_context(mapping.search_request(body), context)
         )
+        if self.metrics is not None:
+            self.metrics.observe_search(result, body.corpus)
         return _model_response(mapping.search_response(result))
 
     async def index(self, request: Request) -> Response:
@@ -178,6 +187,8 @@ class Routes:
         result = await self._run(
             request, context, lambda: driver.index_context(mapping.index_request(body), context)
         )
+        if self.metrics is not None:
+            self.metrics.observe_index(result, "index")
         return _model_response(mapping.index_response(result))
 
     async def delete(self, request: Request) -> Response:
@@ -213,6 +224,8 @@ class Routes:
         )
         driver = self._driver()
         result = await self._run(request, context, lambda: driver.ingest_context(ingest, context))
+        if self.metrics is not None:
+            self.metrics.observe_index(result, "ingest")
         return _model_response(mapping.index_response(result))
 
     # --- helpers -----------------------------------------------------------------------------
@@ -222,16 +235,24 @@ class Routes:
         return self.driver
 
     def authenticate(self, request: Request) -> Principal:
-        return self.authenticator.authenticate(
+        principal = self.authenticator.authenticate(
             request.headers.get("authorization"), request.scope.get("query_string", b"")
         )
+        note_subject(request.scope, principal.subject)
+        return principal
 
     def _context(
         self, principal: Principal, operation: Operation, corpus: str, request: Request
     ) -> RequestContext:
         principal.require(operation, corpus)
+        cancel = CancelToken()
+        if self.shutdown is not None:
+            self.shutdown.track(cancel)
         return RequestContext(
-            subject=principal.subject, cancel=CancelToken(), request_id=request_id_of(request.scope)
+            subject=principal.subject,
+            cancel=cancel,
+            request_id=request_id_of(request.scope),
+            on_progress=self.metrics.scan_timer() if self.metrics is not None else None,
         )
 
     async def parse_json(self, request: Request, model: type[M]) -> M:
@@ -279,11 +300,23 @@ class Routes:
             finally:
                 group.cancel_scope.cancel()
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(_cancel_on_disconnect, request.receive, context.cancel)
-            group.start_soon(run_work)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(_cancel_on_disconnect, request.receive, context.cancel)
+                group.start_soon(run_work)
+        finally:
+            if self.shutdown is not None:
+                self.shutdown.release(context.cancel)
         if errors:
-            raise errors[0]
+            error = errors[0]
+            if (
+                isinstance(error, RetrievalError)
+                and error.code is ErrorCode.CANCELLED
+                and self.shutdown is not None
+                and self.shutdown.past_cutoff
+            ):
+                raise shutting_down() from None
+            raise error
         return results[0]
 
 

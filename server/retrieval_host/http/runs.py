@@ -40,8 +40,10 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host.http.auth import Principal, permission_denied
+from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.problems import problem_body
 from retrieval_host.http.request_id import request_id_of
+from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host_client import run_models as wire
 
 
@@ -106,6 +108,8 @@ class RunRoutes:
         limiter: Callable[[], anyio.CapacityLimiter],
         heartbeat_s: float,
         max_workers: int,
+        metrics: HostMetrics | None = None,
+        shutdown: Shutdown | None = None,
     ) -> None:
         self._engine = engine
         self._authenticate = authenticate
@@ -113,6 +117,8 @@ class RunRoutes:
         self._limiter = limiter
         self._heartbeat_s = heartbeat_s
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="run")
+        self._metrics = metrics
+        self._shutdown = shutdown
 
     def routes(self) -> list[Route]:
         return [
@@ -132,6 +138,8 @@ class RunRoutes:
         idle = None if body.idle_timeout_ms is None else body.idle_timeout_ms / 1000
         request_id = request_id_of(request.scope)
         context = RequestContext(principal.subject, CancelToken(idle), request_id)
+        if self._shutdown is not None:
+            self._shutdown.track(context.cancel)
         queue = self._start(run_request, context)
         try:
             first = await queue.get()
@@ -142,6 +150,8 @@ class RunRoutes:
             # Refused before a run existed (bad provider, reused key...): a plain problem.
             raise first
 
+        run_id = first.run_id if isinstance(first, RunStarted) else ""
+
         async def events() -> AsyncIterator[RunEvent]:
             try:
                 item: RunEvent | BaseException = first
@@ -151,19 +161,42 @@ class RunRoutes:
                     yield item
                     if isinstance(item, RunCompleted | RunFailed):
                         return
-                    item = await queue.get()
+                    item = await self._next(queue, run_id)
             finally:
                 # A no-op once the run finished; on a disconnect it stops the worker at its
                 # next check and the run is recorded as cancelled.
                 context.cancel.cancel()
+                if self._shutdown is not None:
+                    self._shutdown.release(context.cancel)
 
         if _wants_stream(request):
             return EventSourceResponse(
                 self._sse(events(), request_id),
                 ping=self._heartbeat_s,
                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+                # sse-starlette would cut every stream the moment the server is told to stop;
+                # the stream ends itself instead (see `shutdown.py`), with a final event.
+                shutdown_grace_period=self._shutdown.grace_s if self._shutdown else 0,
             )
         return await self._collect(events(), request)
+
+    async def _next(
+        self, queue: asyncio.Queue[RunEvent | BaseException], run_id: str
+    ) -> RunEvent | BaseException:
+        """The run's next event; past the shutdown cutoff, a final `run.failed` that says so."""
+        if self._shutdown is None:
+            return await queue.get()
+        item = await self._shutdown.next_item(queue)
+        if item is None:
+            # The worker did not end the run within the wind-down: the stream ends here.
+            return RunFailed(run_id, shutting_down())
+        if (
+            isinstance(item, RunFailed)
+            and item.error.code is ErrorCode.CANCELLED
+            and self._shutdown.past_cutoff
+        ):
+            return RunFailed(item.run_id, shutting_down())
+        return item
 
     def _start(
         self, run_request: RunRequest, context: RequestContext
@@ -174,7 +207,14 @@ class RunRoutes:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RunEvent | BaseException] = asyncio.Queue()
 
+        metrics = self._metrics
+        scan_timer = metrics.scan_timer() if metrics is not None else None
+
         def emit(event: RunEvent) -> None:
+            # Observed here, in the worker, so a run whose client left is still counted.
+            if metrics is not None and scan_timer is not None:
+                scan_timer.observe_event(event)
+                metrics.observe_run_event(event)
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
         def work() -> None:

@@ -1,11 +1,30 @@
-"""Serving the host with uvicorn: TLS policy, header deadline protocol, loop and logging."""
+"""Serving the host with uvicorn: TLS policy, header deadline protocol, loop and logging, the
+loopback metrics port, and the graceful shutdown.
+
+On SIGTERM (or SIGINT) `HostServer` stops accepting connections, closes idle keep-alive
+connections and lets the requests in flight finish; at the app's cutoff (`shutdown.py`) the
+work still running is cancelled and open run streams end with a final `run.failed`
+(`CANCELLED`, reason `shutdown`); after `limits.shutdownGraceS` uvicorn cancels whatever is
+left, runs the app's lifespan shutdown, and `serve` returns. The caller then closes the stores
+and the process exits 0 (uvicorn on its own would re-raise the signal after shutting down, and
+the default SIGTERM action would end the process before the stores are closed).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import logging
+import math
+import signal
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from types import FrameType
 
 import uvicorn
+from prometheus_client.exposition import start_http_server
 
+from retrieval_host.http.app import HostApp
 from retrieval_host.http.server_protocol import HeaderDeadlineProtocol
 from retrieval_host.settings import HostSettings
 from retrieval_host.tls import server_context
@@ -58,9 +77,68 @@ def uvicorn_config(
         log_config=log_config,
         log_level=settings.log_level,
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=10,
+        # Whole seconds for uvicorn; the app's own cutoff comes earlier (`shutdown.py`).
+        timeout_graceful_shutdown=math.ceil(settings.limits.shutdown_grace_s),
         **config_kwargs,  # type: ignore[arg-type]
     )
+
+
+logger = logging.getLogger("retrieval_host.http")
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class HostServer(uvicorn.Server):
+    """uvicorn's server, telling the app when shutdown begins and exiting normally after it."""
+
+    def __init__(self, config: uvicorn.Config, app: HostApp | None = None) -> None:
+        super().__init__(config)
+        self._host_app = app
+        self.signalled: int | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.signalled is None:
+            self.signalled = sig
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.signalled is not None:
+            logger.info("received %s", signal.Signals(self.signalled).name)
+        # Before uvicorn closes the listeners and starts waiting for the requests in flight.
+        if self._host_app is not None:
+            self._host_app.shutdown.begin()
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Route SIGINT/SIGTERM to `handle_exit` while serving; unlike uvicorn, do not re-raise
+        them afterwards: the shutdown is complete and the caller still has to close stores."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in SHUTDOWN_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def loopback_metrics(settings: HostSettings, app: object) -> Iterator[int | None]:
+    """Serve the app's metrics without a token on 127.0.0.1:`metrics.port` (plain HTTP, never
+    another interface) while the block runs; yields the port (None when not configured)."""
+    port = settings.metrics.port
+    if port is None or not isinstance(app, HostApp):
+        yield None
+        return
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=app.metrics.registry)
+    logger.info("metrics on http://127.0.0.1:%d/metrics", port)
+    try:
+        yield port
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 def serve(
@@ -70,5 +148,9 @@ def serve(
     *,
     log_config: dict[str, object] | None = None,
 ) -> None:
-    """Serve in the foreground until SIGINT/SIGTERM."""
-    uvicorn.Server(uvicorn_config(settings, app, environ, log_config=log_config)).run()
+    """Serve in the foreground until SIGINT/SIGTERM, then shut down gracefully (see the
+    module docstring) and return."""
+    config = uvicorn_config(settings, app, environ, log_config=log_config)
+    server = HostServer(config, app if isinstance(app, HostApp) else None)
+    with loopback_metrics(settings, app):
+        server.run()
