@@ -1,7 +1,8 @@
 """`retrieval-host`: serve, make tokens, ingest files, and the quickstart.
 
 retrieval-host serve --config host.json
-retrieval-host token new [--subject S] [--search CORPUS]... [--index CORPUS]... [--delete CORPUS]...
+retrieval-host token new [--subject S] [--search C]... [--index C]... [--delete C]...
+                         [--provider NAME]... [--metrics]
 retrieval-host ingest PATH... --config host.json --corpus C --subject S [--journal FILE]
 retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve]
 """
@@ -45,14 +46,18 @@ def token_config_entry(
     index: Sequence[str] = (),
     delete: Sequence[str] = (),
     providers: Sequence[str] = (),
+    metrics: bool = False,
 ) -> dict[str, object]:
     """The `tokens` entry of the host configuration for a token (its hash, never the token)."""
-    return {
+    entry: dict[str, object] = {
         "sha256": token_sha256(token),
         "subject": subject,
         "providers": list(providers),
         "retrieval": {"search": list(search), "index": list(index), "delete": list(delete)},
     }
+    if metrics:
+        entry["metrics"] = True
+    return entry
 
 
 @contextlib.contextmanager
@@ -98,16 +103,9 @@ def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver |
 
 
 def close_driver(driver: Driver | None) -> None:
-    """Close what the factory opened: the driver's own `close`, else each store once."""
-    if driver is None:
-        return
-    close = getattr(driver, "close", None)
-    if callable(close):
-        close()
-        return
-    stores = {id(c.store): c.store for c in driver.retrieval.corpora.values()}
-    for store in stores.values():
-        store.close()
+    """Close what the factory opened (stores, run records, providers)."""
+    if driver is not None:
+        driver.close()
 
 
 def run_server(settings: HostSettings, driver: Driver | None, environ: Mapping[str, str]) -> None:
@@ -199,7 +197,13 @@ def _ingest(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _token_new(args: argparse.Namespace) -> int:
     token = new_token()
     entry = token_config_entry(
-        token, args.subject, search=args.search, index=args.index, delete=args.delete
+        token,
+        args.subject,
+        search=args.search,
+        index=args.index,
+        delete=args.delete,
+        providers=args.provider,
+        metrics=args.metrics,
     )
     print("New token (shown once; keep it in your secret store, the host keeps only its hash):")
     print(token)
@@ -230,6 +234,14 @@ def _parser() -> argparse.ArgumentParser:
             metavar="CORPUS",
             help=f"grant {operation} on a corpus (repeatable; none = denied)",
         )
+    new.add_argument(
+        "--provider",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="allow runs with a configured provider (repeatable; none = no runs)",
+    )
+    new.add_argument("--metrics", action="store_true", help="allow GET /metrics")
 
     ingest = commands.add_parser(
         "ingest", help="index PDF, Markdown and e-mail files into a corpus (resumable)"

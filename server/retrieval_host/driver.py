@@ -111,6 +111,15 @@ class Driver:
         """The recorded run of this subject, its evidence re-authorized."""
         return self._runs().get_run(run_id, context)
 
+    def close(self) -> None:
+        """Close every store once, the run records and the providers. Call after the host
+        and its work have stopped."""
+        stores = {id(c.store): c.store for c in self.retrieval.corpora.values()}
+        for store in stores.values():
+            store.close()
+        if self.runs is not None:
+            self.runs.close()
+
     def _runs(self) -> RunEngine:
         if self.runs is None:
             raise permission_denied()

@@ -154,6 +154,13 @@ class RunEngine:
     def providers(self) -> Mapping[str, GenerationProvider]:
         return dict(self._providers)
 
+    def close(self) -> None:
+        """Close the run store and any provider that holds connections."""
+        for closable in (self._store, *self._providers.values()):
+            close = getattr(closable, "close", None)
+            if callable(close):
+                close()
+
     # --- public entry points ------------------------------------------------------------
 
     def run(self, request: RunRequest, context: RequestContext) -> RunResult:

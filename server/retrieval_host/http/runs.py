@@ -10,8 +10,9 @@ handler returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -152,7 +153,7 @@ class RunRoutes:
 
         run_id = first.run_id if isinstance(first, RunStarted) else ""
 
-        async def events() -> AsyncIterator[RunEvent]:
+        async def events() -> AsyncGenerator[RunEvent, None]:
             try:
                 item: RunEvent | BaseException = first
                 while True:
@@ -230,13 +231,16 @@ class RunRoutes:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _sse(
-        self, events: AsyncIterator[RunEvent], request_id: str
+        self, events: AsyncGenerator[RunEvent, None], request_id: str
     ) -> AsyncIterator[ServerSentEvent]:
-        async for event in events:
-            yield ServerSentEvent(
-                data=json.dumps(event_json(event, request_id), ensure_ascii=False),
-                event=event.type,
-            )
+        # aclosing: the inner generator's cleanup (cancel the run, release it from shutdown
+        # tracking) runs when this stream ends, not whenever the garbage collector gets to it.
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield ServerSentEvent(
+                    data=json.dumps(event_json(event, request_id), ensure_ascii=False),
+                    event=event.type,
+                )
 
     async def _collect(self, events: AsyncIterator[RunEvent], request: Request) -> Response:
         outcome: RunEvent | None = None
