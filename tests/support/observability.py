@@ -148,20 +148,26 @@ def host_process(
     limits: Mapping[str, Any] | None = None,
     metrics_port: bool = False,
     environ: Mapping[str, str] | None = None,
+    store: Mapping[str, Any] | None = None,
+    shared: Path | None = None,
+    tokens: Mapping[str, str] | None = None,
 ) -> Iterator[HostProcess]:
     """Serve the example application from a host file in a subprocess until the block ends.
 
     `subjects`: token name -> the providers it may use; every token's subject (its name) may
     search, index and delete every source of `library`. A token named `scraper` gets the
-    metrics grant and no retrieval grant.
+    metrics grant and no retrieval grant. Replicas of one deployment pass the same `store`
+    (e.g. a PostgreSQL DSN), `shared` (the directory of the application's ACL and revision
+    registry) and `tokens`.
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     tls = make_tls(directory / "tls")
-    tokens: dict[str, str] = {}
+    given = dict(tokens or {})
+    tokens = {}
     entries: list[dict[str, Any]] = []
     acl: dict[str, Any] = {"subjects": {}}
     for name, allowed in subjects.items():
-        tokens[name] = new_token()
+        tokens[name] = given.get(name) or new_token()
         grants = [] if name == METRICS_SCRAPER else [CORPUS]
         entry = token_config_entry(
             tokens[name], name, search=grants, index=grants, delete=grants, providers=allowed
@@ -175,7 +181,9 @@ def host_process(
             "index": ["*"],
             "delete": ["*"],
         }
-    (directory / "acl.json").write_text(json.dumps(acl))
+    app_dir = shared or directory
+    if not (app_dir / "acl.json").exists():
+        (app_dir / "acl.json").write_text(json.dumps(acl))
     port = free_port()
     loopback = free_port() if metrics_port else None
     config: dict[str, Any] = {
@@ -183,13 +191,13 @@ def host_process(
         "tls": {"certFile": str(tls.cert_file), "keyFile": str(tls.key_file)},
         "tokens": entries,
         "providers": dict(providers or {}),
-        "store": {"sqlitePath": "store/retrieval.sqlite"},
+        "store": dict(store or {"sqlitePath": "store/retrieval.sqlite"}),
         "runs": {"heartbeatS": 0.5},
         "limits": dict(limits or {}),
         "application": "retrieval_host.example_acl:create_driver",
         "applicationOptions": {
-            "aclFile": "acl.json",
-            "registryFile": "registry.json",
+            "aclFile": str(app_dir / "acl.json"),
+            "registryFile": str(app_dir / "registry.json"),
             "corpora": [CORPUS],
         },
         "logLevel": "info",
