@@ -6,6 +6,7 @@ import queue
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
+from typing import cast
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import (
@@ -56,7 +57,7 @@ def _stream(
         while (item := events.get()) is not _DONE:
             if isinstance(item, BaseException):
                 raise item
-            yield item  # type: ignore[misc]
+            yield cast(RunEvent, item)
     finally:
         context.cancel.cancel()
         thread.join()

@@ -43,6 +43,7 @@ from retrieval_host.core.runs_model import (
     ManifestEntry,
     OutputArtifact,
     Receipt,
+    ReceiptStatus,
     RunCompleted,
     RunDelta,
     RunEvent,
@@ -465,8 +466,10 @@ class RunEngine:
         ).hexdigest()[:24]
         state.sequence += 1
 
-        def receipt(status: str, ids: Sequence[str] = (), code: str | None = None) -> Receipt:
-            r = Receipt(state.sequence, query, key, started, status, list(ids), code)  # type: ignore[arg-type]
+        def receipt(
+            status: ReceiptStatus, ids: Sequence[str] = (), code: str | None = None
+        ) -> Receipt:
+            r = Receipt(state.sequence, query, key, started, status, list(ids), code)
             state.receipts.append(r)
             emit(
                 RunProgress(

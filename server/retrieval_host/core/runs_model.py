@@ -10,6 +10,7 @@ from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import EmbeddingUsage, JSONValue, Location
 
 RetrievalMode: TypeAlias = Literal["off", "before", "tool"]
+ReceiptStatus: TypeAlias = Literal["ok", "failed", "duplicate", "quota-exceeded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class Receipt:
     query: str
     key: str
     started_at: str
-    status: Literal["ok", "failed", "duplicate", "quota-exceeded"]
+    status: ReceiptStatus
     source_ids: Sequence[str] = ()  # chunk ids returned
     error_code: str | None = None
 
