@@ -15,11 +15,16 @@ schema version is refused the same way (reason `schema-version`).
 
 Search. Vectors are never read from SQLite per query. Each corpus namespace is held in memory
 as an append-only float32 matrix whose rows for one source revision are contiguous, with a
-source -> row-span index. A query first gathers the rows of the allowed `(source, revision)`
-pairs whose metadata match the filters, then scores only those rows in batches of
-`scan_batch_rows`, checking the cancel token between batches, and keeps the top k. The cache is
-updated in place after this store's own commits and reloaded per changed source when a
-per-corpus generation counter shows that another connection committed.
+source -> row-span index. A query first collects the row spans of the allowed
+`(source, revision)` pairs whose metadata match the filters (adjacent spans merge into runs),
+then scores only those rows, in place, in batches of `scan_batch_rows`, checking the cancel
+token before each batch and keeping the top k of each. A large scan is shared between the
+calling thread and the store's scan threads (one per further core), each running a
+single-threaded vectorised kernel, so a scan reads its rows once at close to the memory
+bandwidth of the machine. A scattered grant that is searched again and again is scored from a
+bounded cache of contiguous copies of its rows (`_GrantCache`). The in-memory index is updated
+in place after this store's own commits and reloaded per changed source when a per-corpus
+generation counter shows that another connection committed.
 
 Concurrency. Writers are serialised by a process-wide lock per database file and, across
 processes, by SQLite's own locking (with a busy timeout). A search holds no lock while scoring.
@@ -27,12 +32,18 @@ processes, by SQLite's own locking (with a busy timeout). A search holds no lock
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
 import logging
+import math
 import os
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -60,6 +71,17 @@ SCHEMA_VERSION: Final = 1
 MIN_SQLITE_VERSION: Final = (3, 51, 3)
 BUSY_TIMEOUT_MS: Final = 10_000
 WAL_SIZE_LIMIT_BYTES: Final = 64 * 1024 * 1024
+# Scans of fewer rows run on the caller's thread alone: handing work to another thread costs
+# tens of microseconds, and a host serving concurrent searches keeps every core busy anyway.
+PARALLEL_MIN_ROWS: Final = 32_768
+# Rows scored between two cancel checks: 48 MiB of 384-dim vectors, a few milliseconds of
+# reading. Fewer, larger batches keep the per-batch bookkeeping (top k, counters) negligible.
+DEFAULT_SCAN_BATCH_ROWS: Final = 32_768
+# A scan shared between threads is cut into batches of at least this many rows.
+MIN_SHARED_BATCH_ROWS: Final = 4096
+# Copies of repeatedly searched scattered grants (`_GrantCache`): at most this many bytes.
+DEFAULT_GRANT_CACHE_BYTES: Final = 64 * 1024 * 1024
+GATHER_MAX_RUN_ROWS: Final = 1024
 _TABLES: Final = frozenset({"corpora", "sources", "chunks"})
 
 _SCHEMA: Final = (
@@ -207,6 +229,41 @@ def _unit_rows(vectors: _Matrix, what: str) -> _Matrix:
     return np.ascontiguousarray(vectors / norms, dtype=np.float32)
 
 
+def _unit_query(query: Vectors, dims: int) -> _Matrix:
+    """The query as a new float32 unit vector (the per-search path of `_unit_rows`)."""
+    array = np.asarray(query)
+    if array.shape != (dims,):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            f"the query vector must have shape ({dims},), the corpus dimensions.",
+            reason="vector-shape",
+        )
+    unit: _Matrix = array.astype(np.float32)  # a copy: the caller's array is never written
+    if not np.isfinite(unit).all():
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, "the query vector must be finite.", reason="vector-values"
+        )
+    norm = math.sqrt(float(np.dot(unit.astype(np.float64), unit)))
+    if norm == 0:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, "the query vector must not be zero.", reason="vector-values"
+        )
+    unit /= np.float32(norm)
+    return unit
+
+
+def _check_stored(vectors: _Matrix) -> _Matrix:
+    """The norms of stored rows, refusing rows no write could have produced."""
+    norms: _Matrix = np.linalg.norm(vectors, axis=1, keepdims=True)
+    if not np.all(np.isfinite(norms)) or np.any(norms == 0):
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            "a stored vector is not finite or is zero.",
+            reason="corrupt-vector",
+        )
+    return norms
+
+
 # --- the in-memory index --------------------------------------------------------------------
 
 
@@ -224,7 +281,9 @@ class _Revision:
 @dataclass(frozen=True, slots=True)
 class _Row:
     chunk_id: str
-    text: str
+    # UTF-8, decoded only for the k results: a str of non-ASCII text takes 2 or 4 bytes per
+    # character in memory, which would double the cache of a corpus with accented text.
+    text: bytes
     location: Location
     source: _Revision
 
@@ -242,7 +301,7 @@ class _Loaded:
 
     namespace: str
     source: _Revision
-    rows: tuple[tuple[str, str, Location], ...]
+    rows: tuple[tuple[str, bytes, Location], ...]
     unit_vectors: _Matrix
 
 
@@ -270,11 +329,19 @@ class _Segment:
             if len(self.matrix) > 4096 and self.live < len(self.matrix) // 4:
                 self._compact(0)
 
+    def reserve(self, count: int) -> None:
+        """Room for `count` more rows in one allocation (a bulk load grows the matrix once).
+
+        Capacity beyond the rows written costs address space only: pages of a large array that
+        were never written are not resident.
+        """
+        if self.size + count > len(self.matrix):
+            self._compact(count)
+
     def put(self, loaded: _Loaded) -> None:
         self.remove(loaded.source.source_id)
         count = len(loaded.rows)
-        if self.size + count > len(self.matrix):
-            self._compact(count)
+        self.reserve(count)
         start = self.size
         self.matrix[start : start + count] = loaded.unit_vectors
         self.rows.extend(_Row(cid, text, loc, loaded.source) for cid, text, loc in loaded.rows)
@@ -311,21 +378,280 @@ class _CorpusState:
 
 @dataclass(frozen=True, slots=True)
 class _Scan:
-    """What a search captured under the cache lock; scored afterwards without any lock."""
+    """What a search captured under the cache lock; scored afterwards without any lock.
+
+    The allowed rows as runs of consecutive matrix rows: run `r` is rows `starts[r]` up to
+    `starts[r] + offsets[r + 1] - offsets[r]`, and takes the scan positions `offsets[r]` up to
+    `offsets[r + 1]`. Each run is scored in place (a view), never gathered into a copy.
+    """
 
     matrix: _Matrix
     rows: list[_Row]
-    index: _Index
+    starts: _Index
+    offsets: _Index
+    # The same as Python ints: the per-run loop of a scan indexes them (NumPy scalars cost more).
+    start_list: list[int]
+    offset_list: list[int]
+
+    @classmethod
+    def of(cls, matrix: _Matrix, rows: list[_Row], spans: list[tuple[int, int]]) -> _Scan:
+        spans.sort()
+        if len(spans) > 256:
+            starts, offsets = _runs(spans)
+            return cls(matrix, rows, starts, offsets, starts.tolist(), offsets.tolist())
+        # A few spans: merging them in Python costs less than NumPy's per-call overhead.
+        start_list: list[int] = []
+        offset_list = [0]
+        end = -1
+        for start, stop in spans:
+            if start == end:
+                offset_list[-1] += stop - start
+            else:
+                start_list.append(start)
+                offset_list.append(offset_list[-1] + stop - start)
+            end = stop
+        return cls(
+            matrix,
+            rows,
+            np.array(start_list, dtype=np.int64),
+            np.array(offset_list, dtype=np.int64),
+            start_list,
+            offset_list,
+        )
+
+    @classmethod
+    def contiguous(cls, matrix: _Matrix, rows: list[_Row]) -> _Scan:
+        """All of `matrix` as one run (a grant's rows gathered in scan order)."""
+        total = len(matrix)
+        return cls(
+            matrix, rows, np.zeros(1, np.int64), np.array([0, total], np.int64), [0], [0, total]
+        )
+
+    @property
+    def total(self) -> int:
+        return self.offset_list[-1]
+
+    def row_index(self) -> _Index:
+        """Every matrix row of the scan, in scan order."""
+        lengths = np.diff(self.offsets)
+        return np.repeat(self.starts - self.offsets[:-1], lengths) + np.arange(
+            self.total, dtype=np.int64
+        )
+
+    def row_numbers(self, positions: _Index) -> _Index:
+        """The matrix rows at these scan positions."""
+        run = np.searchsorted(self.offsets, positions, side="right") - 1
+        return self.starts[run] + (positions - self.offsets[run])
 
 
-def _gather(spans: list[tuple[int, int]]) -> _Index:
-    """The row numbers of the spans, ascending (so adjacent spans form slice-able runs)."""
-    spans.sort()
+def _runs(spans: list[tuple[int, int]]) -> tuple[_Index, _Index]:
+    """Sorted spans merged where one ends where the next starts: (starts, offsets)."""
     starts = np.fromiter((s for s, _ in spans), dtype=np.int64, count=len(spans))
-    lengths = np.fromiter((e - s for s, e in spans), dtype=np.int64, count=len(spans))
-    total = int(lengths.sum())
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(total, dtype=np.int64)
+    stops = np.fromiter((e for _, e in spans), dtype=np.int64, count=len(spans))
+    first = np.flatnonzero(np.r_[True, starts[1:] != stops[:-1]])
+    last = np.r_[first[1:] - 1, len(spans) - 1]
+    run_starts = starts[first]
+    offsets = np.zeros(len(first) + 1, dtype=np.int64)
+    np.cumsum(stops[last] - run_starts, out=offsets[1:])
+    return run_starts, offsets
+
+
+def _dot_rows(block: _Matrix, query: _Matrix, out: _Matrix) -> None:
+    """`out[i] = block[i] . query`, computed in the calling thread only.
+
+    Not a matrix-vector product: OpenBLAS's sgemv hands every call above a few thousand
+    elements to its own thread pool, and on a busy machine a scan of many batch-sized calls
+    then waits for helper threads that other work has descheduled (measured here: 8192-row
+    batches 5-10x slower than one call). `vecdot` takes one vectorised dot product per row
+    (too short for BLAS to thread), releases the GIL and costs about a microsecond per call,
+    so a scan of many short runs stays cheap and the store alone decides the parallelism.
+    """
+    np.vecdot(block, query, out=out)
+
+
+def _scan_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+class _GrantCache:
+    """Contiguous copies of the rows of grants that are searched again and again.
+
+    An application usually answers one subject with the same grant many times. When that grant
+    is scattered (many short runs of rows), each search scores it with one short kernel call
+    per run, all holding the GIL; a copy of its rows in scan order is scored with one call per
+    batch that releases it, at the memory bandwidth. A grant is copied the second time it is
+    seen (a one-off grant never pays for the copy), if the copy takes at most half the budget;
+    least recently used copies go first. Only grants whose runs average fewer than
+    `GATHER_MAX_RUN_ROWS` rows are copied: long runs are scored in place just as fast.
+
+    The key is the segment array and the exact runs: rows of one array are never rewritten
+    (a changed source gets new rows, a compaction a new array), so a key always names the same
+    bytes. Entries hold the array only weakly; a compacted-away array frees its entries.
+    """
+
+    SEEN: Final = 256
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._copies: OrderedDict[tuple[int, bytes, bytes], _GrantRows] = OrderedDict()
+        self._seen: OrderedDict[tuple[int, bytes, bytes], None] = OrderedDict()
+        self._bytes = 0
+
+    def rows(self, scan: _Scan) -> _Matrix | None:
+        """The scan's rows as one contiguous array, when cached (or now worth caching)."""
+        runs = len(scan.start_list)
+        size = scan.total * scan.matrix.shape[1] * scan.matrix.itemsize
+        if runs < 2 or scan.total >= runs * GATHER_MAX_RUN_ROWS or 2 * size > self.budget:
+            return None
+        key = (id(scan.matrix), scan.starts.tobytes(), scan.offsets.tobytes())
+        with self._lock:
+            entry = self._copies.get(key)
+            if entry is not None and entry.matrix() is scan.matrix:
+                self._copies.move_to_end(key)
+                return entry.rows
+            if key not in self._seen:
+                self._seen[key] = None
+                if len(self._seen) > self.SEEN:
+                    self._seen.popitem(last=False)
+                return None
+        # The copy is made outside the lock (np.take releases the GIL).
+        rows: _Matrix = np.take(scan.matrix, scan.row_index(), axis=0)
+        with self._lock:
+            self._seen.pop(key, None)
+            self._insert(key, _GrantRows(weakref.ref(scan.matrix), rows))
+        return rows
+
+    def _insert(self, key: tuple[int, bytes, bytes], entry: _GrantRows) -> None:
+        old = self._copies.pop(key, None)
+        if old is not None:
+            self._bytes -= old.rows.nbytes
+        for stale in [k for k, e in self._copies.items() if e.matrix() is None]:
+            self._bytes -= self._copies.pop(stale).rows.nbytes
+        self._copies[key] = entry
+        self._bytes += entry.rows.nbytes
+        while self._bytes > self.budget and self._copies:
+            self._bytes -= self._copies.popitem(last=False)[1].rows.nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._copies.clear()
+            self._seen.clear()
+            self._bytes = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _GrantRows:
+    matrix: weakref.ref[_Matrix]
+    rows: _Matrix
+
+
+class _ScanJob:
+    """One search's scan: batches of scan positions, claimed in order by one or more threads.
+
+    Every thread checks the cancel token before each batch it claims and keeps the top `k`
+    of each batch; the caller merges them. After a failure (a cancel) no new batch starts.
+    """
+
+    def __init__(
+        self,
+        store: SqliteVectorStore,
+        scan: _Scan,
+        query: _Matrix,
+        k: int,
+        cancel: CancelToken,
+        batch: int,
+    ) -> None:
+        self.store = store
+        self.scan = scan
+        self.query = query
+        self.k = k
+        self.cancel = cancel
+        self.batch = batch
+        self.batches = -(-scan.total // batch)
+        self._claims = itertools.count()  # next() on a count is atomic under the GIL
+        self._lock = threading.Lock()
+        self._idle: threading.Condition | None = None  # only when other threads help
+        self._closed = False
+        self._active = 0
+        self.failed: BaseException | None = None
+        self.positions: list[_Index] = []
+        self.scores: list[_Matrix] = []
+
+    def share(self, pool: ThreadPoolExecutor, helpers: int) -> list[Future[None]]:
+        """Let `helpers` pool threads claim batches too."""
+        self._idle = threading.Condition(self._lock)
+        return [pool.submit(self.help) for _ in range(helpers)]
+
+    def help(self) -> None:
+        """A pool thread's share: nothing if the caller has already finished."""
+        with self._lock:
+            if self._closed:
+                return
+            self._active += 1
+        try:
+            self.work()
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._idle is not None:
+                    self._idle.notify_all()
+
+    def finish(self) -> None:
+        """After the caller's own share: wait for the batches other threads have claimed."""
+        with self._lock:
+            self._closed = True
+            while self._active and self._idle is not None:
+                self._idle.wait()
+
+    def work(self) -> None:
+        scan, batch, k = self.scan, self.batch, self.k
+        buffer = np.empty(min(batch, scan.total), dtype=np.float32)
+        positions: list[_Index] = []
+        scores: list[_Matrix] = []
+        try:
+            while self.failed is None:
+                number = next(self._claims)
+                if number >= self.batches:
+                    break
+                self.cancel.check()
+                low = number * batch
+                high = min(low + batch, scan.total)
+                out = buffer[: high - low]
+                self._score(low, high, out)
+                if high - low > k:
+                    best = np.argpartition(out, high - low - k)[high - low - k :]
+                    positions.append(best + low)
+                    scores.append(out[best])
+                else:
+                    positions.append(np.arange(low, high, dtype=np.int64))
+                    scores.append(out.copy())
+                self.store._count(scan_batches=1, rows_scored=high - low)
+                self.cancel.progress()
+        except BaseException as exc:
+            with self._lock:
+                if self.failed is None:
+                    self.failed = exc
+        finally:
+            with self._lock:
+                self.positions += positions
+                self.scores += scores
+
+    def _score(self, low: int, high: int, out: _Matrix) -> None:
+        scan = self.scan
+        matrix, query = scan.matrix, self.query
+        starts, offsets = scan.start_list, scan.offset_list
+        run = bisect.bisect_right(offsets, low) - 1
+        at = low
+        while at < high:
+            stop = min(offsets[run + 1], high)
+            first = starts[run] + at - offsets[run]
+            _dot_rows(matrix[first : first + stop - at], query, out[at - low : stop - low])
+            at = stop
+            run += 1
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -338,7 +664,13 @@ class SqliteVectorStore:
     used under a lock; searches score outside every lock.
     """
 
-    def __init__(self, connection: apsw.Connection, path: Path, scan_batch_rows: int) -> None:
+    def __init__(
+        self,
+        connection: apsw.Connection,
+        path: Path,
+        scan_batch_rows: int,
+        grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
+    ) -> None:
         """Private: use `SqliteVectorStore.open(path)`, which checks and prepares the file."""
         self._conn: apsw.Connection | None = connection
         self._path = path
@@ -349,18 +681,31 @@ class SqliteVectorStore:
         self._counter_lock = threading.Lock()
         self._counters = StoreCounters()
         self._corpora: dict[str, _CorpusState] = {}
+        self._helpers = _scan_threads() - 1
+        self._pool_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._grants = _GrantCache(grant_cache_bytes)
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, scan_batch_rows: int = 8192
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        scan_batch_rows: int = DEFAULT_SCAN_BATCH_ROWS,
+        grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
     ) -> SqliteVectorStore:
         """Open (creating if missing) the store at `path` after the private-location checks.
+
+        `grant_cache_bytes` bounds the copies of repeatedly searched, scattered grants (see
+        `_GrantCache`); 0 turns the cache off.
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
         """
         if isinstance(scan_batch_rows, bool) or scan_batch_rows < 1:
             raise ValueError("scan_batch_rows must be a positive integer")
+        if isinstance(grant_cache_bytes, bool) or grant_cache_bytes < 0:
+            raise ValueError("grant_cache_bytes must be a non-negative integer")
         check_sqlite_version(apsw.sqlite_lib_version())
         database = prepare_database_path(path)
         flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
@@ -380,7 +725,7 @@ class SqliteVectorStore:
         except BaseException:
             conn.close()
             raise
-        return cls(conn, database, scan_batch_rows)
+        return cls(conn, database, scan_batch_rows, grant_cache_bytes)
 
     def __enter__(self) -> SqliteVectorStore:
         return self
@@ -412,6 +757,11 @@ class SqliteVectorStore:
                 self._conn = None
             with self._cache_lock:
                 self._corpora.clear()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._grants.clear()
 
     # --- corpora -----------------------------------------------------------------------------
 
@@ -567,7 +917,10 @@ class SqliteVectorStore:
                     json.loads(metadata_json),
                     generation,
                 ),
-                tuple((chunks[i].chunk_id, chunks[i].text, chunks[i].location) for i in order),
+                tuple(
+                    (chunks[i].chunk_id, chunks[i].text.encode("utf-8"), chunks[i].location)
+                    for i in order
+                ),
                 unit[order],
             )
             self._after_commit(state, before, generation, [loaded], [])
@@ -621,34 +974,34 @@ class SqliteVectorStore:
         """Top-k cosine matches among the allowed revisions only, best first.
 
         Rows outside `allowed` (or the namespace, or the filters) never enter the similarity
-        product. `cancel` is checked before each batch of `scan_batch_rows` rows.
+        product. `cancel` is checked before each batch of at most `scan_batch_rows` rows.
         """
         state = self._state(corpus)
-        raw_query = self._vectors(state, [query], "the query vector")
-        unit_query = _unit_rows(raw_query, "the query vector")[0]
+        unit_query = _unit_query(query, state.dimensions)
         if k <= 0 or not allowed:
             return []
         self._ensure_fresh(state)
         scan = self._capture(state, namespace, allowed, filters)
         if scan is None:
             return []
-        scores = self._score(scan, unit_query, cancel)
-        n = len(scores)
-        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+        gathered = self._grants.rows(scan)
+        scored = scan if gathered is None else _Scan.contiguous(gathered, scan.rows)
+        positions, scores = self._scan(scored, unit_query, k, cancel)
+        rows = scan.row_numbers(positions)
         # Best first; equal scores in row order, so results are deterministic.
-        top = top[np.lexsort((scan.index[top], -scores[top]))]
+        top = np.lexsort((rows, -scores))[:k]
         results: list[Candidate] = []
         for i in top:
-            row = scan.rows[int(scan.index[i])]
+            row = scan.rows[int(rows[i])]
             results.append(
                 Candidate(
                     chunk_id=row.chunk_id,
                     source_id=row.source.source_id,
                     revision=row.source.revision,
-                    text=row.text,
+                    text=row.text.decode("utf-8"),
                     location=row.location,
                     document_sha256=row.source.document_sha256,
-                    score=float(np.clip(scores[i], -1.0, 1.0)),
+                    score=min(1.0, max(-1.0, float(scores[i]))),
                 )
             )
         return results
@@ -681,28 +1034,49 @@ class SqliteVectorStore:
                 spans.append((span.start, span.stop))
             if not spans:
                 return None
-            return _Scan(segment.matrix, segment.rows, _gather(spans))
+            return _Scan.of(segment.matrix, segment.rows, spans)
 
-    def _score(self, scan: _Scan, query: _Matrix, cancel: CancelToken) -> _Matrix:
-        n = len(scan.index)
-        scores = np.empty(n, dtype=np.float32)
+    def _scan(
+        self, scan: _Scan, query: _Matrix, k: int, cancel: CancelToken
+    ) -> tuple[_Index, _Matrix]:
+        """Score every captured row; the best `k` of each batch (scan positions, scores).
+
+        A scan of at least `PARALLEL_MIN_ROWS` rows is shared with the store's scan threads
+        (one fewer than the cores this process may use; the caller is the last one). The
+        caller works too, so a scan never waits for a pool busy with other searches: helpers
+        that start late find nothing left and return. A shared scan uses batches small enough
+        for every thread to get several (never more than `scan_batch_rows` rows, so the cancel
+        token is checked at least as often), or the last batches would leave threads idle.
+        """
+        batch = self._batch
+        pool = None
+        if scan.total >= PARALLEL_MIN_ROWS and scan.total > batch // 2 and self._helpers:
+            pool = self._scan_pool()
+        if pool is not None:
+            threads = self._helpers + 1
+            batch = min(batch, max(MIN_SHARED_BATCH_ROWS, -(-scan.total // (4 * threads))))
+        job = _ScanJob(self, scan, query, k, cancel, batch)
         self._count(scans_started=1)
-        for offset in range(0, n, self._batch):
-            try:
-                cancel.check()
-            except RetrievalError:
+        helpers: list[Future[None]] = []
+        if pool is not None and job.batches > 1:
+            helpers = job.share(pool, min(self._helpers, job.batches - 1))
+        job.work()
+        for future in helpers:
+            future.cancel()  # not started yet: nothing left for it
+        job.finish()
+        if job.failed is not None:
+            if isinstance(job.failed, RetrievalError):
                 self._count(scans_cancelled=1)
-                raise
-            part = scan.index[offset : offset + self._batch]
-            first, last = int(part[0]), int(part[-1])
-            if last - first + 1 == len(part):
-                block = scan.matrix[first : last + 1]  # a contiguous run: a view, no copy
-            else:
-                block = np.take(scan.matrix, part, axis=0)
-            scores[offset : offset + len(part)] = block @ query
-            self._count(scan_batches=1, rows_scored=len(part))
-            cancel.progress()
-        return scores
+            raise job.failed
+        if not job.positions:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+        return np.concatenate(job.positions), np.concatenate(job.scores)
+
+    def _scan_pool(self) -> ThreadPoolExecutor | None:
+        with self._pool_lock:
+            if self._pool is None and self._helpers > 0 and self._conn is not None:
+                self._pool = ThreadPoolExecutor(self._helpers, thread_name_prefix="store-scan")
+            return self._pool
 
     def _count(
         self,
@@ -776,23 +1150,36 @@ class SqliteVectorStore:
             ).fetchone()
             generation = int(row[0]) if row is not None else 0
             listing = {
-                (str(ns), str(sid)): (int(pk), int(gen))
-                for pk, ns, sid, gen in conn.execute(
-                    "SELECT id, namespace, source_id, generation FROM sources WHERE corpus_id = ?",
+                (str(ns), str(sid)): (int(pk), int(gen), int(count))
+                for pk, ns, sid, gen, count in conn.execute(
+                    "SELECT id, namespace, source_id, generation, chunk_count FROM sources "
+                    "WHERE corpus_id = ?",
                     (corpus,),
                 )
             }
             removed = [key for key in state.generations if key not in listing]
-            loaded = [
-                self._load(conn, state, pk)
-                for key, (pk, gen) in listing.items()
+            changed = [
+                (pk, count)
+                for key, (pk, gen, count) in listing.items()
                 if state.generations.get(key) != gen
             ]
+            # One staging array for all the loaded vectors, freed whole once they are copied
+            # into the index: thousands of small per-source arrays interleaved with the
+            # passages' long-lived strings would leave the heap fragmented, resident for good.
+            staging = np.empty((sum(c for _, c in changed), state.dimensions), dtype=np.float32)
+            loaded: list[_Loaded] = []
+            at = 0
+            for pk, count in changed:
+                loaded.append(self._load(conn, state, pk, staging[at : at + count]))
+                at += count
         with self._cache_lock:
             self._apply(state, loaded, removed)
             state.loaded_generation = generation
 
-    def _load(self, conn: apsw.Connection, state: _CorpusState, source_pk: int) -> _Loaded:
+    def _load(
+        self, conn: apsw.Connection, state: _CorpusState, source_pk: int, out: _Matrix
+    ) -> _Loaded:
+        """One source revision, its unit vectors written into `out` (a slice of staging)."""
         row = _one(
             conn.execute(
                 "SELECT namespace, source_id, revision, document_sha256, metadata_json, "
@@ -801,25 +1188,28 @@ class SqliteVectorStore:
             )
         )
         chunks: list[tuple[Any, ...]] = conn.execute(
-            "SELECT chunk_id, text, page, start_line, end_line, document_id, vector "
-            "FROM chunks WHERE source_pk = ? ORDER BY ordinal",
+            "SELECT chunk_id, CAST(text AS BLOB), page, start_line, end_line, document_id, "
+            "vector FROM chunks WHERE source_pk = ? ORDER BY ordinal",
             (source_pk,),
         ).fetchall()
         width = state.dimensions * 4
-        blobs = [bytes(c[6]) for c in chunks]
-        if any(len(b) != width for b in blobs):
+        if len(chunks) != len(out) or any(len(c[6]) != width for c in chunks):
             raise RetrievalError(
                 ErrorCode.STORE_UNAVAILABLE,
                 "a stored vector does not have the corpus dimensions.",
                 reason="corrupt-vector",
             )
-        matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), -1)
-        rows = tuple((str(c[0]), str(c[1]), Location(c[2], c[3], c[4], c[5])) for c in chunks)
+        if chunks:
+            out[:] = np.frombuffer(b"".join(c[6] for c in chunks), dtype="<f4").reshape(
+                len(chunks), -1
+            )
+            out /= _check_stored(out)  # our own staging rows, normalised in place
+        rows = tuple((str(c[0]), bytes(c[1]), Location(c[2], c[3], c[4], c[5])) for c in chunks)
         return _Loaded(
             str(row[0]),
             _Revision(str(row[1]), str(row[2]), str(row[3]), json.loads(str(row[4])), int(row[5])),
             rows,
-            _unit_rows(matrix.astype(np.float32), "stored vectors"),
+            out,
         )
 
     def _apply(
@@ -831,11 +1221,16 @@ class SqliteVectorStore:
             if segment is not None:
                 segment.remove(source_id)
             state.generations.pop((namespace, source_id), None)
+        incoming: dict[str, int] = {}
         for item in loaded:
-            segment = state.segments.get(item.namespace)
+            incoming[item.namespace] = incoming.get(item.namespace, 0) + len(item.rows)
+        for namespace, count in incoming.items():
+            segment = state.segments.get(namespace)
             if segment is None:
-                segment = state.segments[item.namespace] = _Segment(state.dimensions)
-            segment.put(item)
+                segment = state.segments[namespace] = _Segment(state.dimensions)
+            segment.reserve(count)
+        for item in loaded:
+            state.segments[item.namespace].put(item)
             state.generations[(item.namespace, item.source.source_id)] = item.source.generation
 
     # --- helpers -------------------------------------------------------------------------------

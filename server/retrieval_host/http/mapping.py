@@ -39,18 +39,6 @@ def delete_request(body: wire.DeleteRequest) -> core.DeleteRequest:
     return core.DeleteRequest(body.corpus, body.source_id, body.revision)
 
 
-def _location_out(loc: core.Location) -> wire.Location:
-    return wire.Location(
-        page=loc.page, start_line=loc.start_line, end_line=loc.end_line, document_id=loc.document_id
-    )
-
-
-def _scope(scope: core.Scope) -> wire.Scope:
-    return wire.Scope(
-        corpus=scope.corpus, index_version=scope.index_version, namespace=scope.namespace
-    )
-
-
 def _source(ref: core.SourceRef) -> wire.SourceRef:
     return wire.SourceRef(id=ref.id, revision=ref.revision)
 
@@ -62,25 +50,49 @@ def _usage(usage: core.EmbeddingUsage) -> wire.Usage:
 
 
 def search_response(result: core.SearchResult) -> wire.SearchResponse:
-    return wire.SearchResponse(
-        hits=[
-            wire.Hit(
-                chunk_id=h.chunk_id,
-                source=_source(h.source),
-                location=_location_out(h.location),
-                text=h.text,
-                document_sha256=h.document_sha256,
-                score=h.score,
-                retrieved_at=h.retrieved_at,
-                scope=_scope(h.scope),
-            )
-            for h in result.hits
-        ],
-        truncated=result.truncated,
-        retrieved_at=result.retrieved_at,
-        scope=_scope(result.scope) if result.scope is not None else None,
-        usage=_usage(result.usage),
+    # The hot path of every search: one validation of plain data in pydantic-core builds all
+    # the nested models, instead of one Python-level constructor call per model (about 30 per
+    # response). Same models, same JSON.
+    scope = _scope_fields(result.scope) if result.scope is not None else None
+    return wire.SearchResponse.model_validate(
+        {
+            "hits": [
+                {
+                    "chunk_id": h.chunk_id,
+                    "source": {"id": h.source.id, "revision": h.source.revision},
+                    "location": {
+                        "page": h.location.page,
+                        "start_line": h.location.start_line,
+                        "end_line": h.location.end_line,
+                        "document_id": h.location.document_id,
+                    },
+                    "text": h.text,
+                    "document_sha256": h.document_sha256,
+                    "score": h.score,
+                    "retrieved_at": h.retrieved_at,
+                    "scope": scope if h.scope == result.scope else _scope_fields(h.scope),
+                }
+                for h in result.hits
+            ],
+            "truncated": result.truncated,
+            "retrieved_at": result.retrieved_at,
+            "scope": scope,
+            "usage": {
+                "embedding": {
+                    "requests": result.usage.requests,
+                    "input_tokens": result.usage.input_tokens,
+                }
+            },
+        }
     )
+
+
+def _scope_fields(scope: core.Scope) -> dict[str, str]:
+    return {
+        "corpus": scope.corpus,
+        "index_version": scope.index_version,
+        "namespace": scope.namespace,
+    }
 
 
 def index_response(result: core.IndexResult) -> wire.IndexResponse:

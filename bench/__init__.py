@@ -1,0 +1,1 @@
+"""Performance benchmarks of issue 8 (not tests): see bench/README.md."""

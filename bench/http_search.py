@@ -1,0 +1,522 @@
+"""Benchmark (not a test): authorized search over HTTPS, against Chroma and a bare uvicorn endpoint.
+
+    python bench/http_search.py [--seconds 20] [--rounds 3] [--clients 16] [--no-chroma]
+
+The data: 100,000 passages in 1,000 sources (100 each), SYNTHETIC clustered 384-dim vectors
+(embedding 100k passages would take about 30 minutes here) with real passage text (SciFact
+abstracts split into passages, reused in order). One token's authorizer allows a fixed random
+10 % of the sources; another allows all of them.
+
+In one run, each as its own process on 127.0.0.1, loaded by `--clients` closed-loop keep-alive
+clients for `--seconds` per round (after a 1 s warm-up), variants interleaved in a shuffled
+order every round:
+
+- ours, 10 % allowed: the real host (`retrieval-host serve`, uvicorn over TLS, every
+  middleware, token check, validation, the application's authorizer before and after the
+  read, the SQLite store) searching with the 10 % token;
+  The store runs with its defaults, so from the second search on this repeated, scattered
+  grant is scored from the store's grant cache (a contiguous copy of its rows);
+- ours, 10 %, cache off: a second host on the same store with the grant cache off (what a
+  grant searched for the first time, or one that does not fit the cache, costs);
+- ours, all allowed: the same host and the token that allows everything (for reference);
+- Chroma, filtered: `chroma run` (chromadb from PyPI, in its own venv at /opt/chroma-venv,
+  created here when missing), the same vectors and texts, the same allowed set as a metadata
+  filter (`sr $in [...]`, one field holding `source@revision`), plain HTTP;
+- Chroma, unfiltered: the same without the filter;
+- bare search: a raw ASGI app under uvicorn over TLS doing only the necessary work (parse,
+  `SqliteVectorStore.search` with the same allowed set in a worker thread, the same JSON);
+- bare static: a raw ASGI app returning a prepared copy of one of the host's responses.
+
+Query embedding: the corpus vectors are synthetic, so queries are too. The host's corpus uses
+a BENCH-ONLY embedding adapter (`bench/_http_app.py`, `QueryTable`) that returns the
+precomputed vector for each query string `q<N>`; Chroma receives the same vectors in the
+request (`query_embeddings`). The local model's cost per query is printed for reference.
+
+Targets (issue 8), each a median of per-round ratios: ours (10 %) >= 20x Chroma filtered and
+>= 2x Chroma unfiltered req/s; the host's overhead over the bare search endpoint <= 1.3x.
+Exits 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/http_search.py`: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import trustme
+
+from bench._common import (
+    CORPUS,
+    REPO,
+    REVISION,
+    Clusters,
+    Verdicts,
+    descriptor,
+    fill,
+    private_directory,
+    source_id,
+)
+from bench._loadgen import LoadResult, Target, fetch_once, request, run_load
+from bench._machine import describe
+from bench.memory import passages
+
+CHROMA_VENV = Path(os.environ.get("RETRIEVAL_HOST_BENCH_CHROMA_VENV", "/opt/chroma-venv"))
+CHROMA_VERSION = "1.5.9"
+CHROMA_QUERY = "/api/v2/tenants/default_tenant/databases/default_database/collections/{}/query"
+LIMIT = 8
+TARGET_VS_CHROMA_FILTERED = 20.0
+TARGET_VS_CHROMA_UNFILTERED = 2.0
+TARGET_OVERHEAD = 1.3
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(ready: Callable[[], bool], process: subprocess.Popen[bytes], what: str) -> None:
+    """Poll `ready` until it holds; fail early if the process died."""
+    deadline = time.monotonic() + 300
+    while not ready():
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} during startup")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become ready")
+        time.sleep(0.05)
+
+
+@contextmanager
+def running(
+    command: Sequence[str], log: Path, env: dict[str, str]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server subprocess, terminated (then killed) when the block ends."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def answers(target: Target, message: bytes) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            return fetch_once(target, message)[0] == 200
+        except OSError:
+            return False
+
+    return probe
+
+
+def ensure_chroma() -> Path:
+    """`chroma` from a venv of its own (never the project's), created on first use."""
+    chroma = CHROMA_VENV / "bin" / "chroma"
+    if not chroma.exists():
+        print(f"installing chromadb=={CHROMA_VERSION} into {CHROMA_VENV} (once) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(CHROMA_VENV)], check=True)
+        subprocess.run(
+            [str(CHROMA_VENV / "bin" / "pip"), "install", "-q", f"chromadb=={CHROMA_VERSION}"],
+            check=True,
+        )
+    return chroma
+
+
+def chroma_version() -> str:
+    done = subprocess.run(
+        [str(CHROMA_VENV / "bin" / "python"), "-c", "import chromadb; print(chromadb.__version__)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "?"
+
+
+@dataclass(frozen=True)
+class Tls:
+    cert: Path
+    key: Path
+    client: ssl.SSLContext
+
+
+def make_tls(directory: Path) -> Tls:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    leaf.private_key_pem.write_to_path(str(key))
+    key.chmod(0o600)
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return Tls(cert, key, context)
+
+
+@dataclass
+class Data:
+    """The benchmark corpus: vectors, texts, sources, queries and the two grants."""
+
+    vectors: np.ndarray
+    texts: list[str]
+    origin: str
+    per_source: int
+    queries: np.ndarray
+    tenth: list[str]
+    every: list[str]
+
+    @classmethod
+    def make(cls, passages_count: int, sources: int, queries: int, fraction: float) -> Data:
+        shape = Clusters()
+        texts, origin = passages(passages_count)
+        per_source = passages_count // sources
+        every = [source_id(n) for n in range(sources)]
+        rng = np.random.default_rng(11)
+        chosen = rng.choice(sources, max(1, round(sources * fraction)), replace=False)
+        return cls(
+            vectors=shape.sample(passages_count, stream=0),
+            texts=texts,
+            origin=origin,
+            per_source=per_source,
+            queries=shape.sample(queries, stream=4),
+            tenth=sorted(every[int(n)] for n in chosen),
+            every=every,
+        )
+
+
+def search_body(number: int) -> bytes:
+    return json.dumps({"corpus": CORPUS, "query": f"q{number}", "limit": LIMIT}).encode()
+
+
+def chroma_body(vector: np.ndarray, allowed: Sequence[str] | None) -> bytes:
+    body: dict[str, object] = {
+        "query_embeddings": [[float(x) for x in vector]],
+        "n_results": LIMIT,
+        "include": ["documents", "metadatas", "distances"],
+    }
+    if allowed is not None:
+        body["where"] = {"sr": {"$in": [f"{sid}@{REVISION}" for sid in allowed]}}
+    return json.dumps(body).encode()
+
+
+def local_model_query_ms() -> float | None:
+    """What embedding one short query with the local model costs here (one thread)."""
+    try:
+        from retrieval_host.adapters.embedding_local import LocalEmbedding
+        from retrieval_host.core.cancel import CancelToken
+    except ImportError:  # pragma: no cover - the model package is a product dependency
+        return None
+    model = LocalEmbedding(threads=1)
+    timings = []
+    for n in range(21):
+        started = time.perf_counter()
+        model.embed([f"how do I rotate a bearer token, case {n}"], CancelToken())
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings[1:]) * 1e3
+
+
+@dataclass
+class HttpResult:
+    runs: dict[str, list[LoadResult]]
+
+    def rps(self, name: str) -> float:
+        return statistics.median(r.rps for r in self.runs[name])
+
+    def ratio(self, name: str, base: str) -> float:
+        pairs = zip(self.runs[name], self.runs[base], strict=True)
+        return statistics.median(a.rps / b.rps if b.rps else float("inf") for a, b in pairs)
+
+    def lines(self) -> list[str]:
+        out = ["  variant               req/s (median)  p50 ms   p99 ms  errors  KB/resp  rounds"]
+        for name, runs in self.runs.items():
+            latencies = sorted(x for r in runs for x in r.latencies)
+            merged = LoadResult(name, 1.0, latencies=latencies)
+            ok = sum(r.ok for r in runs)
+            size = sum(r.response_bytes for r in runs) / ok / 1024 if ok else 0.0
+            out.append(
+                f"  {name:<22}{self.rps(name):>14.1f} {merged.percentile_ms(50):8.2f} "
+                f"{merged.percentile_ms(99):8.2f} {sum(r.errors for r in runs):7d} {size:8.1f} "
+                f"{' '.join(f'{r.rps:.0f}' for r in runs):>8}"
+            )
+        return out
+
+
+def run_rounds(
+    targets: dict[str, Target], *, rounds: int, clients: int, seconds: float, seed: int = 5
+) -> HttpResult:
+    order = random.Random(seed)
+    runs: dict[str, list[LoadResult]] = {name: [] for name in targets}
+    for number in range(rounds):
+        names = list(targets)
+        order.shuffle(names)
+        for name in names:
+            result = run_load(targets[name], clients=clients, seconds=seconds)
+            runs[name].append(result)
+            print(
+                f"  round {number + 1}: {name:<22} {result.rps:9.1f} req/s"
+                + (f"  ({result.errors} errors: {result.statuses})" if result.errors else ""),
+                flush=True,
+            )
+    return HttpResult(runs)
+
+
+def hit_ids(body: bytes) -> list[str]:
+    return [h["chunkId"] for h in json.loads(body)["hits"]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passages", type=int, default=100_000)
+    parser.add_argument("--sources", type=int, default=1_000)
+    parser.add_argument("--fraction", type=float, default=0.10)
+    parser.add_argument("--queries", type=int, default=256)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-chroma", action="store_true", help="skip the Chroma variants")
+    args = parser.parse_args(argv)
+
+    print(describe())
+    data = Data.make(args.passages, args.sources, args.queries, args.fraction)
+    print(
+        f"data: {args.passages:,} passages in {args.sources:,} sources; vectors: "
+        f"{Clusters().describe()}; text: {data.origin}"
+    )
+    print(
+        f"grant: {len(data.tenth)} of {args.sources} sources ({args.fraction:.0%}) for the "
+        f"filtered token; load: {args.clients} clients x {args.seconds:g} s x {args.rounds} rounds"
+    )
+    print(
+        "query embedding: PRECOMPUTED vectors for the query strings q0..q"
+        f"{args.queries - 1} through a bench-only adapter (bench/_http_app.py), not the local "
+        "model; Chroma gets the same vectors in its request"
+    )
+    print(
+        "store: SQLite with its defaults (the 10% grant is served from its grant cache after the "
+        "second search); a second host runs with the cache off for comparison"
+    )
+    model_ms = local_model_query_ms()
+    if model_ms is not None:
+        print(f"  (for reference: the local model embeds one short query in {model_ms:.1f} ms)")
+    chroma = None if args.no_chroma else ensure_chroma()
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ANONYMIZED_TELEMETRY": "False"}
+    with private_directory("rh-bench-http-") as work, ExitStack() as stack:
+        tls = make_tls(work)
+        from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+        from retrieval_host.cli import new_token, token_config_entry
+
+        started = time.perf_counter()
+        with SqliteVectorStore.open(work / "store.sqlite") as store:
+            store.open_corpus(descriptor())
+            fill(store, data.vectors, data.per_source, texts=data.texts)
+        print(f"store filled in {time.perf_counter() - started:.1f} s", flush=True)
+        np.save(work / "queries.npy", data.queries)
+        (work / "grants.json").write_text(json.dumps({"tenth": data.tenth, "all": data.every}))
+        tokens = {"tenth": new_token(), "all": new_token()}
+        config = {
+            "listen": {"host": "127.0.0.1", "port": free_port()},
+            "tls": {"certFile": str(tls.cert), "keyFile": str(tls.key)},
+            "tokens": [
+                token_config_entry(token, subject, search=[CORPUS])
+                for subject, token in tokens.items()
+            ],
+            "store": {"sqlitePath": "store.sqlite"},
+            "limits": {"maxConcurrency": 64},
+            "application": "bench._http_app:create_driver",
+            "applicationOptions": {"queries": "queries.npy", "grants": "grants.json"},
+            "logLevel": "warning",
+        }
+        (work / "host.json").write_text(json.dumps(config))
+        # The same host with the store's grant cache off, to show what the cache does.
+        uncached_port = free_port()
+        uncached = {
+            **config,
+            "listen": {"host": "127.0.0.1", "port": uncached_port},
+            "applicationOptions": {**config["applicationOptions"], "grantCacheBytes": 0},  # type: ignore[dict-item]
+        }
+        (work / "host-uncached.json").write_text(json.dumps(uncached))
+        host_port = int(config["listen"]["port"])  # type: ignore[index]
+
+        def ours(subject: str, port: int = host_port) -> Target:
+            headers = {
+                "Authorization": f"Bearer {tokens[subject]}",
+                "Content-Type": "application/json",
+            }
+            return Target(
+                f"ours {subject}",
+                port,
+                [
+                    request("POST", "/v1/retrieval/search", search_body(n), headers)
+                    for n in range(args.queries)
+                ],
+                tls.client,
+            )
+
+        targets: dict[str, Target] = {}
+        for name, port in (("host", host_port), ("host-uncached", uncached_port)):
+            serve = [sys.executable, "-m", "retrieval_host.cli", "serve", "--config"]
+            host = stack.enter_context(
+                running([*serve, str(work / f"{name}.json")], work / f"{name}.log", env)
+            )
+            health = Target("health", port, [], tls.client)
+            wait_until(answers(health, request("GET", "/healthz", b"", {})), host, name)
+        targets["ours, 10% allowed"] = ours("tenth")
+        targets["ours, all allowed"] = ours("all")
+        targets["ours, 10%, cache off"] = ours("tenth", uncached_port)
+
+        # Correctness first: every hit of the filtered token is inside its grant.
+        allowed = set(data.tenth)
+        sample = targets["ours, 10% allowed"]
+        ours_answers = []
+        for n in range(8):
+            status, body = fetch_once(sample, sample.requests[n])
+            if status != 200:
+                raise RuntimeError(f"the host answered {status}: {body[:300]!r}")
+            ids = hit_ids(body)
+            if len(ids) != LIMIT or any(i.split(":")[0] not in allowed for i in ids):
+                raise RuntimeError("the host returned a hit outside the grant")
+            ours_answers.append(ids)
+        (work / "static.json").write_bytes(fetch_once(sample, sample.requests[0])[1])
+
+        bare_port, static_port = free_port(), free_port()
+        common = ["--cert", str(tls.cert), "--key", str(tls.key)]
+        bare = stack.enter_context(
+            running(
+                [
+                    sys.executable, "-m", "bench._bare_app", "search", "--port", str(bare_port),
+                    "--store", str(work / "store.sqlite"), "--queries", str(work / "queries.npy"),
+                    "--grants", str(work / "grants.json"), "--subject", "tenth", *common,
+                ],
+                work / "bare.log",
+                env,
+            )
+        )  # fmt: skip
+        bare_target = Target("bare search", bare_port, sample.requests, tls.client)
+        wait_until(answers(bare_target, sample.requests[0]), bare, "the bare search endpoint")
+        for n in range(8):
+            if hit_ids(fetch_once(bare_target, sample.requests[n])[1]) != ours_answers[n]:
+                raise RuntimeError("the bare endpoint and the host disagree on the hits")
+        static = stack.enter_context(
+            running(
+                [
+                    sys.executable, "-m", "bench._bare_app", "static", "--port", str(static_port),
+                    "--body", str(work / "static.json"), *common,
+                ],
+                work / "static.log",
+                env,
+            )
+        )  # fmt: skip
+        static_target = Target("bare static", static_port, sample.requests, tls.client)
+        wait_until(answers(static_target, sample.requests[0]), static, "the bare static endpoint")
+        targets["bare search"] = bare_target
+        targets["bare static"] = static_target
+
+        if chroma is not None:
+            chroma_port = free_port()
+            server = stack.enter_context(
+                running(
+                    [str(chroma), "run", "--path", str(work / "chroma"), "--host", "127.0.0.1",
+                     "--port", str(chroma_port)],
+                    work / "chroma.log",
+                    env,
+                )
+            )  # fmt: skip
+            heartbeat = Target("chroma", chroma_port, [])
+            wait_until(
+                answers(heartbeat, request("GET", "/api/v2/heartbeat", b"", {})), server, "chroma"
+            )
+            started = time.perf_counter()
+            np.save(work / "vectors.npy", data.vectors)
+            (work / "texts.json").write_text(json.dumps(data.texts))
+            owners = [source_id(i // data.per_source) for i in range(len(data.vectors))]
+            chunk_ids = [(f"{sid}:{i % data.per_source}", sid) for i, sid in enumerate(owners)]
+            (work / "ids.json").write_text(json.dumps(chunk_ids))
+            loaded = subprocess.run(
+                [str(CHROMA_VENV / "bin" / "python"), str(REPO / "bench" / "_chroma_load.py"),
+                 "--port", str(chroma_port), "--data", str(work)],
+                check=True, capture_output=True, text=True, env=env,
+            )  # fmt: skip
+            collection = loaded.stdout.strip().splitlines()[-1]
+            print(
+                f"chroma {chroma_version()} loaded in {time.perf_counter() - started:.1f} s "
+                "(HNSW, cosine; plain HTTP on loopback)",
+                flush=True,
+            )
+            path = CHROMA_QUERY.format(collection)
+            json_headers = {"Content-Type": "application/json"}
+            for name, grant in (("chroma, filtered", data.tenth), ("chroma, unfiltered", None)):
+                targets[name] = Target(
+                    name,
+                    chroma_port,
+                    [
+                        request("POST", path, chroma_body(q, grant), json_headers)
+                        for q in data.queries
+                    ],
+                )
+            recall = []
+            for n in range(8):
+                status, body = fetch_once(
+                    targets["chroma, filtered"], targets["chroma, filtered"].requests[n]
+                )
+                found = json.loads(body)["ids"][0] if status == 200 else []
+                if any(i.split(":")[0] not in allowed for i in found):
+                    raise RuntimeError("chroma returned a record outside the filter")
+                recall.append(len(set(found) & set(ours_answers[n])) / LIMIT)
+            print(
+                f"chroma filtered recall@{LIMIT} vs the exact answer: {statistics.mean(recall):.3f}"
+            )
+
+        print(f"\nrunning {len(targets)} variants x {args.rounds} rounds ...", flush=True)
+        result = run_rounds(targets, rounds=args.rounds, clients=args.clients, seconds=args.seconds)
+    print()
+    print("\n".join(result.lines()))
+    verdicts = Verdicts()
+    ours_name = "ours, 10% allowed"
+    if "chroma, filtered" in result.runs:
+        verdicts.check(
+            "ours (10% allowed) / Chroma filtered, req/s",
+            result.ratio(ours_name, "chroma, filtered"),
+            TARGET_VS_CHROMA_FILTERED,
+            at_most=False,
+        )
+        verdicts.check(
+            "ours (10% allowed) / Chroma unfiltered, req/s",
+            result.ratio(ours_name, "chroma, unfiltered"),
+            TARGET_VS_CHROMA_UNFILTERED,
+            at_most=False,
+        )
+    verdicts.check(
+        "overhead: bare search endpoint / ours (10% allowed), req/s",
+        result.ratio("bare search", ours_name),
+        TARGET_OVERHEAD,
+    )
+    verdicts.note(
+        f"for reference: bare static / ours = {result.ratio('bare static', ours_name):.2f}x "
+        "(serving a prepared response, no search at all)"
+    )
+    verdicts.print()
+    return verdicts.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The benchmark scripts still run: each one's core function at a tiny size (not a benchmark).
+
+The figures at this size mean nothing; what is checked is that the code paths work and the
+answers they time are the right ones (recall, grants, the JSON the bare endpoint renders).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import uvicorn
+from bench import _machine, filtered, http_search, ingest, memory, scan
+from bench._bare_app import render, static_app
+from bench._common import CORPUS, NAMESPACE, Clusters, descriptor, fill, source_id
+from bench._http_app import create_driver
+from bench._loadgen import Target, fetch_once, request, run_load
+
+from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.models import SearchRequest
+from retrieval_host.http import mapping
+from retrieval_host.settings import HostSettings
+
+SMALL = Clusters(clusters=20)
+
+
+def test_the_machine_description_names_cpu_cores_and_blas() -> None:
+    text = _machine.describe()
+    assert "usable cores" in text
+    assert "BLAS" in text
+    assert _machine.usable_cores() >= 1
+
+
+def test_scan_finds_the_exact_top_ten_at_a_tiny_size() -> None:
+    result = scan.run_scan(
+        2_000, per_source=50, rounds=1, queries=2, recall_queries=2, clusters=SMALL
+    )
+    assert result.recall == 1.0
+    assert result.ours_ms > 0 and result.floor_ms > 0
+    assert result.bytes == 2_000 * 384 * 4
+
+
+def test_filtered_searches_only_the_granted_rows_at_a_tiny_size() -> None:
+    result = filtered.run_filtered(
+        3_000, per_source=100, fractions=(0.1, 1.0), rounds=1, queries=2, clusters=SMALL
+    )
+    assert [f.rows for f in result.fractions] == [300, 3_000]
+    assert all(f.recall == 1.0 for f in result.fractions)
+
+
+def test_the_filtered_floor_reads_consecutive_sources_as_one_block() -> None:
+    assert filtered._ranges([1, 2, 3, 5, 7, 8]) == [(1, 4), (5, 6), (7, 9)]
+    assert filtered._ranges([]) == []
+
+
+def test_memory_measures_a_fresh_process_loading_the_store() -> None:
+    result = memory.measure_memory(1_000, per_source=100, clusters=SMALL)
+    assert result.vector_bytes == 1_000 * 384 * 4
+    assert result.text_bytes > 0
+    assert result.loaded_rss > result.baseline_rss
+
+
+def test_memory_passages_are_split_at_sentence_ends() -> None:
+    pieces = list(memory._split("One. " * 400))
+    assert all(len(p) <= memory.MAX_PASSAGE_CHARS for p in pieces)
+    assert "".join(pieces).replace(" ", "") == ("One." * 400)
+
+
+def test_ingest_runs_end_to_end_and_embeds_the_same_passages(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    records = [
+        {"_id": f"d{i}", "title": f"Finding {i}", "text": f"Cells divide. Result {i} holds."}
+        for i in range(3)
+    ]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    (result,) = ingest.run_ingest(docs=2, rounds=1, threads=1, corpus=corpus)
+    assert result.files == 2
+    assert result.passages >= 2
+    assert result.ingest_s > 0 and result.embed_s > 0
+
+
+@pytest.fixture
+def bench_host_settings(tmp_path: Path) -> HostSettings:
+    tmp_path.chmod(0o700)
+    vectors = SMALL.sample(400, stream=0)
+    with SqliteVectorStore.open(tmp_path / "store.sqlite") as store:
+        store.open_corpus(descriptor())
+        fill(store, vectors, 100)
+    np.save(tmp_path / "queries.npy", SMALL.sample(4, stream=4))
+    grants = {"tenth": [source_id(1)], "all": [source_id(n) for n in range(4)]}
+    (tmp_path / "grants.json").write_text(json.dumps(grants))
+    return HostSettings.model_validate(
+        {
+            "behindProxy": True,
+            "store": {"sqlitePath": "store.sqlite"},
+            "application": "bench._http_app:create_driver",
+            "applicationOptions": {"queries": "queries.npy", "grants": "grants.json"},
+            "configDir": str(tmp_path),
+        }
+    )
+
+
+def test_the_bench_host_answers_only_inside_the_grant_and_the_bare_json_matches(
+    bench_host_settings: HostSettings,
+) -> None:
+    driver = create_driver(bench_host_settings, {})
+    try:
+        result = driver.search_context(
+            SearchRequest(corpus=CORPUS, query="q2", limit=8), RequestContext(subject="tenth")
+        )
+        assert len(result.hits) == 8
+        assert {h.source.id for h in result.hits} == {source_id(1)}
+        with pytest.raises(RetrievalError):
+            driver.search_context(
+                SearchRequest(corpus=CORPUS, query="not a bench query"),
+                RequestContext(subject="tenth"),
+            )
+        ours = json.loads(mapping.search_response(result).model_dump_json(by_alias=True))
+        corpus = driver.retrieval.corpus(CORPUS)
+        candidates = corpus.store.search(
+            CORPUS,
+            NAMESPACE,
+            {source_id(1): "r1"},
+            corpus.embedding.embed(["q2"], CancelToken()).vectors[0],
+            9,
+            CancelToken(),
+        )
+        bare = json.loads(render(candidates, 8))
+        assert [h["chunkId"] for h in bare["hits"]] == [h["chunkId"] for h in ours["hits"]]
+        assert set(bare) == set(ours)
+        assert set(bare["hits"][0]) == set(ours["hits"][0])
+    finally:
+        for corpus in driver.retrieval.corpora.values():
+            corpus.store.close()
+
+
+def test_the_load_generator_counts_answers_from_a_real_server() -> None:
+    config = uvicorn.Config(
+        static_app(b'{"hits":[]}'), lifespan="off", log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        message = request("POST", "/", b"{}", {"Content-Type": "application/json"})
+        target = Target("static", port, [message])
+        assert fetch_once(target, message) == (200, b'{"hits":[]}')
+        result = run_load(target, clients=2, seconds=0.3, warmup=0.05)
+        assert result.ok > 0
+        assert result.errors == 0
+        assert result.rps > 0
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def test_the_http_bench_builds_chroma_requests_with_the_grant_as_a_filter() -> None:
+    body = json.loads(http_search.chroma_body(np.ones(3, dtype=np.float32), ["s000001"]))
+    assert body["where"] == {"sr": {"$in": ["s000001@r1"]}}
+    assert body["n_results"] == http_search.LIMIT
+    assert "where" not in json.loads(http_search.chroma_body(np.ones(3, dtype=np.float32), None))
