@@ -57,7 +57,7 @@ def blas() -> str:
     # A tiny product makes NumPy load its BLAS, so threadpoolctl can see it.
     np.ones((2, 2), dtype=np.float32) @ np.ones(2, dtype=np.float32)
     try:
-        from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
+        from threadpoolctl import threadpool_info
     except ImportError:
         return _blas_from_config() + " (install threadpoolctl for the kernel and thread count)"
     pools: list[dict[str, Any]] = threadpool_info()
