@@ -49,8 +49,13 @@ __all__ = [
     "Usage",
 ]
 
+# Whitespace spelled out, exactly Python's `str.isspace()` set above U+001F: `\s` means
+# different sets in Python, Rust (pydantic-core) and ECMAScript regexes, so a schema using it
+# admits strings the host refuses (a fuzzer found U+0085). "Edge" = neither control nor space.
+_SPACE = "\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
+_EDGE = f"[^\\x00-\\x1f{_SPACE}]"
 # 1-256 characters, no control characters, no surrounding whitespace (the host's `check_id`).
-IDENTIFIER_PATTERN = r"^[^\s\x00-\x1f](?:[^\x00-\x1f]*[^\s\x00-\x1f])?$"
+IDENTIFIER_PATTERN = f"^{_EDGE}(?:[^\\x00-\\x1f]*{_EDGE})?$"
 Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=256, pattern=IDENTIFIER_PATTERN)
 ]
@@ -60,14 +65,17 @@ Revision = Annotated[
     StringConstraints(
         min_length=1,
         max_length=256,
-        pattern=r"^(?:[^\s\x00-\x1f*](?:[^\x00-\x1f]*[^\s\x00-\x1f])?|\*[^\x00-\x1f]*[^\s\x00-\x1f])$",
+        pattern=(
+            f"^(?:[^\\x00-\\x1f*{_SPACE}](?:[^\\x00-\\x1f]*{_EDGE})?|\\*[^\\x00-\\x1f]*{_EDGE})$"
+        ),
     ),
 ]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 # At least one non-space character. 2048 characters are at most 8192 UTF-8 bytes, the host's
 # query limit, so the schema never admits a query the host would refuse for its size.
-QueryText = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"\S")]
-PassageText = Annotated[str, StringConstraints(min_length=1, pattern=r"\S")]
+NOT_BLANK = f"[^\\t-\\r\\x1c-\\x1f{_SPACE}]"  # at least one character that is not whitespace
+QueryText = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=NOT_BLANK)]
+PassageText = Annotated[str, StringConstraints(min_length=1, pattern=NOT_BLANK)]
 FilterValue = str | int | float | bool | None
 
 

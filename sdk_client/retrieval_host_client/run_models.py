@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, JsonValue, StringConstraints
 
 from retrieval_host_client.models import (
+    NOT_BLANK,
     EmbeddingUsage,
     Identifier,
     Location,
@@ -39,7 +40,7 @@ __all__ = [
 Label = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 ]
-InputText = Annotated[str, StringConstraints(min_length=1, max_length=16_384, pattern=r"\S")]
+InputText = Annotated[str, StringConstraints(min_length=1, max_length=16_384, pattern=NOT_BLANK)]
 
 
 class RunRetrieval(_Request):
