@@ -15,10 +15,11 @@ The table lives in the same schema as the vector store (default `retrieval_host`
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from typing import Final
 
 from psycopg import sql
 
+from retrieval_host.adapters._rows import run_record
 from retrieval_host.adapters.store_pgvector import (
     DEFAULT_SCHEMA,
     Connection,
@@ -28,7 +29,7 @@ from retrieval_host.adapters.store_pgvector import (
     translated,
 )
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.run_codec import result_from_json, result_to_json
+from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
 
@@ -140,7 +141,7 @@ class PgRunStore:
                 "the run record of this idempotency key disappeared.",
                 reason="database-error",
             )
-        return _record(row)
+        return run_record(row)
 
     def complete(self, run_id: str, result: RunResult) -> None:
         """Mark the run completed with its result (as the public JSON)."""
@@ -176,7 +177,7 @@ class PgRunStore:
                 ),
                 (run_id,),
             ).fetchone()
-        return _record(row) if row is not None else None
+        return run_record(row) if row is not None else None
 
     def close(self) -> None:
         """Close the pool; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
@@ -193,18 +194,3 @@ def _reject_nul(*values: str | None) -> None:
             "run identifiers must not contain the NUL character (U+0000).",
             reason="nul-character",
         )
-
-
-def _record(row: tuple[Any, ...]) -> RunRecord:
-    run_id, subject, key, fingerprint, status, created_at, result_json, error_code = row
-    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
-    return RunRecord(
-        run_id=str(run_id),
-        subject=str(subject),
-        idempotency_key=None if key is None else str(key),
-        request_fingerprint=str(fingerprint),
-        status=str(status),  # type: ignore[arg-type]
-        created_at=str(created_at),
-        result=result,
-        error_code=None if error_code is None else str(error_code),
-    )

@@ -9,8 +9,9 @@ import threading
 import apsw
 
 from retrieval_host.adapters._fs_safety import prepare_database_path
+from retrieval_host.adapters._rows import run_record
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.run_codec import result_from_json, result_to_json
+from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
 
@@ -85,7 +86,7 @@ class SqliteRunStore:
                 "SELECT * FROM runs WHERE subject = ? AND idempotency_key = ?",
                 (record.subject, record.idempotency_key),
             ).fetchall()
-        return _record(rows[0])
+        return run_record(rows[0])
 
     def complete(self, run_id: str, result: RunResult) -> None:
         body = json.dumps(result_to_json(result), separators=(",", ":"))
@@ -106,23 +107,8 @@ class SqliteRunStore:
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock:
             rows = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchall()
-        return _record(rows[0]) if rows else None
+        return run_record(rows[0]) if rows else None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def _record(row: tuple[object, ...]) -> RunRecord:
-    run_id, subject, key, fingerprint, status, created_at, result_json, error_code = row
-    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
-    return RunRecord(
-        run_id=str(run_id),
-        subject=str(subject),
-        idempotency_key=None if key is None else str(key),
-        request_fingerprint=str(fingerprint),
-        status=str(status),  # type: ignore[arg-type]
-        created_at=str(created_at),
-        result=result,
-        error_code=None if error_code is None else str(error_code),
-    )

@@ -77,6 +77,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from retrieval_host.adapters._rows import stored_source
 from retrieval_host.adapters.store_sqlite import StoreCounters
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
@@ -865,15 +866,7 @@ class PgVectorStore:
             ).fetchone()
         if row is None:
             return None
-        return StoredSource(
-            source_id=str(row[0]),
-            revision=str(row[1]),
-            title=str(row[2]),
-            metadata=json.loads(str(row[3])),
-            document_sha256=str(row[4]),
-            fingerprint=str(row[5]),
-            chunk_count=int(row[6]),
-        )
+        return stored_source(row)
 
     # --- writes ------------------------------------------------------------------------------
 

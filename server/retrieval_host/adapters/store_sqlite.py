@@ -54,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval_host.adapters._fs_safety import check_sidecars, prepare_database_path
+from retrieval_host.adapters._rows import stored_source
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
@@ -814,15 +815,7 @@ class SqliteVectorStore:
             )
         if row is None:
             return None
-        return StoredSource(
-            source_id=str(row[0]),
-            revision=str(row[1]),
-            title=str(row[2]),
-            metadata=json.loads(str(row[3])),
-            document_sha256=str(row[4]),
-            fingerprint=str(row[5]),
-            chunk_count=int(row[6]),
-        )
+        return stored_source(row)
 
     # --- writes ------------------------------------------------------------------------------
 

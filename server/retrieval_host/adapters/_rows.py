@@ -1,0 +1,43 @@
+"""Database rows to domain values, shared by the SQLite and PostgreSQL adapters (both select
+the same columns in the same order, so a row means the same thing in either)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+from retrieval_host.core.ports import StoredSource
+from retrieval_host.core.run_codec import result_from_json
+from retrieval_host.core.run_ports import RunRecord, RunStatus
+
+
+def stored_source(row: Sequence[Any]) -> StoredSource:
+    """A `sources` row: source_id, revision, title, metadata_json, document_sha256,
+    fingerprint, chunk_count."""
+    return StoredSource(
+        source_id=str(row[0]),
+        revision=str(row[1]),
+        title=str(row[2]),
+        metadata=json.loads(str(row[3])),
+        document_sha256=str(row[4]),
+        fingerprint=str(row[5]),
+        chunk_count=int(row[6]),
+    )
+
+
+def run_record(row: Sequence[Any]) -> RunRecord:
+    """A `runs` row: run_id, subject, idempotency_key, fingerprint, status, created_at,
+    result_json, error_code."""
+    run_id, subject, key, fingerprint, status, created_at, result_json, error_code = row
+    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
+    return RunRecord(
+        run_id=str(run_id),
+        subject=str(subject),
+        idempotency_key=None if key is None else str(key),
+        request_fingerprint=str(fingerprint),
+        status=cast(RunStatus, str(status)),
+        created_at=str(created_at),
+        result=result,
+        error_code=None if error_code is None else str(error_code),
+    )
