@@ -1,5 +1,5 @@
-"""Database rows to domain values, shared by the SQLite and PostgreSQL adapters (both select
-the same columns in the same order, so a row means the same thing in either)."""
+"""Rows shared by the SQLite and PostgreSQL adapters: database rows to domain values (both
+select the same columns in the same order) and stored vectors to unit rows (so both score alike)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import json
 from collections.abc import Sequence
 from typing import Any, cast
 
+import numpy as np
+import numpy.typing as npt
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import StoredSource
 from retrieval_host.core.run_codec import result_from_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
@@ -41,3 +45,17 @@ def run_record(row: Sequence[Any]) -> RunRecord:
         result=result,
         error_code=None if error_code is None else str(error_code),
     )
+
+
+def unit_rows(vectors: npt.NDArray[np.float32], what: str) -> npt.NDArray[np.float32]:
+    """A new array of the rows scaled to unit length; the input is never written to."""
+    if not np.all(np.isfinite(vectors)):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"{what} must be finite.", reason="vector-values"
+        )
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    if np.any(norms == 0):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"{what} must not be zero.", reason="vector-values"
+        )
+    return np.ascontiguousarray(vectors / norms, dtype=np.float32)

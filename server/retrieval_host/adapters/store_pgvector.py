@@ -77,7 +77,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from retrieval_host.adapters._rows import stored_source
+from retrieval_host.adapters._rows import stored_source, unit_rows
 from retrieval_host.adapters.store_sqlite import StoreCounters
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
@@ -550,20 +550,6 @@ def _ensure_extension(conn: Connection) -> tuple[str, tuple[int, ...]]:
 # --- vectors and values ---------------------------------------------------------------------
 
 
-def _unit_rows(vectors: _Matrix, what: str) -> _Matrix:
-    """A new array of the rows scaled to unit length (as the SQLite store computes it)."""
-    if not np.all(np.isfinite(vectors)):
-        raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, f"{what} must be finite.", reason="vector-values"
-        )
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    if np.any(norms == 0):
-        raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, f"{what} must not be zero.", reason="vector-values"
-        )
-    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
-
-
 def _stack(dims: int, vectors: Sequence[Vectors], what: str) -> _Matrix:
     if not vectors:
         return np.empty((0, dims), dtype=np.float32)
@@ -894,7 +880,7 @@ class PgVectorStore:
                 "chunk ids and ordinals must be unique within a source.",
             )
         raw = _stack(dims, [c.vector for c in chunks], "passage vectors")
-        _unit_rows(raw, "passage vectors")  # the same value checks as SQLite
+        unit_rows(raw, "passage vectors")  # the same value checks as SQLite
         payload = sum(len(c.text.encode("utf-8")) for c in chunks) + raw.shape[0] * dims * 4
         metadata_json = json.dumps(
             source.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False
@@ -1093,7 +1079,7 @@ class PgVectorStore:
         descriptor = self._descriptor(corpus)
         dims = descriptor.embedding.dimensions
         raw_query = _stack(dims, [query], "the query vector")
-        unit_query = _unit_rows(raw_query, "the query vector")[0]
+        unit_query = unit_rows(raw_query, "the query vector")[0]
         if k <= 0 or not allowed:
             return []
         pairs = [(s, r) for s, r in allowed.items() if "\x00" not in s + r]
@@ -1214,7 +1200,7 @@ class PgVectorStore:
     ) -> list[Candidate]:
         if not scored:
             return []
-        matrix = _unit_rows(np.stack([s.vector for s in scored]), "stored vectors")
+        matrix = unit_rows(np.stack([s.vector for s in scored]), "stored vectors")
         scores = matrix @ unit_query
         # Best first; equal scores in (source revision, ordinal) order, as SQLite breaks ties.
         position = {pk: i for i, (pk, _) in enumerate(sources)}

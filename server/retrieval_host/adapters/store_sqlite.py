@@ -54,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval_host.adapters._fs_safety import check_sidecars, prepare_database_path
-from retrieval_host.adapters._rows import stored_source
+from retrieval_host.adapters._rows import stored_source, unit_rows
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
@@ -214,20 +214,6 @@ def _metadata_matches(metadata: Mapping[str, Any], filters: Mapping[str, JSONSca
         if kind == "structured" or kind != _json_kind(wanted) or have != wanted:
             return False
     return True
-
-
-def _unit_rows(vectors: _Matrix, what: str) -> _Matrix:
-    """A new array of the rows scaled to unit length; the input is never written to."""
-    if not np.all(np.isfinite(vectors)):
-        raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, f"{what} must be finite.", reason="vector-values"
-        )
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    if np.any(norms == 0):
-        raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, f"{what} must not be zero.", reason="vector-values"
-        )
-    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
 
 
 def _unit_query(query: Vectors, dims: int) -> _Matrix:
@@ -842,7 +828,7 @@ class SqliteVectorStore:
                 "chunk ids and ordinals must be unique within a source.",
             )
         raw = self._vectors(state, [c.vector for c in chunks], "passage vectors")
-        unit = _unit_rows(raw, "passage vectors")
+        unit = unit_rows(raw, "passage vectors")
         blobs = [row.astype("<f4").tobytes() for row in raw]
         payload = sum(len(c.text.encode("utf-8")) for c in chunks) + sum(map(len, blobs))
         metadata_json = json.dumps(
