@@ -160,6 +160,21 @@ def filled_store(
         store.close()
 
 
+def stored_rows(store: SqliteVectorStore, rows: int) -> Matrix:
+    """The store's own in-memory rows 0..rows-1 (a bench-only look inside the store).
+
+    The floor reads these very bytes, not a copy of them: a copy lives at other addresses,
+    and on this machine (a 480 MiB L3) whichever array was read last is partly cache-resident,
+    so a floor over a copy that ran just before the search would have evicted the search's
+    rows. Reading the same memory leaves the cache to favour neither side. `fill` writes the
+    rows in source order, so row `i` is the `i`-th vector given to it.
+    """
+    matrix: Matrix = store._state(CORPUS).segments[NAMESPACE].matrix
+    if len(matrix) < rows:
+        raise ValueError(f"the store holds {len(matrix)} rows, not {rows}")
+    return matrix[:rows]
+
+
 def search(
     store: SqliteVectorStore, allowed: Mapping[str, str], query: Matrix, k: int = 10
 ) -> list[Candidate]:

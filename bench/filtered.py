@@ -43,6 +43,7 @@ from bench._common import (
     private_directory,
     recall_at_k,
     search,
+    stored_rows,
 )
 from bench._machine import describe, usable_cores
 from retrieval_host.adapters.store_sqlite import SqliteVectorStore
@@ -137,10 +138,11 @@ def run_filtered(
                     int(i) for i in rng.choice(len(ids), count, replace=False)
                 )
             variants: dict[str, Callable[[], object]] = {}
+            stored = stored_rows(store, rows)  # the floor reads the store's own rows
             for fraction, numbers in grants.items():
                 allowed = {ids[n]: "r1" for n in numbers}
                 variants[f"ours {fraction}"] = _searcher(store, allowed, itertools.cycle(probes))
-                blocks = [vectors[a * per_source : b * per_source] for a, b in _ranges(numbers)]
+                blocks = [stored[a * per_source : b * per_source] for a, b in _ranges(numbers)]
                 for name, read in floor.variants(blocks).items():
                     variants[f"{name} {fraction}"] = read
             timing = Rounds(variants).run(rounds)

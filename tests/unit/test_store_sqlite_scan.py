@@ -123,3 +123,32 @@ def test_a_scan_shared_with_the_pool_equals_the_brute_force_answer(
 def test_the_grant_cache_budget_must_not_be_negative(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="grant_cache_bytes"):
         SqliteVectorStore.open(tmp_path / "store.db", grant_cache_bytes=-1)
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 10, 25])
+def test_every_thread_keeps_exactly_its_best_k_across_batches(
+    tmp_path: Path, vectors: Matrix, k: int
+) -> None:
+    # Batches of 3 rows: k above, at and below the batch size, first batch and later ones.
+    with _open(tmp_path / "k.db", vectors, scan_batch_rows=3, grant_cache_bytes=0) as small:
+        grant = list(range(0, SOURCES, 2))
+        for query in _unit(np.random.default_rng(k), 3):
+            assert _ids(small, grant, query, k) == _brute(vectors, grant, query, k)
+
+
+def test_a_remembered_grant_never_outlives_a_change_to_its_sources(
+    store: SqliteVectorStore, vectors: Matrix
+) -> None:
+    grant = [3, 8, 20]
+    segment = store._state("c1").segments["ns"]
+    query = vectors[8 * PER_SOURCE + 2]
+    assert [_ids(store, grant, query, 1) for _ in range(2)] == [["s008:2"]] * 2
+    assert len(segment.captures) == 1  # the second search reused the first one's capture
+    _put(store, "s008", "r2", -vectors[8 * PER_SOURCE : 9 * PER_SOURCE], "r1")
+    assert not segment.captures
+    # The grant still names r1 of s008, which is gone: none of s008's rows may come back.
+    assert all(not c.startswith("s008:") for c in _ids(store, grant, query, 30))
+    store.delete_source("c1", "ns", "s003", "r1")
+    assert all(c.startswith("s020:") for c in _ids(store, grant, query, 30))
+    newer = store.search("c1", "ns", {"s008": "r2"}, -query, 1, CancelToken())
+    assert [(c.chunk_id, c.revision) for c in newer] == [("s008:2", "r2")]

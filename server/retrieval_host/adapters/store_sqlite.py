@@ -42,12 +42,12 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import apsw
 import numpy as np
@@ -83,6 +83,9 @@ MIN_SHARED_BATCH_ROWS: Final = 4096
 # Copies of repeatedly searched scattered grants (`_GrantCache`): at most this many bytes.
 DEFAULT_GRANT_CACHE_BYTES: Final = 64 * 1024 * 1024
 GATHER_MAX_RUN_ROWS: Final = 1024
+# Captures (a grant's rows) kept per namespace: at most this many grants, this many sources.
+CAPTURES: Final = 64
+CAPTURED_SOURCES: Final = 200_000
 _TABLES: Final = frozenset({"corpora", "sources", "chunks"})
 
 _SCHEMA: Final = (
@@ -275,11 +278,14 @@ class _Row:
     source: _Revision
 
 
-@dataclass(frozen=True, slots=True)
-class _Span:
-    source: _Revision
+class _Span(NamedTuple):
+    """A source revision's rows `start` up to `stop` (a tuple: a search's capture reads
+    thousands of them, and tuple fields are the cheapest to read)."""
+
+    revision: str
     start: int
     stop: int
+    source: _Revision
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,10 +314,31 @@ class _Segment:
         self.spans: dict[str, _Span] = {}
         self.size = 0
         self.live = 0
+        # Grants searched recently -> their capture; emptied by any change to the segment.
+        self.captures: OrderedDict[frozenset[tuple[str, str]], _Scan] = OrderedDict()
+        self._captured_sources = 0
+
+    def captured(self, grant: frozenset[tuple[str, str]]) -> _Scan | None:
+        scan = self.captures.get(grant)
+        if scan is not None:
+            self.captures.move_to_end(grant)
+        return scan
+
+    def remember(self, grant: frozenset[tuple[str, str]], scan: _Scan) -> None:
+        """Keep a grant's capture, within `CAPTURES` grants and `CAPTURED_SOURCES` entries."""
+        self.captures[grant] = scan
+        self._captured_sources += len(grant)
+        while len(self.captures) > CAPTURES or self._captured_sources > CAPTURED_SOURCES:
+            self._captured_sources -= len(self.captures.popitem(last=False)[0])
+
+    def _changed(self) -> None:
+        self.captures.clear()
+        self._captured_sources = 0
 
     def remove(self, source_id: str) -> None:
         span = self.spans.pop(source_id, None)
         if span is not None:
+            self._changed()
             self.live -= span.stop - span.start
             if len(self.matrix) > 4096 and self.live < len(self.matrix) // 4:
                 self._compact(0)
@@ -327,16 +354,20 @@ class _Segment:
 
     def put(self, loaded: _Loaded) -> None:
         self.remove(loaded.source.source_id)
+        self._changed()
         count = len(loaded.rows)
         self.reserve(count)
         start = self.size
         self.matrix[start : start + count] = loaded.unit_vectors
         self.rows.extend(_Row(cid, text, loc, loaded.source) for cid, text, loc in loaded.rows)
-        self.spans[loaded.source.source_id] = _Span(loaded.source, start, start + count)
+        self.spans[loaded.source.source_id] = _Span(
+            loaded.source.revision, start, start + count, loaded.source
+        )
         self.size += count
         self.live += count
 
     def _compact(self, extra: int) -> None:
+        self._changed()
         capacity = max(2 * (self.live + extra), 256)
         matrix = np.empty((capacity, self.dimensions), dtype=np.float32)
         rows: list[_Row] = []
@@ -346,7 +377,7 @@ class _Segment:
             n = span.stop - span.start
             matrix[at : at + n] = self.matrix[span.start : span.stop]
             rows.extend(self.rows[span.start : span.stop])
-            spans[source_id] = _Span(span.source, at, at + n)
+            spans[source_id] = span._replace(start=at, stop=at + n)
             at += n
         self.matrix, self.rows, self.spans, self.size = matrix, rows, spans, at
 
@@ -539,8 +570,9 @@ class _GrantRows:
 class _ScanJob:
     """One search's scan: batches of scan positions, claimed in order by one or more threads.
 
-    Every thread checks the cancel token before each batch it claims and keeps the top `k`
-    of each batch; the caller merges them. After a failure (a cancel) no new batch starts.
+    Every thread checks the cancel token before each batch it claims and keeps the best `k`
+    of the batches it scored; the caller merges them. After a failure (a cancel) no new
+    batch starts.
     """
 
     def __init__(
@@ -597,8 +629,11 @@ class _ScanJob:
     def work(self) -> None:
         scan, batch, k = self.scan, self.batch, self.k
         buffer = np.empty(min(batch, scan.total), dtype=np.float32)
-        positions: list[_Index] = []
-        scores: list[_Matrix] = []
+        # This thread's best k so far. Once it has k, a batch's rows below its k-th score can
+        # never make the top k: one comparison selects the few that can, instead of a
+        # partition of the whole batch (tens of microseconds per batch).
+        best_positions = np.empty(0, dtype=np.int64)
+        best_scores = np.empty(0, dtype=np.float32)
         try:
             while self.failed is None:
                 number = next(self._claims)
@@ -609,13 +644,19 @@ class _ScanJob:
                 high = min(low + batch, scan.total)
                 out = buffer[: high - low]
                 self._score(low, high, out)
-                if high - low > k:
-                    best = np.argpartition(out, high - low - k)[high - low - k :]
-                    positions.append(best + low)
-                    scores.append(out[best])
+                if len(best_scores) >= k:
+                    picked = np.flatnonzero(out >= best_scores.min())
+                elif high - low > k and not len(best_scores):
+                    picked = np.argpartition(out, high - low - k)[high - low - k :]
                 else:
-                    positions.append(np.arange(low, high, dtype=np.int64))
-                    scores.append(out.copy())
+                    picked = np.arange(high - low, dtype=np.int64)
+                if len(picked):
+                    positions = np.concatenate((best_positions, picked + low))
+                    scores = np.concatenate((best_scores, out[picked]))
+                    if len(scores) > k:
+                        keep = np.argpartition(scores, len(scores) - k)[len(scores) - k :]
+                        positions, scores = positions[keep], scores[keep]
+                    best_positions, best_scores = positions, scores
                 self.store._count(scan_batches=1, rows_scored=high - low)
                 self.cancel.progress()
         except BaseException as exc:
@@ -624,8 +665,8 @@ class _ScanJob:
                     self.failed = exc
         finally:
             with self._lock:
-                self.positions += positions
-                self.scores += scores
+                self.positions.append(best_positions)
+                self.scores.append(best_scores)
 
     def _score(self, low: int, high: int, out: _Matrix) -> None:
         scan = self.scan
@@ -996,36 +1037,49 @@ class SqliteVectorStore:
             segment = state.segments.get(namespace)
             if segment is None:
                 return None
+            # The same grant again (an application asks for one subject many times): its
+            # capture is kept until the segment changes. Not for filtered searches, nor for a
+            # grant much larger than the namespace (its key would cost more than the walk).
+            index = segment.spans
+            key = None
+            if not filters and len(allowed) <= 2 * len(index) + 64:
+                key = frozenset(allowed.items())
+                scan = segment.captured(key)
+                if scan is not None:
+                    return scan
             # Walk the smaller side: the grant or the namespace's sources.
-            candidates: Iterable[_Span | None]
-            if len(allowed) <= len(segment.spans):
-                candidates = (segment.spans.get(sid) for sid in allowed)
+            if len(allowed) <= len(index):
+                get = index.get
+                hits = [
+                    span
+                    for sid, revision in allowed.items()
+                    if (span := get(sid)) is not None and span.revision == revision
+                ]
             else:
-                candidates = (s for sid, s in segment.spans.items() if sid in allowed)
-            spans: list[tuple[int, int]] = []
-            for span in candidates:
-                if span is None or span.stop == span.start:
-                    continue
-                if allowed.get(span.source.source_id) != span.source.revision:
-                    continue
-                if filters and not _metadata_matches(span.source.metadata, filters):
-                    continue
-                spans.append((span.start, span.stop))
+                granted = allowed.get
+                hits = [span for sid, span in index.items() if granted(sid) == span.revision]
+            if filters:
+                hits = [s for s in hits if _metadata_matches(s.source.metadata, filters)]
+            spans = [(s.start, s.stop) for s in hits if s.stop > s.start]
             if not spans:
                 return None
-            return _Scan.of(segment.matrix, segment.rows, spans)
+            scan = _Scan.of(segment.matrix, segment.rows, spans)
+            if key is not None:
+                segment.remember(key, scan)
+            return scan
 
     def _scan(
         self, scan: _Scan, query: _Matrix, k: int, cancel: CancelToken
     ) -> tuple[_Index, _Matrix]:
-        """Score every captured row; the best `k` of each batch (scan positions, scores).
+        """Score every captured row; the best `k` of each thread (scan positions, scores).
 
         A scan of at least `PARALLEL_MIN_ROWS` rows is shared with the store's scan threads
         (one fewer than the cores this process may use; the caller is the last one). The
         caller works too, so a scan never waits for a pool busy with other searches: helpers
         that start late find nothing left and return. A shared scan uses batches small enough
-        for every thread to get several (never more than `scan_batch_rows` rows, so the cancel
-        token is checked at least as often), or the last batches would leave threads idle.
+        for every thread to get two or more (never more than `scan_batch_rows` rows, so the
+        cancel token is checked at least as often), or the last batches would leave threads
+        idle.
         """
         batch = self._batch
         pool = None
@@ -1033,7 +1087,7 @@ class SqliteVectorStore:
             pool = self._scan_pool()
         if pool is not None:
             threads = self._helpers + 1
-            batch = min(batch, max(MIN_SHARED_BATCH_ROWS, -(-scan.total // (4 * threads))))
+            batch = min(batch, max(MIN_SHARED_BATCH_ROWS, -(-scan.total // (2 * threads))))
         job = _ScanJob(self, scan, query, k, cancel, batch)
         self._count(scans_started=1)
         helpers: list[Future[None]] = []
