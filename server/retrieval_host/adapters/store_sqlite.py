@@ -298,6 +298,9 @@ class _Loaded:
     unit_vectors: _Matrix
 
 
+_GrantKey = tuple[int, str, str]  # a grant's size, first and last source
+
+
 class _Segment:
     """One corpus namespace: an append-only matrix with contiguous rows per source revision.
 
@@ -314,22 +317,30 @@ class _Segment:
         self.spans: dict[str, _Span] = {}
         self.size = 0
         self.live = 0
-        # Grants searched recently -> their capture; emptied by any change to the segment.
-        self.captures: OrderedDict[frozenset[tuple[str, str]], _Scan] = OrderedDict()
+        # Grants searched recently, by their size and first and last source, with a copy of
+        # the grant and its capture; emptied by any change to the segment.
+        self.captures: OrderedDict[_GrantKey, tuple[dict[str, str], _Scan]] = OrderedDict()
         self._captured_sources = 0
 
-    def captured(self, grant: frozenset[tuple[str, str]]) -> _Scan | None:
-        scan = self.captures.get(grant)
-        if scan is not None:
-            self.captures.move_to_end(grant)
-        return scan
+    def captured(self, allowed: dict[str, str]) -> tuple[_GrantKey, _Scan | None]:
+        """The capture of exactly this grant, if remembered (and the grant's key)."""
+        key = (len(allowed), next(iter(allowed)), next(reversed(allowed)))
+        entry = self.captures.get(key)
+        # A dict comparison (C, no allocation) costs far less than walking the grant again.
+        if entry is None or entry[0] != allowed:
+            return key, None
+        self.captures.move_to_end(key)
+        return key, entry[1]
 
-    def remember(self, grant: frozenset[tuple[str, str]], scan: _Scan) -> None:
-        """Keep a grant's capture, within `CAPTURES` grants and `CAPTURED_SOURCES` entries."""
-        self.captures[grant] = scan
-        self._captured_sources += len(grant)
+    def remember(self, key: _GrantKey, allowed: dict[str, str], scan: _Scan) -> None:
+        """Keep a grant's capture, within `CAPTURES` grants and `CAPTURED_SOURCES` sources."""
+        old = self.captures.pop(key, None)
+        if old is not None:
+            self._captured_sources -= len(old[0])
+        self.captures[key] = (dict(allowed), scan)
+        self._captured_sources += len(allowed)
         while len(self.captures) > CAPTURES or self._captured_sources > CAPTURED_SOURCES:
-            self._captured_sources -= len(self.captures.popitem(last=False)[0])
+            self._captured_sources -= len(self.captures.popitem(last=False)[1][0])
 
     def _changed(self) -> None:
         self.captures.clear()
@@ -1039,12 +1050,12 @@ class SqliteVectorStore:
                 return None
             # The same grant again (an application asks for one subject many times): its
             # capture is kept until the segment changes. Not for filtered searches, nor for a
-            # grant much larger than the namespace (its key would cost more than the walk).
+            # grant much larger than the namespace (comparing it would cost more than the walk).
             index = segment.spans
             key = None
-            if not filters and len(allowed) <= 2 * len(index) + 64:
-                key = frozenset(allowed.items())
-                scan = segment.captured(key)
+            grant = allowed if isinstance(allowed, dict) else None
+            if not filters and grant is not None and len(grant) <= 2 * len(index) + 64:
+                key, scan = segment.captured(grant)
                 if scan is not None:
                     return scan
             # Walk the smaller side: the grant or the namespace's sources.
@@ -1064,8 +1075,8 @@ class SqliteVectorStore:
             if not spans:
                 return None
             scan = _Scan.of(segment.matrix, segment.rows, spans)
-            if key is not None:
-                segment.remember(key, scan)
+            if key is not None and grant is not None:
+                segment.remember(key, grant, scan)
             return scan
 
     def _scan(
