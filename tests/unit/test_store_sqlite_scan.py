@@ -6,6 +6,7 @@ scattered grant), it returns exactly the answer of a brute-force scan of the all
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from retrieval_host.adapters import store_sqlite
 from retrieval_host.adapters.store_sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import CapacityLimits, StoredChunk, StoredSource
 
@@ -152,3 +154,32 @@ def test_a_remembered_grant_never_outlives_a_change_to_its_sources(
     assert all(c.startswith("s020:") for c in _ids(store, grant, query, 30))
     newer = store.search("c1", "ns", {"s008": "r2"}, -query, 1, CancelToken())
     assert [(c.chunk_id, c.revision) for c in newer] == [("s008:2", "r2")]
+
+
+def test_each_searching_thread_checks_freshness_on_its_own_connection(
+    tmp_path: Path, vectors: Matrix
+) -> None:
+    path = tmp_path / "fresh.db"
+    with _open(path, vectors) as reader, SqliteVectorStore.open(path) as writer:
+        writer.open_corpus(_descriptor())
+        query = vectors[5 * PER_SOURCE]
+        done: list[list[str]] = []
+
+        def search() -> None:
+            done.append(_ids(reader, [5], query, 1))
+
+        threads = [threading.Thread(target=search) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert done == [["s005:0"]] * 3
+        assert len(reader._reader_conns) == 3  # one per thread, none shared
+        # Another connection's commit is seen by the next search on any thread.
+        _put(writer, "s005", "r2", -vectors[5 * PER_SOURCE : 6 * PER_SOURCE], "r1")
+        assert _ids(reader, [5], query, 1) == []  # r1 of s005 is gone
+        reader.close()
+        assert reader._reader_conns == []
+        with pytest.raises(RetrievalError) as caught:
+            _ids(reader, [5], query, 1)
+        assert caught.value.code is ErrorCode.STORE_UNAVAILABLE

@@ -700,7 +700,8 @@ class SqliteVectorStore:
     """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
-    used under a lock; searches score outside every lock.
+    used under a lock, plus one read-only connection per searching thread for the freshness
+    check; searches score outside every lock.
     """
 
     def __init__(
@@ -724,6 +725,10 @@ class SqliteVectorStore:
         self._pool_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._grants = _GrantCache(grant_cache_bytes)
+        # Per-thread read-only connections for the freshness check of every search.
+        self._readers = threading.local()
+        self._reader_lock = threading.Lock()
+        self._reader_conns: list[apsw.Connection] = []
 
     @classmethod
     def open(
@@ -791,9 +796,13 @@ class SqliteVectorStore:
     def close(self) -> None:
         """Close the connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
         with self._db_lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            with self._reader_lock:
+                for reader in self._reader_conns:
+                    reader.close()
+                self._reader_conns.clear()
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
             with self._cache_lock:
                 self._corpora.clear()
         with self._pool_lock:
@@ -1142,7 +1151,24 @@ class SqliteVectorStore:
     # --- cache maintenance ---------------------------------------------------------------------
 
     def _ensure_fresh(self, state: _CorpusState) -> None:
-        """Reload what other connections committed since the cache was last brought up to date."""
+        """Reload what other connections committed since the cache was last brought up to date.
+
+        The generation is read on the calling thread's own read-only connection, outside the
+        store's lock: with one shared connection, concurrent searches queued on its lock
+        (each holder also waiting for the GIL to come back from SQLite). Only a changed
+        generation takes the lock, and checks again on the main connection before reloading.
+        """
+        with _translated("reading the corpus generation"):
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT generation FROM corpora WHERE corpus_id = ?",
+                    (state.descriptor.corpus_id,),
+                )
+                .fetchall()  # to the end: no read transaction stays open
+            )
+        if rows and rows[0][0] == state.loaded_generation:
+            return
         with self._db_lock:
             with _translated("reading the corpus generation"):
                 row = (
@@ -1155,6 +1181,27 @@ class SqliteVectorStore:
                 )
             if row is None or int(row[0]) != state.loaded_generation:
                 self._refresh(state)
+
+    def _reader(self) -> apsw.Connection:
+        """This thread's read-only connection to the store (opened on first use)."""
+        conn: apsw.Connection | None = getattr(self._readers, "conn", None)
+        if conn is not None:
+            return conn
+        with self._reader_lock:
+            if self._conn is None:
+                self._connection()  # raises: the store is closed
+            flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
+            conn = apsw.Connection(str(self._path), flags=flags)
+            try:
+                conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+                conn.execute("PRAGMA trusted_schema=OFF")
+                conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
+            except BaseException:
+                conn.close()
+                raise
+            self._reader_conns.append(conn)
+        self._readers.conn = conn
+        return conn
 
     def _after_commit(
         self,
