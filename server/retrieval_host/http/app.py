@@ -171,6 +171,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
             yield
         finally:
             routes.started = False
+            routes.close()
             if run_routes is not None:
                 run_routes.close()
 

@@ -10,7 +10,10 @@ two batches).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from email.message import Message as EmailMessage
 from typing import Any, Final, TypeVar
 
@@ -97,6 +100,9 @@ class Routes:
         self.metrics = metrics
         self.shutdown = shutdown
         self._limiter: anyio.CapacityLimiter | None = None
+        # The threads request work runs on (searches, writes, ingestion), made on first use;
+        # the concurrency limit in front of the routes bounds how many are busy at once.
+        self._workers: ThreadPoolExecutor | None = None
         self.started = False
 
     def routes(self) -> list[Route]:
@@ -177,7 +183,7 @@ class Routes:
         )
         if self.metrics is not None:
             self.metrics.observe_search(result, body.corpus)
-        return _model_response(mapping.search_response(result))
+        return Response(mapping.search_response_json(result), media_type="application/json")
 
     async def index(self, request: Request) -> Response:
         principal = self.authenticate(request)
@@ -287,37 +293,50 @@ class Routes:
             self._limiter = anyio.CapacityLimiter(self.settings.limits.max_concurrency)
         return self._limiter
 
+    def close(self) -> None:
+        """After the server stopped: let the work threads go (they finish what they hold)."""
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.shutdown(wait=False)
+
+    def _work_threads(self) -> ThreadPoolExecutor:
+        if self._workers is None:
+            self._workers = ThreadPoolExecutor(
+                self.settings.limits.max_concurrency, thread_name_prefix="request-work"
+            )
+        return self._workers
+
     async def _run(self, request: Request, context: RequestContext, work: Callable[[], T]) -> T:
-        """Run `work` in a worker thread; a client disconnect cancels it cooperatively."""
-        results: list[T] = []
-        errors: list[Exception] = []
+        """Run `work` in a worker thread; a client disconnect cancels it cooperatively.
 
-        async def run_work() -> None:
-            try:
-                results.append(await anyio.to_thread.run_sync(work, limiter=self.worker_limiter()))
-            except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
-                errors.append(exc)
-            finally:
-                group.cancel_scope.cancel()
-
+        Plain asyncio, not a task group and `anyio.to_thread` (their cancel scopes cost more
+        than a search over a cached grant). The handler returns only when the work has
+        returned, even when the handler itself is cancelled: the work's token is cancelled and
+        the thread awaited, so no work outlives its request's concurrency slot.
+        """
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(self._work_threads(), work)
+        watcher = loop.create_task(_cancel_on_disconnect(request.receive, context.cancel))
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(_cancel_on_disconnect, request.receive, context.cancel)
-                group.start_soon(run_work)
+            try:
+                return await asyncio.shield(done)
+            except asyncio.CancelledError:
+                context.cancel.cancel()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(done)
+                raise
+            except RetrievalError as error:
+                if (
+                    error.code is ErrorCode.CANCELLED
+                    and self.shutdown is not None
+                    and self.shutdown.past_cutoff
+                ):
+                    raise shutting_down() from None
+                raise
         finally:
+            watcher.cancel()
             if self.shutdown is not None:
                 self.shutdown.release(context.cancel)
-        if errors:
-            error = errors[0]
-            if (
-                isinstance(error, RetrievalError)
-                and error.code is ErrorCode.CANCELLED
-                and self.shutdown is not None
-                and self.shutdown.past_cutoff
-            ):
-                raise shutting_down() from None
-            raise error
-        return results[0]
 
 
 async def _cancel_on_disconnect(receive: Receive, cancel: CancelToken) -> None:
