@@ -19,11 +19,11 @@ Pure ASGI, so it sees the body as the server delivers it, before any framework b
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Final
 
-import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -128,7 +128,7 @@ class LimitsMiddleware:
             if not held:
                 remaining = deadline - time.monotonic()
                 try:
-                    with anyio.fail_after(max(remaining, 0.0)):
+                    async with asyncio.timeout(max(remaining, 0.0)):
                         message = await receive()
                 except TimeoutError:
                     raise RequestTimeout() from None

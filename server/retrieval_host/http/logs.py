@@ -62,6 +62,8 @@ def log_access(
     client: str | None,
 ) -> None:
     """One line per request, written when the response has ended (streams included)."""
+    if not access_logger.isEnabledFor(logging.INFO):
+        return
     fields: dict[str, object] = {
         "method": method,
         "route": route,

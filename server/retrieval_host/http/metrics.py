@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -69,6 +69,7 @@ class HostMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         r = self.registry
         self.requests = Counter(
             "retrieval_host_http_requests",
@@ -137,8 +138,15 @@ class HostMetrics:
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in _METHODS else "OTHER"
-        self.requests.labels(method, route, str(status)).inc()
-        self.duration.labels(route).observe(seconds)
+        # The labelled series of a (method, route, status), looked up once: `labels()` takes a
+        # lock and validates its arguments on every call. All three labels are bounded.
+        key = (method, route, status)
+        series = self._request_series.get(key)
+        if series is None:
+            series = (self.requests.labels(method, route, str(status)), self.duration.labels(route))
+            self._request_series[key] = series
+        series[0].inc()
+        series[1].observe(seconds)
 
     def observe_usage(self, operation: str, corpus: str, usage: EmbeddingUsage) -> None:
         if usage.requests:
@@ -254,13 +262,21 @@ class RequestObserver:
         self.app = app
         self.metrics = metrics
         self.routes = list(routes)
+        # Templates of paths without parameters, by path (a bounded set: the routes' own paths).
+        self._templates: dict[str, str] = {}
+
+    def _template(self, scope: Scope) -> str:
+        route = route_template(self.routes, scope)
+        if route == scope["path"] and "{" not in route:
+            self._templates[route] = route
+        return route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        route = route_template(self.routes, scope)
+        route = self._templates.get(scope["path"]) or self._template(scope)
         status = 0
         sent = 0
 

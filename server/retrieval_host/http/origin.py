@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.http.problems import send_problem
@@ -32,6 +32,7 @@ class OriginMiddleware:
 
     def __init__(self, app: ASGIApp, allowed_origins: Sequence[str]) -> None:
         self.allowed = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self.inner = app
         self.app: ASGIApp = CORSMiddleware(
             app,
             allow_origins=sorted(self.allowed),
@@ -45,10 +46,29 @@ class OriginMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             origins = [v for k, v in scope["headers"] if k == b"origin"]
-            if origins and (
-                len(origins) > 1 or origins[0].decode("latin-1").lower() not in self.allowed
-            ):
+            if not origins:
+                # Not from a browser page: no CORS headers to add, only the `Vary: Origin`
+                # Starlette's middleware would add, without its per-request header objects.
+                await self.inner(scope, receive, _vary_origin(send))
+                return
+            if len(origins) > 1 or origins[0].decode("latin-1").lower() not in self.allowed:
                 self.rejected += 1
                 await send_problem(send, origin_denied(), request_id_of(scope))
                 return
         await self.app(scope, receive, send)
+
+
+def _vary_origin(send: Send) -> Send:
+    async def varied(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            for i, (name, value) in enumerate(headers):
+                if name.lower() == b"vary":
+                    headers[i] = (name, value + b", Origin")
+                    break
+            else:
+                headers.append((b"vary", b"Origin"))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return varied
