@@ -9,7 +9,7 @@ id and answered with a bare `INTERNAL` problem: nothing of the exception reaches
 from __future__ import annotations
 
 import logging
-import uuid
+import random
 from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,6 +38,16 @@ def log_unexpected(exc: BaseException, scope: Scope) -> None:
         exc_info=exc,
         extra={"request_id": request_id_of(scope)},
     )
+
+
+def new_request_id() -> str:
+    """32 lowercase hex digits, random (128 bits) and unique in practice.
+
+    From the process's PRNG (seeded from the OS at start), not `uuid4()`: `os.urandom` releases
+    the GIL, and the event loop then waited for it behind the worker threads, ~0.16 ms per
+    request under load. A request id correlates log lines; it is not a secret.
+    """
+    return f"{random.getrandbits(128):032x}"
 
 
 def internal_error() -> RetrievalError:
@@ -79,7 +89,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         state = dict(scope.get("state") or {})
         state["request_id"] = request_id
         scope = {**scope, "state": state}

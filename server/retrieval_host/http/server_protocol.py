@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from typing import Any, ClassVar
 
 from uvicorn.config import Config
@@ -26,6 +25,7 @@ from uvicorn.server import ServerState
 
 from retrieval_host.http.limits import RequestTimeout
 from retrieval_host.http.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
+from retrieval_host.http.request_id import new_request_id
 
 logger = logging.getLogger("retrieval_host.http")
 BODY_BACKSTOP_GRACE_S = 0.5
@@ -121,7 +121,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             return
         type(self).header_timeouts += 1
         error = RequestTimeout()
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         logger.info("request headers not received in time", extra={"request_id": request_id})
         body = encode_problem(
             problem_body(error.code, error.detail, request_id, status=408, reason=error.reason)
