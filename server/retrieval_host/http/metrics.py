@@ -70,6 +70,7 @@ class HostMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._usage_series: dict[tuple[Counter, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "retrieval_host_http_requests",
@@ -150,9 +151,17 @@ class HostMetrics:
 
     def observe_usage(self, operation: str, corpus: str, usage: EmbeddingUsage) -> None:
         if usage.requests:
-            self.embedding_requests.labels(operation, corpus).inc(usage.requests)
+            self._series(self.embedding_requests, operation, corpus).inc(usage.requests)
         if usage.input_tokens:
-            self.embedding_tokens.labels(operation, corpus).inc(usage.input_tokens)
+            self._series(self.embedding_tokens, operation, corpus).inc(usage.input_tokens)
+
+    def _series(self, metric: Counter, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once per bounded label set."""
+        key = (metric, labels)
+        series = self._usage_series.get(key)
+        if series is None:
+            series = self._usage_series[key] = metric.labels(*labels)
+        return series
 
     def observe_search(self, result: SearchResult, corpus: str) -> None:
         self.observe_usage("search", corpus, result.usage)
