@@ -1158,28 +1158,11 @@ class SqliteVectorStore:
         (each holder also waiting for the GIL to come back from SQLite). Only a changed
         generation takes the lock, and checks again on the main connection before reloading.
         """
-        with _translated("reading the corpus generation"):
-            rows = (
-                self._reader()
-                .execute(
-                    "SELECT generation FROM corpora WHERE corpus_id = ?",
-                    (state.descriptor.corpus_id,),
-                )
-                .fetchall()  # to the end: no read transaction stays open
-            )
-        if rows and rows[0][0] == state.loaded_generation:
+        corpus = state.descriptor.corpus_id
+        if _generation(self._reader(), corpus) == state.loaded_generation:
             return
         with self._db_lock:
-            with _translated("reading the corpus generation"):
-                row = (
-                    self._connection()
-                    .execute(
-                        "SELECT generation FROM corpora WHERE corpus_id = ?",
-                        (state.descriptor.corpus_id,),
-                    )
-                    .fetchone()
-                )
-            if row is None or int(row[0]) != state.loaded_generation:
+            if _generation(self._connection(), corpus) != state.loaded_generation:
                 self._refresh(state)
 
     def _reader(self) -> apsw.Connection:
@@ -1368,6 +1351,17 @@ def _one(cursor: apsw.Cursor) -> tuple[Any, ...]:
             ErrorCode.STORE_UNAVAILABLE, "the database returned no row.", reason="sqlite-error"
         )
     return tuple(row)
+
+
+def _generation(conn: apsw.Connection, corpus: str) -> int | None:
+    """The corpus's committed generation (None when it has no row), read to the end so that
+    no read transaction stays open."""
+    with _translated("reading the corpus generation"):
+        rows = conn.execute(
+            "SELECT generation FROM corpora WHERE corpus_id = ?", (corpus,)
+        ).fetchall()
+    value = rows[0][0] if rows else None
+    return value if isinstance(value, int) else None
 
 
 @contextlib.contextmanager
