@@ -17,6 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -136,7 +140,11 @@ def main() -> None:
     parser.add_argument("--queries", type=Path)
     parser.add_argument("--grants", type=Path)
     parser.add_argument("--subject", default="tenth")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a worker's inherited socket
     args = parser.parse_args()
+    if args.workers > 1 and args.fd is None:
+        sys.exit(_supervise(args.port, args.workers))
     app: Callable[[Scope, Receive, Send], Awaitable[None]]
     if args.mode == "static":
         app = static_app(args.body.read_bytes())
@@ -145,7 +153,7 @@ def main() -> None:
         store.open_corpus(descriptor())
         allowed = {sid: REVISION for sid in json.loads(args.grants.read_text())[args.subject]}
         app = search_app(store, np.load(args.queries).astype(np.float32), allowed)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=args.port,
@@ -157,6 +165,33 @@ def main() -> None:
         access_log=False,
         log_level="warning",
     )
+    sockets = None if args.fd is None else [socket.socket(fileno=args.fd)]
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def _supervise(port: int, workers: int) -> int:
+    """The same process model as the host's `listen.workers`: one listening socket bound
+    here, `workers` processes of this script accepting on it."""
+    sock = uvicorn.Config(app="unused:app", host="127.0.0.1", port=port).bind_socket()
+    sock.set_inheritable(True)
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench._bare_app", *sys.argv[1:], "--fd", str(sock.fileno())],
+            pass_fds=(sock.fileno(),),
+            start_new_session=True,
+        )
+        for _ in range(workers)
+    ]
+    sock.close()
+
+    def stop(sig: int, frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return max(child.wait() for child in children)
 
 
 if __name__ == "__main__":

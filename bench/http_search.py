@@ -72,7 +72,7 @@ from bench._common import (
     source_id,
 )
 from bench._loadgen import LoadResult, Target, fetch_once, request, run_load
-from bench._machine import describe
+from bench._machine import describe, usable_cores
 from bench.memory import passages
 
 CHROMA_VENV = Path(os.environ.get("RETRIEVAL_HOST_BENCH_CHROMA_VENV", "/opt/chroma-venv"))
@@ -293,6 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-chroma", action="store_true", help="skip the Chroma variants")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=usable_cores(),
+        help="worker processes of the host (listen.workers) and of the bare endpoints "
+        "(default: the usable cores)",
+    )
     args = parser.parse_args(argv)
 
     print(describe())
@@ -314,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "store: SQLite with its defaults (the 10% grant is served from its grant cache after the "
         "second search); a second host runs with the cache off for comparison"
     )
+    print(
+        f"processes: the host with listen.workers = {args.workers}, the bare endpoints with the "
+        f"same {args.workers} processes on one socket; Chroma as `chroma run` starts it"
+    )
     model_ms = local_model_query_ms()
     if model_ms is not None:
         print(f"  (for reference: the local model embeds one short query in {model_ms:.1f} ms)")
@@ -334,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (work / "grants.json").write_text(json.dumps({"tenth": data.tenth, "all": data.every}))
         tokens = {"tenth": new_token(), "all": new_token()}
         config = {
-            "listen": {"host": "127.0.0.1", "port": free_port()},
+            "listen": {"host": "127.0.0.1", "port": free_port(), "workers": args.workers},
             "tls": {"certFile": str(tls.cert), "keyFile": str(tls.key)},
             "tokens": [
                 token_config_entry(token, subject, search=[CORPUS])
@@ -351,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         uncached_port = free_port()
         uncached = {
             **config,
-            "listen": {"host": "127.0.0.1", "port": uncached_port},
+            "listen": {"host": "127.0.0.1", "port": uncached_port, "workers": args.workers},
             "applicationOptions": {**config["applicationOptions"], "grantCacheBytes": 0},  # type: ignore[dict-item]
         }
         (work / "host-uncached.json").write_text(json.dumps(uncached))
@@ -399,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (work / "static.json").write_bytes(fetch_once(sample, sample.requests[0])[1])
 
         bare_port, static_port = free_port(), free_port()
-        common = ["--cert", str(tls.cert), "--key", str(tls.key)]
+        common = ["--cert", str(tls.cert), "--key", str(tls.key), "--workers", str(args.workers)]
         bare = stack.enter_context(
             running(
                 [

@@ -17,6 +17,7 @@ import logging
 import logging.config
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -108,14 +109,21 @@ def close_driver(driver: Driver | None) -> None:
         driver.close()
 
 
-def run_server(settings: HostSettings, driver: Driver | None, environ: Mapping[str, str]) -> None:
-    """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM)."""
+def run_server(
+    settings: HostSettings,
+    driver: Driver | None,
+    environ: Mapping[str, str],
+    *,
+    worker: tuple[int, socket.socket] | None = None,
+) -> None:
+    """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as worker `index`
+    on the supervisor's listening socket when `worker` is given."""
     from retrieval_host.http.app import create_app
     from retrieval_host.http.logs import log_config
     from retrieval_host.http.server import serve
 
     app = create_app(settings, driver)
-    serve(settings, app, environ, log_config=log_config(settings.log_level))
+    serve(settings, app, environ, log_config=log_config(settings.log_level), worker=worker)
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -124,9 +132,18 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = load_settings(args.config, environ)
     # JSON lines from the start: the application factory may log while it opens stores.
     logging.config.dictConfig(log_config(settings.log_level))
+    worker = None
+    if args.worker is not None:
+        from retrieval_host.workers import worker_socket
+
+        worker = worker_socket(args.worker)
+    elif settings.listen.workers > 1:
+        from retrieval_host.workers import supervise
+
+        return supervise(args.config, settings, environ)
     driver = build_driver(settings, environ)
     try:
-        run_server(settings, driver, environ)
+        run_server(settings, driver, environ, worker=worker)
     finally:
         # After a graceful shutdown (SIGTERM) no request is left running: close the stores.
         close_driver(driver)
@@ -221,6 +238,8 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve the host from a configuration file")
     serve.add_argument("--config", required=True, type=Path, help="host configuration JSON")
+    # INDEX:FD, given by the supervisor of `listen.workers` processes to each worker.
+    serve.add_argument("--worker", help=argparse.SUPPRESS)
 
     token = commands.add_parser("token", help="manage bearer tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)

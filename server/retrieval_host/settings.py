@@ -94,6 +94,8 @@ class SecretRef(_Model):
 class ListenSettings(_Model):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8443
+    # Worker processes accepting on the one listening socket (see `retrieval_host.workers`).
+    workers: Annotated[int, Field(ge=1, le=64)] = 1
 
 
 class TlsSettings(_Model):

@@ -151,6 +151,7 @@ def host_process(
     store: Mapping[str, Any] | None = None,
     shared: Path | None = None,
     tokens: Mapping[str, str] | None = None,
+    workers: int = 1,
 ) -> Iterator[HostProcess]:
     """Serve the example application from a host file in a subprocess until the block ends.
 
@@ -187,7 +188,7 @@ def host_process(
     port = free_port()
     loopback = free_port() if metrics_port else None
     config: dict[str, Any] = {
-        "listen": {"host": "127.0.0.1", "port": port},
+        "listen": {"host": "127.0.0.1", "port": port, "workers": workers},
         "tls": {"certFile": str(tls.cert_file), "keyFile": str(tls.key_file)},
         "tokens": entries,
         "providers": dict(providers or {}),

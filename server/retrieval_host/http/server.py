@@ -124,13 +124,16 @@ class HostServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def loopback_metrics(settings: HostSettings, app: object) -> Iterator[int | None]:
-    """Serve the app's metrics without a token on 127.0.0.1:`metrics.port` (plain HTTP, never
-    another interface) while the block runs; yields the port (None when not configured)."""
-    port = settings.metrics.port
-    if port is None or not isinstance(app, HostApp):
+def loopback_metrics(
+    settings: HostSettings, app: object, *, offset: int = 0
+) -> Iterator[int | None]:
+    """Serve the app's metrics without a token on 127.0.0.1:`metrics.port` + `offset` (the
+    worker's index; plain HTTP, never another interface) while the block runs; yields the
+    port (None when not configured)."""
+    if settings.metrics.port is None or not isinstance(app, HostApp):
         yield None
         return
+    port = settings.metrics.port + offset
     server, thread = start_http_server(port, addr="127.0.0.1", registry=app.metrics.registry)
     logger.info("metrics on http://127.0.0.1:%d/metrics", port)
     try:
@@ -147,10 +150,13 @@ def serve(
     environ: Mapping[str, str],
     *,
     log_config: dict[str, object] | None = None,
+    worker: tuple[int, socket.socket] | None = None,
 ) -> None:
     """Serve in the foreground until SIGINT/SIGTERM, then shut down gracefully (see the
-    module docstring) and return."""
+    module docstring) and return. `worker` (index, socket): serve on the supervisor's
+    listening socket instead of binding one (`retrieval_host.workers`)."""
     config = uvicorn_config(settings, app, environ, log_config=log_config)
     server = HostServer(config, app if isinstance(app, HostApp) else None)
-    with loopback_metrics(settings, app):
-        server.run()
+    index, sockets = (0, None) if worker is None else (worker[0], [worker[1]])
+    with loopback_metrics(settings, app, offset=index):
+        server.run(sockets=sockets)

@@ -1,0 +1,152 @@
+"""Several worker processes serving one listening socket (`listen.workers` > 1).
+
+One Python process runs one request's Python at a time (the GIL): under load a single host
+process keeps about 1.3 of 2 cores busy. With `workers: N` the `serve` command becomes a small
+supervisor: it binds the listening socket once and starts N `serve` processes that all accept
+on it (each opens its own stores, caches and model, and runs the application factory). The
+kernel hands each new connection to one of them.
+
+The supervisor forwards SIGTERM/SIGINT to every worker (each shuts down gracefully, as a single
+host does) and exits 0 once all have exited 0. If a worker exits on its own, the supervisor
+stops the others and exits 1, so the service manager restarts the whole host (a host with a
+missing worker would silently serve at a fraction of its capacity). Workers run in their own
+session: a terminal's Ctrl-C reaches only the supervisor, which forwards it once.
+
+What is per worker: `limits.maxConcurrency` (the host accepts up to N times as many requests at
+once), the grant cache and the loaded index (memory grows with N), and metrics: `GET /metrics`
+answers with the counters of the worker that took the connection, and the loopback metrics
+port of worker i is `metrics.port + i` (scrape all N).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from retrieval_host.settings import HostSettings, SettingsError
+
+logger = logging.getLogger("retrieval_host.workers")
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def listening_socket(settings: HostSettings) -> socket.socket:
+    """The host's listening socket, bound as uvicorn binds it, inheritable by the workers."""
+    config = uvicorn.Config(app="unused:app", host=settings.listen.host, port=settings.listen.port)
+    sock = config.bind_socket()
+    sock.set_inheritable(True)
+    return sock
+
+
+def worker_command(config_file: Path, index: int, fd: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "retrieval_host.cli",
+        "serve",
+        "--config",
+        str(config_file),
+        "--worker",
+        f"{index}:{fd}",
+    ]
+
+
+def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, str]) -> int:
+    """Run `settings.listen.workers` workers on one socket until they stop; the exit code."""
+    metrics_port = settings.metrics.port
+    if metrics_port is not None and metrics_port + settings.listen.workers - 1 > 65535:
+        raise SettingsError("metrics.port + listen.workers - 1 must be a port number")
+    sock = listening_socket(settings)
+    host, port = sock.getsockname()[:2]
+    logger.info("serving on %s:%d with %d worker processes", host, port, settings.listen.workers)
+    workers: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def forward(sig: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    try:
+        for index in range(settings.listen.workers):
+            workers.append(
+                subprocess.Popen(  # noqa: S603 - this interpreter, this module, our arguments
+                    worker_command(config_file, index, sock.fileno()),
+                    pass_fds=(sock.fileno(),),
+                    env=dict(environ),
+                    start_new_session=True,
+                )
+            )
+        sock.close()  # the workers hold it now
+        return _wait(workers, lambda: stopping, forward)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait(
+    workers: Sequence[subprocess.Popen[bytes]],
+    stopping: Callable[[], bool],
+    stop_all: Callable[[int, FrameType | None], None],
+) -> int:
+    """Reap workers as they exit; the first one to exit unasked stops the rest."""
+    codes: dict[int, int] = {}
+    by_pid = {worker.pid: worker for worker in workers}
+    failed = False
+    while len(codes) < len(workers):
+        pid, status = os.waitpid(-1, 0)  # retried after a signal handler (PEP 475)
+        worker = by_pid.get(pid)
+        if worker is None:
+            continue
+        worker.returncode = code = os.waitstatus_to_exitcode(status)
+        codes[pid] = code
+        if not stopping():
+            logger.error("worker %d exited with %d; stopping the others", pid, code)
+            failed = True
+            stop_all(signal.SIGTERM, None)
+        elif code != 0:
+            failed = True
+    return 1 if failed else 0
+
+
+def worker_socket(spec: str) -> tuple[int, socket.socket]:
+    """`INDEX:FD` from the supervisor: the worker's index and the inherited listening socket.
+
+    The worker also asks the kernel for SIGTERM when its supervisor dies (it runs in its own
+    session, so nothing else would stop it if the supervisor were killed outright).
+    """
+    index, _, fd = spec.partition(":")
+    supervisor = os.getppid()
+    _terminate_with_parent()
+    if os.getppid() != supervisor:  # the supervisor died before the request took effect
+        raise SystemExit(1)
+    sock = socket.socket(fileno=int(fd))
+    return int(index), sock
+
+
+def _terminate_with_parent() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGTERM) on Linux; nothing elsewhere."""
+    if not sys.platform.startswith("linux"):  # pragma: no cover - Linux only here
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) != 0:
+        logger.warning(
+            "could not ask to be stopped with the supervisor: errno %d", ctypes.get_errno()
+        )
