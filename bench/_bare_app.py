@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -34,6 +33,7 @@ from bench._common import CORPUS, NAMESPACE, REVISION, descriptor
 from retrieval_host.adapters.store_sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.ports import Candidate
+from retrieval_host.workers import reuse_port_socket
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -141,9 +141,9 @@ def main() -> None:
     parser.add_argument("--grants", type=Path)
     parser.add_argument("--subject", default="tenth")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # a worker's inherited socket
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.workers > 1 and args.fd is None:
+    if args.workers > 1 and not args.worker:
         sys.exit(_supervise(args.port, args.workers))
     app: Callable[[Scope, Receive, Send], Awaitable[None]]
     if args.mode == "static":
@@ -165,24 +165,21 @@ def main() -> None:
         access_log=False,
         log_level="warning",
     )
-    sockets = None if args.fd is None else [socket.socket(fileno=args.fd)]
+    sockets = [reuse_port_socket("127.0.0.1", args.port)] if args.worker else None
     uvicorn.Server(config).run(sockets=sockets)
 
 
 def _supervise(port: int, workers: int) -> int:
-    """The same process model as the host's `listen.workers`: one listening socket bound
-    here, `workers` processes of this script accepting on it."""
-    sock = uvicorn.Config(app="unused:app", host="127.0.0.1", port=port).bind_socket()
-    sock.set_inheritable(True)
+    """The same process model as the host's `listen.workers`: `workers` processes of this
+    script, each listening on the port with SO_REUSEPORT (the port reserved here)."""
+    reserved = reuse_port_socket("127.0.0.1", port)
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "bench._bare_app", *sys.argv[1:], "--fd", str(sock.fileno())],
-            pass_fds=(sock.fileno(),),
+            [sys.executable, "-m", "bench._bare_app", *sys.argv[1:], "--worker"],
             start_new_session=True,
         )
         for _ in range(workers)
     ]
-    sock.close()
 
     def stop(sig: int, frame: object) -> None:
         for child in children:
@@ -191,7 +188,9 @@ def _supervise(port: int, workers: int) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    return max(child.wait() for child in children)
+    code = max(child.wait() for child in children)
+    reserved.close()
+    return code
 
 
 if __name__ == "__main__":

@@ -323,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"processes: the host with listen.workers = {args.workers}, the bare endpoints with the "
-        f"same {args.workers} processes on one socket; Chroma as `chroma run` starts it"
+        f"same {args.workers} processes on the port (SO_REUSEPORT); Chroma as `chroma run` runs"
     )
     model_ms = local_model_query_ms()
     if model_ms is not None:

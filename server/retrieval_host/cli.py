@@ -136,7 +136,7 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.worker is not None:
         from retrieval_host.workers import worker_socket
 
-        worker = worker_socket(args.worker)
+        worker = worker_socket(settings.listen.host, args.worker)
     elif settings.listen.workers > 1:
         from retrieval_host.workers import supervise
 
@@ -238,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve the host from a configuration file")
     serve.add_argument("--config", required=True, type=Path, help="host configuration JSON")
-    # INDEX:FD, given by the supervisor of `listen.workers` processes to each worker.
+    # INDEX:PORT, given by the supervisor of `listen.workers` processes to each worker.
     serve.add_argument("--worker", help=argparse.SUPPRESS)
 
     token = commands.add_parser("token", help="manage bearer tokens")

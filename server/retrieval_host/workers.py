@@ -2,9 +2,9 @@
 
 One Python process runs one request's Python at a time (the GIL): under load a single host
 process keeps about 1.3 of 2 cores busy. With `workers: N` the `serve` command becomes a small
-supervisor: it binds the listening socket once and starts N `serve` processes that all accept
-on it (each opens its own stores, caches and model, and runs the application factory). The
-kernel hands each new connection to one of them.
+supervisor: it reserves the port and starts N `serve` processes, each listening on the port
+with SO_REUSEPORT (each opens its own stores, caches and model, and runs the application
+factory). The kernel spreads new connections over them.
 
 The supervisor forwards SIGTERM/SIGINT to every worker (each shuts down gracefully, as a single
 host does) and exits 0 once all have exited 0. If a worker exits on its own, the supervisor
@@ -31,23 +31,34 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-import uvicorn
-
 from retrieval_host.settings import HostSettings, SettingsError
 
 logger = logging.getLogger("retrieval_host.workers")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def listening_socket(settings: HostSettings) -> socket.socket:
-    """The host's listening socket, bound as uvicorn binds it, inheritable by the workers."""
-    config = uvicorn.Config(app="unused:app", host=settings.listen.host, port=settings.listen.port)
-    sock = config.bind_socket()
-    sock.set_inheritable(True)
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) with SO_REUSEPORT (not listening yet).
+
+    Every worker binds its own such socket on the one port and listens on it: the kernel then
+    spreads new connections over the workers by a hash of the connection. (One socket shared by
+    all workers would not: the first worker to wake accepts every pending connection, so a
+    burst of connections could all land on one worker.) Only processes of the same user can
+    join the port.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
-def worker_command(config_file: Path, index: int, fd: int) -> list[str]:
+def worker_command(config_file: Path, index: int, port: int) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -56,7 +67,7 @@ def worker_command(config_file: Path, index: int, fd: int) -> list[str]:
         "--config",
         str(config_file),
         "--worker",
-        f"{index}:{fd}",
+        f"{index}:{port}",
     ]
 
 
@@ -65,8 +76,10 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
     metrics_port = settings.metrics.port
     if metrics_port is not None and metrics_port + settings.listen.workers - 1 > 65535:
         raise SettingsError("metrics.port + listen.workers - 1 must be a port number")
-    sock = listening_socket(settings)
-    host, port = sock.getsockname()[:2]
+    # Held (bound, never listening: it takes no connections) until the workers have stopped,
+    # so the port, also a port 0 chosen here, stays the host's.
+    reserved = reuse_port_socket(settings.listen.host, settings.listen.port)
+    host, port = reserved.getsockname()[:2]
     logger.info("serving on %s:%d with %d worker processes", host, port, settings.listen.workers)
     workers: list[subprocess.Popen[bytes]] = []
     stopping = False
@@ -83,13 +96,11 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
         for index in range(settings.listen.workers):
             workers.append(
                 subprocess.Popen(  # noqa: S603 - this interpreter, this module, our arguments
-                    worker_command(config_file, index, sock.fileno()),
-                    pass_fds=(sock.fileno(),),
+                    worker_command(config_file, index, port),
                     env=dict(environ),
                     start_new_session=True,
                 )
             )
-        sock.close()  # the workers hold it now
         return _wait(workers, lambda: stopping, forward)
     finally:
         for worker in workers:
@@ -98,6 +109,7 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
                 worker.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        reserved.close()
 
 
 def _wait(
@@ -125,19 +137,18 @@ def _wait(
     return 1 if failed else 0
 
 
-def worker_socket(spec: str) -> tuple[int, socket.socket]:
-    """`INDEX:FD` from the supervisor: the worker's index and the inherited listening socket.
+def worker_socket(host: str, spec: str) -> tuple[int, socket.socket]:
+    """`INDEX:PORT` from the supervisor: the worker's index and its own socket on the port.
 
     The worker also asks the kernel for SIGTERM when its supervisor dies (it runs in its own
     session, so nothing else would stop it if the supervisor were killed outright).
     """
-    index, _, fd = spec.partition(":")
+    index, _, port = spec.partition(":")
     supervisor = os.getppid()
     _terminate_with_parent()
     if os.getppid() != supervisor:  # the supervisor died before the request took effect
         raise SystemExit(1)
-    sock = socket.socket(fileno=int(fd))
-    return int(index), sock
+    return int(index), reuse_port_socket(host, int(port))
 
 
 def _terminate_with_parent() -> None:

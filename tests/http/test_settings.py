@@ -99,8 +99,20 @@ def test_secrets_come_from_a_file_or_an_environment_variable(tmp_path: Path) -> 
         _minimal(tokens=[{"sha256": HASH, "subject": "a"}, {"sha256": HASH, "subject": "b"}]),
         _minimal(allowedOrigins=["https://app.example/path"]),
         _minimal(application="not an import path"),
+        _minimal(listen={"workers": 0}),
+        _minimal(listen={"workers": 65}),
     ],
-    ids=["inline-secret", "two-sources", "unknown", "bad-hash", "dup-hash", "origin", "app"],
+    ids=[
+        "inline-secret",
+        "two-sources",
+        "unknown",
+        "bad-hash",
+        "dup-hash",
+        "origin",
+        "app",
+        "no-workers",
+        "too-many-workers",
+    ],
 )
 def test_invalid_configurations_are_refused_without_echoing_values(
     tmp_path: Path, data: dict[str, Any]
