@@ -1,6 +1,7 @@
 """Benchmark (not a test): authorized search over HTTPS, against Chroma and a bare uvicorn endpoint.
 
     python bench/http_search.py [--seconds 20] [--rounds 3] [--clients 16] [--no-chroma]
+                                [--workers N]
 
 The data: 100,000 passages in 1,000 sources (100 each), SYNTHETIC clustered 384-dim vectors
 (embedding 100k passages would take about 30 minutes here) with real passage text (SciFact
@@ -10,6 +11,10 @@ abstracts split into passages, reused in order). One token's authorizer allows a
 In one run, each as its own process on 127.0.0.1, loaded by `--clients` closed-loop keep-alive
 clients for `--seconds` per round (after a 1 s warm-up), variants interleaved in a shuffled
 order every round:
+
+Processes: the host runs with `listen.workers` = `--workers` (default: the usable cores), the
+bare endpoints with as many processes, each listening on the port with SO_REUSEPORT as the
+host's workers do.
 
 - ours, 10 % allowed: the real host (`retrieval-host serve`, uvicorn over TLS, every
   middleware, token check, validation, the application's authorizer before and after the
