@@ -51,7 +51,7 @@ def _served_healthz(host: HostProcess, worker: int) -> float:
 
 
 def test_two_workers_share_the_port_and_the_index_and_stop_together(tmp_path: Path) -> None:
-    subjects = {"writer": [], METRICS_SCRAPER: []}
+    subjects: dict[str, list[str]] = {"writer": [], METRICS_SCRAPER: []}
     with host_process(tmp_path / "host", subjects=subjects, metrics_port=True, workers=2) as host:
         workers = _children(host.process.pid)
         assert len(workers) == 2, host.log_text()[-3000:]
