@@ -60,8 +60,17 @@ def search_response_json(result: core.SearchResult) -> bytes:
     names, serialized by pydantic-core, cost about a third of validating the models and
     dumping them. tests/http/test_search_json.py holds it to the models' output.
     """
-    scope = _scope_wire(result.scope) if result.scope is not None else None
-    body: dict[str, Any] = {
+    return pydantic_core.to_json(_search_body(result))
+
+
+def search_response(result: core.SearchResult) -> wire.SearchResponse:
+    """The models of a search response (the host answers with `search_response_json`)."""
+    return wire.SearchResponse.model_validate(_search_body(result))
+
+
+def _search_body(result: core.SearchResult) -> dict[str, Any]:
+    scope = _scope(result.scope) if result.scope is not None else None
+    return {
         "hits": [
             {
                 "chunkId": h.chunk_id,
@@ -76,7 +85,7 @@ def search_response_json(result: core.SearchResult) -> bytes:
                 "documentSha256": h.document_sha256,
                 "score": float(h.score),
                 "retrievedAt": h.retrieved_at,
-                "scope": scope if h.scope == result.scope else _scope_wire(h.scope),
+                "scope": scope if h.scope == result.scope else _scope(h.scope),
             }
             for h in result.hits
         ],
@@ -90,59 +99,12 @@ def search_response_json(result: core.SearchResult) -> bytes:
             }
         },
     }
-    return pydantic_core.to_json(body)
 
 
-def _scope_wire(scope: core.Scope) -> dict[str, str]:
+def _scope(scope: core.Scope) -> dict[str, str]:
     return {
         "corpus": scope.corpus,
         "indexVersion": scope.index_version,
-        "namespace": scope.namespace,
-    }
-
-
-def search_response(result: core.SearchResult) -> wire.SearchResponse:
-    # The models of a search response (the host answers with `search_response_json`, the
-    # same JSON without them). One validation of plain data in pydantic-core builds all the
-    # nested models.
-    scope = _scope_fields(result.scope) if result.scope is not None else None
-    return wire.SearchResponse.model_validate(
-        {
-            "hits": [
-                {
-                    "chunk_id": h.chunk_id,
-                    "source": {"id": h.source.id, "revision": h.source.revision},
-                    "location": {
-                        "page": h.location.page,
-                        "start_line": h.location.start_line,
-                        "end_line": h.location.end_line,
-                        "document_id": h.location.document_id,
-                    },
-                    "text": h.text,
-                    "document_sha256": h.document_sha256,
-                    "score": h.score,
-                    "retrieved_at": h.retrieved_at,
-                    "scope": scope if h.scope == result.scope else _scope_fields(h.scope),
-                }
-                for h in result.hits
-            ],
-            "truncated": result.truncated,
-            "retrieved_at": result.retrieved_at,
-            "scope": scope,
-            "usage": {
-                "embedding": {
-                    "requests": result.usage.requests,
-                    "input_tokens": result.usage.input_tokens,
-                }
-            },
-        }
-    )
-
-
-def _scope_fields(scope: core.Scope) -> dict[str, str]:
-    return {
-        "corpus": scope.corpus,
-        "index_version": scope.index_version,
         "namespace": scope.namespace,
     }
 
