@@ -221,6 +221,8 @@ class HostSettings(_Model):
     # Free-form options for the application factory (e.g. where its ACL file lives).
     application_options: dict[str, JsonValue] = Field(default_factory=dict)
     allowed_origins: tuple[str, ...] = ()
+    # Host header names this host answers to (port ignored); empty accepts any (see http/hosts.py).
+    allowed_hosts: tuple[str, ...] = ()
     # Directory that relative paths in this configuration are resolved against.
     config_dir: Path = Field(default_factory=Path.cwd)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -231,6 +233,14 @@ class HostSettings(_Model):
         for origin in value:
             if not re.fullmatch(r"https?://[^/\s?#]+", origin):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port])")
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts_are_host_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for host in value:
+            if not re.fullmatch(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", host):
+                raise ValueError(f"{host!r} is not a host name (no scheme, port or path)")
         return value
 
     @model_validator(mode="after")

@@ -4,10 +4,12 @@ The stack, outermost first, all pure ASGI:
 
 1. `RequestIdMiddleware` — the request id, and `INTERNAL` for anything that escapes;
 2. `RequestObserver` — request metrics and the access log line, by route template;
-3. `OriginMiddleware` — the Origin allow-list (and CORS headers for listed origins);
-4. `MetricsEndpoint` — `GET /metrics` (metrics grant), before the concurrency limit;
-5. `LimitsMiddleware` — body size and deadline, host-wide concurrency;
-6. Starlette routing, with one exception handler family rendering `application/problem+json`.
+3. `AllowedHostsMiddleware` — the optional Host allow-list (`allowedHosts`);
+4. `OriginMiddleware` — the Origin allow-list (and CORS headers for listed origins);
+5. `MetricsEndpoint` — `GET /metrics` (metrics grant), before the concurrency limit;
+6. `LimitsMiddleware` — body size and deadline, host-wide concurrency;
+7. Starlette routing (never a redirect: see `create_app`), with one exception handler family
+   rendering `application/problem+json`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.driver import Driver
 from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
+from retrieval_host.http.hosts import AllowedHostsMiddleware
 from retrieval_host.http.limits import LimitCounters, LimitsMiddleware
 from retrieval_host.http.metrics import HostMetrics, MetricsEndpoint, RequestObserver
 from retrieval_host.http.openapi import build_openapi
@@ -185,10 +188,14 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         },
         lifespan=lifespan,
     )
+    # Starlette answers `/path/` with a 307 to `/path` built from the request's Host header:
+    # an unauthenticated redirect anywhere. Every route has one spelling; others are 404.
+    starlette.router.redirect_slashes = False
     limits = LimitsMiddleware(starlette, settings.limits)
     origins = OriginMiddleware(
         MetricsEndpoint(limits, metrics, settings.tokens), settings.allowed_origins
     )
+    hosts = AllowedHostsMiddleware(origins, settings.allowed_hosts)
     counters = limits.counters
     metrics.watch(
         in_flight=lambda: counters.in_flight,
@@ -198,10 +205,11 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
             "body-too-large": counters.too_large_rejections,
             "body-timeout": counters.body_timeouts,
             "origin": origins.rejected,
+            "host": hosts.rejected,
         },
         stores=[c.store for c in driver.retrieval.corpora.values()] if driver else [],
     )
-    observed = RequestObserver(origins, metrics, table)
+    observed = RequestObserver(hosts, metrics, table)
     return HostApp(
         RequestIdMiddleware(observed), routes, limits, origins, metrics=metrics, shutdown=shutdown
     )
