@@ -643,6 +643,46 @@ def test_a_run_record_is_visible_to_its_own_subject_only(host: LoopHost, world: 
     assert problem_of(theirs)["code"] == "SOURCE_UNAVAILABLE"
 
 
+def test_reading_or_replaying_a_run_needs_what_running_it_needed(
+    host: LoopHost, world: RunsWorld
+) -> None:
+    # Tokens of alice's subject that lack the provider grant, the search grant on the corpus
+    # the evidence came from, or both, see a recorded run exactly as a run that does not exist.
+    body = run_body(idempotencyKey="grants-1")
+    made = post_run(host, world.tokens["alice"], body)
+    assert made.status_code == 200
+    run_id = made.json()["runId"]
+    assert made.json()["sources"]
+    unknown = without_request_id(
+        problem_of(get_run(host, world.tokens["alice"], "run_" + "0" * 24))
+    )
+    for name in ("nothing", "no-provider", "no-search"):
+        read = get_run(host, world.tokens[name], run_id)
+        assert read.status_code == 404, name
+        assert without_request_id(problem_of(read)) == unknown, name
+        assert made.json()["text"] not in read.text
+    assert get_run(host, world.tokens["alice"], run_id).status_code == 200
+
+    # A replay by idempotency key answers what a first run with those grants would.
+    for name in ("nothing", "no-provider", "no-search"):
+        replay = post_run(host, world.tokens[name], body)
+        fresh = post_run(host, world.tokens[name], run_body(idempotencyKey=f"fresh-{name}"))
+        assert replay.status_code == fresh.status_code == 403, name
+        assert without_request_id(problem_of(replay)) == without_request_id(problem_of(fresh))
+
+    # A run that failed keeps the grants it needed: no result, but its status is not shown.
+    world.fake.set_chat_mode("fail-mid-stream", chunks=3)
+    failing = run_body(provider="fake", model="gpt-test", idempotencyKey="grants-failed")
+    assert post_run(host, world.tokens["alice"], failing).status_code == 502
+    recorded = world.run_by_key("alice", "grants-failed")
+    assert recorded is not None
+    failed_id = recorded[0]
+    assert get_run(host, world.tokens["alice"], failed_id).json()["status"] == "failed"
+    for name in ("nothing", "no-provider", "no-search"):
+        read = get_run(host, world.tokens[name], failed_id)
+        assert without_request_id(problem_of(read)) == unknown, name
+
+
 # --- 10. a JSON-mode run whose client leaves --------------------------------------------------
 
 

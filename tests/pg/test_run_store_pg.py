@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 
+import psycopg
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
@@ -15,6 +17,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import (
@@ -179,3 +182,52 @@ def test_a_completed_run_is_replayed_by_another_replica_without_new_generation(
     finally:
         for close in closers:
             close()
+
+
+def test_a_run_schema_of_the_previous_release_is_migrated_at_open(
+    pg_dsn: str, pg_schema: str, run_stores: Callable[[], PgRunStore]
+) -> None:
+    # The run table exactly as the previous release created it (schema version 1).
+    body = json.dumps(result_to_json(result("run-old")))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{pg_schema}"')
+        conn.execute(
+            f'CREATE TABLE "{pg_schema}".schema_version '
+            "(component text PRIMARY KEY, version integer NOT NULL)"
+        )
+        conn.execute(f"INSERT INTO \"{pg_schema}\".schema_version VALUES ('run-store', 1)")
+        conn.execute(
+            f"""CREATE TABLE "{pg_schema}".runs (
+                run_id text PRIMARY KEY,
+                subject text NOT NULL,
+                idempotency_key text,
+                fingerprint text NOT NULL,
+                status text NOT NULL
+                    CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
+                created_at text NOT NULL,
+                result_json text,
+                error_code text,
+                CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)
+            )"""
+        )
+        conn.execute(
+            f'INSERT INTO "{pg_schema}".runs VALUES '
+            "('run-old', 'alice', 'k1', 'fp-1', 'completed', 't', %s, NULL)",
+            (body,),
+        )
+    store = run_stores()
+    old = store.get("run-old")
+    assert old is not None
+    assert (old.result, old.provider, old.corpus) == (result("run-old"), None, None)
+    replayed = store.begin(record("run-again"))
+    assert replayed is not None and replayed.run_id == "run-old"
+    fresh = RunRecord("run-new", "alice", "k2", "fp", "running", "t", provider="x", corpus="docs")
+    assert store.begin(fresh) is None
+    new = store.get("run-new")
+    assert new is not None and (new.provider, new.corpus) == ("x", "docs")
+    run_stores()  # a second open finds version 2 and changes nothing
+    with psycopg.connect(pg_dsn) as conn:
+        version = conn.execute(
+            f"SELECT version FROM \"{pg_schema}\".schema_version WHERE component = 'run-store'"
+        ).fetchone()
+    assert version == (2,)

@@ -165,6 +165,7 @@ TOKENS: Final[Mapping[str, tuple[str, tuple[str, ...], tuple[str, ...]]]] = {
     "bob": ("bob", ("local", "fake"), ("library",)),
     "no-provider": ("alice", (), ("library",)),
     "no-search": ("alice", ("local", "fake"), ()),
+    "nothing": ("alice", (), ()),
     "replayer": ("replayer", ("fake",), ("remote",)),
     "revokee": ("revokee", ("fake",), ("library",)),
 }

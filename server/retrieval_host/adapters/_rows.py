@@ -30,10 +30,16 @@ def stored_source(row: Sequence[Any]) -> StoredSource:
     )
 
 
+RUN_COLUMNS = (
+    "run_id, subject, idempotency_key, fingerprint, status, created_at, result_json, "
+    "error_code, provider, corpus"
+)
+
+
 def run_record(row: Sequence[Any]) -> RunRecord:
-    """A `runs` row: run_id, subject, idempotency_key, fingerprint, status, created_at,
-    result_json, error_code."""
-    run_id, subject, key, fingerprint, status, created_at, result_json, error_code = row
+    """A `runs` row, its columns in the order of `RUN_COLUMNS`."""
+    (run_id, subject, key, fingerprint, status, created_at, result_json, error_code, provider,
+     corpus) = row  # fmt: skip
     result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
     return RunRecord(
         run_id=str(run_id),
@@ -44,6 +50,8 @@ def run_record(row: Sequence[Any]) -> RunRecord:
         created_at=str(created_at),
         result=result,
         error_code=None if error_code is None else str(error_code),
+        provider=None if provider is None else str(provider),
+        corpus=None if corpus is None else str(corpus),
     )
 
 

@@ -19,7 +19,7 @@ from typing import Final
 
 from psycopg import sql
 
-from retrieval_host.adapters._rows import run_record
+from retrieval_host.adapters._rows import RUN_COLUMNS, run_record
 from retrieval_host.adapters.store_pgvector import (
     DEFAULT_SCHEMA,
     Connection,
@@ -36,7 +36,7 @@ from retrieval_host.core.runs_model import RunResult
 __all__ = ["PgRunStore"]
 
 COMPONENT: Final = "run-store"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _TABLES: Final = {
     "runs": {
@@ -48,6 +48,8 @@ _TABLES: Final = {
         "created_at": "text",
         "result_json": "text",
         "error_code": "text",
+        "provider": "text",
+        "corpus": "text",
     }
 }
 _DDL: Final = (
@@ -60,9 +62,19 @@ _DDL: Final = (
         created_at text NOT NULL,
         result_json text,
         error_code text,
+        provider text,
+        corpus text,
         CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)
     )""",
 )
+_SELECT: Final = f"SELECT {RUN_COLUMNS} FROM {{s}}.runs"  # noqa: S608 - constant columns
+# Version 1 had no provider and corpus columns (NULL for the runs it recorded).
+_MIGRATIONS: Final = {
+    1: (
+        "ALTER TABLE {s}.runs ADD COLUMN provider text",
+        "ALTER TABLE {s}.runs ADD COLUMN corpus text",
+    )
+}
 
 
 class PgRunStore:
@@ -97,7 +109,9 @@ class PgRunStore:
         pool = ConnectionPool(dsn, pool_size, setup)
         try:
             with pool.connection() as conn:
-                ensure_schema_component(conn, schema, COMPONENT, SCHEMA_VERSION, _TABLES, _DDL)
+                ensure_schema_component(
+                    conn, schema, COMPONENT, SCHEMA_VERSION, _TABLES, _DDL, _MIGRATIONS
+                )
         except BaseException:
             pool.close()
             raise
@@ -105,7 +119,9 @@ class PgRunStore:
 
     def begin(self, record: RunRecord) -> RunRecord | None:
         """Insert a `running` record, or return the subject's record for the same key."""
-        _reject_nul(record.run_id, record.subject, record.idempotency_key)
+        _reject_nul(
+            record.run_id, record.subject, record.idempotency_key, record.provider, record.corpus
+        )
         with (
             self._pool.connection() as conn,
             translated("recording a run"),
@@ -114,7 +130,8 @@ class PgRunStore:
             inserted = conn.execute(
                 self._sql(
                     "INSERT INTO {s}.runs (run_id, subject, idempotency_key, fingerprint, "
-                    "status, created_at) VALUES (%s, %s, %s, %s, 'running', %s) "
+                    "status, created_at, provider, corpus) "
+                    "VALUES (%s, %s, %s, %s, 'running', %s, %s, %s) "
                     "ON CONFLICT (subject, idempotency_key) DO NOTHING RETURNING run_id"
                 ),
                 (
@@ -123,16 +140,14 @@ class PgRunStore:
                     record.idempotency_key,
                     record.request_fingerprint,
                     record.created_at,
+                    record.provider,
+                    record.corpus,
                 ),
             ).fetchone()
             if inserted is not None:
                 return None
             row = conn.execute(
-                self._sql(
-                    "SELECT run_id, subject, idempotency_key, fingerprint, status, "
-                    "created_at, result_json, error_code FROM {s}.runs "
-                    "WHERE subject = %s AND idempotency_key = %s"
-                ),
+                self._sql(_SELECT + " WHERE subject = %s AND idempotency_key = %s"),
                 (record.subject, record.idempotency_key),
             ).fetchone()
         if row is None:  # pragma: no cover - the conflicting row cannot vanish under READ COMMITTED
@@ -171,10 +186,7 @@ class PgRunStore:
             return None
         with self._pool.connection() as conn, translated("reading a run"):
             row = conn.execute(
-                self._sql(
-                    "SELECT run_id, subject, idempotency_key, fingerprint, status, "
-                    "created_at, result_json, error_code FROM {s}.runs WHERE run_id = %s"
-                ),
+                self._sql(_SELECT + " WHERE run_id = %s"),
                 (run_id,),
             ).fetchone()
         return run_record(row) if row is not None else None

@@ -9,14 +9,19 @@ import threading
 import apsw
 
 from retrieval_host.adapters._fs_safety import prepare_database_path
-from retrieval_host.adapters._rows import run_record
+from retrieval_host.adapters._rows import RUN_COLUMNS, run_record
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
 
 _APPLICATION_ID = 0x52484E52  # "RHNR": refuse a database that is not ours
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
+# Version 1 had no provider and corpus columns; opening it adds them (NULL for older runs).
+_MIGRATIONS = {
+    1: ("ALTER TABLE runs ADD COLUMN provider TEXT", "ALTER TABLE runs ADD COLUMN corpus TEXT")
+}
+_SELECT = f"SELECT {RUN_COLUMNS} FROM runs"  # noqa: S608 - constant column names
 _SCHEMA = """
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
@@ -27,6 +32,8 @@ CREATE TABLE runs (
     created_at TEXT NOT NULL,
     result_json TEXT,
     error_code TEXT,
+    provider TEXT,
+    corpus TEXT,
     UNIQUE (subject, idempotency_key)
 );
 """
@@ -64,13 +71,15 @@ class SqliteRunStore:
                 ErrorCode.STORE_UNAVAILABLE,
                 f"{target.name} is not a retrieval-host run database; refusing to use it.",
             )
+        else:
+            _migrate(db, target.name)
         return cls(db)
 
     def begin(self, record: RunRecord) -> RunRecord | None:
         with self._lock, self._db:
             self._db.execute(
                 "INSERT INTO runs (run_id, subject, idempotency_key, fingerprint, status,"
-                " created_at) VALUES (?, ?, ?, ?, 'running', ?)"
+                " created_at, provider, corpus) VALUES (?, ?, ?, ?, 'running', ?, ?, ?)"
                 " ON CONFLICT (subject, idempotency_key) DO NOTHING",
                 (
                     record.run_id,
@@ -78,12 +87,14 @@ class SqliteRunStore:
                     record.idempotency_key,
                     record.request_fingerprint,
                     record.created_at,
+                    record.provider,
+                    record.corpus,
                 ),
             )
             if self._db.changes() == 1:
                 return None
             rows = self._db.execute(
-                "SELECT * FROM runs WHERE subject = ? AND idempotency_key = ?",
+                _SELECT + " WHERE subject = ? AND idempotency_key = ?",
                 (record.subject, record.idempotency_key),
             ).fetchall()
         return run_record(rows[0])
@@ -106,9 +117,25 @@ class SqliteRunStore:
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock:
-            rows = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchall()
+            rows = self._db.execute(_SELECT + " WHERE run_id = ?", (run_id,)).fetchall()
         return run_record(rows[0]) if rows else None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _migrate(db: apsw.Connection, name: str) -> None:
+    """Bring a run database of an earlier release to `_SCHEMA_VERSION`, in one transaction."""
+    with db:
+        version = int(str(db.execute("PRAGMA user_version").fetchall()[0][0]))
+        if version > _SCHEMA_VERSION:
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"{name} has run schema version {version}; this host reads up to "
+                f"{_SCHEMA_VERSION}.",
+            )
+        for step in range(version, _SCHEMA_VERSION):
+            for statement in _MIGRATIONS[step]:
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")

@@ -426,12 +426,15 @@ def ensure_schema_component(
     version: int,
     tables: Mapping[str, Mapping[str, str]],
     ddl: Sequence[str],
+    migrations: Mapping[int, Sequence[str]] | None = None,
 ) -> None:
     """Create `component`'s tables in `schema` on first use, or check they are ours.
 
     Runs in one transaction under an advisory lock, so replicas starting together create the
-    schema once. Refuses (`UNSAFE_STORE`) a schema holding tables without our version table,
-    our table names without our version row, another version, or another table shape.
+    schema once. `migrations[v]` holds the statements that bring version v to v + 1: a schema
+    an earlier release wrote is upgraded in that same transaction. Refuses (`UNSAFE_STORE`) a
+    schema holding tables without our version table, our table names without our version row,
+    a version it cannot reach, or another table shape.
     """
     with translated("preparing the schema"), _transaction(conn):
         conn.execute(
@@ -485,12 +488,24 @@ def ensure_schema_component(
                 ),
                 (component, version),
             )
-        elif stored != version:
-            raise _unsafe(
-                f"the {component} schema has version {stored}; this host reads version {version}.",
-                "schema-version",
-            )
         else:
+            steps = migrations or {}
+            if stored > version or any(v not in steps for v in range(stored, version)):
+                raise _unsafe(
+                    f"the {component} schema has version {stored}; this host reads version "
+                    f"{version}.",
+                    "schema-version",
+                )
+            for step in range(stored, version):
+                for statement in steps[step]:
+                    conn.execute(_schema_sql(schema, statement))
+            if stored != version:
+                conn.execute(
+                    _schema_sql(
+                        schema, "UPDATE {s}.schema_version SET version = %s WHERE component = %s"
+                    ),
+                    (version, component),
+                )
             _check_shape(conn, schema, tables)
 
 

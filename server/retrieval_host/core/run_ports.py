@@ -102,6 +102,10 @@ class RunRecord:
     result: RunResult | None = None
     error_code: str | None = None
     extra: Mapping[str, JSONValue] = field(default_factory=dict)
+    # What running it needed: reading or replaying the record needs it again. None in records
+    # written before they were kept (then only a result's own provider and corpus are known).
+    provider: str | None = None
+    corpus: str | None = None
 
 
 class RunStore(Protocol):

@@ -180,10 +180,25 @@ class RunEngine:
             raise failure[0]
         return outcome[0]
 
-    def get_run(self, run_id: str, context: RequestContext) -> RunRecord:
-        """The recorded run of this subject, its evidence re-authorized (others: unavailable)."""
+    def get_run(
+        self,
+        run_id: str,
+        context: RequestContext,
+        *,
+        permits: Callable[[RunRecord], bool] | None = None,
+    ) -> RunRecord:
+        """The recorded run of this subject, its evidence re-authorized.
+
+        `permits` is the caller's credential check beyond its subject (the host passes its
+        token's provider and search grants). A run of another subject, one `permits` refuses
+        and one that does not exist all raise the same `SOURCE_UNAVAILABLE`.
+        """
         record = self._store.get(run_id)
-        if record is None or record.subject != context.subject:
+        if (
+            record is None
+            or record.subject != context.subject
+            or (permits is not None and not permits(record))
+        ):
             raise RetrievalError(ErrorCode.SOURCE_UNAVAILABLE, "No such run.")
         if record.result is not None:
             self._reauthorize_manifest(record.result, context)
@@ -214,6 +229,12 @@ class RunEngine:
                 request_fingerprint=fingerprint,
                 status="running",
                 created_at=state.created_at,
+                provider=request.provider,
+                corpus=(
+                    request.retrieval.corpus
+                    if request.retrieval is not None and request.retrieval.mode != "off"
+                    else None
+                ),
             )
         )
         if existing is not None:

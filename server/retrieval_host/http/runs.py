@@ -28,6 +28,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_codec import result_to_json
+from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import (
     OutputArtifactSpec,
@@ -89,6 +90,21 @@ def event_json(event: RunEvent, request_id: str) -> dict[str, Any]:
         "runId": event.run_id,
         "problem": problem_body(error.code, error.detail, request_id, reason=error.reason),
     }
+
+
+def may_read_run(principal: Principal, record: RunRecord) -> bool:
+    """Reading a recorded run needs what running it needed: the provider grant, and a search
+    grant on the corpus its retrieval (and so its evidence) came from.
+
+    A record written before runs kept their provider is judged by its result; one with
+    neither (an early failed run) is visible to no token: there is nothing to check it by.
+    """
+    result = record.result
+    provider = record.provider or (result.provider if result is not None else None)
+    if provider is None or provider not in principal.providers:
+        return False
+    corpora = {record.corpus, result.corpus if result is not None else None} - {None}
+    return all(principal.may("search", corpus) for corpus in corpora if corpus is not None)
 
 
 def _wants_stream(request: Request) -> bool:
@@ -267,7 +283,10 @@ class RunRoutes:
         run_id = request.path_params["run_id"]
         context = RequestContext(principal.subject, CancelToken(), request_id_of(request.scope))
         record = await anyio.to_thread.run_sync(
-            lambda: self._engine.get_run(run_id, context), limiter=self._limiter()
+            lambda: self._engine.get_run(
+                run_id, context, permits=lambda r: may_read_run(principal, r)
+            ),
+            limiter=self._limiter(),
         )
         body = {
             "runId": record.run_id,
