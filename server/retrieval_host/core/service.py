@@ -224,12 +224,7 @@ class RetrievalService:
                     None,
                     EmbeddingUsage(),
                 )
-            raise RetrievalError(
-                ErrorCode.SOURCE_CONFLICT,
-                "this revision is already indexed with different content or provenance; "
-                "index the change under a new revision.",
-                reason="revision-content-differs",
-            )
+            raise _content_differs()
 
         texts = [c.text for c in request.chunks]
         too_long = [
@@ -270,14 +265,38 @@ class RetrievalService:
             StoredChunk(c.id, i, c.text, c.location, batch.vectors[i])
             for i, c in enumerate(request.chunks)
         ]
-        corpus.store.replace_source(
-            corpus.id,
-            grant.namespace,
-            stored,
-            chunks,
-            expected_revision=existing.revision if existing is not None else None,
-            limits=limits,
-        )
+        try:
+            corpus.store.replace_source(
+                corpus.id,
+                grant.namespace,
+                stored,
+                chunks,
+                expected_revision=existing.revision if existing is not None else None,
+                limits=limits,
+            )
+        except RetrievalError as exc:
+            if exc.code is not ErrorCode.SOURCE_CONFLICT:
+                raise
+            # Another writer committed first. If it committed exactly this revision with
+            # exactly this content (a parallel bulk ingest of the same file), the request's
+            # outcome is the one an identical re-index gets: `unchanged`, whatever the
+            # interleaving. Checked here, over the store's committed state, for every store.
+            winner = corpus.store.get_source(corpus.id, grant.namespace, source.id)
+            if winner is None or winner.revision != source.revision:
+                raise
+            if winner.fingerprint != fingerprint:
+                raise _content_differs() from exc
+            _notify(corpus, "index", grant.namespace, source.id, source.revision, context)
+            # The embedding was spent before the race was lost: usage reports it.
+            return IndexResult(
+                corpus.id,
+                ref,
+                "unchanged",
+                winner.chunk_count,
+                winner.document_sha256,
+                None,
+                batch.usage,
+            )
         _notify(corpus, "index", grant.namespace, source.id, source.revision, context)
         return IndexResult(
             corpus.id,
@@ -327,6 +346,15 @@ def _notify(
         corpus.on_committed(
             CommitEvent(operation, corpus.id, namespace, source_id, revision, context.subject)
         )
+
+
+def _content_differs() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.SOURCE_CONFLICT,
+        "this revision is already indexed with different content or provenance; "
+        "index the change under a new revision.",
+        reason="revision-content-differs",
+    )
 
 
 def denied() -> RetrievalError:
