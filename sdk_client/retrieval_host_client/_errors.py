@@ -27,6 +27,7 @@ __all__ = [
     "ConflictError",
     "ContextReplayUnavailableError",
     "DescriptorMismatchError",
+    "DocumentTooComplexError",
     "EmbeddingFailedError",
     "HostBusyError",
     "HostTimeoutError",
@@ -153,6 +154,12 @@ class InvalidDocumentError(InvalidRequestError):
     """An ingested document could not be parsed or exceeds a document limit."""
 
 
+class DocumentTooComplexError(InvalidDocumentError):
+    """An ingested document costs more work than the host allows: content-stream size or
+    operators, passages for its size, the parse worker's CPU or memory limit, or the ingest
+    deadline (`reason` says which). The previous revision of the source is kept."""
+
+
 class UnsupportedMediaTypeError(InvalidRequestError):
     """The document's media type is not one the host ingests."""
 
@@ -251,6 +258,7 @@ _CODE_CLASSES: Final[Mapping[str, type[APIStatusError]]] = {
     "INVALID_REQUEST": InvalidRequestError,
     "INVALID_CITATION": InvalidRequestError,
     "INVALID_DOCUMENT": InvalidDocumentError,
+    "DOCUMENT_TOO_COMPLEX": DocumentTooComplexError,
     "UNSUPPORTED_MEDIA_TYPE": UnsupportedMediaTypeError,
     "PAYLOAD_TOO_LARGE": PayloadTooLargeError,
     "CAPACITY_EXCEEDED": CapacityExceededError,

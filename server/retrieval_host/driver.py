@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import cast
 
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import (
     ErrorCode,
@@ -29,11 +32,53 @@ from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import RunEvent, RunRequest, RunResult
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.validation import check_id
-from retrieval_host.ingest import ChunkingSettings, IngestLimits, prepare_document
-from retrieval_host.ingest.settings import check_media_type
+from retrieval_host.ingest import ChunkingSettings, IngestLimits, PreparedDocument
+from retrieval_host.ingest.chunking import Extracted
+from retrieval_host.ingest.document import extract_document, finish_document
+from retrieval_host.ingest.isolation import ParsePool, ParseTask, counter_recipe
+from retrieval_host.ingest.settings import check_media_type, too_complex
 
 _DEFAULT_LIMITS = IngestLimits()
 _DONE = object()
+# The ingest deadline when the caller names none (`limits.ingestDeadlineS` of the host): parse
+# and embedding of one document. The local model embeds 5-20 passages a second on two busy
+# cores, so this admits documents of ~600-2,400 passages; raise it for larger ones.
+DEFAULT_INGEST_DEADLINE_S = 120.0
+# One pool per process, shared by every driver in it (processes start on first use).
+_SHARED_POOL = ParsePool()
+
+
+def shared_parse_pool() -> ParsePool:
+    """The process-wide pool of parse workers that drivers use by default."""
+    return _SHARED_POOL
+
+
+class _Deadline:
+    """Cancels the request's token when the ingest deadline passes; remembers that it did, so
+    the resulting `CANCELLED` can be told apart from a disconnect and answered as
+    `DOCUMENT_TOO_COMPLEX` / `deadline`."""
+
+    def __init__(self, cancel: CancelToken, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = threading.Event()
+        self._cancel = cancel
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._started = time.monotonic()
+
+    def _fire(self) -> None:
+        self.expired.set()
+        self._cancel.cancel()
+
+    def remaining(self) -> float:
+        return max(0.0, self.seconds - (time.monotonic() - self._started))
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
 
 
 def _stream(
@@ -92,10 +137,15 @@ class Driver:
         *,
         ingest_limits: IngestLimits = _DEFAULT_LIMITS,
         runs: RunEngine | None = None,
+        parse_pool: ParsePool | None = _SHARED_POOL,
+        ingest_deadline_s: float = DEFAULT_INGEST_DEADLINE_S,
     ) -> None:
         self.retrieval = retrieval
         self.ingest_limits = ingest_limits
         self.runs = runs
+        # None parses in the calling thread: only for trusted input (tests of pure parsing).
+        self.parse_pool = parse_pool
+        self.ingest_deadline_s = ingest_deadline_s
 
     def run(self, request: RunRequest, context: RequestContext) -> RunResult:
         """A grounded run to its end (SPEC §3.9); raises the run's typed error if it fails."""
@@ -138,17 +188,27 @@ class Driver:
         """Delete exactly the authorized revision of a source (SPEC §3.4)."""
         return self.retrieval.delete_context(request, context)
 
-    def ingest_context(self, request: IngestRequest, context: RequestContext) -> IndexResult:
+    def ingest_context(
+        self,
+        request: IngestRequest,
+        context: RequestContext,
+        *,
+        deadline_s: float | None = None,
+    ) -> IndexResult:
         """Parse a raw document into passages and index them (SPEC §3.8).
 
         The corpus's own chunking identity decides the passage size (an empty one means the
         defaults), measured with the corpus's embedding tokenizer. Before any parsing the
         caller must hold an `index` grant for the source (for the given revision, or `*`): a
-        subject without one cannot make the host parse a file. Parsing runs in the calling
-        thread and checks `context.cancel` between pages, messages and counting batches; the
-        index is then written through `index_context`, so authorization is asked again and the
-        revision appears atomically, or, when identical, is reported `unchanged` without
-        embedding. A failure or a cancel at any point leaves the previous revision in place.
+        subject without one cannot make the host parse a file. Parsing runs in a parse worker
+        process (`ingest.isolation`; in the calling thread when `parse_pool` is None), killed
+        as soon as `context.cancel` is cancelled. The index is then written through
+        `index_context`, so authorization is asked again and the revision appears atomically,
+        or, when identical, is reported `unchanged` without embedding.
+
+        `deadline_s` (default `ingest_deadline_s`) bounds parsing and embedding together: when
+        it passes, the work is cancelled and the answer is `DOCUMENT_TOO_COMPLEX` / `deadline`.
+        A failure, a cancel or the deadline at any point leaves the previous revision in place.
         """
         media_type = check_media_type(request.media_type)
         corpus = self.retrieval.corpus(request.corpus)
@@ -165,9 +225,59 @@ class Driver:
                 reason="chunking-exceeds-model",
             )
         context.cancel.check()
-        prepared = prepare_document(
-            request.data,
+        seconds = self.ingest_deadline_s if deadline_s is None else deadline_s
+        with _Deadline(context.cancel, seconds) as deadline:
+            try:
+                prepared = self._prepare(request, media_type, corpus, settings, context, deadline)
+                context.cancel.check()
+                return self.retrieval.index_context(prepared.index_request(corpus.id), context)
+            except RetrievalError as exc:
+                if exc.code is ErrorCode.CANCELLED and deadline.expired.is_set():
+                    raise too_complex(
+                        "deadline",
+                        f"parsing and embedding the document took longer than {seconds:g} s.",
+                    ) from None
+                raise
+
+    def _prepare(
+        self,
+        request: IngestRequest,
+        media_type: str,
+        corpus: Corpus,
+        settings: ChunkingSettings,
+        context: RequestContext,
+        deadline: _Deadline,
+    ) -> PreparedDocument:
+        recipe = counter_recipe(corpus.embedding)
+        if self.parse_pool is None:
+            extracted: object = extract_document(
+                request.data,
+                media_type,
+                title=request.title,
+                limits=self.ingest_limits,
+                cancel=context.cancel,
+            )
+        else:
+            task = ParseTask(
+                request.data,
+                media_type,
+                request.source_id,
+                request.revision,
+                request.title,
+                settings,
+                self.ingest_limits,
+                recipe,
+                cpu_seconds=math.ceil(deadline.remaining()) + 1,
+            )
+            extracted = self.parse_pool.parse(task, context.cancel)
+        if isinstance(extracted, PreparedDocument):
+            return extracted
+        assert isinstance(extracted, Extracted)
+        # Cut here: the adapter's counter cannot travel to a worker (or there is no pool).
+        return finish_document(
+            extracted,
             media_type,
+            input_bytes=len(request.data),
             source_id=request.source_id,
             revision=request.revision,
             title=request.title,
@@ -176,8 +286,6 @@ class Driver:
             limits=self.ingest_limits,
             cancel=context.cancel,
         )
-        context.cancel.check()
-        return self.retrieval.index_context(prepared.index_request(corpus.id), context)
 
 
 def _preauthorize(corpus: Corpus, request: IngestRequest, context: RequestContext) -> None:

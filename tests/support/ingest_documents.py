@@ -8,6 +8,7 @@ unless the point is a broken one. E-mails are raw RFC 5322 bytes.
 from __future__ import annotations
 
 import io
+import random
 import zlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -280,3 +281,32 @@ def broken_charsets_message() -> bytes:
         b"mislabelled \xe9t\xe9 latin-1 bytes\r\n"
         b"--cs--\r\n"
     )
+
+
+def operator_bomb_pdf(operators: int = 500_000) -> bytes:
+    """A one-page PDF of a few KiB whose Flate content stream shows one character `operators`
+    times (`(x) Tj`): tiny on the wire, seconds of pypdf text extraction per 100,000."""
+    content = b"BT /F1 12 Tf 72 700 Td " + b"(x) Tj " * operators + b"ET"
+    return assemble_pdf(
+        {
+            1: _CATALOG,
+            2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            3: _page(4),
+            4: _stream(zlib.compress(content, 9), b" /Filter /FlateDecode"),
+            5: _FONT,
+        }
+    )
+
+
+def random_body_message(body_bytes: int, seed: int = 7) -> bytes:
+    """A message whose text/plain body is `body_bytes` of random printable ASCII (no breaks
+    that a tokenizer could merge: about one token per two characters)."""
+    rng = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&*+-=?@^_~"
+    lines = []
+    left = body_bytes
+    while left > 0:
+        width = min(76, left)
+        lines.append("".join(rng.choice(alphabet) for _ in range(width)))
+        left -= width + 1
+    return message("\n".join(lines) + "\n")

@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.resources
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -31,6 +34,34 @@ MODEL_NAME: Final = "all-MiniLM-L6-v2-int8"
 DIMENSIONS: Final = 384
 # The model was trained with 256-token inputs; the shipped tokenizer.json truncates at 128.
 MAX_TOKENS: Final = 256
+# Embedding calls of more texts than this get a cancel watcher (a thread polling every
+# `WATCH_POLL_S`); a search embeds one query and never pays for it.
+WATCH_ABOVE_TEXTS: Final = 4
+WATCH_POLL_S: Final = 0.05
+
+
+@contextmanager
+def _terminate_on_cancel(
+    cancel: CancelToken, options: ort.RunOptions, *, enabled: bool
+) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(WATCH_POLL_S):
+            if cancel.cancelled:
+                options.terminate = True
+                return
+
+    watcher = threading.Thread(target=watch, name="embed-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def _model_path() -> Path:
@@ -60,6 +91,27 @@ def _read_pinned(path: Path, sha256: str, what: str) -> bytes:
     return data
 
 
+@dataclass(frozen=True)
+class TokenizerRecipe:
+    """The local model's token counter as a picklable recipe: a parse worker process builds
+    the same pinned tokenizer from it (`ingest.isolation.CounterRecipe`), ~40 ms once per
+    worker instead of loading the whole model there."""
+
+    path: str
+    sha256: str = TOKENIZER_SHA256
+
+    def build(self) -> Callable[[Sequence[str]], list[int]]:
+        data = _read_pinned(Path(self.path), self.sha256, "tokenizer").decode("utf-8")
+        counter = Tokenizer.from_str(data)
+        counter.no_padding()
+        counter.no_truncation()
+
+        def count_tokens(texts: Sequence[str]) -> list[int]:
+            return [len(e.ids) for e in counter.encode_batch(list(texts))]
+
+        return count_tokens
+
+
 class LocalEmbedding:
     """The opt-in local CPU embedding adapter (384-dimensional unit vectors, cosine)."""
 
@@ -73,9 +125,10 @@ class LocalEmbedding:
         tokenizer_path: Path | None = None,
     ) -> None:
         model = _read_pinned(model_path or _model_path(), MODEL_SHA256, "embedding model")
-        tokenizer_json = _read_pinned(
-            tokenizer_path or _tokenizer_path(), TOKENIZER_SHA256, "tokenizer"
-        ).decode("utf-8")
+        self._tokenizer_path = tokenizer_path or _tokenizer_path()
+        tokenizer_json = _read_pinned(self._tokenizer_path, TOKENIZER_SHA256, "tokenizer").decode(
+            "utf-8"
+        )
         self._encoder = Tokenizer.from_str(tokenizer_json)
         self._encoder.no_padding()
         self._encoder.enable_truncation(MAX_TOKENS)
@@ -109,7 +162,21 @@ class LocalEmbedding:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         return [len(e.ids) for e in self._counter.encode_batch(list(texts))]
 
+    def portable_token_counter(self) -> TokenizerRecipe:
+        """`count_tokens` as a recipe a parse worker process can build (same pinned file)."""
+        return TokenizerRecipe(str(self._tokenizer_path))
+
     def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
+        # A batch of 32 full passages takes 0.3 s on an idle core and ~10 s on a loaded one:
+        # too long to wait for a cancel between batches, so for more than a query's worth of
+        # text a watcher aborts the running batch (onnxruntime's `RunOptions.terminate`).
+        options = ort.RunOptions()
+        with _terminate_on_cancel(cancel, options, enabled=len(texts) > WATCH_ABOVE_TEXTS):
+            return self._embed(texts, cancel, options)
+
+    def _embed(
+        self, texts: Sequence[str], cancel: CancelToken, options: ort.RunOptions
+    ) -> EmbeddingBatch:
         out = np.empty((len(texts), DIMENSIONS), dtype=np.float32)
         tokens = 0
         # Similar lengths batched together waste less compute on padding.
@@ -125,10 +192,19 @@ class LocalEmbedding:
                 ids[row, : len(enc.ids)] = enc.ids
                 mask[row, : len(enc.ids)] = 1
                 tokens += len(enc.ids)
-            (hidden,) = self._session.run(
-                ["last_hidden_state"],
-                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
-            )
+            try:
+                (hidden,) = self._session.run(
+                    ["last_hidden_state"],
+                    {
+                        "input_ids": ids,
+                        "attention_mask": mask,
+                        "token_type_ids": np.zeros_like(ids),
+                    },
+                    run_options=options,
+                )
+            except Exception:
+                cancel.check()  # aborted by the watcher: the cancel's own error
+                raise
             weights = mask[:, :, None].astype(np.float32)
             pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
             norms = np.linalg.norm(pooled, axis=1, keepdims=True)

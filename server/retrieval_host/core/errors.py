@@ -20,6 +20,7 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "INVALID_REQUEST"
     INVALID_CITATION = "INVALID_CITATION"
     INVALID_DOCUMENT = "INVALID_DOCUMENT"
+    DOCUMENT_TOO_COMPLEX = "DOCUMENT_TOO_COMPLEX"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     CAPACITY_EXCEEDED = "CAPACITY_EXCEEDED"
@@ -45,6 +46,7 @@ STATUS: Final[Mapping[ErrorCode, int]] = {
     ErrorCode.INVALID_REQUEST: 422,
     ErrorCode.INVALID_CITATION: 422,
     ErrorCode.INVALID_DOCUMENT: 422,
+    ErrorCode.DOCUMENT_TOO_COMPLEX: 422,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
     ErrorCode.CAPACITY_EXCEEDED: 413,
@@ -70,6 +72,7 @@ TITLES: Final[Mapping[ErrorCode, str]] = {
     ErrorCode.INVALID_REQUEST: "Invalid request",
     ErrorCode.INVALID_CITATION: "Invalid citation",
     ErrorCode.INVALID_DOCUMENT: "Invalid document",
+    ErrorCode.DOCUMENT_TOO_COMPLEX: "Document too complex",
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: "Unsupported media type",
     ErrorCode.PAYLOAD_TOO_LARGE: "Payload too large",
     ErrorCode.CAPACITY_EXCEEDED: "Capacity exceeded",

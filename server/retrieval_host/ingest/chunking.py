@@ -30,7 +30,7 @@ from typing import Final
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import Location, Metadata
-from retrieval_host.ingest.settings import ChunkingSettings, too_large
+from retrieval_host.ingest.settings import ChunkingSettings, too_complex, too_large
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
@@ -119,11 +119,15 @@ class Chunker:
         settings: ChunkingSettings,
         *,
         max_passages: int,
+        allowance: int | None = None,
         cancel: CancelToken | None = None,
     ) -> None:
         self._count = counter
         self._settings = settings
         self._max_passages = max_passages
+        # The passages this input's size pays for (`IngestLimits.passage_allowance`); below
+        # `max_passages`, passing it is DOCUMENT_TOO_COMPLEX rather than PAYLOAD_TOO_LARGE.
+        self._allowance = max_passages if allowance is None else min(allowance, max_passages)
         self._cancel = cancel
         self._emitted = 0
         # What the tokenizer adds to any input ([CLS] and [SEP] for BERT-like models).
@@ -133,7 +137,8 @@ class Chunker:
             raise ValueError("max_tokens leaves no room for text after the special tokens")
 
     def passages(self, segments: Sequence[Segment]) -> list[Passage]:
-        """The passages of all segments in order; `PAYLOAD_TOO_LARGE` past `max_passages`."""
+        """The passages of all segments in order; `PAYLOAD_TOO_LARGE` past `max_passages`,
+        `DOCUMENT_TOO_COMPLEX` (`passages-per-byte`) past a smaller `allowance`."""
         out: list[Passage] = []
         for segment in segments:
             if self._cancel is not None:
@@ -319,6 +324,11 @@ class Chunker:
 
     def _count_passage(self) -> None:
         self._emitted += 1
+        if self._allowance < self._max_passages and self._emitted > self._allowance:
+            raise too_complex(
+                "passages-per-byte",
+                f"the document makes more than {self._allowance} passages for its size.",
+            )
         if self._emitted > self._max_passages:
             raise too_large(
                 "passages", f"the document makes more than {self._max_passages} passages."

@@ -88,22 +88,78 @@ def prepare_document(
 
     Raises `RetrievalError`: `UNSUPPORTED_MEDIA_TYPE`; `PAYLOAD_TOO_LARGE` with a reason
     (`bytes`, `pages`, `messages`, `mime-parts`, `mime-depth`, `header-bytes`, `html-bytes`,
-    `pdf-resource-limit`, `passages`); `INVALID_DOCUMENT` with a reason (`empty-document`,
-    `content-type-mismatch`, `pdf-encrypted`, `pdf-no-text-layer`, `pdf-malformed`,
-    `markdown-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad source id or
-    revision; `CANCELLED`/`TIMEOUT` from `cancel`.
+    `pdf-resource-limit`, `passages`); `DOCUMENT_TOO_COMPLEX` with a reason
+    (`pdf-content-stream`, `pdf-operators`, `passages-per-byte`); `INVALID_DOCUMENT` with a
+    reason (`empty-document`, `content-type-mismatch`, `pdf-encrypted`, `pdf-no-text-layer`,
+    `pdf-malformed`, `markdown-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad
+    source id or revision; `CANCELLED`/`TIMEOUT` from `cancel`.
     """
-    media = check_media_type(media_type)
+    check_media_type(media_type)
     check_id("source id", source_id)
     if revision is not None:
         check_id("revision", revision)
+    extracted = extract_document(data, media_type, title=title, limits=limits, cancel=cancel)
+    return finish_document(
+        extracted,
+        media_type,
+        input_bytes=len(data),
+        source_id=source_id,
+        revision=revision,
+        title=title,
+        token_counter=token_counter,
+        settings=settings,
+        limits=limits,
+        cancel=cancel,
+    )
+
+
+def extract_document(
+    data: bytes,
+    media_type: str,
+    *,
+    title: str | None = None,
+    limits: IngestLimits = DEFAULT_LIMITS,
+    cancel: CancelToken | None = None,
+) -> Extracted:
+    """The first half of `prepare_document`: check the bytes and extract the text.
+
+    This is the part that reads untrusted structure (pypdf, the MIME parser, BeautifulSoup);
+    the host runs it in a parse worker process (`ingest.isolation`).
+    """
+    media = check_media_type(media_type)
     if len(data) > limits.max_bytes:
         raise too_large("bytes", f"the document is larger than {limits.max_bytes} bytes.")
     if not data.strip():
         raise invalid_document("empty-document", "the document is empty.")
+    return _extract(data, media, title, limits, cancel)
 
-    extracted = _extract(data, media, title, limits, cancel)
-    chunker = Chunker(token_counter, settings, max_passages=limits.max_passages, cancel=cancel)
+
+def finish_document(
+    extracted: Extracted,
+    media_type: str,
+    *,
+    input_bytes: int,
+    source_id: str,
+    revision: str | None = None,
+    title: str | None = None,
+    token_counter: Callable[[Sequence[str]], list[int]],
+    settings: ChunkingSettings = DEFAULT_SETTINGS,
+    limits: IngestLimits = DEFAULT_LIMITS,
+    cancel: CancelToken | None = None,
+) -> PreparedDocument:
+    """The second half of `prepare_document`: cut the extracted text into passages (at most
+    `limits.passage_allowance(input_bytes)`) and derive the revision and chunk ids."""
+    media = check_media_type(media_type)
+    check_id("source id", source_id)
+    if revision is not None:
+        check_id("revision", revision)
+    chunker = Chunker(
+        token_counter,
+        settings,
+        max_passages=limits.max_passages,
+        allowance=limits.passage_allowance(input_bytes),
+        cancel=cancel,
+    )
     passages = chunker.passages(extracted.segments)
     if not passages:
         raise invalid_document("empty-document", "the document has no text to index.")

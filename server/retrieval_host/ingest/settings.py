@@ -128,11 +128,33 @@ class ChunkingSettings:
 
 @dataclass(frozen=True)
 class IngestLimits:
-    """Bounds on one ingested document; exceeding one is `PAYLOAD_TOO_LARGE` with a `reason`.
+    """Bounds on one ingested document.
 
-    They are checked as early as possible: bytes before parsing, the page count before any
-    text is extracted, message and MIME part counts before or while walking (never recursing
-    without a bound), and passages while cutting, so a hostile file costs bounded work.
+    Size bounds (`max_bytes` .. `max_header_bytes`) are `PAYLOAD_TOO_LARGE` with a `reason`.
+    Work bounds, for inputs small on the wire but costly to parse or embed, are
+    `DOCUMENT_TOO_COMPLEX` with a reason:
+
+    - `max_content_stream_bytes`: decoded content-stream bytes of one PDF page
+      (`pdf-content-stream`); real text pages hold 1-20 KiB, a vector-heavy one a few MiB;
+    - `max_page_operators` / `max_document_operators`: content-stream operators of one page
+      and of the whole PDF, estimated by a scan of the decoded stream before any text is
+      extracted (`pdf-operators`). pypdf's extraction costs ~25 us per operator, so the
+      defaults cap one page at ~2.5 s and a document at ~50 s of one core; measured real
+      pages hold 50-1,100 (text) operators, a 500,000-operator page was the attack;
+    - `passages_per_kib` passages per KiB of input, plus `min_passage_allowance`
+      (`passages-per-byte`): a small input cannot make many passages to embed. Long passages
+      are bounded by the input's size anyway (a 256-token passage needs ~300 bytes of text);
+      what this stops is the flood of tiny ones, each costing the model a fixed ~3 ms.
+      Measured on the bundled samples, 300 SciFact abstracts and 340 Markdown files installed
+      with the host's dependencies: at most 4.8 passages per KiB (a model-card template of
+      short sections; PDFs 0.3-1.1); a how-to of one-line steps under headings makes 28;
+      `# a` repeated makes 256. 40 per KiB keeps every such real shape and costs at most
+      ~2,400 passages (~7 s of embedding) for a 60 KB input.
+
+    They are checked as early as possible: bytes before parsing, the page count and the
+    content streams before any text is extracted, message and MIME part counts before or
+    while walking (never recursing without a bound), and passages while cutting, so a hostile
+    file costs bounded work.
     """
 
     max_bytes: int = 32 * MiB
@@ -142,6 +164,18 @@ class IngestLimits:
     max_mime_depth: int = 16
     max_passages: int = 10_000
     max_header_bytes: int = 64 * KiB
+    max_content_stream_bytes: int = 16 * MiB
+    max_page_operators: int = 100_000
+    max_document_operators: int = 2_000_000
+    passages_per_kib: int = 40
+    min_passage_allowance: int = 64
+
+    def passage_allowance(self, input_bytes: int) -> int:
+        """How many passages an input of `input_bytes` may make (at most `max_passages`)."""
+        return min(
+            self.max_passages,
+            self.min_passage_allowance + self.passages_per_kib * input_bytes // KiB,
+        )
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -154,6 +188,11 @@ class IngestLimits:
 def too_large(reason: str, detail: str) -> RetrievalError:
     """A `PAYLOAD_TOO_LARGE` error with its machine-readable reason."""
     return RetrievalError(ErrorCode.PAYLOAD_TOO_LARGE, detail, reason=reason)
+
+
+def too_complex(reason: str, detail: str) -> RetrievalError:
+    """A `DOCUMENT_TOO_COMPLEX` error: the document costs more work than allowed."""
+    return RetrievalError(ErrorCode.DOCUMENT_TOO_COMPLEX, detail, reason=reason)
 
 
 def invalid_document(reason: str, detail: str) -> RetrievalError:
