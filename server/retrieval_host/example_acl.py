@@ -1,4 +1,4 @@
-"""A file-based authorizer and revision registry: the template for a real application.
+"""A file-based authorizer over the store's committed revisions: the template for a real app.
 
 The host never decides which sources a subject may read: the application does, through the
 `authorize` callable of each corpus (SPEC §3.2). This module is a small, complete example of
@@ -7,31 +7,44 @@ that contract, used by the quickstart and by `config/example_app.py`:
 - `FileAcl` reads a JSON file mapping each subject to a namespace and, per operation, the
   source ids it may touch (`"*"` = every source). It is re-read when the file changes, so an
   operator can revoke access without a restart.
-- `RevisionRegistry` is the application's record of the current revision of every source, a
-  JSON file updated through `Corpus.on_committed` after each committed index or delete.
+- The current revision of each source is read from the vector store itself
+  (`VectorStore.current_revisions`), the one place a revision is committed.
 
-Grants follow the registry: a search is granted each allowed source at its *current*
-registered revision (a stale revision is never searchable), a delete only the registered
-revision, and an index any revision (`ANY_REVISION`, the ingestion helper derives revisions
-from content). In a real application both files are tables in its own database, and the
+Grants follow the store: a search is granted each allowed source at its *current* committed
+revision (a stale revision is never searchable), a delete only that revision, and an index any
+revision (`ANY_REVISION`, the ingestion helper derives revisions from content).
+
+Why the store and not a registry of its own. Earlier versions kept the revisions in a JSON
+registry updated by `Corpus.on_committed` after each commit. A writer killed between the
+store's commit and that update (kill -9, OOM, power loss) left the registry one revision behind
+the store: the source was unsearchable (the grant named a revision the store no longer held)
+and undeletable (404 for the new revision, 409 for the old) until someone re-indexed it —
+11 of 30 kill -9 trials with three writers (issue 13). No ordering of two separate durable
+writes closes that window, and reconciling at start would not heal a host that keeps running
+while another process (`retrieval-host ingest`, a replica) dies mid-write. Reading the store
+closes it everywhere: the answer is the committed state, whoever committed it. It stays cheap
+on the search path: SQLite answers from its in-memory index after the one-row freshness check a
+search makes anyway (authorizing was a file `stat` and a copy of the registry before);
+PostgreSQL runs one statement over the sources' unique index. The `registryFile` option of
+earlier configurations is accepted and ignored; a `registry.json` it left behind can be deleted.
+
+What remains an application's job: revisions it wants to *hold back* (e.g. publish only after
+review) need its own record, and that record must be reconciled from
+`VectorStore.current_revisions` whenever it opens, since `on_committed` can be lost with the
+process that committed. In a real application the ACL is a table in its own database, and the
 subject → permission lookup is whatever it already uses for its documents.
 
 ACL file:
 
     {"subjects": {"alice": {"namespace": "team-a",
                             "search": ["*"], "index": ["handbook"], "delete": []}}}
-
-Registry file (written by this module): {"corpus": {"namespace": {"sourceId": "revision"}}}
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -39,7 +52,7 @@ from typing import Any, Final
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
-from retrieval_host.core.service import CommitEvent, Corpus, RetrievalService
+from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
 from retrieval_host.settings import HostSettings
@@ -48,72 +61,9 @@ from retrieval_host.wiring import build_run_engine, build_vector_store
 ALL_SOURCES: Final = "*"
 
 
-def _write_json_atomically(path: Path, data: object) -> None:
-    # Write a sibling temp file and rename it over the old one: readers (and a crash) see the
-    # old file or the new one, never half of one.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2, sort_keys=True)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-class RevisionRegistry:
-    """The current revision of every source, per corpus and namespace, kept in a JSON file.
-
-    Several processes may share the file (the host and `retrieval-host ingest`, or replicas):
-    reads reload it when it changed, and each update is a read-modify-write under an
-    exclusive lock on `<file>.lock`, written atomically.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._stamp: tuple[int, int, int, int] | None = None
-        self._data: dict[str, dict[str, dict[str, str]]] = {}
-
-    def _reload(self) -> None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            self._stamp, self._data = None, {}
-            return
-        # Every replacement is a new file: inode, size and times together tell a change.
-        stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
-        if stamp != self._stamp:
-            loaded = json.loads(self.path.read_text(encoding="utf-8"))
-            self._data = {
-                corpus: {ns: dict(sources) for ns, sources in spaces.items()}
-                for corpus, spaces in loaded.items()
-            }
-            self._stamp = stamp
-
-    def current(self, corpus: str, namespace: str) -> dict[str, str]:
-        """Source id → current revision in one namespace (a copy)."""
-        with self._lock:
-            self._reload()
-            return dict(self._data.get(corpus, {}).get(namespace, {}))
-
-    def record(self, event: CommitEvent) -> None:
-        """`Corpus.on_committed`: follow a committed index or delete."""
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        with self._lock, open(lock_path, "a") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)
-            self._stamp = None  # under the lock, always start from the file as it is now
-            self._reload()
-            sources = self._data.setdefault(event.corpus, {}).setdefault(event.namespace, {})
-            if event.operation == "index":
-                sources[event.source_id] = event.revision
-            elif sources.get(event.source_id) == event.revision:
-                del sources[event.source_id]
-            _write_json_atomically(self.path, self._data)
-            self._stamp = None
+CurrentRevisions = Callable[[str, str, Collection[str] | None], Mapping[str, str]]
+"""`(corpus, namespace, source_ids or None) -> {sourceId: revision}`, committed state: the
+store's `VectorStore.current_revisions`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,11 +95,11 @@ def _parse_acl(data: Any) -> dict[str, SubjectAccess]:
 
 
 class FileAcl:
-    """An `Authorizer` over a JSON ACL file and a `RevisionRegistry` (see the module doc)."""
+    """An `Authorizer` over a JSON ACL file and the store's current revisions (module doc)."""
 
-    def __init__(self, path: Path, registry: RevisionRegistry) -> None:
+    def __init__(self, path: Path, revisions: CurrentRevisions) -> None:
         self.path = path
-        self.registry = registry
+        self.revisions = revisions
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._subjects: dict[str, SubjectAccess] = {}
@@ -172,19 +122,19 @@ class FileAcl:
         if not allowed:
             return None
         everything = ALL_SOURCES in allowed
-
-        def permitted(source_id: str) -> bool:
-            return everything or source_id in allowed
+        ids = request.source_ids
 
         if request.operation == "index":
             # Index grants name only the requested sources, at any revision.
-            ids = request.source_ids or ()
-            return Grant(access.namespace, {s: ANY_REVISION for s in ids if permitted(s)})
-        current = self.registry.current(request.corpus, access.namespace)
-        wanted: Mapping[str, str] = current
-        if request.source_ids is not None:
-            wanted = {s: current[s] for s in request.source_ids if s in current}
-        return Grant(access.namespace, {s: r for s, r in wanted.items() if permitted(s)})
+            return Grant(
+                access.namespace,
+                {s: ANY_REVISION for s in ids or () if everything or s in allowed},
+            )
+        # Ask the store only for what may be granted: the requested ids, the ACL's own list,
+        # or (for "*") every source of the namespace. The answer is a fresh dict: no copy.
+        if not everything:
+            ids = tuple(allowed) if ids is None else tuple(s for s in ids if s in allowed)
+        return Grant(access.namespace, self.revisions(request.corpus, access.namespace, ids))
 
 
 def acl_file_content(subject: str, namespace: str) -> dict[str, Any]:
@@ -205,21 +155,21 @@ def acl_file_content(subject: str, namespace: str) -> dict[str, Any]:
 def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = None) -> Driver:
     """The example application factory: `retrieval_host.example_acl:create_driver`.
 
-    `applicationOptions`: `aclFile` and `registryFile` (paths relative to the config file),
-    `corpora` (ids, default `["library"]`), `indexVersion` (default `passages-v1`) and
-    `embeddingThreads` (default 1). One local embedding model and one SQLite store
-    (`store.sqlitePath`) serve every corpus.
+    `applicationOptions`: `aclFile` (a path relative to the config file), `corpora` (ids,
+    default `["library"]`), `indexVersion` (default `passages-v1`) and `embeddingThreads`
+    (default 1). One local embedding model and one store (`store.sqlitePath` or
+    `store.postgresDsn`) serve every corpus; the store is also the record of current
+    revisions (`registryFile` of earlier versions is ignored, see the module doc).
     """
     options = settings.application_options
     environ = {} if environ is None else environ
-    registry = RevisionRegistry(settings.path(str(options.get("registryFile", "registry.json"))))
-    acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), registry)
     corpora = options.get("corpora", ["library"])
     if not isinstance(corpora, list) or not all(isinstance(c, str) for c in corpora):
         raise ValueError("applicationOptions.corpora must be a list of corpus ids")
     threads = options.get("embeddingThreads", 1)
     embedding = LocalEmbedding(threads=threads if isinstance(threads, int) else 1)
     store = build_vector_store(settings, environ)
+    acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), store.current_revisions)
     chunking = ChunkingSettings().as_identity()
     service = RetrievalService(
         [
@@ -230,7 +180,6 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
                 store=store,
                 authorize=acl.authorize,
                 chunking=chunking,
-                on_committed=registry.record,
             )
             for corpus_id in corpora
             if isinstance(corpus_id, str)

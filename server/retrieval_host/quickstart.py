@@ -6,8 +6,9 @@ Everything lives in one state directory (default `./state`, mode 0700):
     server.pem, server-key.pem  the server certificate for 127.0.0.1 and localhost
     token                     the demo bearer token (0600); host.json keeps only its hash
     host.json                 the host configuration (rewritten each run: the port may change)
-    acl.json, registry.json   the example application's ACL and revision registry
-    store/retrieval.sqlite    the index (local embedding model, SQLite)
+    acl.json                  the example application's ACL
+    store/retrieval.sqlite    the index (local embedding model, SQLite); also the record of
+                              each source's current revision, which the ACL's grants follow
     samples/, my-note.md      the sample documents and a note for the ingest example
 
 Running it again reuses the certificates, token, ACL and index; the samples come back
@@ -128,7 +129,6 @@ def prepare_state(state_dir: Path, port: int) -> Path:
         "application": "retrieval_host.example_acl:create_driver",
         "applicationOptions": {
             "aclFile": "acl.json",
-            "registryFile": "registry.json",
             "corpora": [CORPUS],
         },
         "allowedOrigins": [],

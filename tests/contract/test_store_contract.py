@@ -247,6 +247,67 @@ def test_a_commit_through_one_store_is_seen_whole_by_another(harness: StoreHarne
     assert search(reader, {"a": "r1"}, v2[0]) == []
 
 
+# --- current revisions ----------------------------------------------------------------------
+
+
+def test_current_revisions_lists_each_source_of_one_namespace_at_its_committed_revision(
+    store: ContractStore,
+) -> None:
+    v = unit_vectors(rng(), 2)
+    assert store.current_revisions("c1", "ns") == {}
+    put(store, "a", "r1", v)
+    put(store, "b", "r7", v, chunk_ids=["b:x", "b:y"])
+    put(store, "a", "r9", v, namespace="other-ns")
+    store.open_corpus(descriptor("c2"))
+    put(store, "c", "r1", v, corpus="c2")
+
+    assert store.current_revisions("c1", "ns") == {"a": "r1", "b": "r7"}
+    assert store.current_revisions("c1", "other-ns") == {"a": "r9"}
+    assert store.current_revisions("c2", "ns") == {"c": "r1"}
+    assert store.current_revisions("c1", "ns", ["b", "missing"]) == {"b": "r7"}
+    assert store.current_revisions("c1", "ns", []) == {}
+    assert store.current_revisions("c1", "no-such-ns") == {}
+    mine = store.current_revisions("c1", "ns")
+    mine["a"] = "forged"  # the caller's own copy
+    assert store.current_revisions("c1", "ns")["a"] == "r1"
+
+
+def test_current_revisions_follow_replacements_deletes_and_refused_writes(
+    store: ContractStore,
+) -> None:
+    v = unit_vectors(rng(), 3)
+    put(store, "a", "r1", v)
+    put(store, "b", "r1", v, chunk_ids=["b:0", "b:1", "b:2"])
+    put(store, "a", "r2", v, expected="r1")
+    with pytest.raises(RetrievalError):
+        put(store, "a", "r3", v, expected="r1")  # stale: a racing writer
+    with pytest.raises(RetrievalError):
+        put(store, "a", "r3", v, expected="r2", chunk_ids=["b:0", "a:1", "a:2"])  # taken id
+    assert store.current_revisions("c1", "ns") == {"a": "r2", "b": "r1"}
+    store.delete_source("c1", "ns", "b", "r1")
+    assert store.current_revisions("c1", "ns") == {"a": "r2"}
+    with pytest.raises(RetrievalError) as excinfo:
+        store.current_revisions("nope", "ns")
+    assert excinfo.value.code is ErrorCode.STORE_UNAVAILABLE  # a corpus never opened
+
+
+def test_current_revisions_see_another_stores_commits_at_once(harness: StoreHarness) -> None:
+    """Another connection or process commits: the next read already shows it (an authorizer
+    built on it never hides a committed revision, whoever committed it)."""
+    writer, reader = harness.open(), harness.open()
+    writer.open_corpus(descriptor("c1"))
+    reader.open_corpus(descriptor("c1"))
+    v = unit_vectors(rng(), 2)
+    assert reader.current_revisions("c1", "ns") == {}
+    put(writer, "a", "r1", v)
+    assert reader.current_revisions("c1", "ns") == {"a": "r1"}
+    assert reader.current_revisions("c1", "ns", ["a"]) == {"a": "r1"}
+    put(writer, "a", "r2", v, expected="r1")
+    assert reader.current_revisions("c1", "ns", ["a"]) == {"a": "r2"}
+    writer.delete_source("c1", "ns", "a", "r2")
+    assert reader.current_revisions("c1", "ns") == {}
+
+
 # --- searching ------------------------------------------------------------------------------
 
 

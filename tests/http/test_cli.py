@@ -84,8 +84,8 @@ def test_the_example_application_builds_a_working_driver(
             alice,
         )
         assert result.status == "indexed"
-        registry = json.loads((config.parent / "state" / "registry.json").read_text())
-        assert registry["library"]["team-a"]["handbook"] == result.source.revision
+        store = driver.retrieval.corpus("library").store  # the record of current revisions
+        assert store.current_revisions("library", "team-a") == {"handbook": result.source.revision}
         found = driver.search_context(SearchRequest("library", "rotate a token", limit=1), alice)
         assert found.hits[0].source.id == "handbook"
         with pytest.raises(RetrievalError) as denied:  # the example ACL: no such grant

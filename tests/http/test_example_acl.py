@@ -1,28 +1,53 @@
-"""The example application's file ACL and revision registry (the template for real apps)."""
+"""The example application's file ACL over the store's revisions (the template for real apps)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.models import Operation
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import (
+    ChunkInput,
+    DeleteRequest,
+    IndexRequest,
+    Location,
+    Operation,
+    SearchRequest,
+    SourceInfo,
+)
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
-from retrieval_host.core.service import CommitEvent
-from retrieval_host.example_acl import FileAcl, RevisionRegistry, acl_file_content
+from retrieval_host.core.service import RetrievalService
+from retrieval_host.example_acl import FileAcl, acl_file_content, create_driver
+from retrieval_host.settings import HostSettings, load_settings
+
+
+class StoreRevisions:
+    """A stand-in for `VectorStore.current_revisions` over a dict, recording each call."""
+
+    def __init__(self, revisions: dict[str, dict[str, dict[str, str]]]) -> None:
+        self.revisions = revisions
+        self.calls: list[tuple[str, str, tuple[str, ...] | None]] = []
+
+    def __call__(
+        self, corpus: str, namespace: str, source_ids: Collection[str] | None
+    ) -> dict[str, str]:
+        self.calls.append((corpus, namespace, None if source_ids is None else tuple(source_ids)))
+        current = self.revisions.get(corpus, {}).get(namespace, {})
+        ids = current if source_ids is None else source_ids
+        return {s: current[s] for s in ids if s in current}
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> RevisionRegistry:
-    registry = RevisionRegistry(tmp_path / "registry.json")
-    for source, revision in (("handbook", "r2"), ("minutes", "r7")):
-        registry.record(CommitEvent("index", "library", "team", source, revision, "admin"))
-    return registry
+def registry() -> StoreRevisions:
+    return StoreRevisions({"library": {"team": {"handbook": "r2", "minutes": "r7"}}})
 
 
-def _acl(tmp_path: Path, registry: RevisionRegistry, **alice: object) -> FileAcl:
+def _acl(tmp_path: Path, registry: StoreRevisions, **alice: object) -> FileAcl:
     entry = {"namespace": "team", "search": [], "index": [], "delete": [], **alice}
     (tmp_path / "acl.json").write_text(json.dumps({"subjects": {"alice": entry}}))
     return FileAcl(tmp_path / "acl.json", registry)
@@ -37,7 +62,7 @@ def _ask(
 
 
 def test_search_grants_each_allowed_source_at_its_current_revision(
-    tmp_path: Path, registry: RevisionRegistry
+    tmp_path: Path, registry: StoreRevisions
 ) -> None:
     acl = _acl(tmp_path, registry, search=["handbook", "not-indexed"])
     grant = _ask(acl, "search")
@@ -51,7 +76,7 @@ def test_search_grants_each_allowed_source_at_its_current_revision(
 
 
 def test_index_grants_any_revision_of_the_requested_sources_only(
-    tmp_path: Path, registry: RevisionRegistry
+    tmp_path: Path, registry: StoreRevisions
 ) -> None:
     acl = _acl(tmp_path, registry, index=["*"], delete=["minutes"])
     grant = _ask(acl, "index", ("new-doc",))
@@ -60,20 +85,22 @@ def test_index_grants_any_revision_of_the_requested_sources_only(
     assert delete is not None and dict(delete.sources) == {"minutes": "r7"}
 
 
-def test_the_registry_follows_commits_and_survives_a_restart(
-    tmp_path: Path, registry: RevisionRegistry
+def test_grants_ask_the_store_only_for_sources_the_acl_allows(
+    tmp_path: Path, registry: StoreRevisions
 ) -> None:
-    registry.record(CommitEvent("index", "library", "team", "handbook", "r3", "admin"))
-    registry.record(CommitEvent("delete", "library", "team", "minutes", "r6", "admin"))  # stale
-    assert registry.current("library", "team") == {"handbook": "r3", "minutes": "r7"}
-    registry.record(CommitEvent("delete", "library", "team", "minutes", "r7", "admin"))
-    reopened = RevisionRegistry(tmp_path / "registry.json")
-    assert reopened.current("library", "team") == {"handbook": "r3"}
-    assert not list(tmp_path.glob(".registry.json.*"))  # no temp files left behind
+    acl = _acl(tmp_path, registry, search=["handbook"], delete=["*"])
+    _ask(acl, "search")
+    _ask(acl, "search", ("minutes", "handbook"))
+    _ask(acl, "delete")
+    assert registry.calls == [
+        ("library", "team", ("handbook",)),
+        ("library", "team", ("handbook",)),
+        ("library", "team", None),  # "*": the whole namespace
+    ]
 
 
 def test_editing_the_acl_file_revokes_access_without_a_restart(
-    tmp_path: Path, registry: RevisionRegistry
+    tmp_path: Path, registry: StoreRevisions
 ) -> None:
     acl = _acl(tmp_path, registry, search=["*"])
     assert _ask(acl, "search") is not None
@@ -83,20 +110,81 @@ def test_editing_the_acl_file_revokes_access_without_a_restart(
     assert bob is not None and dict(bob.sources) == {"handbook": "r2", "minutes": "r7"}
 
 
-def test_a_malformed_acl_is_an_error_not_a_grant(
-    tmp_path: Path, registry: RevisionRegistry
-) -> None:
+def test_a_malformed_acl_is_an_error_not_a_grant(tmp_path: Path, registry: StoreRevisions) -> None:
     (tmp_path / "acl.json").write_text(json.dumps({"subjects": {"alice": {"search": ["*"]}}}))
     acl = FileAcl(tmp_path / "acl.json", registry)
     with pytest.raises(ValueError, match="namespace"):
         _ask(acl, "search")
 
 
-def test_two_processes_sharing_the_registry_see_each_others_commits(tmp_path: Path) -> None:
-    host = RevisionRegistry(tmp_path / "registry.json")
-    cli = RevisionRegistry(tmp_path / "registry.json")  # e.g. `retrieval-host ingest`
-    host.record(CommitEvent("index", "library", "team", "a", "r1", "admin"))
-    cli.record(CommitEvent("index", "library", "team", "b", "r1", "ops"))
-    host.record(CommitEvent("index", "library", "team", "a", "r2", "admin"))
-    assert host.current("library", "team") == {"a": "r2", "b": "r1"}
-    assert cli.current("library", "team") == {"a": "r2", "b": "r1"}
+def _example_host(tmp_path: Path) -> HostSettings:
+    """The quickstart's application on SQLite, in a private state directory."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "acl.json").write_text(json.dumps(acl_file_content("alice", "team")))
+    config = state / "host.json"
+    config.write_text(
+        json.dumps(
+            {
+                "listen": {"host": "127.0.0.1", "port": 8443},
+                "behindProxy": True,  # never served here: no certificate needed
+                "store": {"sqlitePath": "store/retrieval.sqlite"},
+                "application": "retrieval_host.example_acl:create_driver",
+                "applicationOptions": {"aclFile": "acl.json", "registryFile": "registry.json"},
+            }
+        )
+    )
+    return load_settings(config, {})
+
+
+def _handbook(revision: str) -> IndexRequest:
+    text = f"Rotate a token with the command line, revision {revision}."
+    return IndexRequest(
+        "library",
+        SourceInfo("handbook", revision, "Handbook"),
+        [ChunkInput(f"handbook-{revision}", text, Location(page=1, start_line=1, end_line=1))],
+    )
+
+
+def test_a_commit_whose_writer_died_before_the_application_heard_of_it_stays_usable(
+    tmp_path: Path,
+) -> None:
+    """kill -9 between the store's commit and the application's own write (defect 3 of issue
+    13): the store is the truth, so the source stays searchable and deletable at the revision
+    the store committed, in the running host and after a restart."""
+    settings = _example_host(tmp_path)
+    alice = RequestContext(subject="alice")
+    host = create_driver(settings, {})
+    try:
+        host.index_context(_handbook("r1"), alice)
+        # Another writer on the same store commits r2, then dies before running any
+        # application effect (its process is gone: `on_committed` never runs).
+        crashed = create_driver(settings, {})
+        corpus = crashed.retrieval.corpus("library")
+        unaware = RetrievalService([dataclasses.replace(corpus, on_committed=None)])
+        assert unaware.index_context(_handbook("r2"), alice).status == "indexed"
+        crashed.retrieval.corpus("library").store.close()
+
+        for driver in (host, create_driver(settings, {})):  # running, then restarted
+            try:
+                found = driver.search_context(
+                    SearchRequest("library", "rotate a token", source_ids=["handbook"]), alice
+                )
+                assert {h.source.revision for h in found.hits} == {"r2"}
+            finally:
+                if driver is not host:
+                    driver.close()
+        with pytest.raises(RetrievalError) as stale:
+            host.delete_context(DeleteRequest("library", "handbook", "r1"), alice)
+        assert stale.value.code in (ErrorCode.SOURCE_UNAVAILABLE, ErrorCode.SOURCE_CONFLICT)
+        assert (
+            host.delete_context(DeleteRequest("library", "handbook", "r2"), alice).deleted_chunks
+            == 1
+        )
+        with pytest.raises(RetrievalError) as gone:
+            host.search_context(
+                SearchRequest("library", "rotate a token", source_ids=["handbook"]), alice
+            )
+        assert gone.value.code == ErrorCode.SOURCE_UNAVAILABLE
+    finally:
+        host.close()

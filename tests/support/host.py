@@ -14,7 +14,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +36,11 @@ from retrieval_host.core.ports import (
     Grant,
     StoredChunk,
     StoredSource,
+    VectorStore,
 )
-from retrieval_host.core.service import CommitEvent, Corpus, RetrievalService
+from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
-from retrieval_host.example_acl import FileAcl, RevisionRegistry
+from retrieval_host.example_acl import FileAcl
 from retrieval_host.http.app import HostApp, create_app
 from retrieval_host.http.server import uvicorn_config
 from retrieval_host.ingest import ChunkingSettings
@@ -136,7 +137,7 @@ class World:
     token_entries: list[dict[str, Any]]
     tls: TlsFiles
     gate: Gate
-    registry: RevisionRegistry
+    registry: CorpusRevisions
     big_rows: int = 0
     closed: bool = field(default=False)
 
@@ -159,6 +160,23 @@ class World:
             self.closed = True
             for store in self.stores.values():
                 store.close()
+
+
+class CorpusRevisions:
+    """The example application's view of current revisions when corpora live in different
+    stores: each corpus asks its own store (`VectorStore.current_revisions`)."""
+
+    def __init__(self, stores: Mapping[str, VectorStore]) -> None:
+        self.stores = stores
+
+    def __call__(
+        self, corpus: str, namespace: str, source_ids: Collection[str] | None
+    ) -> dict[str, str]:
+        return self.stores[corpus].current_revisions(corpus, namespace, source_ids)
+
+    def current(self, corpus: str, namespace: str) -> dict[str, str]:
+        """Every source of one namespace at its committed revision."""
+        return self(corpus, namespace, None)
 
 
 ACL = {
@@ -188,10 +206,10 @@ def build_world(
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     acl_file = directory / "acl.json"
     acl_file.write_text(json.dumps(ACL))
-    registry = RevisionRegistry(directory / "registry.json")
     gate = Gate()
-    authorize = gate.wrap(FileAcl(acl_file, registry).authorize)
     stores = {CORPUS: SqliteVectorStore.open(directory / "store" / "library.sqlite")}
+    registry = CorpusRevisions(stores)
+    authorize = gate.wrap(FileAcl(acl_file, registry).authorize)
     corpora = [
         Corpus(
             id=CORPUS,
@@ -200,7 +218,6 @@ def build_world(
             store=stores[CORPUS],
             authorize=authorize,
             chunking=ChunkingSettings().as_identity(),
-            on_committed=registry.record,
         )
     ]
     if big_rows:
@@ -215,7 +232,6 @@ def build_world(
                 store=stores[BIG_CORPUS],
                 authorize=authorize,
                 limits=CapacityLimits(max_passages_per_source=big_rows),
-                on_committed=registry.record,
             )
         )
     driver = Driver(RetrievalService(corpora))
@@ -233,7 +249,7 @@ def build_world(
             admin,
         )
     if big_rows:
-        _fill_big(stores[BIG_CORPUS], big_rows, registry)
+        _fill_big(stores[BIG_CORPUS], big_rows)
     tokens: dict[str, str] = {}
     entries: list[dict[str, Any]] = []
     for name, (subject, search, index, delete) in TOKENS.items():
@@ -254,7 +270,7 @@ def build_world(
     )
 
 
-def _fill_big(store: SqliteVectorStore, rows: int, registry: RevisionRegistry) -> None:
+def _fill_big(store: SqliteVectorStore, rows: int) -> None:
     # Precomputed unit vectors straight into the store: a corpus large enough that a scan in
     # one-row batches takes a noticeable time, without embedding each row.
     rng = np.random.default_rng(7)
@@ -270,7 +286,6 @@ def _fill_big(store: SqliteVectorStore, rows: int, registry: RevisionRegistry) -
         expected_revision=None,
         limits=CapacityLimits(max_passages_per_source=rows),
     )
-    registry.record(CommitEvent("index", BIG_CORPUS, NAMESPACE, "bulk", "r1", "admin"))
 
 
 @dataclass

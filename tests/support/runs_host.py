@@ -48,13 +48,13 @@ from retrieval_host.core.models import ChunkInput, IndexRequest, Location, Sourc
 from retrieval_host.core.ports import AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
-from retrieval_host.example_acl import FileAcl, RevisionRegistry
+from retrieval_host.example_acl import FileAcl
 from retrieval_host.http.app import HostApp, create_app
 from retrieval_host.http.server import uvicorn_config
 from retrieval_host.settings import HostSettings
 from retrieval_host.wiring import build_run_engine
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
-from tests.support.host import TlsFiles, make_tls, wait_until
+from tests.support.host import CorpusRevisions, TlsFiles, make_tls, wait_until
 
 NAMESPACE: Final = "team"
 API_KEY_VARIABLE: Final = "RUNS_E2E_FAKE_KEY"
@@ -284,15 +284,14 @@ def build_runs_world(directory: Path, embedding: LocalEmbedding, fake: FakeOpenA
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     acl_file = directory / "acl.json"
     acl_file.write_text(json.dumps(acl_document()))
-    registry = RevisionRegistry(directory / "registry.json")
-    hook = RevokeAfterSearch("revokee", "solar")
-    authorize = hook.wrap(FileAcl(acl_file, registry).authorize)
-
     closers: list[Callable[[], None]] = []
     local_store = SqliteVectorStore.open(directory / "store" / "local.sqlite")
     closers.append(local_store.close)
     remote_store = SqliteVectorStore.open(directory / "store" / "remote.sqlite")
     closers.append(remote_store.close)
+    registry = CorpusRevisions({c: remote_store if c == "remote" else local_store for c in DOCS})
+    hook = RevokeAfterSearch("revokee", "solar")
+    authorize = hook.wrap(FileAcl(acl_file, registry).authorize)
     remote_embedding = OpenAIEmbedding(
         descriptor=EmbeddingDescriptor(
             provider_id="fake-openai",
@@ -314,7 +313,6 @@ def build_runs_world(directory: Path, embedding: LocalEmbedding, fake: FakeOpenA
             embedding=remote_embedding if corpus_id == "remote" else embedding,
             store=remote_store if corpus_id == "remote" else local_store,
             authorize=authorize,
-            on_committed=registry.record,
         )
         for corpus_id in DOCS
     ]

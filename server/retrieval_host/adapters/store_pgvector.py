@@ -64,7 +64,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -868,6 +868,34 @@ class PgVectorStore:
         if row is None:
             return None
         return stored_source(row)
+
+    def current_revisions(
+        self, corpus: str, namespace: str, source_ids: Collection[str] | None = None
+    ) -> dict[str, str]:
+        """Source id -> committed current revision in one namespace (see the port): one
+        statement over the sources' unique (corpus, namespace, source id) index."""
+        self._descriptor(corpus)
+        ids = None if source_ids is None else [s for s in source_ids if "\x00" not in s]
+        if "\x00" in corpus or "\x00" in namespace or ids == []:
+            return {}  # nothing stored can contain NUL
+        with self._pool.connection() as conn, translated("reading current revisions"):
+            if ids is None:
+                rows = conn.execute(
+                    self._sql(
+                        "SELECT source_id, revision FROM {s}.sources "
+                        "WHERE corpus_id = %s AND namespace = %s ORDER BY source_id"
+                    ),
+                    (corpus, namespace),
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    self._sql(
+                        "SELECT source_id, revision FROM {s}.sources WHERE corpus_id = %s "
+                        "AND namespace = %s AND source_id = ANY(%s) ORDER BY source_id"
+                    ),
+                    (corpus, namespace, ids),
+                ).fetchall()
+        return {str(sid): str(revision) for sid, revision in rows}
 
     # --- writes ------------------------------------------------------------------------------
 

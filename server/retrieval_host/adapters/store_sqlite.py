@@ -42,7 +42,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -863,6 +863,27 @@ class SqliteVectorStore:
         if row is None:
             return None
         return stored_source(row)
+
+    def current_revisions(
+        self, corpus: str, namespace: str, source_ids: Collection[str] | None = None
+    ) -> dict[str, str]:
+        """Source id -> committed current revision in one namespace (see the port).
+
+        Answered from the in-memory index after the same freshness check a search makes (one
+        row read on this thread's own connection; a commit by another connection or process
+        is loaded first), so an authorizer can call it on every request.
+        """
+        state = self._state(corpus)
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            if segment is None:
+                return {}
+            spans = segment.spans
+            if source_ids is None:
+                return {sid: span.revision for sid, span in spans.items()}
+            get = spans.get
+            return {sid: span.revision for sid in source_ids if (span := get(sid)) is not None}
 
     # --- writes ------------------------------------------------------------------------------
 

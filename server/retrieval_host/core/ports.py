@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -132,6 +132,9 @@ class VectorStore(Protocol):
     - `search` ranks only rows whose source is in `allowed` at exactly that revision, inside the
       namespace (and matching `filters` on source metadata), *before* similarity ranking; it
       checks `cancel` between scan batches and returns at most `k` candidates, best first.
+    - `current_revisions` answers from committed state only, commits of other connections and
+      processes included, as soon as they commit; it never shows a revision that a failed or
+      uncommitted write left behind.
     """
 
     def open_corpus(self, descriptor: CorpusDescriptor) -> None: ...
@@ -148,6 +151,15 @@ class VectorStore(Protocol):
         expected_revision: str | None,
         limits: CapacityLimits,
     ) -> None: ...
+
+    def current_revisions(
+        self, corpus: str, namespace: str, source_ids: Collection[str] | None = None
+    ) -> dict[str, str]:
+        """The committed current revision of every source in one namespace of an opened
+        corpus (source id -> revision; a new dict the caller owns), or of only `source_ids`
+        when given (ids with nothing stored are absent). Cheap enough to call on every request
+        (an application's authorizer does: the store is the truth about what is current)."""
+        ...
 
     def delete_source(self, corpus: str, namespace: str, source_id: str, revision: str) -> int:
         """Delete exactly that revision; `SOURCE_UNAVAILABLE` if absent, `SOURCE_CONFLICT` if
