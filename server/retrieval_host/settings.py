@@ -121,6 +121,11 @@ class LimitSettings(_Model):
     # the host cancels them (streams then end with a final `run.failed`) and exits. Keep it
     # below the orchestrator's kill timeout (Kubernetes' default grace period is 30 s).
     shutdown_grace_s: Annotated[float, Field(gt=0, le=3600)] = 25.0
+    # One ingested document, parsing and embedding together: past it the work is stopped and
+    # the answer is DOCUMENT_TOO_COMPLEX (reason `deadline`), the previous revision kept. The
+    # local model embeds 5-20 passages a second on two busy cores: the default admits
+    # documents of roughly 600-2,400 passages.
+    ingest_deadline_s: Annotated[float, Field(gt=0, le=86_400)] = 120.0
 
 
 class RetrievalGrants(_Model):

@@ -286,16 +286,24 @@ def broken_charsets_message() -> bytes:
 def operator_bomb_pdf(operators: int = 500_000) -> bytes:
     """A one-page PDF of a few KiB whose Flate content stream shows one character `operators`
     times (`(x) Tj`): tiny on the wire, seconds of pypdf text extraction per 100,000."""
-    content = b"BT /F1 12 Tf 72 700 Td " + b"(x) Tj " * operators + b"ET"
-    return assemble_pdf(
-        {
-            1: _CATALOG,
-            2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-            3: _page(4),
-            4: _stream(zlib.compress(content, 9), b" /Filter /FlateDecode"),
-            5: _FONT,
-        }
-    )
+    return operator_heavy_pdf(1, operators)
+
+
+def operator_heavy_pdf(pages: int, operators_per_page: int) -> bytes:
+    """`pages` pages of `operators_per_page` `(x) Tj` each, every page sharing one Flate
+    stream: with counts under the host's operator limits, a document that parses for a long
+    time (~25 us per operator) yet is refused by no static bound."""
+    content = b"BT /F1 12 Tf 72 700 Td " + b"(x) Tj " * operators_per_page + b"ET"
+    kids = b" ".join(b"%d 0 R" % (6 + i) for i in range(pages))
+    objects = {
+        1: _CATALOG,
+        2: b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
+        4: _stream(zlib.compress(content, 9), b" /Filter /FlateDecode"),
+        5: _FONT,
+    }
+    for i in range(pages):
+        objects[6 + i] = _page(4)
+    return assemble_pdf(objects)
 
 
 def random_body_message(body_bytes: int, seed: int = 7) -> bytes:

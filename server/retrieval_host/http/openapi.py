@@ -32,7 +32,10 @@ _STATUS_TEXT: Final = {
     "`CHUNK_ID_CONFLICT`, `DESCRIPTOR_MISMATCH`).",
     413: "The body or a corpus capacity is too large (`PAYLOAD_TOO_LARGE`, `CAPACITY_EXCEEDED`).",
     415: "Unsupported Content-Type (`UNSUPPORTED_MEDIA_TYPE`).",
-    422: "The request or document is invalid (`INVALID_REQUEST`, `INVALID_DOCUMENT`).",
+    422: (
+        "The request or document is invalid (`INVALID_REQUEST`, `INVALID_DOCUMENT`), or the "
+        "document costs more work than allowed (`DOCUMENT_TOO_COMPLEX`)."
+    ),
     500: "The host failed (`INTERNAL`, `UNSAFE_STORE`); nothing of the cause is disclosed.",
     502: "The embedding service failed (`EMBEDDING_FAILED`).",
     503: "The host is at its concurrency limit or a store is unavailable (`HOST_BUSY`, "

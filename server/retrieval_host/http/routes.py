@@ -238,7 +238,10 @@ class Routes:
             title=params.title,
         )
         driver = self._driver()
-        result = await self._run(request, context, lambda: driver.ingest_context(ingest, context))
+        deadline_s = self.settings.limits.ingest_deadline_s
+        result = await self._run(
+            request, context, lambda: driver.ingest_context(ingest, context, deadline_s=deadline_s)
+        )
         if self.metrics is not None:
             self.metrics.observe_index(result, "ingest")
         return _model_response(mapping.index_response(result))

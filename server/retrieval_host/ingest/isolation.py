@@ -115,6 +115,7 @@ class PoolCounters:
     killed: int = 0
     retired: int = 0
     tasks: int = 0
+    busy: int = 0  # documents in a worker right now
 
 
 class _Worker:
@@ -180,7 +181,13 @@ class ParsePool:
                 self._discard(worker)
                 worker = self._start()
                 worker.conn.send(task)
-            return self._await(worker, cancel)
+            with self._lock:
+                self.counters.busy += 1
+            try:
+                return self._await(worker, cancel)
+            finally:
+                with self._lock:
+                    self.counters.busy -= 1
         finally:
             self._slots.release()
 

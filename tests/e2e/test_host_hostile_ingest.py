@@ -1,0 +1,117 @@
+"""Costly uploads over real uvicorn + TLS (issue 13, defect 2): a client that hangs up frees its
+concurrency slot within a second (the parse worker is killed), searches are served meanwhile,
+and a document past a limit answers a typed 422 with the previous revision still served."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from urllib.parse import urlencode
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.driver import shared_parse_pool
+from tests.support import ingest_documents as docs
+from tests.support.host import (
+    CORPUS,
+    RunningHost,
+    World,
+    build_world,
+    raw_connect,
+    serve_in_thread,
+    wait_until,
+)
+
+# Under every static bound (90,000 operators a page, 1.8 M in all) and still ~45 s of pypdf
+# extraction on an idle core: only the kill can end it early.
+SLOW_PDF_PAGES, SLOW_PDF_OPERATORS = 20, 90_000
+SLOT_RELEASE_BOUND_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def hostile_world(
+    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding
+) -> Iterator[World]:
+    world = build_world(tmp_path_factory.mktemp("hostile-world"), host_embedding)
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="module")
+def hostile_host(hostile_world: World) -> Iterator[RunningHost]:
+    settings = hostile_world.settings(limits={"maxConcurrency": 2, "ingestDeadlineS": 60})
+    with serve_in_thread(settings, hostile_world.driver, hostile_world.tls) as host:
+        yield host
+
+
+def _ingest_request(world: World, source_id: str, media_type: str, body: bytes) -> bytes:
+    query = urlencode({"corpus": CORPUS, "sourceId": source_id})
+    head = (
+        f"POST /v1/retrieval/ingest?{query} HTTP/1.1\r\n"
+        "Host: 127.0.0.1\r\n"
+        f"Authorization: Bearer {world.tokens['admin']}\r\n"
+        f"Content-Type: {media_type}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def _search(host: RunningHost, world: World) -> int:
+    with host.client(headers={"Authorization": f"Bearer {world.tokens['admin']}"}) as client:
+        response = client.post(
+            "/v1/retrieval/search", json={"corpus": CORPUS, "query": "rotate a token"}
+        )
+    return response.status_code
+
+
+def test_a_client_that_hangs_up_during_a_costly_parse_frees_its_slot_within_a_second(
+    hostile_host: RunningHost, hostile_world: World
+) -> None:
+    pool = shared_parse_pool()
+    killed = pool.counters.killed
+    slow = docs.operator_heavy_pdf(SLOW_PDF_PAGES, SLOW_PDF_OPERATORS)
+    with raw_connect(hostile_host) as conn:
+        conn.sendall(_ingest_request(hostile_world, "slow", "application/pdf", slow))
+        wait_until(lambda: pool.counters.busy == 1, timeout=30, what="the parse to start")
+        assert hostile_host.app.counters.in_flight == 1
+        # The other slot serves searches while the worker parses.
+        assert _search(hostile_host, hostile_world) == 200
+        assert not conn.answered()
+        hung_up = time.monotonic()
+    wait_until(lambda: hostile_host.app.counters.in_flight == 0, what="the slot to be freed")
+    released = time.monotonic() - hung_up
+    assert released < SLOT_RELEASE_BOUND_S
+    wait_until(lambda: pool.counters.killed == killed + 1, what="the worker to be killed")
+    assert pool.counters.busy == 0
+    assert _search(hostile_host, hostile_world) == 200
+
+
+def test_an_operator_bomb_over_https_is_a_typed_422_and_the_old_revision_stays(
+    hostile_host: RunningHost, hostile_world: World
+) -> None:
+    auth = {"Authorization": f"Bearer {hostile_world.tokens['admin']}"}
+    with hostile_host.client(headers=auth) as client:
+        params = {"corpus": CORPUS, "sourceId": "bombed"}
+        first = client.post(
+            "/v1/retrieval/ingest",
+            params=params,
+            content=b"# Bombed\n\nThe first revision of this note.\n",
+            headers={"Content-Type": "text/markdown"},
+        )
+        assert first.status_code == 200
+        started = time.monotonic()
+        refused = client.post(
+            "/v1/retrieval/ingest",
+            params=params,
+            content=docs.operator_bomb_pdf(500_000),
+            headers={"Content-Type": "application/pdf"},
+        )
+        elapsed = time.monotonic() - started
+    assert refused.status_code == 422
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    body = refused.json()
+    assert (body["code"], body["reason"]) == ("DOCUMENT_TOO_COMPLEX", "pdf-operators")
+    assert elapsed < 15.0  # generous on a loaded host; the bomb took ~46 s before
+    stored = hostile_world.stores[CORPUS].get_source(CORPUS, "team", "bombed")
+    assert stored is not None and stored.revision == first.json()["source"]["revision"]
