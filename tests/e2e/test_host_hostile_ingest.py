@@ -23,9 +23,9 @@ from tests.support.host import (
     wait_until,
 )
 
-# Under every static bound (90,000 operators a page, 1.8 M in all) and still ~45 s of pypdf
-# extraction on an idle core: only the kill can end it early.
-SLOW_PDF_PAGES, SLOW_PDF_OPERATORS = 20, 90_000
+# Under every static bound (45,000 `(x) Tj` a page, which the operator scan counts as 90,000,
+# 1.8 M in all) and still ~25 s of pypdf extraction on an idle core: only the kill ends it.
+SLOW_PDF_PAGES, SLOW_PDF_OPERATORS = 20, 45_000
 SLOT_RELEASE_BOUND_S = 1.0
 
 

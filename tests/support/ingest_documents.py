@@ -291,8 +291,9 @@ def operator_bomb_pdf(operators: int = 500_000) -> bytes:
 
 def operator_heavy_pdf(pages: int, operators_per_page: int) -> bytes:
     """`pages` pages of `operators_per_page` `(x) Tj` each, every page sharing one Flate
-    stream: with counts under the host's operator limits, a document that parses for a long
-    time (~25 us per operator) yet is refused by no static bound."""
+    stream: with counts under the host's operator limits (its scan counts each `(x) Tj` as
+    two), a document that parses for a long time (~25 us per operator) yet is refused by no
+    static bound."""
     content = b"BT /F1 12 Tf 72 700 Td " + b"(x) Tj " * operators_per_page + b"ET"
     kids = b" ".join(b"%d 0 R" % (6 + i) for i in range(pages))
     objects = {

@@ -301,6 +301,9 @@ def _worker_main(conn: Connection, memory_headroom: int, recycle_rss: int, max_t
             task: ParseTask = conn.recv()
         except (EOFError, OSError):
             return
+        except MemoryError:  # the document alone does not fit under the limit
+            conn.send((("error", _memory_error()), True))
+            return
         _arm_cpu_limit(task.cpu_seconds)
         retire = done == max_tasks
         outcome: tuple[str, Any]

@@ -1,0 +1,112 @@
+"""The parse worker pool: limits end a worker with a typed answer, a cancel kills it, and a
+replacement serves the next document."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.ingest import ChunkingSettings, IngestLimits, PreparedDocument
+from retrieval_host.ingest.chunking import Extracted
+from retrieval_host.ingest.isolation import CounterRecipe, ParsePool, ParseTask
+from retrieval_host.ingest.settings import MiB
+from tests.support import ingest_documents as docs
+
+GUIDE = b"# Guide\n\nBoats moor on the east quay.\n"
+
+
+def task(
+    data: bytes,
+    media_type: str = "text/markdown",
+    *,
+    cpu_seconds: int = 60,
+    counter: CounterRecipe | None = None,
+) -> ParseTask:
+    return ParseTask(
+        data, media_type, "s", None, None, ChunkingSettings(), IngestLimits(), counter, cpu_seconds
+    )
+
+
+@pytest.fixture
+def pool() -> Iterator[ParsePool]:
+    p = ParsePool(1)
+    yield p
+    p.close()
+
+
+def slow_pdf() -> bytes:
+    return docs.operator_heavy_pdf(20, 45_000)  # under every static bound, ~25 s to extract
+
+
+def test_a_worker_extracts_and_is_reused(pool: ParsePool) -> None:
+    for _ in range(2):
+        assert isinstance(pool.parse(task(GUIDE), CancelToken()), Extracted)
+    assert (pool.counters.started, pool.counters.tasks) == (1, 2)
+
+
+def test_with_a_counter_recipe_the_worker_cuts_passages_too(pool: ParsePool) -> None:
+    from retrieval_host.adapters.embedding_local import LocalEmbedding
+
+    recipe = LocalEmbedding(threads=1).portable_token_counter()
+    prepared = pool.parse(task(GUIDE, counter=recipe), CancelToken())
+    assert isinstance(prepared, PreparedDocument)
+    assert [c.text for c in prepared.chunks] == ["# Guide\n\nBoats moor on the east quay."]
+
+
+def test_the_cpu_limit_ends_a_parse_with_a_typed_refusal(pool: ParsePool) -> None:
+    with pytest.raises(RetrievalError) as caught:
+        pool.parse(task(slow_pdf(), "application/pdf", cpu_seconds=1), CancelToken())
+    assert (caught.value.code, caught.value.reason) == (ErrorCode.DOCUMENT_TOO_COMPLEX, "cpu-limit")
+    assert isinstance(pool.parse(task(GUIDE), CancelToken()), Extracted)  # a fresh worker
+    assert pool.counters.started == 2
+
+
+def test_the_memory_limit_ends_a_parse_with_a_typed_refusal() -> None:
+    small = ParsePool(1, memory_headroom_bytes=48 * MiB)
+    try:
+        big = b"# Big\n\n" + b"word " * (24 * MiB // 5)
+        with pytest.raises(RetrievalError) as caught:
+            small.parse(task(big), CancelToken())
+        assert caught.value.code is ErrorCode.DOCUMENT_TOO_COMPLEX
+        assert caught.value.reason == "memory-limit"
+        assert isinstance(small.parse(task(GUIDE), CancelToken()), Extracted)
+    finally:
+        small.close()
+
+
+def test_a_cancel_kills_the_worker_and_a_replacement_serves_the_next(pool: ParsePool) -> None:
+    cancel = CancelToken()
+    outcome: list[BaseException] = []
+
+    def parse() -> None:
+        try:
+            pool.parse(task(slow_pdf(), "application/pdf"), cancel)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=parse)
+    worker.start()
+    while pool.counters.busy == 0 and worker.is_alive():
+        worker.join(0.01)
+    cancel.cancel()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert isinstance(outcome[0], RetrievalError) and outcome[0].code is ErrorCode.CANCELLED
+    assert pool.counters.killed == 1
+    assert isinstance(pool.parse(task(GUIDE), CancelToken()), Extracted)
+
+
+def test_a_worker_whose_memory_grew_retires_and_is_replaced() -> None:
+    recycling = ParsePool(1, recycle_rss_bytes=1)
+    try:
+        for _ in range(3):
+            recycling.parse(task(GUIDE), CancelToken())
+        # The first task sets the baseline; each later one finds the worker grown by a byte.
+        assert recycling.counters.retired >= 1
+        assert recycling.counters.started == recycling.counters.retired + 1
+    finally:
+        recycling.close()
