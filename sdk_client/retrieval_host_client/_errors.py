@@ -214,7 +214,9 @@ class RequestCancelledError(APIStatusError):
 
 
 class HostTimeoutError(APIStatusError):
-    """The host's timeout expired (a run's `idleTimeoutMs`, or a request sent too slowly).
+    """A time limit on the caller's side expired (408 `TIMEOUT`): the run's own
+    `idleTimeoutMs` (reason `idle-timeout`), or the request was sent too slowly
+    (`request-timeout`).
 
     Not to be confused with `RetrievalHostTimeoutError`, the client's own timeout."""
 
@@ -277,6 +279,7 @@ _STATUS_CLASSES: Final[Mapping[int, type[APIStatusError]]] = {
     400: InvalidRequestError,
     401: AuthenticationError,
     403: PermissionDeniedError,
+    408: HostTimeoutError,
     409: ConflictError,
     413: PayloadTooLargeError,
     415: UnsupportedMediaTypeError,

@@ -51,36 +51,42 @@ __all__ = [
 
 # Whitespace spelled out, exactly Python's `str.isspace()` set above U+001F: `\s` means
 # different sets in Python, Rust (pydantic-core) and ECMAScript regexes, so a schema using it
-# admits strings the host refuses (a fuzzer found U+0085). "Edge" = neither control nor space.
+# admits strings the host refuses (a fuzzer found U+0085). Every pattern here means the same in
+# the three engines, so the schema, the host and a fuzzer's generator agree.
 _SPACE = "\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
-_EDGE = f"[^\\x00-\\x1f{_SPACE}]"
-# 1-256 characters, no control characters, no surrounding whitespace (the host's `check_id`).
-IDENTIFIER_PATTERN = f"^{_EDGE}(?:[^\\x00-\\x1f]*{_EDGE})?$"
+# Control characters: Unicode category Cc, i.e. C0 (U+0000-U+001F), DEL and C1 (U+007F-U+009F).
+_CONTROL = "\\x00-\\x1f\\x7f-\\x9f"
+_EDGE = f"[^{_CONTROL}{_SPACE}]"  # neither control nor whitespace: what an id starts and ends with
+# The identifier rule (corpus, source id, revision, chunk id, filter key), also core's
+# `check_id`: 1-256 characters, no control character, no surrounding whitespace, and not `*`
+# alone, the wildcard of grants (a source named `*` could never be granted on its own).
+IDENTIFIER_PATTERN = (
+    f"^(?:[^{_CONTROL}*{_SPACE}](?:[^{_CONTROL}]*{_EDGE})?|\\*[^{_CONTROL}]*{_EDGE})$"
+)
 Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=256, pattern=IDENTIFIER_PATTERN)
 ]
-# An identifier that is not `*` (which means "any revision" in an index grant, never a revision).
-Revision = Annotated[
-    str,
-    StringConstraints(
-        min_length=1,
-        max_length=256,
-        pattern=(
-            f"^(?:[^\\x00-\\x1f*{_SPACE}](?:[^\\x00-\\x1f]*{_EDGE})?|\\*[^\\x00-\\x1f]*{_EDGE})$"
-        ),
-    ),
-]
+# Revisions follow the identifier rule (`*` would read as "any revision" in an index grant).
+Revision = Identifier
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-# At least one non-space character. 2048 characters are at most 8192 UTF-8 bytes, the host's
-# query limit, so the schema never admits a query the host would refuse for its size.
-NOT_BLANK = f"[^\\t-\\r\\x1c-\\x1f{_SPACE}]"  # at least one character that is not whitespace
+# The text rule (passage text, queries, run input, titles, document ids, filter values, names
+# and keys), also core's `check_text`: any character but NUL, which neither PostgreSQL text nor
+# jsonb can hold. Text comes from documents and is quoted back verbatim, so other controls
+# (form feeds from PDFs, stray C0/C1 glyph codes) stay.
+TEXT_PATTERN = "^[^\\x00]*$"
+# At least one character that is not whitespace, and no NUL.
+NOT_BLANK = f"^[^\\x00]*[^\\x00\\t-\\r\\x1c-\\x1f{_SPACE}][^\\x00]*$"
+# 2048 characters are at most 8192 UTF-8 bytes, the host's query limit, so the schema never
+# admits a query the host would refuse for its size.
 QueryText = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=NOT_BLANK)]
 PassageText = Annotated[str, StringConstraints(min_length=1, pattern=NOT_BLANK)]
-FilterValue = str | int | float | bool | None
+Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
+FilterValue = Text | int | float | bool | None
 
 
 def _integral(value: object) -> object:
-    # JSON Schema counts 3.0 as an integer; so does the host (the schema is the contract).
+    # JSON Schema counts 3.0 as an integer; so does the host, in every integer field of every
+    # request (the schema is the contract). 2.5 stays a float and is refused.
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -99,7 +105,12 @@ Filters = Annotated[
         {
             "type": "object",
             "propertyNames": {"minLength": 1, "maxLength": 256, "pattern": IDENTIFIER_PATTERN},
-            "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+            "additionalProperties": {
+                "anyOf": [
+                    {"type": "string", "pattern": TEXT_PATTERN},
+                    {"type": ["number", "boolean", "null"]},
+                ]
+            },
         }
     ),
 ]
@@ -126,7 +137,9 @@ class LocationInput(_Request):
     page: LineNumber | None = None
     start_line: LineNumber | None = None
     end_line: LineNumber | None = None
-    document_id: Annotated[str, StringConstraints(min_length=1, max_length=998)] | None = None
+    document_id: (
+        Annotated[str, StringConstraints(min_length=1, max_length=998, pattern=TEXT_PATTERN)] | None
+    ) = None
 
 
 class SourceInput(_Request):
@@ -134,7 +147,7 @@ class SourceInput(_Request):
 
     id: Identifier
     revision: Revision
-    title: Annotated[str, StringConstraints(max_length=1024)] = ""
+    title: Annotated[str, StringConstraints(max_length=1024, pattern=TEXT_PATTERN)] = ""
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
 
@@ -176,7 +189,7 @@ class IngestParams(_Request):
     corpus: Identifier
     source_id: Identifier
     revision: Revision | None = None
-    title: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    title: Annotated[str, StringConstraints(max_length=1024, pattern=TEXT_PATTERN)] | None = None
 
 
 class DeleteRequest(_Request):

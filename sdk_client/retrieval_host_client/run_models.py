@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, StringConstraints
+from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
 
 from retrieval_host_client.models import (
     NOT_BLANK,
+    TEXT_PATTERN,
     EmbeddingUsage,
     Identifier,
+    Limit,
     Location,
+    Positive,
     Problem,
     QueryText,
     SourceRef,
+    _integral,
     _Request,
     _Response,
 )
@@ -51,14 +55,16 @@ class RunRetrieval(_Request):
     mode: Literal["off", "before", "tool"] = "before"
     source_ids: Annotated[list[Identifier], Field(max_length=10_000)] | None = None
     query: QueryText | None = None
-    limit: Annotated[int, Field(ge=1, le=100)] = 6
-    max_context_bytes: Annotated[int, Field(ge=1)] | None = 32_768
-    max_queries: Annotated[int, Field(ge=0, le=16)] = 3
+    limit: Limit = 6
+    max_context_bytes: Positive | None = 32_768
+    max_queries: Annotated[int, Field(ge=0, le=16), BeforeValidator(_integral)] = 3
 
 
 class OutputArtifactSpec(_Request):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=256)]
-    media_type: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "text/markdown"
+    name: Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=TEXT_PATTERN)]
+    media_type: Annotated[
+        str, StringConstraints(min_length=1, max_length=128, pattern=TEXT_PATTERN)
+    ] = "text/markdown"
 
 
 class RunRequest(_Request):
@@ -69,9 +75,12 @@ class RunRequest(_Request):
     input: InputText
     retrieval: RunRetrieval | None = None
     output_artifact: OutputArtifactSpec | None = None
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
-    idle_timeout_ms: Annotated[int, Field(ge=1)] | None = None
-    max_generation_steps: Annotated[int, Field(ge=1, le=16)] = 4
+    idempotency_key: (
+        Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=TEXT_PATTERN)] | None
+    ) = None
+    # Expiry is the client's own limit: `TIMEOUT` 408 (reason `idle-timeout`), never a 5xx.
+    idle_timeout_ms: Positive | None = None
+    max_generation_steps: Annotated[int, Field(ge=1, le=16), BeforeValidator(_integral)] = 4
 
 
 class ManifestEntry(_Response):

@@ -357,7 +357,7 @@ def test_a_provider_stalled_past_the_idle_timeout_fails_the_run_although_heartbe
     events = streamed.events
     assert events[-1]["type"] == "run.failed"
     problem = events[-1]["problem"]
-    assert problem["code"] == "TIMEOUT" and problem["status"] == 504
+    assert problem["code"] == "TIMEOUT" and problem["status"] == 408
     assert events[-1]["runId"] == events[0]["runId"]
     wire.RunFailedEvent.model_validate(events[-1])
     assert problem["requestId"] == streamed.headers["x-request-id"]

@@ -37,4 +37,8 @@ class CancelToken:
         if self._event.is_set():
             raise RetrievalError(ErrorCode.CANCELLED, "The request was cancelled.")
         if self.idle_expired():
-            raise RetrievalError(ErrorCode.TIMEOUT, "No progress within the inactivity timeout.")
+            raise RetrievalError(
+                ErrorCode.TIMEOUT,
+                "No progress within the inactivity timeout the request set.",
+                reason="idle-timeout",
+            )

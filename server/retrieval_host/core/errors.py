@@ -52,7 +52,9 @@ STATUS: Final[Mapping[ErrorCode, int]] = {
     ErrorCode.CAPACITY_EXCEEDED: 413,
     ErrorCode.NO_RETRIEVAL_EVIDENCE: 422,
     ErrorCode.CANCELLED: 499,
-    ErrorCode.TIMEOUT: 504,
+    # A time limit on the client's side: its own `idleTimeoutMs` ran out (reason `idle-timeout`)
+    # or it sent its request too slowly (`request-timeout`). A 4xx: the client chose or caused it.
+    ErrorCode.TIMEOUT: 408,
     ErrorCode.HOST_BUSY: 503,
     ErrorCode.UNSAFE_STORE: 500,
     ErrorCode.STORE_UNAVAILABLE: 503,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -20,11 +21,28 @@ def _invalid(detail: str) -> RetrievalError:
     return RetrievalError(ErrorCode.INVALID_REQUEST, detail)
 
 
+# Unicode category Cc: C0, DEL and C1. The wire schema's `IDENTIFIER_PATTERN` says the same.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+WILDCARD = "*"
+
+
 def check_id(kind: str, value: str) -> None:
+    """The identifier rule (corpus, source id, revision, chunk id, filter key): 1-256
+    characters, no control character (C0, DEL, C1), no surrounding whitespace, and not `*`
+    alone, which grants read as "every source" or "any revision"."""
     if not value or len(value) > MAX_ID_CHARS or value != value.strip():
         raise _invalid(f"{kind} must be 1-{MAX_ID_CHARS} characters without surrounding spaces.")
-    if any(ord(ch) < 32 for ch in value):
+    if _CONTROLS.search(value):
         raise _invalid(f"{kind} must not contain control characters.")
+    if value == WILDCARD:
+        raise _invalid(f"'{WILDCARD}' is a wildcard of grants, not a {kind}.")
+
+
+def check_text(kind: str, value: str) -> None:
+    """The text rule (passages, queries, titles, document ids, filter values): any character
+    but NUL, which PostgreSQL text and jsonb cannot hold (the wire schema's `TEXT_PATTERN`)."""
+    if "\x00" in value:
+        raise _invalid(f"{kind} must not contain NUL characters.")
 
 
 def check_metadata(metadata: Metadata) -> None:
@@ -43,8 +61,10 @@ def check_location(loc: Location) -> None:
             raise _invalid(f"location.{name} must be a positive integer.")
     if loc.start_line is not None and loc.end_line is not None and loc.end_line < loc.start_line:
         raise _invalid("location.endLine must not precede startLine.")
-    if loc.document_id is not None and (not loc.document_id or len(loc.document_id) > 998):
-        raise _invalid("location.documentId must be 1-998 characters.")
+    if loc.document_id is not None:
+        if not loc.document_id or len(loc.document_id) > 998:
+            raise _invalid("location.documentId must be 1-998 characters.")
+        check_text("location.documentId", loc.document_id)
 
 
 def check_chunks(chunks: Sequence[ChunkInput]) -> None:
@@ -58,9 +78,7 @@ def check_chunks(chunks: Sequence[ChunkInput]) -> None:
         seen.add(chunk.id)
         if not chunk.text.strip():
             raise _invalid("passage text must not be empty.")
-        if "\x00" in chunk.text:
-            # Refused for every store alike: PostgreSQL text cannot hold U+0000.
-            raise _invalid("passage text must not contain NUL characters.")
+        check_text("passage text", chunk.text)
         check_location(chunk.location)
 
 
@@ -68,10 +86,9 @@ def check_index_request(request: IndexRequest) -> None:
     check_id("corpus", request.corpus)
     check_id("source id", request.source.id)
     check_id("revision", request.source.revision)
-    if request.source.revision == "*":
-        raise _invalid("'*' is not a revision.")
     if len(request.source.title) > 1024:
         raise _invalid("title must be at most 1024 characters.")
+    check_text("title", request.source.title)
     check_metadata(request.source.metadata)
     if request.document_sha256 is not None and (
         len(request.document_sha256) != 64
@@ -85,6 +102,7 @@ def check_search_request(request: SearchRequest) -> None:
     check_id("corpus", request.corpus)
     if not request.query.strip():
         raise _invalid("query must not be empty.")
+    check_text("query", request.query)
     if len(request.query.encode("utf-8")) > MAX_QUERY_BYTES:
         raise _invalid(f"query must be at most {MAX_QUERY_BYTES} bytes.")
     if isinstance(request.limit, bool) or not 1 <= request.limit <= MAX_LIMIT:
@@ -101,3 +119,5 @@ def check_search_request(request: SearchRequest) -> None:
             check_id("filter key", key)
             if isinstance(value, float) and not math.isfinite(value):
                 raise _invalid("filter values must be finite.")
+            if isinstance(value, str):
+                check_text("filter value", value)

@@ -2,17 +2,21 @@
 
 The token decides who the caller is (`subject`) and which corpora it may use per operation;
 the application's authorizer then decides which sources inside a corpus. An omitted grant
-denies. A token in the query string is refused outright (it ends up in logs and histories).
+denies. A token in the query string is refused outright (it ends up in logs and histories):
+wherever it sits, as a parameter's name or value, percent-decoded, alone or as a word among
+others (`Bearer <token>`, `<token> `, `"<token>"`), and so is any parameter named like a
+credential.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import parse_qsl
+from urllib.parse import unquote_to_bytes
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
 
@@ -26,6 +30,8 @@ QUERY_CREDENTIAL_NAMES: Final = frozenset(
      "bearer", "bearer_token", "id_token", "refresh_token"}
 )  # fmt: skip
 WWW_AUTHENTICATE: Final = 'Bearer realm="retrieval-host"'
+# RFC 6750 b64token: a token inside other text (quotes, `key:token`) is one of these runs.
+_B64TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 def token_sha256(token: str) -> str:
@@ -82,14 +88,12 @@ class TokenAuthenticator:
 
     def authenticate(self, authorization: str | None, query_string: bytes) -> Principal:
         """The principal of a request, or `UNAUTHENTICATED`."""
-        query = query_string.decode("latin-1")
-        for name, value in parse_qsl(query, keep_blank_values=True):
-            if name.lower() in QUERY_CREDENTIAL_NAMES or (value and self._match(value)):
-                raise RetrievalError(
-                    ErrorCode.UNAUTHENTICATED,
-                    "Tokens in the query string are refused; send Authorization: Bearer.",
-                    reason="token-in-query",
-                )
+        if query_string and self._token_in_query(query_string):
+            raise RetrievalError(
+                ErrorCode.UNAUTHENTICATED,
+                "Tokens in the query string are refused; send Authorization: Bearer.",
+                reason="token-in-query",
+            )
         if authorization is None or not authorization.strip():
             raise RetrievalError(ErrorCode.UNAUTHENTICATED, "A bearer token is required.")
         scheme, _, token = authorization.strip().partition(" ")
@@ -100,3 +104,23 @@ class TokenAuthenticator:
         if principal is None:
             raise RetrievalError(ErrorCode.UNAUTHENTICATED, "The bearer token is not valid.")
         return principal
+
+    def _token_in_query(self, query_string: bytes) -> bool:
+        for is_name, text in _query_texts(query_string):
+            stripped = text.strip()
+            if is_name and stripped.lower() in QUERY_CREDENTIAL_NAMES:
+                return True
+            words = {stripped, *stripped.split(), *_B64TOKEN.findall(stripped)} - {""}
+            if any(self._match(word) is not None for word in words):
+                return True
+        return False
+
+
+def _query_texts(query_string: bytes) -> Iterator[tuple[bool, str]]:
+    """Every parameter name and value, percent-decoded both with `+` as a space (forms) and
+    without (a token may hold `+`); undecodable bytes kept as surrogate escapes."""
+    for part in query_string.split(b"&"):
+        for decoded in {unquote_to_bytes(part.replace(b"+", b" ")), unquote_to_bytes(part)}:
+            name, _, value = decoded.partition(b"=")
+            yield True, name.decode("utf-8", "surrogateescape")
+            yield False, value.decode("utf-8", "surrogateescape")

@@ -42,6 +42,7 @@ from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator, permi
 from retrieval_host.http.logs import log_access
 from retrieval_host.http.problems import send_problem
 from retrieval_host.http.request_id import note_subject, request_id_of, subject_of
+from retrieval_host.http.strict import authorization_header
 from retrieval_host.settings import TokenSettings
 
 METRICS_PATH: Final = "/metrics"
@@ -349,10 +350,8 @@ class MetricsEndpoint:
                 send, error, request_id, status=405, extra_headers=[(b"allow", b"GET, HEAD")]
             )
             return
-        headers = dict(scope["headers"])
-        raw = headers.get(b"authorization")
-        authorization = raw.decode("latin-1") if raw is not None else None
         try:
+            authorization = authorization_header(scope["headers"])
             principal = self._tokens.authenticate(authorization, scope.get("query_string", b""))
             try:
                 self._granted.authenticate(authorization, b"")

@@ -21,13 +21,18 @@ REF: Final = "#/components/schemas/{model}"
 PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 
 _STATUS_TEXT: Final = {
-    400: "The body is not valid JSON (`INVALID_REQUEST`).",
+    400: "The body is not valid JSON, or the request is ambiguous: a repeated JSON key at any "
+    "depth, a repeated query parameter, query parameters that are not UTF-8, two Authorization "
+    "headers (`INVALID_REQUEST`; reason `duplicate-key`, `duplicate-parameter`, `invalid-utf8`, "
+    "`duplicate-authorization`).",
     401: "No valid bearer token, or a token in the query string (`UNAUTHENTICATED`).",
     403: "The token has no grant for this corpus, the corpus does not exist, or the Origin is "
     "not allowed (`PERMISSION_DENIED`).",
     404: "A named source is unavailable: missing or not authorized, indistinguishably "
     "(`SOURCE_UNAVAILABLE`).",
-    408: "The request headers or body did not arrive in time (`TIMEOUT`).",
+    408: "A time limit on the caller's side: the request headers or body did not arrive in "
+    "time, or a run made no progress within the `idleTimeoutMs` it set (`TIMEOUT`; reason "
+    "`request-timeout` or `idle-timeout`).",
     409: "A conflicting revision, chunk id or corpus descriptor (`SOURCE_CONFLICT`, "
     "`CHUNK_ID_CONFLICT`, `DESCRIPTOR_MISMATCH`).",
     413: "The body or a corpus capacity is too large (`PAYLOAD_TOO_LARGE`, `CAPACITY_EXCEEDED`).",
@@ -40,10 +45,9 @@ _STATUS_TEXT: Final = {
     502: "The embedding service failed (`EMBEDDING_FAILED`).",
     503: "The host is at its concurrency limit or a store is unavailable (`HOST_BUSY`, "
     "`STORE_UNAVAILABLE`).",
-    504: "The work made no progress within its inactivity timeout (`TIMEOUT`).",
 }
 _PUBLIC_PROBLEMS: Final = (403, 408, 413, 500)
-_RETRIEVAL_PROBLEMS: Final = (400, 401, 403, 404, 408, 409, 413, 415, 422, 500, 502, 503, 504)
+_RETRIEVAL_PROBLEMS: Final = (400, 401, 403, 404, 408, 409, 413, 415, 422, 500, 502, 503)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +85,7 @@ def _run_operations() -> list[_Operation]:
             "The recorded run of the token's subject, its evidence re-authorized.",
             run_wire.RunRecord,
             secured=True,
-            problems=(401, 403, 404, 408, 500, 503),
+            problems=(400, 401, 403, 404, 408, 500, 503),
         ),
     ]
 

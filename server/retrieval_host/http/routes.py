@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message as EmailMessage
 from typing import Any, Final, TypeVar
@@ -36,6 +36,13 @@ from retrieval_host.http.auth import Principal, TokenAuthenticator
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.request_id import note_subject, request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
+from retrieval_host.http.strict import (
+    InvalidRequest,
+    authorization_header,
+    check_unique_keys,
+    key_names,
+    utf8_query_params,
+)
 from retrieval_host.ingest import MEDIA_TYPES
 from retrieval_host.settings import HostSettings
 from retrieval_host_client import models as wire
@@ -44,18 +51,6 @@ PROTOCOL_NAME: Final = "retrieval-host"
 PROTOCOL_VERSION: Final = "1"
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
-
-
-class InvalidRequest(RetrievalError):
-    """A malformed request; `status` is 400 for unparsable JSON, 422 for a wrong shape."""
-
-    def __init__(self, detail: str, status: int = 422, reason: str | None = None) -> None:
-        super().__init__(ErrorCode.INVALID_REQUEST, detail, reason=reason)
-        self._status = status
-
-    @property
-    def status(self) -> int:
-        return self._status
 
 
 def _validation_detail(exc: ValidationError, where: str) -> str:
@@ -254,7 +249,7 @@ class Routes:
 
     def authenticate(self, request: Request) -> Principal:
         principal = self.authenticator.authenticate(
-            request.headers.get("authorization"), request.scope.get("query_string", b"")
+            authorization_header(request.scope["headers"]), request.scope.get("query_string", b"")
         )
         note_subject(request.scope, principal.subject)
         return principal
@@ -281,20 +276,21 @@ class Routes:
             )
         raw = await request.body()
         try:
-            return model.model_validate_json(raw, strict=True, by_alias=True, by_name=False)
+            body = model.model_validate_json(raw, strict=True, by_alias=True, by_name=False)
         except ValidationError as exc:
+            check_unique_keys(raw)  # a repeated key is the first thing wrong with a body
             if any(e["type"] == "json_invalid" for e in exc.errors()):
                 raise InvalidRequest("The body is not valid JSON.", status=400) from None
             raise InvalidRequest(_validation_detail(exc, "body")) from None
+        if not key_names(model).rule_out_duplicates(raw):
+            check_unique_keys(raw)
+        return body
 
     def _ingest_params(self, request: Request) -> wire.IngestParams:
-        items: Sequence[tuple[str, str]] = request.query_params.multi_items()
-        names = [name for name, _ in items]
-        if len(set(names)) != len(names):
-            raise InvalidRequest("Each query parameter may appear once.")
+        params = utf8_query_params(request.scope.get("query_string", b""))
         try:
             return wire.IngestParams.model_validate(
-                dict(items), strict=True, by_alias=True, by_name=False
+                params, strict=True, by_alias=True, by_name=False
             )
         except ValidationError as exc:
             raise InvalidRequest(_validation_detail(exc, "query")) from None
