@@ -61,9 +61,7 @@ def example_config(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     state.mkdir(mode=0o700)
     environ = {
         "RETRIEVAL_HOST_STORE__SQLITE_PATH": str(state / "store" / "retrieval.sqlite"),
-        "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps(
-            {"aclFile": "acl.example.json", "registryFile": str(state / "registry.json")}
-        ),
+        "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps({"aclFile": "acl.example.json"}),
     }
     return tmp_path / "host.example.json", environ
 
