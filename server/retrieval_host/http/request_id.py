@@ -3,11 +3,13 @@
 The id is generated here (never taken from the caller, so logs cannot be forged into
 correlating unrelated requests), stored in `scope["state"]`, echoed in `X-Request-Id` and
 carried by every problem body. An exception that escapes everything else is logged with that
-id and answered with a bare `INTERNAL` problem: nothing of the exception reaches the caller.
+id and answered with a bare `INTERNAL` problem: nothing of the exception reaches the caller;
+a request the server cancels (its shutdown deadline) is answered with the shutdown problem.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from typing import Final
@@ -16,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.http.problems import send_problem
+from retrieval_host.http.shutdown import shutting_down
 
 REQUEST_ID_HEADER: Final = b"x-request-id"
 logger = logging.getLogger("retrieval_host.http")
@@ -112,3 +115,10 @@ class RequestIdMiddleware:
             log_unexpected(exc, scope)
             if not started:
                 await send_problem(send_with_id, internal_error(), request_id)
+        except asyncio.CancelledError:
+            # The server cancels a request's task only when it gives up on it: at the end of
+            # the shutdown grace period. Left to the server, the caller would get a plain-text
+            # 500; it gets the shutdown problem, then the cancellation goes on.
+            if not started:
+                await send_problem(send_with_id, shutting_down(), request_id)
+            raise

@@ -320,10 +320,15 @@ class Routes:
         Plain asyncio, not a task group and `anyio.to_thread` (their cancel scopes cost more
         than a search over a cached grant). The handler returns only when the work has
         returned, even when the handler itself is cancelled: the work's token is cancelled and
-        the thread awaited, so no work outlives its request's concurrency slot.
+        the thread awaited, so no work outlives its request's concurrency slot. The one
+        exception is the host's shutdown: past the cutoff, work that has not returned within
+        half the wind-down is answered `CANCELLED` (reason `shutdown`) without it
+        (`Shutdown.answer`), so every request ends before the server's own deadline.
         """
         loop = asyncio.get_running_loop()
         done = loop.run_in_executor(self._work_threads(), work)
+        if self.shutdown is not None:
+            done = self.shutdown.answer(done)
         watcher = loop.create_task(_cancel_on_disconnect(request.receive, context.cancel))
         try:
             try:

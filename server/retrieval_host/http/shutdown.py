@@ -5,10 +5,13 @@ requests and open run streams then have until the *cutoff* to finish on their ow
 cutoff every cancel token still registered is cancelled, so synchronous work stops at its next
 check (an index leaves the previous revision, a run is recorded as cancelled) and each open run
 stream ends with a final `run.failed` (`CANCELLED`, reason `shutdown`). A stream whose worker
-does not answer within the wind-down gets that final event from the HTTP layer itself. The
+does not answer within the wind-down gets that final event from the HTTP layer itself, and a
+request whose work does not return within it gets a `CANCELLED` (reason `shutdown`) problem the
+same way (`answer`): work on a busy machine can take seconds to reach its next check. The
 cutoff leaves part of the grace period (a quarter, at most 5 s) for this wind-down, so that
 everything has ended before uvicorn's own deadline (`timeout_graceful_shutdown`, the whole
-grace period) cancels what is left.
+grace period) cancels what is left; a request cancelled there anyway is still answered with a
+problem body (`request_id.py`), never uvicorn's plain-text 500.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class Shutdown:
         # Futures of the streams waiting for their next event, woken at the cutoff. Futures,
         # not one asyncio.Event: an app may serve on more than one event loop (tests).
         self._waiters: set[asyncio.Future[None]] = set()
+        # What the request handlers await instead of their work's own future (`answer`).
+        self._answers: set[asyncio.Future[Any]] = set()
         self._cut_at: float | None = None
         self.draining = False
 
@@ -96,6 +101,38 @@ class Shutdown:
             token.cancel()
         for waiter in list(self._waiters):
             waiter.get_loop().call_soon_threadsafe(_wake, waiter)
+        for answer in list(self._answers):
+            answer.get_loop().call_soon_threadsafe(self._abandon_after_wind_down, answer)
+
+    def answer(self, work: asyncio.Future[T]) -> asyncio.Future[T]:
+        """A future with `work`'s outcome, or failing with `shutting_down()` when the work has
+        not returned by the middle of the wind-down (then the request is answered without it;
+        its token is cancelled, so the work still stops at its next check). Call on the event
+        loop of `work`."""
+        answer: asyncio.Future[T] = work.get_loop().create_future()
+
+        def settle(done: asyncio.Future[T]) -> None:
+            self._answers.discard(answer)
+            if answer.done():  # abandoned already
+                if not done.cancelled():
+                    done.exception()  # retrieved: a late failure is not worth a warning
+            elif done.cancelled():
+                answer.cancel()
+            elif (error := done.exception()) is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(done.result())
+
+        self._answers.add(answer)
+        work.add_done_callback(settle)
+        if self._cut_at is not None:
+            self._abandon_after_wind_down(answer)
+        return answer
+
+    def _abandon_after_wind_down(self, answer: asyncio.Future[Any]) -> None:
+        assert self._cut_at is not None
+        delay = self._cut_at + self.wind_down_s / 2 - time.monotonic()
+        answer.get_loop().call_later(max(delay, 0.0), _abandon, answer)
 
     async def next_item(self, queue: asyncio.Queue[T]) -> T | None:
         """The queue's next item; None once past the cutoff and the wind-down is over with
@@ -129,3 +166,8 @@ class Shutdown:
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+def _abandon(answer: asyncio.Future[Any]) -> None:
+    if not answer.done():
+        answer.set_exception(shutting_down())
