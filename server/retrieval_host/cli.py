@@ -17,11 +17,10 @@ import logging
 import logging.config
 import os
 import secrets
-import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
@@ -30,6 +29,9 @@ from retrieval_host.http.auth import token_sha256
 from retrieval_host.ingest import media_type_for_path
 from retrieval_host.ingest.batch import ingest_paths
 from retrieval_host.settings import HostSettings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from retrieval_host.workers import WorkerSeat
 
 TOKEN_PREFIX: Final = "rh_"  # noqa: S105 - a prefix, not a secret
 
@@ -114,10 +116,10 @@ def run_server(
     driver: Driver | None,
     environ: Mapping[str, str],
     *,
-    worker: tuple[int, socket.socket] | None = None,
+    worker: WorkerSeat | None = None,
 ) -> None:
-    """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as worker `index`
-    on the supervisor's listening socket when `worker` is given."""
+    """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as one of the
+    supervisor's workers when `worker` is given."""
     from retrieval_host.http.app import create_app
     from retrieval_host.http.logs import log_config
     from retrieval_host.http.server import serve
@@ -134,9 +136,9 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     logging.config.dictConfig(log_config(settings.log_level))
     worker = None
     if args.worker is not None:
-        from retrieval_host.workers import worker_socket
+        from retrieval_host.workers import worker_seat
 
-        worker = worker_socket(settings.listen.host, args.worker)
+        worker = worker_seat(settings.listen.host, args.worker)
     elif settings.listen.workers > 1:
         from retrieval_host.workers import supervise
 
@@ -238,7 +240,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve the host from a configuration file")
     serve.add_argument("--config", required=True, type=Path, help="host configuration JSON")
-    # INDEX:PORT, given by the supervisor of `listen.workers` processes to each worker.
+    # INDEX:PORT:CHANNEL, given by the supervisor of `listen.workers` processes to each worker.
     serve.add_argument("--worker", help=argparse.SUPPRESS)
 
     token = commands.add_parser("token", help="manage bearer tokens")

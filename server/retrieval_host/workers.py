@@ -6,6 +6,12 @@ supervisor: it reserves the port and starts N `serve` processes, each listening 
 with SO_REUSEPORT (each opens its own stores, caches and model, and runs the application
 factory). The kernel spreads new connections over them.
 
+The host is ready when every worker is: each worker tells the supervisor once its listeners
+(HTTPS and, when configured, loopback metrics) accept connections, and answers `/readyz` with
+503 (check `workers`) until the supervisor has heard from all of them. Otherwise the first
+worker up would report the host ready while the kernel could not yet hand a connection, nor a
+metrics scrape, to the others.
+
 The supervisor forwards SIGTERM/SIGINT to every worker (each shuts down gracefully, as a single
 host does) and exits 0 once all have exited 0. If a worker exits on its own, the supervisor
 stops the others and exits 1, so the service manager restarts the whole host (a host with a
@@ -27,9 +33,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Final
 
 from retrieval_host.settings import HostSettings, SettingsError
 
@@ -58,7 +67,12 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def worker_command(config_file: Path, index: int, port: int) -> list[str]:
+# One byte on a worker's channel: from the worker, "my listeners accept"; from the supervisor,
+# "every worker's do".
+SERVING: Final = b"1"
+
+
+def worker_command(config_file: Path, index: int, port: int, channel: int) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -67,7 +81,7 @@ def worker_command(config_file: Path, index: int, port: int) -> list[str]:
         "--config",
         str(config_file),
         "--worker",
-        f"{index}:{port}",
+        f"{index}:{port}:{channel}",
     ]
 
 
@@ -92,15 +106,23 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
                 worker.send_signal(signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    channels: list[socket.socket] = []
     try:
         for index in range(settings.listen.workers):
-            workers.append(
-                subprocess.Popen(  # noqa: S603 - this interpreter, this module, our arguments
-                    worker_command(config_file, index, port),
-                    env=dict(environ),
-                    start_new_session=True,
+            ours, theirs = socket.socketpair()
+            channels.append(ours)
+            with theirs:
+                workers.append(
+                    subprocess.Popen(  # noqa: S603 - this interpreter, this module, our arguments
+                        worker_command(config_file, index, port, theirs.fileno()),
+                        env=dict(environ),
+                        start_new_session=True,
+                        pass_fds=(theirs.fileno(),),
+                    )
                 )
-            )
+        threading.Thread(
+            target=_ready_when_all_serve, args=(channels,), name="workers-ready", daemon=True
+        ).start()
         return _wait(workers, lambda: stopping, forward)
     finally:
         for worker in workers:
@@ -109,7 +131,23 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
                 worker.wait()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        for channel in channels:
+            channel.close()
         reserved.close()
+
+
+def _ready_when_all_serve(channels: Sequence[socket.socket]) -> None:
+    """Wait until every worker says its listeners accept, then tell them all (nothing if one
+    exits first: the supervisor then stops the host)."""
+    try:
+        for channel in channels:
+            if channel.recv(1) != SERVING:
+                return
+        logger.info("all %d workers are serving", len(channels))
+        for channel in channels:
+            channel.sendall(SERVING)
+    except OSError:
+        return  # the supervisor closed the channels: the host is stopping
 
 
 def _wait(
@@ -137,18 +175,47 @@ def _wait(
     return 1 if failed else 0
 
 
-def worker_socket(host: str, spec: str) -> tuple[int, socket.socket]:
-    """`INDEX:PORT` from the supervisor: the worker's index and its own socket on the port.
+@dataclass(frozen=True)
+class WorkerSeat:
+    """What a worker gets from its supervisor: its index, its own socket on the host's port
+    (bound, not listening yet) and the channel on which readiness is exchanged."""
+
+    index: int
+    sock: socket.socket
+    channel: socket.socket
+
+    def serving(self, on_all_serving: Callable[[], None]) -> None:
+        """Tell the supervisor this worker's listeners accept connections; call
+        `on_all_serving` (on another thread) once every worker's do."""
+        self.channel.sendall(SERVING)
+        threading.Thread(
+            target=self._await_all, args=(on_all_serving,), name="workers-ready", daemon=True
+        ).start()
+
+    def _await_all(self, on_all_serving: Callable[[], None]) -> None:
+        try:
+            answer = self.channel.recv(1)
+        except OSError:
+            return
+        if answer == SERVING:
+            on_all_serving()
+
+
+def worker_seat(host: str, spec: str) -> WorkerSeat:
+    """`INDEX:PORT:CHANNEL` from the supervisor: the worker's index, its own socket on the
+    port, and the file descriptor of its readiness channel.
 
     The worker also asks the kernel for SIGTERM when its supervisor dies (it runs in its own
     session, so nothing else would stop it if the supervisor were killed outright).
     """
-    index, _, port = spec.partition(":")
+    index, port, channel = spec.split(":")
     supervisor = os.getppid()
     _terminate_with_parent()
     if os.getppid() != supervisor:  # the supervisor died before the request took effect
         raise SystemExit(1)
-    return int(index), reuse_port_socket(host, int(port))
+    return WorkerSeat(
+        int(index), reuse_port_socket(host, int(port)), socket.socket(fileno=int(channel))
+    )
 
 
 def _terminate_with_parent() -> None:

@@ -85,6 +85,78 @@ def test_two_workers_share_the_port_and_the_index_and_stop_together(tmp_path: Pa
         assert not any(_alive(pid) for pid in workers)
 
 
+# An application factory that holds the first worker to call it until the test says so: that
+# worker has no listener yet (neither HTTPS nor metrics) while the other one serves.
+HELD_APP = """
+import os
+import time
+from pathlib import Path
+
+from retrieval_host.example_acl import create_driver as example_driver
+
+
+def create_driver(settings, environ):
+    gate = Path(environ["TEST_GATE_DIR"])
+    try:
+        os.close(os.open(gate / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return example_driver(settings, environ)
+    deadline = time.monotonic() + 120
+    while not (gate / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return example_driver(settings, environ)
+"""
+
+
+def _readiness(host: HostProcess) -> httpx.Response:
+    with host.client() as client:
+        return client.get("/readyz", timeout=10)
+
+
+def test_the_host_is_ready_only_once_every_worker_accepts_on_both_listeners(
+    tmp_path: Path,
+) -> None:
+    directory, gate = tmp_path / "host", tmp_path / "gate"
+    directory.mkdir(mode=0o700)
+    gate.mkdir()
+    (directory / "held_app.py").write_text(HELD_APP)
+    with host_process(
+        directory,
+        subjects={"writer": []},
+        metrics_port=True,
+        workers=2,
+        application="held_app:create_driver",
+        environ={"TEST_GATE_DIR": str(gate)},
+        wait_ready=False,
+    ) as host:
+        assert host.metrics_port is not None
+        wait_until(lambda: (gate / "held").exists(), timeout=90, what="a worker to be held")
+
+        def one_serves() -> bool:
+            try:
+                with host.client() as client:
+                    return client.get("/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(one_serves, timeout=90, what="the other worker to serve")
+        # Every connection reaches the one worker listening: the host is not ready yet.
+        not_ready = _readiness(host)
+        assert not_ready.status_code == 503, not_ready.text
+        assert not_ready.json()["checks"]["workers"] is False
+        (gate / "release").touch()
+        wait_until(
+            lambda: _readiness(host).status_code == 200, timeout=90, what="the host to be ready"
+        )
+        # Ready means every worker's listeners accept: both metrics ports answer at once.
+        for worker in range(2):
+            url = f"http://127.0.0.1:{host.metrics_port + worker}/metrics"
+            assert httpx.get(url, timeout=10).status_code == 200
+        assert _readiness(host).json()["checks"]["workers"] is True
+        code, _ = host.terminate()
+        assert code == 0, host.log_text()[-4000:]
+
+
 def test_a_worker_that_dies_stops_the_host_with_an_error(tmp_path: Path) -> None:
     with host_process(tmp_path / "host", subjects={"writer": []}, workers=2) as host:
         workers = _children(host.process.pid)

@@ -152,6 +152,8 @@ def host_process(
     shared: Path | None = None,
     tokens: Mapping[str, str] | None = None,
     workers: int = 1,
+    application: str = "retrieval_host.example_acl:create_driver",
+    wait_ready: bool = True,
 ) -> Iterator[HostProcess]:
     """Serve the example application from a host file in a subprocess until the block ends.
 
@@ -159,7 +161,8 @@ def host_process(
     search, index and delete every source of `library`. A token named `scraper` gets the
     metrics grant and no retrieval grant. Replicas of one deployment pass the same `store`
     (e.g. a PostgreSQL DSN), `shared` (the directory of the application's ACL and revision
-    registry) and `tokens`.
+    registry) and `tokens`. `application` may name a module in `directory`; with
+    `wait_ready=False` the block starts as soon as the process runs, ready or not.
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     tls = make_tls(directory / "tls")
@@ -195,7 +198,7 @@ def host_process(
         "store": dict(store or {"sqlitePath": "store/retrieval.sqlite"}),
         "runs": {"heartbeatS": 0.5},
         "limits": dict(limits or {}),
-        "application": "retrieval_host.example_acl:create_driver",
+        "application": application,
         "applicationOptions": {
             "aclFile": str(app_dir / "acl.json"),
             "registryFile": str(app_dir / "registry.json"),
@@ -227,11 +230,12 @@ def host_process(
         reader.start()
         host._readers.append(reader)
     try:
-        wait_until(
-            lambda: process.poll() is not None or _ready(host),
-            timeout=90,
-            what="the host subprocess to become ready",
-        )
+        if wait_ready:
+            wait_until(
+                lambda: process.poll() is not None or _ready(host),
+                timeout=90,
+                what="the host subprocess to become ready",
+            )
         assert process.poll() is None, host.log_text()
         yield host
     finally:

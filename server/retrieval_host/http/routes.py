@@ -107,6 +107,8 @@ class Routes:
         # the concurrency limit in front of the routes bounds how many are busy at once.
         self._workers: ThreadPoolExecutor | None = None
         self.started = False
+        # A worker of a multi-process host: False until every worker serves (`workers.py`).
+        self.workers_ready: bool | None = None
 
     def routes(self) -> list[Route]:
         public = [
@@ -158,6 +160,8 @@ class Routes:
 
     async def readyz(self, request: Request) -> Response:
         checks = {"started": self.started}
+        if self.workers_ready is not None:
+            checks["workers"] = self.workers_ready
         if self.driver is not None:
             checks["stores"] = await anyio.to_thread.run_sync(self._stores_answer)
         ready = all(checks.values())

@@ -18,8 +18,9 @@ import math
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
 from prometheus_client.exposition import start_http_server
@@ -28,6 +29,9 @@ from retrieval_host.http.app import HostApp
 from retrieval_host.http.server_protocol import HeaderDeadlineProtocol
 from retrieval_host.settings import HostSettings
 from retrieval_host.tls import server_context
+
+if TYPE_CHECKING:
+    from retrieval_host.workers import WorkerSeat
 
 
 class PlainHttpRefused(Exception):
@@ -88,12 +92,26 @@ SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class HostServer(uvicorn.Server):
-    """uvicorn's server, telling the app when shutdown begins and exiting normally after it."""
+    """uvicorn's server, telling the app when shutdown begins and exiting normally after it;
+    `on_serving` is called once its listeners accept connections."""
 
-    def __init__(self, config: uvicorn.Config, app: HostApp | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        app: HostApp | None = None,
+        *,
+        on_serving: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self._host_app = app
+        self._on_serving = on_serving
         self.signalled: int | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # `started` is set once every listener has been created (listening, accepting).
+        if self.started and not self.should_exit and self._on_serving is not None:
+            self._on_serving()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.signalled is None:
@@ -150,13 +168,26 @@ def serve(
     environ: Mapping[str, str],
     *,
     log_config: dict[str, object] | None = None,
-    worker: tuple[int, socket.socket] | None = None,
+    worker: WorkerSeat | None = None,
 ) -> None:
     """Serve in the foreground until SIGINT/SIGTERM, then shut down gracefully (see the
-    module docstring) and return. `worker` (index, socket): serve on the supervisor's
-    listening socket instead of binding one (`retrieval_host.workers`)."""
+    module docstring) and return. `worker`: serve as one of a supervisor's workers, on its
+    own socket on the host's port, ready once every worker serves (`retrieval_host.workers`)."""
     config = uvicorn_config(settings, app, environ, log_config=log_config)
-    server = HostServer(config, app if isinstance(app, HostApp) else None)
-    index, sockets = (0, None) if worker is None else (worker[0], [worker[1]])
-    with loopback_metrics(settings, app, offset=index):
-        server.run(sockets=sockets)
+    host_app = app if isinstance(app, HostApp) else None
+    if worker is None:
+        server = HostServer(config, host_app)
+        with loopback_metrics(settings, app):
+            server.run()
+        return
+    if host_app is not None:
+        host_app.routes.workers_ready = False
+
+    def all_serving() -> None:
+        if host_app is not None:
+            host_app.routes.workers_ready = True
+
+    # The metrics listener is up before uvicorn starts, so "serving" covers both listeners.
+    server = HostServer(config, host_app, on_serving=lambda: worker.serving(all_serving))
+    with loopback_metrics(settings, app, offset=worker.index):
+        server.run(sockets=[worker.sock])
