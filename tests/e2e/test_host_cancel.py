@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.cancel import CancelToken
 from tests.support.host import (
     BIG_CORPUS,
     RunningHost,
@@ -71,13 +72,27 @@ def test_a_search_that_stays_connected_scans_every_row(
 
 
 def test_a_disconnect_during_a_long_search_stops_the_scan(
-    big_host: RunningHost, big_world: World
+    big_host: RunningHost, big_world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = big_world.stores[BIG_CORPUS]
     before = store.counters
+    # The order is fixed, not left to the scheduler: the client disconnects once the scan has
+    # scored rows (a scan counted as started may not have scored one yet), and the scan, after
+    # each batch, waits until its token is cancelled (else a loaded machine could let it end
+    # before the disconnect is seen). A disconnect that never cancels it fails the test.
+    progress = CancelToken.progress
+
+    def held_progress(token: CancelToken) -> None:
+        progress(token)
+        deadline = time.monotonic() + 30
+        while store.counters.rows_scored > before.rows_scored and not token.cancelled:
+            assert time.monotonic() < deadline, "the disconnect never cancelled the scan"
+            time.sleep(0.002)
+
+    monkeypatch.setattr(CancelToken, "progress", held_progress)
     with raw_connect(big_host) as conn:
         conn.sendall(_search_request(big_world))
-        wait_until(lambda: store.counters.scans_started > before.scans_started, what="scan")
+        wait_until(lambda: store.counters.rows_scored > before.rows_scored, what="rows scored")
     # The connection is closed here, while the scan runs.
     wait_until(lambda: store.counters.scans_cancelled > before.scans_cancelled, what="cancel")
     after = store.counters
