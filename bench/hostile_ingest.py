@@ -61,9 +61,18 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (parse workers are children of the fork server)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+    parents = [tuple(int(v) for v in line.split()) for line in out.stdout.splitlines()]
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        current = frontier.pop()
+        below = [child for child, parent in parents if parent == current]
+        found += below
+        frontier += below
+    return found
 
 
 class Host:
@@ -201,6 +210,7 @@ def availability(host: Host, slow: bytes, bombs: int) -> None:
     connections = [host.abandoned_upload(slow) for _ in range(bombs)]
     searcher.start()
     time.sleep(1.0)  # the clients hang up after 1 s, as in the report
+    held = host.in_use()
     for conn in connections:
         conn.close()
     hung_up = time.monotonic()
@@ -209,7 +219,10 @@ def availability(host: Host, slow: bytes, bombs: int) -> None:
     time.sleep(max(0.0, 5.0 - (time.monotonic() - hung_up)))
     stop.set()
     searcher.join()
-    print(f"3. search availability with {bombs} abandoned bombs (hang-up after 1 s):")
+    print(
+        f"3. search availability with {bombs} abandoned bombs (hang-up after 1 s; "
+        f"{held} slots held just before it):"
+    )
     for name, rows in results.items():
         ok = [lat for status, lat in rows if status == 200]
         busy = sum(1 for status, _ in rows if status == 503)
@@ -260,12 +273,13 @@ def memory(host: Host, count: int) -> bool:
         list(pool.map(send, enumerate(hostile_inputs(count))))
     elapsed = time.monotonic() - started
     after = rss_kib(host.process.pid)
-    workers = sum(rss_kib(pid) for pid in children(host.process.pid))
+    workers = sum(rss_kib(pid) for pid in descendants(host.process.pid))
     ratio = after / before
     print(f"4. {count} hostile inputs in {elapsed:.0f} s: {dict(sorted(outcomes.items()))}")
     print(
         f"   host RSS before {before / 1024:.0f} MiB, after {after / 1024:.0f} MiB: "
-        f"ratio {ratio:.2f} (limit {RSS_RATIO_LIMIT}); parse workers now {workers / 1024:.0f} MiB"
+        f"ratio {ratio:.2f} (limit {RSS_RATIO_LIMIT}); fork server and parse workers now "
+        f"{workers / 1024:.0f} MiB"
     )
     return ratio <= RSS_RATIO_LIMIT
 
