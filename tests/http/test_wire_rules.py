@@ -22,14 +22,10 @@ from pydantic import BaseModel, ValidationError
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
-from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
-from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, TextDelta
-from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.validation import check_id
-from retrieval_host.driver import Driver
 from retrieval_host.http.app import HostApp, create_app
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.routes import ingest_media_types
@@ -38,6 +34,7 @@ from retrieval_host_client import models as wire
 from retrieval_host_client import run_models as run_wire
 from retrieval_host_client._errors import HostTimeoutError, error_from_status
 from tests.support.host import CORPUS, World, build_world
+from tests.support.in_process_runs import RUNNER, add_runs
 
 pytestmark = pytest.mark.anyio
 
@@ -62,24 +59,9 @@ def rules_world(
 ) -> Iterator[World]:
     directory = tmp_path_factory.mktemp("wire-rules")
     world = build_world(directory, http_embedding)
-    runs = SqliteRunStore.open(directory / "runs.db")
-    engine = RunEngine(
-        world.driver.retrieval, {"local": ExtractiveProvider(), "stalls": Stalls()}, runs
-    )
-    world.driver = Driver(world.driver.retrieval, runs=engine)
-    world.tokens["runner"] = new_token()
-    world.token_entries.append(
-        token_config_entry(
-            world.tokens["runner"],
-            "admin",
-            search=[CORPUS],
-            index=[CORPUS],
-            delete=[CORPUS],
-            providers=["local", "stalls"],
-        )
-    )
+    close_runs = add_runs(world, directory, {"local": ExtractiveProvider(), "stalls": Stalls()})
     yield world
-    runs.close()
+    close_runs()
     world.close()
 
 
@@ -96,7 +78,7 @@ async def client(app: HostApp) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def _auth(world: World) -> dict[str, str]:
-    return {"Authorization": f"Bearer {world.tokens['runner']}"}
+    return {"Authorization": f"Bearer {world.tokens[RUNNER]}"}
 
 
 def _problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -358,7 +340,7 @@ async def test_a_repeated_query_parameter_is_400(
 async def test_two_authorization_headers_are_400(
     client: httpx.AsyncClient, rules_world: World, path: str
 ) -> None:
-    good = f"Bearer {rules_world.tokens['runner']}"
+    good = f"Bearer {rules_world.tokens[RUNNER]}"
     for pair in ((good, "Bearer nonsense"), ("Bearer nonsense", good), (good, good)):
         headers = httpx.Headers([("Authorization", pair[0]), ("Authorization", pair[1])])
         if path == "/metrics":
@@ -462,7 +444,7 @@ async def test_equal_keys_in_different_objects_are_not_duplicates(
 async def test_a_token_anywhere_in_the_query_string_is_refused(
     client: httpx.AsyncClient, rules_world: World, template: str
 ) -> None:
-    token = rules_world.tokens["runner"]
+    token = rules_world.tokens[RUNNER]
     query = template.format(token=token)
     response = await client.post(
         f"/v1/retrieval/search?{query}",

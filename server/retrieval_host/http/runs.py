@@ -133,7 +133,10 @@ class RunRoutes:
         self._parse_body = parse_body
         self._limiter = limiter
         self._heartbeat_s = heartbeat_s
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="run")
+        # Made on first use and again after `close`: an app whose lifespan ends and starts
+        # again (an in-process ASGI test client per request) keeps serving runs.
+        self._max_workers = max_workers
+        self._executor: ThreadPoolExecutor | None = None
         self._metrics = metrics
         self._shutdown = shutdown
 
@@ -240,11 +243,15 @@ class RunRoutes:
             except Exception as exc:  # rendered by the handler as a problem
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
 
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._max_workers, thread_name_prefix="run")
         loop.run_in_executor(self._executor, work)
         return queue
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     async def _sse(
         self, events: AsyncGenerator[RunEvent, None], request_id: str
