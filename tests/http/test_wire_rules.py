@@ -300,6 +300,26 @@ async def test_an_expired_idle_timeout_the_client_chose_is_a_4xx(
     assert "504" not in _openapi()["paths"]["/v1/runs"]["post"]["responses"]
 
 
+async def test_a_spent_generation_step_budget_the_client_chose_is_a_4xx(
+    client: httpx.AsyncClient, rules_world: World
+) -> None:
+    # Found by the fuzz stage: in tool mode the first model call asks for a search, so one step
+    # cannot produce an answer; the budget is the client's, the answer was a 502.
+    body = {
+        "provider": "local",
+        "model": "extractive",
+        "input": "How do I rotate a token?",
+        "retrieval": {"corpus": CORPUS, "mode": "tool"},
+        "maxGenerationSteps": 1,
+    }
+    response = await client.post("/v1/runs", json=body, headers=_auth(rules_world))
+    problem = _problem(response, 422, "INVALID_REQUEST")
+    assert problem["reason"] == "step-budget-exhausted"
+    body["maxGenerationSteps"] = 2
+    response = await client.post("/v1/runs", json=body, headers=_auth(rules_world))
+    assert response.status_code == 200, response.text
+
+
 # --- query parameters: valid UTF-8, each once ---------------------------------------------------
 
 

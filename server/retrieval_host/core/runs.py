@@ -367,9 +367,11 @@ class RunEngine:
                 (assistant, [(c.id, self._tool_call(spec, c, state, context, emit)) for c in calls])
             )
             if step == request.max_generation_steps:
+                # The budget is the client's own limit (`maxGenerationSteps`): a 4xx, as an
+                # expired `idleTimeoutMs` is, not a provider failure.
                 raise RetrievalError(
-                    ErrorCode.PROVIDER_FAILED,
-                    "the model kept calling tools past the run's generation step budget.",
+                    ErrorCode.INVALID_REQUEST,
+                    "The model still asked for tools when the run's maxGenerationSteps were spent.",
                     reason="step-budget-exhausted",
                 )
 
