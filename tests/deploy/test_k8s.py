@@ -174,11 +174,10 @@ def test_configmap_and_token_secret_make_a_host_configuration_the_host_accepts(
         PurePosixPath(str(settings.tls.cert_file)).name,
         PurePosixPath(str(settings.tls.key_file)).name,
     } == items
-    # The index and the application's registry live on the state volume.
+    # The index (also the example application's record of current revisions) lives on the
+    # state volume.
     assert settings.store.sqlite_path is not None
     assert PurePosixPath(str(settings.store.sqlite_path)).parent == paths["state"]
-    registry = PurePosixPath(str(settings.application_options["registryFile"]))
-    assert registry.parent == paths["state"]
     # The application factory is importable and its ACL file ships in the same ConfigMap.
     assert callable(load_factory(settings))
     acl = json.loads(config[str(settings.application_options["aclFile"])])
