@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import logging
@@ -150,6 +151,10 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         # After a graceful shutdown (SIGTERM) no request is left running: close the stores.
         close_driver(driver)
         logging.getLogger("retrieval_host").info("stopped; stores closed")
+        # Nothing is left to finalize, yet the interpreter's exit collects the whole heap:
+        # 9-10 s from "stores closed" to exit on a loaded 2-core machine (load average ~18),
+        # 1.5 s with the heap frozen out of the collector. The grace period must cover the exit.
+        gc.freeze()
     return 0
 
 
