@@ -345,6 +345,7 @@ class Routes:
             except RetrievalError as error:
                 if (
                     error.code is ErrorCode.CANCELLED
+                    and error.reason != "shutdown"  # already says why (`Shutdown.answer`)
                     and self.shutdown is not None
                     and self.shutdown.past_cutoff
                 ):

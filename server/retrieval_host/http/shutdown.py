@@ -170,4 +170,12 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 def _abandon(answer: asyncio.Future[Any]) -> None:
     if not answer.done():
-        answer.set_exception(shutting_down())
+        # The work may be past its last cancel check (a write committing): say so.
+        answer.set_exception(
+            RetrievalError(
+                ErrorCode.CANCELLED,
+                "The host is shutting down and did not wait for this request to finish; it may "
+                "still take effect. Retry it.",
+                reason="shutdown",
+            )
+        )
