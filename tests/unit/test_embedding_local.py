@@ -194,6 +194,55 @@ def test_a_cancelled_token_stops_before_inference(local: LocalEmbedding) -> None
     assert info.value.code is ErrorCode.CANCELLED
 
 
+def _rss_mib() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) // 1024
+
+
+LONG_PASSAGES = [("harbour crane ferry tide mooring " * 60)[: 1200 + i] for i in range(16)]
+
+
+def test_a_large_call_gives_the_arena_back_when_it_ends() -> None:
+    # Two batches of 8 full-length passages grow onnxruntime's arena by ~140 MiB, which it
+    # kept for good before the arena was shrunk at the end of a call.
+    fresh = LocalEmbedding(threads=1, batch_size=8)
+    fresh.embed(["warm up"], CancelToken())
+    before = _rss_mib()
+    fresh.embed(LONG_PASSAGES, CancelToken())
+    assert _rss_mib() - before < 64
+
+
+class _CancelAfterFirstBatch(CancelToken):
+    def progress(self) -> None:
+        self.cancel()
+
+
+class _RecordingSession:
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
+        self.shrinking_runs = 0
+
+    def run(self, names: Any, feeds: Any, run_options: ort.RunOptions) -> Any:
+        try:
+            entry = run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage")
+        except RuntimeError:  # not set
+            entry = None
+        self.shrinking_runs += entry == "cpu:0"
+        return self.session.run(names, feeds, run_options=run_options)
+
+
+def test_a_cancelled_large_call_gives_the_arena_back_too() -> None:
+    fresh = LocalEmbedding(threads=1, batch_size=8)
+    recording = _RecordingSession(fresh._session)
+    fresh._session = recording
+    fresh.embed(["a query"], CancelToken())
+    assert recording.shrinking_runs == 0  # a query's call keeps the arena as it is
+    with pytest.raises(RetrievalError) as info:
+        fresh.embed(LONG_PASSAGES, _CancelAfterFirstBatch())
+    assert info.value.code is ErrorCode.CANCELLED
+    assert recording.shrinking_runs == 1
+
+
 def test_describes_itself_as_the_pinned_local_model(local: LocalEmbedding) -> None:
     assert local.descriptor == EmbeddingDescriptor(
         provider_id="local-minilm",
