@@ -190,8 +190,10 @@ def test_sigterm_ends_streams_with_a_final_event_and_exits_zero_within_the_grace
 
 def test_past_the_cutoff_a_silent_stream_is_ended_and_new_work_is_cancelled_at_once() -> None:
     # A worker that never answers its cancel (a provider stuck in a call with no watchdog):
-    # the stream must still end, with the host's own final event, within the wind-down.
-    shutdown = Shutdown(grace_s=0.4)
+    # the stream must still end, with the host's own final event, within the wind-down. A
+    # wind-down of 0.5 s: the stream ends half-way through it, and the other half is the event
+    # loop's slack on a loaded machine (0.05 s of slack was once 15 ms short).
+    shutdown = Shutdown(grace_s=2.0)
     running = shutdown.track(CancelToken())
 
     async def scenario() -> tuple[object, object, float]:
@@ -214,5 +216,5 @@ def test_past_the_cutoff_a_silent_stream_is_ended_and_new_work_is_cancelled_at_o
     assert running.cancelled
     assert answered == "run.failed"
     assert silent is None
-    assert waited < shutdown.wind_down_s
+    assert shutdown.wind_down_s / 2 <= waited < shutdown.wind_down_s
     assert shutdown.track(CancelToken()).cancelled  # work begun after the cutoff stops at once
