@@ -201,6 +201,7 @@ def _ingest(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             journal_path=journal,
             progress=progress,
             root=root,
+            deadline_s=settings.limits.ingest_deadline_s,
         )
     finally:
         close_driver(driver)

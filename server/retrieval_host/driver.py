@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from retrieval_host.core.cancel import CancelToken
@@ -53,8 +53,32 @@ def shared_parse_pool() -> ParsePool:
     return _SHARED_POOL
 
 
+class _DocumentCancel(CancelToken):
+    """One document's token: cancelled by its caller's token (a disconnect, a stopped batch)
+    or on its own (the ingest deadline). The deadline must not cancel the caller's token: a
+    batch ingest shares one context across files, and one slow file would stop the rest."""
+
+    def __init__(self, caller: CancelToken) -> None:
+        super().__init__()
+        self._caller = caller
+
+    @property
+    def cancelled(self) -> bool:
+        return self._caller.cancelled or super().cancelled
+
+    def progress(self) -> None:
+        self._caller.progress()
+
+    def idle_expired(self) -> bool:
+        return self._caller.idle_expired()
+
+    def check(self) -> None:
+        self._caller.check()
+        super().check()
+
+
 class _Deadline:
-    """Cancels the request's token when the ingest deadline passes; remembers that it did, so
+    """Cancels the document's token when the ingest deadline passes; remembers that it did, so
     the resulting `CANCELLED` can be told apart from a disconnect and answered as
     `DOCUMENT_TOO_COMPLEX` / `deadline`."""
 
@@ -226,6 +250,7 @@ class Driver:
             )
         context.cancel.check()
         seconds = self.ingest_deadline_s if deadline_s is None else deadline_s
+        context = replace(context, cancel=_DocumentCancel(context.cancel))
         with _Deadline(context.cancel, seconds) as deadline:
             try:
                 prepared = self._prepare(request, media_type, corpus, settings, context, deadline)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.cli import main
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.ingest.batch import ingest_paths
@@ -212,3 +214,59 @@ def test_two_files_with_one_source_id_are_refused_up_front(tmp_path: Path, host:
     assert caught.value.code == ErrorCode.INVALID_REQUEST
     assert caught.value.reason == "duplicate-source-id"
     assert host.embedding.embed_calls == 0
+
+
+def test_a_file_past_the_deadline_is_recorded_and_the_batch_goes_on(
+    tmp_path: Path, host: Host
+) -> None:
+    # The deadline cancels that one file's work, never the batch's own context.
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:2]
+    report = ingest_paths(
+        host.driver, CORPUS, files, context(), journal_path=tmp_path / "j.jsonl", root=root,
+        deadline_s=0.001,
+    )  # fmt: skip
+    assert not report.cancelled
+    assert [(i.status, i.error_code, i.reason) for i in report.items] == [
+        ("failed", "DOCUMENT_TOO_COMPLEX", "deadline"),
+    ] * 2
+    assert sources(host, source_ids(root, files)) == {}
+
+
+def test_a_too_complex_file_is_recorded_and_the_batch_goes_on(tmp_path: Path, host: Host) -> None:
+    root = tmp_path / "docs"
+    good = write_corpus(root)[:1]
+    bomb = root / "bomb.pdf"
+    bomb.write_bytes(docs.operator_bomb_pdf(500_000))
+    report = ingest_paths(
+        host.driver, CORPUS, [bomb, good[0]], context(), journal_path=tmp_path / "j.jsonl",
+        root=root,
+    )  # fmt: skip
+    assert [(i.status, i.error_code, i.reason) for i in report.items] == [
+        ("failed", "DOCUMENT_TOO_COMPLEX", "pdf-operators"),
+        ("indexed", None, None),
+    ]
+
+
+def test_the_cli_batch_takes_its_deadline_from_the_host_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("host.example.json", "example_app.py"):
+        shutil.copy(REPO / "config" / name, tmp_path / name)
+    acl = {"subjects": {"ops": {"namespace": "docs", "search": ["*"], "index": ["*"]}}}
+    (tmp_path / "acl.json").write_text(json.dumps(acl))
+    root = tmp_path / "docs"
+    write_corpus(root)  # three Markdown files under guides/
+    environ = {
+        "RETRIEVAL_HOST_STORE__SQLITE_PATH": str(tmp_path / "store" / "retrieval.sqlite"),
+        "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps({"aclFile": "acl.json"}),
+        "RETRIEVAL_HOST_LIMITS__INGEST_DEADLINE_S": "0.001",
+    }
+    argv = [
+        "ingest", str(root / "guides"), "--config", str(tmp_path / "host.example.json"),
+        "--corpus", "library", "--subject", "ops", "--journal", str(tmp_path / "j.jsonl"),
+    ]  # fmt: skip
+    assert main(argv, environ=environ) == 1
+    out = capsys.readouterr().out
+    assert out.count("DOCUMENT_TOO_COMPLEX deadline") == 3
+    assert "0 indexed, 0 unchanged, 0 skipped, 3 failed" in out

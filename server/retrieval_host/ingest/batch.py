@@ -42,6 +42,7 @@ JOURNAL_VERSION: Final = 1
 _PER_FILE: Final = frozenset(
     {
         ErrorCode.INVALID_DOCUMENT,
+        ErrorCode.DOCUMENT_TOO_COMPLEX,
         ErrorCode.PAYLOAD_TOO_LARGE,
         ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         ErrorCode.CAPACITY_EXCEEDED,
@@ -95,9 +96,13 @@ def ingest_paths(
     journal_path: Path,
     progress: Callable[[int, int], None] | None = None,
     root: Path | None = None,
+    deadline_s: float | None = None,
 ) -> BatchReport:
     """Ingest `paths` into `corpus` one file at a time (see the module docstring).
 
+    `deadline_s` bounds each file's parsing and embedding (the host configuration's
+    `limits.ingestDeadlineS`; None: the driver's own `ingest_deadline_s`); a file past it is
+    recorded `failed` with `DOCUMENT_TOO_COMPLEX` / `deadline` and the batch goes on.
     `progress(done, total)` is called after each file. A cancel of `context` stops the batch
     between files (or aborts the current one before it commits) and returns the report so far
     with `cancelled=True`. Errors that are not about one file are raised.
@@ -121,7 +126,7 @@ def ingest_paths(
             if context.cancel.cancelled:
                 return BatchReport(tuple(items), cancelled=True)
             try:
-                item = _one(driver, corpus, path, source_id, context, done, journal)
+                item = _one(driver, corpus, path, source_id, context, done, journal, deadline_s)
             except RetrievalError as exc:
                 if exc.code == ErrorCode.CANCELLED:
                     return BatchReport(tuple(items), cancelled=True)
@@ -140,6 +145,7 @@ def _one(
     context: RequestContext,
     done: set[tuple[str, str]],
     journal: _Journal,
+    deadline_s: float | None,
 ) -> BatchItem:
     name = str(path)
     try:
@@ -157,7 +163,9 @@ def _one(
     if (source_id, file_sha256) in done:
         return BatchItem(name, source_id, "skipped")
     try:
-        result = driver.ingest_context(IngestRequest(corpus, source_id, media_type, data), context)
+        result = driver.ingest_context(
+            IngestRequest(corpus, source_id, media_type, data), context, deadline_s=deadline_s
+        )
     except RetrievalError as exc:
         if exc.code not in _PER_FILE:
             raise
