@@ -8,11 +8,13 @@ become unit rows the same way in both, so both score alike.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from types import TracebackType
+from typing import Any, Self, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -69,11 +71,56 @@ class CounterTally:
             )
 
 
+class StoreBase:
+    """What both vector stores' objects share: the counters, and closing as a context manager."""
+
+    _counters: CounterTally
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def counters(self) -> StoreCounters:
+        """A snapshot of the scan counters (they only ever increase)."""
+        return self._counters.snapshot
+
+
 # --- errors both stores raise ---------------------------------------------------------------
 
 
 def closed() -> RetrievalError:
     return RetrievalError(ErrorCode.STORE_UNAVAILABLE, "the store is closed.", reason="closed")
+
+
+@contextlib.contextmanager
+def translating(
+    driver_error: type[Exception], translate: Callable[[str, Any], RetrievalError], action: str
+) -> Iterator[None]:
+    """Turn the driver's errors raised in the block into `RetrievalError`s (ours pass through);
+    the driver's message stays attached as the cause, for the log only."""
+    try:
+        yield
+    except driver_error as exc:
+        raise translate(action, exc) from exc
+
+
+def busy(action: str) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"the database stayed locked by another writer while {action}.",
+        reason="busy",
+    )
 
 
 def corpus_not_open(corpus: str) -> RetrievalError:

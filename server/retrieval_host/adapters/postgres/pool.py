@@ -20,7 +20,13 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from retrieval_host.adapters._store_rules import chunk_id_taken, closed, concurrent_writer
+from retrieval_host.adapters._store_rules import (
+    busy,
+    chunk_id_taken,
+    closed,
+    concurrent_writer,
+    translating,
+)
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 
 __all__ = ["Connection", "ConnectionPool", "lock_key", "store_error", "transaction", "translated"]
@@ -40,11 +46,7 @@ def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
     if isinstance(exc, pg_errors.DeadlockDetected | pg_errors.SerializationFailure):
         return concurrent_writer()
     if isinstance(exc, pg_errors.LockNotAvailable):
-        return RetrievalError(
-            ErrorCode.STORE_UNAVAILABLE,
-            f"the database stayed locked by another writer while {action}.",
-            reason="busy",
-        )
+        return busy(action)
     if isinstance(exc, pg_errors.QueryCanceled):
         return RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
@@ -64,13 +66,9 @@ def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
     )
 
 
-@contextlib.contextmanager
-def translated(action: str) -> Iterator[None]:
+def translated(action: str) -> contextlib.AbstractContextManager[None]:
     """Turn driver errors raised in the block into `RetrievalError`s (ours pass through)."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise store_error(action, exc) from exc
+    return translating(psycopg.Error, store_error, action)
 
 
 class ConnectionPool:

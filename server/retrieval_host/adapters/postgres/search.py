@@ -85,7 +85,7 @@ class Searcher:
         scan_batch_rows: int,
     ) -> None:
         self._schema = schema
-        self._counters = counters
+        self.counters = self._counters = counters
         self.hnsw = hnsw
         self._iterative = iterative_scan
         self._ef_search = ef_search
@@ -111,12 +111,7 @@ class Searcher:
         cancel: CancelToken,
         filters: Mapping[str, JSONScalar] | None = None,
     ) -> list[Candidate]:
-        """Top-k cosine matches among the allowed revisions only, best first.
-
-        Rows outside `allowed` (or the namespace, or the filters) are excluded in SQL before
-        any distance is ranked. `cancel` is checked before each batch of `scan_batch_rows`
-        rows (before the index scan on the HNSW path).
-        """
+        """`PgVectorStore.search` for an open corpus's descriptor, on a pooled connection."""
         corpus = descriptor.corpus_id
         dims = descriptor.embedding.dimensions
         raw_query = stack_vectors(dims, [query], "the query vector")

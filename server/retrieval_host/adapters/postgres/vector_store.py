@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Mapping, Sequence
-from types import TracebackType
 from typing import Final
 
 from pgvector.psycopg import register_vector
@@ -27,6 +26,7 @@ from psycopg import sql
 from retrieval_host.adapters._store_rules import (
     SOURCE_COLUMNS,
     CounterTally,
+    StoreBase,
     StoreCounters,
     capacity_exceeded,
     check_descriptor,
@@ -79,39 +79,28 @@ MIN_PGVECTOR_HNSW: Final = (0, 5, 0)
 MIN_PGVECTOR_ITERATIVE: Final = (0, 8, 0)
 
 
-class PgVectorStore:
+class PgVectorStore(StoreBase):
     """The scale-out vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: every call borrows a pooled connection. Any number of instances, in any
-    number of processes, may share one database schema.
+    number of processes, may share one database schema. In `counters`, an HNSW index scan
+    counts one batch, and `rows_scored` the rows the index returned (PostgreSQL does not
+    report how many it compared).
     """
 
     def __init__(
         self,
         pool: ConnectionPool,
         schema: str,
-        *,
-        hnsw: bool,
-        iterative_scan: bool,
-        ef_search: int,
-        hnsw_min_rows: int,
-        scan_batch_rows: int,
+        searcher: Searcher,
     ) -> None:
         """Private: use `PgVectorStore.open(dsn)`, which prepares the schema."""
         self._pool = pool
         self._schema = schema
         self._lock = threading.Lock()
         self._corpora: dict[str, CorpusDescriptor] = {}
-        self._counters = CounterTally()
-        self._searcher = Searcher(
-            schema,
-            self._counters,
-            hnsw=hnsw,
-            iterative_scan=iterative_scan,
-            ef_search=ef_search,
-            hnsw_min_rows=hnsw_min_rows,
-            scan_batch_rows=scan_batch_rows,
-        )
+        self._counters = searcher.counters
+        self._searcher = searcher
 
     @classmethod
     def open(
@@ -184,40 +173,21 @@ class PgVectorStore:
         except BaseException:
             pool.close()
             raise
-        return cls(
-            pool,
+        searcher = Searcher(
             schema,
+            CounterTally(),
             hnsw=hnsw,
             iterative_scan=version >= MIN_PGVECTOR_ITERATIVE,
             ef_search=ef_search,
             hnsw_min_rows=hnsw_min_rows,
             scan_batch_rows=scan_batch_rows,
         )
-
-    def __enter__(self) -> PgVectorStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        return cls(pool, schema, searcher)
 
     @property
     def reclamation(self) -> str:
         """`pending`: deleted rows are reclaimed by (auto)VACUUM, not overwritten at delete."""
         return "pending"
-
-    @property
-    def counters(self) -> StoreCounters:
-        """A snapshot of the scan counters (they only ever increase).
-
-        For an HNSW index scan, one batch is counted and `rows_scored` counts the rows the
-        index returned (PostgreSQL does not report how many it compared).
-        """
-        return self._counters.snapshot
 
     @property
     def search_stats(self) -> PgSearchStats:

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import apsw
 
+from retrieval_host.adapters._store_rules import busy, translating
 from retrieval_host.adapters.sqlite.files import check_sidecars, prepare_database_path
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 
@@ -84,11 +85,7 @@ def store_error(action: str, exc: apsw.Error) -> RetrievalError:
     # The SQLite message is not rendered to callers (it may name paths or values); it stays
     # attached as the cause for the log.
     if isinstance(exc, apsw.BusyError | apsw.LockedError):
-        return RetrievalError(
-            ErrorCode.STORE_UNAVAILABLE,
-            f"the database stayed locked by another writer while {action}.",
-            reason="busy",
-        )
+        return busy(action)
     if isinstance(exc, apsw.NotADBError):
         return RetrievalError(
             ErrorCode.UNSAFE_STORE,
@@ -100,13 +97,9 @@ def store_error(action: str, exc: apsw.Error) -> RetrievalError:
     )
 
 
-@contextlib.contextmanager
-def translated(action: str) -> Iterator[None]:
+def translated(action: str) -> contextlib.AbstractContextManager[None]:
     """Turn apsw errors raised in the block into `RetrievalError`s (ours pass through)."""
-    try:
-        yield
-    except apsw.Error as exc:
-        raise store_error(action, exc) from exc
+    return translating(apsw.Error, store_error, action)
 
 
 def open_database(path: str | os.PathLike[str], identity: Identity) -> tuple[apsw.Connection, Path]:

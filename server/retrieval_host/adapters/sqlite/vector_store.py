@@ -24,7 +24,6 @@ import os
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
 import apsw
 import numpy as np
@@ -32,6 +31,7 @@ import numpy as np
 from retrieval_host.adapters._store_rules import (
     SOURCE_COLUMNS,
     CounterTally,
+    StoreBase,
     StoreCounters,
     check_descriptor,
     checked_replacement,
@@ -79,7 +79,7 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounte
 _log = logging.getLogger(__name__)
 
 
-class SqliteVectorStore:
+class SqliteVectorStore(StoreBase):
     """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
@@ -132,26 +132,10 @@ class SqliteVectorStore:
         conn, database = open_database(path, IDENTITY)
         return cls(conn, database, scan_batch_rows, grant_cache_bytes)
 
-    def __enter__(self) -> SqliteVectorStore:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     @property
     def reclamation(self) -> str:
         """`overwritten`: `secure_delete` zeroes freed pages and deletes checkpoint the WAL."""
         return "overwritten"
-
-    @property
-    def counters(self) -> StoreCounters:
-        """A snapshot of the scan counters (they only ever increase)."""
-        return self._counters.snapshot
 
     def close(self) -> None:
         """Close the connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
