@@ -30,7 +30,7 @@ import numpy as np
 import uvicorn
 
 from bench._common import CORPUS, NAMESPACE, REVISION, descriptor
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.ports import Candidate
 from retrieval_host.workers import reuse_port_socket

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
 from retrieval_host.core.models import Location

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bench._common import NAMESPACE, REVISION, Matrix, descriptor
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import EmbeddingDescriptor

@@ -46,7 +46,7 @@ from bench._common import (
     stored_rows,
 )
 from bench._machine import describe, usable_cores
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 
 FLOOR_FACTOR = 3.0
 FIXED_MS = 2.0

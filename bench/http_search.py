@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO), "ANONYMIZED_TELEMETRY": "False"}
     with private_directory("rh-bench-http-") as work, ExitStack() as stack:
         tls = make_tls(work)
-        from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+        from retrieval_host.adapters.sqlite import SqliteVectorStore
         from retrieval_host.cli import new_token, token_config_entry
 
         started = time.perf_counter()

@@ -38,7 +38,7 @@ import apsw
 from bench._common import REPO, Verdicts, private_directory
 from bench._machine import describe, usable_cores
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant

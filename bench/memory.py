@@ -133,7 +133,7 @@ class MemoryResult:
 
 def _child(path: Path, dims: int) -> None:
     """Runs in a fresh process: open the store, load it, report resident memory as JSON."""
-    from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+    from retrieval_host.adapters.sqlite import SqliteVectorStore
     from retrieval_host.core.cancel import CancelToken
 
     gc.collect()
@@ -159,7 +159,7 @@ def measure_memory(
     vectors = shape.sample(count, stream=3)
     with private_directory("rh-bench-memory-") as scratch:
         path = scratch / "store.sqlite"
-        from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+        from retrieval_host.adapters.sqlite import SqliteVectorStore
 
         with SqliteVectorStore.open(path) as store:
             store.open_corpus(descriptor(shape.dims))

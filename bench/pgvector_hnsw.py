@@ -36,7 +36,7 @@ import numpy.typing as npt
 import psycopg
 from psycopg import sql
 
-from retrieval_host.adapters.store_pgvector import PgVectorStore
+from retrieval_host.adapters.postgres import PgVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
 from retrieval_host.core.models import Location

@@ -4,7 +4,7 @@ import tempfile
 from pathlib import Path
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SearchRequest, SourceInfo
 from retrieval_host.core.ports import AuthorizationRequest, Grant

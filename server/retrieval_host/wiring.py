@@ -20,7 +20,7 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
     """SQLite at `store.sqlitePath`, or PostgreSQL + pgvector at `store.postgresDsn`."""
     store = settings.store
     if store.postgres_dsn is not None:
-        from retrieval_host.adapters.store_pgvector import PgVectorStore
+        from retrieval_host.adapters.postgres import PgVectorStore
 
         dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
         return PgVectorStore.open(
@@ -34,7 +34,7 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
         raise RetrievalError(
             ErrorCode.STORE_UNAVAILABLE, "set store.sqlitePath or store.postgresDsn."
         )
-    from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+    from retrieval_host.adapters.sqlite import SqliteVectorStore
 
     return SqliteVectorStore.open(settings.path(store.sqlite_path))
 
@@ -44,11 +44,11 @@ def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> RunSt
     replica), or a SQLite file (`runs.sqlitePath`, default `runs.db` beside the store)."""
     store = settings.store
     if store.postgres_dsn is not None:
-        from retrieval_host.adapters.run_store_pg import PgRunStore
+        from retrieval_host.adapters.postgres import PgRunStore
 
         dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
         return PgRunStore.open(dsn, schema=store.postgres_schema)
-    from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
+    from retrieval_host.adapters.sqlite import SqliteRunStore
 
     path = settings.runs.sqlite_path
     if path is None:

@@ -12,7 +12,7 @@ from anyio.from_thread import start_blocking_portal
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
-from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
+from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.driver import Driver
 from retrieval_host_client import AsyncClient, Client

@@ -12,9 +12,10 @@ from typing import Protocol
 
 import pytest
 
+from retrieval_host.adapters._store_rules import StoreCounters
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.store_pgvector import PgVectorStore
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore, StoreCounters
+from retrieval_host.adapters.postgres import PgVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.ports import VectorStore
 from tests.support.pg import pg_server_session, schema_for, shared_dsn
 from tests.support.sqlite_store import descriptor

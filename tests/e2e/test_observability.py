@@ -22,7 +22,7 @@ import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
-from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
+from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor

@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx
 
-from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteRunStore, SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.http.shutdown import Shutdown
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI

@@ -14,7 +14,7 @@ from pathlib import Path
 import apsw
 import numpy as np
 
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from tests.support.sqlite_crash_writer import (
     CORPUS,

@@ -9,8 +9,7 @@ import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
-from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteRunStore, SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo

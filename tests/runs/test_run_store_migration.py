@@ -8,7 +8,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
+from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import Location
 from retrieval_host.core.run_codec import result_to_json

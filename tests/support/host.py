@@ -26,7 +26,7 @@ import trustme
 import uvicorn
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo

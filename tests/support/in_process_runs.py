@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from retrieval_host.adapters.run_store_sqlite import SqliteRunStore
+from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.run_ports import GenerationProvider
 from retrieval_host.core.runs import RunEngine

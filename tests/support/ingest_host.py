@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import EmbeddingDescriptor

@@ -125,7 +125,7 @@ def _race(
 
 def main() -> None:  # pragma: no cover - runs in the replica process
     from retrieval_host.adapters.embedding_local import LocalEmbedding
-    from retrieval_host.adapters.store_pgvector import PgVectorStore
+    from retrieval_host.adapters.postgres import PgVectorStore
     from retrieval_host.core.service import Corpus, RetrievalService
 
     name = os.environ["RH_REPLICA_NAME"]

@@ -81,10 +81,10 @@ def authorize(request: AuthorizationRequest, context: RequestContext) -> Grant |
 
 def open_store(argv: list[str]) -> VectorStore:
     if argv[0] == "sqlite":
-        from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+        from retrieval_host.adapters.sqlite import SqliteVectorStore
 
         return SqliteVectorStore.open(argv[1])
-    from retrieval_host.adapters.store_pgvector import PgVectorStore
+    from retrieval_host.adapters.postgres import PgVectorStore
 
     return PgVectorStore.open(argv[1], schema=argv[2])
 

@@ -13,7 +13,7 @@ import zlib
 
 import numpy as np
 
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.sqlite_store import descriptor, revision, revision_text, unit_vectors
 

@@ -21,7 +21,7 @@ from bench._common import CORPUS, NAMESPACE, Clusters, descriptor, fill, source_
 from bench._http_app import create_driver
 from bench._loadgen import Target, fetch_once, request, run_load
 
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError

@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from retrieval_host.adapters.embedding_openai import OpenAIEmbedding, estimate_tokens
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import EmbeddingDescriptor

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore, StoreCounters
+from retrieval_host.adapters._store_rules import StoreCounters
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits, StoredChunk

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 
 OTHER_UID = 65534  # nobody

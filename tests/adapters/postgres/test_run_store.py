@@ -10,9 +10,8 @@ import psycopg
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.postgres import PgRunStore, PgVectorStore
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
-from retrieval_host.adapters.run_store_pg import PgRunStore
-from retrieval_host.adapters.store_pgvector import PgVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo

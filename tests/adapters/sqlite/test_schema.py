@@ -9,12 +9,9 @@ import apsw
 import numpy as np
 import pytest
 
-from retrieval_host.adapters.store_sqlite import (
-    APPLICATION_ID,
-    SCHEMA_VERSION,
-    SqliteVectorStore,
-    check_sqlite_version,
-)
+from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite.schema import check_sqlite_version
+from retrieval_host.adapters.sqlite.tables import APPLICATION_ID, SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits

@@ -17,8 +17,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from retrieval_host.adapters.run_store_pg import PgRunStore
-from retrieval_host.adapters.store_pgvector import PgVectorStore
+from retrieval_host.adapters.postgres import PgRunStore, PgVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from retrieval_host.adapters import store_sqlite
-from retrieval_host.adapters.store_sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import scan as sqlite_scan
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -113,9 +113,9 @@ def test_the_cache_off_gives_the_same_answers(tmp_path: Path, vectors: Matrix) -
 def test_a_scan_shared_with_the_pool_equals_the_brute_force_answer(
     tmp_path: Path, vectors: Matrix, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_sqlite, "PARALLEL_MIN_ROWS", 1)
+    monkeypatch.setattr(sqlite_scan, "PARALLEL_MIN_ROWS", 1)
     with _open(tmp_path / "shared.db", vectors, scan_batch_rows=5) as shared:
-        shared._helpers = 1  # a helper thread even on a one-core machine
+        shared._scanner._helpers = 1  # a helper thread even on a one-core machine
         every = list(range(SOURCES))
         for query in _unit(np.random.default_rng(3), 4):
             assert _ids(shared, every, query, 7) == _brute(vectors, every, query, 7)

@@ -1,6 +1,6 @@
 """Durable run records and idempotency keys in PostgreSQL, shared by every host replica.
 
-Same semantics as `run_store_sqlite.SqliteRunStore`: `begin` inserts a `running` record, or,
+Same semantics as `sqlite.run_store.SqliteRunStore`: `begin` inserts a `running` record, or,
 when the subject already used the idempotency key, inserts nothing and returns the existing
 record, so a replay works whichever replica receives it. Two replicas beginning the same key at
 once are settled by the unique constraint: `INSERT ... ON CONFLICT DO NOTHING` waits for the
@@ -14,22 +14,26 @@ The table lives in the same schema as the vector store (default `retrieval_host`
 
 from __future__ import annotations
 
-import json
 from typing import Final
 
 from psycopg import sql
 
-from retrieval_host.adapters._rows import RUN_COLUMNS, run_record
-from retrieval_host.adapters.store_pgvector import (
+from retrieval_host.adapters._store_rules import (
+    RUN_COLUMNS,
+    RUN_INSERT_COLUMNS,
+    RUN_STATUSES,
+    run_insert_values,
+    run_record,
+    run_result_json,
+)
+from retrieval_host.adapters.postgres.pool import Connection, ConnectionPool, translated
+from retrieval_host.adapters.postgres.schema import (
     DEFAULT_SCHEMA,
-    Connection,
-    ConnectionPool,
     check_schema_name,
     ensure_schema_component,
-    translated,
+    schema_sql,
 )
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
 
@@ -53,12 +57,12 @@ _TABLES: Final = {
     }
 }
 _DDL: Final = (
-    """CREATE TABLE {s}.runs (
+    f"""CREATE TABLE {{s}}.runs (
         run_id text PRIMARY KEY,
         subject text NOT NULL,
         idempotency_key text,
         fingerprint text NOT NULL,
-        status text NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
+        status text NOT NULL CHECK (status IN ({RUN_STATUSES})),
         created_at text NOT NULL,
         result_json text,
         error_code text,
@@ -129,20 +133,11 @@ class PgRunStore:
         ):
             inserted = conn.execute(
                 self._sql(
-                    "INSERT INTO {s}.runs (run_id, subject, idempotency_key, fingerprint, "
-                    "status, created_at, provider, corpus) "
+                    f"INSERT INTO {{s}}.runs ({RUN_INSERT_COLUMNS}) "  # noqa: S608 - constants
                     "VALUES (%s, %s, %s, %s, 'running', %s, %s, %s) "
                     "ON CONFLICT (subject, idempotency_key) DO NOTHING RETURNING run_id"
                 ),
-                (
-                    record.run_id,
-                    record.subject,
-                    record.idempotency_key,
-                    record.request_fingerprint,
-                    record.created_at,
-                    record.provider,
-                    record.corpus,
-                ),
+                run_insert_values(record),
             ).fetchone()
             if inserted is not None:
                 return None
@@ -160,7 +155,7 @@ class PgRunStore:
 
     def complete(self, run_id: str, result: RunResult) -> None:
         """Mark the run completed with its result (as the public JSON)."""
-        body = json.dumps(result_to_json(result), separators=(",", ":"))
+        body = run_result_json(result)
         with self._pool.connection() as conn, translated("completing a run"):
             conn.execute(
                 self._sql(
@@ -196,7 +191,7 @@ class PgRunStore:
         self._pool.close()
 
     def _sql(self, template: str) -> sql.Composed:
-        return sql.SQL(template).format(s=sql.Identifier(self._schema))
+        return schema_sql(self._schema, template)
 
 
 def _reject_nul(*values: str | None) -> None:

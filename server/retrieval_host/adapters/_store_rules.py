@@ -1,0 +1,325 @@
+"""What the SQLite and PostgreSQL stores share, written once so both answer alike.
+
+Counters (`StoreCounters`, `CounterTally`), the errors both raise with the same code, reason and
+text, the checks a replacement passes before either database is touched, and the mapping of
+database rows to domain values (both select the same columns in the same order). Stored vectors
+become unit rows the same way in both, so both score alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from retrieval_host.core.descriptor import CorpusDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.ports import CapacityLimits, StoredChunk, StoredSource, Vectors
+from retrieval_host.core.run_codec import result_from_json, result_to_json
+from retrieval_host.core.run_ports import RunRecord, RunStatus
+from retrieval_host.core.runs_model import RunResult
+
+_Matrix = npt.NDArray[np.float32]
+
+# --- counters -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCounters:
+    """Monotonic scan counters (a snapshot): observe that a cancelled request stopped scanning."""
+
+    scans_started: int = 0
+    scan_batches: int = 0
+    scans_cancelled: int = 0
+    rows_scored: int = 0
+
+
+class CounterTally:
+    """The live `StoreCounters` of one store: added to by any thread, read as a snapshot."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters = StoreCounters()
+
+    @property
+    def snapshot(self) -> StoreCounters:
+        with self._lock:
+            return self._counters
+
+    def add(
+        self,
+        *,
+        scans_started: int = 0,
+        scan_batches: int = 0,
+        scans_cancelled: int = 0,
+        rows_scored: int = 0,
+    ) -> None:
+        with self._lock:
+            c = self._counters
+            self._counters = StoreCounters(
+                c.scans_started + scans_started,
+                c.scan_batches + scan_batches,
+                c.scans_cancelled + scans_cancelled,
+                c.rows_scored + rows_scored,
+            )
+
+
+class StoreBase:
+    """What both vector stores' objects share: the counters, and closing as a context manager."""
+
+    _counters: CounterTally
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def counters(self) -> StoreCounters:
+        """A snapshot of the scan counters (they only ever increase)."""
+        return self._counters.snapshot
+
+
+# --- errors both stores raise ---------------------------------------------------------------
+
+
+def closed() -> RetrievalError:
+    return RetrievalError(ErrorCode.STORE_UNAVAILABLE, "the store is closed.", reason="closed")
+
+
+@contextlib.contextmanager
+def translating(
+    driver_error: type[Exception], translate: Callable[[str, Any], RetrievalError], action: str
+) -> Iterator[None]:
+    """Turn the driver's errors raised in the block into `RetrievalError`s (ours pass through);
+    the driver's message stays attached as the cause, for the log only."""
+    try:
+        yield
+    except driver_error as exc:
+        raise translate(action, exc) from exc
+
+
+def busy(action: str) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"the database stayed locked by another writer while {action}.",
+        reason="busy",
+    )
+
+
+def corpus_not_open(corpus: str) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"corpus {corpus!r} has not been opened on this store.",
+        reason="corpus-not-open",
+    )
+
+
+def corpus_missing(corpus: str) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"corpus {corpus!r} is missing from the database.",
+        reason="corpus-missing",
+    )
+
+
+def concurrent_writer() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.SOURCE_CONFLICT,
+        "another writer changed this source first; read it again and retry if the change "
+        "still applies.",
+        reason="concurrent-writer",
+    )
+
+
+def stale_revision() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.SOURCE_CONFLICT,
+        "the source is at another revision; delete names the exact current revision.",
+        reason="stale-revision",
+    )
+
+
+def chunk_id_taken() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.CHUNK_ID_CONFLICT,
+        "a chunk id of this revision is already used by another source in this namespace.",
+    )
+
+
+def capacity_exceeded(limits: CapacityLimits) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.CAPACITY_EXCEEDED,
+        f"the corpus may hold at most {limits.max_corpus_payload_bytes} bytes of passages "
+        "and vectors.",
+        reason="corpus-payload",
+    )
+
+
+def check_descriptor(descriptor: CorpusDescriptor, stored_json: str) -> None:
+    """`DESCRIPTOR_MISMATCH` when the stored descriptor differs in a field that matters."""
+    if stored_json == descriptor.canonical_json():
+        return
+    differing = descriptor.mismatch(stored_json)
+    if differing:
+        raise RetrievalError(
+            ErrorCode.DESCRIPTOR_MISMATCH,
+            f"corpus {descriptor.corpus_id!r} was built with a different "
+            f"descriptor; differing fields: {', '.join(differing)}.",
+        )
+
+
+# --- replacement checks ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """A revision checked for `replace_source`, before any database is touched."""
+
+    chunk_ids: list[str]
+    raw: _Matrix  # the vectors as given (float32, a copy)
+    unit: _Matrix  # the same rows at unit length
+    metadata_json: str
+    payload: int  # bytes of passage text and vectors, counted against the corpus limit
+
+
+def checked_replacement(
+    dims: int, source: StoredSource, chunks: Sequence[StoredChunk]
+) -> Replacement:
+    """The checks every store makes of a revision; `INVALID_REQUEST` for the first failing."""
+    if source.chunk_count != len(chunks):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, "chunk_count must equal the number of chunks."
+        )
+    chunk_ids = [c.chunk_id for c in chunks]
+    if len(set(chunk_ids)) != len(chunk_ids) or len({c.ordinal for c in chunks}) != len(chunks):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            "chunk ids and ordinals must be unique within a source.",
+        )
+    raw = stack_vectors(dims, [c.vector for c in chunks], "passage vectors")
+    unit = unit_rows(raw, "passage vectors")
+    payload = sum(len(c.text.encode("utf-8")) for c in chunks) + raw.shape[0] * dims * 4
+    metadata_json = json.dumps(
+        source.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return Replacement(chunk_ids, raw, unit, metadata_json, payload)
+
+
+def check_expected_revision(current: str | None, expected: str | None) -> None:
+    """`SOURCE_CONFLICT` (concurrent-writer) unless the source is still at `expected`."""
+    if current != expected:
+        raise concurrent_writer()
+
+
+def stack_vectors(dims: int, vectors: Sequence[Vectors], what: str) -> _Matrix:
+    """The vectors as one new float32 matrix; `INVALID_REQUEST` for a wrong shape."""
+    if not vectors:
+        return np.empty((0, dims), dtype=np.float32)
+    arrays = [np.asarray(v) for v in vectors]
+    if any(a.shape != (dims,) for a in arrays):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            f"{what} must have shape ({dims},), the corpus dimensions.",
+            reason="vector-shape",
+        )
+    # np.stack copies: the caller's arrays are never written to.
+    return np.stack(arrays).astype(np.float32, copy=False)
+
+
+def unit_rows(vectors: _Matrix, what: str) -> _Matrix:
+    """A new array of the rows scaled to unit length; the input is never written to."""
+    if not np.all(np.isfinite(vectors)):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"{what} must be finite.", reason="vector-values"
+        )
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    if np.any(norms == 0):
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"{what} must not be zero.", reason="vector-values"
+        )
+    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
+
+
+# --- rows -----------------------------------------------------------------------------------
+
+SOURCE_COLUMNS = (
+    "source_id, revision, title, metadata_json, document_sha256, fingerprint, chunk_count"
+)
+
+
+def stored_source(row: Sequence[Any]) -> StoredSource:
+    """A `sources` row, its columns in the order of `SOURCE_COLUMNS`."""
+    return StoredSource(
+        source_id=str(row[0]),
+        revision=str(row[1]),
+        title=str(row[2]),
+        metadata=json.loads(str(row[3])),
+        document_sha256=str(row[4]),
+        fingerprint=str(row[5]),
+        chunk_count=int(row[6]),
+    )
+
+
+RUN_STATUSES = "'running', 'completed', 'failed', 'cancelled'"
+RUN_COLUMNS = (
+    "run_id, subject, idempotency_key, fingerprint, status, created_at, result_json, "
+    "error_code, provider, corpus"
+)
+# The columns `begin` writes (status is always 'running'), in the order of `run_insert_values`.
+RUN_INSERT_COLUMNS = (
+    "run_id, subject, idempotency_key, fingerprint, status, created_at, provider, corpus"
+)
+
+
+def run_insert_values(record: RunRecord) -> tuple[str | None, ...]:
+    """The values of `RUN_INSERT_COLUMNS` but status, which the statement writes itself."""
+    return (
+        record.run_id,
+        record.subject,
+        record.idempotency_key,
+        record.request_fingerprint,
+        record.created_at,
+        record.provider,
+        record.corpus,
+    )
+
+
+def run_result_json(result: RunResult) -> str:
+    """A completed run's result as stored: the public JSON, compact."""
+    return json.dumps(result_to_json(result), separators=(",", ":"))
+
+
+def run_record(row: Sequence[Any]) -> RunRecord:
+    """A `runs` row, its columns in the order of `RUN_COLUMNS`."""
+    (run_id, subject, key, fingerprint, status, created_at, result_json, error_code, provider,
+     corpus) = row  # fmt: skip
+    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
+    return RunRecord(
+        run_id=str(run_id),
+        subject=str(subject),
+        idempotency_key=None if key is None else str(key),
+        request_fingerprint=str(fingerprint),
+        status=cast(RunStatus, str(status)),
+        created_at=str(created_at),
+        result=result,
+        error_code=None if error_code is None else str(error_code),
+        provider=None if provider is None else str(provider),
+        corpus=None if corpus is None else str(corpus),
+    )

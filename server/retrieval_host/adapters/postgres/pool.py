@@ -1,0 +1,191 @@
+"""PostgreSQL connections: a small pool, transactions on autocommit connections, advisory lock
+keys, and the translation of driver errors into the codes and reasons both stores share.
+
+A connection carries session settings (search path, timeouts, type adapters), so the pool needs
+session-level connections (direct, or a session-pooling proxy, not transaction pooling). A
+broken connection is dropped; nothing is retried automatically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from retrieval_host.adapters._store_rules import (
+    busy,
+    chunk_id_taken,
+    closed,
+    concurrent_writer,
+    translating,
+)
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+
+__all__ = ["Connection", "ConnectionPool", "lock_key", "store_error", "transaction", "translated"]
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
+    # The server's message is not rendered to callers (it may quote values); it stays attached
+    # as the cause for the log.
+    if isinstance(exc, pg_errors.UniqueViolation):
+        constraint = exc.diag.constraint_name or ""
+        if constraint.startswith("chunks_chunk_id"):
+            return chunk_id_taken()
+        if constraint.startswith("sources_source"):
+            return concurrent_writer()
+    if isinstance(exc, pg_errors.DeadlockDetected | pg_errors.SerializationFailure):
+        return concurrent_writer()
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return busy(action)
+    if isinstance(exc, pg_errors.QueryCanceled):
+        return RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"the database statement timeout passed while {action}.",
+            reason="statement-timeout",
+        )
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"the database connection failed while {action}.",
+            reason="connection",
+        )
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"the database failed while {action}.",
+        reason="database-error",
+    )
+
+
+def translated(action: str) -> contextlib.AbstractContextManager[None]:
+    """Turn driver errors raised in the block into `RetrievalError`s (ours pass through)."""
+    return translating(psycopg.Error, store_error, action)
+
+
+class ConnectionPool:
+    """A small thread-safe pool of autocommit connections, opened lazily up to `size`.
+
+    `setup` runs once on each new connection (session settings, type adapters). A connection
+    that comes back broken, or in a transaction, is closed instead of reused.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        size: int,
+        setup: Callable[[Connection], None],
+        *,
+        acquire_timeout_s: float = 30.0,
+    ) -> None:
+        if isinstance(size, bool) or size < 1:
+            raise ValueError("pool_size must be a positive integer")
+        params = conninfo_to_dict(dsn)
+        params.setdefault("application_name", "retrieval-host")
+        params.setdefault("connect_timeout", 10)
+        self._conninfo = make_conninfo("", **params)
+        self._size = size
+        self._setup = setup
+        self._timeout = acquire_timeout_s
+        self._idle: list[Connection] = []
+        self._open = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """Borrow a connection for the block (`STORE_UNAVAILABLE` if none can be had)."""
+        conn = self._acquire()
+        try:
+            yield conn
+        finally:
+            self._release(conn)
+
+    def close(self) -> None:
+        """Close idle connections now and borrowed ones when they come back. Idempotent."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+    def _acquire(self) -> Connection:
+        deadline = time.monotonic() + self._timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise closed()
+                if self._idle:
+                    return self._idle.pop()
+                if self._open < self._size:
+                    self._open += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RetrievalError(
+                        ErrorCode.STORE_UNAVAILABLE,
+                        "no database connection became free in time.",
+                        reason="busy",
+                    )
+                self._cond.wait(left)
+        try:
+            with translated("connecting to the database"):
+                conn: Connection = psycopg.connect(self._conninfo, autocommit=True)
+                try:
+                    self._setup(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+        except BaseException:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+            raise
+        return conn
+
+    def _release(self, conn: Connection) -> None:
+        keep = not conn.closed and not conn.broken
+        if keep and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            keep = False  # an interrupted block: its session state is unknown
+        with self._cond:
+            if keep and not self._closed:
+                self._idle.append(conn)
+            else:
+                self._open -= 1
+                keep = False
+            self._cond.notify()
+        if not keep:
+            conn.close()
+
+
+def transaction(
+    conn: Connection, *, repeatable_read: bool = False, read_only: bool = False
+) -> contextlib.AbstractContextManager[Any]:
+    """A transaction block on an autocommit connection with the given characteristics."""
+    conn.isolation_level = (
+        psycopg.IsolationLevel.REPEATABLE_READ
+        if repeatable_read
+        else psycopg.IsolationLevel.READ_COMMITTED
+    )
+    conn.read_only = read_only
+    return conn.transaction()
+
+
+def lock_key(*parts: str) -> int:
+    """A signed 64-bit advisory lock key for the parts (collisions only serialise more)."""
+    digest = hashlib.sha256(json.dumps(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)

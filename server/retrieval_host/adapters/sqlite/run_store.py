@@ -1,0 +1,113 @@
+"""Durable run records and idempotency keys in SQLite (apsw, bundled SQLite >= 3.51.3).
+
+The file is opened by `schema.open_database` with the same checks as the vector store's: a
+private location, our application id (another database is refused with `UNSAFE_STORE`), and
+a schema version this host reads, migrating an earlier release's file in place.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Final
+
+import apsw
+
+from retrieval_host.adapters._store_rules import (
+    RUN_COLUMNS,
+    RUN_INSERT_COLUMNS,
+    RUN_STATUSES,
+    run_insert_values,
+    run_record,
+    run_result_json,
+)
+from retrieval_host.adapters.sqlite.schema import Identity, open_database
+from retrieval_host.core.run_ports import RunRecord, RunStatus
+from retrieval_host.core.runs_model import RunResult
+
+__all__ = ["SqliteRunStore"]
+
+APPLICATION_ID: Final = 0x52484E52  # "RHNR": retrieval-host run records
+SCHEMA_VERSION: Final = 2
+_SCHEMA: Final = (
+    f"""CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY,
+    subject TEXT NOT NULL,
+    idempotency_key TEXT,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ({RUN_STATUSES})),
+    created_at TEXT NOT NULL,
+    result_json TEXT,
+    error_code TEXT,
+    provider TEXT,
+    corpus TEXT,
+    UNIQUE (subject, idempotency_key)
+)""",
+)
+# Version 1 had no provider and corpus columns; opening it adds them (NULL for older runs).
+_MIGRATIONS: Final = {
+    1: ("ALTER TABLE runs ADD COLUMN provider TEXT", "ALTER TABLE runs ADD COLUMN corpus TEXT")
+}
+IDENTITY: Final = Identity(
+    APPLICATION_ID, SCHEMA_VERSION, frozenset({"runs"}), _SCHEMA, _MIGRATIONS
+)
+_SELECT: Final = f"SELECT {RUN_COLUMNS} FROM runs"  # noqa: S608 - constant column names
+
+
+class SqliteRunStore:
+    """Implements `core.run_ports.RunStore`. One connection, serialized by a lock."""
+
+    def __init__(self, connection: apsw.Connection) -> None:
+        """Private: use `SqliteRunStore.open(path)`, which checks and prepares the file."""
+        self._db = connection
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> SqliteRunStore:
+        """Open (creating if missing) the run database at `path`.
+
+        Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
+        SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
+        """
+        connection, _ = open_database(path, IDENTITY)
+        return cls(connection)
+
+    def begin(self, record: RunRecord) -> RunRecord | None:
+        with self._lock, self._db:
+            self._db.execute(
+                f"INSERT INTO runs ({RUN_INSERT_COLUMNS})"  # noqa: S608 - constant columns
+                " VALUES (?, ?, ?, ?, 'running', ?, ?, ?)"
+                " ON CONFLICT (subject, idempotency_key) DO NOTHING",
+                run_insert_values(record),
+            )
+            if self._db.changes() == 1:
+                return None
+            rows = self._db.execute(
+                _SELECT + " WHERE subject = ? AND idempotency_key = ?",
+                (record.subject, record.idempotency_key),
+            ).fetchall()
+        return run_record(rows[0])
+
+    def complete(self, run_id: str, result: RunResult) -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                "UPDATE runs SET status = 'completed', result_json = ? WHERE run_id = ?",
+                (run_result_json(result), run_id),
+            )
+
+    def finish(self, run_id: str, status: RunStatus, error_code: str) -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                "UPDATE runs SET status = ?, error_code = ?"
+                " WHERE run_id = ? AND status = 'running'",
+                (status, error_code, run_id),
+            )
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._lock:
+            rows = self._db.execute(_SELECT + " WHERE run_id = ?", (run_id,)).fetchall()
+        return run_record(rows[0]) if rows else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

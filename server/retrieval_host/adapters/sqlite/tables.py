@@ -1,0 +1,157 @@
+"""The vector store's tables in SQLite: their schema, and the statements the store runs on them
+beyond plain reads (the replacement checks, the corpus generation, loading one revision)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import apsw
+import numpy as np
+
+from retrieval_host.adapters._store_rules import (
+    capacity_exceeded,
+    check_expected_revision,
+    chunk_id_taken,
+    corpus_missing,
+)
+from retrieval_host.adapters.sqlite.scan import Matrix, check_stored
+from retrieval_host.adapters.sqlite.schema import Identity, one, translated
+from retrieval_host.adapters.sqlite.segment import Loaded, Revision
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import Location
+from retrieval_host.core.ports import CapacityLimits
+
+APPLICATION_ID: Final = 0x52485653  # "RHVS": retrieval-host vector store
+SCHEMA_VERSION: Final = 1
+
+_SCHEMA: Final = (
+    """CREATE TABLE corpora (
+        corpus_id TEXT PRIMARY KEY,
+        descriptor_json TEXT NOT NULL,
+        generation INTEGER NOT NULL DEFAULT 0
+    ) STRICT""",
+    """CREATE TABLE sources (
+        id INTEGER PRIMARY KEY,
+        corpus_id TEXT NOT NULL REFERENCES corpora(corpus_id),
+        namespace TEXT NOT NULL,
+        source_id TEXT NOT NULL,
+        revision TEXT NOT NULL,
+        title TEXT NOT NULL,
+        metadata_json TEXT NOT NULL,
+        document_sha256 TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        chunk_count INTEGER NOT NULL,
+        payload_bytes INTEGER NOT NULL,
+        generation INTEGER NOT NULL,
+        UNIQUE (corpus_id, namespace, source_id)
+    ) STRICT""",
+    """CREATE TABLE chunks (
+        source_pk INTEGER NOT NULL REFERENCES sources(id) ON DELETE CASCADE,
+        corpus_id TEXT NOT NULL,
+        namespace TEXT NOT NULL,
+        chunk_id TEXT NOT NULL,
+        ordinal INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        page INTEGER,
+        start_line INTEGER,
+        end_line INTEGER,
+        document_id TEXT,
+        vector BLOB NOT NULL,
+        UNIQUE (corpus_id, namespace, chunk_id),
+        UNIQUE (source_pk, ordinal)
+    ) STRICT""",
+)
+IDENTITY: Final = Identity(
+    APPLICATION_ID, SCHEMA_VERSION, frozenset({"corpora", "sources", "chunks"}), _SCHEMA
+)
+
+
+def committed_generation(conn: apsw.Connection, corpus: str) -> int | None:
+    """The corpus's committed generation (None when it has no row), read to the end so that
+    no read transaction stays open."""
+    with translated("reading the corpus generation"):
+        rows = conn.execute(
+            "SELECT generation FROM corpora WHERE corpus_id = ?", (corpus,)
+        ).fetchall()
+    value = rows[0][0] if rows else None
+    return value if isinstance(value, int) else None
+
+
+def check_replacement(
+    conn: apsw.Connection,
+    key: tuple[str, str, str],
+    expected_revision: str | None,
+    chunk_ids: list[str],
+    payload: int,
+    limits: CapacityLimits,
+) -> int | None:
+    """The checks of `replace_source`, inside its transaction; returns the current row id."""
+    corpus, namespace, _ = key
+    current = conn.execute(
+        "SELECT id, revision FROM sources WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
+        key,
+    ).fetchone()
+    current_pk = int(current[0]) if current is not None else None
+    check_expected_revision(str(current[1]) if current is not None else None, expected_revision)
+    taken = conn.execute(
+        "SELECT 1 FROM chunks WHERE corpus_id = ? AND namespace = ? AND source_pk IS NOT ? "
+        "AND chunk_id IN (SELECT value FROM json_each(?)) LIMIT 1",
+        (corpus, namespace, current_pk, json.dumps(chunk_ids)),
+    ).fetchone()
+    if taken is not None:
+        raise chunk_id_taken()
+    used = one(
+        conn.execute(
+            "SELECT COALESCE(SUM(payload_bytes), 0) FROM sources "
+            "WHERE corpus_id = ? AND id IS NOT ?",
+            (corpus, current_pk),
+        )
+    )[0]
+    if int(used) + payload > limits.max_corpus_payload_bytes:
+        raise capacity_exceeded(limits)
+    return current_pk
+
+
+def bump_generation(conn: apsw.Connection, corpus: str) -> tuple[int, int]:
+    row = conn.execute(
+        "UPDATE corpora SET generation = generation + 1 WHERE corpus_id = ? RETURNING generation",
+        (corpus,),
+    ).fetchone()
+    if row is None:
+        raise corpus_missing(corpus)
+    generation = int(row[0])
+    return generation - 1, generation
+
+
+def load_revision(conn: apsw.Connection, dims: int, source_pk: int, out: Matrix) -> Loaded:
+    """One source revision, its unit vectors written into `out` (a slice of staging)."""
+    row = one(
+        conn.execute(
+            "SELECT namespace, source_id, revision, document_sha256, metadata_json, "
+            "generation FROM sources WHERE id = ?",
+            (source_pk,),
+        )
+    )
+    chunks: list[tuple[Any, ...]] = conn.execute(
+        "SELECT chunk_id, CAST(text AS BLOB), page, start_line, end_line, document_id, "
+        "vector FROM chunks WHERE source_pk = ? ORDER BY ordinal",
+        (source_pk,),
+    ).fetchall()
+    width = dims * 4
+    if len(chunks) != len(out) or any(len(c[6]) != width for c in chunks):
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            "a stored vector does not have the corpus dimensions.",
+            reason="corrupt-vector",
+        )
+    if chunks:
+        out[:] = np.frombuffer(b"".join(c[6] for c in chunks), dtype="<f4").reshape(len(chunks), -1)
+        out /= check_stored(out)  # our own staging rows, normalised in place
+    rows = tuple((str(c[0]), bytes(c[1]), Location(c[2], c[3], c[4], c[5])) for c in chunks)
+    return Loaded(
+        str(row[0]),
+        Revision(str(row[1]), str(row[2]), str(row[3]), json.loads(str(row[4])), int(row[5])),
+        rows,
+        out,
+    )

@@ -1,0 +1,510 @@
+"""The embedded SQLite vector store: durable rows in SQLite, similarity in NumPy.
+
+Durability. Sources and passages live in one SQLite file, opened and checked by `schema` (file
+safety, identity, pragmas). A source revision is replaced in one `BEGIN IMMEDIATE` transaction,
+so a reader (in this process or another) sees the old revision or the new one.
+
+Search. Vectors are never read from SQLite per query: each corpus namespace is held in memory
+(`segment.Segment`). A query collects the row spans of the allowed `(source, revision)` pairs
+whose metadata match the filters, then scores only those rows (`scan.Scanner`); a scattered
+grant that is searched again and again is scored from a bounded cache of contiguous copies of
+its rows (`grant_cache.GrantCache`). The in-memory index is updated in place after this store's
+own commits and reloaded per changed source when a per-corpus generation counter shows that
+another connection committed.
+
+Concurrency. Writers are serialised by a process-wide lock per database file and, across
+processes, by SQLite's own locking (with a busy timeout). A search holds no lock while scoring.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+
+import apsw
+import numpy as np
+
+from retrieval_host.adapters._store_rules import (
+    SOURCE_COLUMNS,
+    CounterTally,
+    StoreBase,
+    StoreCounters,
+    check_descriptor,
+    checked_replacement,
+    closed,
+    corpus_not_open,
+    stale_revision,
+    stored_source,
+)
+from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
+from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scan, Scanner, query_unit
+from retrieval_host.adapters.sqlite.schema import (
+    BUSY_TIMEOUT_MS,
+    immediate,
+    one,
+    open_database,
+    path_lock,
+    transaction,
+    translated,
+    truncate_wal,
+)
+from retrieval_host.adapters.sqlite.segment import CorpusState, Loaded, Revision
+from retrieval_host.adapters.sqlite.tables import (
+    APPLICATION_ID,
+    IDENTITY,
+    SCHEMA_VERSION,
+    bump_generation,
+    check_replacement,
+    committed_generation,
+    load_revision,
+)
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import CorpusDescriptor
+from retrieval_host.core.errors import RetrievalError, source_unavailable
+from retrieval_host.core.models import JSONScalar
+from retrieval_host.core.ports import (
+    Candidate,
+    CapacityLimits,
+    StoredChunk,
+    StoredSource,
+    Vectors,
+)
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounters"]
+
+_log = logging.getLogger(__name__)
+
+
+class SqliteVectorStore(StoreBase):
+    """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
+
+    Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
+    used under a lock, plus one read-only connection per searching thread for the freshness
+    check; searches score outside every lock.
+    """
+
+    def __init__(
+        self,
+        connection: apsw.Connection,
+        path: Path,
+        scan_batch_rows: int,
+        grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
+    ) -> None:
+        """Private: use `SqliteVectorStore.open(path)`, which checks and prepares the file."""
+        self._conn: apsw.Connection | None = connection
+        self._path = path
+        self._write_lock = path_lock(path)
+        self._db_lock = threading.RLock()
+        self._cache_lock = threading.Lock()
+        self._counters = CounterTally()
+        self._corpora: dict[str, CorpusState] = {}
+        self._scanner = Scanner(scan_batch_rows, self._counters.add)
+        self._grants = GrantCache(grant_cache_bytes)
+        # Per-thread read-only connections for the freshness check of every search.
+        self._readers = threading.local()
+        self._reader_lock = threading.Lock()
+        self._reader_conns: list[apsw.Connection] = []
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        scan_batch_rows: int = DEFAULT_SCAN_BATCH_ROWS,
+        grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
+    ) -> SqliteVectorStore:
+        """Open (creating if missing) the store at `path` after the private-location checks.
+
+        `grant_cache_bytes` bounds the copies of repeatedly searched, scattered grants (see
+        `GrantCache`); 0 turns the cache off.
+
+        Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
+        SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
+        """
+        if isinstance(scan_batch_rows, bool) or scan_batch_rows < 1:
+            raise ValueError("scan_batch_rows must be a positive integer")
+        if isinstance(grant_cache_bytes, bool) or grant_cache_bytes < 0:
+            raise ValueError("grant_cache_bytes must be a non-negative integer")
+        conn, database = open_database(path, IDENTITY)
+        return cls(conn, database, scan_batch_rows, grant_cache_bytes)
+
+    @property
+    def reclamation(self) -> str:
+        """`overwritten`: `secure_delete` zeroes freed pages and deletes checkpoint the WAL."""
+        return "overwritten"
+
+    def close(self) -> None:
+        """Close the connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
+        with self._db_lock:
+            with self._reader_lock:
+                for reader in self._reader_conns:
+                    reader.close()
+                self._reader_conns.clear()
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+            with self._cache_lock:
+                self._corpora.clear()
+        self._scanner.close()
+        self._grants.clear()
+
+    # --- corpora -----------------------------------------------------------------------------
+
+    def open_corpus(self, descriptor: CorpusDescriptor) -> None:
+        """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later."""
+        canonical = descriptor.canonical_json()
+        with self._write_lock, self._db_lock:
+            conn = self._connection()
+            with translated("opening a corpus"), immediate(conn):
+                row = conn.execute(
+                    "SELECT descriptor_json FROM corpora WHERE corpus_id = ?",
+                    (descriptor.corpus_id,),
+                ).fetchone()
+                if row is None:
+                    conn.execute(
+                        "INSERT INTO corpora (corpus_id, descriptor_json) VALUES (?, ?)",
+                        (descriptor.corpus_id, canonical),
+                    )
+                else:
+                    check_descriptor(descriptor, str(row[0]))
+        # Loading the vectors can take a while on a big corpus: other writers need not wait.
+        with self._db_lock:
+            state = self._corpora.get(descriptor.corpus_id)
+            if state is None or state.descriptor != descriptor:
+                state = CorpusState(descriptor, {}, {}, -1)
+                with self._cache_lock:
+                    self._corpora[descriptor.corpus_id] = state
+            self._refresh(state)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def get_source(self, corpus: str, namespace: str, source_id: str) -> StoredSource | None:
+        """The current revision of a source, read from SQLite (authoritative), or None."""
+        with self._db_lock, translated("reading a source"):
+            row = (
+                self._connection()
+                .execute(
+                    f"SELECT {SOURCE_COLUMNS} FROM sources "  # noqa: S608 - constant columns
+                    "WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
+                    (corpus, namespace, source_id),
+                )
+                .fetchone()
+            )
+        if row is None:
+            return None
+        return stored_source(row)
+
+    def current_revisions(
+        self, corpus: str, namespace: str, source_ids: Collection[str] | None = None
+    ) -> dict[str, str]:
+        """Source id -> committed current revision in one namespace (see the port).
+
+        Answered from the in-memory index after the same freshness check a search makes (one
+        row read on this thread's own connection; a commit by another connection or process
+        is loaded first), so an authorizer can call it on every request.
+        """
+        state = self._state(corpus)
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            if segment is None:
+                return {}
+            spans = segment.spans
+            if source_ids is None:
+                return {sid: span.revision for sid, span in spans.items()}
+            get = spans.get
+            return {sid: span.revision for sid in source_ids if (span := get(sid)) is not None}
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def replace_source(
+        self,
+        corpus: str,
+        namespace: str,
+        source: StoredSource,
+        chunks: Sequence[StoredChunk],
+        *,
+        expected_revision: str | None,
+        limits: CapacityLimits,
+    ) -> None:
+        """Swap in one whole revision in one IMMEDIATE transaction (see the port's contract)."""
+        state = self._state(corpus)
+        checked = checked_replacement(state.dimensions, source, chunks)
+        blobs = [row.astype("<f4").tobytes() for row in checked.raw]
+        key = (corpus, namespace, source.source_id)
+
+        with self._write_lock, self._db_lock:
+            conn = self._connection()
+            with translated("replacing a source"), immediate(conn):
+                current_pk = check_replacement(
+                    conn, key, expected_revision, checked.chunk_ids, checked.payload, limits
+                )
+                before, generation = bump_generation(conn, corpus)
+                if current_pk is not None:
+                    conn.execute("DELETE FROM sources WHERE id = ?", (current_pk,))
+                source_pk = one(
+                    conn.execute(
+                        "INSERT INTO sources (corpus_id, namespace, source_id, revision, "
+                        "title, metadata_json, document_sha256, fingerprint, chunk_count, "
+                        "payload_bytes, generation) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        (
+                            *key,
+                            source.revision,
+                            source.title,
+                            checked.metadata_json,
+                            source.document_sha256,
+                            source.fingerprint,
+                            len(chunks),
+                            checked.payload,
+                            generation,
+                        ),
+                    )
+                )[0]
+                conn.executemany(
+                    "INSERT INTO chunks (source_pk, corpus_id, namespace, chunk_id, "
+                    "ordinal, text, page, start_line, end_line, document_id, vector) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            source_pk,
+                            corpus,
+                            namespace,
+                            c.chunk_id,
+                            c.ordinal,
+                            c.text,
+                            c.location.page,
+                            c.location.start_line,
+                            c.location.end_line,
+                            c.location.document_id,
+                            blob,
+                        )
+                        for c, blob in zip(chunks, blobs, strict=True)
+                    ],
+                )
+            # Chunks enter the index in ordinal order, the order a reload reads them back in.
+            order = sorted(range(len(chunks)), key=lambda i: chunks[i].ordinal)
+            loaded = Loaded(
+                namespace,
+                Revision(
+                    source.source_id,
+                    source.revision,
+                    source.document_sha256,
+                    json.loads(checked.metadata_json),
+                    generation,
+                ),
+                tuple(
+                    (chunks[i].chunk_id, chunks[i].text.encode("utf-8"), chunks[i].location)
+                    for i in order
+                ),
+                checked.unit[order],
+            )
+            self._after_commit(state, before, generation, [loaded], [])
+
+    def delete_source(self, corpus: str, namespace: str, source_id: str, revision: str) -> int:
+        """Delete exactly that revision; `SOURCE_UNAVAILABLE` if absent, `SOURCE_CONFLICT` if
+        the source is at another revision. Returns the number of passages removed."""
+        state = self._state(corpus)
+        with self._write_lock, self._db_lock:
+            conn = self._connection()
+            with translated("deleting a source"), immediate(conn):
+                current = conn.execute(
+                    "SELECT id, revision FROM sources "
+                    "WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
+                    (corpus, namespace, source_id),
+                ).fetchone()
+                if current is None:
+                    raise source_unavailable()
+                if str(current[1]) != revision:
+                    raise stale_revision()
+                removed = int(
+                    one(
+                        conn.execute(
+                            "SELECT COUNT(*) FROM chunks WHERE source_pk = ?", (current[0],)
+                        )
+                    )[0]
+                )
+                before, generation = bump_generation(conn, corpus)
+                conn.execute("DELETE FROM sources WHERE id = ?", (current[0],))
+            self._after_commit(state, before, generation, [], [(namespace, source_id)])
+            truncate_wal(conn)
+        return removed
+
+    # --- search ------------------------------------------------------------------------------
+
+    def search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        query: Vectors,
+        k: int,
+        cancel: CancelToken,
+        filters: Mapping[str, JSONScalar] | None = None,
+    ) -> list[Candidate]:
+        """Top-k cosine matches among the allowed revisions only, best first.
+
+        Rows outside `allowed` (or the namespace, or the filters) never enter the similarity
+        product. `cancel` is checked before each batch of at most `scan_batch_rows` rows.
+        """
+        state = self._state(corpus)
+        unit_query = query_unit(query, state.dimensions)
+        if k <= 0 or not allowed:
+            return []
+        self._ensure_fresh(state)
+        scan = self._capture(state, namespace, allowed, filters)
+        if scan is None:
+            return []
+        gathered = self._grants.rows(scan)
+        scored = scan if gathered is None else Scan.contiguous(gathered, scan.rows)
+        positions, scores = self._scanner.scan(scored, unit_query, k, cancel)
+        rows = scan.row_numbers(positions)
+        # Best first; equal scores in row order, so results are deterministic.
+        top = np.lexsort((rows, -scores))[:k]
+        results: list[Candidate] = []
+        for i in top:
+            row = scan.rows[int(rows[i])]
+            results.append(
+                Candidate(
+                    chunk_id=row.chunk_id,
+                    source_id=row.source.source_id,
+                    revision=row.source.revision,
+                    text=row.text.decode("utf-8"),
+                    location=row.location,
+                    document_sha256=row.source.document_sha256,
+                    score=min(1.0, max(-1.0, float(scores[i]))),
+                )
+            )
+        return results
+
+    def _capture(
+        self,
+        state: CorpusState,
+        namespace: str,
+        allowed: Mapping[str, str],
+        filters: Mapping[str, JSONScalar] | None,
+    ) -> Scan | None:
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            return None if segment is None else segment.capture(allowed, filters)
+
+    # --- cache maintenance ---------------------------------------------------------------------
+
+    def _ensure_fresh(self, state: CorpusState) -> None:
+        """Reload what other connections committed since the cache was last brought up to date.
+
+        The generation is read on the calling thread's own read-only connection, outside the
+        store's lock: with one shared connection, concurrent searches queued on its lock
+        (each holder also waiting for the GIL to come back from SQLite). Only a changed
+        generation takes the lock, and checks again on the main connection before reloading.
+        """
+        corpus = state.descriptor.corpus_id
+        if committed_generation(self._reader(), corpus) == state.loaded_generation:
+            return
+        with self._db_lock:
+            if committed_generation(self._connection(), corpus) != state.loaded_generation:
+                self._refresh(state)
+
+    def _reader(self) -> apsw.Connection:
+        """This thread's read-only connection to the store (opened on first use)."""
+        conn: apsw.Connection | None = getattr(self._readers, "conn", None)
+        if conn is not None:
+            return conn
+        with self._reader_lock:
+            if self._conn is None:
+                self._connection()  # raises: the store is closed
+            flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
+            conn = apsw.Connection(str(self._path), flags=flags)
+            try:
+                conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+                conn.execute("PRAGMA trusted_schema=OFF")
+                conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
+            except BaseException:
+                conn.close()
+                raise
+            self._reader_conns.append(conn)
+        self._readers.conn = conn
+        return conn
+
+    def _after_commit(
+        self,
+        state: CorpusState,
+        before: int,
+        generation: int,
+        loaded: list[Loaded],
+        removed: list[tuple[str, str]],
+    ) -> None:
+        # Caller holds the db lock. Apply our own change directly only when the cache was
+        # exactly at the generation our transaction started from; otherwise another
+        # connection committed in between and the cache reloads what changed.
+        if state.loaded_generation == before:
+            with self._cache_lock:
+                state.apply(loaded, removed)
+                state.loaded_generation = generation
+            return
+        try:
+            self._refresh(state)
+        except RetrievalError:
+            # The write is committed: failing it now would invite a retry of a done mutation.
+            # The next search retries the reload instead.
+            state.loaded_generation = -1
+            _log.warning("cache reload after a commit failed; retried on the next search")
+
+    def _refresh(self, state: CorpusState) -> None:
+        """Bring one corpus's cache up to date from SQLite, loading only changed sources.
+
+        Caller holds the db lock. The listing and the loads share one read transaction, so the
+        cache moves from one committed state to another.
+        """
+        corpus = state.descriptor.corpus_id
+        conn = self._connection()
+        with translated("loading the corpus"), transaction(conn, "BEGIN"):
+            row = conn.execute(
+                "SELECT generation FROM corpora WHERE corpus_id = ?", (corpus,)
+            ).fetchone()
+            generation = int(row[0]) if row is not None else 0
+            listing = {
+                (str(ns), str(sid)): (int(pk), int(gen), int(count))
+                for pk, ns, sid, gen, count in conn.execute(
+                    "SELECT id, namespace, source_id, generation, chunk_count FROM sources "
+                    "WHERE corpus_id = ?",
+                    (corpus,),
+                )
+            }
+            removed = [key for key in state.generations if key not in listing]
+            changed = [
+                (pk, count)
+                for key, (pk, gen, count) in listing.items()
+                if state.generations.get(key) != gen
+            ]
+            # One staging array for all the loaded vectors, freed whole once they are copied
+            # into the index: thousands of small per-source arrays interleaved with the
+            # passages' long-lived strings would leave the heap fragmented, resident for good.
+            staging = np.empty((sum(c for _, c in changed), state.dimensions), dtype=np.float32)
+            loaded: list[Loaded] = []
+            at = 0
+            for pk, count in changed:
+                loaded.append(load_revision(conn, state.dimensions, pk, staging[at : at + count]))
+                at += count
+        with self._cache_lock:
+            state.apply(loaded, removed)
+            state.loaded_generation = generation
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _connection(self) -> apsw.Connection:
+        if self._conn is None:
+            raise closed()
+        return self._conn
+
+    def _state(self, corpus: str) -> CorpusState:
+        with self._cache_lock:
+            state = self._corpora.get(corpus)
+        if state is None:
+            self._connection()  # a closed store says so first
+            raise corpus_not_open(corpus)
+        return state
