@@ -105,7 +105,8 @@ def _operations() -> list[_Operation]:
             "/readyz",
             "get",
             "getReadiness",
-            "Readiness: stores open and answering, models loaded (503 when not).",
+            "Readiness: stores open and answering, models loaded, and with `listen.workers` every "
+            "worker accepting on its listeners (503 when not).",
             wire.Readiness,
         ),
         _Operation(
