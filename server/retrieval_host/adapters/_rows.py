@@ -12,8 +12,8 @@ import numpy.typing as npt
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import StoredSource
-from retrieval_host.core.run_codec import result_from_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
+from retrieval_host.wire.run_storage import decode_result
 
 
 def stored_source(row: Sequence[Any]) -> StoredSource:
@@ -40,7 +40,7 @@ def run_record(row: Sequence[Any]) -> RunRecord:
     """A `runs` row, its columns in the order of `RUN_COLUMNS`."""
     (run_id, subject, key, fingerprint, status, created_at, result_json, error_code, provider,
      corpus) = row  # fmt: skip
-    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
+    result = decode_result(str(result_json)) if result_json is not None else None
     return RunRecord(
         run_id=str(run_id),
         subject=str(subject),

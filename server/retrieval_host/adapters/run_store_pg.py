@@ -4,8 +4,8 @@ Same semantics as `run_store_sqlite.SqliteRunStore`: `begin` inserts a `running`
 when the subject already used the idempotency key, inserts nothing and returns the existing
 record, so a replay works whichever replica receives it. Two replicas beginning the same key at
 once are settled by the unique constraint: `INSERT ... ON CONFLICT DO NOTHING` waits for the
-other insert to commit, then the reading statement sees it. Results are stored as the public
-JSON of `core.run_codec`.
+other insert to commit, then the reading statement sees it. Results are stored in the
+versioned format of `wire.run_storage`.
 
 The table lives in the same schema as the vector store (default `retrieval_host`) under its own
 `schema_version` component (`run-store`); a schema that is not ours is refused with
@@ -14,7 +14,6 @@ The table lives in the same schema as the vector store (default `retrieval_host`
 
 from __future__ import annotations
 
-import json
 from typing import Final
 
 from psycopg import sql
@@ -29,9 +28,9 @@ from retrieval_host.adapters.store_pgvector import (
     translated,
 )
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
+from retrieval_host.wire.run_storage import encode_result
 
 __all__ = ["PgRunStore"]
 
@@ -159,8 +158,8 @@ class PgRunStore:
         return run_record(row)
 
     def complete(self, run_id: str, result: RunResult) -> None:
-        """Mark the run completed with its result (as the public JSON)."""
-        body = json.dumps(result_to_json(result), separators=(",", ":"))
+        """Mark the run completed with its result (in the `wire.run_storage` format)."""
+        body = encode_result(result)
         with self._pool.connection() as conn, translated("completing a run"):
             conn.execute(
                 self._sql(

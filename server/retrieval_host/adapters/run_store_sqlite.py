@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 
@@ -11,9 +10,9 @@ import apsw
 from retrieval_host.adapters._fs_safety import prepare_database_path
 from retrieval_host.adapters._rows import RUN_COLUMNS, run_record
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
+from retrieval_host.wire.run_storage import encode_result
 
 _APPLICATION_ID = 0x52484E52  # "RHNR": refuse a database that is not ours
 _SCHEMA_VERSION = 2
@@ -100,7 +99,7 @@ class SqliteRunStore:
         return run_record(rows[0])
 
     def complete(self, run_id: str, result: RunResult) -> None:
-        body = json.dumps(result_to_json(result), separators=(",", ":"))
+        body = encode_result(result)
         with self._lock, self._db:
             self._db.execute(
                 "UPDATE runs SET status = 'completed', result_json = ? WHERE run_id = ?",
