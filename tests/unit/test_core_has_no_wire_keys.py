@@ -17,7 +17,7 @@ NOT_WIRE_KEYS = {
     # revision look changed. A digest input, never sent or parsed.
     ("fingerprint.py", "documentSha256"),
     # A JSON Schema keyword in the search tool offered to the model, not our vocabulary.
-    ("runs.py", "additionalProperties"),
+    ("runs/retrieval.py", "additionalProperties"),
 }
 
 
