@@ -7,6 +7,7 @@
 - `run_storage`: how run stores keep a run result. A versioned format of its own, not the
   public wire: the wire may gain or rename fields without rewriting stored records.
 
-Core never imports this package (tests/unit/test_core_has_no_camel_case_keys.py keeps core
-free of wire keys); the HTTP layer and the run stores do.
+Core never imports this package (tests/unit/test_core_has_no_io_imports.py) and holds no
+camelCase key (tests/unit/test_core_has_no_wire_keys.py); the HTTP layer and the run stores
+import it.
 """
