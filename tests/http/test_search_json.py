@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrieval_host.core import models as core
-from retrieval_host.http import mapping
+from retrieval_host.wire import retrieval as mapping
 from retrieval_host_client import models as wire
 
 _text = st.text(max_size=40)

@@ -11,7 +11,6 @@ import pytest
 from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import Location
-from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs_model import (
     GenerationUsage,
@@ -22,6 +21,7 @@ from retrieval_host.core.runs_model import (
 )
 from retrieval_host.http.auth import Principal
 from retrieval_host.http.runs import may_read_run
+from retrieval_host.wire.runs import result_to_json
 
 # The run database exactly as the previous release created it (schema version 1).
 V1_SCHEMA = """

@@ -26,8 +26,8 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import SearchRequest
-from retrieval_host.http import mapping
 from retrieval_host.settings import HostSettings
+from retrieval_host.wire import retrieval as mapping
 
 SMALL = Clusters(clusters=20)
 

@@ -22,9 +22,9 @@ import numpy.typing as npt
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits, StoredChunk, StoredSource, Vectors
-from retrieval_host.core.run_codec import result_from_json, result_to_json
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
+from retrieval_host.wire.run_storage import decode_result, encode_result
 
 _Matrix = npt.NDArray[np.float32]
 
@@ -302,15 +302,15 @@ def run_insert_values(record: RunRecord) -> tuple[str | None, ...]:
 
 
 def run_result_json(result: RunResult) -> str:
-    """A completed run's result as stored: the public JSON, compact."""
-    return json.dumps(result_to_json(result), separators=(",", ":"))
+    """A completed run's result as stored: the versioned format of `wire.run_storage`."""
+    return encode_result(result)
 
 
 def run_record(row: Sequence[Any]) -> RunRecord:
     """A `runs` row, its columns in the order of `RUN_COLUMNS`."""
     (run_id, subject, key, fingerprint, status, created_at, result_json, error_code, provider,
      corpus) = row  # fmt: skip
-    result = result_from_json(json.loads(str(result_json))) if result_json is not None else None
+    result = decode_result(str(result_json)) if result_json is not None else None
     return RunRecord(
         run_id=str(run_id),
         subject=str(subject),

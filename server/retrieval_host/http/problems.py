@@ -1,52 +1,19 @@
-"""`application/problem+json` bodies: the one place an error becomes HTTP.
+"""`application/problem+json` responses: the one place an error becomes HTTP.
 
 Every error path of the host (routes, middleware, the server protocol's header deadline)
-renders through `problem_body`, so all of them carry the same fields and a request id.
+renders through `wire.problems.problem_body`, so all of them carry the same fields and a
+request id.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 
 from starlette.responses import Response
 from starlette.types import Send
 
-from retrieval_host.core.errors import STATUS, TITLES, ErrorCode, RetrievalError
-
-PROBLEM_MEDIA_TYPE = "application/problem+json"
-
-
-def problem_type(code: ErrorCode) -> str:
-    """A stable URI naming the problem type (a URN: it promises no web page)."""
-    return "urn:retrieval-host:problem:" + code.value.lower().replace("_", "-")
-
-
-def problem_body(
-    code: ErrorCode,
-    detail: str,
-    request_id: str,
-    *,
-    status: int | None = None,
-    reason: str | None = None,
-) -> dict[str, object]:
-    """The problem document. `status` overrides the table only for HTTP-level statuses that
-    have no code of their own (404/405 for an unknown route or method, 408 for a slow client)."""
-    body: dict[str, object] = {
-        "type": problem_type(code),
-        "title": TITLES[code],
-        "status": status if status is not None else STATUS[code],
-        "code": code.value,
-        "detail": detail,
-        "requestId": request_id,
-    }
-    if reason is not None:
-        body["reason"] = reason
-    return body
-
-
-def encode_problem(body: dict[str, object]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
 
 
 def problem_response(

@@ -31,7 +31,6 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import Operation
 from retrieval_host.driver import Driver, IngestRequest
-from retrieval_host.http import mapping
 from retrieval_host.http.auth import Principal, TokenAuthenticator
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.request_id import note_subject, request_id_of
@@ -45,6 +44,7 @@ from retrieval_host.http.strict import (
 )
 from retrieval_host.ingest import MEDIA_TYPES
 from retrieval_host.settings import HostSettings
+from retrieval_host.wire import retrieval as wire_retrieval
 from retrieval_host_client import models as wire
 
 PROTOCOL_NAME: Final = "retrieval-host"
@@ -187,11 +187,13 @@ class Routes:
         context = self._context(principal, "search", body.corpus, request)
         driver = self._driver()
         result = await self._run(
-            request, context, lambda: driver.search_context(mapping.search_request(body), context)
+            request,
+            context,
+            lambda: driver.search_context(wire_retrieval.search_request(body), context),
         )
         if self.metrics is not None:
             self.metrics.observe_search(result, body.corpus)
-        return Response(mapping.search_response_json(result), media_type="application/json")
+        return Response(wire_retrieval.search_response_json(result), media_type="application/json")
 
     async def index(self, request: Request) -> Response:
         principal = self.authenticate(request)
@@ -199,11 +201,13 @@ class Routes:
         context = self._context(principal, "index", body.corpus, request)
         driver = self._driver()
         result = await self._run(
-            request, context, lambda: driver.index_context(mapping.index_request(body), context)
+            request,
+            context,
+            lambda: driver.index_context(wire_retrieval.index_request(body), context),
         )
         if self.metrics is not None:
             self.metrics.observe_index(result, "index")
-        return _model_response(mapping.index_response(result))
+        return _model_response(wire_retrieval.index_response(result))
 
     async def delete(self, request: Request) -> Response:
         principal = self.authenticate(request)
@@ -211,9 +215,11 @@ class Routes:
         context = self._context(principal, "delete", body.corpus, request)
         driver = self._driver()
         result = await self._run(
-            request, context, lambda: driver.delete_context(mapping.delete_request(body), context)
+            request,
+            context,
+            lambda: driver.delete_context(wire_retrieval.delete_request(body), context),
         )
-        return _model_response(mapping.delete_response(result))
+        return _model_response(wire_retrieval.delete_response(result))
 
     async def ingest(self, request: Request) -> Response:
         principal = self.authenticate(request)
@@ -243,7 +249,7 @@ class Routes:
         )
         if self.metrics is not None:
             self.metrics.observe_index(result, "ingest")
-        return _model_response(mapping.index_response(result))
+        return _model_response(wire_retrieval.index_response(result))
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -27,69 +27,21 @@ from starlette.routing import Route
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import (
-    OutputArtifactSpec,
     RunCompleted,
-    RunDelta,
     RunEvent,
     RunFailed,
-    RunProgress,
     RunRequest,
-    RunRetrieval,
     RunStarted,
 )
 from retrieval_host.http.auth import Principal, permission_denied
 from retrieval_host.http.metrics import HostMetrics
-from retrieval_host.http.problems import problem_body
 from retrieval_host.http.request_id import request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
+from retrieval_host.wire import runs as wire_runs
 from retrieval_host_client import run_models as wire
-
-
-def core_request(body: wire.RunRequest) -> RunRequest:
-    r = body.retrieval
-    a = body.output_artifact
-    return RunRequest(
-        provider=body.provider,
-        model=body.model,
-        input=body.input,
-        retrieval=None
-        if r is None
-        else RunRetrieval(
-            corpus=r.corpus,
-            mode=r.mode,
-            source_ids=None if r.source_ids is None else tuple(r.source_ids),
-            query=r.query,
-            limit=r.limit,
-            max_context_bytes=r.max_context_bytes,
-            max_queries=r.max_queries,
-        ),
-        output_artifact=None if a is None else OutputArtifactSpec(a.name, a.media_type),
-        idempotency_key=body.idempotency_key,
-        idle_timeout_ms=body.idle_timeout_ms,
-        max_generation_steps=body.max_generation_steps,
-    )
-
-
-def event_json(event: RunEvent, request_id: str) -> dict[str, Any]:
-    """The wire form of a run event (camelCase; progress context flattened beside `phase`)."""
-    if isinstance(event, RunStarted):
-        return {"type": event.type, "runId": event.run_id, "createdAt": event.created_at}
-    if isinstance(event, RunProgress):
-        return {**event.context, "type": event.type, "phase": event.phase}
-    if isinstance(event, RunDelta):
-        return {"type": event.type, "text": event.text}
-    if isinstance(event, RunCompleted):
-        return {"type": event.type, "result": result_to_json(event.result)}
-    error = event.error
-    return {
-        "type": event.type,
-        "runId": event.run_id,
-        "problem": problem_body(error.code, error.detail, request_id, reason=error.reason),
-    }
 
 
 def may_read_run(principal: Principal, record: RunRecord) -> bool:
@@ -154,7 +106,7 @@ class RunRoutes:
         if body.retrieval is not None and body.retrieval.mode != "off":
             # An omitted search grant denies retrieval inside an otherwise allowed run.
             principal.require("search", body.retrieval.corpus)
-        run_request = core_request(body)
+        run_request = wire_runs.run_request(body)
         idle = None if body.idle_timeout_ms is None else body.idle_timeout_ms / 1000
         request_id = request_id_of(request.scope)
         context = RequestContext(principal.subject, CancelToken(idle), request_id)
@@ -261,7 +213,7 @@ class RunRoutes:
         async with contextlib.aclosing(events):
             async for event in events:
                 yield ServerSentEvent(
-                    data=json.dumps(event_json(event, request_id), ensure_ascii=False),
+                    data=json.dumps(wire_runs.event_json(event, request_id), ensure_ascii=False),
                     event=event.type,
                 )
 
@@ -282,7 +234,7 @@ class RunRoutes:
             raise outcome.error
         if not isinstance(outcome, RunCompleted):
             raise RetrievalError(ErrorCode.CANCELLED, "The client disconnected.")
-        body = json.dumps(result_to_json(outcome.result), ensure_ascii=False)
+        body = json.dumps(wire_runs.result_to_json(outcome.result), ensure_ascii=False)
         return Response(body, media_type="application/json")
 
     async def get(self, request: Request) -> Response:
@@ -295,11 +247,5 @@ class RunRoutes:
             ),
             limiter=self._limiter(),
         )
-        body = {
-            "runId": record.run_id,
-            "status": record.status,
-            "createdAt": record.created_at,
-            "result": None if record.result is None else result_to_json(record.result),
-            "errorCode": record.error_code,
-        }
-        return Response(json.dumps(body, ensure_ascii=False), media_type="application/json")
+        body = json.dumps(wire_runs.run_record_json(record), ensure_ascii=False)
+        return Response(body, media_type="application/json")

@@ -24,8 +24,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from retrieval_host.http.limits import RequestTimeout
-from retrieval_host.http.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
 from retrieval_host.http.request_id import new_request_id
+from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
 
 logger = logging.getLogger("retrieval_host.http")
 BODY_BACKSTOP_GRACE_S = 0.5

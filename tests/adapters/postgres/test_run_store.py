@@ -16,7 +16,6 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
-from retrieval_host.core.run_codec import result_to_json
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import (
@@ -29,6 +28,9 @@ from retrieval_host.core.runs_model import (
     RunUsage,
 )
 from retrieval_host.core.service import Corpus, RetrievalService
+from retrieval_host.wire.run_storage import STORAGE_VERSION
+from retrieval_host.wire.runs import result_to_json
+from tests.support.old_run_records import OLD_RESULT, OLD_RESULT_JSON
 
 
 @pytest.fixture
@@ -230,3 +232,30 @@ def test_a_run_schema_of_the_previous_release_is_migrated_at_open(
             f"SELECT version FROM \"{pg_schema}\".schema_version WHERE component = 'run-store'"
         ).fetchone()
     assert version == (2,)
+
+
+def test_results_the_previous_release_stored_read_back_identically_beside_new_ones(
+    pg_dsn: str, pg_schema: str, run_stores: Callable[[], PgRunStore]
+) -> None:
+    store = run_stores()  # the table of schema version 2, as the previous release made it
+    # The row exactly as the previous release wrote it: the public wire JSON of the result.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{pg_schema}".runs VALUES '
+            "('run_old', 'alice', 'k1', 'fp-1', 'completed', 't', %s, NULL, 'local', 'docs')",
+            (OLD_RESULT_JSON,),
+        )
+    old = store.get("run_old")
+    assert old is not None and old.result == OLD_RESULT
+    replayed = run_stores().begin(record("run-again"))
+    assert replayed is not None and replayed.result == OLD_RESULT
+
+    assert store.begin(record("run-new", key="k2")) is None
+    store.complete("run-new", result("run-new"))
+    new = run_stores().get("run-new")
+    assert new is not None and new.result == result("run-new")
+    with psycopg.connect(pg_dsn) as conn:
+        query = f'SELECT run_id, result_json FROM "{pg_schema}".runs'
+        rows = {str(k): str(v) for k, v in conn.execute(query).fetchall()}
+    assert rows["run_old"] == OLD_RESULT_JSON  # read, never rewritten
+    assert json.loads(rows["run-new"])["version"] == STORAGE_VERSION

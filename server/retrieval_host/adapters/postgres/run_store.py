@@ -4,8 +4,8 @@ Same semantics as `sqlite.run_store.SqliteRunStore`: `begin` inserts a `running`
 when the subject already used the idempotency key, inserts nothing and returns the existing
 record, so a replay works whichever replica receives it. Two replicas beginning the same key at
 once are settled by the unique constraint: `INSERT ... ON CONFLICT DO NOTHING` waits for the
-other insert to commit, then the reading statement sees it. Results are stored as the public
-JSON of `core.run_codec`.
+other insert to commit, then the reading statement sees it. Results are stored in the
+versioned format of `wire.run_storage`.
 
 The table lives in the same schema as the vector store (default `retrieval_host`) under its own
 `schema_version` component (`run-store`); a schema that is not ours is refused with
@@ -154,7 +154,7 @@ class PgRunStore:
         return run_record(row)
 
     def complete(self, run_id: str, result: RunResult) -> None:
-        """Mark the run completed with its result (as the public JSON)."""
+        """Mark the run completed with its result (in the `wire.run_storage` format)."""
         body = run_result_json(result)
         with self._pool.connection() as conn, translated("completing a run"):
             conn.execute(

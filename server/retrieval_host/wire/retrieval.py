@@ -1,6 +1,7 @@
-"""Wire models (camelCase, pydantic) to core dataclasses (snake_case, no I/O) and back.
+"""Retrieval on the wire: request models (camelCase, pydantic) to core dataclasses (snake_case,
+no I/O), and results back to response models or, on the hot search path, straight to JSON.
 
-Kept in the web layer: the client package knows nothing of core, and core nothing of HTTP.
+Kept out of core: the client package knows nothing of core, and core nothing of the wire.
 """
 
 from __future__ import annotations

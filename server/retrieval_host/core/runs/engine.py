@@ -1,0 +1,218 @@
+"""`RunEngine`: the entry points of a run and its main loop; the steps live beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
+from retrieval_host.core.run_ports import GenerationProvider, RunRecord, RunStore
+from retrieval_host.core.runs.evidence import reauthorize_manifest, recheck_evidence
+from retrieval_host.core.runs.generation import ToolRound, generate_step, step_budget_exhausted
+from retrieval_host.core.runs.replay import replay
+from retrieval_host.core.runs.request import check_run_request, request_fingerprint
+from retrieval_host.core.runs.result import build_result
+from retrieval_host.core.runs.retrieval import SEARCH_TOOL, answer_tool_calls, retrieve
+from retrieval_host.core.runs.state import ActiveRun, EventSink, new_delimiter, new_run_id
+from retrieval_host.core.runs_model import (
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunProgress,
+    RunRequest,
+    RunResult,
+    RunStarted,
+)
+from retrieval_host.core.service import RetrievalService, denied, utc_now
+
+
+class RunEngine:
+    """Runs grounded generation. Synchronous: the caller runs it in a worker thread.
+
+    Evidence is re-authorized before each generation step (revoked passages are dropped before
+    the model sees them) and once more before the result is recorded (a revocation then fails
+    the run). These are point-in-time checks: bytes already sent to a provider or streamed to a
+    client cannot be retracted.
+    """
+
+    def __init__(
+        self,
+        retrieval: RetrievalService | None,
+        providers: Mapping[str, GenerationProvider],
+        store: RunStore,
+        *,
+        clock: Callable[[], str] = utc_now,
+        new_run_id: Callable[[], str] = new_run_id,
+        new_delimiter: Callable[[], str] = new_delimiter,
+    ) -> None:
+        self._retrieval = retrieval
+        self._providers = dict(providers)
+        self._store = store
+        self._clock = clock
+        self._new_run_id = new_run_id
+        self._new_delimiter = new_delimiter
+
+    @property
+    def providers(self) -> Mapping[str, GenerationProvider]:
+        return dict(self._providers)
+
+    def close(self) -> None:
+        """Close the run store and any provider that holds connections."""
+        for closable in (self._store, *self._providers.values()):
+            close = getattr(closable, "close", None)
+            if callable(close):
+                close()
+
+    # --- public entry points ------------------------------------------------------------
+
+    def run(self, request: RunRequest, context: RequestContext) -> RunResult:
+        """Execute a run to its end; raises the run's error if it fails."""
+        outcome: list[RunResult] = []
+        failure: list[RetrievalError] = []
+
+        def sink(event: RunEvent) -> None:
+            if isinstance(event, RunCompleted):
+                outcome.append(event.result)
+            elif isinstance(event, RunFailed):
+                failure.append(event.error)
+
+        self.execute(request, context, sink)
+        if failure:
+            raise failure[0]
+        return outcome[0]
+
+    def get_run(
+        self,
+        run_id: str,
+        context: RequestContext,
+        *,
+        permits: Callable[[RunRecord], bool] | None = None,
+    ) -> RunRecord:
+        """The recorded run of this subject, its evidence re-authorized.
+
+        `permits` is the caller's credential check beyond its subject (the host passes its
+        token's provider and search grants). A run of another subject, one `permits` refuses
+        and one that does not exist all raise the same `SOURCE_UNAVAILABLE`.
+        """
+        record = self._store.get(run_id)
+        if (
+            record is None
+            or record.subject != context.subject
+            or (permits is not None and not permits(record))
+        ):
+            raise RetrievalError(ErrorCode.SOURCE_UNAVAILABLE, "No such run.")
+        if record.result is not None:
+            reauthorize_manifest(self._retrieval, record.result, context)
+        return record
+
+    def execute(self, request: RunRequest, context: RequestContext, emit: EventSink) -> None:
+        """Execute a run, sending every event to `emit`; ends with run.completed or run.failed.
+
+        Validation errors before a run exists (unknown provider, bad input, a reused key)
+        raise instead: there is no run to report them on.
+        """
+        check_run_request(request)
+        provider = self._providers.get(request.provider)
+        if provider is None:
+            raise denied()
+        spec = request.retrieval
+        retrieval = spec if spec is not None and spec.mode != "off" else None
+        if retrieval is not None:
+            if self._retrieval is None:
+                raise permission_denied()
+            self._retrieval.corpus(retrieval.corpus)  # same denial for unknown corpora
+
+        fingerprint = request_fingerprint(request)
+        run = ActiveRun(
+            self._new_run_id(),
+            self._clock(),
+            self._new_delimiter(),
+            context,
+            emit,
+            self._clock,
+            self._retrieval,
+        )
+        existing = self._store.begin(
+            RunRecord(
+                run_id=run.run_id,
+                subject=context.subject,
+                idempotency_key=request.idempotency_key,
+                request_fingerprint=fingerprint,
+                status="running",
+                created_at=run.created_at,
+                provider=request.provider,
+                corpus=retrieval.corpus if retrieval is not None else None,
+            )
+        )
+        if existing is not None:
+            replay(existing, fingerprint, self._retrieval, context, emit)
+            return
+
+        emit(RunStarted(run.run_id, run.created_at))
+        try:
+            result = self._run(request, provider, run)
+        except RetrievalError as error:
+            cancelled = error.code is ErrorCode.CANCELLED
+            self._store.finish(run.run_id, "cancelled" if cancelled else "failed", error.code.value)
+            emit(RunFailed(run.run_id, error))
+            return
+        except Exception:
+            self._store.finish(run.run_id, "failed", ErrorCode.INTERNAL.value)
+            emit(RunFailed(run.run_id, RetrievalError(ErrorCode.INTERNAL, "Internal error.")))
+            raise
+        emit(RunCompleted(result))
+
+    def stream(self, request: RunRequest, context: RequestContext) -> Iterator[RunEvent]:
+        """The streaming variant for in-process callers: events as a list-backed iterator."""
+        events: list[RunEvent] = []
+        self.execute(request, context, events.append)
+        yield from events
+
+    # --- the run -------------------------------------------------------------------------
+
+    def _run(self, request: RunRequest, provider: GenerationProvider, run: ActiveRun) -> RunResult:
+        """Retrieve first (mode `before`), generate step by step answering the model's searches
+        (mode `tool`), re-authorize the evidence, record the result."""
+        spec = request.retrieval
+        mode = spec.mode if spec is not None else "off"
+        if mode == "before" and spec is not None:
+            retrieve(run, spec, spec.query or request.input)
+            if not run.evidence:
+                raise RetrievalError(
+                    ErrorCode.NO_RETRIEVAL_EVIDENCE,
+                    "No authorized passage matched; nothing was generated.",
+                )
+
+        tools = [SEARCH_TOOL] if mode == "tool" else []
+        text: list[str] = []
+        rounds: list[ToolRound] = []
+        for step in range(1, request.max_generation_steps + 1):
+            run.context.cancel.check()
+            if spec is not None and run.evidence:
+                recheck_evidence(run, spec, drop=True)
+            output = generate_step(
+                provider,
+                request,
+                run,
+                step=step,
+                rounds=rounds,
+                tools=tools,
+                fenced=mode == "before",
+            )
+            text.append(output.text)
+            if not output.calls or mode != "tool" or spec is None:
+                break
+            rounds.append(answer_tool_calls(run, spec, output))
+            if step == request.max_generation_steps:
+                raise step_budget_exhausted()
+
+        if mode == "tool" and not run.evidence:
+            raise RetrievalError(
+                ErrorCode.NO_RETRIEVAL_EVIDENCE, "The run found no authorized passage."
+            )
+        run.emit(RunProgress("recording", {"sources": len(run.evidence)}))
+        if spec is not None and run.evidence:
+            recheck_evidence(run, spec, drop=False)
+        result = build_result(request, run, "".join(text))
+        self._store.complete(run.run_id, result)
+        return result

@@ -1,0 +1,60 @@
+"""A run's evidence: fenced into what the model reads, and re-authorized at each point where
+it is used (before each generation step, before the result is recorded, on replay).
+
+These are point-in-time checks: bytes already sent to a provider or streamed to a client
+cannot be retracted.
+"""
+
+from __future__ import annotations
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import source_unavailable
+from retrieval_host.core.evidence import fence
+from retrieval_host.core.runs.state import ActiveRun
+from retrieval_host.core.runs_model import RunProgress, RunResult, RunRetrieval
+from retrieval_host.core.service import RetrievalService
+
+
+def user_prompt(question: str, run: ActiveRun, *, fenced: bool) -> str:
+    """The user message: the question, and in mode `before` the evidence fenced after it."""
+    if not fenced or not run.evidence:
+        return f"Question:\n{question}"
+    return f"Question:\n{question}\n\n{fence(list(run.evidence.values()), run.delimiter)}"
+
+
+def render_tool(outcome: str | list[str], run: ActiveRun) -> str:
+    """A tool call's answer as the model reads it now: its still-authorized passages, fenced."""
+    if isinstance(outcome, str):
+        return outcome
+    passages = [run.evidence[h] for h in outcome if h in run.evidence]
+    return fence(passages, run.delimiter) if passages else "No passages matched."
+
+
+def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
+    """Re-authorize the run's evidence: drop revoked passages (`drop`), or fail the run with
+    `SOURCE_UNAVAILABLE` if any was revoked."""
+    run.emit(RunProgress("retrieval.authorization", {"check": "evidence", "corpus": spec.corpus}))
+    ids = sorted({p.source_id for p in run.evidence.values()})
+    grant = run.service.current_grant(spec.corpus, ids, run.context)
+    allowed = dict(grant.sources) if grant is not None else {}
+    revoked = [h for h, p in run.evidence.items() if allowed.get(p.source_id) != p.revision]
+    if revoked and not drop:
+        raise source_unavailable()
+    for handle in revoked:
+        del run.evidence[handle]
+
+
+def reauthorize_manifest(
+    retrieval: RetrievalService | None, result: RunResult, context: RequestContext
+) -> None:
+    """`SOURCE_UNAVAILABLE` unless every passage of a recorded result is still readable at
+    its recorded revision."""
+    if not result.sources:
+        return
+    if retrieval is None or result.corpus is None:
+        raise source_unavailable()
+    ids = sorted({e.source_id for e in result.sources})
+    grant = retrieval.current_grant(result.corpus, ids, context)
+    allowed = dict(grant.sources) if grant is not None else {}
+    if any(allowed.get(e.source_id) != e.revision for e in result.sources):
+        raise source_unavailable()

@@ -1,0 +1,95 @@
+"""One generation step: the messages of the step, the provider's stream, what it asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
+from retrieval_host.core.run_ports import (
+    GenerationProvider,
+    GenerationRequest,
+    Message,
+    TextDelta,
+    ToolCall,
+    ToolCallRequested,
+    ToolSpec,
+    UsageReported,
+)
+from retrieval_host.core.runs.evidence import render_tool, user_prompt
+from retrieval_host.core.runs.state import ActiveRun
+from retrieval_host.core.runs_model import GenerationUsage, RunDelta, RunProgress, RunRequest
+
+# A tool round: the model's message, and per call its id and outcome (the handles it found,
+# or a note for the model).
+ToolRound: TypeAlias = tuple[Message, list[tuple[str, str | list[str]]]]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    text: str
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+def generate_step(
+    provider: GenerationProvider,
+    request: RunRequest,
+    run: ActiveRun,
+    *,
+    step: int,
+    rounds: Sequence[ToolRound],
+    tools: Sequence[ToolSpec],
+    fenced: bool,
+) -> StepOutput:
+    """Ask the provider once, streaming its text as `run.delta` events.
+
+    The tool rounds so far are rendered again at every step, so a passage revoked since it
+    was found is left out of what the model sees next.
+    """
+    messages = [
+        Message("system", SYSTEM_INSTRUCTIONS),
+        Message("user", user_prompt(request.input, run, fenced=fenced)),
+    ]
+    for assistant, outcomes in rounds:
+        messages.append(assistant)
+        messages += [
+            Message("tool", render_tool(outcome, run), tool_call_id=call_id)
+            for call_id, outcome in outcomes
+        ]
+    run.emit(RunProgress("generation", {"step": step, "provider": request.provider}))
+    calls: list[ToolCall] = []
+    text: list[str] = []
+    for event in provider.generate(
+        GenerationRequest(
+            model=request.model,
+            messages=messages,
+            tools=tools,
+            evidence=list(run.evidence.values()),
+            question=request.input,
+            step=step,
+        ),
+        run.context.cancel,
+    ):
+        run.context.cancel.check()
+        if isinstance(event, TextDelta):
+            if event.text:
+                text.append(event.text)
+                run.emit(RunDelta(event.text))
+        elif isinstance(event, ToolCallRequested):
+            calls.append(event.call)
+        elif isinstance(event, UsageReported):
+            run.generation += event.usage
+    run.generation += GenerationUsage(requests=1)
+    return StepOutput("".join(text), calls)
+
+
+def step_budget_exhausted() -> RetrievalError:
+    # The budget is the client's own limit (`maxGenerationSteps`): a 4xx, as an expired
+    # `idleTimeoutMs` is, not a provider failure.
+    return RetrievalError(
+        ErrorCode.INVALID_REQUEST,
+        "The model still asked for tools when the run's maxGenerationSteps were spent.",
+        reason="step-budget-exhausted",
+    )

@@ -1,0 +1,40 @@
+"""A reused idempotency key: the recorded result again, if the request and the evidence allow."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.run_ports import RunRecord
+from retrieval_host.core.runs.evidence import reauthorize_manifest
+from retrieval_host.core.runs.state import EventSink
+from retrieval_host.core.runs_model import RunCompleted, RunStarted
+from retrieval_host.core.service import RetrievalService
+
+
+def replay(
+    existing: RunRecord,
+    fingerprint: str,
+    retrieval: RetrievalService | None,
+    context: RequestContext,
+    emit: EventSink,
+) -> None:
+    """Emit the recorded run (marked `replayed`), or raise: `INVALID_REQUEST` for a key used
+    with another request, `CONTEXT_REPLAY_UNAVAILABLE` for a run that did not complete,
+    `SOURCE_UNAVAILABLE` for evidence no longer readable."""
+    if existing.request_fingerprint != fingerprint:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            "this idempotencyKey was used for a different run request.",
+            reason="idempotency-key-reused",
+        )
+    if existing.status != "completed" or existing.result is None:
+        raise RetrievalError(
+            ErrorCode.CONTEXT_REPLAY_UNAVAILABLE,
+            "the run with this idempotencyKey did not complete, so it has no complete "
+            "evidence snapshot to replay; reconcile it and use a new key.",
+        )
+    reauthorize_manifest(retrieval, existing.result, context)
+    emit(RunStarted(existing.run_id, existing.created_at))
+    emit(RunCompleted(replace(existing.result, replayed=True)))

@@ -1,0 +1,42 @@
+"""What a run request must satisfy before a run exists, and when two requests are the same."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, replace
+
+from retrieval_host.core.descriptor import check_label
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.runs_model import RunRequest
+
+MAX_INPUT_BYTES = 65_536
+MAX_GENERATION_STEPS = 16
+
+
+def request_fingerprint(request: RunRequest) -> str:
+    """What makes two run requests 'the same' for an idempotency key (timeouts excluded)."""
+    body = asdict(replace(request, idle_timeout_ms=None))
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def check_run_request(request: RunRequest) -> None:
+    """Raise `INVALID_REQUEST` for a request no run may start from."""
+    check_label("provider", request.provider)
+    check_label("model", request.model)
+    if not request.input.strip() or len(request.input.encode("utf-8")) > MAX_INPUT_BYTES:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"input must be 1-{MAX_INPUT_BYTES} bytes of text."
+        )
+    if not 1 <= request.max_generation_steps <= MAX_GENERATION_STEPS:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"maxGenerationSteps must be in 1..{MAX_GENERATION_STEPS}."
+        )
+    if request.idle_timeout_ms is not None and request.idle_timeout_ms < 1:
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, "idleTimeoutMs must be positive.")
+    if request.idempotency_key is not None and not 1 <= len(request.idempotency_key) <= 200:
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, "idempotencyKey must be 1-200 chars.")
+    r = request.retrieval
+    if r is not None and not 0 <= r.max_queries <= 16:
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxQueries must be in 0..16.")

@@ -1,0 +1,52 @@
+"""The result a completed run records: its text, the manifest of what it may cite, its
+receipts, usage and artifact."""
+
+from __future__ import annotations
+
+import re
+
+from retrieval_host.core.runs.state import ActiveRun
+from retrieval_host.core.runs_model import (
+    ManifestEntry,
+    OutputArtifact,
+    RunRequest,
+    RunResult,
+    RunUsage,
+)
+
+
+def build_result(request: RunRequest, run: ActiveRun, text: str) -> RunResult:
+    """The run's result, completed now. An artifact lists the sources the text cites, or all
+    the evidence when it cites none."""
+    spec = request.retrieval
+    manifest = [
+        ManifestEntry(p.handle, p.source_id, p.revision, p.location, p.title)
+        for p in run.evidence.values()
+    ]
+    artifact = None
+    if request.output_artifact is not None:
+        cited = [m for m in cited_ids(text) if m in run.evidence]
+        artifact = OutputArtifact(
+            request.output_artifact.name,
+            request.output_artifact.media_type,
+            cited or list(run.evidence),
+        )
+    return RunResult(
+        run_id=run.run_id,
+        status="completed",
+        provider=request.provider,
+        model=request.model,
+        text=text,
+        sources=manifest,
+        receipts=list(run.receipts),
+        usage=RunUsage(run.generation, run.embedding),
+        created_at=run.created_at,
+        completed_at=run.clock(),
+        artifact=artifact,
+        corpus=spec.corpus if spec is not None and manifest else None,
+    )
+
+
+def cited_ids(text: str) -> list[str]:
+    """The `[source:ID]` handles of a text, first mention first."""
+    return list(dict.fromkeys(re.findall(r"\[source:([^\[\]\s]+)\]", text)))

@@ -1,0 +1,140 @@
+"""Searches inside a run, each leaving a receipt, and the `search_context` tool that asks for
+them.
+
+Every retrieval goes through `retrieve`, in this order: prepare (normalize) → check input →
+dedup and quota → authorize → reserve the dedup key → execute → check result → count
+successes and sources → effects (progress, receipt). A failed attempt keeps its key and is
+not retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import JSONValue, SearchRequest
+from retrieval_host.core.run_ports import EvidencePassage, Message, ToolCall, ToolSpec
+from retrieval_host.core.runs.generation import StepOutput, ToolRound
+from retrieval_host.core.runs.state import ActiveRun
+from retrieval_host.core.runs_model import Receipt, ReceiptStatus, RunProgress, RunRetrieval
+
+SEARCH_TOOL = ToolSpec(
+    name="search_context",
+    description=(
+        "Search the documents you are allowed to read. Returns passages with [source:ID] "
+        "handles to cite."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {"query": {"type": "string", "description": "What to look for."}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+)
+
+
+def answer_tool_calls(run: ActiveRun, spec: RunRetrieval, output: StepOutput) -> ToolRound:
+    """The model's message of a step and the outcome of each tool call it made."""
+    assistant = Message("assistant", output.text, tool_calls=output.calls)
+    return assistant, [(c.id, tool_call(run, spec, c)) for c in output.calls]
+
+
+def tool_call(run: ActiveRun, spec: RunRetrieval, call: ToolCall) -> str | list[str]:
+    """One tool call: the handles it found (rendered per step), or a note for the model."""
+    if call.name != SEARCH_TOOL.name:
+        return "Unknown tool. Only search_context is available."
+    try:
+        arguments = json.loads(call.arguments)
+        query = arguments["query"] if isinstance(arguments, dict) else None
+    except (ValueError, KeyError):
+        query = None
+    if not isinstance(query, str):
+        query = ""
+    receipt = retrieve(run, spec, query)
+    if receipt.status == "ok":
+        return list(receipt.source_ids)
+    return {
+        "duplicate": "This query was already searched in this run.",
+        "quota-exceeded": "The search quota of this run is used up.",
+    }.get(receipt.status, "The search failed.")
+
+
+def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
+    """One search of the run's corpus; its passages join the run's evidence."""
+    service = run.service
+    context = run.context
+    emit = run.emit
+    started = run.clock()
+    # prepare
+    query = " ".join(raw_query.split())
+    key = hashlib.sha256(
+        json.dumps(
+            [spec.corpus, sorted(spec.source_ids or []), query.casefold()],
+            separators=(",", ":"),
+        ).encode("utf-8")
+    ).hexdigest()[:24]
+    run.sequence += 1
+
+    def receipt(status: ReceiptStatus, ids: Sequence[str] = (), code: str | None = None) -> Receipt:
+        r = Receipt(run.sequence, query, key, started, status, list(ids), code)
+        run.receipts.append(r)
+        emit(
+            RunProgress(
+                "retrieval.receipt",
+                {"sequence": r.sequence, "status": status, "sources": len(ids)},
+            )
+        )
+        return r
+
+    # check input
+    if not query or len(query.encode("utf-8")) > 8192:
+        return receipt("failed", code=ErrorCode.INVALID_REQUEST.value)
+    # dedup and quota
+    if key in run.seen:
+        return receipt("duplicate")
+    if run.successes >= spec.max_queries:
+        return receipt("quota-exceeded")
+    # authorize (the service checks again, point-in-time, around its read)
+    emit(RunProgress("retrieval.authorization", {"check": "query", "corpus": spec.corpus}))
+    if service.current_grant(spec.corpus, spec.source_ids, context) is None:
+        run.seen.add(key)
+        return receipt("failed", code=ErrorCode.PERMISSION_DENIED.value)
+    # reserve the key: a failed attempt keeps it and is not retried
+    run.seen.add(key)
+
+    def forward(phase: str, details: Mapping[str, JSONValue]) -> None:
+        emit(RunProgress(phase, dict(details)))
+
+    scoped = RequestContext(context.subject, context.cancel, context.request_id, forward)
+    try:
+        result = service.search_context(
+            SearchRequest(
+                corpus=spec.corpus,
+                query=query,
+                source_ids=spec.source_ids,
+                limit=spec.limit,
+                max_context_bytes=spec.max_context_bytes,
+            ),
+            scoped,
+        )
+    except RetrievalError as error:
+        if error.code in (ErrorCode.CANCELLED, ErrorCode.TIMEOUT):
+            raise
+        return receipt("failed", code=error.code.value)
+    run.embedding += result.usage
+    # check result: one passage once, and only passages of the requested corpus
+    new = [h for h in result.hits if h.chunk_id not in run.evidence]
+    for hit in new:
+        if hit.scope.corpus != spec.corpus:  # pragma: no cover - the service guarantees it
+            raise RetrievalError(ErrorCode.INTERNAL, "Internal error.")
+    # count successes and sources
+    run.successes += 1
+    for hit in new:
+        run.evidence[hit.chunk_id] = EvidencePassage(
+            hit.chunk_id, hit.source.id, hit.source.revision, "", hit.location, hit.text
+        )
+    # effects
+    return receipt("ok", [h.chunk_id for h in result.hits])

@@ -1,0 +1,50 @@
+"""One run in progress: its identity, what it has found and spent, and where it reports."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.models import EmbeddingUsage
+from retrieval_host.core.run_ports import EvidencePassage
+from retrieval_host.core.runs_model import GenerationUsage, Receipt, RunEvent
+from retrieval_host.core.service import RetrievalService
+
+EventSink = Callable[[RunEvent], None]
+
+
+def new_run_id() -> str:
+    return "run_" + secrets.token_hex(12)
+
+
+def new_delimiter() -> str:
+    return "EVIDENCE-" + secrets.token_hex(16)
+
+
+@dataclass
+class ActiveRun:
+    """The mutable state of one run, owned by the worker thread that executes it."""
+
+    run_id: str
+    created_at: str
+    # Fences the evidence in prompts; random per run so a passage cannot close the fence.
+    delimiter: str
+    context: RequestContext
+    emit: EventSink
+    clock: Callable[[], str]
+    retrieval: RetrievalService | None
+    seen: set[str] = field(default_factory=set)  # dedup keys of the searches made
+    successes: int = 0  # searches that returned, counted against `maxQueries`
+    sequence: int = 0  # receipts issued
+    evidence: dict[str, EvidencePassage] = field(default_factory=dict)  # by chunk id
+    receipts: list[Receipt] = field(default_factory=list)
+    generation: GenerationUsage = field(default_factory=GenerationUsage)
+    embedding: EmbeddingUsage = field(default_factory=EmbeddingUsage)
+
+    @property
+    def service(self) -> RetrievalService:
+        """The retrieval service: only a run with retrieval takes the steps that need it."""
+        assert self.retrieval is not None
+        return self.retrieval

@@ -1,0 +1,46 @@
+"""The `application/problem+json` document (RFC 9457) of an error code.
+
+The HTTP layer sends it as a response (`http/problems.py`); a run stream sends it inside its
+`run.failed` event (`wire/runs.py`). Both render through `problem_body`, so every error path
+carries the same fields and a request id.
+"""
+
+from __future__ import annotations
+
+import json
+
+from retrieval_host.core.errors import STATUS, TITLES, ErrorCode
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+def problem_type(code: ErrorCode) -> str:
+    """A stable URI naming the problem type (a URN: it promises no web page)."""
+    return "urn:retrieval-host:problem:" + code.value.lower().replace("_", "-")
+
+
+def problem_body(
+    code: ErrorCode,
+    detail: str,
+    request_id: str,
+    *,
+    status: int | None = None,
+    reason: str | None = None,
+) -> dict[str, object]:
+    """The problem document. `status` overrides the table only for HTTP-level statuses that
+    have no code of their own (404/405 for an unknown route or method, 408 for a slow client)."""
+    body: dict[str, object] = {
+        "type": problem_type(code),
+        "title": TITLES[code],
+        "status": status if status is not None else STATUS[code],
+        "code": code.value,
+        "detail": detail,
+        "requestId": request_id,
+    }
+    if reason is not None:
+        body["reason"] = reason
+    return body
+
+
+def encode_problem(body: dict[str, object]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
