@@ -2,10 +2,16 @@
 
     python -m tests.support.ingest_child INPUT MEDIA_TYPE DB
 
-Loads the real model and store first, then caps the address space at what it uses now plus
-512 MiB and arms a 5 s real-time alarm (SIGALRM's default action kills the process), and only
-then ingests. Prints one JSON line: the outcome (status, or error code and reason), the seconds
-spent ingesting, and whether the source exists in the store afterwards.
+Loads the real model and store and starts the parse workers (by ingesting a small document
+under another id) first, then caps the address space at what it uses now plus 512 MiB and arms
+a real-time alarm (SIGALRM's default action kills the process) as a guard against a hang, and
+only then ingests. Prints one JSON line: the outcome (status, or error code and reason), the
+seconds spent ingesting, and whether the source exists in the store afterwards.
+
+The alarm is a hang guard, not a speed target: on a loaded machine (the suite must pass while
+busy loops hold every core) a bounded parse can still take seconds of wall time. That the work
+was bounded shows in the answer's reason: each hostile case must be refused by the limit that
+is checked before the costly step (pages counted before any text is extracted, and so on).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from tests.support.ingest_host import CORPUS, NAMESPACE, context, make_host
 
 SOURCE_ID = "hostile-input"
 MEMORY_HEADROOM = 512 * 1024 * 1024
-TIME_LIMIT_S = 5.0
+TIME_LIMIT_S = 45.0
+WARM_UP = b"# Warm-up\n\nStarts the parse workers before the limits are armed.\n"
 
 
 def _address_space_bytes() -> int:
@@ -39,6 +46,9 @@ def main(argv: list[str]) -> int:
     host = make_host(Path(db), LocalEmbedding(threads=1))
     data = Path(input_path).read_bytes()
     host.embedding.count_tokens(["start the tokenizer's threads before the limit"])
+    host.driver.ingest_context(
+        IngestRequest(CORPUS, "warm-up", "text/markdown", WARM_UP), context()
+    )
 
     limit = _address_space_bytes() + MEMORY_HEADROOM
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
