@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import random
 import re
 import statistics
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -749,7 +749,7 @@ def _storm_request(i: int, token: str) -> bytes:
     return head.encode() + raw
 
 
-async def _storm(host: LoopHost, token: str, seed: int) -> StormTally:
+async def _storm(host: LoopHost, fake: FakeOpenAI, token: str, seed: int) -> StormTally:
     """Open `STORM_RUNS` SSE runs, `STORM_CONCURRENCY` at a time, and cut each at a random
     point: mid-request, right after sending, after k bytes, after k events, or after a random
     time; half with a TLS close, half with an abrupt abort."""
@@ -820,8 +820,7 @@ async def _storm(host: LoopHost, token: str, seed: int) -> StormTally:
         # The server's task count while streams are open (read on its own loop).
         while True:
             tally.peak_tasks = max(tally.peak_tasks, await asyncio.to_thread(host.task_count))
-            stalled = await asyncio.to_thread(stalled_fake_handlers)
-            tally.peak_stalled = max(tally.peak_stalled, len(stalled))
+            tally.peak_stalled = max(tally.peak_stalled, fake.stalled_streams)
             await asyncio.sleep(0.05)
 
     sampler = asyncio.create_task(sample())
@@ -835,35 +834,31 @@ async def _storm(host: LoopHost, token: str, seed: int) -> StormTally:
 
 
 def busy_run_threads() -> list[str]:
-    """Names of run worker threads currently executing host code (idle ones wait in the pool)."""
+    """Names of run worker threads currently executing host code (idle ones wait in the pool).
+
+    Only each thread's innermost frame is read: walking another running thread's `f_back`
+    chain (as `traceback.extract_stack` does) can touch a frame that thread is popping, which
+    crashed the interpreter under CPU load. An idle pool thread waits inside `_worker` of
+    `concurrent.futures.thread`; a provider watchdog exists only while it watches.
+    """
     frames = sys._current_frames()
     busy = []
     for thread in threading.enumerate():
-        if not thread.name.startswith(("run_", "provider-watchdog")):
+        if thread.name.startswith("provider-watchdog"):
+            busy.append(thread.name)
+            continue
+        if not thread.name.startswith("run_"):
             continue
         frame = frames.get(thread.ident or -1)
         if frame is None:
             continue
-        stack = traceback.extract_stack(frame)
-        if thread.name.startswith("provider-watchdog") or any(
-            "retrieval_host" in entry.filename for entry in stack
-        ):
+        code = frame.f_code
+        idle = code.co_name == "_worker" and code.co_filename.endswith(
+            os.path.join("concurrent", "futures", "thread.py")
+        )
+        if not idle:
             busy.append(thread.name)
     return busy
-
-
-def stalled_fake_handlers() -> list[str]:
-    """Threads of the fake OpenAI server holding a stalled stream open (waiting for a hang-up)."""
-    frames = sys._current_frames()
-    stalled = []
-    for thread in threading.enumerate():
-        frame = frames.get(thread.ident or -1)
-        if frame is not None and any(
-            entry.name == "_stall" and entry.filename.endswith("fake_openai.py")
-            for entry in traceback.extract_stack(frame)
-        ):
-            stalled.append(thread.name)
-    return stalled
 
 
 def settled_task_count(host: LoopHost, at_most: int, timeout: float = 15.0) -> int:
@@ -894,7 +889,7 @@ def test_a_thousand_streams_aborted_at_random_points_leave_nothing_behind(
 
     world.fake.set_chat_mode("stall", chunks=2)
     started = time.monotonic()
-    tally = asyncio.run(_storm(host, world.tokens["alice"], seed=20240605))
+    tally = asyncio.run(_storm(host, world.fake, world.tokens["alice"], seed=20240605))
     elapsed = time.monotonic() - started
 
     assert tally.aborted == STORM_RUNS
@@ -902,7 +897,7 @@ def test_a_thousand_streams_aborted_at_random_points_leave_nothing_behind(
     # Every provider stream left stalled by a cut run was hung up by the host: no handler of
     # the fake is still waiting in its stall. (A run cut before the fake reached its stall
     # fails the fake's write instead, so disconnects may be a few short of requests.)
-    wait_until(lambda: not stalled_fake_handlers(), timeout=15, what="provider streams closed")
+    wait_until(lambda: world.fake.stalled_streams == 0, timeout=15, what="provider streams closed")
     assert tally.peak_stalled > 0  # the measure saw stalled provider streams while they lasted
     assert world.fake.chat_disconnects > 100
     assert world.fake.chat_requests_count > 100

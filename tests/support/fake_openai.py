@@ -228,6 +228,7 @@ class FakeOpenAI:
         self._chat_number = 0
         self._script: deque[PlannedResponse] = deque()
         self._unstall = threading.Event()
+        self._stalling = 0
         self._disconnects = 0
         self.route("POST", "/v1/embeddings", _embeddings)
         self.route("POST", "/v1/chat/completions", _chat_completions)
@@ -332,6 +333,16 @@ class FakeOpenAI:
         """Stalled streams whose client hung up."""
         with self._lock:
             return self._disconnects
+
+    @property
+    def stalled_streams(self) -> int:
+        """Handlers holding a stalled stream open right now (waiting for release or hang-up)."""
+        with self._lock:
+            return self._stalling
+
+    def _count_stall(self, change: int) -> None:
+        with self._lock:
+            self._stalling += change
 
     def reset(self) -> None:
         """Forget recorded requests and scripts, and go back to modes "ok"."""
@@ -1015,9 +1026,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
         readable means it hung up (EOF, or a TLS close_notify).
         """
         app = self.server.app
-        while not app._stall_over():
-            readable, _, _ = select.select([self.connection], [], [], 0.01)
-            if readable:
-                app._note_disconnect()
-                return False
-        return not app._release.is_set()
+        app._count_stall(1)
+        try:
+            while not app._stall_over():
+                readable, _, _ = select.select([self.connection], [], [], 0.01)
+                if readable:
+                    app._note_disconnect()
+                    return False
+            return not app._release.is_set()
+        finally:
+            app._count_stall(-1)
