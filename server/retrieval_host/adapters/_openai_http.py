@@ -16,6 +16,7 @@ from typing import Any, Final
 import httpx
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason
 
 MAX_ERROR_MESSAGE_CHARS: Final = 200
 ERROR_BODY_BYTES: Final = 64 * 1024
@@ -27,7 +28,6 @@ _SECRET_RUN = re.compile(
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 ConfigError = Callable[[str], RetrievalError]
-Failure = Callable[[str, str], RetrievalError]  # (detail, reason) -> error
 
 
 def endpoint_url(base_url: str, path: str, config_error: ConfigError) -> httpx.URL:
@@ -79,17 +79,23 @@ def make_client(
     )
 
 
-def read_api_key(api_key: Callable[[], str] | None, service: str, fail: Failure) -> str | None:
-    """The key for one request, from its callable; None when the account uses no key."""
+def read_api_key(
+    api_key: Callable[[], str] | None, service: str, unavailable: ConfigError
+) -> str | None:
+    """The key for one request, from its callable; None when the account uses no key.
+
+    A key that cannot be read or is malformed raises `unavailable(detail)`: each adapter's own
+    code with its reason `api-key-unavailable`.
+    """
     if api_key is None:
         return None
     try:
         key = api_key()
     except Exception:
-        raise fail(f"the {service} API key could not be read.", "api-key-unavailable") from None
+        raise unavailable(f"the {service} API key could not be read.") from None
     # Reject what would break or split the header; the value itself is never echoed.
     if not isinstance(key, str) or not key or not key.isprintable() or " " in key:
-        raise fail(f"the {service} API key is empty or malformed.", "api-key-unavailable")
+        raise unavailable(f"the {service} API key is empty or malformed.")
     return key
 
 
@@ -106,7 +112,9 @@ def encode_json(body: Mapping[str, Any]) -> bytes:
         return json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate cannot be sent as UTF-8
         raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, "a text is not valid Unicode.", reason="invalid-text"
+            ErrorCode.INVALID_REQUEST,
+            "a text is not valid Unicode.",
+            reason=InvalidRequestReason.INVALID_TEXT,
         ) from None
 
 

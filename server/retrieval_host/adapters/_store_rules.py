@@ -22,6 +22,12 @@ import numpy.typing as npt
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits, StoredChunk, StoredSource, Vectors
+from retrieval_host.core.reasons import (
+    CapacityExceededReason,
+    InvalidRequestReason,
+    SourceConflictReason,
+    StoreUnavailableReason,
+)
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
 from retrieval_host.wire.run_storage import decode_result, encode_result
@@ -100,7 +106,9 @@ class StoreBase:
 
 
 def closed() -> RetrievalError:
-    return RetrievalError(ErrorCode.STORE_UNAVAILABLE, "the store is closed.", reason="closed")
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE, "the store is closed.", reason=StoreUnavailableReason.CLOSED
+    )
 
 
 @contextlib.contextmanager
@@ -119,7 +127,7 @@ def busy(action: str) -> RetrievalError:
     return RetrievalError(
         ErrorCode.STORE_UNAVAILABLE,
         f"the database stayed locked by another writer while {action}.",
-        reason="busy",
+        reason=StoreUnavailableReason.BUSY,
     )
 
 
@@ -127,7 +135,7 @@ def corpus_not_open(corpus: str) -> RetrievalError:
     return RetrievalError(
         ErrorCode.STORE_UNAVAILABLE,
         f"corpus {corpus!r} has not been opened on this store.",
-        reason="corpus-not-open",
+        reason=StoreUnavailableReason.CORPUS_NOT_OPEN,
     )
 
 
@@ -135,7 +143,7 @@ def corpus_missing(corpus: str) -> RetrievalError:
     return RetrievalError(
         ErrorCode.STORE_UNAVAILABLE,
         f"corpus {corpus!r} is missing from the database.",
-        reason="corpus-missing",
+        reason=StoreUnavailableReason.CORPUS_MISSING,
     )
 
 
@@ -144,7 +152,7 @@ def concurrent_writer() -> RetrievalError:
         ErrorCode.SOURCE_CONFLICT,
         "another writer changed this source first; read it again and retry if the change "
         "still applies.",
-        reason="concurrent-writer",
+        reason=SourceConflictReason.CONCURRENT_WRITER,
     )
 
 
@@ -152,7 +160,7 @@ def stale_revision() -> RetrievalError:
     return RetrievalError(
         ErrorCode.SOURCE_CONFLICT,
         "the source is at another revision; delete names the exact current revision.",
-        reason="stale-revision",
+        reason=SourceConflictReason.STALE_REVISION,
     )
 
 
@@ -168,7 +176,7 @@ def capacity_exceeded(limits: CapacityLimits) -> RetrievalError:
         ErrorCode.CAPACITY_EXCEEDED,
         f"the corpus may hold at most {limits.max_corpus_payload_bytes} bytes of passages "
         "and vectors.",
-        reason="corpus-payload",
+        reason=CapacityExceededReason.CORPUS_PAYLOAD,
     )
 
 
@@ -237,7 +245,7 @@ def stack_vectors(dims: int, vectors: Sequence[Vectors], what: str) -> _Matrix:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST,
             f"{what} must have shape ({dims},), the corpus dimensions.",
-            reason="vector-shape",
+            reason=InvalidRequestReason.VECTOR_SHAPE,
         )
     # np.stack copies: the caller's arrays are never written to.
     return np.stack(arrays).astype(np.float32, copy=False)
@@ -247,12 +255,16 @@ def unit_rows(vectors: _Matrix, what: str) -> _Matrix:
     """A new array of the rows scaled to unit length; the input is never written to."""
     if not np.all(np.isfinite(vectors)):
         raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, f"{what} must be finite.", reason="vector-values"
+            ErrorCode.INVALID_REQUEST,
+            f"{what} must be finite.",
+            reason=InvalidRequestReason.VECTOR_VALUES,
         )
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     if np.any(norms == 0):
         raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, f"{what} must not be zero.", reason="vector-values"
+            ErrorCode.INVALID_REQUEST,
+            f"{what} must not be zero.",
+            reason=InvalidRequestReason.VECTOR_VALUES,
         )
     return np.ascontiguousarray(vectors / norms, dtype=np.float32)
 

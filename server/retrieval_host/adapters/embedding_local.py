@@ -27,6 +27,7 @@ from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingBatch
+from retrieval_host.core.reasons import EmbeddingFailedReason
 
 MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 MODEL_BYTES: Final = 22_928_619
@@ -112,7 +113,7 @@ def _read_pinned(path: Path, sha256: str, what: str) -> bytes:
         raise RetrievalError(
             ErrorCode.EMBEDDING_FAILED,
             f"the local {what} does not match its pinned SHA-256; refusing to load it.",
-            reason="weights-digest-mismatch",
+            reason=EmbeddingFailedReason.WEIGHTS_DIGEST_MISMATCH,
         )
     return data
 

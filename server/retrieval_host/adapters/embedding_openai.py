@@ -42,6 +42,7 @@ from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingBatch
+from retrieval_host.core.reasons import EmbeddingFailedReason, InvalidRequestReason
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
@@ -66,7 +67,11 @@ def estimate_tokens(texts: Sequence[str]) -> list[int]:
     return [len(t.encode("utf-8", "surrogatepass")) // 2 + 1 for t in texts]
 
 
-def _fail(detail: str, reason: str) -> RetrievalError:
+def _key_unavailable(detail: str) -> RetrievalError:
+    return _fail(detail, EmbeddingFailedReason.API_KEY_UNAVAILABLE)
+
+
+def _fail(detail: str, reason: EmbeddingFailedReason) -> RetrievalError:
     return RetrievalError(ErrorCode.EMBEDDING_FAILED, detail, reason=reason)
 
 
@@ -138,7 +143,10 @@ class OpenAIEmbedding:
         """Token counts by `token_counter`, or the documented estimate without one."""
         counts = list(self._count(texts))
         if len(counts) != len(texts):
-            raise _fail("the token counter returned the wrong number of counts.", "token-counter")
+            raise _fail(
+                "the token counter returned the wrong number of counts.",
+                EmbeddingFailedReason.TOKEN_COUNTER,
+            )
         return counts
 
     def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
@@ -190,7 +198,7 @@ class OpenAIEmbedding:
         }
         if self._send_dimensions:
             body["dimensions"] = self._descriptor.dimensions
-        key = read_api_key(self._api_key, "embedding", _fail)
+        key = read_api_key(self._api_key, "embedding", _key_unavailable)
         headers = request_headers(key)
         content = encode_json(body)
         limit = (
@@ -205,12 +213,14 @@ class OpenAIEmbedding:
                 else:
                     raw = read_capped(resp, limit, truncate=False, too_large=_too_large)
         except httpx.TimeoutException:
-            raise _fail("the embedding service did not answer in time.", "timeout") from None
+            raise _fail(
+                "the embedding service did not answer in time.", EmbeddingFailedReason.TIMEOUT
+            ) from None
         except httpx.HTTPError as exc:
             # The exception text can carry the URL; only its class name is safe to show.
             raise _fail(
                 f"could not reach the embedding service ({type(exc).__name__}).",
-                "connection-failed",
+                EmbeddingFailedReason.CONNECTION_FAILED,
             ) from None
         if status != 200:
             raise self._status_error(status, raw, key)
@@ -221,31 +231,40 @@ class OpenAIEmbedding:
         suffix = f": {message}" if message else "."
         if status == 429:
             return _fail(
-                f"the embedding service is rate limiting (HTTP 429){suffix}", "rate-limited"
+                f"the embedding service is rate limiting (HTTP 429){suffix}",
+                EmbeddingFailedReason.RATE_LIMITED,
             )
         if status == 400 and self._send_dimensions and error_param(raw) == "dimensions":
             return _fail(
                 f"the embedding model rejected the dimensions parameter (HTTP 400){suffix} "
                 "Configure send_dimensions=False for this model.",
-                "dimensions-unsupported",
+                EmbeddingFailedReason.DIMENSIONS_UNSUPPORTED,
             )
-        return _fail(f"the embedding service answered HTTP {status}{suffix}", "http-error")
+        return _fail(
+            f"the embedding service answered HTTP {status}{suffix}",
+            EmbeddingFailedReason.HTTP_ERROR,
+        )
 
     def _parse(self, raw: bytes, n: int, key: str | None) -> tuple[npt.NDArray[np.float32], int]:
         try:
             doc = json.loads(raw)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            raise _fail("the embedding response is not JSON.", "malformed-response") from None
+            raise _fail(
+                "the embedding response is not JSON.", EmbeddingFailedReason.MALFORMED_RESPONSE
+            ) from None
         data = doc.get("data") if isinstance(doc, dict) else None
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-            raise _fail("the embedding response has no list of embeddings.", "malformed-response")
+            raise _fail(
+                "the embedding response has no list of embeddings.",
+                EmbeddingFailedReason.MALFORMED_RESPONSE,
+            )
         model = doc.get("model")
         if model != self._descriptor.model:
             shown = repr(scrub(model[:80], key)) if isinstance(model, str) else "no model"
             raise _fail(
                 f"the embedding service answered with {shown}, "
                 f"not the configured model {self._descriptor.model!r}.",
-                "model-mismatch",
+                EmbeddingFailedReason.MODEL_MISMATCH,
             )
         tokens = _prompt_tokens(doc.get("usage"))
 
@@ -254,57 +273,77 @@ class OpenAIEmbedding:
         for item in data:
             index = item.get("index")
             if type(index) is not int:
-                raise _fail("an embedding item has no integer index.", "malformed-response")
+                raise _fail(
+                    "an embedding item has no integer index.",
+                    EmbeddingFailedReason.MALFORMED_RESPONSE,
+                )
             if not 0 <= index < n:
                 raise _fail(
-                    f"the embedding service returned index {index} for {n} inputs.", "extra-index"
+                    f"the embedding service returned index {index} for {n} inputs.",
+                    EmbeddingFailedReason.EXTRA_INDEX,
                 )
             if rows[index] is not None:
                 raise _fail(
-                    f"the embedding service returned index {index} twice.", "duplicate-index"
+                    f"the embedding service returned index {index} twice.",
+                    EmbeddingFailedReason.DUPLICATE_INDEX,
                 )
             vector = item.get("embedding")
             if not isinstance(vector, list):
-                raise _fail("an embedding is not a list of floats.", "non-float-value")
+                raise _fail(
+                    "an embedding is not a list of floats.", EmbeddingFailedReason.NON_FLOAT_VALUE
+                )
             # bool is an int subclass and numpy would turn strings into floats: check exactly.
             if not all(type(v) is float or type(v) is int for v in vector):
-                raise _fail("an embedding holds values that are not numbers.", "non-float-value")
+                raise _fail(
+                    "an embedding holds values that are not numbers.",
+                    EmbeddingFailedReason.NON_FLOAT_VALUE,
+                )
             if len(vector) != dims:
                 raise _fail(
                     f"the embedding service returned {len(vector)} dimensions, expected {dims}.",
-                    "dimensions-mismatch",
+                    EmbeddingFailedReason.DIMENSIONS_MISMATCH,
                 )
             rows[index] = vector
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:
             raise _fail(
                 f"the embedding service returned no vector for {len(missing)} of {n} inputs.",
-                "missing-index",
+                EmbeddingFailedReason.MISSING_INDEX,
             )
 
         # Python floats past float32 range are finite here but not after the cast: check both.
         try:
             values = np.asarray(rows, dtype=np.float64)
         except OverflowError:  # an integer literal beyond any float
-            raise _fail("an embedding holds non-finite values.", "non-finite-value") from None
+            raise _fail(
+                "an embedding holds non-finite values.", EmbeddingFailedReason.NON_FINITE_VALUE
+            ) from None
         if not np.all(np.isfinite(values)) or not np.all(
             np.abs(values) <= np.finfo(np.float32).max
         ):
-            raise _fail("an embedding holds non-finite values.", "non-finite-value")
+            raise _fail(
+                "an embedding holds non-finite values.", EmbeddingFailedReason.NON_FINITE_VALUE
+            )
         norms = np.linalg.norm(values, axis=1, keepdims=True)
         if np.any(norms == 0) or not np.all(np.isfinite(norms)):
-            raise _fail("the embedding service returned a zero vector.", "zero-vector")
+            raise _fail(
+                "the embedding service returned a zero vector.", EmbeddingFailedReason.ZERO_VECTOR
+            )
         # A fresh array: the parsed values are never normalised in place.
         unit = (values / norms).astype(np.float32)
         return unit, tokens
 
 
 def _config_error(detail: str) -> RetrievalError:
-    return RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="embedding-config")
+    return RetrievalError(
+        ErrorCode.INVALID_REQUEST, detail, reason=InvalidRequestReason.EMBEDDING_CONFIG
+    )
 
 
 def _too_large() -> RetrievalError:
-    return _fail("the embedding response is larger than expected.", "malformed-response")
+    return _fail(
+        "the embedding response is larger than expected.", EmbeddingFailedReason.MALFORMED_RESPONSE
+    )
 
 
 def _prompt_tokens(usage: object) -> int:
@@ -312,10 +351,16 @@ def _prompt_tokens(usage: object) -> int:
     if usage is None:
         return 0
     if not isinstance(usage, dict):
-        raise _fail("the embedding response reports malformed usage.", "malformed-response")
+        raise _fail(
+            "the embedding response reports malformed usage.",
+            EmbeddingFailedReason.MALFORMED_RESPONSE,
+        )
     tokens = usage.get("prompt_tokens")
     if tokens is None:
         return 0
     if type(tokens) is not int or tokens < 0:
-        raise _fail("the embedding response reports malformed usage.", "malformed-response")
+        raise _fail(
+            "the embedding response reports malformed usage.",
+            EmbeddingFailedReason.MALFORMED_RESPONSE,
+        )
     return tokens

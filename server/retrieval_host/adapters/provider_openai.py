@@ -58,6 +58,7 @@ from retrieval_host.adapters._openai_http import (
 )
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason, ProviderFailedReason
 from retrieval_host.core.run_ports import (
     GenerationEvent,
     GenerationRequest,
@@ -84,16 +85,22 @@ _EOL = re.compile(rb"\r\n|\n|\r")
 _SOCKET_EVENTS: Final = ("connection.connect_tcp.complete", "connection.start_tls.complete")
 
 
-def _fail(detail: str, reason: str) -> RetrievalError:
+def _key_unavailable(detail: str) -> RetrievalError:
+    return _fail(detail, ProviderFailedReason.API_KEY_UNAVAILABLE)
+
+
+def _fail(detail: str, reason: ProviderFailedReason) -> RetrievalError:
     return RetrievalError(ErrorCode.PROVIDER_FAILED, detail, reason=reason)
 
 
 def _malformed(detail: str) -> RetrievalError:
-    return _fail(f"the generation provider sent {detail}", "malformed-chunk")
+    return _fail(f"the generation provider sent {detail}", ProviderFailedReason.MALFORMED_CHUNK)
 
 
 def _config_error(detail: str) -> RetrievalError:
-    return RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="provider-config")
+    return RetrievalError(
+        ErrorCode.INVALID_REQUEST, detail, reason=InvalidRequestReason.PROVIDER_CONFIG
+    )
 
 
 class OpenAIChatProvider:
@@ -143,7 +150,7 @@ class OpenAIChatProvider:
     ) -> Iterator[GenerationEvent]:
         """Stream one model call's events; raises `PROVIDER_FAILED` (never retries)."""
         cancel.check()
-        key = read_api_key(self._api_key, "generation", _fail)
+        key = read_api_key(self._api_key, "generation", _key_unavailable)
         content = encode_json(self._body(request))
         stream = _ChatStream(request.step)
         watchdog = _Watchdog(cancel)
@@ -210,7 +217,7 @@ class OpenAIChatProvider:
             watchdog.raise_if_tripped()
             raise _fail(
                 f"the generation provider did not answer within {self._client.timeout.read} s.",
-                "timeout",
+                ProviderFailedReason.TIMEOUT,
             ) from None
         except httpx.HTTPError as exc:
             watchdog.raise_if_tripped()
@@ -219,11 +226,11 @@ class OpenAIChatProvider:
                 raise _fail(
                     f"the connection to the generation provider closed mid-stream "
                     f"({type(exc).__name__}).",
-                    "stream-ended-early",
+                    ProviderFailedReason.STREAM_ENDED_EARLY,
                 ) from None
             raise _fail(
                 f"could not reach the generation provider ({type(exc).__name__}).",
-                "connection-failed",
+                ProviderFailedReason.CONNECTION_FAILED,
             ) from None
 
     def _read(
@@ -294,8 +301,13 @@ def _status_error(status: int, raw: bytes, key: str | None) -> RetrievalError:
     message = scrub(error_message(raw), key)
     suffix = f": {message}" if message else "."
     if status == 429:
-        return _fail(f"the generation provider is rate limiting (HTTP 429){suffix}", "rate-limited")
-    return _fail(f"the generation provider answered HTTP {status}{suffix}", "http-error")
+        return _fail(
+            f"the generation provider is rate limiting (HTTP 429){suffix}",
+            ProviderFailedReason.RATE_LIMITED,
+        )
+    return _fail(
+        f"the generation provider answered HTTP {status}{suffix}", ProviderFailedReason.HTTP_ERROR
+    )
 
 
 def _json_too_large() -> RetrievalError:
@@ -399,7 +411,7 @@ class _ChatStream:
             shown = scrub(message, key) if isinstance(message, str) else ""
             raise _fail(
                 f"the generation provider reported an error mid-stream: {shown or 'no message'}",
-                "stream-error",
+                ProviderFailedReason.STREAM_ERROR,
             )
         choices = chunk.get("choices", [])
         if not isinstance(choices, list):
@@ -444,7 +456,7 @@ class _ChatStream:
         if not self.done and not self._finished:
             raise _fail(
                 "the generation provider's stream ended before the answer was complete.",
-                "stream-ended-early",
+                ProviderFailedReason.STREAM_ENDED_EARLY,
             )
         for index in sorted(self._calls):
             call = self._calls[index]

@@ -6,6 +6,7 @@ import threading
 import time
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import TimeoutReason
 
 
 class CancelToken:
@@ -40,5 +41,5 @@ class CancelToken:
             raise RetrievalError(
                 ErrorCode.TIMEOUT,
                 "No progress within the inactivity timeout the request set.",
-                reason="idle-timeout",
+                reason=TimeoutReason.IDLE_TIMEOUT,
             )

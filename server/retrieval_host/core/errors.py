@@ -95,14 +95,17 @@ class RetrievalError(Exception):
 
     `detail` is public: it is rendered to callers, so it never carries secrets, passage text or
     the content of an unexpected exception. `reason` is a finer, also public, machine-readable
-    sub-code (e.g. `pdf-encrypted`) for callers that need to tell cases apart.
+    sub-code (e.g. `pdf-encrypted`) for callers that need to tell cases apart; every reason is
+    a member of the code's enum in `core.reasons`.
     """
 
     def __init__(self, code: ErrorCode, detail: str, *, reason: str | None = None) -> None:
         super().__init__(f"{code.value}: {detail}")
         self.code = code
         self.detail = detail
-        self.reason = reason
+        # A plain `str`, not the enum member: what is pickled to a parse worker, stored in a
+        # run record or compared by a caller stays exactly the wire string.
+        self.reason = None if reason is None else str(reason)
 
     @property
     def status(self) -> int:

@@ -42,6 +42,11 @@ from retrieval_host.core.ports import (
     StoredSource,
     VectorStore,
 )
+from retrieval_host.core.reasons import (
+    CapacityExceededReason,
+    InvalidRequestReason,
+    SourceConflictReason,
+)
 from retrieval_host.core.validation import check_id, check_index_request, check_search_request
 
 
@@ -196,13 +201,13 @@ class RetrievalService:
             raise RetrievalError(
                 ErrorCode.CAPACITY_EXCEEDED,
                 f"a source may have at most {limits.max_passages_per_source} passages.",
-                reason="passages-per-source",
+                reason=CapacityExceededReason.PASSAGES_PER_SOURCE,
             )
         if any(len(c.text.encode("utf-8")) > limits.max_passage_bytes for c in request.chunks):
             raise RetrievalError(
                 ErrorCode.CAPACITY_EXCEEDED,
                 f"a passage may have at most {limits.max_passage_bytes} bytes.",
-                reason="passage-bytes",
+                reason=CapacityExceededReason.PASSAGE_BYTES,
             )
 
         grant = _authorize(corpus, "index", (source.id,), context)
@@ -237,7 +242,7 @@ class RetrievalService:
                 ErrorCode.INVALID_REQUEST,
                 f"{len(too_long)} passage(s) exceed the embedding model's "
                 f"{corpus.embedding.max_input_tokens} tokens and would be cut; split them.",
-                reason="passage-too-long",
+                reason=InvalidRequestReason.PASSAGE_TOO_LONG,
             )
 
         context.cancel.check()
@@ -353,7 +358,7 @@ def _content_differs() -> RetrievalError:
         ErrorCode.SOURCE_CONFLICT,
         "this revision is already indexed with different content or provenance; "
         "index the change under a new revision.",
-        reason="revision-content-differs",
+        reason=SourceConflictReason.REVISION_CONTENT_DIFFERS,
     )
 
 

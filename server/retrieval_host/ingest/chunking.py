@@ -30,6 +30,7 @@ from typing import Final
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import Location, Metadata
+from retrieval_host.core.reasons import DocumentTooComplexReason, PayloadTooLargeReason
 from retrieval_host.ingest.settings import ChunkingSettings, too_complex, too_large
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
@@ -326,12 +327,13 @@ class Chunker:
         self._emitted += 1
         if self._allowance < self._max_passages and self._emitted > self._allowance:
             raise too_complex(
-                "passages-per-byte",
+                DocumentTooComplexReason.PASSAGES_PER_BYTE,
                 f"the document makes more than {self._allowance} passages for its size.",
             )
         if self._emitted > self._max_passages:
             raise too_large(
-                "passages", f"the document makes more than {self._max_passages} passages."
+                PayloadTooLargeReason.PASSAGES,
+                f"the document makes more than {self._max_passages} passages.",
             )
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import ChunkInput, IndexRequest, JSONValue, SourceInfo
+from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
 from retrieval_host.core.validation import MAX_METADATA_BYTES, check_id
 from retrieval_host.ingest._text import clip, json_size
 from retrieval_host.ingest.chunking import Chunker, Extracted
@@ -128,9 +129,11 @@ def extract_document(
     """
     media = check_media_type(media_type)
     if len(data) > limits.max_bytes:
-        raise too_large("bytes", f"the document is larger than {limits.max_bytes} bytes.")
+        raise too_large(
+            PayloadTooLargeReason.BYTES, f"the document is larger than {limits.max_bytes} bytes."
+        )
     if not data.strip():
-        raise invalid_document("empty-document", "the document is empty.")
+        raise invalid_document(InvalidDocumentReason.EMPTY_DOCUMENT, "the document is empty.")
     return _extract(data, media, title, limits, cancel)
 
 
@@ -162,7 +165,9 @@ def finish_document(
     )
     passages = chunker.passages(extracted.segments)
     if not passages:
-        raise invalid_document("empty-document", "the document has no text to index.")
+        raise invalid_document(
+            InvalidDocumentReason.EMPTY_DOCUMENT, "the document has no text to index."
+        )
 
     document_sha256 = hashlib.sha256(extracted.text.encode("utf-8")).hexdigest()
     final_title = title if title is not None else clip(extracted.title, 1024)

@@ -45,6 +45,7 @@ from bs4.element import CData, NavigableString, Tag
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import JSONValue
+from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
 from retrieval_host.ingest._text import bounded, clip, normalize_text
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
 from retrieval_host.ingest.settings import (
@@ -104,7 +105,9 @@ def extract_email(
         if cancel is not None:
             cancel.progress()
     if not segments:
-        raise invalid_document("empty-document", "no message has any readable text.")
+        raise invalid_document(
+            InvalidDocumentReason.EMPTY_DOCUMENT, "no message has any readable text."
+        )
 
     kept, truncated = bounded(infos)
     metadata: dict[str, JSONValue] = {
@@ -130,18 +133,24 @@ def _single(data: bytes) -> bytes:
         data = b"" if newline < 0 else data[newline + 1 :]
     if not _HEADER_LINE.match(data):
         raise invalid_document(
-            "content-type-mismatch", "the bytes do not start with an e-mail header."
+            InvalidDocumentReason.CONTENT_TYPE_MISMATCH,
+            "the bytes do not start with an e-mail header.",
         )
     return data
 
 
 def _split_mbox(data: bytes, limits: IngestLimits) -> list[bytes]:
     if not data.startswith(b"From "):
-        raise invalid_document("content-type-mismatch", "an mbox must start with a 'From ' line.")
+        raise invalid_document(
+            InvalidDocumentReason.CONTENT_TYPE_MISMATCH, "an mbox must start with a 'From ' line."
+        )
     starts: list[tuple[int, int]] = []
     for match in _ENVELOPE.finditer(data):
         if len(starts) >= limits.max_messages:
-            raise too_large("messages", f"the mbox has more than {limits.max_messages} messages.")
+            raise too_large(
+                PayloadTooLargeReason.MESSAGES,
+                f"the mbox has more than {limits.max_messages} messages.",
+            )
         starts.append((match.start(), match.end()))
     if not starts:  # a single envelope line without a newline
         return [b""]
@@ -170,9 +179,13 @@ def _parse(raw: bytes, limits: IngestLimits) -> EmailMessage:
         raise _too_deep(limits) from exc
     except Exception as exc:  # the parser is lenient; anything it still raises is a bad message
         _log.info("unparseable message: %s", type(exc).__name__)
-        raise invalid_document("email-malformed", "a message could not be parsed.") from exc
+        raise invalid_document(
+            InvalidDocumentReason.EMAIL_MALFORMED, "a message could not be parsed."
+        ) from exc
     if not isinstance(message, EmailMessage):  # policy.default always builds EmailMessage
-        raise invalid_document("email-malformed", "a message could not be parsed.")
+        raise invalid_document(
+            InvalidDocumentReason.EMAIL_MALFORMED, "a message could not be parsed."
+        )
     _check_structure(message, limits)
     return message
 
@@ -218,18 +231,23 @@ def _check_structure(message: Message, limits: IngestLimits) -> None:
 
 
 def _too_many_parts(limits: IngestLimits) -> RetrievalError:
-    return too_large("mime-parts", f"a message has more than {limits.max_mime_parts} MIME parts.")
+    return too_large(
+        PayloadTooLargeReason.MIME_PARTS,
+        f"a message has more than {limits.max_mime_parts} MIME parts.",
+    )
 
 
 def _too_deep(limits: IngestLimits) -> RetrievalError:
     return too_large(
-        "mime-depth", f"a message nests MIME parts deeper than {limits.max_mime_depth}."
+        PayloadTooLargeReason.MIME_DEPTH,
+        f"a message nests MIME parts deeper than {limits.max_mime_depth}.",
     )
 
 
 def _header_too_large(limits: IngestLimits) -> RetrievalError:
     return too_large(
-        "header-bytes", f"a header section is larger than {limits.max_header_bytes} bytes."
+        PayloadTooLargeReason.HEADER_BYTES,
+        f"a header section is larger than {limits.max_header_bytes} bytes.",
     )
 
 
@@ -277,7 +295,8 @@ def _collect(
         html_budget[0] -= len(payload)
         if html_budget[0] < 0:
             raise too_large(
-                "html-bytes", f"the document has more than {MAX_HTML_BYTES} bytes of HTML."
+                PayloadTooLargeReason.HTML_BYTES,
+                f"the document has more than {MAX_HTML_BYTES} bytes of HTML.",
             )
         text = html_to_text(text)
     texts.append(normalize_text(text))

@@ -55,6 +55,7 @@ from typing import Any, Final, Protocol
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import DocumentTooComplexReason
 from retrieval_host.ingest.chunking import Extracted
 from retrieval_host.ingest.document import PreparedDocument, extract_document, finish_document
 from retrieval_host.ingest.settings import ChunkingSettings, IngestLimits, MiB, too_complex
@@ -237,9 +238,15 @@ class ParsePool:
         worker.conn.close()
         self.counters.killed += 1
         if exitcode == -signal.SIGXCPU:
-            return too_complex("cpu-limit", "parsing the document took more CPU time than allowed.")
+            return too_complex(
+                DocumentTooComplexReason.CPU_LIMIT,
+                "parsing the document took more CPU time than allowed.",
+            )
         _log.warning("a parse worker exited with %s", exitcode)
-        return too_complex("parser-exited", "the document could not be parsed within the limits.")
+        return too_complex(
+            DocumentTooComplexReason.PARSER_EXITED,
+            "the document could not be parsed within the limits.",
+        )
 
     def _take(self) -> _Worker:
         with self._lock:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from retrieval_host.core.models import JSONValue
+from retrieval_host.core.reasons import InvalidDocumentReason
 from retrieval_host.ingest._text import FIELD_CHARS, bounded, clip, json_size, normalize_text
 from retrieval_host.ingest.chunking import Block, Extracted, Segment
 from retrieval_host.ingest.settings import MARKDOWN, invalid_document
@@ -51,13 +52,15 @@ def extract_markdown(data: bytes, title: str | None) -> Extracted:
     """Decode and section a Markdown file (see the module docstring for the rules)."""
     if b"\x00" in data or data.lstrip().startswith(b"%PDF-"):
         raise invalid_document(
-            "content-type-mismatch", "the bytes are not text, so they are not Markdown."
+            InvalidDocumentReason.CONTENT_TYPE_MISMATCH,
+            "the bytes are not text, so they are not Markdown.",
         )
     try:
         raw = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise invalid_document(
-            "markdown-not-utf8", "Markdown must be UTF-8; convert the file first."
+            InvalidDocumentReason.MARKDOWN_NOT_UTF8,
+            "Markdown must be UTF-8; convert the file first.",
         ) from exc
     text = normalize_text(raw.removeprefix("\ufeff"))
     lines = text.split("\n")

@@ -38,6 +38,11 @@ from pypdf.generic import StreamObject
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import JSONValue
+from retrieval_host.core.reasons import (
+    DocumentTooComplexReason,
+    InvalidDocumentReason,
+    PayloadTooLargeReason,
+)
 from retrieval_host.ingest._text import clip, normalize_text
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
 from retrieval_host.ingest.settings import (
@@ -69,7 +74,9 @@ def extract_pdf(
 ) -> Extracted:
     """Extract page texts (see the module docstring for the limits and the errors)."""
     if b"%PDF-" not in data[:_HEADER_WINDOW]:
-        raise invalid_document("content-type-mismatch", "the bytes do not start a PDF file.")
+        raise invalid_document(
+            InvalidDocumentReason.CONTENT_TYPE_MISMATCH, "the bytes do not start a PDF file."
+        )
     configuration = pypdf.Configuration(
         maximum_declared_stream_length=limits.max_bytes,
         array_based_stream_maximum_output_length=MAX_STREAM_OUTPUT,
@@ -90,15 +97,20 @@ def extract_pdf(
         raise
     except LimitReachedError as exc:
         raise too_large(
-            "pdf-resource-limit", "the PDF needs more memory or work than allowed to read."
+            PayloadTooLargeReason.PDF_RESOURCE_LIMIT,
+            "the PDF needs more memory or work than allowed to read.",
         ) from exc
     except RecursionError as exc:
-        raise invalid_document("pdf-malformed", "the PDF could not be read.") from exc
+        raise invalid_document(
+            InvalidDocumentReason.PDF_MALFORMED, "the PDF could not be read."
+        ) from exc
     except Exception as exc:
         # pypdf raises many exception types on hostile input (its own, ValueError, KeyError,
         # struct.error, ...); whichever it is, the file is unreadable, not the host broken.
         _log.info("unreadable PDF: %s", type(exc).__name__)
-        raise invalid_document("pdf-malformed", "the PDF could not be read.") from exc
+        raise invalid_document(
+            InvalidDocumentReason.PDF_MALFORMED, "the PDF could not be read."
+        ) from exc
 
 
 def _extract(
@@ -124,7 +136,7 @@ def _extract(
     if count > limits.max_pages:
         raise _too_many_pages(limits)
     if count == 0:
-        raise invalid_document("empty-document", "the PDF has no pages.")
+        raise invalid_document(InvalidDocumentReason.EMPTY_DOCUMENT, "the PDF has no pages.")
 
     _check_content_streams(pages, limits, cancel)
     texts: list[str] = []
@@ -138,7 +150,7 @@ def _extract(
             cancel.progress()
         total += len(page_text)
         if total > limits.max_bytes:
-            raise too_large("bytes", "the PDF's text is larger than allowed.")
+            raise too_large(PayloadTooLargeReason.BYTES, "the PDF's text is larger than allowed.")
         texts.append(page_text)
         if not page_text.strip():
             continue
@@ -146,7 +158,7 @@ def _extract(
         segments.append(Segment(lines, 1, paragraph_blocks(lines), page=number))
     if not segments:
         raise invalid_document(
-            "pdf-no-text-layer",
+            InvalidDocumentReason.PDF_NO_TEXT_LAYER,
             "the PDF has no text layer (scanned pages need OCR before ingestion).",
         )
 
@@ -183,7 +195,7 @@ def _check_content_streams(
             page_bytes += len(data)
             if page_bytes > limits.max_content_stream_bytes:
                 raise too_complex(
-                    "pdf-content-stream",
+                    DocumentTooComplexReason.PDF_CONTENT_STREAM,
                     f"a page's content is larger than {limits.max_content_stream_bytes} bytes.",
                 )
             page_ops += _count_operators(data, limits.max_page_operators - page_ops + 1)
@@ -195,7 +207,7 @@ def _check_content_streams(
 
 
 def _too_many_operators(what: str) -> RetrievalError:
-    return too_complex("pdf-operators", f"{what} content-stream operators.")
+    return too_complex(DocumentTooComplexReason.PDF_OPERATORS, f"{what} content-stream operators.")
 
 
 def _page_streams(page: PageObject) -> Iterator[bytes]:
@@ -224,11 +236,15 @@ def _count_operators(data: bytes, stop_after: int) -> int:
 
 
 def _encrypted() -> RetrievalError:
-    return invalid_document("pdf-encrypted", "the PDF is encrypted and needs a password.")
+    return invalid_document(
+        InvalidDocumentReason.PDF_ENCRYPTED, "the PDF is encrypted and needs a password."
+    )
 
 
 def _too_many_pages(limits: IngestLimits) -> RetrievalError:
-    return too_large("pages", f"the PDF has more than {limits.max_pages} pages.")
+    return too_large(
+        PayloadTooLargeReason.PAGES, f"the PDF has more than {limits.max_pages} pages."
+    )
 
 
 def _declared_page_count(reader: pypdf.PdfReader) -> int | None:

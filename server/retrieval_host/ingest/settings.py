@@ -9,6 +9,14 @@ from typing import Final
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import JSONScalar
+from retrieval_host.core.reasons import (
+    DescriptorMismatchReason,
+    DocumentTooComplexReason,
+    InvalidDocumentReason,
+    InvalidRequestReason,
+    PayloadTooLargeReason,
+    UnsupportedMediaTypeReason,
+)
 
 PDF: Final = "application/pdf"
 MARKDOWN: Final = "text/markdown"
@@ -45,7 +53,7 @@ def media_type_for_path(path: Path) -> str:
         raise RetrievalError(
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
             "supported files are .pdf, .md, .markdown, .eml and .mbox.",
-            reason="unknown-suffix",
+            reason=UnsupportedMediaTypeReason.UNKNOWN_SUFFIX,
         )
     return media_type
 
@@ -57,13 +65,15 @@ def check_media_type(media_type: str) -> str:
         raise RetrievalError(
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
             "supported media types are " + ", ".join(sorted(MEDIA_TYPES)) + ".",
-            reason="unsupported-media-type",
+            reason=UnsupportedMediaTypeReason.UNSUPPORTED_MEDIA_TYPE,
         )
     return base
 
 
 def _invalid_settings(detail: str) -> RetrievalError:
-    return RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="chunking-settings")
+    return RetrievalError(
+        ErrorCode.INVALID_REQUEST, detail, reason=InvalidRequestReason.CHUNKING_SETTINGS
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ class ChunkingSettings:
                 ErrorCode.DESCRIPTOR_MISMATCH,
                 f"the corpus was chunked by another scheme than {CHUNKING_SCHEME}; "
                 "rebuild it into a new corpus.",
-                reason="chunking-scheme",
+                reason=DescriptorMismatchReason.CHUNKING_SCHEME,
             )
         max_tokens = identity["max_tokens"]
         overlap = identity["overlap_tokens"]
@@ -185,16 +195,18 @@ class IngestLimits:
                 )
 
 
-def too_large(reason: str, detail: str) -> RetrievalError:
+# `too_large` and `too_complex` take `str`: the driver and batch ingest still pass literals;
+# `tests/unit/test_reasons.py` holds every caller's literal to the code's enum.
+def too_large(reason: PayloadTooLargeReason | str, detail: str) -> RetrievalError:
     """A `PAYLOAD_TOO_LARGE` error with its machine-readable reason."""
     return RetrievalError(ErrorCode.PAYLOAD_TOO_LARGE, detail, reason=reason)
 
 
-def too_complex(reason: str, detail: str) -> RetrievalError:
+def too_complex(reason: DocumentTooComplexReason | str, detail: str) -> RetrievalError:
     """A `DOCUMENT_TOO_COMPLEX` error: the document costs more work than allowed."""
     return RetrievalError(ErrorCode.DOCUMENT_TOO_COMPLEX, detail, reason=reason)
 
 
-def invalid_document(reason: str, detail: str) -> RetrievalError:
+def invalid_document(reason: InvalidDocumentReason, detail: str) -> RetrievalError:
     """An `INVALID_DOCUMENT` error with its machine-readable reason."""
     return RetrievalError(ErrorCode.INVALID_DOCUMENT, detail, reason=reason)

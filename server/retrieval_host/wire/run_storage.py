@@ -27,6 +27,7 @@ from typing import Any, Final, cast
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage, Location
+from retrieval_host.core.reasons import StoreUnavailableReason
 from retrieval_host.core.runs_model import (
     GenerationUsage,
     ManifestEntry,
@@ -116,7 +117,7 @@ def decode_result(text: str) -> RunResult:
     raise RetrievalError(
         ErrorCode.STORE_UNAVAILABLE,
         f"a run record has storage version {version!r}; this host reads up to {STORAGE_VERSION}.",
-        reason="record-version",
+        reason=StoreUnavailableReason.RECORD_VERSION,
     )
 
 

@@ -28,6 +28,7 @@ from retrieval_host.adapters._store_rules import (
     translating,
 )
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import StoreUnavailableReason
 
 __all__ = ["Connection", "ConnectionPool", "lock_key", "store_error", "transaction", "translated"]
 
@@ -51,18 +52,18 @@ def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
         return RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
             f"the database statement timeout passed while {action}.",
-            reason="statement-timeout",
+            reason=StoreUnavailableReason.STATEMENT_TIMEOUT,
         )
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
             f"the database connection failed while {action}.",
-            reason="connection",
+            reason=StoreUnavailableReason.CONNECTION,
         )
     return RetrievalError(
         ErrorCode.STORE_UNAVAILABLE,
         f"the database failed while {action}.",
-        reason="database-error",
+        reason=StoreUnavailableReason.DATABASE_ERROR,
     )
 
 
@@ -139,7 +140,7 @@ class ConnectionPool:
                     raise RetrievalError(
                         ErrorCode.STORE_UNAVAILABLE,
                         "no database connection became free in time.",
-                        reason="busy",
+                        reason=StoreUnavailableReason.BUSY,
                     )
                 self._cond.wait(left)
         try:

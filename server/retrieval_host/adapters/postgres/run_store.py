@@ -34,6 +34,7 @@ from retrieval_host.adapters.postgres.schema import (
     schema_sql,
 )
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
 
@@ -149,7 +150,7 @@ class PgRunStore:
             raise RetrievalError(
                 ErrorCode.STORE_UNAVAILABLE,
                 "the run record of this idempotency key disappeared.",
-                reason="database-error",
+                reason=StoreUnavailableReason.DATABASE_ERROR,
             )
         return run_record(row)
 
@@ -199,5 +200,5 @@ def _reject_nul(*values: str | None) -> None:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST,
             "run identifiers must not contain the NUL character (U+0000).",
-            reason="nul-character",
+            reason=InvalidRequestReason.NUL_CHARACTER,
         )

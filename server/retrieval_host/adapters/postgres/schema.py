@@ -25,6 +25,7 @@ from psycopg import sql
 
 from retrieval_host.adapters.postgres.pool import Connection, lock_key, transaction, translated
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReason
 
 DEFAULT_SCHEMA: Final = "retrieval_host"
 VECTOR_COMPONENT: Final = "vector-store"
@@ -38,7 +39,7 @@ _VERSION_TABLE: Final[Mapping[str, str]] = {"component": "text", "version": "int
 _log = logging.getLogger(__name__)
 
 
-def _unsafe(detail: str, reason: str) -> RetrievalError:
+def _unsafe(detail: str, reason: UnsafeStoreReason) -> RetrievalError:
     return RetrievalError(ErrorCode.UNSAFE_STORE, detail, reason=reason)
 
 
@@ -91,7 +92,7 @@ def ensure_schema_component(
                 raise _unsafe(
                     f"schema {schema!r} holds tables of another application; point the store "
                     "at its own schema.",
-                    "unrelated-database",
+                    UnsafeStoreReason.UNRELATED_DATABASE,
                 )
             conn.execute(
                 schema_sql(
@@ -112,7 +113,7 @@ def ensure_schema_component(
                 raise _unsafe(
                     f"schema {schema!r} holds tables named like ours without our version "
                     "record; it was not written by this host.",
-                    "unrelated-database",
+                    UnsafeStoreReason.UNRELATED_DATABASE,
                 )
             for statement in ddl:
                 conn.execute(schema_sql(schema, statement))
@@ -128,7 +129,7 @@ def ensure_schema_component(
                 raise _unsafe(
                     f"the {component} schema has version {stored}; this host reads version "
                     f"{version}.",
-                    "schema-version",
+                    UnsafeStoreReason.SCHEMA_VERSION,
                 )
             for step in range(stored, version):
                 for statement in steps[step]:
@@ -155,7 +156,7 @@ def _check_shape(conn: Connection, schema: str, tables: Mapping[str, Mapping[str
         raise _unsafe(
             f"the tables in schema {schema!r} do not have the shape this host writes; they "
             "were not written by it.",
-            "unrelated-database",
+            UnsafeStoreReason.UNRELATED_DATABASE,
         )
 
 
@@ -186,12 +187,14 @@ def ensure_extension(conn: Connection) -> tuple[str, tuple[int, ...]]:
             ErrorCode.STORE_UNAVAILABLE,
             "the pgvector extension is not installed in this database and this role may not "
             "create it; run CREATE EXTENSION vector once as an administrator.",
-            reason="pgvector-missing",
+            reason=StoreUnavailableReason.PGVECTOR_MISSING,
         ) from exc
     found = extension(conn)
     if found is None:  # pragma: no cover - CREATE EXTENSION succeeded
         raise RetrievalError(
-            ErrorCode.STORE_UNAVAILABLE, "pgvector is not available.", reason="pgvector-missing"
+            ErrorCode.STORE_UNAVAILABLE,
+            "pgvector is not available.",
+            reason=StoreUnavailableReason.PGVECTOR_MISSING,
         )
     return found
 
@@ -310,7 +313,7 @@ def ensure_hnsw_index(conn: Connection, schema: str, dims: int) -> None:
                 raise RetrievalError(
                     ErrorCode.STORE_UNAVAILABLE,
                     "another replica has been building the HNSW index for too long.",
-                    reason="index-build",
+                    reason=StoreUnavailableReason.INDEX_BUILD,
                 )
             time.sleep(0.2)  # another replica is building it
         try:

@@ -72,6 +72,7 @@ from retrieval_host.core.ports import (
     StoredSource,
     Vectors,
 )
+from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
 
 __all__ = ["PgSearchStats", "PgVectorStore", "StoreCounters"]
 
@@ -160,7 +161,7 @@ class PgVectorStore(StoreBase):
                     raise RetrievalError(
                         ErrorCode.STORE_UNAVAILABLE,
                         "HNSW needs pgvector 0.5 or newer in the database.",
-                        reason="pgvector-version",
+                        reason=StoreUnavailableReason.PGVECTOR_VERSION,
                     )
                 ensure_schema_component(
                     conn,
@@ -505,5 +506,5 @@ def _reject_nul(values: Sequence[str | None]) -> None:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST,
             "text stored in PostgreSQL must not contain the NUL character (U+0000).",
-            reason="nul-character",
+            reason=InvalidRequestReason.NUL_CHARACTER,
         )

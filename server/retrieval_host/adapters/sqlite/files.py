@@ -33,11 +33,12 @@ import stat
 from pathlib import Path
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReason
 
 SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
 
 
-def _unsafe(detail: str, reason: str) -> RetrievalError:
+def _unsafe(detail: str, reason: UnsafeStoreReason) -> RetrievalError:
     return RetrievalError(ErrorCode.UNSAFE_STORE, detail, reason=reason)
 
 
@@ -55,9 +56,11 @@ def check_store_file(path: Path, what: str) -> None:
     except FileNotFoundError:
         return
     if stat.S_ISLNK(st.st_mode):
-        raise _unsafe(f"{what} {path} is a symbolic link; the store refuses links.", "symlink")
+        raise _unsafe(
+            f"{what} {path} is a symbolic link; the store refuses links.", UnsafeStoreReason.SYMLINK
+        )
     if not stat.S_ISREG(st.st_mode):
-        raise _unsafe(f"{what} {path} is not a regular file.", "not-regular-file")
+        raise _unsafe(f"{what} {path} is not a regular file.", UnsafeStoreReason.NOT_REGULAR_FILE)
     if not _posix():
         return
     euid = os.geteuid()
@@ -65,13 +68,13 @@ def check_store_file(path: Path, what: str) -> None:
         raise _unsafe(
             f"{what} {path} is owned by uid {st.st_uid}, not by the user running the host "
             f"(uid {euid}).",
-            "foreign-owner",
+            UnsafeStoreReason.FOREIGN_OWNER,
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise _unsafe(
             f"{what} {path} is writable by group or others (mode "
             f"{stat.S_IMODE(st.st_mode):04o}); make it 0600.",
-            "writable-by-others",
+            UnsafeStoreReason.WRITABLE_BY_OTHERS,
         )
 
 
@@ -85,12 +88,12 @@ def check_directory_chain(directory: Path) -> None:
     while True:
         st = os.lstat(current)
         if not stat.S_ISDIR(st.st_mode):
-            raise _unsafe(f"{current} is not a directory.", "not-a-directory")
+            raise _unsafe(f"{current} is not a directory.", UnsafeStoreReason.NOT_A_DIRECTORY)
         if st.st_uid not in (euid, 0):
             raise _unsafe(
                 f"directory {current} is owned by uid {st.st_uid}; every directory above the "
                 f"database must belong to the host's user (uid {euid}) or root.",
-                "foreign-owner",
+                UnsafeStoreReason.FOREIGN_OWNER,
             )
         shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         sticky_root = bool(st.st_mode & stat.S_ISVTX) and st.st_uid == 0
@@ -100,7 +103,7 @@ def check_directory_chain(directory: Path) -> None:
                 f"{where} {current} is writable by group or others (mode "
                 f"{stat.S_IMODE(st.st_mode):04o}); keep the database in a private (0700) "
                 "directory.",
-                "writable-by-others",
+                UnsafeStoreReason.WRITABLE_BY_OTHERS,
             )
         parent = current.parent
         if parent == current:
@@ -118,7 +121,7 @@ def _ensure_directory(directory: Path) -> None:
         raise RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
             f"the directory {directory.parent} does not exist; create it first.",
-            reason="missing-directory",
+            reason=StoreUnavailableReason.MISSING_DIRECTORY,
         )
     # The parent must be safe before anything is created inside it.
     check_directory_chain(parent)
@@ -164,7 +167,7 @@ def prepare_database_path(path: str | os.PathLike[str]) -> Path:
         raise _unsafe(
             f"the database file {database} has {st.st_nlink} hard links; SQLite cannot "
             "coordinate its locks across several names for one file.",
-            "hard-link",
+            UnsafeStoreReason.HARD_LINK,
         )
     return database
 

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import Vectors
+from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
 
 if TYPE_CHECKING:
     from retrieval_host.adapters.sqlite.segment import Row
@@ -51,17 +52,21 @@ def query_unit(query: Vectors, dims: int) -> Matrix:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST,
             f"the query vector must have shape ({dims},), the corpus dimensions.",
-            reason="vector-shape",
+            reason=InvalidRequestReason.VECTOR_SHAPE,
         )
     unit: Matrix = array.astype(np.float32)  # a copy: the caller's array is never written
     if not np.isfinite(unit).all():
         raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, "the query vector must be finite.", reason="vector-values"
+            ErrorCode.INVALID_REQUEST,
+            "the query vector must be finite.",
+            reason=InvalidRequestReason.VECTOR_VALUES,
         )
     norm = math.sqrt(float(np.dot(unit.astype(np.float64), unit)))
     if norm == 0:
         raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, "the query vector must not be zero.", reason="vector-values"
+            ErrorCode.INVALID_REQUEST,
+            "the query vector must not be zero.",
+            reason=InvalidRequestReason.VECTOR_VALUES,
         )
     unit /= np.float32(norm)
     return unit
@@ -74,7 +79,7 @@ def check_stored(vectors: Matrix) -> Matrix:
         raise RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
             "a stored vector is not finite or is zero.",
-            reason="corrupt-vector",
+            reason=StoreUnavailableReason.CORRUPT_VECTOR,
         )
     return norms
 

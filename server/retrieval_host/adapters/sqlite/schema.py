@@ -32,6 +32,7 @@ import apsw
 from retrieval_host.adapters._store_rules import busy, translating
 from retrieval_host.adapters.sqlite.files import check_sidecars, prepare_database_path
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReason
 
 MIN_SQLITE_VERSION: Final = (3, 51, 3)
 BUSY_TIMEOUT_MS: Final = 10_000
@@ -77,7 +78,7 @@ def check_sqlite_version(version: str) -> None:
             ErrorCode.UNSAFE_STORE,
             f"SQLite {version} is too old; the store needs 3.51.3 or newer (use the apsw wheel "
             "that bundles it).",
-            reason="sqlite-version",
+            reason=UnsafeStoreReason.SQLITE_VERSION,
         )
 
 
@@ -90,10 +91,12 @@ def store_error(action: str, exc: apsw.Error) -> RetrievalError:
         return RetrievalError(
             ErrorCode.UNSAFE_STORE,
             "the store path holds a file that is not a SQLite database.",
-            reason="not-a-database",
+            reason=UnsafeStoreReason.NOT_A_DATABASE,
         )
     return RetrievalError(
-        ErrorCode.STORE_UNAVAILABLE, f"the database failed while {action}.", reason="sqlite-error"
+        ErrorCode.STORE_UNAVAILABLE,
+        f"the database failed while {action}.",
+        reason=StoreUnavailableReason.SQLITE_ERROR,
     )
 
 
@@ -137,7 +140,9 @@ def one(cursor: apsw.Cursor) -> tuple[Any, ...]:
     row = cursor.fetchone()
     if row is None:
         raise RetrievalError(
-            ErrorCode.STORE_UNAVAILABLE, "the database returned no row.", reason="sqlite-error"
+            ErrorCode.STORE_UNAVAILABLE,
+            "the database returned no row.",
+            reason=StoreUnavailableReason.SQLITE_ERROR,
         )
     return tuple(row)
 
@@ -201,7 +206,7 @@ def check_identity(conn: apsw.Connection, identity: Identity) -> int | None:
             ErrorCode.UNSAFE_STORE,
             "the file at the store path is a SQLite database of another application (other "
             "tables or another application id); point the store at its own private file.",
-            reason="unrelated-database",
+            reason=UnsafeStoreReason.UNRELATED_DATABASE,
         )
     reachable = all(v in identity.migrations for v in range(user_version, identity.version))
     if user_version > identity.version or not reachable:
@@ -209,13 +214,13 @@ def check_identity(conn: apsw.Connection, identity: Identity) -> int | None:
             ErrorCode.UNSAFE_STORE,
             f"the store has schema version {user_version}; this host reads version "
             f"{identity.version}.",
-            reason="schema-version",
+            reason=UnsafeStoreReason.SCHEMA_VERSION,
         )
     if not names >= identity.tables:
         raise RetrievalError(
             ErrorCode.UNSAFE_STORE,
             "the store's schema is incomplete; it was not written by this host.",
-            reason="unrelated-database",
+            reason=UnsafeStoreReason.UNRELATED_DATABASE,
         )
     return user_version
 
@@ -226,7 +231,7 @@ def configure(conn: apsw.Connection) -> None:
         raise RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
             "the store could not switch to WAL mode.",
-            reason="journal-mode",
+            reason=StoreUnavailableReason.JOURNAL_MODE,
         )
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
@@ -244,7 +249,7 @@ def configure(conn: apsw.Connection) -> None:
             raise RetrievalError(
                 ErrorCode.STORE_UNAVAILABLE,
                 f"the store could not set PRAGMA {pragma}.",
-                reason="pragma",
+                reason=StoreUnavailableReason.PRAGMA,
             )
 
 

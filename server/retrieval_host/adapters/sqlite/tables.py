@@ -21,6 +21,7 @@ from retrieval_host.adapters.sqlite.segment import Loaded, Revision
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import CapacityLimits
+from retrieval_host.core.reasons import StoreUnavailableReason
 
 APPLICATION_ID: Final = 0x52485653  # "RHVS": retrieval-host vector store
 SCHEMA_VERSION: Final = 1
@@ -143,7 +144,7 @@ def load_revision(conn: apsw.Connection, dims: int, source_pk: int, out: Matrix)
         raise RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
             "a stored vector does not have the corpus dimensions.",
-            reason="corrupt-vector",
+            reason=StoreUnavailableReason.CORRUPT_VECTOR,
         )
     if chunks:
         out[:] = np.frombuffer(b"".join(c[6] for c in chunks), dtype="<f4").reshape(len(chunks), -1)

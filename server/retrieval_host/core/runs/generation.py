@@ -8,6 +8,7 @@ from typing import TypeAlias
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
+from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.core.run_ports import (
     GenerationProvider,
     GenerationRequest,
@@ -91,5 +92,5 @@ def step_budget_exhausted() -> RetrievalError:
     return RetrievalError(
         ErrorCode.INVALID_REQUEST,
         "The model still asked for tools when the run's maxGenerationSteps were spent.",
-        reason="step-budget-exhausted",
+        reason=InvalidRequestReason.STEP_BUDGET_EXHAUSTED,
     )

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs.evidence import reauthorize_manifest
 from retrieval_host.core.runs.state import EventSink
@@ -27,7 +28,7 @@ def replay(
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST,
             "this idempotencyKey was used for a different run request.",
-            reason="idempotency-key-reused",
+            reason=InvalidRequestReason.IDEMPOTENCY_KEY_REUSED,
         )
     if existing.status != "completed" or existing.result is None:
         raise RetrievalError(
