@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import pytest
 from pydantic import BaseModel
 
+from retrieval_host.core.errors import ErrorCode
+from retrieval_host.core.reasons import REASONS, reasons_of
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.routes import ingest_media_types
 from retrieval_host_client import models as wire
@@ -66,6 +69,33 @@ def test_every_problem_response_uses_the_problem_schema(document: dict[str, Any]
                     "detail",
                     "requestId",
                 }
+
+
+def _problem_schema(document: dict[str, Any]) -> dict[str, Any]:
+    schema = document["paths"]["/v1/retrieval/search"]["post"]["responses"]["422"]["content"]
+    return _resolve(document, schema["application/problem+json"]["schema"])
+
+
+def test_the_problem_schema_publishes_every_code_and_its_reasons(
+    document: dict[str, Any],
+) -> None:
+    problem = _problem_schema(document)
+    assert problem["properties"]["code"]["enum"] == [code.value for code in ErrorCode]
+    by_code = problem["x-reasons-by-code"]
+    assert by_code == {code.value: list(reasons_of(code)) for code in ErrorCode}
+    assert {code for code, reasons in by_code.items() if reasons} == {c.value for c in REASONS}
+    listed = problem["properties"]["reason"]["anyOf"][0]["enum"]
+    assert set(listed) == {reason for enum in REASONS.values() for reason in enum}
+    # The conditionals hold each code to its own reasons, as a validator reads them.
+    validator = jsonschema.Draft202012Validator(problem)
+    body = {"type": "t", "title": "x", "status": 503, "detail": "d", "requestId": "r"}
+    assert validator.is_valid({**body, "code": "HOST_BUSY", "reason": "busy"})
+    assert validator.is_valid({**body, "code": "STORE_UNAVAILABLE", "reason": "closed"})
+    assert validator.is_valid({**body, "code": "STORE_UNAVAILABLE"})  # a reason is optional
+    assert not validator.is_valid({**body, "code": "HOST_BUSY", "reason": "closed"})
+    assert not validator.is_valid({**body, "code": "HOST_BUSY", "reason": "not-a-reason"})
+    assert not validator.is_valid({**body, "code": "INTERNAL", "reason": "busy"})
+    assert not validator.is_valid({**body, "code": "NOT_A_CODE"})
 
 
 def test_request_schemas_are_the_validating_models(document: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 Request bodies use the models' validation schemas and responses their serialization schemas,
 both from `retrieval_host_client.models`, so the document cannot drift from what the host
-accepts and returns. Every operation lists its problem responses and its security.
+accepts and returns. Every operation lists its problem responses and its security. The problem
+schema publishes every code and, per code, every `reason` (`core.reasons`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
+from retrieval_host.core.errors import ErrorCode
+from retrieval_host.core.reasons import reasons_of
 from retrieval_host_client import models as wire
 from retrieval_host_client import run_models as run_wire
 
@@ -174,6 +177,39 @@ def _schemas() -> tuple[dict[tuple[type[BaseModel], JsonSchemaMode], Any], dict[
     return {key: refs[key] for key in models}, dict(top.get("$defs", {}))
 
 
+def _with_reasons(problem: dict[str, Any]) -> dict[str, Any]:
+    """The problem schema with its codes and reasons enumerated.
+
+    `code` lists every `ErrorCode`; `reason` every reason of any code, and one `if`/`then` per
+    code narrows it to that code's reasons (or none: absent or null). The conditionals are
+    JSON Schema 2020-12, which OpenAPI 3.1 uses, so a validator (schemathesis included) holds
+    each response to them; `x-reasons-by-code` states the same map plainly for readers and
+    generators that skip conditionals.
+    """
+    by_code = {code.value: list(reasons_of(code)) for code in ErrorCode}
+    properties = dict(problem["properties"])
+    properties["code"] = {**properties["code"], "enum": list(by_code)}
+    every_reason = sorted({reason for reasons in by_code.values() for reason in reasons})
+    properties["reason"] = {
+        **properties["reason"],
+        "anyOf": [{"type": "string", "enum": every_reason}, {"type": "null"}],
+    }
+    narrowing = [
+        {
+            "if": {"properties": {"code": {"const": code}}, "required": ["code"]},
+            "then": {
+                "properties": {
+                    "reason": {"anyOf": [{"enum": reasons}, {"type": "null"}]}
+                    if reasons
+                    else {"type": "null"}
+                }
+            },
+        }
+        for code, reasons in by_code.items()
+    ]
+    return {**problem, "properties": properties, "allOf": narrowing, "x-reasons-by-code": by_code}
+
+
 def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     # An optional query parameter is absent, never null: keep only the non-null branch.
     options = [s for s in schema.get("anyOf", []) if s.get("type") != "null"]
@@ -193,6 +229,8 @@ def build_openapi(
     """The OpenAPI 3.1 document of every route this host serves (retrieval routes only when a
     retrieval service is configured)."""
     refs, components = _schemas()
+    problem_name = refs[(wire.Problem, "serialization")]["$ref"].rsplit("/", 1)[1]
+    components[problem_name] = _with_reasons(components[problem_name])
     request_id_header = {"$ref": "#/components/headers/RequestId"}
 
     def problem(status: int) -> dict[str, Any]:
