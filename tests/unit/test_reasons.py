@@ -3,11 +3,12 @@ is emitted somewhere.
 
 The product's reasons are derived from its source with `ast`: `reason=` keyword arguments of
 error constructors (`RetrievalError(ErrorCode.X, ..., reason=...)` and subclasses such as
-`InvalidRequest`), and the reason arguments of error factories, found as functions that pass
-one of their parameters on as `reason=` (`too_large`, `_fail`, `_unsafe`, ...), wherever they
-are called from. A literal or a member of another code's enum fails; so does a member nobody
-emits. A reason passed on from a variable (a factory's parameter, a parse worker's answer) is
-checked where its literal or member is written.
+`InvalidRequest`); the reason arguments of factories, found as functions that pass one of
+their parameters on as `reason=` with a fixed code (`too_large`, `_fail`, `_unsafe`, ...) or a
+code that is also a parameter (batch ingest's per-file `_failed`), wherever they are called
+from; and `(code, detail, reason)` triples such as a parse worker sends to its parent. A
+literal or a member of another code's enum fails; so does a member nobody emits. A reason
+passed on from a variable is checked where its literal or member is written.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ class Emitted:
 
 @dataclass(frozen=True, slots=True)
 class _Factory:
-    code: ErrorCode
+    code: ErrorCode | None  # None: the code is an argument too, at `code_index`
     index: int  # the reason's position among the call's positional arguments
     keyword: str
+    code_index: int = -1
 
 
 def _sources() -> dict[str, str]:
@@ -57,15 +59,31 @@ def _sources() -> dict[str, str]:
     return found
 
 
-def _code_of(call: ast.Call) -> ErrorCode | None:
-    first = call.args[0] if call.args else None
+def _code_of_expr(node: ast.expr | None) -> ErrorCode | None:
+    """`ErrorCode.X` or `ErrorCode.X.value` as the code, anything else as unknown."""
+    if isinstance(node, ast.Attribute) and node.attr == "value":
+        node = node.value
     if (
-        isinstance(first, ast.Attribute)
-        and isinstance(first.value, ast.Name)
-        and first.value.id == "ErrorCode"
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "ErrorCode"
     ):
-        return ErrorCode[first.attr]
+        return ErrorCode[node.attr]
     return None
+
+
+def _code_of(call: ast.Call) -> ErrorCode | None:
+    return _code_of_expr(call.args[0] if call.args else None)
+
+
+def _code_parameter(call: ast.Call, params: list[str]) -> int:
+    """The position among `params` of the parameter a call passes on as its code, or -1."""
+    candidates = [kw.value for kw in call.keywords if kw.arg in ("code", "error_code")]
+    candidates += call.args[:1]
+    for node in candidates:
+        if isinstance(node, ast.Name) and node.id in params:
+            return params.index(node.id)
+    return -1
 
 
 def _reason_keyword(call: ast.Call) -> ast.expr | None:
@@ -96,9 +114,10 @@ def _factories(trees: Mapping[str, ast.Module]) -> dict[tuple[str, str], _Factor
                     continue
                 assert isinstance(call, ast.Call)
                 code = _code_of(call)
-                if code is not None:
+                code_index = -1 if code is not None else _code_parameter(call, params)
+                if code is not None or code_index >= 0:
                     index = params.index(value.id) if value.id in params else -1
-                    found[module, name] = _Factory(code, index, value.id)
+                    found[module, name] = _Factory(code, index, value.id, code_index)
     return found
 
 
@@ -114,6 +133,8 @@ def _imported_names(tree: ast.Module) -> dict[str, tuple[str, str]]:
 def _value(node: ast.expr) -> tuple[str, str | None] | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value, None
+    if isinstance(node, ast.Attribute) and node.attr == "value":
+        node = node.value
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         enum = ENUMS_BY_NAME.get(node.value.id)
         if enum is not None:
@@ -129,6 +150,12 @@ def emitted_reasons(sources: Mapping[str, str]) -> list[Emitted]:
     for module, tree in trees.items():
         imported = _imported_names(tree)
         for call in ast.walk(tree):
+            if isinstance(call, ast.Tuple) and len(call.elts) >= 2:
+                triple_code = _code_of_expr(call.elts[0])
+                value = _value(call.elts[-1])
+                if triple_code is not None and value is not None:
+                    where = f"{module}:{call.lineno}"
+                    found.append(Emitted(where, triple_code, value[0], value[1]))
             if not isinstance(call, ast.Call):
                 continue
             factory = None
@@ -136,6 +163,8 @@ def emitted_reasons(sources: Mapping[str, str]) -> list[Emitted]:
                 key = imported.get(call.func.id, (module, call.func.id))
                 factory = factories.get(key)
             code = _code_of(call) or (factory.code if factory else None)
+            if code is None and factory is not None and 0 <= factory.code_index < len(call.args):
+                code = _code_of_expr(call.args[factory.code_index])
             node = _reason_keyword(call)
             if node is None and factory is not None and 0 <= factory.index < len(call.args):
                 node = call.args[factory.index]
@@ -199,21 +228,35 @@ def _fail(detail, reason):
     return RetrievalError(ErrorCode.EMBEDDING_FAILED, detail, reason=reason)
 
 
+def _report(name, code, reason):
+    return Item(name, error_code=code, reason=reason)
+
+
 def bad():
     RetrievalError(ErrorCode.HOST_BUSY, "d", reason="very-busy")
     RetrievalError(ErrorCode.INVALID_REQUEST, "d", reason=HostBusyReason.BUSY)
     RetrievalError(ErrorCode.INTERNAL, "d", reason="oops")
     _fail("d", "gone-fishing")
     make(reason="mystery")
-    RetrievalError(ErrorCode.HOST_BUSY, "d", reason=HostBusyReason.BUSY)
+    _report("f", ErrorCode.INVALID_REQUEST.value, "unreadable-ish")
+    return (ErrorCode.CANCELLED.value, "d", "sigh")
+
+
+def good():
+    _report("f", ErrorCode.INVALID_REQUEST.value, "unreadable")
+    return (ErrorCode.HOST_BUSY, "d", HostBusyReason.BUSY.value)
 """
     found = emitted_reasons({"example": source})
-    assert [(e.code, e.value) for e in found][-1] == (ErrorCode.HOST_BUSY, "busy")
+    assert {(ErrorCode.INVALID_REQUEST, "unreadable"), (ErrorCode.HOST_BUSY, "busy")} <= {
+        (e.code, e.value) for e in found
+    }
     misfits = _misfits(found)
-    assert len(misfits) == 5
+    assert len(misfits) == 7
     for expected in ("'very-busy' is not a member of HostBusyReason", "a member of HostBusyReason",
                      "INTERNAL has no reasons", "'gone-fishing' is not a member of Embedding",
-                     "'mystery' of an error whose code is unknown"):  # fmt: skip
+                     "'mystery' of an error whose code is unknown",
+                     "'unreadable-ish' is not a member of InvalidRequest",
+                     "'sigh' is not a member of CancelledReason"):  # fmt: skip
         assert any(expected in misfit for misfit in misfits), expected
 
 

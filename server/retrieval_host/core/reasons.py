@@ -82,6 +82,7 @@ class InvalidRequestReason(StrEnum):
     CHUNKING_SETTINGS = "chunking-settings"  # chunking settings out of range or malformed
     CHUNKING_EXCEEDS_MODEL = "chunking-exceeds-model"  # chunks longer than the model reads
     DUPLICATE_SOURCE_ID = "duplicate-source-id"  # two files of a batch map to one source id
+    UNREADABLE = "unreadable"  # a batch file could not be read (reported per file, not raised)
     EMBEDDING_CONFIG = "embedding-config"  # the OpenAI-compatible embedding config is invalid
     PROVIDER_CONFIG = "provider-config"  # the OpenAI-compatible provider config is invalid
     IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"  # one key, two different run requests
@@ -107,6 +108,7 @@ class DocumentTooComplexReason(StrEnum):
     PDF_OPERATORS = "pdf-operators"  # too many content-stream operators (page or document)
     PASSAGES_PER_BYTE = "passages-per-byte"  # too many passages for the input's size
     CPU_LIMIT = "cpu-limit"  # the parser process ran out of CPU time
+    MEMORY_LIMIT = "memory-limit"  # the parser process ran out of its address space
     PARSER_EXITED = "parser-exited"  # the parser process died (memory limit, crash)
     DEADLINE = "deadline"  # parsing and embedding took longer than the ingest deadline
 

@@ -366,7 +366,7 @@ def _memory_error() -> tuple[str, str, str]:
     return (
         ErrorCode.DOCUMENT_TOO_COMPLEX.value,
         "parsing the document needs more memory than allowed.",
-        "memory-limit",
+        DocumentTooComplexReason.MEMORY_LIMIT.value,
     )
 
 
