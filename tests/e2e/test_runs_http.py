@@ -76,9 +76,9 @@ def fake() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture(scope="module")
 def world(
-    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding, fake: FakeOpenAI
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding, fake: FakeOpenAI
 ) -> Iterator[RunsWorld]:
-    built = build_runs_world(tmp_path_factory.mktemp("runs-world"), host_embedding, fake)
+    built = build_runs_world(tmp_path_factory.mktemp("runs-world"), local_embedding, fake)
     yield built
     built.close()
 

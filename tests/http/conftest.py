@@ -15,15 +15,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="session")
-def http_embedding() -> LocalEmbedding:
-    return LocalEmbedding(threads=1)
-
-
 @pytest.fixture(scope="module")
 def http_world(
-    tmp_path_factory: pytest.TempPathFactory, http_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[World]:
-    world = build_world(tmp_path_factory.mktemp("http-world"), http_embedding)
+    world = build_world(tmp_path_factory.mktemp("http-world"), local_embedding)
     yield world
     world.close()

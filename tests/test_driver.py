@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,14 @@ Boats moor on the east quay. Fees are paid at the harbour office before noon.
 
 The fuel pump opens at seven. Sign the log after fuelling.
 """
+
+
+@pytest.fixture
+def host(tmp_path: Path, local_embedding: LocalEmbedding) -> Iterator[Host]:
+    """A driver over a fresh SQLite store in a private directory, default chunking."""
+    h = make_host(tmp_path / "store" / "index.db", local_embedding)
+    yield h
+    h.store.close()
 
 
 def ingest(
