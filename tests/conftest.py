@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from tests.support.run_world import RunWorld, open_run_world
+from tests.support.run_engine import RunWorld, open_run_world
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +28,6 @@ def local_embedding() -> LocalEmbedding:
 
 @pytest.fixture
 def run_world(tmp_path: Path, local_embedding: LocalEmbedding) -> Iterator[RunWorld]:
-    """A run engine over three indexed documents in a private directory (see `run_world`)."""
+    """A run engine over three indexed documents, in a private directory (`run_engine.py`)."""
     with open_run_world(tmp_path, local_embedding) as world:
         yield world

@@ -14,7 +14,7 @@ from retrieval_host.core.models import IndexResult, SearchRequest
 from retrieval_host.driver import IngestRequest
 from retrieval_host.ingest import ChunkingSettings
 from tests.support import ingest_documents as docs
-from tests.support.ingest_host import CORPUS, NAMESPACE, Host, context, make_host
+from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context, make_host
 
 GUIDE = b"""# Harbour guide
 

@@ -15,7 +15,7 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host.driver import Driver
-from tests.support.run_world import RunWorld
+from tests.support.run_engine import RunWorld
 
 
 def _request() -> RunRequest:

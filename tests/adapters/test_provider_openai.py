@@ -50,7 +50,7 @@ from tests.support.fake_openai import (
     RecordedRequest,
     Reply,
 )
-from tests.support.run_world import RunWorld
+from tests.support.run_engine import RunWorld
 
 MODEL = "gpt-4o-mini"
 ALICE = RequestContext("alice")

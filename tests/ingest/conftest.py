@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from tests.support.ingest_host import Host, make_host
+from tests.support.ingest_driver import Host, make_host
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 

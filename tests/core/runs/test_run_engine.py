@@ -29,7 +29,7 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host_client import validate_source_citations
-from tests.support.run_world import RunWorld
+from tests.support.run_engine import RunWorld
 
 ALICE = RequestContext("alice")
 
