@@ -50,6 +50,7 @@ from tests.support.fake_openai import (
     RecordedRequest,
     Reply,
 )
+from tests.support.host import wait_until
 from tests.support.run_engine import RunWorld
 
 MODEL = "gpt-4o-mini"
@@ -119,13 +120,6 @@ def failure(
 
 def text_of(events: list[GenerationEvent]) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta))
-
-
-def poll(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)  # poll interval
 
 
 def assert_no_key(error: BaseException) -> None:
@@ -420,7 +414,8 @@ def test_a_stalled_stream_fails_with_timeout_on_the_run_idle_timeout(
     elapsed = time.monotonic() - started
     assert error.code is ErrorCode.TIMEOUT
     assert 0.5 <= elapsed < 2.0
-    poll(lambda: server.chat_disconnects == 1)  # the connection was closed, not left hanging
+    # The connection was closed, not left hanging.
+    wait_until(lambda: server.chat_disconnects == 1, timeout=5.0)
     assert server.chat_requests_count == 1
 
 
@@ -467,7 +462,7 @@ def _cancel_a_stalled_stream(server: FakeOpenAI, provider: OpenAIChatProvider) -
     assert time.monotonic() - cancelled_at < 1.0
     (error,) = outcome
     assert isinstance(error, RetrievalError) and error.code is ErrorCode.CANCELLED
-    poll(lambda: server.chat_disconnects == 1)
+    wait_until(lambda: server.chat_disconnects == 1, timeout=5.0)
 
 
 def test_cancel_from_another_thread_stops_a_stalled_stream_promptly(
@@ -673,7 +668,7 @@ def test_a_provider_stalled_past_the_idle_timeout_fails_the_run_with_timeout(
     assert events[-1].error.code is ErrorCode.TIMEOUT
     record = run_world.runs.get(events[-1].run_id)
     assert record is not None and record.status == "failed"
-    poll(lambda: server.chat_disconnects == 1)
+    wait_until(lambda: server.chat_disconnects == 1, timeout=5.0)
 
 
 def test_a_stream_that_breaks_mid_answer_fails_the_run_without_recording_a_result(
