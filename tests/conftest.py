@@ -1,5 +1,5 @@
-"""Fixtures every test directory shares: the real local model, loaded once per session, and the
-in-process run engine world.
+"""Fixtures every test directory shares: the real local model, loaded once per session, the
+in-process run engine world, and asyncio as the one anyio backend.
 
 Fixtures of one directory stay in that directory's conftest; a host served over TLS is built with
 `tests.support.host` (`build_world` and `serve_in_thread`), the one harness for real servers.
@@ -24,6 +24,12 @@ def local_embedding() -> LocalEmbedding:
     A test that needs its own instance (another batch size, tampered weights) constructs one.
     """
     return LocalEmbedding(threads=1)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Tests marked `anyio` run on asyncio, the loop the host serves on."""
+    return "asyncio"
 
 
 @pytest.fixture

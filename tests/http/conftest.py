@@ -10,11 +10,6 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from tests.support.host import World, build_world
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def http_world(
     tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
