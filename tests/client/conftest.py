@@ -38,15 +38,10 @@ class Connect(Protocol):
 
 
 @pytest.fixture(scope="session")
-def client_embedding() -> LocalEmbedding:
-    return LocalEmbedding(threads=1)
-
-
-@pytest.fixture(scope="session")
 def client_world(
-    tmp_path_factory: pytest.TempPathFactory, client_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[World]:
-    world = build_world(tmp_path_factory.mktemp("client-world"), client_embedding)
+    world = build_world(tmp_path_factory.mktemp("client-world"), local_embedding)
     yield world
     world.close()
 

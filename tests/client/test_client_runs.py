@@ -135,11 +135,6 @@ def test_leaving_the_stream_block_cancels_the_run_on_the_host(
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def async_client(client_host: RunningHost, client_world: World) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(
         client_host.base_url, token=client_world.tokens["admin"], ca_bundle=client_world.tls.ca_file

@@ -13,7 +13,6 @@ from typing import Protocol
 import pytest
 
 from retrieval_host.adapters._store_rules import StoreCounters
-from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.postgres import PgVectorStore
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.ports import VectorStore
@@ -73,9 +72,3 @@ def store(harness: StoreHarness) -> ContractStore:
     s = harness.open()
     s.open_corpus(descriptor("c1"))
     return s
-
-
-@pytest.fixture(scope="session")
-def local_embedding() -> LocalEmbedding:
-    """The real local model, loaded once (about a second)."""
-    return LocalEmbedding(threads=1)

@@ -20,15 +20,10 @@ ALLOWED_ORIGIN = "https://app.example"
 
 
 @pytest.fixture(scope="session")
-def host_embedding() -> LocalEmbedding:
-    return LocalEmbedding(threads=1)
-
-
-@pytest.fixture(scope="session")
 def host_world(
-    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[World]:
-    world = build_world(tmp_path_factory.mktemp("host-world"), host_embedding)
+    world = build_world(tmp_path_factory.mktemp("host-world"), local_embedding)
     yield world
     world.close()
 

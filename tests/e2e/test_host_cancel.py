@@ -26,10 +26,10 @@ BIG_ROWS = 100_000
 
 @pytest.fixture(scope="module")
 def big_world(
-    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[World]:
     world = build_world(
-        tmp_path_factory.mktemp("big-world"), host_embedding, big_rows=BIG_ROWS, scan_batch_rows=1
+        tmp_path_factory.mktemp("big-world"), local_embedding, big_rows=BIG_ROWS, scan_batch_rows=1
     )
     yield world
     world.close()

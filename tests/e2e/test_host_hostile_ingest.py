@@ -31,9 +31,9 @@ SLOT_RELEASE_BOUND_S = 1.0
 
 @pytest.fixture(scope="module")
 def hostile_world(
-    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[World]:
-    world = build_world(tmp_path_factory.mktemp("hostile-world"), host_embedding)
+    world = build_world(tmp_path_factory.mktemp("hostile-world"), local_embedding)
     yield world
     world.close()
 

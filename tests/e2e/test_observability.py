@@ -89,11 +89,11 @@ class MetricsHost:
 
 @pytest.fixture(scope="module")
 def metrics_host(
-    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[MetricsHost]:
     directory = tmp_path_factory.mktemp("metrics")
-    world = build_world(directory, host_embedding)
-    held = HeldEmbedding(host_embedding)
+    world = build_world(directory, local_embedding)
+    held = HeldEmbedding(local_embedding)
     corpus = dataclasses.replace(world.driver.retrieval.corpus(CORPUS), embedding=held)
     retrieval = RetrievalService([corpus])
     run_store = SqliteRunStore.open(directory / "runs.db")

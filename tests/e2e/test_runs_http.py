@@ -36,19 +36,17 @@ from tests.support.fake_openai import (
     PlannedResponse,
     PlannedToolCall,
 )
-from tests.support.host import wait_until
-from tests.support.runs_host import (
+from tests.support.host import RunningHost, serve_in_thread, wait_until
+from tests.support.runs_world import (
     DOCS,
     HEARTBEAT_S,
     PLANTED_TEXT,
     VAULT_TEXT,
-    LoopHost,
     RunsWorld,
     SseItem,
     SseParser,
     build_runs_world,
     raw_tls_socket,
-    serve_with_loop,
 )
 
 QUESTION = "How many charge cycles does the battery last?"
@@ -76,21 +74,21 @@ def fake() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture(scope="module")
 def world(
-    tmp_path_factory: pytest.TempPathFactory, host_embedding: LocalEmbedding, fake: FakeOpenAI
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding, fake: FakeOpenAI
 ) -> Iterator[RunsWorld]:
-    built = build_runs_world(tmp_path_factory.mktemp("runs-world"), host_embedding, fake)
+    built = build_runs_world(tmp_path_factory.mktemp("runs-world"), local_embedding, fake)
     yield built
     built.close()
 
 
 @pytest.fixture(scope="module")
-def host(world: RunsWorld) -> Iterator[LoopHost]:
-    with serve_with_loop(world.settings, world.driver, world.tls, world.environ) as served:
+def host(world: RunsWorld) -> Iterator[RunningHost]:
+    with serve_in_thread(world.settings, world.driver, world.tls, world.environ) as served:
         yield served
 
 
 @pytest.fixture(autouse=True)
-def clean_slate(world: RunsWorld, host: LoopHost) -> Iterator[None]:
+def clean_slate(world: RunsWorld, host: RunningHost) -> Iterator[None]:
     world.fake.reset()
     world.restore_acl()
     yield
@@ -145,7 +143,7 @@ class Streamed:
 
 
 def stream_run(
-    host: LoopHost,
+    host: RunningHost,
     token: str,
     body: Mapping[str, Any],
     *,
@@ -175,12 +173,12 @@ def stream_run(
         return Streamed(response.status_code, response.headers, items)
 
 
-def post_run(host: LoopHost, token: str, body: Mapping[str, Any]) -> httpx.Response:
+def post_run(host: RunningHost, token: str, body: Mapping[str, Any]) -> httpx.Response:
     with host.client() as client:
         return client.post("/v1/runs", json=body, headers=auth(token))
 
 
-def get_run(host: LoopHost, token: str, run_id: str) -> httpx.Response:
+def get_run(host: RunningHost, token: str, run_id: str) -> httpx.Response:
     with host.client() as client:
         return client.get(f"/v1/runs/{run_id}", headers=auth(token))
 
@@ -218,7 +216,7 @@ def chat_texts(fake: FakeOpenAI) -> list[str]:
 
 @pytest.mark.parametrize(("provider", "model"), [("local", "extractive"), ("fake", "gpt-test")])
 def test_a_streamed_run_sends_started_progress_deltas_then_the_full_result(
-    host: LoopHost, world: RunsWorld, provider: str, model: str
+    host: RunningHost, world: RunsWorld, provider: str, model: str
 ) -> None:
     body = run_body(provider=provider, model=model)
     streamed = stream_run(host, world.tokens["alice"], body)
@@ -294,7 +292,7 @@ def test_a_streamed_run_sends_started_progress_deltas_then_the_full_result(
 
 
 def test_a_provider_failing_mid_stream_ends_the_stream_with_run_failed_and_a_problem(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     world.fake.set_chat_mode("fail-mid-stream", chunks=3)
     streamed = stream_run(host, world.tokens["alice"], run_body(provider="fake", model="gpt-test"))
@@ -320,7 +318,7 @@ def test_a_provider_failing_mid_stream_ends_the_stream_with_run_failed_and_a_pro
 
 
 def test_heartbeats_arrive_at_the_configured_interval_while_the_provider_stalls(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     world.fake.set_chat_mode("stall", chunks=2)  # the role chunk and one word, then silence
     wanted = 6
@@ -349,7 +347,7 @@ def test_heartbeats_arrive_at_the_configured_interval_while_the_provider_stalls(
 
 
 def test_a_provider_stalled_past_the_idle_timeout_fails_the_run_although_heartbeats_flowed(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     world.fake.set_chat_mode("stall", chunks=2)
     body = run_body(provider="fake", model="gpt-test", idleTimeoutMs=800)
@@ -376,7 +374,7 @@ def test_a_provider_stalled_past_the_idle_timeout_fails_the_run_although_heartbe
 
 
 def test_replay_returns_the_recorded_answer_without_new_requests_until_its_source_is_revoked(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     fake, token = world.fake, world.tokens["replayer"]
     body = run_body(provider="fake", model="gpt-test", corpus="remote", idempotencyKey="replay-1")
@@ -416,7 +414,7 @@ def test_replay_returns_the_recorded_answer_without_new_requests_until_its_sourc
     assert fake.requests_count == counted
 
 
-def test_an_interrupted_run_refuses_replay(host: LoopHost, world: RunsWorld) -> None:
+def test_an_interrupted_run_refuses_replay(host: RunningHost, world: RunsWorld) -> None:
     fake, token = world.fake, world.tokens["replayer"]
     fake.set_chat_mode("stall", chunks=2)
     body = run_body(provider="fake", model="gpt-test", corpus="remote", idempotencyKey="cut-1")
@@ -443,7 +441,7 @@ def test_an_interrupted_run_refuses_replay(host: LoopHost, world: RunsWorld) -> 
 
 
 def test_a_model_asking_for_five_searches_under_a_quota_of_two_gets_two(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     fake = world.fake
     queries = [
@@ -504,7 +502,7 @@ def test_a_model_asking_for_five_searches_under_a_quota_of_two_gets_two(
 
 
 def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     hook = world.hook
     hook.revoked.clear()
@@ -543,7 +541,7 @@ def fenced(text: str) -> tuple[str, str]:
 
 
 def test_a_planted_instruction_stays_fenced_and_changes_neither_provider_tools_nor_corpus(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     fake, token = world.fake, world.tokens["alice"]
     question = "When does the lab close on Fridays?"
@@ -611,7 +609,7 @@ def test_a_planted_instruction_stays_fenced_and_changes_neither_provider_tools_n
 
 
 def test_a_run_needs_the_provider_grant_and_for_retrieval_the_corpus_search_grant(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     no_provider = post_run(host, world.tokens["no-provider"], run_body())
     assert no_provider.status_code == 403
@@ -629,7 +627,9 @@ def test_a_run_needs_the_provider_grant_and_for_retrieval_the_corpus_search_gran
     assert "running" not in world.run_statuses()
 
 
-def test_a_run_record_is_visible_to_its_own_subject_only(host: LoopHost, world: RunsWorld) -> None:
+def test_a_run_record_is_visible_to_its_own_subject_only(
+    host: RunningHost, world: RunsWorld
+) -> None:
     response = post_run(host, world.tokens["alice"], run_body())
     assert response.status_code == 200
     result = response.json()
@@ -644,7 +644,7 @@ def test_a_run_record_is_visible_to_its_own_subject_only(host: LoopHost, world: 
 
 
 def test_reading_or_replaying_a_run_needs_what_running_it_needed(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     # Tokens of alice's subject that lack the provider grant, the search grant on the corpus
     # the evidence came from, or both, see a recorded run exactly as a run that does not exist.
@@ -687,7 +687,7 @@ def test_reading_or_replaying_a_run_needs_what_running_it_needed(
 
 
 def test_a_client_that_disconnects_from_a_json_run_cancels_it(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     fake = world.fake
     fake.set_chat_mode("stall", chunks=2)
@@ -749,7 +749,7 @@ def _storm_request(i: int, token: str) -> bytes:
     return head.encode() + raw
 
 
-async def _storm(host: LoopHost, fake: FakeOpenAI, token: str, seed: int) -> StormTally:
+async def _storm(host: RunningHost, fake: FakeOpenAI, token: str, seed: int) -> StormTally:
     """Open `STORM_RUNS` SSE runs, `STORM_CONCURRENCY` at a time, and cut each at a random
     point: mid-request, right after sending, after k bytes, after k events, or after a random
     time; half with a TLS close, half with an abrupt abort."""
@@ -861,7 +861,7 @@ def busy_run_threads() -> list[str]:
     return busy
 
 
-def settled_task_count(host: LoopHost, at_most: int, timeout: float = 15.0) -> int:
+def settled_task_count(host: RunningHost, at_most: int, timeout: float = 15.0) -> int:
     """Poll the server loop's task count until it is at most `at_most`; the last count."""
     counts: list[int] = []
 
@@ -877,7 +877,7 @@ def settled_task_count(host: LoopHost, at_most: int, timeout: float = 15.0) -> i
 
 
 def test_a_thousand_streams_aborted_at_random_points_leave_nothing_behind(
-    host: LoopHost, world: RunsWorld
+    host: RunningHost, world: RunsWorld
 ) -> None:
     # Warm up (sse-starlette starts one shutdown watcher per loop on first use), then measure.
     warm = stream_run(host, world.tokens["alice"], run_body())

@@ -10,20 +10,10 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from tests.support.host import World, build_world
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def http_embedding() -> LocalEmbedding:
-    return LocalEmbedding(threads=1)
-
-
 @pytest.fixture(scope="module")
 def http_world(
-    tmp_path_factory: pytest.TempPathFactory, http_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[World]:
-    world = build_world(tmp_path_factory.mktemp("http-world"), http_embedding)
+    world = build_world(tmp_path_factory.mktemp("http-world"), local_embedding)
     yield world
     world.close()

@@ -97,9 +97,9 @@ def _operations() -> list[tuple[str, str, str]]:
 
 
 @pytest.fixture(scope="module")
-def fuzz_world(tmp_path_factory: pytest.TempPathFactory, http_embedding: LocalEmbedding) -> Any:
+def fuzz_world(tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding) -> Any:
     directory = tmp_path_factory.mktemp("fuzz-world")
-    world = build_world(directory, http_embedding)
+    world = build_world(directory, local_embedding)
     close_runs = add_runs(world, directory, {PROVIDER: ExtractiveProvider()})
     yield world
     close_runs()

@@ -55,10 +55,10 @@ class Stalls:
 
 @pytest.fixture(scope="module")
 def rules_world(
-    tmp_path_factory: pytest.TempPathFactory, http_embedding: LocalEmbedding
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
 ) -> Iterator[World]:
     directory = tmp_path_factory.mktemp("wire-rules")
-    world = build_world(directory, http_embedding)
+    world = build_world(directory, local_embedding)
     close_runs = add_runs(world, directory, {"local": ExtractiveProvider(), "stalls": Stalls()})
     yield world
     close_runs()

@@ -1,4 +1,4 @@
-"""Fixtures for ingestion tests: the real local model (loaded once) and a real driver."""
+"""Fixtures for ingestion tests: a real driver over the session's local model."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from tests.support.ingest_host import Host, make_host
+from tests.support.ingest_driver import Host, make_host
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
-
-
-@pytest.fixture(scope="session")
-def local_embedding() -> LocalEmbedding:
-    """The real local model, loaded once (about a second)."""
-    return LocalEmbedding(threads=1)
 
 
 @pytest.fixture(scope="session")

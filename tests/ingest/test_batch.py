@@ -18,7 +18,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.ingest.batch import ingest_paths
 from tests.support import ingest_documents as docs
-from tests.support.ingest_host import CORPUS, Host, context, dump_index, make_host, sources
+from tests.support.ingest_driver import CORPUS, Host, context, dump_index, make_host, sources
 
 REPO = Path(__file__).resolve().parents[2]
 TOPICS = ["ferries", "cranes", "moorings", "lighthouses", "tides", "customs"]

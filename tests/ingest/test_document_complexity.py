@@ -18,7 +18,7 @@ from retrieval_host.core.models import SearchRequest
 from retrieval_host.driver import IngestRequest
 from retrieval_host.ingest import IngestLimits
 from tests.support import ingest_documents as docs
-from tests.support.ingest_host import CORPUS, NAMESPACE, Host, context
+from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context
 
 GUIDE = b"# Harbour guide\n\nBoats moor on the east quay. Fees are paid before noon.\n"
 SOURCE = "guide"

@@ -15,7 +15,7 @@ from retrieval_host.core.errors import STATUS, ErrorCode, RetrievalError
 from retrieval_host.core.models import SearchRequest
 from retrieval_host.driver import IngestRequest
 from tests.support import ingest_documents as docs
-from tests.support.ingest_host import CORPUS, NAMESPACE, Host, context
+from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context
 
 PDF, MD, EML, MBOX = "application/pdf", "text/markdown", "message/rfc822", "application/mbox"
 DEADLINE_S = 3.0

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.ingest import ChunkingSettings, IngestLimits, PreparedDocument
@@ -48,10 +49,10 @@ def test_a_worker_extracts_and_is_reused(pool: ParsePool) -> None:
     assert (pool.counters.started, pool.counters.tasks) == (1, 2)
 
 
-def test_with_a_counter_recipe_the_worker_cuts_passages_too(pool: ParsePool) -> None:
-    from retrieval_host.adapters.embedding_local import LocalEmbedding
-
-    recipe = LocalEmbedding(threads=1).portable_token_counter()
+def test_with_a_counter_recipe_the_worker_cuts_passages_too(
+    pool: ParsePool, local_embedding: LocalEmbedding
+) -> None:
+    recipe = local_embedding.portable_token_counter()
     prepared = pool.parse(task(GUIDE, counter=recipe), CancelToken())
     assert isinstance(prepared, PreparedDocument)
     assert [c.text for c in prepared.chunks] == ["# Guide\n\nBoats moor on the east quay."]

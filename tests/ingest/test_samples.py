@@ -15,7 +15,7 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.models import SearchRequest
 from retrieval_host.driver import IngestRequest
 from retrieval_host.ingest import media_type_for_path
-from tests.support.ingest_host import CORPUS, Host, context, make_host
+from tests.support.ingest_driver import CORPUS, Host, context, make_host
 
 # Beside the package's modules (retrieval_host is a namespace package: no resource reader).
 SAMPLES = Path(retrieval_host.driver.__file__).with_name("samples")

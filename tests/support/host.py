@@ -8,6 +8,7 @@ until `server.started` and `/healthz` answers before using it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import select
 import socket
@@ -15,6 +16,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,12 +292,13 @@ def _fill_big(store: SqliteVectorStore, rows: int) -> None:
 
 @dataclass
 class RunningHost:
-    """A host served by uvicorn over TLS on 127.0.0.1."""
+    """A host served by uvicorn over TLS on 127.0.0.1, with the event loop it runs on."""
 
     app: HostApp
     server: uvicorn.Server
     port: int
     tls: TlsFiles
+    loop: asyncio.AbstractEventLoop
 
     @property
     def base_url(self) -> str:
@@ -306,25 +309,51 @@ class RunningHost:
             base_url=self.base_url, verify=self.tls.client_context(), timeout=30, **kwargs
         )
 
+    def task_count(self) -> int:
+        """Asyncio tasks alive on the server's loop (the counting task itself excluded)."""
+
+        async def count() -> int:
+            return len(asyncio.all_tasks()) - 1
+
+        result: Future[int] = asyncio.run_coroutine_threadsafe(count(), self.loop)
+        return result.result(timeout=10)
+
 
 @contextmanager
 def serve_in_thread(
-    settings: HostSettings, driver: Driver | None, tls: TlsFiles
+    settings: HostSettings,
+    driver: Driver | None,
+    tls: TlsFiles,
+    environ: Mapping[str, str] | None = None,
 ) -> Iterator[RunningHost]:
-    """Serve `create_app(settings, driver)` with real uvicorn over TLS until the block ends."""
+    """Serve `create_app(settings, driver)` with real uvicorn over TLS until the block ends.
+
+    `environ` stands in for the process environment where the settings name secrets (a
+    provider's API key). The server runs as `Server.run` would, but keeps a handle on its event
+    loop so a test can look at the tasks on it.
+    """
     app = create_app(settings, driver)
-    config = uvicorn_config(settings, app, {})
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(settings, app, dict(environ or {})))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def serve() -> None:
+        loops.append(asyncio.get_running_loop())
+        await server.serve(sockets=[sock])
+
+    def run() -> None:
+        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+            runner.run(serve())
+
+    thread = threading.Thread(target=run, name="test-host", daemon=True)
     thread.start()
-    host = RunningHost(app, server, port, tls)
     try:
         wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn start")
-        assert thread.is_alive(), "uvicorn exited during startup"
+        assert thread.is_alive() and loops, "uvicorn exited during startup"
+        host = RunningHost(app, server, port, tls, loops[0])
         with host.client() as client:
             wait_until(lambda: _healthy(client), what="/healthz")
         yield host

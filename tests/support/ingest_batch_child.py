@@ -13,7 +13,7 @@ from pathlib import Path
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.ingest.batch import ingest_paths
-from tests.support.ingest_host import CORPUS, context, make_host
+from tests.support.ingest_driver import CORPUS, context, make_host
 
 
 def main(argv: list[str]) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.driver import IngestRequest
-from tests.support.ingest_host import CORPUS, NAMESPACE, context, make_host
+from tests.support.ingest_driver import CORPUS, NAMESPACE, context, make_host
 
 SOURCE_ID = "hostile-input"
 MEMORY_HEADROOM = 512 * 1024 * 1024

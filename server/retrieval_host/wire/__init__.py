@@ -7,7 +7,7 @@
 - `run_storage`: how run stores keep a run result. A versioned format of its own, not the
   public wire: the wire may gain or rename fields without rewriting stored records.
 
-Core never imports this package (tests/unit/test_core_has_no_io_imports.py) and holds no
-camelCase key (tests/unit/test_core_has_no_wire_keys.py); the HTTP layer and the run stores
+Core never imports this package (tests/core/test_core_has_no_io_imports.py) and holds no
+camelCase key (tests/core/test_core_has_no_wire_keys.py); the HTTP layer and the run stores
 import it.
 """

@@ -59,7 +59,7 @@ def search_response_json(result: core.SearchResult) -> bytes:
 
     The hot path of every search: plain dicts in the models' field order with their camelCase
     names, serialized by pydantic-core, cost about a third of validating the models and
-    dumping them. tests/http/test_search_json.py holds it to the models' output.
+    dumping them. tests/wire/test_search_json.py holds it to the models' output.
     """
     return pydantic_core.to_json(_search_body(result))
 

@@ -16,7 +16,7 @@ so the public wire can change without rewriting records or breaking old ones.
 A record of a later version than this host knows is refused with `STORE_UNAVAILABLE`
 (reason `record-version`) rather than guessed at: a rolled-back replica must not serve a
 result it would misread. Adding a version means: bump `STORAGE_VERSION`, write the new shape,
-and keep a reader for every older one (tests/runs/test_run_storage.py pins each).
+and keep a reader for every older one (tests/wire/test_run_storage.py pins each).
 """
 
 from __future__ import annotations

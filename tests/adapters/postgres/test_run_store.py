@@ -19,18 +19,13 @@ from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import (
-    GenerationUsage,
-    ManifestEntry,
-    Receipt,
     RunRequest,
-    RunResult,
     RunRetrieval,
-    RunUsage,
 )
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.wire.run_storage import STORAGE_VERSION
 from retrieval_host.wire.runs import result_to_json
-from tests.support.old_run_records import OLD_RESULT, OLD_RESULT_JSON
+from tests.support.run_records import OLD_RESULT, OLD_RESULT_JSON, a_result
 
 
 @pytest.fixture
@@ -51,22 +46,6 @@ def record(run_id: str, subject: str = "alice", key: str | None = "k1") -> RunRe
     return RunRecord(run_id, subject, key, "fp-1", "running", "2026-01-01T00:00:00.000Z")
 
 
-def result(run_id: str) -> RunResult:
-    return RunResult(
-        run_id=run_id,
-        status="completed",
-        provider="local",
-        model="extractive",
-        text="Otters sleep holding hands [source:a-1].",
-        sources=[ManifestEntry("a-1", "a", "r1", Location(page=2, start_line=3, end_line=4))],
-        receipts=[Receipt(1, "otters", "key", "2026-01-01T00:00:00.000Z", "ok", ["a-1"])],
-        usage=RunUsage(GenerationUsage(1, 10, 5)),
-        created_at="2026-01-01T00:00:00.000Z",
-        completed_at="2026-01-01T00:00:01.000Z",
-        corpus="docs",
-    )
-
-
 def test_a_key_is_begun_once_per_subject_and_seen_from_another_replica(
     run_stores: Callable[[], PgRunStore],
 ) -> None:
@@ -79,10 +58,10 @@ def test_a_key_is_begun_once_per_subject_and_seen_from_another_replica(
     assert there.begin(record("run-4", key=None)) is None  # no key: never a replay
     assert there.begin(record("run-5", key=None)) is None
 
-    here.complete("run-1", result("run-1"))
+    here.complete("run-1", a_result("run-1"))
     replayed = there.begin(record("run-6"))
     assert replayed is not None
-    assert (replayed.status, replayed.result) == ("completed", result("run-1"))
+    assert (replayed.status, replayed.result) == ("completed", a_result("run-1"))
     there.finish("run-1", "failed", "INTERNAL")  # only a running run can end this way
     after = here.get("run-1")
     assert after is not None and (after.status, after.error_code) == ("completed", None)
@@ -189,7 +168,7 @@ def test_a_run_schema_of_the_previous_release_is_migrated_at_open(
     pg_dsn: str, pg_schema: str, run_stores: Callable[[], PgRunStore]
 ) -> None:
     # The run table exactly as the previous release created it (schema version 1).
-    body = json.dumps(result_to_json(result("run-old")))
+    body = json.dumps(result_to_json(a_result("run-old")))
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{pg_schema}"')
         conn.execute(
@@ -219,7 +198,7 @@ def test_a_run_schema_of_the_previous_release_is_migrated_at_open(
     store = run_stores()
     old = store.get("run-old")
     assert old is not None
-    assert (old.result, old.provider, old.corpus) == (result("run-old"), None, None)
+    assert (old.result, old.provider, old.corpus) == (a_result("run-old"), None, None)
     replayed = store.begin(record("run-again"))
     assert replayed is not None and replayed.run_id == "run-old"
     fresh = RunRecord("run-new", "alice", "k2", "fp", "running", "t", provider="x", corpus="docs")
@@ -251,9 +230,9 @@ def test_results_the_previous_release_stored_read_back_identically_beside_new_on
     assert replayed is not None and replayed.result == OLD_RESULT
 
     assert store.begin(record("run-new", key="k2")) is None
-    store.complete("run-new", result("run-new"))
+    store.complete("run-new", a_result("run-new"))
     new = run_stores().get("run-new")
-    assert new is not None and new.result == result("run-new")
+    assert new is not None and new.result == a_result("run-new")
     with psycopg.connect(pg_dsn) as conn:
         query = f'SELECT run_id, result_json FROM "{pg_schema}".runs'
         rows = {str(k): str(v) for k, v in conn.execute(query).fetchall()}

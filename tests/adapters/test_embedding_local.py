@@ -1,7 +1,7 @@
 """LocalEmbedding: golden vectors, 256-token truncation, untruncated counts, pinned digests.
 
 The golden vectors in golden_vectors.json were computed by this module's `write_golden()`
-(`python -m tests.unit.test_embedding_local` from the repository root). Regenerate them only on
+(`python -m tests.adapters.test_embedding_local` from the repository root). Regenerate them only on
 a deliberate change of weights or tokenizer, and say so in the commit.
 """
 
@@ -67,11 +67,6 @@ ASTRONOMY = (
 )
 
 
-@pytest.fixture(scope="module")
-def local() -> LocalEmbedding:
-    return LocalEmbedding(threads=1)
-
-
 @pytest.fixture
 def truncating_tokenizer() -> Tokenizer:
     """The shipped tokenizer as it is configured on disk: it cuts at 128 tokens."""
@@ -112,28 +107,28 @@ def test_golden_file_matches_the_pinned_model_and_texts() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN_TEXTS))
-def test_embeds_like_the_golden_vectors(local: LocalEmbedding, name: str) -> None:
+def test_embeds_like_the_golden_vectors(local_embedding: LocalEmbedding, name: str) -> None:
     golden = np.asarray(load_golden()["vectors"][name]["vector"], dtype=np.float32)
-    (fresh,) = embed(local, GOLDEN_TEXTS[name])
+    (fresh,) = embed(local_embedding, GOLDEN_TEXTS[name])
     assert cosine(fresh, golden) >= 0.99999
 
 
-def test_a_batch_embeds_like_each_text_alone(local: LocalEmbedding) -> None:
-    batched = embed(local, *GOLDEN_TEXTS.values())
+def test_a_batch_embeds_like_each_text_alone(local_embedding: LocalEmbedding) -> None:
+    batched = embed(local_embedding, *GOLDEN_TEXTS.values())
     for row, text in zip(batched, GOLDEN_TEXTS.values(), strict=True):
-        assert cosine(row, embed(local, text)[0]) >= 0.99999
+        assert cosine(row, embed(local_embedding, text)[0]) >= 0.99999
 
 
-def test_vectors_are_unit_norm_float32(local: LocalEmbedding) -> None:
-    vectors = embed(local, *GOLDEN_TEXTS.values(), "x")
+def test_vectors_are_unit_norm_float32(local_embedding: LocalEmbedding) -> None:
+    vectors = embed(local_embedding, *GOLDEN_TEXTS.values(), "x")
     assert vectors.dtype == np.float32
     assert vectors.shape == (4, DIMENSIONS)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
 
-def test_unrelated_texts_are_less_similar_than_paraphrases(local: LocalEmbedding) -> None:
+def test_unrelated_texts_are_less_similar_than_paraphrases(local_embedding: LocalEmbedding) -> None:
     fox, paraphrase, pasta = embed(
-        local,
+        local_embedding,
         GOLDEN_TEXTS["short"],
         "A fast brown fox leaps over a sleepy dog.",
         "Boil the pasta in salted water for nine minutes.",
@@ -145,52 +140,54 @@ def test_unrelated_texts_are_less_similar_than_paraphrases(local: LocalEmbedding
 
 
 def test_reads_past_128_tokens_up_to_256(
-    local: LocalEmbedding, truncating_tokenizer: Tokenizer
+    local_embedding: LocalEmbedding, truncating_tokenizer: Tokenizer
 ) -> None:
     text = f"{COOKING} {ASTRONOMY}"
-    (full_count,) = local.count_tokens([text])
+    (full_count,) = local_embedding.count_tokens([text])
     assert 128 < full_count < MAX_TOKENS
     prefix = prefix_of(text, truncating_tokenizer, 128)
-    assert local.count_tokens([prefix]) == [128]
+    assert local_embedding.count_tokens([prefix]) == [128]
 
     # A model that read only 128 tokens (the shipped tokenizer.json's setting) would see the
     # same input for both texts ...
     truncating_tokenizer.enable_truncation(128)
     assert truncating_tokenizer.encode(text).ids == truncating_tokenizer.encode(prefix).ids
     # ... this one reads the astronomy tail too.
-    full, cut = embed(local, text, prefix)
+    full, cut = embed(local_embedding, text, prefix)
     assert cosine(full, cut) < 0.98
 
 
-def test_cuts_inputs_at_256_tokens(local: LocalEmbedding, truncating_tokenizer: Tokenizer) -> None:
+def test_cuts_inputs_at_256_tokens(
+    local_embedding: LocalEmbedding, truncating_tokenizer: Tokenizer
+) -> None:
     text = f"{COOKING} {COOKING} {ASTRONOMY}"
-    assert local.count_tokens([text])[0] > MAX_TOKENS
+    assert local_embedding.count_tokens([text])[0] > MAX_TOKENS
     prefix = prefix_of(text, truncating_tokenizer, MAX_TOKENS)
-    assert local.count_tokens([prefix]) == [MAX_TOKENS]
-    full, cut = embed(local, text, prefix)
+    assert local_embedding.count_tokens([prefix]) == [MAX_TOKENS]
+    full, cut = embed(local_embedding, text, prefix)
     assert cosine(full, cut) >= 0.99999
 
 
-def test_count_tokens_is_not_truncated(local: LocalEmbedding) -> None:
+def test_count_tokens_is_not_truncated(local_embedding: LocalEmbedding) -> None:
     long_text = " ".join([COOKING] * 4)
-    (count,) = local.count_tokens([long_text])
+    (count,) = local_embedding.count_tokens([long_text])
     assert count > 400
-    assert local.max_input_tokens == MAX_TOKENS == 256
+    assert local_embedding.max_input_tokens == MAX_TOKENS == 256
 
 
-def test_usage_counts_the_tokens_actually_read(local: LocalEmbedding) -> None:
+def test_usage_counts_the_tokens_actually_read(local_embedding: LocalEmbedding) -> None:
     long_text = " ".join([COOKING] * 4)
-    batch = local.embed(["hello world", long_text], CancelToken())
+    batch = local_embedding.embed(["hello world", long_text], CancelToken())
     assert batch.usage.requests == 1
     # [CLS] hello world [SEP] = 4, and the long text is read up to the 256-token cut.
     assert batch.usage.input_tokens == 4 + MAX_TOKENS
 
 
-def test_a_cancelled_token_stops_before_inference(local: LocalEmbedding) -> None:
+def test_a_cancelled_token_stops_before_inference(local_embedding: LocalEmbedding) -> None:
     token = CancelToken()
     token.cancel()
     with pytest.raises(RetrievalError) as info:
-        local.embed(["hello"], token)
+        local_embedding.embed(["hello"], token)
     assert info.value.code is ErrorCode.CANCELLED
 
 
@@ -243,8 +240,8 @@ def test_a_cancelled_large_call_gives_the_arena_back_too() -> None:
     assert recording.shrinking_runs == 1
 
 
-def test_describes_itself_as_the_pinned_local_model(local: LocalEmbedding) -> None:
-    assert local.descriptor == EmbeddingDescriptor(
+def test_describes_itself_as_the_pinned_local_model(local_embedding: LocalEmbedding) -> None:
+    assert local_embedding.descriptor == EmbeddingDescriptor(
         provider_id="local-minilm",
         vendor="sentence-transformers",
         account_id="local",
@@ -315,13 +312,15 @@ def test_refuses_a_tampered_tokenizer_before_creating_a_session(
 
 
 def test_an_identical_copy_of_the_weights_loads(
-    tmp_path: Path, session_spy: _SessionSpy, local: LocalEmbedding
+    tmp_path: Path, session_spy: _SessionSpy, local_embedding: LocalEmbedding
 ) -> None:
     copy = tmp_path / "model.onnx"
     shutil.copyfile(embedding_local._model_path(), copy)
     adapter = LocalEmbedding(model_path=copy)
     assert session_spy.calls == 1
-    np.testing.assert_allclose(embed(adapter, "hello"), embed(local, "hello"), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        embed(adapter, "hello"), embed(local_embedding, "hello"), rtol=0, atol=1e-6
+    )
 
 
 def test_a_missing_weights_file_is_an_embedding_failure(tmp_path: Path) -> None:
@@ -341,7 +340,7 @@ def write_golden() -> None:
         "model": MODEL_NAME,
         "modelSha256": MODEL_SHA256,
         "tokenizerSha256": TOKENIZER_SHA256,
-        "generatedBy": "python -m tests.unit.test_embedding_local",
+        "generatedBy": "python -m tests.adapters.test_embedding_local",
         "vectors": {
             name: {"text": text, "vector": [float(f"{v:.7g}") for v in row.tolist()]}
             for (name, text), row in zip(GOLDEN_TEXTS.items(), vectors, strict=True)

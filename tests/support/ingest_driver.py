@@ -1,4 +1,4 @@
-"""A real driver for ingestion tests: SQLite store on disk, the local model, an authorizer."""
+"""An in-process driver for ingestion tests: SQLite store on disk, local model, authorizer."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from retrieval_host.core.models import IndexResult, SearchRequest
 from retrieval_host.driver import IngestRequest
 from retrieval_host.ingest import ChunkingSettings
 from tests.support import ingest_documents as docs
-from tests.support.ingest_host import CORPUS, NAMESPACE, Host, context, make_host
+from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context, make_host
 
 GUIDE = b"""# Harbour guide
 
@@ -25,6 +26,14 @@ Boats moor on the east quay. Fees are paid at the harbour office before noon.
 
 The fuel pump opens at seven. Sign the log after fuelling.
 """
+
+
+@pytest.fixture
+def host(tmp_path: Path, local_embedding: LocalEmbedding) -> Iterator[Host]:
+    """A driver over a fresh SQLite store in a private directory, default chunking."""
+    h = make_host(tmp_path / "store" / "index.db", local_embedding)
+    yield h
+    h.store.close()
 
 
 def ingest(

@@ -1,5 +1,9 @@
-"""Run results exactly as the previous release stored them: the public wire JSON of the result,
-no version field (`wire/run_storage.py` calls this storage version 1)."""
+"""Run records for the run storage and run store tests: a result builder, and results and run
+databases exactly as earlier releases stored them.
+
+The previous release stored a result as its public wire JSON with no version field
+(`wire/run_storage.py` calls this storage version 1): `OLD_RESULT_JSON` and `OLD_PLAIN_JSON`.
+"""
 
 from __future__ import annotations
 
@@ -66,3 +70,42 @@ OLD_RESULT = RunResult(
 OLD_PLAIN = RunResult(
     "run_plain", "completed", "local", "extractive", "Hi.", [], [], RunUsage(), "t0", "t1"
 )
+
+
+def a_result(run_id: str, corpus: str | None = "docs") -> RunResult:
+    """A completed result with one cited source and one receipt."""
+    return RunResult(
+        run_id=run_id,
+        status="completed",
+        provider="local",
+        model="extractive",
+        text="Otters sleep holding hands [source:a-1].",
+        sources=[ManifestEntry("a-1", "a", "r1", Location(page=2, start_line=3, end_line=4))],
+        receipts=[Receipt(1, "otters", "key", "2026-01-01T00:00:00.000Z", "ok", ["a-1"])],
+        usage=RunUsage(GenerationUsage(1, 10, 5)),
+        created_at="2026-01-01T00:00:00.000Z",
+        completed_at="2026-01-01T00:00:01.000Z",
+        corpus=corpus,
+    )
+
+
+# The SQLite run database exactly as earlier releases created it: schema version 1, then
+# version 2 (which added the provider and corpus a run needs to be read again).
+SQLITE_RUNS_APPLICATION_ID = 0x52484E52
+_V1_COLUMNS = """\
+    run_id TEXT PRIMARY KEY,
+    subject TEXT NOT NULL,
+    idempotency_key TEXT,
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
+    created_at TEXT NOT NULL,
+    result_json TEXT,
+    error_code TEXT,
+"""
+_V2_COLUMNS = """\
+    provider TEXT,
+    corpus TEXT,
+"""
+_UNIQUE_KEY = "    UNIQUE (subject, idempotency_key)\n"
+SQLITE_RUNS_SCHEMA_V1 = f"CREATE TABLE runs (\n{_V1_COLUMNS}{_UNIQUE_KEY});\n"
+SQLITE_RUNS_SCHEMA_V2 = f"CREATE TABLE runs (\n{_V1_COLUMNS}{_V2_COLUMNS}{_UNIQUE_KEY});\n"

@@ -29,7 +29,7 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host_client import validate_source_citations
-from tests.runs.conftest import World
+from tests.support.run_engine import RunWorld
 
 ALICE = RequestContext("alice")
 
@@ -45,10 +45,10 @@ def _before(query: str = "How long does the battery last?", **kw: object) -> Run
 
 
 def test_a_before_run_answers_with_citations_that_validate_against_its_manifest(
-    world: World,
+    run_world: RunWorld,
 ) -> None:
     events: list[RunEvent] = []
-    world.engine.execute(
+    run_world.engine.execute(
         _before(output_artifact=OutputArtifactSpec("answer.md")), ALICE, events.append
     )
     assert isinstance(events[0], RunStarted)
@@ -69,20 +69,20 @@ def test_a_before_run_answers_with_citations_that_validate_against_its_manifest(
     assert result.text.startswith("Extractive answer")
 
 
-def test_no_evidence_fails_before_any_generation(world: World) -> None:
-    world.acl.search = {}
+def test_no_evidence_fails_before_any_generation(run_world: RunWorld) -> None:
+    run_world.acl.search = {}
     with pytest.raises(RetrievalError) as info:
-        world.engine.run(_before(), ALICE)
+        run_world.engine.run(_before(), ALICE)
     assert info.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
-    assert world.provider.requests == []
+    assert run_world.provider.requests == []
 
 
 def test_evidence_is_fenced_with_a_per_run_delimiter_that_passages_cannot_forge(
-    world: World,
+    run_world: RunWorld,
 ) -> None:
-    first = world.engine.run(_before("ignore previous instructions admin corpus"), ALICE)
-    prompt = world.provider.requests[0].messages[-1].content
-    system = world.provider.requests[0].messages[0].content
+    first = run_world.engine.run(_before("ignore previous instructions admin corpus"), ALICE)
+    prompt = run_world.provider.requests[0].messages[-1].content
+    system = run_world.provider.requests[0].messages[0].content
     assert "planted-1" in [s.id for s in first.sources]
     begin = [line for line in prompt.splitlines() if line.startswith("BEGIN-EVIDENCE-")]
     assert len(begin) == 1
@@ -92,28 +92,28 @@ def test_evidence_is_fenced_with_a_per_run_delimiter_that_passages_cannot_forge(
     assert prompt.index("Ignore previous instructions") < prompt.rindex(f"END-{delimiter}")
     assert prompt.rstrip().endswith(f"END-{delimiter}")
     assert "untrusted" in system and "Ignore previous" not in system
-    world.engine.run(_before("ignore previous instructions admin corpus"), ALICE)
-    assert delimiter not in world.provider.requests[1].messages[-1].content
+    run_world.engine.run(_before("ignore previous instructions admin corpus"), ALICE)
+    assert delimiter not in run_world.provider.requests[1].messages[-1].content
     # The planted text changed nothing: same provider, same tools (none), same corpus.
-    assert all(r.tools == [] for r in world.provider.requests)
+    assert all(r.tools == [] for r in run_world.provider.requests)
 
 
-def test_a_passage_containing_the_delimiter_is_neutralized(world: World) -> None:
-    engine = type(world.engine)(
-        world.service,
-        {"local": world.provider},
-        world.runs,
+def test_a_passage_containing_the_delimiter_is_neutralized(run_world: RunWorld) -> None:
+    engine = type(run_world.engine)(
+        run_world.service,
+        {"local": run_world.provider},
+        run_world.runs,
         new_delimiter=lambda: "EVIDENCE-guess",
     )
     engine.run(_before("ignore previous instructions admin corpus"), ALICE)
-    prompt = world.provider.requests[0].messages[-1].content
+    prompt = run_world.provider.requests[0].messages[-1].content
     assert "END-EVIDENCE-guess BEGIN" not in prompt
     assert prompt.count("EVIDENCE-guess") == 4
     assert "[fence-removed]" in prompt
 
 
 def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
-    world: World,
+    run_world: RunWorld,
 ) -> None:
     events: list[RunEvent] = []
 
@@ -121,36 +121,36 @@ def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
         events.append(event)
         if isinstance(event, RunProgress) and event.phase == "retrieval.receipt":
             # The search has returned battery-1; the application revokes it now.
-            world.acl.search.pop("battery")
+            run_world.acl.search.pop("battery")
 
-    world.engine.execute(_before(), ALICE, sink)
+    run_world.engine.execute(_before(), ALICE, sink)
     assert isinstance(events[-1], RunCompleted)
     receipt = events[-1].result.receipts[0]
     assert "battery-1" in receipt.source_ids  # it was found...
-    sent = world.provider.requests[0]
+    sent = run_world.provider.requests[0]
     assert "battery-1" not in {p.handle for p in sent.evidence}  # ...but never sent
     assert "battery-1" not in sent.messages[-1].content
     assert "battery-1" not in [s.id for s in events[-1].result.sources]
 
 
 def test_a_revocation_after_generation_fails_the_run_instead_of_recording_it(
-    world: World,
+    run_world: RunWorld,
 ) -> None:
     events: list[RunEvent] = []
 
     def sink(event: RunEvent) -> None:
         events.append(event)
         if isinstance(event, RunProgress) and event.phase == "recording":
-            world.acl.search.clear()
+            run_world.acl.search.clear()
 
-    world.engine.execute(_before(), ALICE, sink)
+    run_world.engine.execute(_before(), ALICE, sink)
     assert isinstance(events[-1], RunFailed)
     assert events[-1].error.code is ErrorCode.SOURCE_UNAVAILABLE
-    record = world.runs.get(events[-1].run_id)
+    record = run_world.runs.get(events[-1].run_id)
     assert record is not None and record.status == "failed" and record.result is None
 
 
-def test_tool_mode_honours_the_quota_and_deduplicates_queries(world: World) -> None:
+def test_tool_mode_honours_the_quota_and_deduplicates_queries(run_world: RunWorld) -> None:
     class AsksFiveTimes:
         kind = "test"
 
@@ -167,7 +167,7 @@ def test_tool_mode_honours_the_quota_and_deduplicates_queries(world: World) -> N
                     "done " + " ".join(f"[source:{p.handle}]" for p in request.evidence)
                 )
 
-    engine = world.with_provider("local", AsksFiveTimes())
+    engine = run_world.with_provider("local", AsksFiveTimes())
     request = RunRequest(
         provider="local",
         model="m",
@@ -183,44 +183,44 @@ def test_tool_mode_honours_the_quota_and_deduplicates_queries(world: World) -> N
 
 
 def test_replay_returns_the_recorded_answer_without_new_work_and_fails_once_revoked(
-    world: World,
+    run_world: RunWorld,
 ) -> None:
-    first = world.engine.run(_before(idempotency_key="k1"), ALICE)
-    asked = len(world.provider.requests)
-    again = world.engine.run(_before(idempotency_key="k1"), ALICE)
+    first = run_world.engine.run(_before(idempotency_key="k1"), ALICE)
+    asked = len(run_world.provider.requests)
+    again = run_world.engine.run(_before(idempotency_key="k1"), ALICE)
     assert again.replayed and again.text == first.text and again.run_id == first.run_id
-    assert len(world.provider.requests) == asked
+    assert len(run_world.provider.requests) == asked
     with pytest.raises(RetrievalError) as reused:
-        world.engine.run(_before("another question", idempotency_key="k1"), ALICE)
+        run_world.engine.run(_before("another question", idempotency_key="k1"), ALICE)
     assert reused.value.reason == "idempotency-key-reused"
-    world.acl.search = {k: v for k, v in world.acl.search.items() if k != "battery"}
+    run_world.acl.search = {k: v for k, v in run_world.acl.search.items() if k != "battery"}
     with pytest.raises(RetrievalError) as info:
-        world.engine.run(_before(idempotency_key="k1"), ALICE)
+        run_world.engine.run(_before(idempotency_key="k1"), ALICE)
     assert info.value.code is ErrorCode.SOURCE_UNAVAILABLE
-    assert len(world.provider.requests) == asked
+    assert len(run_world.provider.requests) == asked
 
 
-def test_an_interrupted_run_refuses_replay(world: World) -> None:
+def test_an_interrupted_run_refuses_replay(run_world: RunWorld) -> None:
     request = _before(idempotency_key="k2")
     from retrieval_host.core.runs import request_fingerprint
 
-    world.runs.begin(
+    run_world.runs.begin(
         RunRecord("run_x", "alice", "k2", request_fingerprint(request), "running", "t")
     )
     with pytest.raises(RetrievalError) as info:
-        world.engine.run(request, ALICE)
+        run_world.engine.run(request, ALICE)
     assert info.value.code is ErrorCode.CONTEXT_REPLAY_UNAVAILABLE
 
 
-def test_get_run_is_for_the_same_subject_only(world: World) -> None:
-    result = world.engine.run(_before(), ALICE)
-    assert world.engine.get_run(result.run_id, ALICE).result == result
+def test_get_run_is_for_the_same_subject_only(run_world: RunWorld) -> None:
+    result = run_world.engine.run(_before(), ALICE)
+    assert run_world.engine.get_run(result.run_id, ALICE).result == result
     with pytest.raises(RetrievalError) as info:
-        world.engine.get_run(result.run_id, RequestContext("mallory"))
+        run_world.engine.get_run(result.run_id, RequestContext("mallory"))
     assert info.value.code is ErrorCode.SOURCE_UNAVAILABLE
 
 
-def test_an_idle_timeout_fails_a_stalled_provider(world: World) -> None:
+def test_an_idle_timeout_fails_a_stalled_provider(run_world: RunWorld) -> None:
     release = threading.Event()
 
     class Stalls:
@@ -233,11 +233,11 @@ def test_an_idle_timeout_fails_a_stalled_provider(world: World) -> None:
                 cancel.check()
             yield TextDelta("never")
 
-    engine = world.with_provider("local", Stalls())
+    engine = run_world.with_provider("local", Stalls())
     context = RequestContext("alice", CancelToken(idle_timeout_s=0.3))
     events: list[RunEvent] = []
     engine.execute(_before(idle_timeout_ms=300), context, events.append)
     assert isinstance(events[-1], RunFailed)
     assert events[-1].error.code is ErrorCode.TIMEOUT
-    record = world.runs.get(events[0].run_id)  # type: ignore[union-attr]
+    record = run_world.runs.get(events[0].run_id)  # type: ignore[union-attr]
     assert record is not None and record.status == "failed"

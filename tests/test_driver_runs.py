@@ -15,15 +15,17 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host.driver import Driver
-from tests.runs.conftest import World
+from tests.support.run_engine import RunWorld
 
 
 def _request() -> RunRequest:
     return RunRequest("local", "extractive", "battery lifetime", RunRetrieval("library"))
 
 
-def test_stream_run_yields_events_in_order_and_get_run_reads_the_record(world: World) -> None:
-    driver = Driver(world.service, runs=world.engine)
+def test_stream_run_yields_events_in_order_and_get_run_reads_the_record(
+    run_world: RunWorld,
+) -> None:
+    driver = Driver(run_world.service, runs=run_world.engine)
     events = list(driver.stream_run(_request(), RequestContext("alice")))
     assert isinstance(events[0], RunStarted)
     assert isinstance(events[-1], RunCompleted)
@@ -34,7 +36,7 @@ def test_stream_run_yields_events_in_order_and_get_run_reads_the_record(world: W
     assert record.result == events[-1].result
 
 
-def test_leaving_a_stream_early_cancels_the_run(world: World) -> None:
+def test_leaving_a_stream_early_cancels_the_run(run_world: RunWorld) -> None:
     streaming = threading.Event()
 
     class Slow:
@@ -50,7 +52,7 @@ def test_leaving_a_stream_early_cancels_the_run(world: World) -> None:
                 threading.Event().wait(0.01)
                 yield TextDelta("")
 
-    driver = Driver(world.service, runs=world.with_provider("local", Slow()))
+    driver = Driver(run_world.service, runs=run_world.with_provider("local", Slow()))
     stream = driver.stream_run(_request(), RequestContext("alice"))
     run_id = ""
     for event in stream:
@@ -60,6 +62,6 @@ def test_leaving_a_stream_early_cancels_the_run(world: World) -> None:
             break
     stream.close()  # the generator's finally cancels and joins the worker
     assert streaming.is_set()
-    record = world.runs.get(run_id)
+    record = run_world.runs.get(run_id)
     assert record is not None
     assert record.status == "cancelled"

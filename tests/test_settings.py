@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from retrieval_host.settings import HostSettings, SettingsError, load_settings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HASH = "a" * 64
 
 

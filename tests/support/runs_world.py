@@ -1,4 +1,4 @@
-"""A real host for end-to-end run tests: real stores, real embeddings, providers over loopback.
+"""The world of the end-to-end run tests: real stores, real embeddings, providers over loopback.
 
 `build_runs_world` indexes four corpora through the real driver:
 
@@ -15,28 +15,22 @@ Authorization is the example application's `FileAcl` over a JSON file the tests 
 (revocation without a restart), wrapped by `RevokeAfterSearch`, a hook that revokes one
 source of one subject the moment a run's search has returned.
 
-`serve_with_loop` serves the app with real uvicorn over TLS in a thread like
-`tests.support.host.serve_in_thread`, and also hands out the server's event loop so a test can
-count its asyncio tasks.
+It is served like every other test host, by `tests.support.host.serve_in_thread` (pass
+`RunsWorld.environ`, where the settings find the provider key).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 import apsw
-import httpx
-import uvicorn
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.embedding_openai import OpenAIEmbedding
@@ -49,12 +43,10 @@ from retrieval_host.core.ports import AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.example_acl import FileAcl
-from retrieval_host.http.app import HostApp, create_app
-from retrieval_host.http.server import uvicorn_config
 from retrieval_host.settings import HostSettings
 from retrieval_host.wiring import build_run_engine
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
-from tests.support.host import CorpusRevisions, TlsFiles, make_tls, wait_until
+from tests.support.host import CorpusRevisions, RunningHost, TlsFiles, make_tls
 
 NAMESPACE: Final = "team"
 API_KEY_VARIABLE: Final = "RUNS_E2E_FAKE_KEY"
@@ -378,83 +370,6 @@ def build_runs_world(directory: Path, embedding: LocalEmbedding, fake: FakeOpenA
     )
 
 
-# --- serving ----------------------------------------------------------------------------------
-
-
-@dataclass
-class LoopHost:
-    """A host served by uvicorn over TLS on 127.0.0.1, with the event loop it runs on."""
-
-    app: HostApp
-    server: uvicorn.Server
-    port: int
-    tls: TlsFiles
-    loop: asyncio.AbstractEventLoop
-
-    @property
-    def base_url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base_url, verify=self.tls.client_context(), timeout=30, **kwargs
-        )
-
-    def task_count(self) -> int:
-        """Asyncio tasks alive on the server's loop (the counting task itself excluded)."""
-
-        async def count() -> int:
-            return len(asyncio.all_tasks()) - 1
-
-        result: Future[int] = asyncio.run_coroutine_threadsafe(count(), self.loop)
-        return result.result(timeout=10)
-
-
-@contextmanager
-def serve_with_loop(
-    settings: HostSettings, driver: Driver, tls: TlsFiles, environ: Mapping[str, str]
-) -> Iterator[LoopHost]:
-    """Serve `create_app(settings, driver)` with real uvicorn over TLS until the block ends."""
-    app = create_app(settings, driver)
-    server = uvicorn.Server(uvicorn_config(settings, app, environ))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    async def serve() -> None:
-        loops.append(asyncio.get_running_loop())
-        await server.serve(sockets=[sock])
-
-    def run() -> None:
-        # What `Server.run` does, with a handle on the loop.
-        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
-            runner.run(serve())
-
-    thread = threading.Thread(target=run, name="runs-host", daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn start")
-        assert thread.is_alive() and loops, "uvicorn exited during startup"
-        host = LoopHost(app, server, port, tls, loops[0])
-        with host.client() as client:
-            wait_until(lambda: _healthy(client), what="/healthz")
-        yield host
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-        assert not thread.is_alive(), "uvicorn did not stop"
-
-
-def _healthy(client: httpx.Client) -> bool:
-    try:
-        return client.get("/healthz").status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 # --- Server-Sent Events, read by hand ---------------------------------------------------------
 
 
@@ -499,7 +414,7 @@ class SseParser:
         return None
 
 
-def raw_tls_socket(host: LoopHost, timeout: float = 10.0) -> ssl.SSLSocket:
+def raw_tls_socket(host: RunningHost, timeout: float = 10.0) -> ssl.SSLSocket:
     """A TLS connection to the host driven by hand (handshake done)."""
     plain = socket.create_connection(("127.0.0.1", host.port), timeout=timeout)
     return host.tls.client_context().wrap_socket(plain, server_hostname="127.0.0.1")

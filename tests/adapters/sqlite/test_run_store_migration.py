@@ -1,0 +1,136 @@
+"""Run databases of earlier releases (schema versions 1 and 2) open, keep their records and
+migrate; a database of a newer release is refused."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import apsw
+import pytest
+
+from retrieval_host.adapters.sqlite import SqliteRunStore
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.run_ports import RunRecord
+from retrieval_host.wire.run_storage import STORAGE_VERSION
+from retrieval_host.wire.runs import result_to_json
+from tests.support.run_records import (
+    OLD_PLAIN,
+    OLD_PLAIN_JSON,
+    OLD_RESULT,
+    OLD_RESULT_JSON,
+    SQLITE_RUNS_APPLICATION_ID,
+    SQLITE_RUNS_SCHEMA_V1,
+    SQLITE_RUNS_SCHEMA_V2,
+    a_result,
+)
+
+
+def make_v1_database(path: Path) -> None:
+    db = apsw.Connection(str(path))
+    with db:
+        db.execute(SQLITE_RUNS_SCHEMA_V1)
+        db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
+        db.execute("PRAGMA user_version=1")
+        db.execute(
+            "INSERT INTO runs VALUES (?, 'alice', 'k1', 'fp', 'completed', 't', ?, NULL)",
+            ("run_done", json.dumps(result_to_json(a_result("run_done")))),
+        )
+        db.execute(
+            "INSERT INTO runs VALUES ('run_failed', 'alice', 'k2', 'fp', 'failed', 't', NULL,"
+            " 'PROVIDER_FAILED')"
+        )
+    db.close()
+
+
+def test_a_run_database_of_the_previous_release_opens_and_keeps_its_records(
+    tmp_path: Path,
+) -> None:
+    tmp_path.chmod(0o700)
+    path = tmp_path / "runs.db"
+    make_v1_database(path)
+    store = SqliteRunStore.open(path)
+    try:
+        done = store.get("run_done")
+        failed = store.get("run_failed")
+        assert done is not None and failed is not None
+        assert done.result == a_result("run_done")
+        assert (done.provider, done.corpus) == (None, None)
+        assert (failed.status, failed.error_code, failed.result) == (
+            "failed",
+            "PROVIDER_FAILED",
+            None,
+        )
+        # New runs record what running them needed.
+        fresh = RunRecord(
+            "run_new", "alice", "k3", "fp", "running", "t", provider="local", corpus="docs"
+        )
+        assert store.begin(fresh) is None
+        new = store.get("run_new")
+        assert new is not None and (new.provider, new.corpus) == ("local", "docs")
+        # The idempotency key of an old run still replays it.
+        again = store.begin(RunRecord("run_other", "alice", "k1", "fp", "running", "t"))
+        assert again is not None and again.run_id == "run_done"
+    finally:
+        store.close()
+    version = apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall()[0][0]
+    assert version == 2
+    # Opening the migrated file again is a no-op.
+    SqliteRunStore.open(path).close()
+
+
+def test_a_run_database_of_a_newer_release_is_refused(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    path = tmp_path / "runs.db"
+    make_v1_database(path)
+    db = apsw.Connection(str(path))
+    db.execute("PRAGMA user_version=3")
+    db.close()
+    with pytest.raises(RetrievalError, match="version 3"):
+        SqliteRunStore.open(path)
+
+
+def test_a_run_database_of_the_previous_release_reads_its_records_and_writes_the_new_format(
+    tmp_path: Path,
+) -> None:
+    tmp_path.chmod(0o700)
+    path = tmp_path / "runs.db"
+    db = apsw.Connection(str(path))
+    with db:
+        db.execute(SQLITE_RUNS_SCHEMA_V2)
+        db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
+        db.execute("PRAGMA user_version=2")
+        db.execute(
+            "INSERT INTO runs VALUES ('run_old', 'alice', 'k1', 'fp', 'completed', 't', ?, NULL,"
+            " 'local', 'docs')",
+            (OLD_RESULT_JSON,),
+        )
+        db.execute(
+            "INSERT INTO runs VALUES ('run_plain', 'alice', 'k2', 'fp', 'completed', 't', ?,"
+            " NULL, 'local', NULL)",
+            (OLD_PLAIN_JSON,),
+        )
+    db.close()
+
+    store = SqliteRunStore.open(path)
+    try:
+        old = store.get("run_old")
+        assert old is not None and old.result == OLD_RESULT
+        plain = store.get("run_plain")
+        assert plain is not None and plain.result == OLD_PLAIN
+        # The old record's key still replays it, with its old result.
+        again = store.begin(RunRecord("run_again", "alice", "k1", "fp", "running", "t"))
+        assert again is not None and again.result == OLD_RESULT
+        # A new run is stored in the new format, beside the old records.
+        new_result = replace(OLD_RESULT, run_id="run_new")
+        assert store.begin(RunRecord("run_new", "alice", "k3", "fp", "running", "t")) is None
+        store.complete("run_new", new_result)
+        new = store.get("run_new")
+        assert new is not None and new.result == new_result
+    finally:
+        store.close()
+    query = "SELECT run_id, result_json FROM runs"
+    rows = {str(k): str(v) for k, v in apsw.Connection(str(path)).execute(query).fetchall()}
+    assert rows["run_old"] == OLD_RESULT_JSON  # old records are read, never rewritten
+    assert json.loads(rows["run_new"])["version"] == STORAGE_VERSION

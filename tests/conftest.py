@@ -1,0 +1,39 @@
+"""Fixtures every test directory shares: the real local model, loaded once per session, the
+in-process run engine world, and asyncio as the one anyio backend.
+
+Fixtures of one directory stay in that directory's conftest; a host served over TLS is built with
+`tests.support.host` (`build_world` and `serve_in_thread`), the one harness for real servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from tests.support.run_engine import RunWorld, open_run_world
+
+
+@pytest.fixture(scope="session")
+def local_embedding() -> LocalEmbedding:
+    """The real local model, loaded once (about a second) and shared read-only.
+
+    One intra-op thread: the suite runs beside other work, and inference is not what it measures.
+    A test that needs its own instance (another batch size, tampered weights) constructs one.
+    """
+    return LocalEmbedding(threads=1)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Tests marked `anyio` run on asyncio, the loop the host serves on."""
+    return "asyncio"
+
+
+@pytest.fixture
+def run_world(tmp_path: Path, local_embedding: LocalEmbedding) -> Iterator[RunWorld]:
+    """A run engine over three indexed documents, in a private directory (`run_engine.py`)."""
+    with open_run_world(tmp_path, local_embedding) as world:
+        yield world

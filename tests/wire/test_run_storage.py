@@ -1,0 +1,55 @@
+"""Run results are stored in a versioned format of their own, and the previous release's
+records (the public wire JSON, no version) read back identically.
+
+The run stores' handling of such records: `tests/adapters/sqlite/test_run_store_migration.py`
+and `tests/adapters/postgres/test_run_store.py`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.runs_model import RunResult
+from retrieval_host.wire.run_storage import STORAGE_VERSION, decode_result, encode_result
+from retrieval_host.wire.runs import result_to_json
+from tests.support.run_records import OLD_PLAIN, OLD_PLAIN_JSON, OLD_RESULT, OLD_RESULT_JSON
+
+
+def test_the_previous_release_records_read_back_identically() -> None:
+    assert decode_result(OLD_RESULT_JSON) == OLD_RESULT
+    assert decode_result(OLD_PLAIN_JSON) == OLD_PLAIN
+
+
+def test_the_literal_old_records_are_what_the_previous_release_wrote() -> None:
+    # Holds while the public wire of a result is unchanged; if the wire changes, this test
+    # changes and the literals above stay (they are the old records).
+    for result, stored in ((OLD_RESULT, OLD_RESULT_JSON), (OLD_PLAIN, OLD_PLAIN_JSON)):
+        assert json.dumps(result_to_json(result), separators=(",", ":")) == stored
+
+
+def test_a_stored_result_names_its_format_and_version_and_is_not_the_wire_json() -> None:
+    stored = json.loads(encode_result(OLD_RESULT))
+    assert (stored["format"], stored["version"]) == ("retrieval-host/run-result", 2)
+    assert STORAGE_VERSION == 2
+    assert "runId" not in stored and stored["run_id"] == "run_old"
+    assert stored != result_to_json(OLD_RESULT)
+
+
+@pytest.mark.parametrize("result", [OLD_RESULT, OLD_PLAIN])
+def test_a_stored_result_reads_back_equal(result: RunResult) -> None:
+    assert decode_result(encode_result(result)) == result
+    replayed = replace(result, replayed=True)
+    assert decode_result(encode_result(replayed)) == replayed
+
+
+def test_a_record_of_a_later_storage_version_is_refused() -> None:
+    later = json.loads(encode_result(OLD_RESULT))
+    later["version"] = STORAGE_VERSION + 1
+    with pytest.raises(RetrievalError) as caught:
+        decode_result(json.dumps(later))
+    assert caught.value.code is ErrorCode.STORE_UNAVAILABLE
+    assert caught.value.reason == "record-version"
+    assert "version 3" in caught.value.detail
