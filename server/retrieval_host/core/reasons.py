@@ -4,7 +4,7 @@ A `reason` is the finer, machine-readable sub-code of a problem body (`Retrieval
 callers switch on `code` first and on `reason` to tell cases of one code apart. The values are
 the wire strings, so a member compares equal to the string clients see. `REASONS` maps each
 code to its enum; the OpenAPI document publishes them per code (`http/openapi.py`), and
-`tests/unit/test_reasons.py` scans the package so that no reason is emitted without a member
+`tests/core/test_reasons.py` scans the package so that no reason is emitted without a member
 here and no member is left unused. Codes missing from `REASONS` carry no reason.
 """
 

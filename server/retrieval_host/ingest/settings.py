@@ -196,7 +196,7 @@ class IngestLimits:
 
 
 # `too_large` and `too_complex` take `str`: the driver and batch ingest still pass literals;
-# `tests/unit/test_reasons.py` holds every caller's literal to the code's enum.
+# `tests/core/test_reasons.py` holds every caller's literal to the code's enum.
 def too_large(reason: PayloadTooLargeReason | str, detail: str) -> RetrievalError:
     """A `PAYLOAD_TOO_LARGE` error with its machine-readable reason."""
     return RetrievalError(ErrorCode.PAYLOAD_TOO_LARGE, detail, reason=reason)
