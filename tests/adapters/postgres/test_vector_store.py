@@ -101,7 +101,8 @@ def test_a_newer_schema_version_is_refused(pg_dsn: str, pg_schema: str) -> None:
     with connect(pg_dsn) as conn:
         conn.execute(
             sql.SQL(
-                "UPDATE {}.schema_version SET version = 2 WHERE component = 'vector-store'"
+                "UPDATE {}.schema_version SET version = version + 1 "
+                "WHERE component = 'vector-store'"
             ).format(sql.Identifier(pg_schema))
         )
     expect(
@@ -136,7 +137,7 @@ def test_the_vector_and_run_stores_share_one_schema(pg_dsn: str, pg_schema: str)
                 sql.Identifier(pg_schema)
             )
         ).fetchall()
-    assert rows == [("run-store", 2), ("vector-store", 1)]
+    assert rows == [("run-store", 2), ("vector-store", 2)]
 
 
 def test_a_role_that_cannot_create_pgvector_gets_a_typed_error(pg_dsn: str) -> None:
