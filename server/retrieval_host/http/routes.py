@@ -56,7 +56,7 @@ class Routes:
         self._openapi = openapi
         self.metrics = metrics
         self.started = False
-        # A worker of a multi-process host: False until every worker serves (`workers.py`).
+        # A worker of a multi-process host: False until every worker serves (`serving/workers.py`).
         self.workers_ready: bool | None = None
 
     def routes(self) -> list[Route]:
