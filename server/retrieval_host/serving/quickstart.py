@@ -78,7 +78,7 @@ def _samples(state_dir: Path) -> list[Path]:
     target.mkdir(mode=0o700, exist_ok=True)
     # Beside this module (package data): `retrieval_host` is a namespace package, which
     # importlib.resources cannot always enumerate.
-    source = Path(__file__).with_name("samples")
+    source = Path(__file__).resolve().parent.parent / "samples"  # the package's data
     copied = []
     for item in sorted(source.iterdir()):
         if not item.is_file() or item.name.startswith((".", "_")):
