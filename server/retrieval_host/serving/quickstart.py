@@ -76,9 +76,9 @@ def _display(path: Path) -> str:
 def _samples(state_dir: Path) -> list[Path]:
     target = state_dir / "samples"
     target.mkdir(mode=0o700, exist_ok=True)
-    # Beside this module (package data): `retrieval_host` is a namespace package, which
-    # importlib.resources cannot always enumerate.
-    source = Path(__file__).resolve().parent.parent / "samples"  # the package's data
+    # The package data `retrieval_host/samples`, found from this module's file (a directory
+    # listing importlib.resources cannot always give for an editable install).
+    source = Path(__file__).resolve().parent.parent / "samples"
     copied = []
     for item in sorted(source.iterdir()):
         if not item.is_file() or item.name.startswith((".", "_")):
