@@ -27,8 +27,8 @@ from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import AuthorizationRequest, EmbeddingBatch, Grant, VectorStore
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
+from retrieval_host.serving.wiring import build_vector_store
 from retrieval_host.settings import HostSettings
-from retrieval_host.wiring import build_vector_store
 
 
 class QueryTable:

@@ -2,7 +2,8 @@
 
 The host never decides which sources a subject may read: the application does, through the
 `authorize` callable of each corpus (SPEC §3.2). This module is a small, complete example of
-that contract, used by the quickstart and by `config/example_app.py`:
+that contract, and the one example application factory (`create_driver`, below): the
+quickstart, `config/host.example.json`, the deploy files and the tests all use it.
 
 - `FileAcl` reads a JSON file mapping each subject to a namespace and, per operation, the
   source ids it may touch (`"*"` = every source). It is re-read when the file changes, so an
@@ -55,8 +56,8 @@ from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
+from retrieval_host.serving.wiring import build_run_engine, build_vector_store
 from retrieval_host.settings import HostSettings
-from retrieval_host.wiring import build_run_engine, build_vector_store
 
 ALL_SOURCES: Final = "*"
 

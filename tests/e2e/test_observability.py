@@ -23,13 +23,13 @@ import pytest
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.sqlite import SqliteRunStore
-from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.ports import EmbeddingBatch
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import RetrievalService
 from retrieval_host.driver import Driver
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import HostSettings
 from tests.support.host import (
     CORPUS,

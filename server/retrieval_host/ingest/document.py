@@ -41,12 +41,14 @@ from retrieval_host.ingest.settings import (
     EML,
     MARKDOWN,
     MBOX,
+    MEDIA_TYPES,
     PDF,
     ChunkingSettings,
     IngestLimits,
-    check_media_type,
     invalid_document,
+    normalize_media_type,
     too_large,
+    unsupported_media_type,
 )
 
 
@@ -95,14 +97,14 @@ def prepare_document(
     `pdf-malformed`, `markdown-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad
     source id or revision; `CANCELLED`/`TIMEOUT` from `cancel`.
     """
-    check_media_type(media_type)
+    media = normalize_media_type(media_type)
     check_id("source id", source_id)
     if revision is not None:
         check_id("revision", revision)
-    extracted = extract_document(data, media_type, title=title, limits=limits, cancel=cancel)
+    extracted = extract_document(data, media, title=title, limits=limits, cancel=cancel)
     return finish_document(
         extracted,
-        media_type,
+        media,
         input_bytes=len(data),
         source_id=source_id,
         revision=revision,
@@ -125,9 +127,10 @@ def extract_document(
     """The first half of `prepare_document`: check the bytes and extract the text.
 
     This is the part that reads untrusted structure (pypdf, the MIME parser, BeautifulSoup);
-    the host runs it in a parse worker process (`ingest.isolation`).
+    the host runs it in a parse worker process (`ingest.isolation`). `media_type` is already
+    normalized (`normalize_media_type`, at the edge).
     """
-    media = check_media_type(media_type)
+    media = _normalized(media_type)
     if len(data) > limits.max_bytes:
         raise too_large(
             PayloadTooLargeReason.BYTES, f"the document is larger than {limits.max_bytes} bytes."
@@ -151,8 +154,9 @@ def finish_document(
     cancel: CancelToken | None = None,
 ) -> PreparedDocument:
     """The second half of `prepare_document`: cut the extracted text into passages (at most
-    `limits.passage_allowance(input_bytes)`) and derive the revision and chunk ids."""
-    media = check_media_type(media_type)
+    `limits.passage_allowance(input_bytes)`) and derive the revision and chunk ids.
+    `media_type` is already normalized (`normalize_media_type`, at the edge)."""
+    media = _normalized(media_type)
     check_id("source id", source_id)
     if revision is not None:
         check_id("revision", revision)
@@ -207,7 +211,15 @@ def _extract(
         return extract_markdown(data, title)
     if media in (EML, MBOX):
         return extract_email(data, media, title, limits, cancel)
-    raise AssertionError(media)  # check_media_type admits nothing else
+    raise AssertionError(media)  # `_normalized` admits nothing else
+
+
+def _normalized(media_type: str) -> str:
+    # Normalized once at the edge; a caller that skipped it is refused, never re-normalized
+    # here (the revision digest must see the one normalized value).
+    if media_type not in MEDIA_TYPES:
+        raise unsupported_media_type()
+    return media_type
 
 
 def _digest(value: JSONValue) -> str:

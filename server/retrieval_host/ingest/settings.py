@@ -58,16 +58,27 @@ def media_type_for_path(path: Path) -> str:
     return media_type
 
 
-def check_media_type(media_type: str) -> str:
-    """Normalize a media type (case, parameters such as `; charset=utf-8`) and require support."""
+def normalize_media_type(media_type: str) -> str:
+    """The one normalization of a media type, made once where a document enters the host
+    (`Driver.ingest_context`, the ingest route's Content-Type, `prepare_document`): the base
+    type without parameters such as `; charset=utf-8`, in lower case, and supported.
+
+    Everything past that edge (`extract_document`, `finish_document`, the parse worker) takes
+    the normalized value as it is; the revision digest includes it.
+    """
     base = media_type.split(";", 1)[0].strip().lower()
     if base not in MEDIA_TYPES:
-        raise RetrievalError(
-            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-            "supported media types are " + ", ".join(sorted(MEDIA_TYPES)) + ".",
-            reason=UnsupportedMediaTypeReason.UNSUPPORTED_MEDIA_TYPE,
-        )
+        raise unsupported_media_type()
     return base
+
+
+def unsupported_media_type() -> RetrievalError:
+    """The one `UNSUPPORTED_MEDIA_TYPE` answer for a type the ingest helpers do not read."""
+    return RetrievalError(
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        "supported media types are " + ", ".join(sorted(MEDIA_TYPES)) + ".",
+        reason=UnsupportedMediaTypeReason.UNSUPPORTED_MEDIA_TYPE,
+    )
 
 
 def _invalid_settings(detail: str) -> RetrievalError:

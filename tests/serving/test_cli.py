@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from retrieval_host.cli import build_driver, close_driver, main
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import SearchRequest
 from retrieval_host.driver import IngestRequest
+from retrieval_host.serving.cli import main
+from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,8 +55,8 @@ def test_serve_reports_a_bad_configuration_without_a_traceback(
 
 @pytest.fixture
 def example_config(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """The example host file and application beside it, with the store in a private dir."""
-    for name in ("host.example.json", "example_app.py", "acl.example.json"):
+    """The example host file and its ACL, with the store in a private dir."""
+    for name in ("host.example.json", "acl.example.json"):
         shutil.copy(REPO / "config" / name, tmp_path / name)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
