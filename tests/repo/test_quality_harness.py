@@ -1,8 +1,8 @@
 """The quality harness's own logic: the BEIR reader, the metrics, the cache (not a benchmark).
 
-The metrics are checked against a hand-computed example and, when pytrec_eval is installed,
-against pytrec_eval on random runs; the cached index is built once over three documents and
-then reused without ingesting again.
+The metrics are checked against a hand-computed example and against pytrec_eval on random
+runs; the cached index is built once over three documents and then reused without ingesting
+again.
 """
 
 from __future__ import annotations
@@ -80,7 +80,6 @@ def test_tied_scores_rank_by_document_id_descending_as_trec_eval_does() -> None:
 
 
 def test_own_metrics_agree_with_pytrec_eval_on_random_runs() -> None:
-    pytest.importorskip("pytrec_eval")
     rng = random.Random(7)
     docs = [f"d{i}" for i in range(300)]
     qrels = {f"q{q}": {d: rng.randint(0, 3) for d in rng.sample(docs, 6)} for q in range(40)}
