@@ -51,12 +51,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.wiring import build_run_engine, build_vector_store
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
-from retrieval_host.serving.wiring import build_run_engine, build_vector_store
 from retrieval_host.settings import HostSettings
 
 ALL_SOURCES: Final = "*"
