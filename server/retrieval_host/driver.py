@@ -167,7 +167,7 @@ class Driver:
         self.ingest_deadline_s = ingest_deadline_s
 
     def run(self, request: RunRequest, context: RequestContext) -> RunResult:
-        """A grounded run to its end (SPEC §3.9); raises the run's typed error if it fails."""
+        """A grounded run to its end; raises the run's typed error if it fails."""
         return self._runs().run(request, context)
 
     def stream_run(
@@ -230,15 +230,15 @@ class Driver:
         return self.runs
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
-        """Authorized similarity search (SPEC §3.5)."""
+        """Authorized similarity search."""
         return self.retrieval.search_context(request, context)
 
     def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
-        """Atomically replace one source revision with prepared passages (SPEC §3.3)."""
+        """Atomically replace one source revision with prepared passages."""
         return self.retrieval.index_context(request, context)
 
     def delete_context(self, request: DeleteRequest, context: RequestContext) -> DeleteResult:
-        """Delete exactly the authorized revision of a source (SPEC §3.4)."""
+        """Delete exactly the authorized revision of a source."""
         return self.retrieval.delete_context(request, context)
 
     def ingest_context(
@@ -248,7 +248,7 @@ class Driver:
         *,
         deadline_s: float | None = None,
     ) -> IndexResult:
-        """Parse a raw document into passages and index them (SPEC §3.8).
+        """Parse a raw document into passages and index them.
 
         The corpus's own chunking identity decides the passage size (an empty one means the
         defaults), measured with the corpus's embedding tokenizer. Before any parsing the

@@ -1,7 +1,7 @@
 """A file-based authorizer over the store's committed revisions: the template for a real app.
 
 The host never decides which sources a subject may read: the application does, through the
-`authorize` callable of each corpus (SPEC §3.2). This module is a small, complete example of
+`authorize` callable of each corpus. This module is a small, complete example of
 that contract, and the one example application factory (`create_driver`, below): the
 quickstart, `config/host.example.json`, the deploy files and the tests all use it.
 

@@ -89,7 +89,7 @@ def _invalid_settings(detail: str) -> RetrievalError:
 
 @dataclass(frozen=True)
 class ChunkingSettings:
-    """How documents are cut into passages; part of the corpus identity (SPEC §3.1).
+    """How documents are cut into passages; part of the corpus identity.
 
     `max_tokens` is measured with the embedding model's own tokenizer, special tokens included,
     and must not exceed the model's `max_input_tokens` (the driver checks this), so no passage
