@@ -15,10 +15,9 @@ from retrieval_host_client._base import (
     BaseClient,
     Call,
     DocumentInput,
-    RunEventReader,
     Upload,
-    transport_error,
 )
+from retrieval_host_client._responses import RunEventReader, transport_error
 from retrieval_host_client.models import (
     DeleteRequest,
     DeleteResponse,
