@@ -14,8 +14,9 @@ and nothing recurses. Start tags are counted as they stream (`IngestLimits.max_h
 `DOCUMENT_TOO_COMPLEX` / `html-elements`); what the tokenizer still spends superlinear time on
 (thousands of unterminated tags) is ended by the parse worker's deadline and CPU limit.
 
-- Dropped: `script`, `style`, `template`, `noscript`, `iframe`, `object`, `svg`, comments,
-  declarations. `<title>` is the default title (else the first `h1`), never passage text.
+- Dropped: `script`, `style`, `template`, `noscript`, `iframe`, `object`, `svg`, form
+  controls' contents (`textarea`, `select`), comments, declarations. `<title>` is the default
+  title (else the first `h1`), never passage text.
 - Sections: each `h1`..`h6` starts one; its heading path (like Markdown's) is kept in source
   metadata as `sections` (`{"headings", "startLine", "endLine"}`, bounded, with
   `sectionsTruncated`). A heading with no text of its own before a deeper heading joins that
