@@ -71,6 +71,9 @@ _SUFFIX_MEDIA_TYPES: Final[Mapping[str, str]] = {
     ".markdown": "text/markdown",
     ".eml": "message/rfc822",
     ".mbox": "application/mbox",
+    ".txt": "text/plain",
+    ".html": "text/html",
+    ".htm": "text/html",
 }
 
 T = TypeVar("T")
@@ -191,7 +194,7 @@ def _media_type(document: DocumentInput, media_type: str | None) -> str:
     raise ValueError(
         "cannot infer the media type: pass media_type= (one of "
         + ", ".join(sorted(set(_SUFFIX_MEDIA_TYPES.values())))
-        + ") or a file named .pdf, .md, .markdown, .eml or .mbox"
+        + ") or a file named .pdf, .md, .markdown, .txt, .html, .htm, .eml or .mbox"
     )
 
 
