@@ -33,7 +33,7 @@ from bench._common import CORPUS, NAMESPACE, REVISION, descriptor
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.ports import Candidate
-from retrieval_host.workers import reuse_port_socket
+from retrieval_host.serving.workers import reuse_port_socket
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -19,6 +19,7 @@ import numpy as np
 
 from bench._common import NAMESPACE, REVISION, Matrix, descriptor
 from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.adapters.wiring import build_vector_store
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import EmbeddingDescriptor
@@ -28,7 +29,6 @@ from retrieval_host.core.ports import AuthorizationRequest, EmbeddingBatch, Gran
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.settings import HostSettings
-from retrieval_host.wiring import build_vector_store
 
 
 class QueryTable:

@@ -44,7 +44,7 @@ from tests.support import ingest_documents as docs
 
 RSS_RATIO_LIMIT = 1.3
 SLOW_PDF = (20, 45_000)  # pages, `(x) Tj` per page: under every bound, ~25 s to extract
-CLI = [sys.executable, "-m", "retrieval_host.cli"]
+CLI = [sys.executable, "-m", "retrieval_host.serving.cli"]
 
 
 def free_port() -> int:

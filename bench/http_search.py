@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with private_directory("rh-bench-http-") as work, ExitStack() as stack:
         tls = make_tls(work)
         from retrieval_host.adapters.sqlite import SqliteVectorStore
-        from retrieval_host.cli import new_token, token_config_entry
+        from retrieval_host.serving.tokens import new_token, token_config_entry
 
         started = time.perf_counter()
         with SqliteVectorStore.open(work / "store.sqlite") as store:
@@ -390,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         targets: dict[str, Target] = {}
         for name, port in (("host", host_port), ("host-uncached", uncached_port)):
-            serve = [sys.executable, "-m", "retrieval_host.cli", "serve", "--config"]
+            serve = [sys.executable, "-m", "retrieval_host.serving.cli", "serve", "--config"]
             host = stack.enter_context(
                 running([*serve, str(work / f"{name}.json")], work / f"{name}.log", env)
             )

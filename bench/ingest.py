@@ -39,13 +39,13 @@ from bench._common import REPO, Verdicts, private_directory
 from bench._machine import describe, usable_cores
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.batch import ingest_paths
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
-from retrieval_host.ingest.batch import ingest_paths
 
 SCIFACT = REPO.parent / "shared" / "data" / "scifact" / "corpus.jsonl"
 TARGET_OVERHEAD = 0.10

@@ -133,7 +133,7 @@ def test_the_example_host_file_is_a_valid_configuration(tmp_path: Path) -> None:
     shutil.copy(REPO / "config" / "host.example.json", tmp_path / "host.json")
     settings = load_settings(tmp_path / "host.json", {})
     assert isinstance(settings, HostSettings)
-    assert settings.application == "example_app:create_driver"
+    assert settings.application == "retrieval_host.example_acl:create_driver"
     assert settings.tls is not None
     assert settings.tls.cert_file == tmp_path / "tls" / "server.pem"
     assert settings.tokens[0].retrieval.search == ("library",)

@@ -6,18 +6,13 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import cast
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.errors import (
-    ErrorCode,
-    RetrievalError,
-    permission_denied,
-    source_unavailable,
-)
+from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
 from retrieval_host.core.models import (
     DeleteRequest,
     DeleteResult,
@@ -26,7 +21,7 @@ from retrieval_host.core.models import (
     SearchRequest,
     SearchResult,
 )
-from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.ports import VectorStore
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import RunEvent, RunRequest, RunResult
@@ -36,7 +31,7 @@ from retrieval_host.ingest import ChunkingSettings, IngestLimits, PreparedDocume
 from retrieval_host.ingest.chunking import Extracted
 from retrieval_host.ingest.document import extract_document, finish_document
 from retrieval_host.ingest.isolation import ParsePool, ParseTask, counter_recipe
-from retrieval_host.ingest.settings import check_media_type, too_complex
+from retrieval_host.ingest.settings import normalize_media_type, too_complex
 
 _DEFAULT_LIMITS = IngestLimits()
 _DONE = object()
@@ -172,7 +167,7 @@ class Driver:
         self.ingest_deadline_s = ingest_deadline_s
 
     def run(self, request: RunRequest, context: RequestContext) -> RunResult:
-        """A grounded run to its end (SPEC §3.9); raises the run's typed error if it fails."""
+        """A grounded run to its end; raises the run's typed error if it fails."""
         return self._runs().run(request, context)
 
     def stream_run(
@@ -182,15 +177,49 @@ class Driver:
         run.completed or run.failed. Events are produced as the run advances."""
         return _stream(self._runs(), request, context)
 
-    def get_run(self, run_id: str, context: RequestContext) -> RunRecord:
-        """The recorded run of this subject, its evidence re-authorized."""
-        return self._runs().get_run(run_id, context)
+    def execute_run(
+        self, request: RunRequest, context: RequestContext, emit: Callable[[RunEvent], None]
+    ) -> None:
+        """The same run with every event sent to `emit` from the calling thread (the HTTP
+        layer's worker): ends with run.completed or run.failed. Errors before a run exists
+        (unknown provider, bad input, a reused key) raise instead."""
+        self._runs().execute(request, context, emit)
+
+    def get_run(
+        self,
+        run_id: str,
+        context: RequestContext,
+        *,
+        permits: Callable[[RunRecord], bool] | None = None,
+    ) -> RunRecord:
+        """The recorded run of this subject, its evidence re-authorized; `permits` may refuse
+        a record (the answer is then the one for a run that does not exist)."""
+        return self._runs().get_run(run_id, context, permits=permits)
+
+    @property
+    def runs_enabled(self) -> bool:
+        """Whether grounded runs are available (a generation provider is configured)."""
+        return self.runs is not None
+
+    @property
+    def stores(self) -> list[VectorStore]:
+        """Every store of the configured corpora, once each (for metrics and readiness)."""
+        return list({id(c.store): c.store for c in self.retrieval.corpora.values()}.values())
+
+    def stores_answer(self) -> bool:
+        """Whether every corpus's store still answers a read (the readiness check). The
+        factory opened the stores and loaded the models before the host started."""
+        try:
+            for corpus in self.retrieval.corpora.values():
+                corpus.store.get_source(corpus.id, "readyz", "readyz")
+        except Exception:
+            return False
+        return True
 
     def close(self) -> None:
         """Close every store once, the run records and the providers. Call after the host
         and its work have stopped."""
-        stores = {id(c.store): c.store for c in self.retrieval.corpora.values()}
-        for store in stores.values():
+        for store in self.stores:
             store.close()
         if self.runs is not None:
             self.runs.close()
@@ -201,15 +230,15 @@ class Driver:
         return self.runs
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
-        """Authorized similarity search (SPEC §3.5)."""
+        """Authorized similarity search."""
         return self.retrieval.search_context(request, context)
 
     def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
-        """Atomically replace one source revision with prepared passages (SPEC §3.3)."""
+        """Atomically replace one source revision with prepared passages."""
         return self.retrieval.index_context(request, context)
 
     def delete_context(self, request: DeleteRequest, context: RequestContext) -> DeleteResult:
-        """Delete exactly the authorized revision of a source (SPEC §3.4)."""
+        """Delete exactly the authorized revision of a source."""
         return self.retrieval.delete_context(request, context)
 
     def ingest_context(
@@ -219,7 +248,7 @@ class Driver:
         *,
         deadline_s: float | None = None,
     ) -> IndexResult:
-        """Parse a raw document into passages and index them (SPEC §3.8).
+        """Parse a raw document into passages and index them.
 
         The corpus's own chunking identity decides the passage size (an empty one means the
         defaults), measured with the corpus's embedding tokenizer. Before any parsing the
@@ -234,12 +263,12 @@ class Driver:
         it passes, the work is cancelled and the answer is `DOCUMENT_TOO_COMPLEX` / `deadline`.
         A failure, a cancel or the deadline at any point leaves the previous revision in place.
         """
-        media_type = check_media_type(request.media_type)
+        media_type = normalize_media_type(request.media_type)
         corpus = self.retrieval.corpus(request.corpus)
         check_id("source id", request.source_id)
         if request.revision is not None:
             check_id("revision", request.revision)
-        _preauthorize(corpus, request, context)
+        self.retrieval.preauthorize_index(corpus.id, request.source_id, request.revision, context)
         settings = ChunkingSettings.from_identity(corpus.chunking)
         if settings.max_tokens > corpus.embedding.max_input_tokens:
             raise RetrievalError(
@@ -311,23 +340,3 @@ class Driver:
             limits=self.ingest_limits,
             cancel=context.cancel,
         )
-
-
-def _preauthorize(corpus: Corpus, request: IngestRequest, context: RequestContext) -> None:
-    """Refuse before parsing when the subject may not index this source at all.
-
-    The same answers as the service gives (`PERMISSION_DENIED` for no grant, the one
-    `SOURCE_UNAVAILABLE` for a source outside it); `index_context` decides again at commit.
-    """
-    asked = AuthorizationRequest("index", corpus.id, (request.source_id,))
-    grant = corpus.authorize(asked, context)
-    context.cancel.progress()
-    if grant is None:
-        raise permission_denied()
-    if not isinstance(grant, Grant):
-        raise TypeError("an authorizer must return a Grant or None")
-    granted = grant.sources.get(request.source_id)
-    if granted is None or (
-        request.revision is not None and granted not in (request.revision, ANY_REVISION)
-    ):
-        raise source_unavailable()

@@ -1,8 +1,9 @@
 """A file-based authorizer over the store's committed revisions: the template for a real app.
 
 The host never decides which sources a subject may read: the application does, through the
-`authorize` callable of each corpus (SPEC §3.2). This module is a small, complete example of
-that contract, used by the quickstart and by `config/example_app.py`:
+`authorize` callable of each corpus. This module is a small, complete example of
+that contract, and the one example application factory (`create_driver`, below): the
+quickstart, `config/host.example.json`, the deploy files and the tests all use it.
 
 - `FileAcl` reads a JSON file mapping each subject to a namespace and, per operation, the
   source ids it may touch (`"*"` = every source). It is re-read when the file changes, so an
@@ -50,13 +51,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.wiring import build_run_engine, build_vector_store
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
 from retrieval_host.settings import HostSettings
-from retrieval_host.wiring import build_run_engine, build_vector_store
 
 ALL_SOURCES: Final = "*"
 

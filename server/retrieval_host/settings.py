@@ -94,7 +94,7 @@ class SecretRef(_Model):
 class ListenSettings(_Model):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8443
-    # Worker processes accepting on the one listening socket (see `retrieval_host.workers`).
+    # Worker processes accepting on the one listening socket (see `retrieval_host.serving.workers`).
     workers: Annotated[int, Field(ge=1, le=64)] = 1
 
 

@@ -48,7 +48,7 @@ def _ready(ca: Path, port: int) -> bool:
 @pytest.mark.slow
 def test_the_readme_example_runs_against_the_quickstart_host(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("retrieval-host")
-    cli = [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.cli"]
+    cli = [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.serving.cli"]
     port = _free_port()
     process = subprocess.Popen(
         [*cli, "quickstart", "--state-dir", "state", "--port", str(port)],

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from retrieval_host.cli import load_factory
+from retrieval_host.serving.factory import load_factory
 from retrieval_host.settings import load_settings
 from tests.support.deploy import DEPLOY, REPO, yaml_documents
 

@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from retrieval_host.cli import load_factory
+from retrieval_host.serving.factory import load_factory
 from retrieval_host.settings import load_settings
 from tests.support.deploy import K8S, k8s_object, k8s_objects
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from retrieval_host.http.server_protocol import HeaderDeadlineProtocol
+from retrieval_host.serving.server_protocol import HeaderDeadlineProtocol
 from tests.e2e.conftest import ALLOWED_ORIGIN, HOST_LIMITS
 from tests.support.host import (
     CORPUS,

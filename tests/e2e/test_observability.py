@@ -23,13 +23,13 @@ import pytest
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.sqlite import SqliteRunStore
-from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.ports import EmbeddingBatch
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import RetrievalService
 from retrieval_host.driver import Driver
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import HostSettings
 from tests.support.host import (
     CORPUS,
@@ -273,6 +273,7 @@ def test_metrics_need_a_token_with_the_metrics_grant(metrics_host: MetricsHost) 
     assert anonymous.json()["code"] == "UNAUTHENTICATED"
     assert not_granted.status_code == 403
     assert not_granted.json()["code"] == "PERMISSION_DENIED"
+    assert "metrics grant" in not_granted.json()["detail"]
     assert wrong.status_code == 401
     assert in_query.status_code == 401
     assert posted.status_code == 405

@@ -834,7 +834,8 @@ async def _storm(host: RunningHost, fake: FakeOpenAI, token: str, seed: int) -> 
 
 
 def busy_run_threads() -> list[str]:
-    """Names of run worker threads currently executing host code (idle ones wait in the pool).
+    """Names of request worker threads (the one executor every route's work runs on, runs
+    included) currently executing host code (idle ones wait in the pool).
 
     Only each thread's innermost frame is read: walking another running thread's `f_back`
     chain (as `traceback.extract_stack` does) can touch a frame that thread is popping, which
@@ -847,7 +848,7 @@ def busy_run_threads() -> list[str]:
         if thread.name.startswith("provider-watchdog"):
             busy.append(thread.name)
             continue
-        if not thread.name.startswith("run_"):
+        if not thread.name.startswith("request-work_"):
             continue
         frame = frames.get(thread.ident or -1)
         if frame is None:

@@ -38,6 +38,7 @@ from retrieval_host.core.runs_model import RunRequest, RunRetrieval
 from retrieval_host.http.app import create_app
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.routes import ingest_media_types
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from tests.support.host import CORPUS, World, build_world
 from tests.support.in_process_runs import RUNNER, add_runs
 
@@ -46,7 +47,7 @@ PROVIDER = "local"  # the extractive provider: the whole run path, no network
 SEEDED_SOURCE = "handbook"  # indexed by `build_world`
 DELETABLE_SOURCE = "fuzz-deletable"  # indexed again before each pinned delete
 
-for _media_type in ("text/markdown", "message/rfc822", "application/mbox"):
+for _media_type in ("text/markdown", "text/html", "message/rfc822", "application/mbox"):
     schemathesis.serializer.alias(_media_type, "text/plain")
 schemathesis.serializer.alias("application/pdf", "application/octet-stream")
 
@@ -82,7 +83,9 @@ POSITIVE_STATUSES = {
     # timeout it chose itself (408).
     "/v1/runs": {200, 404, 408, 409, 422},
     "/v1/runs/{runId}": {200, 404},
+    "/metrics": {200},  # called with the scraper's token (the runner's would get 403)
 }
+SCRAPER = "scraper"  # a token with the metrics grant only
 
 
 def _operations() -> list[tuple[str, str, str]]:
@@ -101,6 +104,10 @@ def fuzz_world(tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalE
     directory = tmp_path_factory.mktemp("fuzz-world")
     world = build_world(directory, local_embedding)
     close_runs = add_runs(world, directory, {PROVIDER: ExtractiveProvider()})
+    world.tokens[SCRAPER] = new_token()
+    world.token_entries.append(
+        {**token_config_entry(world.tokens[SCRAPER], "prom"), "metrics": True}
+    )
     yield world
     close_runs()
     world.close()
@@ -166,7 +173,8 @@ def test_every_operation_conforms_to_its_openapi(
 ) -> None:
     operation = api_schema[path][method.upper()]
     strategy = operation.as_strategy(generation_mode=GenerationMode(mode))
-    auth = {"Authorization": f"Bearer {fuzz_world.tokens[RUNNER]}"}
+    token = fuzz_world.tokens[SCRAPER if path == "/metrics" else RUNNER]
+    auth = {"Authorization": f"Bearer {token}"}
     calls = []
 
     @settings(
@@ -188,7 +196,9 @@ def test_every_operation_conforms_to_its_openapi(
 
     check()
     # Operations without input have a single possible request; the others get every example.
-    takes_input = method == "post" or "{" in path
+    # A secured GET without parameters (`/metrics`) still varies: schemathesis draws the
+    # bearer credential its security scheme names (ours replaces it).
+    takes_input = method == "post" or "{" in path or path == "/metrics"
     assert len(calls) == (EXAMPLES if takes_input else 1)
     if mode == "positive":
         # The pinning works: valid cases reach the core and some succeed.

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.cli import main
+from retrieval_host.batch import ingest_paths
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.ingest.batch import ingest_paths
+from retrieval_host.serving.cli import main
 from tests.support import ingest_documents as docs
 from tests.support.ingest_driver import CORPUS, Host, context, dump_index, make_host, sources
 
@@ -183,8 +183,8 @@ def test_a_bad_file_is_recorded_and_the_batch_goes_on(tmp_path: Path, host: Host
     good = write_corpus(root)[:2]
     bad = root / "broken.pdf"
     bad.write_bytes(b"%PDF-1.7\nnot really a pdf")
-    unknown = root / "notes.txt"
-    unknown.write_text("plain text")
+    unknown = root / "notes.docx"
+    unknown.write_bytes(b"PK\x03\x04 a Word file")
     journal = tmp_path / "journal.jsonl"
     report = ingest_paths(
         host.driver, CORPUS, [good[0], bad, unknown, good[1]], context(), journal_path=journal,
@@ -251,8 +251,7 @@ def test_a_too_complex_file_is_recorded_and_the_batch_goes_on(tmp_path: Path, ho
 def test_the_cli_batch_takes_its_deadline_from_the_host_configuration(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for name in ("host.example.json", "example_app.py"):
-        shutil.copy(REPO / "config" / name, tmp_path / name)
+    shutil.copy(REPO / "config" / "host.example.json", tmp_path / "host.example.json")
     acl = {"subjects": {"ops": {"namespace": "docs", "search": ["*"], "index": ["*"]}}}
     (tmp_path / "acl.json").write_text(json.dumps(acl))
     root = tmp_path / "docs"

@@ -32,13 +32,13 @@ from typing import Any
 
 import apsw
 
-from retrieval_host.cli import build_driver
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import DeleteRequest, SearchRequest
 from retrieval_host.core.ports import AuthorizationRequest
 from retrieval_host.driver import Driver
 from retrieval_host.example_acl import acl_file_content
+from retrieval_host.serving.factory import build_driver
 from retrieval_host.settings import load_settings
 from tests.support.example_app_writer import (
     CORPUS,

@@ -15,10 +15,10 @@ import random
 import sys
 from pathlib import Path
 
-from retrieval_host.cli import build_driver
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import ChunkInput, DeleteRequest, IndexRequest, Location, SourceInfo
+from retrieval_host.serving.factory import build_driver
 from retrieval_host.settings import load_settings
 
 CORPUS = "library"

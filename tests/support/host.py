@@ -29,7 +29,6 @@ import uvicorn
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.sqlite import SqliteVectorStore
-from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
 from retrieval_host.core.ports import (
@@ -44,8 +43,9 @@ from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.example_acl import FileAcl
 from retrieval_host.http.app import HostApp, create_app
-from retrieval_host.http.server import uvicorn_config
 from retrieval_host.ingest import ChunkingSettings
+from retrieval_host.serving.server import uvicorn_config
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import HostSettings
 
 CORPUS = "library"

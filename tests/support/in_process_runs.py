@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from retrieval_host.adapters.sqlite import SqliteRunStore
-from retrieval_host.cli import new_token, token_config_entry
 from retrieval_host.core.run_ports import GenerationProvider
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.driver import Driver
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from tests.support.host import CORPUS, World
 
 RUNNER = "runner"  # the token's name in `world.tokens`; its subject is the world's `admin`

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.ingest.batch import ingest_paths
+from retrieval_host.batch import ingest_paths
 from tests.support.ingest_driver import CORPUS, context, make_host
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from retrieval_host.cli import new_token, token_config_entry
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from tests.support.host import TlsFiles, make_tls, wait_until
 
 CORPUS = "library"
@@ -40,7 +40,9 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 def cli() -> list[str]:
     """The installed `retrieval-host` script beside this interpreter (or `-m` as a fallback)."""
     script = Path(sys.executable).with_name("retrieval-host")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.cli"]
+    return (
+        [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.serving.cli"]
+    )
 
 
 def free_port() -> int:

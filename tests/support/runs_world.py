@@ -35,7 +35,7 @@ import apsw
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.embedding_openai import OpenAIEmbedding
 from retrieval_host.adapters.sqlite import SqliteVectorStore
-from retrieval_host.cli import new_token, token_config_entry
+from retrieval_host.adapters.wiring import build_run_engine
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
@@ -43,8 +43,8 @@ from retrieval_host.core.ports import AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.example_acl import FileAcl
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import HostSettings
-from retrieval_host.wiring import build_run_engine
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
 from tests.support.host import CorpusRevisions, RunningHost, TlsFiles, make_tls
 

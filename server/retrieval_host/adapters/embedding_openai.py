@@ -5,7 +5,7 @@ exact match: a dated or suffixed name such as `text-embedding-3-small-2024-01-25
 model and is refused, because vectors of two model builds are not comparable), the dimensions
 (checked even when the `dimensions` parameter is not sent), one item per input by `index` (no
 duplicates, gaps or extras), plain JSON numbers, finite and not all zero. Any failure raises
-`EMBEDDING_FAILED` with a distinct `reason`, and nothing is retried (SPEC §3.3, §3.6): retrying is
+`EMBEDDING_FAILED` with a distinct `reason`, and nothing is retried: retrying is
 the caller's decision, and an identical index request then confirms `unchanged`.
 
 The API key is read from a callable at each request, sent only in the `Authorization` header, and

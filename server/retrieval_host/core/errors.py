@@ -8,7 +8,7 @@ from typing import Final
 
 
 class ErrorCode(StrEnum):
-    """Stable public error codes (SPEC §4). Clients switch on these, never on titles."""
+    """Stable public error codes. Clients switch on these, never on titles."""
 
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"

@@ -1,4 +1,4 @@
-"""Values of grounded runs: requests, events, results, receipts (SPEC §3.9)."""
+"""Values of grounded runs: requests, events, results, receipts."""
 
 from __future__ import annotations
 

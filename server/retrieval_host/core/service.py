@@ -190,6 +190,22 @@ class RetrievalService:
 
     # --- index -----------------------------------------------------------------------------
 
+    def preauthorize_index(
+        self, corpus_id: str, source_id: str, revision: str | None, context: RequestContext
+    ) -> None:
+        """Refuse early, before costly work for an index (parsing a raw document), when the
+        subject may not index this source at all: the answers `index_context` would give
+        (`PERMISSION_DENIED` for no grant, the one `SOURCE_UNAVAILABLE` for a source or
+        revision outside it). `revision` None accepts any granted revision (it is derived
+        from the content later). `index_context` decides again at commit."""
+        corpus = self.corpus(corpus_id)
+        grant = _authorize(corpus, "index", (source_id,), context)
+        if revision is None:
+            if source_id not in grant.sources:
+                raise source_unavailable()
+        else:
+            _require_index_grant(grant, source_id, revision)
+
     def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
         check_index_request(request)
         corpus = self.corpus(request.corpus)

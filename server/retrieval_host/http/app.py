@@ -35,6 +35,7 @@ from retrieval_host.http.limits import LimitCounters, LimitsMiddleware
 from retrieval_host.http.metrics import HostMetrics, MetricsEndpoint, RequestObserver
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.origin import OriginMiddleware
+from retrieval_host.http.policy import RequestPolicy
 from retrieval_host.http.problems import problem_response
 from retrieval_host.http.request_id import (
     RequestIdMiddleware,
@@ -46,7 +47,6 @@ from retrieval_host.http.routes import Routes, ingest_media_types
 from retrieval_host.http.runs import RunRoutes
 from retrieval_host.http.shutdown import Shutdown
 from retrieval_host.settings import HostSettings
-from retrieval_host_client import run_models as run_wire
 
 logger = logging.getLogger("retrieval_host.http")
 
@@ -131,7 +131,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
     retrieval capabilities, no retrieval routes).
     """
 
-    runs_enabled = driver is not None and driver.runs is not None
+    runs_enabled = driver is not None and driver.runs_enabled
 
     @cache
     def openapi() -> Mapping[str, Any]:
@@ -144,24 +144,19 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
 
     metrics = HostMetrics()
     shutdown = Shutdown(settings.limits.shutdown_grace_s)
-    routes = Routes(
-        settings,
-        driver,
+    policy = RequestPolicy(
         TokenAuthenticator(settings.tokens),
-        openapi,
+        max_concurrency=settings.limits.max_concurrency,
         metrics=metrics,
         shutdown=shutdown,
     )
+    routes = Routes(settings, driver, policy, openapi, metrics=metrics)
     table = routes.routes()
-    run_routes: RunRoutes | None = None
-    if driver is not None and driver.runs is not None:
+    if driver is not None and runs_enabled:
         run_routes = RunRoutes(
-            driver.runs,
-            authenticate=routes.authenticate,
-            parse_body=lambda request: routes.parse_json(request, run_wire.RunRequest),
-            limiter=routes.worker_limiter,
+            driver,
+            policy,
             heartbeat_s=settings.runs.heartbeat_s,
-            max_workers=settings.limits.max_concurrency,
             metrics=metrics,
             shutdown=shutdown,
         )
@@ -175,8 +170,6 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         finally:
             routes.started = False
             routes.close()
-            if run_routes is not None:
-                run_routes.close()
 
     starlette = Starlette(
         routes=table,
@@ -207,7 +200,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
             "origin": origins.rejected,
             "host": hosts.rejected,
         },
-        stores=[c.store for c in driver.retrieval.corpora.values()] if driver else [],
+        stores=driver.stores if driver is not None else [],
     )
     observed = RequestObserver(hosts, metrics, table)
     return HostApp(

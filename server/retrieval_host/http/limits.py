@@ -9,7 +9,7 @@ Pure ASGI, so it sees the body as the server delivers it, before any framework b
   connection so the server stops reading the rest (uvicorn itself holds at most one
   transport read, up to 256 KiB with TLS, beyond what the application took).
 - The body must be complete within `bodyTimeoutS` of the request start (408, connection
-  closed). The header deadline lives in the server protocol (`server_protocol.py`): no ASGI
+  closed). The header deadline lives in the server protocol (`serving/server_protocol.py`): no ASGI
   code runs before the headers are complete.
 - At most `maxConcurrency` requests are in flight; one more is answered `HOST_BUSY` (503) at
   once, never queued. Probes and discovery (`/healthz`, `/readyz`, `/v1/protocol`,

@@ -4,7 +4,7 @@ What a log line may hold is decided here and in the call sites, never by a libra
 (only the subject a token maps to), no query string, no search query, no passage or document
 text and no generated text. The access log names the route *template* (`/v1/runs/{run_id}`),
 not the raw path, so nothing a client puts into a URL reaches the log. uvicorn's own access log
-is off (`server.py`): it would print the raw request line, query string included. Loggers of
+is off (`serving/server.py`): it would print the raw request line, query string included. Loggers of
 libraries that log payloads at debug level (sse-starlette logs every event it sends; httpx
 every URL it calls) are held at `warning` whatever the host's level.
 """

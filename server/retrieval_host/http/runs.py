@@ -1,6 +1,7 @@
 """`POST /v1/runs` (JSON or Server-Sent Events) and `GET /v1/runs/{id}`.
 
-The run executes in a worker thread; its events cross to the event loop through an unbounded
+The routes follow the one request policy (`policy.py`) and call only the Driver. The run
+executes on the policy's worker executor; its events cross to the event loop through an unbounded
 memory stream (a run emits a bounded number of events, so the buffer is bounded by the run).
 A client that disconnects cancels the run: the worker stops at its next check, the provider
 stream is closed, the record says `cancelled`, and the concurrency slot is released when this
@@ -12,23 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import anyio
-import anyio.to_thread
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_ports import RunRecord
-from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import (
     RunCompleted,
     RunEvent,
@@ -36,8 +32,10 @@ from retrieval_host.core.runs_model import (
     RunRequest,
     RunStarted,
 )
+from retrieval_host.driver import Driver
 from retrieval_host.http.auth import Principal, permission_denied
 from retrieval_host.http.metrics import HostMetrics
+from retrieval_host.http.policy import RequestPolicy
 from retrieval_host.http.request_id import request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.wire import runs as wire_runs
@@ -65,30 +63,21 @@ def _wants_stream(request: Request) -> bool:
 
 
 class RunRoutes:
-    """Run handlers. Authentication, body parsing and the worker limiter are shared with the
-    retrieval routes (passed in), so both families enforce the same policy."""
+    """Run handlers, under the same request policy as the retrieval routes (authentication,
+    body parsing, context and the one worker executor)."""
 
     def __init__(
         self,
-        engine: RunEngine,
+        driver: Driver,
+        policy: RequestPolicy,
         *,
-        authenticate: Callable[[Request], Principal],
-        parse_body: Callable[[Request], Any],
-        limiter: Callable[[], anyio.CapacityLimiter],
         heartbeat_s: float,
-        max_workers: int,
         metrics: HostMetrics | None = None,
         shutdown: Shutdown | None = None,
     ) -> None:
-        self._engine = engine
-        self._authenticate = authenticate
-        self._parse_body = parse_body
-        self._limiter = limiter
+        self._driver = driver
+        self._policy = policy
         self._heartbeat_s = heartbeat_s
-        # Made on first use and again after `close`: an app whose lifespan ends and starts
-        # again (an in-process ASGI test client per request) keeps serving runs.
-        self._max_workers = max_workers
-        self._executor: ThreadPoolExecutor | None = None
         self._metrics = metrics
         self._shutdown = shutdown
 
@@ -99,8 +88,8 @@ class RunRoutes:
         ]
 
     async def create(self, request: Request) -> Response:
-        principal = self._authenticate(request)
-        body: wire.RunRequest = await self._parse_body(request)
+        principal = self._policy.authenticate(request)
+        body = await self._policy.parse_json(request, wire.RunRequest)
         if body.provider not in principal.providers:
             raise permission_denied()
         if body.retrieval is not None and body.retrieval.mode != "off":
@@ -109,9 +98,8 @@ class RunRoutes:
         run_request = wire_runs.run_request(body)
         idle = None if body.idle_timeout_ms is None else body.idle_timeout_ms / 1000
         request_id = request_id_of(request.scope)
-        context = RequestContext(principal.subject, CancelToken(idle), request_id)
-        if self._shutdown is not None:
-            self._shutdown.track(context.cancel)
+        # Scans are observed from the run's events (`_start`), not from progress reports.
+        context = self._policy.context(principal, request, idle_s=idle, observe_scans=False)
         queue = self._start(run_request, context)
         try:
             first = await queue.get()
@@ -173,8 +161,8 @@ class RunRoutes:
     def _start(
         self, run_request: RunRequest, context: RequestContext
     ) -> asyncio.Queue[RunEvent | BaseException]:
-        """Run in a worker thread; events cross to this loop through an unbounded queue (a
-        run emits a bounded number of events). Not a task group: an SSE body is iterated in
+        """Run on the policy's worker executor; events cross to this loop through an unbounded
+        queue (a run emits a bounded number of events). Not a task group: an SSE body is iterated in
         another task than the handler's, and the worker must not be tied to either."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RunEvent | BaseException] = asyncio.Queue()
@@ -191,19 +179,12 @@ class RunRoutes:
 
         def work() -> None:
             try:
-                self._engine.execute(run_request, context, emit)
+                self._driver.execute_run(run_request, context, emit)
             except Exception as exc:  # rendered by the handler as a problem
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
 
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self._max_workers, thread_name_prefix="run")
-        loop.run_in_executor(self._executor, work)
+        self._policy.start(work)
         return queue
-
-    def close(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
 
     async def _sse(
         self, events: AsyncGenerator[RunEvent, None], request_id: str
@@ -238,14 +219,15 @@ class RunRoutes:
         return Response(body, media_type="application/json")
 
     async def get(self, request: Request) -> Response:
-        principal = self._authenticate(request)
+        principal = self._policy.authenticate(request)
         run_id = request.path_params["run_id"]
-        context = RequestContext(principal.subject, CancelToken(), request_id_of(request.scope))
-        record = await anyio.to_thread.run_sync(
-            lambda: self._engine.get_run(
+        context = self._policy.context(principal, request, observe_scans=False)
+        record = await self._policy.run(
+            request,
+            context,
+            lambda: self._driver.get_run(
                 run_id, context, permits=lambda r: may_read_run(principal, r)
             ),
-            limiter=self._limiter(),
         )
         body = json.dumps(wire_runs.run_record_json(record), ensure_ascii=False)
         return Response(body, media_type="application/json")

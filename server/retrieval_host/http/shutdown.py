@@ -1,6 +1,6 @@
 """Graceful shutdown of the work in flight when the server is told to stop (SIGTERM).
 
-The server (`server.py`) stops accepting connections and calls `Shutdown.begin`. In-flight
+The server (`serving/server.py`) stops accepting connections and calls `Shutdown.begin`. In-flight
 requests and open run streams then have until the *cutoff* to finish on their own; at the
 cutoff every cancel token still registered is cancelled, so synchronous work stops at its next
 check (an index leaves the previous revision, a run is recorded as cancelled) and each open run

@@ -1,8 +1,9 @@
-"""Ingestion helpers: PDF, Markdown and e-mail files into cited passages (SPEC §3.8).
+"""Ingestion helpers: PDF, Markdown, plain text, HTML and e-mail files into cited passages.
 
 `prepare_document` turns the bytes of one file into a source revision and its passages;
-`Driver.ingest_context` (in `retrieval_host.driver`) indexes them through the same atomic path
-as prepared passages; `batch.ingest_paths` ingests many files resumably.
+`Driver.ingest_context` (in `retrieval_host.driver`, a floor above) indexes them through the
+same atomic path as prepared passages; `retrieval_host.batch.ingest_paths`, above the Driver,
+ingests many files resumably.
 """
 
 from retrieval_host.ingest.document import PreparedDocument, chunk_id, prepare_document

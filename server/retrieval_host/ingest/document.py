@@ -5,8 +5,9 @@ always give the same revision, chunk ids, texts and locations, so indexing them 
 `unchanged` before anything is embedded.
 
 - `documentSha256` is the SHA-256 of the document's full extracted text (UTF-8): the Markdown
-  file, the PDF's page texts joined by form feeds, or the messages' body texts joined by form
-  feeds, after normalization (line breaks to LF, NUL dropped; see `_text.normalize_text`).
+  or plain-text file, the HTML file's visible text line by line (`ingest.html`), the PDF's
+  page texts joined by form feeds, or the messages' body texts joined by form feeds, after
+  normalization (line breaks to LF, NUL dropped; see `_text.normalize_text`).
 - The default revision is `sha256:` + the SHA-256 of the normalized content *as indexed*: that
   text digest plus the derived title and metadata, the media type and the chunking identity.
   Byte noise that changes nothing indexed (CRLF vs LF, a re-saved PDF) keeps the revision;
@@ -34,19 +35,25 @@ from retrieval_host.core.validation import MAX_METADATA_BYTES, check_id
 from retrieval_host.ingest._text import clip, json_size
 from retrieval_host.ingest.chunking import Chunker, Extracted
 from retrieval_host.ingest.email import extract_email
+from retrieval_host.ingest.html import extract_html
 from retrieval_host.ingest.markdown import extract_markdown
 from retrieval_host.ingest.pdf import extract_pdf
+from retrieval_host.ingest.plain_text import extract_plain_text
 from retrieval_host.ingest.settings import (
     CHUNKING_SCHEME,
     EML,
+    HTML,
     MARKDOWN,
     MBOX,
+    MEDIA_TYPES,
     PDF,
+    TEXT,
     ChunkingSettings,
     IngestLimits,
-    check_media_type,
     invalid_document,
+    normalize_media_type,
     too_large,
+    unsupported_media_type,
 )
 
 
@@ -90,19 +97,20 @@ def prepare_document(
     Raises `RetrievalError`: `UNSUPPORTED_MEDIA_TYPE`; `PAYLOAD_TOO_LARGE` with a reason
     (`bytes`, `pages`, `messages`, `mime-parts`, `mime-depth`, `header-bytes`, `html-bytes`,
     `pdf-resource-limit`, `passages`); `DOCUMENT_TOO_COMPLEX` with a reason
-    (`pdf-content-stream`, `pdf-operators`, `passages-per-byte`); `INVALID_DOCUMENT` with a
-    reason (`empty-document`, `content-type-mismatch`, `pdf-encrypted`, `pdf-no-text-layer`,
-    `pdf-malformed`, `markdown-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad
+    (`pdf-content-stream`, `pdf-operators`, `passages-per-byte`, `html-elements`);
+    `INVALID_DOCUMENT` with a reason (`empty-document`, `content-type-mismatch`,
+    `pdf-encrypted`, `pdf-no-text-layer`, `pdf-malformed`, `markdown-not-utf8`,
+    `text-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad
     source id or revision; `CANCELLED`/`TIMEOUT` from `cancel`.
     """
-    check_media_type(media_type)
+    media = normalize_media_type(media_type)
     check_id("source id", source_id)
     if revision is not None:
         check_id("revision", revision)
-    extracted = extract_document(data, media_type, title=title, limits=limits, cancel=cancel)
+    extracted = extract_document(data, media, title=title, limits=limits, cancel=cancel)
     return finish_document(
         extracted,
-        media_type,
+        media,
         input_bytes=len(data),
         source_id=source_id,
         revision=revision,
@@ -125,9 +133,10 @@ def extract_document(
     """The first half of `prepare_document`: check the bytes and extract the text.
 
     This is the part that reads untrusted structure (pypdf, the MIME parser, BeautifulSoup);
-    the host runs it in a parse worker process (`ingest.isolation`).
+    the host runs it in a parse worker process (`ingest.isolation`). `media_type` is already
+    normalized (`normalize_media_type`, at the edge).
     """
-    media = check_media_type(media_type)
+    media = _normalized(media_type)
     if len(data) > limits.max_bytes:
         raise too_large(
             PayloadTooLargeReason.BYTES, f"the document is larger than {limits.max_bytes} bytes."
@@ -151,8 +160,9 @@ def finish_document(
     cancel: CancelToken | None = None,
 ) -> PreparedDocument:
     """The second half of `prepare_document`: cut the extracted text into passages (at most
-    `limits.passage_allowance(input_bytes)`) and derive the revision and chunk ids."""
-    media = check_media_type(media_type)
+    `limits.passage_allowance(input_bytes)`) and derive the revision and chunk ids.
+    `media_type` is already normalized (`normalize_media_type`, at the edge)."""
+    media = _normalized(media_type)
     check_id("source id", source_id)
     if revision is not None:
         check_id("revision", revision)
@@ -207,7 +217,19 @@ def _extract(
         return extract_markdown(data, title)
     if media in (EML, MBOX):
         return extract_email(data, media, title, limits, cancel)
-    raise AssertionError(media)  # check_media_type admits nothing else
+    if media == TEXT:
+        return extract_plain_text(data, title)
+    if media == HTML:
+        return extract_html(data, title, limits, cancel)
+    raise AssertionError(media)  # `_normalized` admits nothing else
+
+
+def _normalized(media_type: str) -> str:
+    # Normalized once at the edge; a caller that skipped it is refused, never re-normalized
+    # here (the revision digest must see the one normalized value).
+    if media_type not in MEDIA_TYPES:
+        raise unsupported_media_type()
+    return media_type
 
 
 def _digest(value: JSONValue) -> str:

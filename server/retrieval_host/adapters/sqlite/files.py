@@ -1,4 +1,4 @@
-"""POSIX checks that keep the SQLite store in a private directory (SPEC §3.7).
+"""POSIX checks that keep the SQLite store in a private directory.
 
 The database, its sidecars and the directories above it must be under the control of the user
 running the host (or root). If anyone else could write to one of them, they could swap the file

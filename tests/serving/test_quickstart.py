@@ -22,7 +22,9 @@ from tests.support.host import wait_until
 
 def _cli() -> list[str]:
     script = Path(sys.executable).with_name("retrieval-host")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.cli"]
+    return (
+        [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.serving.cli"]
+    )
 
 
 def _free_port() -> int:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from retrieval_host.cli import build_driver, close_driver, main
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import SearchRequest
 from retrieval_host.driver import IngestRequest
+from retrieval_host.serving.cli import main
+from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,8 +56,8 @@ def test_serve_reports_a_bad_configuration_without_a_traceback(
 
 @pytest.fixture
 def example_config(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """The example host file and application beside it, with the store in a private dir."""
-    for name in ("host.example.json", "example_app.py", "acl.example.json"):
+    """The example host file and its ACL, with the store in a private dir."""
+    for name in ("host.example.json", "acl.example.json"):
         shutil.copy(REPO / "config" / name, tmp_path / name)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -121,3 +123,39 @@ def test_ingest_indexes_a_folder_and_resumes_from_its_journal(
     assert len(journal.read_text().splitlines()) == 3
     assert main(argv, environ=environ) == 0
     assert "0 indexed, 0 unchanged, 3 skipped, 0 failed" in capsys.readouterr().out
+
+
+def test_version_prints_the_installed_package_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"retrieval-host {version('retrieval-host')}"
+
+
+def test_a_token_without_any_grant_is_made_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["token", "new", "--subject", "nobody"]) == 0
+    printed = capsys.readouterr()
+    assert "rh_" in printed.out  # still made: an operator may add grants in the file
+    assert "warning: this token has no grant" in printed.err
+    assert main(["token", "new", "--metrics"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_folder_walk_picks_up_text_and_html_and_skips_unknown_types(tmp_path: Path) -> None:
+    from retrieval_host.serving.cli import _expand
+
+    for name in ("a.md", "b.txt", "c.html", "d/e.htm", "f.docx", "g.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    files, root = _expand([tmp_path])
+    assert root == tmp_path
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == [
+        "a.md",
+        "b.txt",
+        "c.html",
+        "d/e.htm",
+    ]

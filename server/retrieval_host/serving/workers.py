@@ -76,7 +76,7 @@ def worker_command(config_file: Path, index: int, port: int, channel: int) -> li
     return [
         sys.executable,
         "-m",
-        "retrieval_host.cli",
+        "retrieval_host.serving.cli",
         "serve",
         "--config",
         str(config_file),

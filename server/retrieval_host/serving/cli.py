@@ -1,5 +1,6 @@
 """`retrieval-host`: serve, make tokens, ingest files, and the quickstart.
 
+retrieval-host --version
 retrieval-host serve --config host.json
 retrieval-host token new [--subject S] [--search C]... [--index C]... [--delete C]...
                          [--provider NAME]... [--metrics]
@@ -10,138 +11,39 @@ retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
-import importlib
+import importlib.metadata
 import json
 import logging
 import logging.config
 import os
-import secrets
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
 
+from retrieval_host.batch import ingest_paths
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.driver import Driver
-from retrieval_host.http.auth import token_sha256
 from retrieval_host.ingest import media_type_for_path
-from retrieval_host.ingest.batch import ingest_paths
-from retrieval_host.settings import HostSettings, SettingsError, load_settings
-
-if TYPE_CHECKING:
-    from retrieval_host.workers import WorkerSeat
-
-TOKEN_PREFIX: Final = "rh_"  # noqa: S105 - a prefix, not a secret
-
-
-def new_token() -> str:
-    """A fresh bearer token: 256 random bits, URL-safe, with a recognisable prefix."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def token_config_entry(
-    token: str,
-    subject: str,
-    *,
-    search: Sequence[str] = (),
-    index: Sequence[str] = (),
-    delete: Sequence[str] = (),
-    providers: Sequence[str] = (),
-    metrics: bool = False,
-) -> dict[str, object]:
-    """The `tokens` entry of the host configuration for a token (its hash, never the token)."""
-    entry: dict[str, object] = {
-        "sha256": token_sha256(token),
-        "subject": subject,
-        "providers": list(providers),
-        "retrieval": {"search": list(search), "index": list(index), "delete": list(delete)},
-    }
-    if metrics:
-        entry["metrics"] = True
-    return entry
-
-
-@contextlib.contextmanager
-def _importable(directory: Path) -> Iterator[None]:
-    # The config file's directory is importable while the factory loads, so an application
-    # module can sit beside its config (appended: it never shadows an installed module).
-    added = str(directory) not in sys.path
-    if added:
-        sys.path.append(str(directory))
-    try:
-        yield
-    finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(str(directory))
-
-
-def load_factory(
-    settings: HostSettings,
-) -> Callable[[HostSettings, Mapping[str, str]], Driver] | None:
-    """Import the `module:function` named by `application` (None when there is none)."""
-    if settings.application is None:
-        return None
-    module_name, _, attribute = settings.application.partition(":")
-    with _importable(settings.config_dir):
-        module = importlib.import_module(module_name)
-    factory = getattr(module, attribute, None)
-    if not callable(factory):
-        raise SettingsError(f"application {settings.application} is not a callable")
-    return factory  # type: ignore[no-any-return]
-
-
-def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver | None:
-    """Call the application factory: `factory(settings, environ)` (the environment is passed
-    so secrets named in the configuration can be resolved; nothing else reads os.environ)."""
-    factory = load_factory(settings)
-    if factory is None:
-        return None
-    driver = factory(settings, environ)
-    if not isinstance(driver, Driver):
-        raise SettingsError(f"application {settings.application} did not return a Driver")
-    return driver
-
-
-def close_driver(driver: Driver | None) -> None:
-    """Close what the factory opened (stores, run records, providers)."""
-    if driver is not None:
-        driver.close()
-
-
-def run_server(
-    settings: HostSettings,
-    driver: Driver | None,
-    environ: Mapping[str, str],
-    *,
-    worker: WorkerSeat | None = None,
-) -> None:
-    """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as one of the
-    supervisor's workers when `worker` is given."""
-    from retrieval_host.http.app import create_app
-    from retrieval_host.http.logs import log_config
-    from retrieval_host.http.server import serve
-
-    app = create_app(settings, driver)
-    serve(settings, app, environ, log_config=log_config(settings.log_level), worker=worker)
+from retrieval_host.serving.factory import build_driver, close_driver
+from retrieval_host.serving.tokens import new_token, token_config_entry
+from retrieval_host.settings import SettingsError, load_settings
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from retrieval_host.http.logs import log_config
+    from retrieval_host.serving.server import run_server
 
     settings = load_settings(args.config, environ)
     # JSON lines from the start: the application factory may log while it opens stores.
     logging.config.dictConfig(log_config(settings.log_level))
     worker = None
     if args.worker is not None:
-        from retrieval_host.workers import worker_seat
+        from retrieval_host.serving.workers import worker_seat
 
         worker = worker_seat(settings.listen.host, args.worker)
     elif settings.listen.workers > 1:
-        from retrieval_host.workers import supervise
+        from retrieval_host.serving.workers import supervise
 
         return supervise(args.config, settings, environ)
     driver = build_driver(settings, environ)
@@ -180,7 +82,7 @@ def _ingest(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = load_settings(args.config, environ)
     files, root = _expand(args.paths)
     if not files:
-        print("retrieval-host: no PDF, Markdown or e-mail files found", file=sys.stderr)
+        print("retrieval-host: no PDF, Markdown, text, HTML or e-mail files found", file=sys.stderr)
         return 2
     journal = args.journal or Path(f".retrieval-host-ingest-{args.corpus}.jsonl")
     driver = build_driver(settings, environ)
@@ -235,13 +137,27 @@ def _token_new(args: argparse.Namespace) -> int:
     print()
     print('Add this entry to "tokens" in the host configuration:')
     print(json.dumps(entry))
+    if not (args.search or args.index or args.delete or args.provider or args.metrics):
+        print(
+            "retrieval-host: warning: this token has no grant, so it can do nothing; "
+            "add --search/--index/--delete CORPUS, --provider NAME or --metrics.",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("retrieval-host")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+        return "unknown"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="retrieval-host", description="Authenticated retrieval over HTTPS."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the host from a configuration file")
@@ -271,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--metrics", action="store_true", help="allow GET /metrics")
 
     ingest = commands.add_parser(
-        "ingest", help="index PDF, Markdown and e-mail files into a corpus (resumable)"
+        "ingest", help="index PDF, Markdown, text, HTML and e-mail files into a corpus (resumable)"
     )
     ingest.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or folders")
     ingest.add_argument("--config", required=True, type=Path, help="host configuration JSON")
@@ -313,7 +229,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _token_new(args)
         if args.command == "ingest":
             return _ingest(args, env)
-        from retrieval_host.quickstart import quickstart
+        from retrieval_host.serving.quickstart import quickstart
 
         return quickstart(args.state_dir, port=args.port, serve=not args.no_serve, environ=env)
     except SettingsError as exc:

@@ -25,13 +25,15 @@ from typing import TYPE_CHECKING
 import uvicorn
 from prometheus_client.exposition import start_http_server
 
-from retrieval_host.http.app import HostApp
-from retrieval_host.http.server_protocol import HeaderDeadlineProtocol
+from retrieval_host.driver import Driver
+from retrieval_host.http.app import HostApp, create_app
+from retrieval_host.http.logs import log_config
+from retrieval_host.serving.server_protocol import HeaderDeadlineProtocol
+from retrieval_host.serving.tls import server_context
 from retrieval_host.settings import HostSettings
-from retrieval_host.tls import server_context
 
 if TYPE_CHECKING:
-    from retrieval_host.workers import WorkerSeat
+    from retrieval_host.serving.workers import WorkerSeat
 
 
 class PlainHttpRefused(Exception):
@@ -172,7 +174,7 @@ def serve(
 ) -> None:
     """Serve in the foreground until SIGINT/SIGTERM, then shut down gracefully (see the
     module docstring) and return. `worker`: serve as one of a supervisor's workers, on its
-    own socket on the host's port, ready once every worker serves (`retrieval_host.workers`)."""
+    own socket on the host's port, ready once every worker serves (`serving.workers`)."""
     config = uvicorn_config(settings, app, environ, log_config=log_config)
     host_app = app if isinstance(app, HostApp) else None
     if worker is None:
@@ -191,3 +193,16 @@ def serve(
     server = HostServer(config, host_app, on_serving=lambda: worker.serving(all_serving))
     with loopback_metrics(settings, app, offset=worker.index):
         server.run(sockets=[worker.sock])
+
+
+def run_server(
+    settings: HostSettings,
+    driver: Driver | None,
+    environ: Mapping[str, str],
+    *,
+    worker: WorkerSeat | None = None,
+) -> None:
+    """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as one of the
+    supervisor's workers when `worker` is given."""
+    app = create_app(settings, driver)
+    serve(settings, app, environ, log_config=log_config(settings.log_level), worker=worker)

@@ -1,5 +1,8 @@
 """Batch ingestion of many files, resumable after a crash, stoppable between files.
 
+A caller of the Driver (like the CLI and the HTTP layer), so it sits above it, not in
+`ingest/`: the ingest helpers below the Driver never import it.
+
 Each file is one source, ingested with `Driver.ingest_context`, so each lands atomically: the
 index only ever holds complete revisions. There is no staging area anywhere: a file's passages
 exist only inside the store's replacement transaction until it commits. So a batch that is

@@ -25,13 +25,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from retrieval_host.cli import (
-    build_driver,
-    close_driver,
-    new_token,
-    run_server,
-    token_config_entry,
-)
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import Location
@@ -39,8 +32,11 @@ from retrieval_host.core.runs_model import RunRequest, RunRetrieval
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.example_acl import acl_file_content
 from retrieval_host.ingest import media_type_for_path
+from retrieval_host.serving.factory import build_driver, close_driver
+from retrieval_host.serving.server import run_server
+from retrieval_host.serving.tls import ensure_local_certificates
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import load_settings
-from retrieval_host.tls import ensure_local_certificates
 from retrieval_host_client import validate_source_citations
 
 CORPUS: Final = "library"
@@ -80,9 +76,9 @@ def _display(path: Path) -> str:
 def _samples(state_dir: Path) -> list[Path]:
     target = state_dir / "samples"
     target.mkdir(mode=0o700, exist_ok=True)
-    # Beside this module (package data): `retrieval_host` is a namespace package, which
-    # importlib.resources cannot always enumerate.
-    source = Path(__file__).with_name("samples")
+    # The package data `retrieval_host/samples`, found from this module's file (a directory
+    # listing importlib.resources cannot always give for an editable install).
+    source = Path(__file__).resolve().parent.parent / "samples"
     copied = []
     for item in sorted(source.iterdir()):
         if not item.is_file() or item.name.startswith((".", "_")):

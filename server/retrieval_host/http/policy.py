@@ -1,0 +1,212 @@
+"""The one request policy every route uses: authenticate, parse, the request context, and the
+one worker executor through which all request work leaves the event loop.
+
+Authentication comes first (nothing about a request is examined for an unauthenticated
+caller); bodies are validated strictly by the wire model (only the documented camelCase names
+and JSON types); the context carries the caller's subject, a cancel token the host's shutdown
+tracks, and the request id. The Driver is synchronous: every call of it runs on the one
+executor here, never on the event loop, never on another pool (`anyio.to_thread`, Starlette's
+threadpool): one place bounds and names the threads and decides what a disconnect or the
+shutdown does to the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from email.message import Message as EmailMessage
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.types import Receive
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.http.auth import Principal, TokenAuthenticator
+from retrieval_host.http.metrics import HostMetrics
+from retrieval_host.http.request_id import note_subject, request_id_of
+from retrieval_host.http.shutdown import Shutdown, shutting_down
+from retrieval_host.http.strict import (
+    InvalidRequest,
+    authorization_header,
+    check_unique_keys,
+    key_names,
+)
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+def validation_detail(exc: ValidationError, where: str) -> str:
+    """Locations and messages only: echoing input values could reflect secrets or passages."""
+    parts = []
+    for error in exc.errors(include_input=False, include_url=False, include_context=False)[:5]:
+        loc = ".".join(str(p) for p in error["loc"])
+        parts.append(f"{where}{'.' + loc if loc else ''}: {error['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _media_type(request: Request) -> str | None:
+    raw = request.headers.get("content-type")
+    if raw is None:
+        return None
+    return _parsed_media_type(raw)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_media_type(raw: str) -> str:
+    # The email parser's reading of a Content-Type (parameters, case, malformed values), kept
+    # for the few distinct values clients send: parsing one costs ~15 us per request.
+    parsed = EmailMessage()
+    parsed["content-type"] = raw
+    return parsed.get_content_type().lower()
+
+
+class RequestPolicy:
+    """Authenticate, parse, make the context, run the work: the same for every route.
+
+    The worker threads are made on first use and again after `close` (an app whose lifespan
+    ends and starts again, as an in-process ASGI test client per request does, keeps serving).
+    There are `max_concurrency + 1` of them: the concurrency limit in front of the routes
+    bounds how many requests hold one, and the one beyond it keeps the readiness probe (exempt
+    from the limit) answering while every slot is busy.
+    """
+
+    def __init__(
+        self,
+        authenticator: TokenAuthenticator,
+        *,
+        max_concurrency: int,
+        metrics: HostMetrics | None = None,
+        shutdown: Shutdown | None = None,
+    ) -> None:
+        self.authenticator = authenticator
+        self.metrics = metrics
+        self.shutdown = shutdown
+        self._threads = max_concurrency + 1
+        self._workers: ThreadPoolExecutor | None = None
+
+    # --- authenticate, parse, context ------------------------------------------------------
+
+    def authenticate(self, request: Request) -> Principal:
+        principal = self.authenticator.authenticate(
+            authorization_header(request.scope["headers"]), request.scope.get("query_string", b"")
+        )
+        note_subject(request.scope, principal.subject)
+        return principal
+
+    async def parse_json(self, request: Request, model: type[M]) -> M:
+        if _media_type(request) != "application/json":
+            raise RetrievalError(
+                ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                "Send a JSON body (Content-Type: application/json).",
+            )
+        raw = await request.body()
+        try:
+            body = model.model_validate_json(raw, strict=True, by_alias=True, by_name=False)
+        except ValidationError as exc:
+            check_unique_keys(raw)  # a repeated key is the first thing wrong with a body
+            if any(e["type"] == "json_invalid" for e in exc.errors()):
+                raise InvalidRequest("The body is not valid JSON.", status=400) from None
+            raise InvalidRequest(validation_detail(exc, "body")) from None
+        if not key_names(model).rule_out_duplicates(raw):
+            check_unique_keys(raw)
+        return body
+
+    def context(
+        self,
+        principal: Principal,
+        request: Request,
+        *,
+        idle_s: float | None = None,
+        observe_scans: bool = True,
+    ) -> RequestContext:
+        """The context of one request's work; its cancel token is tracked by the shutdown
+        (released when `run` returns, or by the caller for work started with `start`)."""
+        cancel = CancelToken(idle_s)
+        if self.shutdown is not None:
+            self.shutdown.track(cancel)
+        return RequestContext(
+            subject=principal.subject,
+            cancel=cancel,
+            request_id=request_id_of(request.scope),
+            on_progress=(
+                self.metrics.scan_timer() if observe_scans and self.metrics is not None else None
+            ),
+        )
+
+    # --- the one worker executor -----------------------------------------------------------
+
+    async def run(self, request: Request, context: RequestContext, work: Callable[[], T]) -> T:
+        """Run `work` in a worker thread; a client disconnect cancels it cooperatively.
+
+        Plain asyncio, not a task group and `anyio.to_thread` (their cancel scopes cost more
+        than a search over a cached grant). The handler returns only when the work has
+        returned, even when the handler itself is cancelled: the work's token is cancelled and
+        the thread awaited, so no work outlives its request's concurrency slot. The one
+        exception is the host's shutdown: past the cutoff, work that has not returned within
+        half the wind-down is answered `CANCELLED` (reason `shutdown`) without it
+        (`Shutdown.answer`), so every request ends before the server's own deadline.
+        """
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(self._executor(), work)
+        if self.shutdown is not None:
+            done = self.shutdown.answer(done)
+        watcher = loop.create_task(_cancel_on_disconnect(request.receive, context.cancel))
+        try:
+            try:
+                return await asyncio.shield(done)
+            except asyncio.CancelledError:
+                context.cancel.cancel()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(done)
+                raise
+            except RetrievalError as error:
+                if (
+                    error.code is ErrorCode.CANCELLED
+                    and error.reason != "shutdown"  # already says why (`Shutdown.answer`)
+                    and self.shutdown is not None
+                    and self.shutdown.past_cutoff
+                ):
+                    raise shutting_down() from None
+                raise
+        finally:
+            watcher.cancel()
+            if self.shutdown is not None:
+                self.shutdown.release(context.cancel)
+
+    async def probe(self, work: Callable[[], T]) -> T:
+        """Run a probe's short check (no request context, no cancel) on the same threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), work)
+
+    def start(self, work: Callable[[], None]) -> None:
+        """Start work that outlives the handler's call (a run whose events an SSE body reads
+        in another task): it must report its own outcome and watch its context's token."""
+        asyncio.get_running_loop().run_in_executor(self._executor(), work)
+
+    def close(self) -> None:
+        """After the server stopped: let the work threads go (they finish what they hold;
+        work not yet started is dropped)."""
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.shutdown(wait=False, cancel_futures=True)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._workers is None:
+            self._workers = ThreadPoolExecutor(self._threads, thread_name_prefix="request-work")
+        return self._workers
+
+
+async def _cancel_on_disconnect(receive: Receive, cancel: CancelToken) -> None:
+    # The body has been read by now, so the next message is the disconnect (or nothing).
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel.cancel()
+            return

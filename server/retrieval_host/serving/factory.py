@@ -1,0 +1,61 @@
+"""Loading the application factory the configuration names (`application`: `module:function`)
+and calling it: the one place a host configuration becomes a Driver."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+from retrieval_host.driver import Driver
+from retrieval_host.settings import HostSettings, SettingsError
+
+
+@contextlib.contextmanager
+def _importable(directory: Path) -> Iterator[None]:
+    # The config file's directory is importable while the factory loads, so an application
+    # module can sit beside its config (appended: it never shadows an installed module).
+    added = str(directory) not in sys.path
+    if added:
+        sys.path.append(str(directory))
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(str(directory))
+
+
+def load_factory(
+    settings: HostSettings,
+) -> Callable[[HostSettings, Mapping[str, str]], Driver] | None:
+    """Import the `module:function` named by `application` (None when there is none)."""
+    if settings.application is None:
+        return None
+    module_name, _, attribute = settings.application.partition(":")
+    with _importable(settings.config_dir):
+        module = importlib.import_module(module_name)
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise SettingsError(f"application {settings.application} is not a callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver | None:
+    """Call the application factory: `factory(settings, environ)` (the environment is passed
+    so secrets named in the configuration can be resolved; nothing else reads os.environ)."""
+    factory = load_factory(settings)
+    if factory is None:
+        return None
+    driver = factory(settings, environ)
+    if not isinstance(driver, Driver):
+        raise SettingsError(f"application {settings.application} did not return a Driver")
+    return driver
+
+
+def close_driver(driver: Driver | None) -> None:
+    """Close what the factory opened (stores, run records, providers)."""
+    if driver is not None:
+        driver.close()
