@@ -39,6 +39,7 @@ from retrieval_host.adapters._store_rules import (
     stale_revision,
     stored_source,
 )
+from retrieval_host.adapters.postgres import inspect
 from retrieval_host.adapters.postgres.pool import (
     Connection,
     ConnectionPool,
@@ -64,6 +65,12 @@ from retrieval_host.adapters.postgres.search import Matrix, PgSearchStats, Searc
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.inspection import (
+    PassageSummary,
+    SourceSummary,
+    SourceTotals,
+    StoredPassage,
+)
 from retrieval_host.core.models import JSONScalar
 from retrieval_host.core.ports import (
     Candidate,
@@ -498,6 +505,55 @@ class PgVectorStore(StoreBase):
         if descriptor is None:
             raise corpus_not_open(corpus)
         return descriptor
+
+    # --- inspection (`adapters/postgres/inspect.py`) -------------------------------------------
+
+    def list_sources(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        *,
+        after: str | None,
+        limit: int,
+    ) -> list[SourceSummary]:
+        """The allowed sources at their allowed revision, by source id (see the port)."""
+        dims = self._descriptor(corpus).embedding.dimensions
+        with self._pool.connection() as conn, translated("listing sources"):
+            return inspect.list_sources(
+                conn, self._schema, dims, (corpus, namespace), allowed, after, limit
+            )
+
+    def source_totals(
+        self, corpus: str, namespace: str, allowed: Mapping[str, str]
+    ) -> SourceTotals:
+        """Counts over what `list_sources` would list (see the port)."""
+        dims = self._descriptor(corpus).embedding.dimensions
+        with self._pool.connection() as conn, translated("counting sources"):
+            return inspect.source_totals(conn, self._schema, dims, (corpus, namespace), allowed)
+
+    def list_passages(
+        self,
+        corpus: str,
+        namespace: str,
+        source_id: str,
+        revision: str,
+        *,
+        after: int | None,
+        limit: int,
+    ) -> list[PassageSummary]:
+        """The passages of exactly that revision, by ordinal (see the port)."""
+        self._descriptor(corpus)
+        with self._pool.connection() as conn, translated("listing passages"):
+            return inspect.list_passages(
+                conn, self._schema, (corpus, namespace, source_id, revision), after, limit
+            )
+
+    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
+        """The stored passage with that chunk id, or None (see the port)."""
+        self._descriptor(corpus)
+        with self._pool.connection() as conn, translated("reading a passage"):
+            return inspect.read_passage(conn, self._schema, (corpus, namespace, chunk_id))
 
 
 def _reject_nul(values: Sequence[str | None]) -> None:

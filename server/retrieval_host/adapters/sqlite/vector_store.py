@@ -40,6 +40,7 @@ from retrieval_host.adapters._store_rules import (
     stale_revision,
     stored_source,
 )
+from retrieval_host.adapters.sqlite import inspect
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
 from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scan, Scanner, query_unit
 from retrieval_host.adapters.sqlite.schema import (
@@ -65,6 +66,12 @@ from retrieval_host.adapters.sqlite.tables import (
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import RetrievalError, source_unavailable
+from retrieval_host.core.inspection import (
+    PassageSummary,
+    SourceSummary,
+    SourceTotals,
+    StoredPassage,
+)
 from retrieval_host.core.models import JSONScalar
 from retrieval_host.core.ports import (
     Candidate,
@@ -508,3 +515,52 @@ class SqliteVectorStore(StoreBase):
             self._connection()  # a closed store says so first
             raise corpus_not_open(corpus)
         return state
+
+    # --- inspection (`adapters/sqlite/inspect.py`) ---------------------------------------------
+
+    def list_sources(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        *,
+        after: str | None,
+        limit: int,
+    ) -> list[SourceSummary]:
+        """The allowed sources at their allowed revision, by source id (see the port)."""
+        dims = self._state(corpus).dimensions
+        with self._db_lock, translated("listing sources"):
+            return inspect.list_sources(
+                self._connection(), dims, (corpus, namespace), allowed, after, limit
+            )
+
+    def source_totals(
+        self, corpus: str, namespace: str, allowed: Mapping[str, str]
+    ) -> SourceTotals:
+        """Counts over what `list_sources` would list (see the port)."""
+        dims = self._state(corpus).dimensions
+        with self._db_lock, translated("counting sources"):
+            return inspect.source_totals(self._connection(), dims, (corpus, namespace), allowed)
+
+    def list_passages(
+        self,
+        corpus: str,
+        namespace: str,
+        source_id: str,
+        revision: str,
+        *,
+        after: int | None,
+        limit: int,
+    ) -> list[PassageSummary]:
+        """The passages of exactly that revision, by ordinal (see the port)."""
+        self._state(corpus)
+        with self._db_lock, translated("listing passages"):
+            return inspect.list_passages(
+                self._connection(), (corpus, namespace, source_id, revision), after, limit
+            )
+
+    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
+        """The stored passage with that chunk id, or None (see the port)."""
+        self._state(corpus)
+        with self._db_lock, translated("reading a passage"):
+            return inspect.read_passage(self._connection(), (corpus, namespace, chunk_id))
