@@ -33,15 +33,21 @@ from retrieval_host_client._errors import (
 )
 from retrieval_host_client._sse import ServerSentEvent, SSEDecoder, SSEError
 from retrieval_host_client.models import (
+    CorporaResponse,
+    CorpusInfo,
     DeleteRequest,
     DeleteResponse,
     IndexRequest,
     IndexResponse,
     IngestParams,
+    PageParams,
+    PassageResponse,
     Problem,
     ProtocolInfo,
     SearchRequest,
     SearchResponse,
+    SourceResponse,
+    SourcesResponse,
 )
 from retrieval_host_client.run_models import (
     RunCompletedEvent,
@@ -629,3 +635,75 @@ class BaseClient(Generic[H]):
             "/v1/runs/" + quote(run_id, safe=""),
             _parser(RunRecord, _check_run_record(run_id)),
         )
+
+    # --- inspection: what the token's subject may search -------------------------------------
+
+    def _list_corpora(self) -> Call[CorporaResponse]:
+        return Call("GET", "/v1/corpora", _parser(CorporaResponse))
+
+    def _list_sources(
+        self, corpus: str, *, limit: int | None, cursor: str | None
+    ) -> Call[SourcesResponse]:
+        return Call(
+            "GET",
+            f"/v1/corpora/{_segment(corpus)}/sources",
+            _parser(SourcesResponse, _check_page(cursor)),
+            params=_page(limit, cursor),
+        )
+
+    def _get_source(
+        self, corpus: str, source_id: str, *, limit: int | None, cursor: str | None
+    ) -> Call[SourceResponse]:
+        def check(response: SourceResponse) -> SourceResponse:
+            if response.source.id != source_id:
+                raise ProtocolError("the host answered for another source than asked")
+            return _check_page(cursor)(response)
+
+        return Call(
+            "GET",
+            f"/v1/corpora/{_segment(corpus)}/sources/{_segment(source_id)}",
+            _parser(SourceResponse, check),
+            params=_page(limit, cursor),
+        )
+
+    def _get_passage(self, corpus: str, chunk_id: str) -> Call[PassageResponse]:
+        def check(response: PassageResponse) -> PassageResponse:
+            if response.chunk_id != chunk_id or response.scope.corpus != corpus:
+                raise ProtocolError("the host answered for another passage than asked")
+            return response
+
+        return Call(
+            "GET",
+            f"/v1/corpora/{_segment(corpus)}/passages/{_segment(chunk_id)}",
+            _parser(PassageResponse, check),
+        )
+
+
+def _segment(value: str) -> str:
+    """One path segment: every reserved character escaped (a source id may hold `/`)."""
+    if not value:
+        raise ValueError("corpus, source and chunk ids must not be empty")
+    return quote(value, safe="")
+
+
+def _page(limit: int | None, cursor: str | None) -> dict[str, str]:
+    params = PageParams(limit=limit, cursor=cursor)
+    return {k: str(v) for k, v in params.model_dump(by_alias=True, exclude_none=True).items()}
+
+
+P = TypeVar("P", SourcesResponse, SourceResponse)
+
+
+def _check_page(cursor: str | None) -> Callable[[P], P]:
+    """A page must move on: a `nextCursor` equal to the one sent would page forever."""
+
+    def check(response: P) -> P:
+        if cursor is not None and response.next_cursor == cursor:
+            raise ProtocolError("the host returned the same cursor again")
+        return response
+
+    return check
+
+
+def corpora_of(response: CorporaResponse) -> list[CorpusInfo]:
+    return list(response.corpora)
