@@ -383,7 +383,9 @@ class CorporaResponse(_Response):
 
 
 class SourceListing(_Response):
-    """One visible source at its authorized revision: the revision a delete names."""
+    """One visible source at its authorized revision: the revision a delete names.
+    `media_type` is null for prepared passages, `indexed_at` (the revision's commit time,
+    RFC 3339 UTC) for sources indexed before hosts recorded it."""
 
     id: str
     revision: str

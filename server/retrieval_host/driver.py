@@ -325,7 +325,8 @@ class Driver:
             try:
                 prepared = self._prepare(request, media_type, corpus, settings, context, deadline)
                 context.cancel.check()
-                return self.retrieval.index_context(prepared.index_request(corpus.id), context)
+                indexed = replace(prepared.index_request(corpus.id), media_type=media_type)
+                return self.retrieval.index_context(indexed, context)
             except RetrievalError as exc:
                 if exc.code is ErrorCode.CANCELLED and deadline.expired.is_set():
                     raise too_complex(

@@ -3,13 +3,18 @@ over every store adapter: only allowed sources at exactly the allowed revision e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import apsw
 import numpy as np
+import psycopg
 
 from retrieval_host.core.inspection import SourceTotals
 from retrieval_host.core.models import Location
-from tests.contract.conftest import ContractStore
-from tests.contract.test_store_contract import put
-from tests.support.sqlite_store import unit_vectors
+from tests.contract.conftest import ContractStore, StoreHarness
+from tests.contract.test_store_contract import LIMITS, put
+from tests.support.pg import schema_for, shared_dsn
+from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
 
 def rows(n: int, seed: int = 0) -> np.typing.NDArray[np.float32]:
@@ -104,3 +109,57 @@ def test_ids_with_nul_match_nothing(store: ContractStore) -> None:
     put(store, "a", "r1", rows(1))
     assert ids(store, {"a\x00": "r1", "a": "r1"}, after=None, limit=10) == ["a"]
     assert store.list_passages("c1", "ns", "a\x00", "r1", after=None, limit=10) == []
+
+
+def test_listing_shows_the_recorded_media_type_and_commit_time(store: ContractStore) -> None:
+    source, chunks = revision("typed", "r1", rows(1))
+    typed = replace(source, media_type="text/markdown", indexed_at="2026-12-02T01:02:03.456Z")
+    store.replace_source("c1", "ns", typed, chunks, expected_revision=None, limits=LIMITS)
+    put(store, "untyped", "r1", rows(1, 1))
+    listed = store.list_sources("c1", "ns", {"typed": "r1", "untyped": "r1"}, after=None, limit=9)
+    assert [(s.media_type, s.indexed_at) for s in listed] == [
+        ("text/markdown", "2026-12-02T01:02:03.456Z"),
+        (None, None),
+    ]
+
+
+def _downgrade_to_schema_v1(harness: StoreHarness) -> None:
+    """Make the store's database what the previous release wrote: no media type or time."""
+    if harness.kind == "sqlite":
+        db = apsw.Connection(str(harness.location / "store.db"))
+        db.execute("ALTER TABLE sources DROP COLUMN media_type")
+        db.execute("ALTER TABLE sources DROP COLUMN indexed_at")
+        db.execute("PRAGMA user_version=1")
+        db.close()
+        return
+    schema = schema_for(harness.location)
+    with psycopg.connect(shared_dsn(), autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{schema}".sources DROP COLUMN media_type')
+        conn.execute(f'ALTER TABLE "{schema}".sources DROP COLUMN indexed_at')
+        conn.execute(
+            f"UPDATE \"{schema}\".schema_version SET version = 1 WHERE component = 'vector-store'"
+        )
+
+
+def test_a_store_of_the_previous_schema_migrates_at_open(harness: StoreHarness) -> None:
+    old = harness.open()
+    old.open_corpus(descriptor("c1"))
+    put(old, "old", "r1", rows(2))
+    old.close()
+    _downgrade_to_schema_v1(harness)
+
+    store = harness.open()
+    store.open_corpus(descriptor("c1"))
+    [listed] = store.list_sources("c1", "ns", {"old": "r1"}, after=None, limit=9)
+    assert (listed.id, listed.chunk_count, listed.media_type, listed.indexed_at) == (
+        "old",
+        2,
+        None,
+        None,
+    )
+    source, chunks = revision("new", "r1", rows(1, 3))
+    typed = replace(source, media_type="application/pdf", indexed_at="2026-12-02T00:00:00.000Z")
+    store.replace_source("c1", "ns", typed, chunks, expected_revision=None, limits=LIMITS)
+    [new] = store.list_sources("c1", "ns", {"new": "r1"}, after=None, limit=9)
+    assert new.media_type == "application/pdf"
+    harness.open().close()  # opening the migrated database again changes nothing

@@ -65,6 +65,8 @@ async def test_sources_page_by_cursor_over_authorized_sources(
     first = await client.get(f"/v1/corpora/{CORPUS}/sources?limit=1", headers=auth)
     assert first.status_code == 200, first.text
     [handbook] = first.json()["sources"]
+    indexed_at = handbook.pop("indexedAt")
+    assert isinstance(indexed_at, str) and indexed_at.endswith("Z")
     assert handbook == {
         "id": "handbook",
         "revision": "r1",
@@ -73,7 +75,6 @@ async def test_sources_page_by_cursor_over_authorized_sources(
         "metadata": {},
         "chunkCount": len(HANDBOOK),
         "bytes": sum(len(t.encode()) for t in HANDBOOK),
-        "indexedAt": None,
     }
     cursor = first.json()["nextCursor"]
     second = await client.get(
@@ -155,3 +156,33 @@ async def test_a_passage_reads_like_a_hit_and_the_token_grant_comes_first(
         _problem(bob, 403, "PERMISSION_DENIED")
         ghost = await client.get(f"/v1/corpora/atlantis/{path}", headers=_auth(http_world, "ghost"))
         _problem(ghost, 403, "PERMISSION_DENIED")
+
+
+async def test_an_ingested_document_lists_its_media_type_and_ids_may_hold_slashes(
+    client: httpx.AsyncClient, http_world: World
+) -> None:
+    auth = _auth(http_world, "admin")
+    source_id = "notes/2026/today.md"
+    ingested = await client.post(
+        "/v1/retrieval/ingest",
+        params={"corpus": CORPUS, "sourceId": source_id},
+        content=b"# Today\n\nOtters were seen near the weir.\n",
+        headers={**auth, "Content-Type": "text/markdown; charset=utf-8"},
+    )
+    assert ingested.status_code == 200, ingested.text
+    revision = ingested.json()["source"]["revision"]
+    for path in (f"sources/{source_id}", "sources/notes%2F2026%2Ftoday.md"):
+        shown = await client.get(f"/v1/corpora/{CORPUS}/{path}", headers=auth)
+        assert shown.status_code == 200, shown.text
+        source = shown.json()["source"]
+        assert (source["id"], source["revision"], source["mediaType"]) == (
+            source_id,
+            revision,
+            "text/markdown",
+        )
+    chunk_id = shown.json()["passages"][0]["chunkId"]
+    passage = await client.get(f"/v1/corpora/{CORPUS}/passages/{chunk_id}", headers=auth)
+    assert passage.status_code == 200, passage.text
+    assert "Otters" in passage.json()["text"]
+    delete = {"corpus": CORPUS, "sourceId": source_id, "revision": revision}
+    assert (await client.post("/v1/retrieval/delete", json=delete, headers=auth)).status_code == 200

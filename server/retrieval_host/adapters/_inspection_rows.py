@@ -16,7 +16,8 @@ from retrieval_host.core.models import Location
 
 # Sources are aliased `s`, passages `c`.
 LISTED_SOURCE_COLUMNS: Final = (
-    "s.source_id, s.revision, s.title, s.metadata_json, s.chunk_count, s.payload_bytes"
+    "s.source_id, s.revision, s.title, s.metadata_json, s.chunk_count, s.payload_bytes, "
+    "s.media_type, s.indexed_at"
 )
 TOTAL_COLUMNS: Final = (
     "COUNT(*), COALESCE(SUM(s.chunk_count), 0), COALESCE(SUM(s.payload_bytes), 0)"
@@ -37,7 +38,7 @@ def text_bytes(payload_bytes: int, passages: int, dimensions: int) -> int:
 
 
 def listed_source(row: Sequence[Any], dimensions: int) -> SourceSummary:
-    source_id, revision, title, metadata_json, chunk_count, payload = row
+    source_id, revision, title, metadata_json, chunk_count, payload, media_type, indexed_at = row
     return SourceSummary(
         id=str(source_id),
         revision=str(revision),
@@ -45,6 +46,8 @@ def listed_source(row: Sequence[Any], dimensions: int) -> SourceSummary:
         metadata=json.loads(str(metadata_json)),
         chunk_count=int(chunk_count),
         bytes=text_bytes(int(payload), int(chunk_count), dimensions),
+        media_type=None if media_type is None else str(media_type),
+        indexed_at=None if indexed_at is None else str(indexed_at),
     )
 
 

@@ -96,6 +96,9 @@ class StoredSource:
     # under one revision mean an identical re-index (`unchanged`), different ones a conflict.
     fingerprint: str
     chunk_count: int
+    # Recorded with the revision, shown by inspection; None for rows written before they were.
+    media_type: str | None = None  # the document's type when ingested from a raw document
+    indexed_at: str | None = None  # when this revision was committed (RFC 3339, UTC)
 
 
 @dataclass(frozen=True, slots=True)

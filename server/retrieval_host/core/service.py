@@ -293,6 +293,8 @@ class RetrievalService:
             document_sha256=document_sha256,
             fingerprint=fingerprint,
             chunk_count=len(request.chunks),
+            media_type=request.media_type,
+            indexed_at=self._clock(),
         )
         chunks = [
             StoredChunk(c.id, i, c.text, c.location, batch.vectors[i])

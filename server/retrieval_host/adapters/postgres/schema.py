@@ -29,7 +29,7 @@ from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReaso
 
 DEFAULT_SCHEMA: Final = "retrieval_host"
 VECTOR_COMPONENT: Final = "vector-store"
-VECTOR_SCHEMA_VERSION: Final = 1
+VECTOR_SCHEMA_VERSION: Final = 2
 HNSW_MAX_DIMENSIONS: Final = 2000  # pgvector's limit for an HNSW index on `vector`
 HNSW_BUILD_MEMORY: Final = "512MB"
 HNSW_BUILD_WAIT_S: Final = 3600.0  # how long a replica waits for another one's index build
@@ -222,6 +222,8 @@ VECTOR_TABLES: Final[Mapping[str, Mapping[str, str]]] = {
         "fingerprint": "text",
         "chunk_count": "int8",
         "payload_bytes": "int8",
+        "media_type": "text",
+        "indexed_at": "text",
     },
     "chunks": {
         "id": "int8",
@@ -260,6 +262,8 @@ VECTOR_DDL: Final = (
         fingerprint text NOT NULL,
         chunk_count bigint NOT NULL,
         payload_bytes bigint NOT NULL,
+        media_type text,
+        indexed_at text,
         CONSTRAINT sources_source_key UNIQUE (corpus_id, namespace, source_id)
     )""",
     """CREATE TABLE {s}.chunks (
@@ -280,6 +284,14 @@ VECTOR_DDL: Final = (
         CONSTRAINT chunks_ordinal_key UNIQUE (source_pk, ordinal)
     )""",
 )
+
+# Version 1 recorded no media type and commit time (NULL for the sources it holds).
+VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[str]]] = {
+    1: (
+        "ALTER TABLE {s}.sources ADD COLUMN media_type text",
+        "ALTER TABLE {s}.sources ADD COLUMN indexed_at text",
+    )
+}
 
 # Binary COPY column types of `chunks`, in the order `replace_source` writes them.
 COPY_TYPES: Final = "int8 text text text int8 text int8 int8 int8 text int4 vector".split()

@@ -52,6 +52,7 @@ from retrieval_host.adapters.postgres.schema import (
     DEFAULT_SCHEMA,
     VECTOR_COMPONENT,
     VECTOR_DDL,
+    VECTOR_MIGRATIONS,
     VECTOR_SCHEMA_VERSION,
     VECTOR_TABLES,
     check_schema_name,
@@ -177,6 +178,7 @@ class PgVectorStore(StoreBase):
                     VECTOR_SCHEMA_VERSION,
                     VECTOR_TABLES,
                     VECTOR_DDL,
+                    VECTOR_MIGRATIONS,
                 )
         except BaseException:
             pool.close()
@@ -304,6 +306,7 @@ class PgVectorStore(StoreBase):
             [
                 *(corpus, namespace, source.source_id, source.revision, source.title),
                 *(metadata_json, source.document_sha256, source.fingerprint),
+                *(source.media_type, source.indexed_at),
                 *chunk_ids,
                 *(c.text for c in chunks),
                 *(c.location.document_id for c in chunks),
@@ -324,8 +327,9 @@ class PgVectorStore(StoreBase):
                 self._sql(
                     "INSERT INTO {s}.sources (corpus_id, namespace, source_id, revision, "
                     "title, metadata_json, metadata, document_sha256, fingerprint, "
-                    "chunk_count, payload_bytes) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s) RETURNING id"
+                    "chunk_count, payload_bytes, media_type, indexed_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s) "
+                    "RETURNING id"
                 ),
                 (
                     *key,
@@ -337,6 +341,8 @@ class PgVectorStore(StoreBase):
                     source.fingerprint,
                     len(chunks),
                     payload,
+                    source.media_type,
+                    source.indexed_at,
                 ),
             ).fetchone()
             assert inserted is not None  # RETURNING of a successful INSERT

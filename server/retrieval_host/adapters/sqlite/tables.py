@@ -24,7 +24,7 @@ from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.core.reasons import StoreUnavailableReason
 
 APPLICATION_ID: Final = 0x52485653  # "RHVS": retrieval-host vector store
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _SCHEMA: Final = (
     """CREATE TABLE corpora (
@@ -45,6 +45,8 @@ _SCHEMA: Final = (
         chunk_count INTEGER NOT NULL,
         payload_bytes INTEGER NOT NULL,
         generation INTEGER NOT NULL,
+        media_type TEXT,
+        indexed_at TEXT,
         UNIQUE (corpus_id, namespace, source_id)
     ) STRICT""",
     """CREATE TABLE chunks (
@@ -63,8 +65,19 @@ _SCHEMA: Final = (
         UNIQUE (source_pk, ordinal)
     ) STRICT""",
 )
+# Version 1 recorded no media type and commit time (NULL for the sources it holds).
+_MIGRATIONS: Final = {
+    1: (
+        "ALTER TABLE sources ADD COLUMN media_type TEXT",
+        "ALTER TABLE sources ADD COLUMN indexed_at TEXT",
+    )
+}
 IDENTITY: Final = Identity(
-    APPLICATION_ID, SCHEMA_VERSION, frozenset({"corpora", "sources", "chunks"}), _SCHEMA
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    frozenset({"corpora", "sources", "chunks"}),
+    _SCHEMA,
+    _MIGRATIONS,
 )
 
 

@@ -257,8 +257,8 @@ class SqliteVectorStore(StoreBase):
                     conn.execute(
                         "INSERT INTO sources (corpus_id, namespace, source_id, revision, "
                         "title, metadata_json, document_sha256, fingerprint, chunk_count, "
-                        "payload_bytes, generation) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        "payload_bytes, generation, media_type, indexed_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                         (
                             *key,
                             source.revision,
@@ -269,6 +269,8 @@ class SqliteVectorStore(StoreBase):
                             len(chunks),
                             checked.payload,
                             generation,
+                            source.media_type,
+                            source.indexed_at,
                         ),
                     )
                 )[0]
