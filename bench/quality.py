@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast, get_args
 
 if __package__ in (None, ""):  # run as `python bench/quality.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,7 +61,7 @@ from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import IndexResult, SearchRequest, SearchResult
+from retrieval_host.core.models import IndexResult, SearchMode, SearchRequest, SearchResult
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, EmbeddingAdapter, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.validation import check_id
@@ -429,13 +429,13 @@ def _ingest(
 def mode_supported(mode: str) -> bool:
     """Whether this build's search takes `mode` (a field of the request), or it is `dense`,
     the only thing a search without the field does."""
-    return "mode" in {f.name for f in fields(SearchRequest)} or mode == "dense"
+    return mode in get_args(SearchMode) and (
+        "mode" in {f.name for f in fields(SearchRequest)} or mode == "dense"
+    )
 
 
 def _request(query: str, mode: str) -> SearchRequest:
-    if "mode" in {f.name for f in fields(SearchRequest)}:
-        return SearchRequest(CORPUS, query, limit=SEARCH_LIMIT, mode=mode)  # type: ignore[call-arg, unused-ignore]
-    return SearchRequest(CORPUS, query, limit=SEARCH_LIMIT)
+    return SearchRequest(CORPUS, query, limit=SEARCH_LIMIT, mode=cast(SearchMode, mode))
 
 
 @dataclass(frozen=True)

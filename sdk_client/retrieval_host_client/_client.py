@@ -15,11 +15,9 @@ from retrieval_host_client._base import (
     BaseClient,
     Call,
     DocumentInput,
-    RunEventReader,
     Upload,
-    corpora_of,
-    transport_error,
 )
+from retrieval_host_client._responses import RunEventReader, corpora_of, transport_error
 from retrieval_host_client.models import (
     CorpusInfo,
     DeleteRequest,
@@ -170,11 +168,12 @@ class Client(BaseClient[httpx.Client]):
         title: str | None = None,
         media_type: str | None = None,
     ) -> IndexResponse:
-        """Upload a raw PDF, Markdown or e-mail document; the host parses and indexes it.
+        """Upload a raw PDF, Markdown, text, HTML or e-mail document; the host parses and
+        indexes it.
 
         `document` is a path (streamed from disk in chunks), bytes, or a binary file object
         (read in chunks from its position, not closed). `media_type` defaults to the one of
-        the file name's suffix (.pdf, .md/.markdown, .eml, .mbox).
+        the file name's suffix (.pdf, .md/.markdown, .txt, .html/.htm, .eml, .mbox).
         """
         return self._send(
             self._ingest(

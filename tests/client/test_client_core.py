@@ -30,7 +30,7 @@ from retrieval_host_client import (
     RunResult,
     SourceConflictError,
 )
-from retrieval_host_client._base import RunEventReader, check_run_result, error_for
+from retrieval_host_client._responses import RunEventReader, check_run_result, error_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_CODES = [

@@ -197,10 +197,14 @@ def test_ingest_bytes_and_file_objects_in_chunks(api: ClientApi, mode: str) -> N
 
 
 def test_ingest_infers_the_media_type_or_refuses_before_sending(
-    api: ClientApi, tmp_path: Path
+    api: ClientApi, mode: str, tmp_path: Path
 ) -> None:
-    unknown = tmp_path / "note.txt"
-    unknown.write_text("plain", encoding="utf-8")
+    page = tmp_path / "quay.html"
+    page.write_text("<h1>Quay</h1>\n<p>The quay opens at dawn.</p>\n", encoding="utf-8")
+    indexed = api.ingest_context(page, corpus=CORPUS, source_id=f"{mode}-quay-page")
+    assert indexed.status == "indexed" and indexed.chunk_count == 1
+    unknown = tmp_path / "note.docx"
+    unknown.write_bytes(b"PK\x03\x04")
     with pytest.raises(ValueError, match="media_type"):
         api.ingest_context(unknown, corpus=CORPUS, source_id="x")
     with pytest.raises(ValueError, match="media_type"):
@@ -209,7 +213,7 @@ def test_ingest_infers_the_media_type_or_refuses_before_sending(
 
 def test_ingest_errors_are_typed_by_code(api: ClientApi, mode: str, tmp_path: Path) -> None:
     with pytest.raises(UnsupportedMediaTypeError) as unsupported:
-        api.ingest_context(b"plain text", corpus=CORPUS, source_id="x", media_type="text/plain")
+        api.ingest_context(b"\x89PNG", corpus=CORPUS, source_id="x", media_type="image/png")
     assert unsupported.value.status == 415
     with pytest.raises(InvalidDocumentError) as invalid:
         api.ingest_context(b"not a pdf at all", corpus=CORPUS, source_id=f"{mode}-bad-pdf",

@@ -3,7 +3,8 @@
 A fixed corpus (two namespaces, current and superseded revisions) is indexed once through the
 service; every example then draws a grant and a request. Search must return only passages of
 the granted namespace at exactly the granted revisions, as many as the limit allows, and treat
-an explicit id that is not granted or not current exactly like a missing one.
+an explicit id that is not granted or not current exactly like a missing one: in each search
+mode (dense, lexical, hybrid), whose grant path is the same.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from hypothesis import strategies as st
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
-from retrieval_host.core.models import ChunkInput, IndexRequest, SearchRequest, SourceInfo
+from retrieval_host.core.lexical import query_terms, term_frequencies
+from retrieval_host.core.models import (
+    ChunkInput,
+    IndexRequest,
+    SearchMode,
+    SearchRequest,
+    SourceInfo,
+)
 from retrieval_host.core.ports import ANY_REVISION, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from tests.contract.conftest import STORE_KINDS, _open_store
@@ -84,6 +92,7 @@ grant_revisions = st.sampled_from(["current", "superseded", "never-written", ANY
     explicit=st.none() | st.lists(st.sampled_from((*SOURCES, "ghost")), min_size=1, max_size=3),
     query=st.sampled_from(QUERIES),
     limit=st.integers(1, 10),
+    mode=st.sampled_from(["dense", "lexical", "hybrid"]),
 )
 def test_search_returns_only_granted_namespace_sources_and_revisions(
     indexed: Indexed,
@@ -92,6 +101,7 @@ def test_search_returns_only_granted_namespace_sources_and_revisions(
     explicit: list[str] | None,
     query: str,
     limit: int,
+    mode: SearchMode,
 ) -> None:
     def resolve(source_id: str, choice: str) -> str:
         rev = indexed.current.get((namespace, source_id), ("r1", 0))[0]
@@ -109,7 +119,7 @@ def test_search_returns_only_granted_namespace_sources_and_revisions(
         stored = indexed.current.get((namespace, sid))
         return stored is not None and stored[0] == exact.get(sid)
 
-    request = SearchRequest("docs", query, source_ids=explicit, limit=limit)
+    request = SearchRequest("docs", query, source_ids=explicit, limit=limit, mode=mode)
     context = RequestContext(subject="reader")
     if explicit is not None and not all(is_current(sid) for sid in explicit):
         with pytest.raises(RetrievalError) as excinfo:
@@ -126,7 +136,20 @@ def test_search_returns_only_granted_namespace_sources_and_revisions(
         assert hit.source.id in wanted
         assert exact[hit.source.id] == hit.source.revision
         assert hit.text in _texts(namespace, hit.source.id, hit.source.revision, 3)
-    available = sum(indexed.current[(namespace, sid)][1] for sid in wanted if is_current(sid))
+    passages = [
+        text
+        for sid in wanted
+        if is_current(sid)
+        for text in _texts(namespace, sid, *indexed.current[(namespace, sid)])
+    ]
+    if mode == "lexical":  # only passages sharing a term with the query are ranked
+        terms = set(query_terms(query))
+        passages = [p for p in passages if terms & set(term_frequencies(p))]
+        assert all(terms & set(term_frequencies(hit.text)) for hit in result.hits)
+        assert all(set(hit.scores) == {"lexical"} for hit in result.hits)
+    if mode == "dense":
+        assert all(set(hit.scores) == {"dense"} for hit in result.hits)
+    available = len(passages)
     assert len(result.hits) == min(limit, available)
     assert result.truncated == (available > limit)
 

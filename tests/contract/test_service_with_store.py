@@ -16,7 +16,9 @@ from retrieval_host.core.models import (
     IndexRequest,
     Location,
     Operation,
+    SearchMode,
     SearchRequest,
+    SearchResult,
     SourceInfo,
 )
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
@@ -130,3 +132,57 @@ def test_an_unauthorized_and_a_missing_source_give_identical_errors(setup: Setup
     unauthorized, missing, stale = error_for("b"), error_for("ghost"), error_for("a")
     assert unauthorized[0] is ErrorCode.SOURCE_UNAVAILABLE
     assert unauthorized == missing == stale
+
+
+def test_each_search_mode_ranks_and_names_its_scores(setup: Setup) -> None:
+    setup.service.index_context(index_request("a", "r1"), ctx())
+    setup.service.index_context(index_request("b", "r1"), ctx())
+    setup.book.grants["search"] = Grant("team", {"a": "r1", "b": "r1"})
+
+    def search(mode: SearchMode, query: str = "otters rocks") -> SearchResult:
+        return setup.service.search_context(SearchRequest("docs", query, mode=mode), ctx())
+
+    dense, lexical, hybrid = search("dense"), search("lexical"), search("hybrid")
+    assert SearchRequest("docs", "q").mode == "dense"  # until the wire carries the field
+    assert dense.usage.requests == 1 and hybrid.usage.requests == 1
+    assert lexical.usage == EmbeddingUsage()  # no query embedding for a lexical search
+    # Lexical ranks only passages with a query term, the one with both terms first.
+    assert [h.text for h in lexical.hits] == PASSAGES["a"][::-1]
+    assert all(
+        h.score == h.scores["lexical"] and set(h.scores) == {"lexical"} for h in lexical.hits
+    )
+    assert all(set(h.scores) == {"dense"} for h in dense.hits)
+    # Hybrid keeps every passage dense found, its fused score in [0, 1], both raw scores kept.
+    assert sorted(h.chunk_id for h in hybrid.hits) == sorted(h.chunk_id for h in dense.hits)
+    assert hybrid.hits[0].text == "Sea otters use rocks as tools."
+    assert set(hybrid.hits[0].scores) == {"dense", "lexical"}
+    assert all(0.0 <= h.score <= 1.0 for h in hybrid.hits)
+    # A limit and the byte budget apply to the fused ranking as before.
+    one = setup.service.search_context(
+        SearchRequest("docs", "otters rocks", limit=1, mode="hybrid"), ctx()
+    )
+    assert [h.chunk_id for h in one.hits] == [hybrid.hits[0].chunk_id] and one.truncated
+    with pytest.raises(RetrievalError) as excinfo:
+        search("fuzzy")  # type: ignore[arg-type]
+    assert excinfo.value.code is ErrorCode.INVALID_REQUEST
+
+
+def test_lexical_and_hybrid_search_ask_the_authorizer_like_dense(setup: Setup) -> None:
+    setup.service.index_context(index_request("a", "r1"), ctx())
+    setup.service.index_context(index_request("b", "r1"), ctx())
+    for mode in ("lexical", "hybrid"):
+        setup.book.grants["search"] = Grant("team", {"b": "r1"})
+        setup.book.calls.clear()
+        hits = setup.service.search_context(
+            SearchRequest("docs", "otters invoice", mode=mode),
+            ctx(),
+        ).hits
+        assert {h.source.id for h in hits} == {"b"}
+        assert [c.operation for c in setup.book.calls] == ["search", "search"]  # before, after
+        setup.book.grants["search"] = None
+        with pytest.raises(RetrievalError) as excinfo:
+            setup.service.search_context(
+                SearchRequest("docs", "otters", mode=mode),
+                ctx(),
+            )
+        assert excinfo.value.code is ErrorCode.PERMISSION_DENIED

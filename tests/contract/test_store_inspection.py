@@ -8,13 +8,27 @@ from dataclasses import replace
 import apsw
 import numpy as np
 import psycopg
+import pytest
+from psycopg import sql
 
+from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
+from retrieval_host.adapters.sqlite.tables import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.inspection import SourceTotals
+from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import Location
 from tests.contract.conftest import ContractStore, StoreHarness
 from tests.contract.test_store_contract import LIMITS, put
 from tests.support.pg import schema_for, shared_dsn
+from tests.support.previous_vector_store import (
+    pg_v1_schema,
+    pg_v2_schema,
+    sqlite_v1_database,
+    sqlite_v2_database,
+)
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
+
+CURRENT_VERSION = {"sqlite": SQLITE_SCHEMA_VERSION, "pgvector": VECTOR_SCHEMA_VERSION}
 
 
 def rows(n: int, seed: int = 0) -> np.typing.NDArray[np.float32]:
@@ -123,33 +137,46 @@ def test_listing_shows_the_recorded_media_type_and_commit_time(store: ContractSt
     ]
 
 
-def _downgrade_to_schema_v1(harness: StoreHarness) -> None:
-    """Make the store's database what the previous release wrote: no media type or time."""
+# What a store of an earlier schema holds: one source of two passages at r1.
+PREVIOUS = {("ns", "old"): ["An old passage.", "Another old passage."]}
+
+
+def _previous_store(harness: StoreHarness, version: int) -> None:
+    """The store's database exactly as the release of schema `version` left it."""
+    if harness.kind == "sqlite":
+        harness.location.chmod(0o700)
+        build = sqlite_v1_database if version == 1 else sqlite_v2_database
+        build(harness.location / "store.db", descriptor("c1"), PREVIOUS)
+    else:
+        build_pg = pg_v1_schema if version == 1 else pg_v2_schema
+        build_pg(shared_dsn(), schema_for(harness.location), descriptor("c1"), PREVIOUS)
+
+
+def _stored_version(harness: StoreHarness) -> int:
     if harness.kind == "sqlite":
         db = apsw.Connection(str(harness.location / "store.db"))
-        db.execute("ALTER TABLE sources DROP COLUMN media_type")
-        db.execute("ALTER TABLE sources DROP COLUMN indexed_at")
-        db.execute("PRAGMA user_version=1")
-        db.close()
-        return
+        try:
+            return int(str(db.execute("PRAGMA user_version").fetchall()[0][0]))
+        finally:
+            db.close()
     schema = schema_for(harness.location)
     with psycopg.connect(shared_dsn(), autocommit=True) as conn:
-        conn.execute(f'ALTER TABLE "{schema}".sources DROP COLUMN media_type')
-        conn.execute(f'ALTER TABLE "{schema}".sources DROP COLUMN indexed_at')
-        conn.execute(
-            f"UPDATE \"{schema}\".schema_version SET version = 1 WHERE component = 'vector-store'"
-        )
+        row = conn.execute(
+            sql.SQL(
+                "SELECT version FROM {}.schema_version WHERE component = 'vector-store'"
+            ).format(sql.Identifier(schema))
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
-def test_a_store_of_the_previous_schema_migrates_at_open(harness: StoreHarness) -> None:
-    old = harness.open()
-    old.open_corpus(descriptor("c1"))
-    put(old, "old", "r1", rows(2))
-    old.close()
-    _downgrade_to_schema_v1(harness)
+@pytest.mark.parametrize("version", [1, 2], ids=["before-lexical", "lexical"])
+def test_a_store_of_an_earlier_schema_migrates_at_open(harness: StoreHarness, version: int) -> None:
+    _previous_store(harness, version)
 
     store = harness.open()
     store.open_corpus(descriptor("c1"))
+    assert _stored_version(harness) == CURRENT_VERSION[harness.kind] == 3
     [listed] = store.list_sources("c1", "ns", {"old": "r1"}, after=None, limit=9)
     assert (listed.id, listed.chunk_count, listed.media_type, listed.indexed_at) == (
         "old",
@@ -157,9 +184,13 @@ def test_a_store_of_the_previous_schema_migrates_at_open(harness: StoreHarness) 
         None,
         None,
     )
+    # The lexical index of the earlier store survives (or is built from the stored text).
+    hits = store.lexical_search("c1", "ns", {"old": "r1"}, query_terms("passage"), 5, CancelToken())
+    assert sorted(h.chunk_id for h in hits) == ["old:0", "old:1"]
     source, chunks = revision("new", "r1", rows(1, 3))
     typed = replace(source, media_type="application/pdf", indexed_at="2026-12-02T00:00:00.000Z")
     store.replace_source("c1", "ns", typed, chunks, expected_revision=None, limits=LIMITS)
     [new] = store.list_sources("c1", "ns", {"new": "r1"}, after=None, limit=9)
-    assert new.media_type == "application/pdf"
+    assert (new.media_type, new.indexed_at) == ("application/pdf", "2026-12-02T00:00:00.000Z")
     harness.open().close()  # opening the migrated database again changes nothing
+    assert _stored_version(harness) == 3

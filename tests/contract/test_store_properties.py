@@ -3,11 +3,16 @@
 The reference is brute force in NumPy over the passages the grant allows (namespace, exact
 current revision, metadata filter). Equality with it means nothing outside the grant is returned
 *and* filtering happened before ranking (k results still come from the allowed rows).
+
+The same holds for the lexical search, against a reference BM25 written here whose statistics
+(N, df, average length) are those of the namespace's current revisions.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -17,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.lexical import term_frequencies
 from retrieval_host.core.ports import CapacityLimits
 from tests.contract.conftest import STORE_KINDS, ContractStore, _open_store
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
@@ -24,6 +30,8 @@ from tests.support.sqlite_store import descriptor, revision, unit_vectors
 NAMESPACES = ("n0", "n1", "n2")
 SOURCES = ("s0", "s1", "s2", "s3", "s4")
 DIM = 6
+# Words the analyzer keeps as they are (no stop word, no stemming change).
+WORDS = ("alpha", "beta", "gamma", "delta", "kappa", "omega")
 _corpus_ids = itertools.count()
 
 
@@ -75,7 +83,7 @@ grants = st.tuples(
     k=st.integers(1, 12),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_search_never_ranks_a_row_outside_the_grant(
+def test_search_and_lexical_search_never_rank_a_row_outside_the_grant(
     shared_store: ContractStore,
     corpus: list[History],
     grant: tuple[str, dict[str, str]],
@@ -91,15 +99,18 @@ def test_search_never_ranks_a_row_outside_the_grant(
 
     # What is current after writing every history: (namespace, source) -> (revision, vectors).
     current: dict[tuple[str, str], tuple[str, np.typing.NDArray[np.float32], int]] = {}
+    texts: dict[tuple[str, str], list[str]] = {}
     for h in corpus:
         previous: str | None = None
         for number, count in enumerate(h.revisions, start=1):
             rev = f"r{number}"
             vectors = unit_vectors(rng, count, DIM)
             ids = [f"{h.namespace}/{h.source_id}/{rev}/{i}" for i in range(count)]
+            words = [" ".join(rng.choice(WORDS, int(rng.integers(1, 6)))) for _ in range(count)]
             source, chunks = revision(
-                h.source_id, rev, vectors, metadata={"tier": h.tier}, chunk_ids=ids
+                h.source_id, rev, vectors, metadata={"tier": h.tier}, chunk_ids=ids, texts=words
             )
+            texts[(h.namespace, h.source_id)] = words
             store.replace_source(
                 corpus_id, h.namespace, source, chunks, expected_revision=previous, limits=limits
             )
@@ -145,3 +156,55 @@ def test_search_never_ranks_a_row_outside_the_grant(
     reference.sort(key=lambda pair: -pair[0])
     assert [h.chunk_id for h in hits] == [cid for _, cid in reference[:k]]
     np.testing.assert_allclose([h.score for h in hits], [s for s, _ in reference[:k]], atol=1e-5)
+
+    # The lexical search over the same corpus and grant.
+    query_terms = [str(w) for w in rng.choice(WORDS, int(rng.integers(1, 4)))]
+    lexical = store.lexical_search(
+        corpus_id, namespace, allowed, query_terms, k, CancelToken(), filters
+    )
+    expected = reference_bm25(
+        current, texts, namespace, allowed, tier_filter, query_terms, k1=0.9, b=0.4
+    )
+    assert [(round(h.score, 9), h.chunk_id) for h in lexical] == expected[:k]
+
+
+def reference_bm25(
+    current: dict[tuple[str, str], tuple[str, np.typing.NDArray[np.float32], int]],
+    texts: dict[tuple[str, str], list[str]],
+    namespace: str,
+    allowed: dict[str, str],
+    tier_filter: int | None,
+    query: list[str],
+    *,
+    k1: float,
+    b: float,
+) -> list[tuple[float, str]]:
+    """BM25 (the Lucene variant bm25s uses) by hand, statistics over the namespace."""
+    passages = {
+        f"{namespace}/{sid}/{rev}/{i}": (sid, term_frequencies(text))
+        for (ns, sid), (rev, _, _) in current.items()
+        if ns == namespace
+        for i, text in enumerate(texts[(ns, sid)])
+    }
+    if not passages:
+        return []
+    n = len(passages)
+    average = sum(sum(tf.values()) for _, tf in passages.values()) / n
+    df = Counter(term for _, tf in passages.values() for term in tf)
+    ranked: list[tuple[float, str]] = []
+    for chunk_id, (sid, tf) in passages.items():
+        rev = current[(namespace, sid)][0]
+        if allowed.get(sid) != rev:
+            continue
+        if tier_filter is not None and current[(namespace, sid)][2] != tier_filter:
+            continue
+        length = sum(tf.values())
+        score = 0.0
+        for term, count in sorted(Counter(query).items()):
+            if term in tf:
+                idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+                score += count * idf * (tf[term] / (tf[term] + k1 * (1 - b + b * length / average)))
+        if score > 0:
+            ranked.append((round(score, 9), chunk_id))
+    ranked.sort(key=lambda pair: (-pair[0], pair[1]))
+    return ranked

@@ -10,7 +10,7 @@ import retrieval_host.core
 CORE = Path(retrieval_host.core.__file__).parent
 ALLOWED_ROOTS = {
     "__future__", "collections", "dataclasses", "datetime", "enum", "hashlib", "json", "math",
-    "re", "secrets", "threading", "time", "typing", "numpy", "retrieval_host",
+    "re", "secrets", "threading", "time", "typing", "numpy", "retrieval_host", "Stemmer",
 }  # fmt: skip
 FORBIDDEN_ROOTS = {
     "starlette", "fastapi", "uvicorn", "httpx", "requests", "urllib", "http", "socket", "ssl",

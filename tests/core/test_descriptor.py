@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 
-from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor, check_label
+from retrieval_host.core.descriptor import (
+    CorpusDescriptor,
+    EmbeddingDescriptor,
+    LexicalDescriptor,
+    check_label,
+)
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 
 
@@ -61,3 +69,38 @@ def test_mismatch_names_every_differing_field() -> None:
         "embedding.model",
         "index_version",
     ]
+
+
+def _corpus(**lexical: object) -> CorpusDescriptor:
+    return CorpusDescriptor(
+        "docs",
+        "passages-v1",
+        _embedding(),
+        {"chunker": "markdown"},
+        LexicalDescriptor(**lexical),  # type: ignore[arg-type]
+    )
+
+
+def test_a_descriptor_stored_before_the_lexical_field_takes_its_default() -> None:
+    current = _corpus()
+    stored = json.loads(current.canonical_json())
+    del stored["lexical"]  # what the release before the lexical index wrote
+    old_json = json.dumps(stored)
+    assert current.mismatch(old_json) == []
+    assert _corpus(k1=1.2).mismatch(old_json) == ["lexical.k1"]
+
+
+def test_lexical_parameters_are_part_of_the_identity() -> None:
+    stored = _corpus().canonical_json()
+    assert json.loads(stored)["lexical"] == {"analyzer": "en-snowball-1", "k1": 0.9, "b": 0.4}
+    assert _corpus(b=0.75).mismatch(stored) == ["lexical.b"]
+    assert _corpus(k1=0.9, b=0.4).mismatch(stored) == []
+
+
+@pytest.mark.parametrize(
+    "lexical", [{"analyzer": "en-porter-9"}, {"k1": -1.0}, {"k1": math.nan}, {"b": 1.5}]
+)
+def test_invalid_lexical_parameters_are_refused(lexical: dict[str, object]) -> None:
+    with pytest.raises(RetrievalError) as info:
+        LexicalDescriptor(**lexical)  # type: ignore[arg-type]
+    assert info.value.code is ErrorCode.INVALID_REQUEST

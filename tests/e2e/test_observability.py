@@ -273,6 +273,7 @@ def test_metrics_need_a_token_with_the_metrics_grant(metrics_host: MetricsHost) 
     assert anonymous.json()["code"] == "UNAUTHENTICATED"
     assert not_granted.status_code == 403
     assert not_granted.json()["code"] == "PERMISSION_DENIED"
+    assert "metrics grant" in not_granted.json()["detail"]
     assert wrong.status_code == 401
     assert in_query.status_code == 401
     assert posted.status_code == 405

@@ -44,7 +44,7 @@ def _resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]
 def test_every_route_is_documented_with_its_security(document: dict[str, Any]) -> None:
     assert document["openapi"] == "3.1.0"
     assert document["info"]["version"] == "1.2.3"
-    assert set(document["paths"]) == set(PUBLIC + RETRIEVAL + INSPECTION)
+    assert set(document["paths"]) == set(PUBLIC + RETRIEVAL + INSPECTION + ["/metrics"])
     for path in PUBLIC:
         assert document["paths"][path]["get"]["security"] == []
     for path in RETRIEVAL:
@@ -142,6 +142,8 @@ def test_ingest_takes_raw_documents_and_query_parameters(document: dict[str, Any
         "text/markdown",
         "message/rfc822",
         "application/mbox",
+        "text/plain",
+        "text/html",
     }
     parameters = {p["name"]: p for p in ingest["parameters"]}
     assert set(parameters) == {"corpus", "sourceId", "revision", "title"}

@@ -40,6 +40,7 @@ from retrieval_host.core.runs_model import RunRequest, RunRetrieval
 from retrieval_host.http.app import create_app
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.routes import ingest_media_types
+from retrieval_host.serving.tokens import new_token, token_config_entry
 from tests.support.host import CORPUS, World, build_world
 from tests.support.in_process_runs import RUNNER, add_runs
 
@@ -48,7 +49,7 @@ PROVIDER = "local"  # the extractive provider: the whole run path, no network
 SEEDED_SOURCE = "handbook"  # indexed by `build_world`
 DELETABLE_SOURCE = "fuzz-deletable"  # indexed again before each pinned delete
 
-for _media_type in ("text/markdown", "message/rfc822", "application/mbox"):
+for _media_type in ("text/markdown", "text/html", "message/rfc822", "application/mbox"):
     schemathesis.serializer.alias(_media_type, "text/plain")
 schemathesis.serializer.alias("application/pdf", "application/octet-stream")
 
@@ -89,7 +90,9 @@ POSITIVE_STATUSES = {
     "/v1/corpora/{corpus}/sources": {200},
     "/v1/corpora/{corpus}/sources/{sourceId}": {200, 404},
     "/v1/corpora/{corpus}/passages/{chunkId}": {200, 404},
+    "/metrics": {200},  # called with the scraper's token (the runner's would get 403)
 }
+SCRAPER = "scraper"  # a token with the metrics grant only
 
 
 def _operations() -> list[tuple[str, str, str]]:
@@ -108,6 +111,10 @@ def fuzz_world(tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalE
     directory = tmp_path_factory.mktemp("fuzz-world")
     world = build_world(directory, local_embedding)
     close_runs = add_runs(world, directory, {PROVIDER: ExtractiveProvider()})
+    world.tokens[SCRAPER] = new_token()
+    world.token_entries.append(
+        {**token_config_entry(world.tokens[SCRAPER], "prom"), "metrics": True}
+    )
     yield world
     close_runs()
     world.close()
@@ -182,7 +189,8 @@ def test_every_operation_conforms_to_its_openapi(
 ) -> None:
     operation = api_schema[path][method.upper()]
     strategy = operation.as_strategy(generation_mode=GenerationMode(mode))
-    auth = {"Authorization": f"Bearer {fuzz_world.tokens[RUNNER]}"}
+    token = fuzz_world.tokens[SCRAPER if path == "/metrics" else RUNNER]
+    auth = {"Authorization": f"Bearer {token}"}
     calls = []
 
     @settings(
@@ -203,9 +211,10 @@ def test_every_operation_conforms_to_its_openapi(
             assert response.status_code in POSITIVE_STATUSES[path], response.text
 
     check()
-    # Operations without input have a single possible request; the others get every example
-    # (a secured operation also draws its bearer credentials, so it varies too).
-    takes_input = method == "post" or "{" in path or path == "/v1/corpora"
+    # Operations without input have a single possible request; the others get every example.
+    # A secured GET without parameters (`/v1/corpora`, `/metrics`) still varies: schemathesis
+    # draws the bearer credential its security scheme names (ours replaces it).
+    takes_input = method == "post" or "{" in path or path in ("/v1/corpora", "/metrics")
     assert len(calls) == (EXAMPLES if takes_input else 1)
     if mode == "positive":
         # The pinning works: valid cases reach the core and some succeed.

@@ -214,4 +214,5 @@ async def test_without_a_retrieval_service_the_host_only_describes_itself(
         "/v1/openapi.json",
         "/healthz",
         "/readyz",
+        "/metrics",  # served before the routes, with or without a retrieval service
     }

@@ -183,8 +183,8 @@ def test_a_bad_file_is_recorded_and_the_batch_goes_on(tmp_path: Path, host: Host
     good = write_corpus(root)[:2]
     bad = root / "broken.pdf"
     bad.write_bytes(b"%PDF-1.7\nnot really a pdf")
-    unknown = root / "notes.txt"
-    unknown.write_text("plain text")
+    unknown = root / "notes.docx"
+    unknown.write_bytes(b"PK\x03\x04 a Word file")
     journal = tmp_path / "journal.jsonl"
     report = ingest_paths(
         host.driver, CORPUS, [good[0], bad, unknown, good[1]], context(), journal_path=journal,

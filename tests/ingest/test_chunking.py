@@ -190,14 +190,14 @@ def test_unknown_media_types_are_unsupported(count_tokens: TokenCounter) -> None
         prepare_document(b"a,b\n", "text/csv", source_id="t.csv", token_counter=count_tokens)
     assert caught.value.code == ErrorCode.UNSUPPORTED_MEDIA_TYPE
     with pytest.raises(RetrievalError) as caught:
-        media_type_for_path(Path("notes.txt"))
+        media_type_for_path(Path("notes.docx"))
     assert caught.value.code == ErrorCode.UNSUPPORTED_MEDIA_TYPE
 
 
 def test_media_types_by_suffix() -> None:
     found = {
         media_type_for_path(Path(name))
-        for name in ("a.pdf", "b.md", "c.MARKDOWN", "d.eml", "e.mbox")
+        for name in ("a.pdf", "b.md", "c.MARKDOWN", "d.eml", "e.mbox", "f.txt", "g.html", "h.HTM")
     }
     assert found == MEDIA_TYPES
     assert media_type_for_path(Path("Guide.Md")) == "text/markdown"

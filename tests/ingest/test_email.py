@@ -218,3 +218,35 @@ def test_thread_metadata_stays_within_the_metadata_bound(count_tokens: TokenCoun
     assert 0 < len(listed) < 300
     assert len(listed[0]["subject"]) == 300  # header values are cut for metadata
     assert len(prepared.chunks) == 300  # every message is still indexed
+
+
+def named_text_message() -> bytes:
+    """The shape of CPython's test message msg_44: text/plain parts that carry a file name,
+    one `inline; filename=`, one with only a `name` parameter, beside a real attachment."""
+    return (
+        b"From: Dana <dana@example.org>\r\nSubject: Tide notes\r\n"
+        b"Message-ID: <m5@example.org>\r\nMIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/mixed; boundary="named"\r\n\r\n'
+        b'--named\r\nContent-Type: text/plain; charset=us-ascii; name="tides.txt"\r\n'
+        b'Content-Disposition: inline; filename="tides.txt"\r\n\r\n'
+        b"High tide is at six in the morning.\r\n"
+        b'--named\r\nContent-Type: text/plain; name="notes.txt"\r\n\r\n'
+        b"The pilot boards at the outer buoy.\r\n"
+        b'--named\r\nContent-Type: text/plain; name="log.txt"\r\n'
+        b'Content-Disposition: attachment; filename="log.txt"\r\n\r\n'
+        b"ATTACHED-LOG-NEVER-INDEXED\r\n"
+        b"--named--\r\n"
+    )
+
+
+def test_inline_text_parts_with_a_file_name_are_body_text(count_tokens: TokenCounter) -> None:
+    prepared = prepare(named_text_message(), count_tokens, "message/rfc822")
+    text = "\n".join(chunk.text for chunk in prepared.chunks)
+    assert "High tide is at six in the morning." in text
+    assert "The pilot boards at the outer buoy." in text
+    assert "ATTACHED-LOG-NEVER-INDEXED" not in text
+    (message,) = prepared.source.metadata["messages"]
+    assert message["attachments"] == [
+        {"filename": "log.txt", "contentType": "text/plain", "size": 26}
+    ]
+    assert {chunk.location.document_id for chunk in prepared.chunks} == {"<m5@example.org>"}

@@ -1,7 +1,8 @@
-"""A bounded hostile-document stage: mutated PDFs, operator bombs, pathological Markdown and
-MIME, each through the real driver (parse workers, the local model, SQLite) under a short
-ingest deadline. Every input is either indexed or refused with a typed 4xx within the deadline
-(plus the time to kill and answer), and a refusal leaves the previous revision served."""
+"""A bounded hostile-document stage: mutated PDFs, operator bombs, pathological Markdown,
+HTML, plain text and MIME, each through the real driver (parse workers, the local model,
+SQLite) under a short ingest deadline. Every input is either indexed or refused with a typed
+4xx within the deadline (plus the time to kill and answer), and a refusal leaves the previous
+revision served."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.support import ingest_documents as docs
 from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context
 
 PDF, MD, EML, MBOX = "application/pdf", "text/markdown", "message/rfc822", "application/mbox"
+HTML, TXT = "text/html", "text/plain"
 DEADLINE_S = 3.0
 # The deadline, then the kill, the store's rollback and a loaded host's scheduling.
 ANSWER_BOUND_S = DEADLINE_S + 6.0
@@ -67,6 +69,24 @@ def _mime() -> list[tuple[bytes, str]]:
     ]
 
 
+def _html() -> list[bytes]:
+    return [
+        b"<div>" * 400_000 + b"<p>deep</p>",  # deep nesting, past the element bound
+        b"<b>" * 250_000,  # many tags, past the element bound
+        b"<p>x</p>" * 150_000,  # under the bound: parsed or stopped by the deadline
+        b"<a " * 200_000,  # unterminated tags: superlinear in the tokenizer
+        b"<!--" + b"x" * 2_000_000,  # an unclosed comment
+        b"<script>" + b"var a = '<p>';" * 100_000,  # an unclosed script
+        b"<h1>" * 100_000 + b"t",  # headings that never close
+        b"<p>" + b"&amp;" * 500_000 + b"</p>",  # a million references on one line
+        b'<p title="' + b"v" * 4_000_000 + b'">x</p>',  # a huge attribute
+    ]
+
+
+def _text() -> list[bytes]:
+    return [b"\n" * 2_000_000, b"word " * 400_000, b"a\n\n" * 300_000]
+
+
 CASES: list[tuple[str, Callable[[], bytes], str]] = [
     *[(f"mutated-pdf-{i}", (lambda d=d: d), PDF) for i, d in enumerate(_mutations(13, 16))],
     *[(f"operator-bomb-{n}", (lambda n=n: docs.operator_bomb_pdf(n)), PDF)
@@ -75,6 +95,8 @@ CASES: list[tuple[str, Callable[[], bytes], str]] = [
     ("flate-bomb", docs.flate_bomb_pdf, PDF),
     *[(f"markdown-{i}", (lambda d=d: d), MD) for i, d in enumerate(_markdown())],
     *[(f"mime-{i}", (lambda d=d: d), mt) for i, (d, mt) in enumerate(_mime())],
+    *[(f"html-{i}", (lambda d=d: d), HTML) for i, d in enumerate(_html())],
+    *[(f"text-{i}", (lambda d=d: d), TXT) for i, d in enumerate(_text())],
 ]  # fmt: skip
 
 
@@ -111,4 +133,6 @@ def test_hostile_documents_get_a_typed_answer_within_the_deadline(host: Host) ->
     refused = [name for name, outcome in outcomes.items() if "/" in outcome]
     assert all("DOCUMENT_TOO_COMPLEX" in outcomes[n] for n in outcomes if "bomb-" in n)
     assert outcomes["operators-under-the-limits"] == "DOCUMENT_TOO_COMPLEX/deadline"
+    # Past the element bound: `html-elements`, or the deadline first on a loaded machine.
+    assert all(outcomes[n].startswith("DOCUMENT_TOO_COMPLEX/") for n in ("html-0", "html-1"))
     assert len(refused) >= len(CASES) // 2, outcomes

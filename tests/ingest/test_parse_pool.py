@@ -58,6 +58,25 @@ def test_with_a_counter_recipe_the_worker_cuts_passages_too(
     assert [c.text for c in prepared.chunks] == ["# Guide\n\nBoats moor on the east quay."]
 
 
+def test_html_and_text_parse_in_the_worker_and_the_element_bound_holds_there(
+    pool: ParsePool, local_embedding: LocalEmbedding
+) -> None:
+    recipe = local_embedding.portable_token_counter()
+    page = pool.parse(task(b"<h1>Quay</h1>\n<p>Boats moor.</p>\n", "text/html", counter=recipe),
+                      CancelToken())  # fmt: skip
+    assert isinstance(page, PreparedDocument)
+    assert [(c.text, c.location.start_line) for c in page.chunks] == [("Quay\nBoats moor.", 1)]
+    text = pool.parse(task(b"Boats moor.\n", "text/plain"), CancelToken())
+    assert isinstance(text, Extracted) and text.text == "Boats moor.\n"
+    with pytest.raises(RetrievalError) as caught:
+        pool.parse(task(b"<b>" * 200_001, "text/html"), CancelToken())
+    assert (caught.value.code, caught.value.reason) == (
+        ErrorCode.DOCUMENT_TOO_COMPLEX,
+        "html-elements",
+    )
+    assert pool.counters.started == 1  # a typed refusal, not a killed worker
+
+
 def test_the_cpu_limit_ends_a_parse_with_a_typed_refusal(pool: ParsePool) -> None:
     with pytest.raises(RetrievalError) as caught:
         pool.parse(task(slow_pdf(), "application/pdf", cpu_seconds=1), CancelToken())

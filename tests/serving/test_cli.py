@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,39 @@ def test_ingest_indexes_a_folder_and_resumes_from_its_journal(
     assert len(journal.read_text().splitlines()) == 3
     assert main(argv, environ=environ) == 0
     assert "0 indexed, 0 unchanged, 3 skipped, 0 failed" in capsys.readouterr().out
+
+
+def test_version_prints_the_installed_package_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"retrieval-host {version('retrieval-host')}"
+
+
+def test_a_token_without_any_grant_is_made_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["token", "new", "--subject", "nobody"]) == 0
+    printed = capsys.readouterr()
+    assert "rh_" in printed.out  # still made: an operator may add grants in the file
+    assert "warning: this token has no grant" in printed.err
+    assert main(["token", "new", "--metrics"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_folder_walk_picks_up_text_and_html_and_skips_unknown_types(tmp_path: Path) -> None:
+    from retrieval_host.serving.cli import _expand
+
+    for name in ("a.md", "b.txt", "c.html", "d/e.htm", "f.docx", "g.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    files, root = _expand([tmp_path])
+    assert root == tmp_path
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == [
+        "a.md",
+        "b.txt",
+        "c.html",
+        "d/e.htm",
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, cast
@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.lexical import term_frequencies
 from retrieval_host.core.ports import CapacityLimits, StoredChunk, StoredSource, Vectors
 from retrieval_host.core.reasons import (
     CapacityExceededReason,
@@ -205,6 +206,9 @@ class Replacement:
     unit: _Matrix  # the same rows at unit length
     metadata_json: str
     payload: int  # bytes of passage text and vectors, counted against the corpus limit
+    # Each chunk's term frequencies (`core.lexical`), in the order of `chunks`: written in the
+    # same transaction as the vectors.
+    terms: list[dict[str, int]]
 
 
 def checked_replacement(
@@ -227,7 +231,13 @@ def checked_replacement(
     metadata_json = json.dumps(
         source.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
-    return Replacement(chunk_ids, raw, unit, metadata_json, payload)
+    terms = [term_frequencies(c.text) for c in chunks]
+    return Replacement(chunk_ids, raw, unit, metadata_json, payload, terms)
+
+
+def terms_json(terms: Mapping[str, int]) -> str:
+    """A passage's term frequencies as stored (a JSON object, terms in sorted order)."""
+    return json.dumps(terms, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def check_expected_revision(current: str | None, expected: str | None) -> None:

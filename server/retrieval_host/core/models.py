@@ -11,6 +11,8 @@ JSONValue: TypeAlias = JSONScalar | Sequence["JSONValue"] | Mapping[str, "JSONVa
 Metadata: TypeAlias = Mapping[str, JSONValue]
 
 Operation: TypeAlias = Literal["search", "index", "delete"]
+SearchMode: TypeAlias = Literal["hybrid", "dense", "lexical"]
+SEARCH_MODES: frozenset[str] = frozenset({"hybrid", "dense", "lexical"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,9 @@ class SearchRequest:
     max_context_bytes: int | None = None
     # Exact-match filters on source metadata, applied before ranking like the revision filter.
     filters: Mapping[str, JSONScalar] | None = None
+    # How passages are ranked (`core.fusion`). `dense` until the wire carries the field; the
+    # default becomes `hybrid` when it does.
+    mode: SearchMode = "dense"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,9 @@ class Hit:
     score: float
     retrieved_at: str
     scope: Scope
+    # The score each search mode gave this passage (`dense`, `lexical`; a mode that did not
+    # rank it is absent). `score` is the final one (fused in `hybrid` mode). Not on the wire.
+    scores: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

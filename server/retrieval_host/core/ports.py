@@ -141,6 +141,10 @@ class VectorStore(Protocol):
     - `search` ranks only rows whose source is in `allowed` at exactly that revision, inside the
       namespace (and matching `filters` on source metadata), *before* similarity ranking; it
       checks `cancel` between scan batches and returns at most `k` candidates, best first.
+    - `lexical_search` ranks by BM25 (`core.lexical`) under the same rules as `search`: only
+      allowed revisions in the namespace matching `filters`, selected *before* ranking; its
+      term frequencies are written in the same transaction as the vectors, so a reader sees
+      one whole revision, lexical and dense alike, and a delete removes both.
     - `current_revisions` answers from committed state only, commits of other connections and
       processes included, as soon as they commit; it never shows a revision that a failed or
       uncommitted write left behind.
@@ -185,6 +189,30 @@ class VectorStore(Protocol):
         cancel: CancelToken,
         filters: Mapping[str, JSONScalar] | None = None,
     ) -> list[Candidate]: ...
+
+    def lexical_search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        terms: Sequence[str],
+        k: int,
+        cancel: CancelToken,
+        filters: Mapping[str, JSONScalar] | None = None,
+    ) -> list[Candidate]:
+        """Top-k passages by BM25 for the analyzed query `terms` (`core.lexical.query_terms`;
+        a repeated term counts per occurrence), among the allowed revisions only, best first;
+        equal scores in chunk id order. Passages matching no term are not returned. Scores are
+        BM25 values (>= 0, unbounded), comparable only within one query.
+
+        Term statistics (passage count N, average passage length, document frequency df) are
+        those of the corpus namespace's current revisions, with the corpus's `k1` and `b`.
+        What that leaves observable: a caller granted part of a namespace learns, through the
+        scores of passages it may read, how common its query terms are among the namespace's
+        other passages (df and N include sources it may not read). Nothing crosses namespaces,
+        and no text, id or count of an unreadable passage is returned.
+        """
+        ...
 
     @property
     def reclamation(self) -> str:

@@ -101,6 +101,7 @@ class InvalidDocumentReason(StrEnum):
     PDF_MALFORMED = "pdf-malformed"  # the PDF could not be parsed
     PDF_NO_TEXT_LAYER = "pdf-no-text-layer"  # scanned pages without text (needs OCR first)
     MARKDOWN_NOT_UTF8 = "markdown-not-utf8"  # Markdown that is not UTF-8
+    TEXT_NOT_UTF8 = "text-not-utf8"  # plain text that is not UTF-8
     EMAIL_MALFORMED = "email-malformed"  # a message could not be parsed
 
 
@@ -110,6 +111,7 @@ class DocumentTooComplexReason(StrEnum):
     PDF_CONTENT_STREAM = "pdf-content-stream"  # a page's decoded content stream is too large
     PDF_OPERATORS = "pdf-operators"  # too many content-stream operators (page or document)
     PASSAGES_PER_BYTE = "passages-per-byte"  # too many passages for the input's size
+    HTML_ELEMENTS = "html-elements"  # an HTML document has too many tags
     CPU_LIMIT = "cpu-limit"  # the parser process ran out of CPU time
     MEMORY_LIMIT = "memory-limit"  # the parser process ran out of its address space
     PARSER_EXITED = "parser-exited"  # the parser process died (memory limit, crash)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.descriptor import CorpusDescriptor, check_label
+from retrieval_host.core.descriptor import CorpusDescriptor, LexicalDescriptor, check_label
 from retrieval_host.core.errors import (
     ErrorCode,
     RetrievalError,
@@ -17,6 +17,7 @@ from retrieval_host.core.errors import (
     source_unavailable,
 )
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
+from retrieval_host.core.fusion import FusionSettings
 from retrieval_host.core.inspection import (
     DEFAULT_PAGE_LIMIT,
     CorpusSummary,
@@ -54,6 +55,7 @@ from retrieval_host.core.ports import (
     StoredSource,
     VectorStore,
 )
+from retrieval_host.core.ranking import rank
 from retrieval_host.core.reasons import (
     CapacityExceededReason,
     InvalidRequestReason,
@@ -93,9 +95,15 @@ class Corpus:
     # exception here surfaces to the caller, but the mutation stands; retrying confirms it.
     on_committed: Callable[[CommitEvent], None] | None = None
 
+    # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses.
+    lexical: LexicalDescriptor = field(default_factory=LexicalDescriptor)
+    fusion: FusionSettings = field(default_factory=FusionSettings)
+
     @property
     def descriptor(self) -> CorpusDescriptor:
-        return CorpusDescriptor(self.id, self.version, self.embedding.descriptor, self.chunking)
+        return CorpusDescriptor(
+            self.id, self.version, self.embedding.descriptor, self.chunking, self.lexical
+        )
 
 
 class RetrievalService:
@@ -153,21 +161,9 @@ class RetrievalService:
         if not allowed:
             return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
 
-        context.cancel.check()
-        context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
-        batch = corpus.embedding.embed([request.query], context.cancel)
-        context.cancel.progress()
-        context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
-        candidates = corpus.store.search(
-            corpus.id,
-            grant.namespace,
-            allowed,
-            batch.vectors[0],
-            request.limit + 1,
-            context.cancel,
-            request.filters,
-        )
-        context.cancel.progress()
+        ranked, usage = rank(corpus, grant.namespace, allowed, request, context)
+        candidates = [r.candidate for r in ranked]
+        scores = {r.candidate.chunk_id: r.scores for r in ranked}
 
         context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
         recheck = _authorize_or_none(corpus, "search", ids, context)
@@ -186,12 +182,13 @@ class RetrievalService:
                 score=c.score,
                 retrieved_at=retrieved_at,
                 scope=scope,
+                scores=scores[c.chunk_id],
             )
             for c in candidates[: request.limit]
         ]
         kept, dropped = apply_byte_budget(hits, request.max_context_bytes)
         truncated = dropped or len(candidates) > request.limit
-        return SearchResult(kept, truncated, retrieved_at, scope, batch.usage)
+        return SearchResult(kept, truncated, retrieved_at, scope, usage)
 
     def current_grant(
         self, corpus_id: str, source_ids: Sequence[str] | None, context: RequestContext

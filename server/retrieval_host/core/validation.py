@@ -8,7 +8,14 @@ import re
 from collections.abc import Sequence
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import ChunkInput, IndexRequest, Location, Metadata, SearchRequest
+from retrieval_host.core.models import (
+    SEARCH_MODES,
+    ChunkInput,
+    IndexRequest,
+    Location,
+    Metadata,
+    SearchRequest,
+)
 
 MAX_ID_CHARS = 256
 MAX_QUERY_BYTES = 8192
@@ -107,6 +114,8 @@ def check_search_request(request: SearchRequest) -> None:
         raise _invalid(f"query must be at most {MAX_QUERY_BYTES} bytes.")
     if isinstance(request.limit, bool) or not 1 <= request.limit <= MAX_LIMIT:
         raise _invalid(f"limit must be in 1..{MAX_LIMIT}.")
+    if request.mode not in SEARCH_MODES:
+        raise _invalid("mode must be hybrid, dense or lexical.")
     if request.max_context_bytes is not None and request.max_context_bytes < 1:
         raise _invalid("maxContextBytes must be positive.")
     if request.source_ids is not None:

@@ -38,7 +38,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage, IndexResult, JSONValue, SearchResult
 from retrieval_host.core.ports import VectorStore
 from retrieval_host.core.runs_model import RunCompleted, RunEvent, RunFailed, RunProgress
-from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator, permission_denied
+from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
 from retrieval_host.http.logs import log_access
 from retrieval_host.http.problems import send_problem
 from retrieval_host.http.request_id import note_subject, request_id_of, subject_of
@@ -356,7 +356,11 @@ class MetricsEndpoint:
             try:
                 self._granted.authenticate(authorization, b"")
             except RetrievalError:
-                raise permission_denied() from None
+                # Said plainly: unlike a corpus grant, naming this one reveals nothing.
+                raise RetrievalError(
+                    ErrorCode.PERMISSION_DENIED,
+                    "This token lacks the metrics grant (`metrics: true` in its entry).",
+                ) from None
         except RetrievalError as error:
             extra = (
                 [(b"www-authenticate", WWW_AUTHENTICATE.encode("ascii"))]

@@ -8,8 +8,8 @@ schema publishes every code and, per code, every `reason` (`core.reasons`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel
@@ -68,6 +68,11 @@ class _Operation:
     stream: bool = False
     query: type[BaseModel] | None = None  # the model of its query parameters
     path_params: Sequence[tuple[str, dict[str, Any]]] = ()  # (name, schema)
+    # Served with or without a retrieval service (`GET /metrics` sits before the routes).
+    always: bool = False
+    # The 200 body's media type when it is not JSON, and per-status texts of this operation.
+    text_response: str | None = None
+    problem_texts: Mapping[int, str] = field(default_factory=dict)
 
 
 def _run_operations() -> list[_Operation]:
@@ -139,13 +144,28 @@ def _operations() -> list[_Operation]:
             "/v1/retrieval/ingest",
             "post",
             "ingest",
-            "Index a raw PDF, Markdown or e-mail document sent as the body, with its "
-            "Content-Type (token `index` grant).",
+            "Index a raw document sent as the body, with its Content-Type: PDF, Markdown, "
+            "plain text, HTML, an e-mail message or an mbox thread (token `index` grant).",
             wire.IndexResponse,
             wire.IngestParams,
             secured=True,
             problems=_RETRIEVAL_PROBLEMS,
             ingest=True,
+        ),
+        _Operation(
+            "/metrics",
+            "get",
+            "getMetrics",
+            "Prometheus metrics in the text exposition format (a token with `metrics: true`).",
+            None,
+            secured=True,
+            problems=(401, 403, 500),
+            always=True,
+            text_response="text/plain",
+            problem_texts={
+                403: "The token lacks the metrics grant (`metrics: true` in its entry) "
+                "(`PERMISSION_DENIED`)."
+            },
         ),
         _Operation(
             "/v1/retrieval/delete",
@@ -303,7 +323,7 @@ def build_openapi(
     components[problem_name] = _with_reasons(components[problem_name])
     request_id_header = {"$ref": "#/components/headers/RequestId"}
 
-    def problem(status: int) -> dict[str, Any]:
+    def problem(status: int, text: str | None = None) -> dict[str, Any]:
         headers: dict[str, Any] = {"X-Request-Id": request_id_header}
         if status == 401:
             headers["WWW-Authenticate"] = {
@@ -311,7 +331,7 @@ def build_openapi(
                 "schema": {"type": "string"},
             }
         return {
-            "description": _STATUS_TEXT[status],
+            "description": text or _STATUS_TEXT[status],
             "headers": headers,
             "content": {PROBLEM_MEDIA_TYPE: {"schema": refs[(wire.Problem, "serialization")]}},
         }
@@ -319,21 +339,24 @@ def build_openapi(
     paths: dict[str, Any] = {}
     every = [*_operations(), *_inspection_operations(), *(_run_operations() if runs else [])]
     for op in every:
-        if op.secured and not retrieval:
+        if op.secured and not retrieval and not op.always:
             continue
-        if op.response is None:
-            success_schema: dict[str, Any] = {"type": "object"}
+        success_schema: dict[str, Any]
+        if op.text_response is not None:
+            success_schema = {"type": "string"}
+        elif op.response is None:
+            success_schema = {"type": "object"}
         else:
             success_schema = refs[(op.response, "serialization")]
         responses: dict[str, Any] = {
             "200": {
                 "description": "Success.",
                 "headers": {"X-Request-Id": request_id_header},
-                "content": {"application/json": {"schema": success_schema}},
+                "content": {op.text_response or "application/json": {"schema": success_schema}},
             }
         }
         for status in op.problems:
-            responses[str(status)] = problem(status)
+            responses[str(status)] = problem(status, op.problem_texts.get(status))
         if op.path == "/readyz":
             responses["503"] = {
                 "description": "Not ready.",
@@ -373,12 +396,13 @@ def build_openapi(
                 "content": {"application/json": {"schema": refs[(op.request, "validation")]}},
             }
         if op.stream:
-            responses["200"]["content"]["text/event-stream"] = {
-                "schema": {"type": "string"},
-                "description": "With `Accept: text/event-stream`: events run.started, "
-                "run.progress ({phase, ...context}), run.delta, then run.completed or "
-                "run.failed (a problem body); heartbeat comments between them.",
-            }
+            # A Media Type Object has no `description` (OpenAPI 3.1): the response says it.
+            responses["200"]["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+            responses["200"]["description"] = (
+                "Success: the JSON result, or with `Accept: text/event-stream` Server-Sent "
+                "Events run.started, run.progress ({phase, ...context}), run.delta, then "
+                "run.completed or run.failed (a problem body); heartbeat comments between them."
+            )
         if op.query is not None or op.path_params:
             operation["parameters"] = [
                 {"name": name, "in": "path", "required": True, "schema": schema}

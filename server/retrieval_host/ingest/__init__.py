@@ -1,4 +1,4 @@
-"""Ingestion helpers: PDF, Markdown and e-mail files into cited passages.
+"""Ingestion helpers: PDF, Markdown, plain text, HTML and e-mail files into cited passages.
 
 `prepare_document` turns the bytes of one file into a source revision and its passages;
 `Driver.ingest_context` (in `retrieval_host.driver`, a floor above) indexes them through the

@@ -5,8 +5,9 @@ always give the same revision, chunk ids, texts and locations, so indexing them 
 `unchanged` before anything is embedded.
 
 - `documentSha256` is the SHA-256 of the document's full extracted text (UTF-8): the Markdown
-  file, the PDF's page texts joined by form feeds, or the messages' body texts joined by form
-  feeds, after normalization (line breaks to LF, NUL dropped; see `_text.normalize_text`).
+  or plain-text file, the HTML file's visible text line by line (`ingest.html`), the PDF's
+  page texts joined by form feeds, or the messages' body texts joined by form feeds, after
+  normalization (line breaks to LF, NUL dropped; see `_text.normalize_text`).
 - The default revision is `sha256:` + the SHA-256 of the normalized content *as indexed*: that
   text digest plus the derived title and metadata, the media type and the chunking identity.
   Byte noise that changes nothing indexed (CRLF vs LF, a re-saved PDF) keeps the revision;
@@ -34,15 +35,19 @@ from retrieval_host.core.validation import MAX_METADATA_BYTES, check_id
 from retrieval_host.ingest._text import clip, json_size
 from retrieval_host.ingest.chunking import Chunker, Extracted
 from retrieval_host.ingest.email import extract_email
+from retrieval_host.ingest.html import extract_html
 from retrieval_host.ingest.markdown import extract_markdown
 from retrieval_host.ingest.pdf import extract_pdf
+from retrieval_host.ingest.plain_text import extract_plain_text
 from retrieval_host.ingest.settings import (
     CHUNKING_SCHEME,
     EML,
+    HTML,
     MARKDOWN,
     MBOX,
     MEDIA_TYPES,
     PDF,
+    TEXT,
     ChunkingSettings,
     IngestLimits,
     invalid_document,
@@ -92,9 +97,10 @@ def prepare_document(
     Raises `RetrievalError`: `UNSUPPORTED_MEDIA_TYPE`; `PAYLOAD_TOO_LARGE` with a reason
     (`bytes`, `pages`, `messages`, `mime-parts`, `mime-depth`, `header-bytes`, `html-bytes`,
     `pdf-resource-limit`, `passages`); `DOCUMENT_TOO_COMPLEX` with a reason
-    (`pdf-content-stream`, `pdf-operators`, `passages-per-byte`); `INVALID_DOCUMENT` with a
-    reason (`empty-document`, `content-type-mismatch`, `pdf-encrypted`, `pdf-no-text-layer`,
-    `pdf-malformed`, `markdown-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad
+    (`pdf-content-stream`, `pdf-operators`, `passages-per-byte`, `html-elements`);
+    `INVALID_DOCUMENT` with a reason (`empty-document`, `content-type-mismatch`,
+    `pdf-encrypted`, `pdf-no-text-layer`, `pdf-malformed`, `markdown-not-utf8`,
+    `text-not-utf8`, `email-malformed`); `INVALID_REQUEST` for a bad
     source id or revision; `CANCELLED`/`TIMEOUT` from `cancel`.
     """
     media = normalize_media_type(media_type)
@@ -211,6 +217,10 @@ def _extract(
         return extract_markdown(data, title)
     if media in (EML, MBOX):
         return extract_email(data, media, title, limits, cancel)
+    if media == TEXT:
+        return extract_plain_text(data, title)
+    if media == HTML:
+        return extract_html(data, title, limits, cancel)
     raise AssertionError(media)  # `_normalized` admits nothing else
 
 

@@ -9,8 +9,9 @@ used only when there is no plain one, turned into text with BeautifulSoup (scrip
 comments dropped, block elements on their own lines). Charsets are decoded with replacement; an
 unknown or non-text charset is read as UTF-8 with replacement. Nothing ever raises on bad bytes.
 
-Attachments (any part with a filename or `Content-Disposition: attachment`, any part that is
-not text/plain or text/html, attached messages) are listed in metadata by file name, content
+Attachments (any part marked `Content-Disposition: attachment`, any other part with a filename
+except inline text/plain, which is body text, any part that is not text/plain or text/html,
+attached messages) are listed in metadata by file name, content
 type and decoded size. They are never parsed, decoded for content or executed.
 
 Source metadata: `messageCount` and `messages`, a list in thread order of `{messageId, from,
@@ -282,9 +283,13 @@ def _collect(
         return
     disposition = _safe(part.get_content_disposition)
     filename = _safe(part.get_filename)
+    # An inline text/plain part that carries a file name (`inline; filename=...`, or only a
+    # `name` parameter) is what mailers make of a pasted or signed text: body text. Any other
+    # named part, or one marked `attachment`, is an attachment.
+    named_body = content_type == "text/plain" and disposition in (None, "inline")
     if (
         disposition == "attachment"
-        or filename is not None
+        or (filename is not None and not named_body)
         or content_type not in ("text/plain", "text/html")
     ):
         attachments.append(_attachment(part, content_type))

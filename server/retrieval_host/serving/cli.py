@@ -1,5 +1,6 @@
 """`retrieval-host`: serve, make tokens, ingest files, and the quickstart.
 
+retrieval-host --version
 retrieval-host serve --config host.json
 retrieval-host token new [--subject S] [--search C]... [--index C]... [--delete C]...
                          [--provider NAME]... [--metrics]
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import logging
 import logging.config
@@ -84,7 +86,7 @@ def _ingest(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = load_settings(args.config, environ)
     files, root = _expand(args.paths)
     if not files:
-        print("retrieval-host: no PDF, Markdown or e-mail files found", file=sys.stderr)
+        print("retrieval-host: no PDF, Markdown, text, HTML or e-mail files found", file=sys.stderr)
         return 2
     journal = args.journal or Path(f".retrieval-host-ingest-{args.corpus}.jsonl")
     driver = build_driver(settings, environ)
@@ -139,13 +141,27 @@ def _token_new(args: argparse.Namespace) -> int:
     print()
     print('Add this entry to "tokens" in the host configuration:')
     print(json.dumps(entry))
+    if not (args.search or args.index or args.delete or args.provider or args.metrics):
+        print(
+            "retrieval-host: warning: this token has no grant, so it can do nothing; "
+            "add --search/--index/--delete CORPUS, --provider NAME or --metrics.",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("retrieval-host")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
+        return "unknown"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="retrieval-host", description="Authenticated retrieval over HTTPS."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve the host from a configuration file")
@@ -175,7 +191,7 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--metrics", action="store_true", help="allow GET /metrics")
 
     ingest = commands.add_parser(
-        "ingest", help="index PDF, Markdown and e-mail files into a corpus (resumable)"
+        "ingest", help="index PDF, Markdown, text, HTML and e-mail files into a corpus (resumable)"
     )
     ingest.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or folders")
     ingest.add_argument("--config", required=True, type=Path, help="host configuration JSON")

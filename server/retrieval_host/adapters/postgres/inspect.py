@@ -9,6 +9,7 @@ whatever the database's collation. Text holding NUL cannot be stored, so such id
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from retrieval_host.adapters._inspection_rows import (
@@ -141,3 +142,53 @@ def read_passage(conn: Connection, schema: str, key: tuple[str, str, str]) -> St
         ),
         str(digest),
     )
+
+
+class PgInspection:
+    """The inspection methods of `PgVectorStore`, over what its `_inspecting` yields: a pooled
+    connection (errors translated), the store's schema and the corpus's dimensions."""
+
+    def _inspecting(
+        self, corpus: str, doing: str
+    ) -> contextlib.AbstractContextManager[tuple[Connection, str, int]]:
+        raise NotImplementedError
+
+    def list_sources(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        *,
+        after: str | None,
+        limit: int,
+    ) -> list[SourceSummary]:
+        """The allowed sources at their allowed revision, by source id (see the port)."""
+        with self._inspecting(corpus, "listing sources") as (conn, schema, dims):
+            return list_sources(conn, schema, dims, (corpus, namespace), allowed, after, limit)
+
+    def source_totals(
+        self, corpus: str, namespace: str, allowed: Mapping[str, str]
+    ) -> SourceTotals:
+        """Counts over what `list_sources` would list (see the port)."""
+        with self._inspecting(corpus, "counting sources") as (conn, schema, dims):
+            return source_totals(conn, schema, dims, (corpus, namespace), allowed)
+
+    def list_passages(
+        self,
+        corpus: str,
+        namespace: str,
+        source_id: str,
+        revision: str,
+        *,
+        after: int | None,
+        limit: int,
+    ) -> list[PassageSummary]:
+        """The passages of exactly that revision, by ordinal (see the port)."""
+        with self._inspecting(corpus, "listing passages") as (conn, schema, _):
+            key = (corpus, namespace, source_id, revision)
+            return list_passages(conn, schema, key, after, limit)
+
+    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
+        """The stored passage with that chunk id, or None (see the port)."""
+        with self._inspecting(corpus, "reading a passage") as (conn, schema, _):
+            return read_passage(conn, schema, (corpus, namespace, chunk_id))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import psycopg
@@ -29,7 +29,7 @@ from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReaso
 
 DEFAULT_SCHEMA: Final = "retrieval_host"
 VECTOR_COMPONENT: Final = "vector-store"
-VECTOR_SCHEMA_VERSION: Final = 2
+VECTOR_SCHEMA_VERSION: Final = 3
 HNSW_MAX_DIMENSIONS: Final = 2000  # pgvector's limit for an HNSW index on `vector`
 HNSW_BUILD_MEMORY: Final = "512MB"
 HNSW_BUILD_WAIT_S: Final = 3600.0  # how long a replica waits for another one's index build
@@ -62,12 +62,15 @@ def ensure_schema_component(
     tables: Mapping[str, Mapping[str, str]],
     ddl: Sequence[str],
     migrations: Mapping[int, Sequence[str]] | None = None,
+    backfill: Callable[[Connection, int], None] | None = None,
 ) -> None:
     """Create `component`'s tables in `schema` on first use, or check they are ours.
 
     Runs in one transaction under an advisory lock, so replicas starting together create the
     schema once. `migrations[v]` holds the statements that bring version v to v + 1: a schema
-    an earlier release wrote is upgraded in that same transaction. Refuses (`UNSAFE_STORE`) a
+    an earlier release wrote is upgraded in that same transaction, and then `backfill` (when
+    given) is called with the connection and the version found, to fill what SQL alone
+    cannot (the lexical index is analyzed from stored text in Python). Refuses (`UNSAFE_STORE`) a
     schema holding tables without our version table, our table names without our version row,
     a version it cannot reach, or another table shape.
     """
@@ -134,6 +137,8 @@ def ensure_schema_component(
             for step in range(stored, version):
                 for statement in steps[step]:
                     conn.execute(schema_sql(schema, statement))
+            if stored != version and backfill is not None:
+                backfill(conn, stored)
             if stored != version:
                 conn.execute(
                     schema_sql(
@@ -239,10 +244,19 @@ VECTOR_TABLES: Final[Mapping[str, Mapping[str, str]]] = {
         "document_id": "text",
         "dimensions": "int4",
         "embedding": "vector",
+        "term_count": "int4",
     },
+    "lexical_spaces": {
+        "id": "int8",
+        "corpus_id": "text",
+        "namespace": "text",
+        "passages": "int8",
+        "total_terms": "int8",
+    },
+    "chunk_terms": {"space_pk": "int8", "term": "text", "chunk_pk": "int8", "tf": "int4"},
 }
 
-VECTOR_DDL: Final = (
+_VECTOR_DDL_V1: Final = (
     """CREATE TABLE {s}.corpora (
         corpus_id text PRIMARY KEY,
         descriptor_json text NOT NULL,
@@ -262,8 +276,6 @@ VECTOR_DDL: Final = (
         fingerprint text NOT NULL,
         chunk_count bigint NOT NULL,
         payload_bytes bigint NOT NULL,
-        media_type text,
-        indexed_at text,
         CONSTRAINT sources_source_key UNIQUE (corpus_id, namespace, source_id)
     )""",
     """CREATE TABLE {s}.chunks (
@@ -285,16 +297,45 @@ VECTOR_DDL: Final = (
     )""",
 )
 
-# Version 1 recorded no media type and commit time (NULL for the sources it holds).
+# The lexical index (schema version 2). `chunks.term_count` is the passage's length in terms
+# (NULL: not analyzed, only for passages a version-1 replica wrote after the migration).
+# `lexical_spaces`: one row per corpus namespace with its passage count and total length,
+# updated in the writing transaction. `chunk_terms`: per passage, its terms and their counts;
+# its primary key serves both the df count and the postings of a term in a namespace.
+_LEXICAL_DDL: Final = (
+    "ALTER TABLE {s}.chunks ADD COLUMN term_count integer",
+    """CREATE TABLE {s}.lexical_spaces (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        corpus_id text NOT NULL REFERENCES {s}.corpora (corpus_id),
+        namespace text NOT NULL,
+        passages bigint NOT NULL DEFAULT 0 CHECK (passages >= 0),
+        total_terms bigint NOT NULL DEFAULT 0 CHECK (total_terms >= 0),
+        CONSTRAINT lexical_spaces_key UNIQUE (corpus_id, namespace)
+    )""",
+    """CREATE TABLE {s}.chunk_terms (
+        space_pk bigint NOT NULL REFERENCES {s}.lexical_spaces (id),
+        term text COLLATE "C" NOT NULL,
+        chunk_pk bigint NOT NULL REFERENCES {s}.chunks (id) ON DELETE CASCADE,
+        tf integer NOT NULL CHECK (tf > 0),
+        PRIMARY KEY (space_pk, term, chunk_pk)
+    )""",
+    "CREATE INDEX chunk_terms_chunk ON {s}.chunk_terms (chunk_pk)",
+)
+# Schema version 3: each source's media type and commit time. NULL for the sources a
+# version-2 (or older) schema holds, and the listings show them as unknown.
+_SOURCE_RECORD_DDL: Final = (
+    "ALTER TABLE {s}.sources ADD COLUMN media_type text",
+    "ALTER TABLE {s}.sources ADD COLUMN indexed_at text",
+)
+VECTOR_DDL: Final = (*_VECTOR_DDL_V1, *_LEXICAL_DDL, *_SOURCE_RECORD_DDL)
 VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[str]]] = {
-    1: (
-        "ALTER TABLE {s}.sources ADD COLUMN media_type text",
-        "ALTER TABLE {s}.sources ADD COLUMN indexed_at text",
-    )
+    1: _LEXICAL_DDL,
+    2: _SOURCE_RECORD_DDL,
 }
 
 # Binary COPY column types of `chunks`, in the order `replace_source` writes them.
-COPY_TYPES: Final = "int8 text text text int8 text int8 int8 int8 text int4 vector".split()
+COPY_TYPES: Final = "int8 text text text int8 text int8 int8 int8 text int4 vector int4".split()
+TERM_COPY_TYPES: Final = "int8 text int8 int4".split()
 
 
 def ensure_hnsw_index(conn: Connection, schema: str, dims: int) -> None:

@@ -118,44 +118,16 @@ class Searcher:
         unit_query = unit_rows(raw_query, "the query vector")[0]
         if k <= 0 or not allowed:
             return []
-        pairs = [(s, r) for s, r in allowed.items() if "\x00" not in s + r]
-        filters_json = json.dumps(dict(filters or {}), allow_nan=False)
-        if not pairs or "\x00" in namespace + corpus or "\\u0000" in filters_json:
-            return []  # nothing stored can contain NUL
+        pairs = searchable_grant(corpus, namespace, allowed, filters)
+        if not pairs:
+            return []
 
         with (
             pool.connection() as conn,
             translated("searching"),
             transaction(conn, repeatable_read=True, read_only=True),
         ):
-            sources = [
-                (int(pk), int(count))
-                for pk, count in conn.execute(
-                    self._sql(
-                        "SELECT s.id, s.chunk_count FROM {s}.sources s "
-                        "JOIN unnest(%s::text[], %s::text[]) AS a (source_id, revision) "
-                        "ON s.source_id = a.source_id AND s.revision = a.revision "
-                        "WHERE s.corpus_id = %s AND s.namespace = %s "
-                        # Lets the unique index find the granted sources: the cost follows
-                        # the grant, not the size of the namespace.
-                        "AND s.source_id = ANY(%s::text[]) AND NOT EXISTS ("
-                        "SELECT 1 FROM jsonb_each(%s::jsonb) f "
-                        "WHERE jsonb_typeof(f.value) IN ('object', 'array') "
-                        "OR s.metadata -> f.key IS DISTINCT FROM f.value) "
-                        "ORDER BY s.id"
-                    ),
-                    (
-                        [s for s, _ in pairs],
-                        [r for _, r in pairs],
-                        corpus,
-                        namespace,
-                        [s for s, _ in pairs],
-                        filters_json,
-                    ),
-                    prepare=False,
-                )
-                if int(count) > 0
-            ]
+            sources = granted_sources(conn, self._schema, corpus, namespace, pairs, filters)
             total = sum(count for _, count in sources)
             if total == 0:
                 return []
@@ -290,6 +262,62 @@ class Searcher:
             self._stats = PgSearchStats(
                 s.index_scans + index_scans, s.exact_fallbacks + exact_fallbacks
             )
+
+
+def searchable_grant(
+    corpus: str,
+    namespace: str,
+    allowed: Mapping[str, str],
+    filters: Mapping[str, JSONScalar] | None,
+) -> list[tuple[str, str]]:
+    """The allowed (source, revision) pairs that could be stored; empty when nothing can."""
+    pairs = [(s, r) for s, r in allowed.items() if "\x00" not in s + r]
+    filters_json = json.dumps(dict(filters or {}), allow_nan=False)
+    if "\x00" in namespace + corpus or "\\u0000" in filters_json:
+        return []  # nothing stored can contain NUL
+    return pairs
+
+
+def granted_sources(
+    conn: Connection,
+    schema: str,
+    corpus: str,
+    namespace: str,
+    pairs: list[tuple[str, str]],
+    filters: Mapping[str, JSONScalar] | None,
+) -> list[tuple[int, int]]:
+    """(source pk, passage count) of the granted revisions in the namespace that match the
+    filters, in pk order: what a search may rank, selected before anything is ranked."""
+    ids = [s for s, _ in pairs]
+    return [
+        (int(pk), int(count))
+        for pk, count in conn.execute(
+            schema_sql(
+                schema,
+                "SELECT s.id, s.chunk_count FROM {s}.sources s "
+                "JOIN unnest(%s::text[], %s::text[]) AS a (source_id, revision) "
+                "ON s.source_id = a.source_id AND s.revision = a.revision "
+                "WHERE s.corpus_id = %s AND s.namespace = %s "
+                # Lets the unique index find the granted sources: the cost follows
+                # the grant, not the size of the namespace.
+                "AND s.source_id = ANY(%s::text[]) AND NOT EXISTS ("
+                "SELECT 1 FROM jsonb_each(%s::jsonb) f "
+                "WHERE jsonb_typeof(f.value) IN ('object', 'array') "
+                "OR s.metadata -> f.key IS DISTINCT FROM f.value) "
+                "ORDER BY s.id",
+            ),
+            (
+                ids,
+                [r for _, r in pairs],
+                corpus,
+                namespace,
+                ids,
+                json.dumps(dict(filters or {}), allow_nan=False),
+            ),
+            prepare=False,
+        )
+        if int(count) > 0
+    ]
 
 
 def _scored(row: tuple[Any, ...]) -> Scored:

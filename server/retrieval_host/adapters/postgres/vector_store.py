@@ -4,7 +4,8 @@ Same contract, errors and reasons as the SQLite store (`core.ports.VectorStore`)
 where the work happens and what makes it safe across processes.
 
 Layout. Tables live in one dedicated PostgreSQL schema, created or checked by `schema`
-(`UNSAFE_STORE` for a schema that is not ours, as SQLite). Searching is `search.Searcher`.
+(`UNSAFE_STORE` for a schema that is not ours, as SQLite). Searching is `search.Searcher`;
+the lexical index (BM25 from stored term statistics, written with the vectors) is `lexical`.
 
 Deletion. `reclamation` is `pending`: PostgreSQL removes dead tuples at VACUUM (autovacuum)
 and the bytes stay in the data files and WAL until reused; nothing is overwritten at delete.
@@ -16,8 +17,9 @@ type adapters and the timeouts.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Final
 
 from pgvector.psycopg import register_vector
@@ -39,7 +41,7 @@ from retrieval_host.adapters._store_rules import (
     stale_revision,
     stored_source,
 )
-from retrieval_host.adapters.postgres import inspect
+from retrieval_host.adapters.postgres import inspect, lexical
 from retrieval_host.adapters.postgres.pool import (
     Connection,
     ConnectionPool,
@@ -66,12 +68,6 @@ from retrieval_host.adapters.postgres.search import Matrix, PgSearchStats, Searc
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
-from retrieval_host.core.inspection import (
-    PassageSummary,
-    SourceSummary,
-    SourceTotals,
-    StoredPassage,
-)
 from retrieval_host.core.models import JSONScalar
 from retrieval_host.core.ports import (
     Candidate,
@@ -88,7 +84,7 @@ MIN_PGVECTOR_HNSW: Final = (0, 5, 0)
 MIN_PGVECTOR_ITERATIVE: Final = (0, 8, 0)
 
 
-class PgVectorStore(StoreBase):
+class PgVectorStore(StoreBase, inspect.PgInspection):
     """The scale-out vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: every call borrows a pooled connection. Any number of instances, in any
@@ -179,6 +175,7 @@ class PgVectorStore(StoreBase):
                     VECTOR_TABLES,
                     VECTOR_DDL,
                     VECTOR_MIGRATIONS,
+                    lambda conn, found: lexical.backfill(conn, schema, found),
                 )
         except BaseException:
             pool.close()
@@ -321,7 +318,9 @@ class PgVectorStore(StoreBase):
             current_pk, current_payload = self._check_replacement(
                 conn, key, expected_revision, chunk_ids, payload, limits
             )
+            gone = (0, 0)
             if current_pk is not None:
+                gone = lexical.indexed_totals(conn, self._schema, current_pk)
                 conn.execute(self._sql("DELETE FROM {s}.sources WHERE id = %s"), (current_pk,))
             inserted = conn.execute(
                 self._sql(
@@ -346,7 +345,20 @@ class PgVectorStore(StoreBase):
                 ),
             ).fetchone()
             assert inserted is not None  # RETURNING of a successful INSERT
-            self._copy_chunks(conn, int(inserted[0]), key, chunks, checked.raw)
+            self._copy_chunks(conn, int(inserted[0]), key, chunks, checked.raw, checked.terms)
+            # The lexical index in the same transaction as the vectors.
+            space_pk = lexical.space(conn, self._schema, corpus, namespace)
+            lexical.write_terms(
+                conn,
+                self._schema,
+                space_pk,
+                int(inserted[0]),
+                {c.ordinal: t for c, t in zip(chunks, checked.terms, strict=True)},
+            )
+            added = sum(sum(t.values()) for t in checked.terms)
+            lexical.add_to_space(
+                conn, self._schema, space_pk, len(chunks) - gone[0], added - gone[1]
+            )
             # Last, so the corpus row stays locked only until the commit right after: this
             # conditional UPDATE is the binding capacity check across concurrent writers.
             delta = payload - current_payload
@@ -410,6 +422,7 @@ class PgVectorStore(StoreBase):
         key: tuple[str, str, str],
         chunks: Sequence[StoredChunk],
         raw: Matrix,
+        terms: Sequence[Mapping[str, int]],
     ) -> None:
         corpus, namespace, _ = key
         dims = raw.shape[1]
@@ -421,7 +434,8 @@ class PgVectorStore(StoreBase):
             cur.copy(
                 self._sql(
                     "COPY {s}.chunks (source_pk, corpus_id, namespace, chunk_id, ordinal, "
-                    "text, page, start_line, end_line, document_id, dimensions, embedding) "
+                    "text, page, start_line, end_line, document_id, dimensions, embedding, "
+                    "term_count) "
                     "FROM STDIN WITH (FORMAT BINARY)"
                 )
             ) as copy,
@@ -433,6 +447,7 @@ class PgVectorStore(StoreBase):
                     (
                         *(source_pk, corpus, namespace, c.chunk_id, c.ordinal, c.text),
                         *(loc.page, loc.start_line, loc.end_line, loc.document_id, dims, raw[i]),
+                        sum(terms[i].values()),
                     )
                 )
 
@@ -462,7 +477,11 @@ class PgVectorStore(StoreBase):
                 raise source_unavailable()
             if str(current[1]) != revision:
                 raise stale_revision()
+            gone = lexical.indexed_totals(conn, self._schema, int(current[0]))
             conn.execute(self._sql("DELETE FROM {s}.sources WHERE id = %s"), (current[0],))
+            if gone[0]:
+                space_pk = lexical.space(conn, self._schema, corpus, namespace)
+                lexical.add_to_space(conn, self._schema, space_pk, -gone[0], -gone[1])
             conn.execute(
                 self._sql(
                     "UPDATE {s}.corpora SET payload_bytes = payload_bytes - %s WHERE corpus_id = %s"
@@ -494,6 +513,34 @@ class PgVectorStore(StoreBase):
             self._pool, descriptor, namespace, allowed, query, k, cancel, filters
         )
 
+    def lexical_search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        terms: Sequence[str],
+        k: int,
+        cancel: CancelToken,
+        filters: Mapping[str, JSONScalar] | None = None,
+    ) -> list[Candidate]:
+        """Top-k BM25 matches among the allowed revisions only, best first (see the port).
+
+        The granted sources are selected in SQL before any passage is scored, as in `search`;
+        scoring and ranking run in SQL from the stored term statistics (`lexical`).
+        """
+        descriptor = self._descriptor(corpus)
+        if k <= 0 or not allowed or not terms:
+            return []
+        cancel.check()
+        with (
+            self._pool.connection() as conn,
+            translated("searching"),
+            transaction(conn, repeatable_read=True, read_only=True),
+        ):
+            return lexical.lexical_search(
+                conn, self._schema, descriptor, namespace, allowed, terms, k, cancel, filters
+            )
+
     # --- helpers -------------------------------------------------------------------------------
 
     def _sql(self, template: str) -> sql.Composed:
@@ -514,52 +561,11 @@ class PgVectorStore(StoreBase):
 
     # --- inspection (`adapters/postgres/inspect.py`) -------------------------------------------
 
-    def list_sources(
-        self,
-        corpus: str,
-        namespace: str,
-        allowed: Mapping[str, str],
-        *,
-        after: str | None,
-        limit: int,
-    ) -> list[SourceSummary]:
-        """The allowed sources at their allowed revision, by source id (see the port)."""
-        dims = self._descriptor(corpus).embedding.dimensions
-        with self._pool.connection() as conn, translated("listing sources"):
-            return inspect.list_sources(
-                conn, self._schema, dims, (corpus, namespace), allowed, after, limit
-            )
-
-    def source_totals(
-        self, corpus: str, namespace: str, allowed: Mapping[str, str]
-    ) -> SourceTotals:
-        """Counts over what `list_sources` would list (see the port)."""
-        dims = self._descriptor(corpus).embedding.dimensions
-        with self._pool.connection() as conn, translated("counting sources"):
-            return inspect.source_totals(conn, self._schema, dims, (corpus, namespace), allowed)
-
-    def list_passages(
-        self,
-        corpus: str,
-        namespace: str,
-        source_id: str,
-        revision: str,
-        *,
-        after: int | None,
-        limit: int,
-    ) -> list[PassageSummary]:
-        """The passages of exactly that revision, by ordinal (see the port)."""
-        self._descriptor(corpus)
-        with self._pool.connection() as conn, translated("listing passages"):
-            return inspect.list_passages(
-                conn, self._schema, (corpus, namespace, source_id, revision), after, limit
-            )
-
-    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
-        """The stored passage with that chunk id, or None (see the port)."""
-        self._descriptor(corpus)
-        with self._pool.connection() as conn, translated("reading a passage"):
-            return inspect.read_passage(conn, self._schema, (corpus, namespace, chunk_id))
+    @contextlib.contextmanager
+    def _inspecting(self, corpus: str, doing: str) -> Iterator[tuple[Connection, str, int]]:
+        dims = self._descriptor(corpus).embedding.dimensions  # an unopened corpus says so
+        with self._pool.connection() as conn, translated(doing):
+            yield conn, self._schema, dims
 
 
 def _reject_nul(values: Sequence[str | None]) -> None:

@@ -7,6 +7,7 @@ each granted source; text compares by BINARY collation, i.e. by code point.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 
@@ -97,3 +98,52 @@ def read_passage(conn: apsw.Connection, key: tuple[str, str, str]) -> StoredPass
         Location(page, start, end, document_id),
         str(digest),
     )
+
+
+class SqliteInspection:
+    """The inspection methods of `SqliteVectorStore`, over what its `_inspecting` yields: the
+    store's connection under its lock (errors translated) and the corpus's dimensions."""
+
+    def _inspecting(
+        self, corpus: str, doing: str
+    ) -> contextlib.AbstractContextManager[tuple[apsw.Connection, int]]:
+        raise NotImplementedError
+
+    def list_sources(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        *,
+        after: str | None,
+        limit: int,
+    ) -> list[SourceSummary]:
+        """The allowed sources at their allowed revision, by source id (see the port)."""
+        with self._inspecting(corpus, "listing sources") as (conn, dims):
+            return list_sources(conn, dims, (corpus, namespace), allowed, after, limit)
+
+    def source_totals(
+        self, corpus: str, namespace: str, allowed: Mapping[str, str]
+    ) -> SourceTotals:
+        """Counts over what `list_sources` would list (see the port)."""
+        with self._inspecting(corpus, "counting sources") as (conn, dims):
+            return source_totals(conn, dims, (corpus, namespace), allowed)
+
+    def list_passages(
+        self,
+        corpus: str,
+        namespace: str,
+        source_id: str,
+        revision: str,
+        *,
+        after: int | None,
+        limit: int,
+    ) -> list[PassageSummary]:
+        """The passages of exactly that revision, by ordinal (see the port)."""
+        with self._inspecting(corpus, "listing passages") as (conn, _):
+            return list_passages(conn, (corpus, namespace, source_id, revision), after, limit)
+
+    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
+        """The stored passage with that chunk id, or None (see the port)."""
+        with self._inspecting(corpus, "reading a passage") as (conn, _):
+            return read_passage(conn, (corpus, namespace, chunk_id))

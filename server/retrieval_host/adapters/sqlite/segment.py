@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 import numpy as np
 
+from retrieval_host.adapters.sqlite.lexicon import Lexicon
 from retrieval_host.adapters.sqlite.scan import Matrix, Scan
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.models import JSONScalar, Location
@@ -90,6 +91,7 @@ class Loaded:
     source: Revision
     rows: tuple[tuple[str, bytes, Location], ...]
     unit_vectors: Matrix
+    terms: tuple[Mapping[str, int], ...]  # each row's term frequencies (`core.lexical`)
 
 
 GrantKey = tuple[int, str, str]  # a grant's size, first and last source
@@ -229,6 +231,7 @@ class CorpusState:
     segments: dict[str, Segment]
     generations: dict[tuple[str, str], int]  # (namespace, source_id) -> generation loaded
     loaded_generation: int
+    lexicons: dict[str, Lexicon] = field(default_factory=dict)  # per namespace
 
     @property
     def dimensions(self) -> int:
@@ -252,3 +255,14 @@ class CorpusState:
         for item in loaded:
             self.segments[item.namespace].put(item)
             self.generations[(item.namespace, item.source.source_id)] = item.source.generation
+        # The lexical index changes in the same step (under the same lock) as the vectors.
+        lexical: dict[str, tuple[list[str], list[Loaded]]] = {}
+        for namespace, source_id in removed:
+            lexical.setdefault(namespace, ([], []))[0].append(source_id)
+        for item in loaded:
+            lexical.setdefault(item.namespace, ([], []))[1].append(item)
+        for namespace, (gone, put) in lexical.items():
+            lexicon = self.lexicons.get(namespace)
+            if lexicon is None:
+                lexicon = self.lexicons[namespace] = Lexicon()
+            lexicon.apply(gone, put)

@@ -14,17 +14,19 @@ from retrieval_host.adapters._store_rules import (
     check_expected_revision,
     chunk_id_taken,
     corpus_missing,
+    terms_json,
 )
 from retrieval_host.adapters.sqlite.scan import Matrix, check_stored
 from retrieval_host.adapters.sqlite.schema import Identity, one, translated
 from retrieval_host.adapters.sqlite.segment import Loaded, Revision
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.lexical import term_frequencies
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.core.reasons import StoreUnavailableReason
 
 APPLICATION_ID: Final = 0x52485653  # "RHVS": retrieval-host vector store
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 _SCHEMA: Final = (
     """CREATE TABLE corpora (
@@ -61,16 +63,22 @@ _SCHEMA: Final = (
         end_line INTEGER,
         document_id TEXT,
         vector BLOB NOT NULL,
+        terms TEXT,
         UNIQUE (corpus_id, namespace, chunk_id),
         UNIQUE (source_pk, ordinal)
     ) STRICT""",
 )
-# Version 1 recorded no media type and commit time (NULL for the sources it holds).
+# Version 1 had no lexical index. `chunks.terms`: the passage's term frequencies as a JSON
+# object (`core.lexical`), written with the vector. NULL in a database of schema version 1
+# until `backfill_terms` computes it from the stored text at the corpus's next open; a NULL is
+# also analyzed at load, so the index never misses a passage.
+# Version 2 recorded no media type and commit time (NULL for the sources it holds).
 _MIGRATIONS: Final = {
-    1: (
+    1: ("ALTER TABLE chunks ADD COLUMN terms TEXT",),
+    2: (
         "ALTER TABLE sources ADD COLUMN media_type TEXT",
         "ALTER TABLE sources ADD COLUMN indexed_at TEXT",
-    )
+    ),
 }
 IDENTITY: Final = Identity(
     APPLICATION_ID,
@@ -149,7 +157,7 @@ def load_revision(conn: apsw.Connection, dims: int, source_pk: int, out: Matrix)
     )
     chunks: list[tuple[Any, ...]] = conn.execute(
         "SELECT chunk_id, CAST(text AS BLOB), page, start_line, end_line, document_id, "
-        "vector FROM chunks WHERE source_pk = ? ORDER BY ordinal",
+        "vector, terms FROM chunks WHERE source_pk = ? ORDER BY ordinal",
         (source_pk,),
     ).fetchall()
     width = dims * 4
@@ -163,9 +171,28 @@ def load_revision(conn: apsw.Connection, dims: int, source_pk: int, out: Matrix)
         out[:] = np.frombuffer(b"".join(c[6] for c in chunks), dtype="<f4").reshape(len(chunks), -1)
         out /= check_stored(out)  # our own staging rows, normalised in place
     rows = tuple((str(c[0]), bytes(c[1]), Location(c[2], c[3], c[4], c[5])) for c in chunks)
+    terms = tuple(
+        term_frequencies(bytes(c[1]).decode("utf-8")) if c[7] is None else json.loads(str(c[7]))
+        for c in chunks
+    )
     return Loaded(
         str(row[0]),
         Revision(str(row[1]), str(row[2]), str(row[3]), json.loads(str(row[4])), int(row[5])),
         rows,
         out,
+        terms,
     )
+
+
+def backfill_terms(conn: apsw.Connection, corpus: str) -> int:
+    """Store the term frequencies of a corpus's passages written before the lexical index
+    (schema version 1), analyzed from their stored text; no vector is touched. Runs inside
+    the caller's write transaction; returns the number of passages analyzed."""
+    pending = conn.execute(
+        "SELECT rowid, text FROM chunks WHERE corpus_id = ? AND terms IS NULL", (corpus,)
+    ).fetchall()
+    conn.executemany(
+        "UPDATE chunks SET terms = ? WHERE rowid = ?",
+        [(terms_json(term_frequencies(str(text))), rowid) for rowid, text in pending],
+    )
+    return len(pending)

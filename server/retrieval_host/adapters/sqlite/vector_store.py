@@ -4,6 +4,10 @@ Durability. Sources and passages live in one SQLite file, opened and checked by 
 safety, identity, pragmas). A source revision is replaced in one `BEGIN IMMEDIATE` transaction,
 so a reader (in this process or another) sees the old revision or the new one.
 
+Lexical search. Each corpus namespace also has an in-memory inverted index (`lexicon.Lexicon`,
+which gives the measurement behind choosing it over FTS5), built from the term frequencies
+stored with each passage and changed in the same step as the vectors.
+
 Search. Vectors are never read from SQLite per query: each corpus namespace is held in memory
 (`segment.Segment`). A query collects the row spans of the allowed `(source, revision)` pairs
 whose metadata match the filters, then scores only those rows (`scan.Scanner`); a scattered
@@ -18,11 +22,12 @@ processes, by SQLite's own locking (with a busy timeout). A search holds no lock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import apsw
@@ -39,9 +44,11 @@ from retrieval_host.adapters._store_rules import (
     corpus_not_open,
     stale_revision,
     stored_source,
+    terms_json,
 )
 from retrieval_host.adapters.sqlite import inspect
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
+from retrieval_host.adapters.sqlite.lexicon import score
 from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scan, Scanner, query_unit
 from retrieval_host.adapters.sqlite.schema import (
     BUSY_TIMEOUT_MS,
@@ -58,6 +65,7 @@ from retrieval_host.adapters.sqlite.tables import (
     APPLICATION_ID,
     IDENTITY,
     SCHEMA_VERSION,
+    backfill_terms,
     bump_generation,
     check_replacement,
     committed_generation,
@@ -66,12 +74,7 @@ from retrieval_host.adapters.sqlite.tables import (
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import RetrievalError, source_unavailable
-from retrieval_host.core.inspection import (
-    PassageSummary,
-    SourceSummary,
-    SourceTotals,
-    StoredPassage,
-)
+from retrieval_host.core.lexical import Bm25
 from retrieval_host.core.models import JSONScalar
 from retrieval_host.core.ports import (
     Candidate,
@@ -86,7 +89,7 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounte
 _log = logging.getLogger(__name__)
 
 
-class SqliteVectorStore(StoreBase):
+class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
     """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
@@ -178,6 +181,10 @@ class SqliteVectorStore(StoreBase):
                     )
                 else:
                     check_descriptor(descriptor, str(row[0]))
+                    # A corpus from before the lexical index: analyze its stored text once.
+                    analyzed = backfill_terms(conn, descriptor.corpus_id)
+                    if analyzed:
+                        _log.info("analyzed %d stored passages for the lexical index", analyzed)
         # Loading the vectors can take a while on a big corpus: other writers need not wait.
         with self._db_lock:
             state = self._corpora.get(descriptor.corpus_id)
@@ -276,8 +283,8 @@ class SqliteVectorStore(StoreBase):
                 )[0]
                 conn.executemany(
                     "INSERT INTO chunks (source_pk, corpus_id, namespace, chunk_id, "
-                    "ordinal, text, page, start_line, end_line, document_id, vector) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "ordinal, text, page, start_line, end_line, document_id, vector, terms) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
                             source_pk,
@@ -291,8 +298,9 @@ class SqliteVectorStore(StoreBase):
                             c.location.end_line,
                             c.location.document_id,
                             blob,
+                            terms_json(terms),
                         )
-                        for c, blob in zip(chunks, blobs, strict=True)
+                        for c, blob, terms in zip(chunks, blobs, checked.terms, strict=True)
                     ],
                 )
             # Chunks enter the index in ordinal order, the order a reload reads them back in.
@@ -311,6 +319,7 @@ class SqliteVectorStore(StoreBase):
                     for i in order
                 ),
                 checked.unit[order],
+                tuple(checked.terms[i] for i in order),
             )
             self._after_commit(state, before, generation, [loaded], [])
 
@@ -386,6 +395,50 @@ class SqliteVectorStore(StoreBase):
                     location=row.location,
                     document_sha256=row.source.document_sha256,
                     score=min(1.0, max(-1.0, float(scores[i]))),
+                )
+            )
+        return results
+
+    def lexical_search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        terms: Sequence[str],
+        k: int,
+        cancel: CancelToken,
+        filters: Mapping[str, JSONScalar] | None = None,
+    ) -> list[Candidate]:
+        """Top-k BM25 matches among the allowed revisions only, best first (see the port).
+
+        Scored from the namespace's in-memory inverted index (`lexicon.Lexicon`): passages
+        outside `allowed` (or the filters) are masked out before any score is ranked.
+        `cancel` is checked before each query term's postings are scored.
+        """
+        state = self._state(corpus)
+        if k <= 0 or not allowed or not terms:
+            return []
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            lexicon = state.lexicons.get(namespace)
+            capture = None if lexicon is None else lexicon.capture(allowed, terms, filters)
+        if capture is None:
+            return []
+        lexical = state.descriptor.lexical
+        ranked = score(capture, terms, Bm25(lexical.k1, lexical.b), k, cancel)
+        results: list[Candidate] = []
+        for slot, value in ranked:
+            chunk_id, text, location = capture.rows[slot]
+            source = capture.sources[slot]
+            results.append(
+                Candidate(
+                    chunk_id=chunk_id,
+                    source_id=source.source_id,
+                    revision=source.revision,
+                    text=text.decode("utf-8"),
+                    location=location,
+                    document_sha256=source.document_sha256,
+                    score=value,
                 )
             )
         return results
@@ -520,49 +573,8 @@ class SqliteVectorStore(StoreBase):
 
     # --- inspection (`adapters/sqlite/inspect.py`) ---------------------------------------------
 
-    def list_sources(
-        self,
-        corpus: str,
-        namespace: str,
-        allowed: Mapping[str, str],
-        *,
-        after: str | None,
-        limit: int,
-    ) -> list[SourceSummary]:
-        """The allowed sources at their allowed revision, by source id (see the port)."""
-        dims = self._state(corpus).dimensions
-        with self._db_lock, translated("listing sources"):
-            return inspect.list_sources(
-                self._connection(), dims, (corpus, namespace), allowed, after, limit
-            )
-
-    def source_totals(
-        self, corpus: str, namespace: str, allowed: Mapping[str, str]
-    ) -> SourceTotals:
-        """Counts over what `list_sources` would list (see the port)."""
-        dims = self._state(corpus).dimensions
-        with self._db_lock, translated("counting sources"):
-            return inspect.source_totals(self._connection(), dims, (corpus, namespace), allowed)
-
-    def list_passages(
-        self,
-        corpus: str,
-        namespace: str,
-        source_id: str,
-        revision: str,
-        *,
-        after: int | None,
-        limit: int,
-    ) -> list[PassageSummary]:
-        """The passages of exactly that revision, by ordinal (see the port)."""
-        self._state(corpus)
-        with self._db_lock, translated("listing passages"):
-            return inspect.list_passages(
-                self._connection(), (corpus, namespace, source_id, revision), after, limit
-            )
-
-    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
-        """The stored passage with that chunk id, or None (see the port)."""
-        self._state(corpus)
-        with self._db_lock, translated("reading a passage"):
-            return inspect.read_passage(self._connection(), (corpus, namespace, chunk_id))
+    @contextlib.contextmanager
+    def _inspecting(self, corpus: str, doing: str) -> Iterator[tuple[apsw.Connection, int]]:
+        dims = self._state(corpus).dimensions  # an unopened corpus or a closed store says so
+        with self._db_lock, translated(doing):
+            yield self._connection(), dims

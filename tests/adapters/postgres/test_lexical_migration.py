@@ -1,0 +1,86 @@
+"""A schema of the release before the lexical index (vector-store version 1) is migrated at
+open: its lexical index is built from the stored text in the migration's transaction, without
+re-embedding, and then ranks exactly as a store written by this release."""
+
+from __future__ import annotations
+
+import numpy as np
+from psycopg import sql
+
+from retrieval_host.adapters.postgres import PgVectorStore
+from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.lexical import analyze, query_terms
+from retrieval_host.core.ports import CapacityLimits
+from tests.support.lexical_reference import reference
+from tests.support.pg import connect
+from tests.support.previous_vector_store import old_vectors, pg_v1_schema
+from tests.support.sqlite_store import descriptor, revision, unit_vectors
+
+OLD = {
+    ("ns", "cells"): ["Stem cells divide.", "Cell division needs cyclins."],
+    ("ns", "virus"): ["A virus replicates inside cells.", "Vaccines prime immunity."],
+    ("other", "flood"): ["virus virus virus"] * 5,
+}
+NS_DOCS = {sid: texts for (ns, sid), texts in OLD.items() if ns == "ns"}
+
+
+def test_a_schema_of_the_previous_release_gets_its_lexical_index_at_open(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    pg_v1_schema(pg_dsn, pg_schema, descriptor("c1"), OLD)
+    with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
+        store.open_corpus(descriptor("c1"))  # the old descriptor takes the lexical default
+        grant = {"cells": "r1", "virus": "r1"}
+        for query in ("cells virus", "division"):
+            hits = store.lexical_search("c1", "ns", grant, query_terms(query), 10, CancelToken())
+            expected = reference(NS_DOCS, set(grant), query)
+            assert [(h.chunk_id, round(h.score, 9)) for h in hits] == [
+                (c, round(s, 9)) for c, s in expected
+            ]
+        dense = store.search("c1", "ns", grant, old_vectors("cells", 2, 8)[1], 1, CancelToken())
+        assert [h.chunk_id for h in dense] == ["cells:1"]
+        # Writes after the migration keep the namespace statistics whole.
+        source, chunks = revision(
+            "virus",
+            "r2",
+            unit_vectors(np.random.default_rng(1), 1),
+            texts=["Influenza spreads in winter."],
+        )
+        store.replace_source(
+            "c1", "ns", source, chunks, expected_revision="r1", limits=CapacityLimits()
+        )
+        assert store.delete_source("c1", "other", "flood", "r1") == 5
+        docs = {**NS_DOCS, "virus": ["Influenza spreads in winter."]}
+        grant = {"cells": "r1", "virus": "r2"}
+        hits = store.lexical_search("c1", "ns", grant, query_terms("cells"), 10, CancelToken())
+        assert [(h.chunk_id, round(h.score, 9)) for h in hits] == [
+            (c, round(s, 9)) for c, s in reference(docs, set(grant), "cells")
+        ]
+
+    with connect(pg_dsn) as conn:
+        s = sql.Identifier(pg_schema)
+        version = conn.execute(
+            sql.SQL(
+                "SELECT version FROM {}.schema_version WHERE component = 'vector-store'"
+            ).format(s)
+        ).fetchone()
+        assert version == (VECTOR_SCHEMA_VERSION,)
+        missing = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.chunks WHERE term_count IS NULL").format(s)
+        ).fetchone()
+        assert missing == (0,)
+        spaces = conn.execute(
+            sql.SQL(
+                "SELECT namespace, passages, total_terms FROM {}.lexical_spaces ORDER BY namespace"
+            ).format(s)
+        ).fetchall()
+        terms = sum(len(analyze(t)) for texts in docs.values() for t in texts)
+        assert spaces == [("ns", 3, terms), ("other", 0, 0)]
+    # A second open finds the current version and changes nothing.
+    with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
+        store.open_corpus(descriptor("c1"))
+        hits = store.lexical_search(
+            "c1", "ns", {"virus": "r2"}, query_terms("influenza"), 3, CancelToken()
+        )
+        assert [h.chunk_id for h in hits] == ["virus:0"]

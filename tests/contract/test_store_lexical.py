@@ -1,0 +1,244 @@
+"""The lexical half of the store contract (`VectorStore.lexical_search`), over every adapter.
+
+Scores are compared with a BM25 written out here (the Lucene variant bm25s uses), whose
+statistics are those of the namespace's current revisions; both stores must match it, so they
+also match each other.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import LexicalDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.ports import Candidate, CapacityLimits
+from tests.contract.conftest import ContractStore, StoreHarness
+from tests.support.lexical_reference import reference
+from tests.support.sqlite_store import descriptor, revision, unit_vectors
+
+LIMITS = CapacityLimits()
+
+DOCS = {
+    "cells": [
+        "Stem cells divide and differentiate into many cell types.",
+        "Cell division is controlled by cyclins during the cell cycle.",
+    ],
+    "heart": [
+        "Cardiac muscle cells contract rhythmically; the heart pumps blood.",
+        "Blood pressure rises with age in most populations.",
+    ],
+    "virus": [
+        "A virus replicates only inside the living cells of an organism.",
+        "Vaccines train the immune system to recognise a virus.",
+        "Influenza virus spreads in winter.",
+    ],
+}
+
+
+def put(
+    store: ContractStore,
+    source_id: str,
+    rev: str,
+    texts: list[str],
+    *,
+    namespace: str = "ns",
+    expected: str | None = None,
+    corpus: str = "c1",
+    metadata: dict[str, str] | None = None,
+) -> None:
+    vectors = unit_vectors(np.random.default_rng(len(texts)), len(texts))
+    source, chunks = revision(source_id, rev, vectors, texts=texts, metadata=metadata)
+    store.replace_source(
+        corpus, namespace, source, chunks, expected_revision=expected, limits=LIMITS
+    )
+
+
+def lexical(
+    store: ContractStore,
+    allowed: dict[str, str],
+    query: str,
+    k: int = 10,
+    *,
+    namespace: str = "ns",
+    corpus: str = "c1",
+    **kwargs: object,
+) -> list[Candidate]:
+    return store.lexical_search(
+        corpus,
+        namespace,
+        allowed,
+        query_terms(query),
+        k,
+        CancelToken(),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def assert_ranked(hits: list[Candidate], expected: list[tuple[str, float]]) -> None:
+    assert [h.chunk_id for h in hits] == [cid for cid, _ in expected]
+    np.testing.assert_allclose([h.score for h in hits], [s for _, s in expected], atol=1e-6)
+
+
+def load(store: ContractStore, namespace: str = "ns", corpus: str = "c1") -> dict[str, str]:
+    for sid, texts in DOCS.items():
+        put(store, sid, "r1", texts, namespace=namespace, corpus=corpus)
+    return {sid: "r1" for sid in DOCS}
+
+
+# --- ranking ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query", ["cell division", "virus cells", "blood blood heart", "zebra"])
+def test_lexical_search_ranks_by_bm25_over_the_namespace(store: ContractStore, query: str) -> None:
+    grant = load(store)
+    hits = lexical(store, grant, query)
+    assert_ranked(hits, reference(DOCS, set(grant), query))
+    assert all(h.revision == "r1" and h.text in DOCS[h.source_id] for h in hits)
+    assert_ranked(lexical(store, grant, query, k=2), reference(DOCS, set(grant), query)[:2])
+
+
+def test_the_corpus_descriptor_sets_k1_and_b(harness: StoreHarness) -> None:
+    store = harness.open()
+    tuned = descriptor("c2")
+    store.open_corpus(
+        type(tuned)(
+            "c2", tuned.index_version, tuned.embedding, {}, LexicalDescriptor(k1=1.5, b=0.9)
+        )
+    )
+    grant = load(store, corpus="c2")
+    hits = lexical(store, grant, "cell virus", corpus="c2")
+    assert_ranked(hits, reference(DOCS, set(grant), "cell virus", k1=1.5, b=0.9))
+
+
+def test_equal_scores_come_in_chunk_id_order(store: ContractStore) -> None:
+    for sid in ("b", "a", "c"):
+        put(store, sid, "r1", ["identical passage text"])
+    hits = lexical(store, {"a": "r1", "b": "r1", "c": "r1"}, "identical")
+    assert [h.chunk_id for h in hits] == ["a:0", "b:0", "c:0"]
+    assert len({h.score for h in hits}) == 1
+
+
+def test_an_empty_query_or_grant_or_unknown_term_finds_nothing(store: ContractStore) -> None:
+    grant = load(store)
+    assert lexical(store, grant, "the of and") == []  # stop words only: no terms
+    assert lexical(store, {}, "virus") == []
+    assert lexical(store, grant, "virus", k=0) == []
+    assert lexical(store, grant, "virus", namespace="elsewhere") == []
+
+
+# --- filtering before ranking -------------------------------------------------------------------
+
+
+def test_only_the_granted_exact_revisions_are_ranked(store: ContractStore) -> None:
+    grant = load(store)
+    # k=1: the best passage overall is about viruses, but it is not granted.
+    hits = lexical(store, {"cells": "r1"}, "virus cells", k=1)
+    assert_ranked(hits, reference(DOCS, {"cells"}, "virus cells")[:1])
+    assert lexical(store, {"virus": "r0"}, "virus") == []  # another revision: nothing
+    assert lexical(store, {"ghost": "r1"}, "virus") == []
+    assert grant
+
+
+def test_metadata_filters_apply_before_ranking(store: ContractStore) -> None:
+    put(store, "virus", "r1", DOCS["virus"], metadata={"lang": "en"})
+    put(store, "cells", "r1", DOCS["cells"], metadata={"lang": "de"})
+    allowed = {"virus": "r1", "cells": "r1"}
+    hits = lexical(store, allowed, "cells virus", k=1, filters={"lang": "de"})
+    assert [h.source_id for h in hits] == ["cells"]
+    assert lexical(store, allowed, "cells", filters={"lang": "fr"}) == []
+
+
+def test_statistics_are_per_namespace(store: ContractStore) -> None:
+    grant = load(store)
+    before = lexical(store, grant, "virus cells")
+    # Many passages about viruses in another namespace change nothing here.
+    put(store, "flood", "r1", ["virus virus virus"] * 20, namespace="other")
+    assert lexical(store, grant, "virus cells") == before
+    assert lexical(store, {"flood": "r1"}, "virus") == []  # not in this namespace
+    flood = lexical(store, {"flood": "r1"}, "virus", namespace="other")
+    assert [h.chunk_id for h in flood] == sorted(f"flood:{i}" for i in range(20))[:10]
+
+
+# --- one whole revision ------------------------------------------------------------------------
+
+
+def test_a_replaced_revision_leaves_no_lexical_entry(store: ContractStore) -> None:
+    load(store)
+    assert len(lexical(store, {"virus": "r1"}, "virus")) == 3  # this grant, searched before
+    put(store, "virus", "r2", ["Bacteriophages infect bacteria."], expected="r1")
+    assert lexical(store, {"virus": "r1"}, "virus") == []
+    hits = lexical(store, {"virus": "r2"}, "bacteria")
+    assert [h.chunk_id for h in hits] == ["virus:0"]
+    docs = {**DOCS, "virus": ["Bacteriophages infect bacteria."]}
+    grant = {"cells": "r1", "heart": "r1", "virus": "r2"}
+    assert_ranked(lexical(store, grant, "cells"), reference(docs, set(grant), "cells"))
+
+
+def test_a_delete_removes_the_lexical_entries_and_their_statistics(store: ContractStore) -> None:
+    grant = load(store)
+    assert store.delete_source("c1", "ns", "virus", "r1") == 3
+    assert lexical(store, grant, "virus") == []
+    docs = {sid: texts for sid, texts in DOCS.items() if sid != "virus"}
+    assert_ranked(lexical(store, grant, "cells"), reference(docs, set(docs), "cells"))
+
+
+def test_another_instance_sees_committed_lexical_entries(harness: StoreHarness) -> None:
+    writer = harness.open()
+    writer.open_corpus(descriptor("c1"))
+    reader = harness.open()
+    reader.open_corpus(descriptor("c1"))
+    grant = load(writer)
+    assert_ranked(lexical(reader, grant, "blood"), reference(DOCS, set(grant), "blood"))
+    writer.delete_source("c1", "ns", "heart", "r1")
+    assert lexical(reader, grant, "blood") == []
+
+
+def test_a_reader_never_sees_half_a_revision(store: ContractStore) -> None:
+    # The writer swaps between two revisions of one source; every passage of a revision names
+    # it. A reader granted either revision sees all of that revision's passages, or none.
+    texts = {rev: [f"marker {rev} passage number {i}" for i in range(6)] for rev in ("r1", "r2")}
+    put(store, "s", "r1", texts["r1"])
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            current = "r1"
+            for _ in range(30):
+                nxt = "r2" if current == "r1" else "r1"
+                put(store, "s", nxt, texts[nxt], expected=current)
+                current = nxt
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen = set()
+    while not done.is_set():
+        for rev in ("r1", "r2"):
+            hits = lexical(store, {"s": rev}, f"marker {rev} passage")
+            assert len(hits) in (0, 6)
+            assert all(h.revision == rev and rev in h.text for h in hits)
+            seen.add(len(hits))
+    writer.join()
+    assert errors == []
+    assert 6 in seen
+
+
+# --- cancellation -------------------------------------------------------------------------------
+
+
+def test_a_cancelled_lexical_search_raises_cancelled(store: ContractStore) -> None:
+    grant = load(store)
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(RetrievalError) as excinfo:
+        store.lexical_search("c1", "ns", grant, query_terms("virus"), 5, token)
+    assert excinfo.value.code is ErrorCode.CANCELLED

@@ -1,0 +1,69 @@
+"""Fusion of the dense and lexical rankings (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.fusion import FusionSettings, fuse, single
+from retrieval_host.core.models import Location
+from retrieval_host.core.ports import Candidate
+
+
+def cand(chunk_id: str, score: float) -> Candidate:
+    return Candidate(chunk_id, chunk_id[0], "r1", f"text {chunk_id}", Location(), "sha", score)
+
+
+def test_convex_fusion_scales_each_ranking_per_query_and_mixes_them() -> None:
+    dense = [cand("a", 0.9), cand("b", 0.7), cand("c", 0.5)]
+    lexical = [cand("c", 12.0), cand("d", 6.0), cand("a", 2.0)]
+    fused = fuse(dense, lexical, FusionSettings())
+    expected = {
+        "a": 0.45 * 1.0 + 0.55 * 0.0,
+        "b": 0.45 * 0.5,
+        "c": 0.45 * 0.0 + 0.55 * 1.0,
+        "d": 0.55 * 0.4,
+    }
+    assert [r.candidate.chunk_id for r in fused] == ["c", "a", "b", "d"]
+    for r in fused:
+        assert math.isclose(r.candidate.score, expected[r.candidate.chunk_id])
+    by_id = {r.candidate.chunk_id: dict(r.scores) for r in fused}
+    assert by_id["a"] == {"dense": 0.9, "lexical": 2.0}
+    assert by_id["b"] == {"dense": 0.7}
+    assert by_id["d"] == {"lexical": 6.0}
+
+
+def test_rrf_sums_reciprocal_ranks() -> None:
+    dense = [cand("a", 0.9), cand("b", 0.8)]
+    lexical = [cand("b", 3.0), cand("c", 1.0)]
+    fused = fuse(dense, lexical, FusionSettings(method="rrf", rrf_k=60))
+    scores = {r.candidate.chunk_id: r.candidate.score for r in fused}
+    assert math.isclose(scores["b"], 1 / 62 + 1 / 61)
+    assert math.isclose(scores["a"], 1 / 61)
+    assert math.isclose(scores["c"], 1 / 62)
+    assert [r.candidate.chunk_id for r in fused] == ["b", "a", "c"]
+
+
+def test_equal_scores_come_in_chunk_id_order_and_one_candidate_scales_to_one() -> None:
+    fused = fuse([cand("b", 0.3)], [cand("a", 5.0)], FusionSettings(dense_weight=0.5))
+    assert [(r.candidate.chunk_id, r.candidate.score) for r in fused] == [("a", 0.5), ("b", 0.5)]
+    assert fuse([], [], FusionSettings()) == []
+
+
+def test_a_single_mode_keeps_the_store_order_and_names_its_score() -> None:
+    ranked = single("lexical", [cand("a", 4.0), cand("b", 1.0)])
+    assert [(r.candidate.score, dict(r.scores)) for r in ranked] == [
+        (4.0, {"lexical": 4.0}),
+        (1.0, {"lexical": 1.0}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"method": "max"}, {"dense_weight": 1.5}, {"dense_weight": math.nan}, {"rrf_k": 0}],
+)
+def test_invalid_fusion_settings_are_refused(settings: dict[str, object]) -> None:
+    with pytest.raises(RetrievalError):
+        FusionSettings(**settings)  # type: ignore[arg-type]

@@ -1,0 +1,32 @@
+"""The lexical analyzer and BM25 reference: what both stores index and rank by."""
+
+from __future__ import annotations
+
+import math
+
+from retrieval_host.core.lexical import Bm25, analyze, query_terms, term_frequencies
+
+
+def test_the_analyzer_lowercases_drops_stop_words_and_one_letter_tokens_and_stems() -> None:
+    assert analyze("The Running of the studies, a B-cell in 2024!") == [
+        "run",
+        "studi",
+        "cell",
+        "2024",
+    ]
+    assert query_terms("Studies running") == ["studi", "run"]
+
+
+def test_term_frequencies_count_each_term() -> None:
+    assert term_frequencies("cells cell CELL divide") == {"cell": 3, "divid": 1}
+    assert term_frequencies("the a an") == {}
+
+
+def test_bm25_matches_the_formula_by_hand() -> None:
+    bm25 = Bm25(k1=0.9, b=0.4)
+    idf = math.log(1 + (10 - 2 + 0.5) / (2 + 0.5))
+    weight = 3 / (3 + 0.9 * (1 - 0.4 + 0.4 * 4 / 5.0))
+    passage = {"cell": 3, "divid": 1}
+    score = bm25.score(["cell", "cell", "absent"], passage, {"cell": 2}, 10, 5.0)
+    assert math.isclose(score, 2 * idf * weight)
+    assert bm25.idf(10, 10) > 0  # a term in every passage still counts a little

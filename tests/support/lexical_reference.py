@@ -1,0 +1,43 @@
+"""BM25 written out by hand (the Lucene variant bm25s uses): what the stores must match."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from retrieval_host.core.lexical import query_terms, term_frequencies
+
+
+def reference(
+    namespace_docs: dict[str, list[str]],
+    allowed: set[str],
+    query: str,
+    *,
+    k1: float = 0.9,
+    b: float = 0.4,
+) -> list[tuple[str, float]]:
+    """(chunk id, score) best first, statistics over every passage of `namespace_docs`."""
+    passages = {
+        f"{sid}:{i}": term_frequencies(text)
+        for sid, texts in namespace_docs.items()
+        for i, text in enumerate(texts)
+    }
+    n = len(passages)
+    average = sum(sum(tf.values()) for tf in passages.values()) / n
+    df = Counter(term for tf in passages.values() for term in tf)
+    scored = []
+    for chunk_id, tf in passages.items():
+        if chunk_id.split(":")[0] not in allowed:
+            continue
+        length = sum(tf.values())
+        score = sum(
+            count
+            * math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            * tf[t]
+            / (tf[t] + k1 * (1 - b + b * length / average))
+            for t, count in Counter(query_terms(query)).items()
+            if t in tf
+        )
+        if score > 0:
+            scored.append((chunk_id, score))
+    return sorted(scored, key=lambda pair: (-pair[1], pair[0]))
