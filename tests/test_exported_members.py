@@ -15,6 +15,8 @@ PUBLIC = {
     "SearchRequest", "SearchResult", "IndexRequest", "IndexResult", "DeleteRequest",
     "DeleteResult", "ChunkInput", "SourceInfo", "Location", "Hit", "SourceRef", "Scope",
     "EmbeddingUsage",
+    # inspection: what a subject may see of its corpora, sources and passages
+    "CorpusSummary", "SourcePage", "SourceSummary", "SourceDetail", "PassageSummary", "Passage",
     # errors
     "ErrorCode", "RetrievalError",
     # what an application plugs in

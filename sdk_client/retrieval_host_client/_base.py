@@ -25,22 +25,30 @@ from pydantic import BaseModel
 from retrieval_host_client._responses import (
     EVENT_STREAM,
     check_event_stream,
+    check_page,
+    check_passage,
     check_run_record,
     check_run_result,
     check_same_source,
     check_search_response,
+    check_source,
     parser,
     raise_for_status,
 )
 from retrieval_host_client.models import (
+    CorporaResponse,
     DeleteRequest,
     DeleteResponse,
     IndexRequest,
     IndexResponse,
     IngestParams,
+    PageParams,
+    PassageResponse,
     ProtocolInfo,
     SearchRequest,
     SearchResponse,
+    SourceResponse,
+    SourcesResponse,
 )
 from retrieval_host_client.run_models import RunRecord, RunRequest, RunResult
 
@@ -373,3 +381,47 @@ class BaseClient(Generic[H]):
             "/v1/runs/" + quote(run_id, safe=""),
             parser(RunRecord, check_run_record(run_id)),
         )
+
+    # --- inspection: what the token's subject may search -------------------------------------
+
+    def _list_corpora(self) -> Call[CorporaResponse]:
+        return Call("GET", "/v1/corpora", parser(CorporaResponse))
+
+    def _list_sources(
+        self, corpus: str, *, limit: int | None, cursor: str | None
+    ) -> Call[SourcesResponse]:
+        return Call(
+            "GET",
+            f"/v1/corpora/{_segment(corpus)}/sources",
+            parser(SourcesResponse, check_page(cursor)),
+            params=_page(limit, cursor),
+        )
+
+    def _get_source(
+        self, corpus: str, source_id: str, *, limit: int | None, cursor: str | None
+    ) -> Call[SourceResponse]:
+        return Call(
+            "GET",
+            f"/v1/corpora/{_segment(corpus)}/sources/{_segment(source_id)}",
+            parser(SourceResponse, check_source(source_id, cursor)),
+            params=_page(limit, cursor),
+        )
+
+    def _get_passage(self, corpus: str, chunk_id: str) -> Call[PassageResponse]:
+        return Call(
+            "GET",
+            f"/v1/corpora/{_segment(corpus)}/passages/{_segment(chunk_id)}",
+            parser(PassageResponse, check_passage(corpus, chunk_id)),
+        )
+
+
+def _segment(value: str) -> str:
+    """One path segment: every reserved character escaped (a source id may hold `/`)."""
+    if not value:
+        raise ValueError("corpus, source and chunk ids must not be empty")
+    return quote(value, safe="")
+
+
+def _page(limit: int | None, cursor: str | None) -> dict[str, str]:
+    params = PageParams(limit=limit, cursor=cursor)
+    return {k: str(v) for k, v in params.model_dump(by_alias=True, exclude_none=True).items()}

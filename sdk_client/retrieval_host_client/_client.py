@@ -17,15 +17,19 @@ from retrieval_host_client._base import (
     DocumentInput,
     Upload,
 )
-from retrieval_host_client._responses import RunEventReader, transport_error
+from retrieval_host_client._responses import RunEventReader, corpora_of, transport_error
 from retrieval_host_client.models import (
+    CorpusInfo,
     DeleteRequest,
     DeleteResponse,
     IndexRequest,
     IndexResponse,
+    PassageResponse,
     ProtocolInfo,
     SearchRequest,
     SearchResponse,
+    SourceListing,
+    SourceResponse,
 )
 from retrieval_host_client.run_models import RunEvent, RunRecord, RunRequest, RunResult
 
@@ -228,3 +232,37 @@ class Client(BaseClient[httpx.Client]):
     def get_run(self, run_id: str) -> RunRecord:
         """`GET /v1/runs/{id}`: the recorded run of the token's subject."""
         return self._send(self._get_run(run_id))
+
+    # --- inspection: what the token's subject may search ---------------------------------------
+
+    def list_corpora(self) -> list[CorpusInfo]:
+        """`GET /v1/corpora`: the corpora the token may search, each with its embedding labels,
+        the token's operations on it and counts over the sources its subject may search."""
+        return corpora_of(self._send(self._list_corpora()))
+
+    def list_sources(
+        self, corpus: str, *, page_size: int | None = None, cursor: str | None = None
+    ) -> Iterator[SourceListing]:
+        """Every source of `corpus` the subject may search, at its authorized revision (the
+        one a delete names), by id: an iterator that fetches pages of `page_size`
+        (1-1000; the host's default 100) lazily, following `nextCursor`. `cursor` resumes a
+        listing from a page's `nextCursor`."""
+        while True:
+            page = self._send(self._list_sources(corpus, limit=page_size, cursor=cursor))
+            yield from page.sources
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def get_source(
+        self, corpus: str, source_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> SourceResponse:
+        """One source at its authorized revision with a page of its passages (chunk id,
+        location, bytes); pass the answer's `next_cursor` as `cursor` for the next page.
+        A missing and an unauthorized source both raise `SourceUnavailableError`."""
+        return self._send(self._get_source(corpus, source_id, limit=limit, cursor=cursor))
+
+    def get_passage(self, corpus: str, chunk_id: str) -> PassageResponse:
+        """One passage as a search hit shows it, authorized now: open a saved citation. A
+        changed revision, a revoked grant and a missing passage raise `SourceUnavailableError`."""
+        return self._send(self._get_passage(corpus, chunk_id))

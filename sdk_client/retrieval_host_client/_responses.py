@@ -26,11 +26,16 @@ from retrieval_host_client._errors import (
 )
 from retrieval_host_client._sse import ServerSentEvent, SSEDecoder, SSEError
 from retrieval_host_client.models import (
+    CorporaResponse,
+    CorpusInfo,
     DeleteResponse,
     IndexResponse,
+    PassageResponse,
     Problem,
     SearchRequest,
     SearchResponse,
+    SourceResponse,
+    SourcesResponse,
 )
 from retrieval_host_client.run_models import (
     RunCompletedEvent,
@@ -47,10 +52,14 @@ __all__ = [
     "EVENT_STREAM",
     "RunEventReader",
     "check_event_stream",
+    "check_page",
+    "check_passage",
     "check_run_record",
     "check_run_result",
     "check_same_source",
     "check_search_response",
+    "check_source",
+    "corpora_of",
     "error_for",
     "parser",
     "raise_for_status",
@@ -177,6 +186,50 @@ def check_run_record(run_id: str) -> Callable[[RunRecord], RunRecord]:
         return record
 
     return check
+
+
+# --- inspection answers ----------------------------------------------------------------------
+
+P = TypeVar("P", SourcesResponse, SourceResponse)
+
+
+def check_page(cursor: str | None) -> Callable[[P], P]:
+    """A page must move on: a `nextCursor` equal to the one sent would page forever."""
+
+    def check(response: P) -> P:
+        if cursor is not None and response.next_cursor == cursor:
+            raise ProtocolError("the host returned the same cursor again")
+        return response
+
+    return check
+
+
+def check_source(source_id: str, cursor: str | None) -> Callable[[SourceResponse], SourceResponse]:
+    """The answer is about the asked source, and its page of passages moves on."""
+    same_page = check_page(cursor)
+
+    def check(response: SourceResponse) -> SourceResponse:
+        if response.source.id != source_id:
+            raise ProtocolError("the host answered for another source than asked")
+        return same_page(response)
+
+    return check
+
+
+def check_passage(corpus: str, chunk_id: str) -> Callable[[PassageResponse], PassageResponse]:
+    """The answer is the asked passage, in the asked corpus."""
+
+    def check(response: PassageResponse) -> PassageResponse:
+        if response.chunk_id != chunk_id or response.scope.corpus != corpus:
+            raise ProtocolError("the host answered for another passage than asked")
+        return response
+
+    return check
+
+
+def corpora_of(response: CorporaResponse) -> list[CorpusInfo]:
+    """The corpora of a listing, as a list the caller owns."""
+    return list(response.corpora)
 
 
 # --- streamed runs ----------------------------------------------------------------------------

@@ -18,6 +18,14 @@ from retrieval_host.batch import BatchItem, BatchReport, ingest_paths
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.inspection import (
+    CorpusSummary,
+    Passage,
+    PassageSummary,
+    SourceDetail,
+    SourcePage,
+    SourceSummary,
+)
 from retrieval_host.core.models import (
     ChunkInput,
     DeleteRequest,
@@ -79,6 +87,7 @@ __all__ = [
     "ChunkingSettings",
     "CommitEvent",
     "Corpus",
+    "CorpusSummary",
     "DeleteRequest",
     "DeleteResult",
     "Driver",
@@ -95,6 +104,8 @@ __all__ = [
     "IngestRequest",
     "Location",
     "OutputArtifactSpec",
+    "Passage",
+    "PassageSummary",
     "PreparedDocument",
     "RequestContext",
     "RetrievalError",
@@ -115,8 +126,11 @@ __all__ = [
     "SearchRequest",
     "SearchResult",
     "SettingsError",
+    "SourceDetail",
     "SourceInfo",
+    "SourcePage",
     "SourceRef",
+    "SourceSummary",
     "VectorStore",
     "ingest_paths",
     "load_settings",

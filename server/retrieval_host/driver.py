@@ -6,13 +6,20 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass, replace
 from typing import cast
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
+from retrieval_host.core.inspection import (
+    DEFAULT_PAGE_LIMIT,
+    CorpusSummary,
+    Passage,
+    SourceDetail,
+    SourcePage,
+)
 from retrieval_host.core.models import (
     DeleteRequest,
     DeleteResult,
@@ -241,6 +248,40 @@ class Driver:
         """Delete exactly the authorized revision of a source."""
         return self.retrieval.delete_context(request, context)
 
+    def list_corpora(
+        self, context: RequestContext, corpus_ids: Collection[str] | None = None
+    ) -> list[CorpusSummary]:
+        """The corpora the subject may search (of `corpus_ids`, when given), with counts over
+        the sources visible to it; a denied corpus is left out like a missing one."""
+        return self.retrieval.list_corpora(context, corpus_ids)
+
+    def list_sources(
+        self,
+        corpus: str,
+        context: RequestContext,
+        *,
+        limit: int = DEFAULT_PAGE_LIMIT,
+        cursor: str | None = None,
+    ) -> SourcePage:
+        """One page of the sources the subject may search, at their authorized revision."""
+        return self.retrieval.list_sources(corpus, context, limit=limit, cursor=cursor)
+
+    def get_source(
+        self,
+        corpus: str,
+        source_id: str,
+        context: RequestContext,
+        *,
+        limit: int = DEFAULT_PAGE_LIMIT,
+        cursor: str | None = None,
+    ) -> SourceDetail:
+        """One visible source with a page of its passages (`SOURCE_UNAVAILABLE` otherwise)."""
+        return self.retrieval.get_source(corpus, source_id, context, limit=limit, cursor=cursor)
+
+    def get_passage(self, corpus: str, chunk_id: str, context: RequestContext) -> Passage:
+        """The passage behind a citation, authorized at read (`SOURCE_UNAVAILABLE` otherwise)."""
+        return self.retrieval.get_passage(corpus, chunk_id, context)
+
     def ingest_context(
         self,
         request: IngestRequest,
@@ -284,7 +325,8 @@ class Driver:
             try:
                 prepared = self._prepare(request, media_type, corpus, settings, context, deadline)
                 context.cancel.check()
-                return self.retrieval.index_context(prepared.index_request(corpus.id), context)
+                indexed = replace(prepared.index_request(corpus.id), media_type=media_type)
+                return self.retrieval.index_context(indexed, context)
             except RetrievalError as exc:
                 if exc.code is ErrorCode.CANCELLED and deadline.expired.is_set():
                     raise too_complex(

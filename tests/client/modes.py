@@ -17,11 +17,13 @@ from anyio.from_thread import BlockingPortal
 from retrieval_host_client import (
     AsyncClient,
     AsyncRunStream,
+    CorpusInfo,
     DeleteRequest,
     DeleteResponse,
     DocumentInput,
     IndexRequest,
     IndexResponse,
+    PassageResponse,
     ProtocolInfo,
     RunEvent,
     RunRecord,
@@ -29,6 +31,8 @@ from retrieval_host_client import (
     RunResult,
     SearchRequest,
     SearchResponse,
+    SourceListing,
+    SourceResponse,
 )
 
 
@@ -81,6 +85,18 @@ class ClientApi(Protocol):
     ) -> contextlib.AbstractContextManager[StreamApi]: ...
 
     def get_run(self, run_id: str) -> RunRecord: ...
+
+    def list_corpora(self) -> list[CorpusInfo]: ...
+
+    def list_sources(
+        self, corpus: str, *, page_size: int | None = None, cursor: str | None = None
+    ) -> Iterator[SourceListing]: ...
+
+    def get_source(
+        self, corpus: str, source_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> SourceResponse: ...
+
+    def get_passage(self, corpus: str, chunk_id: str) -> PassageResponse: ...
 
     def close(self) -> None: ...
 
@@ -172,6 +188,30 @@ class PortalClient:
 
     def get_run(self, run_id: str) -> RunRecord:
         return self._portal.call(self.client.get_run, run_id)
+
+    def list_corpora(self) -> list[CorpusInfo]:
+        return self._portal.call(self.client.list_corpora)
+
+    def list_sources(
+        self, corpus: str, *, page_size: int | None = None, cursor: str | None = None
+    ) -> Iterator[SourceListing]:
+        sources = self.client.list_sources(corpus, page_size=page_size, cursor=cursor)
+        while True:
+            try:
+                yield self._portal.call(sources.__anext__)
+            except StopAsyncIteration:
+                return
+
+    def get_source(
+        self, corpus: str, source_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> SourceResponse:
+        call = functools.partial(
+            self.client.get_source, corpus, source_id, limit=limit, cursor=cursor
+        )
+        return self._portal.call(call)
+
+    def get_passage(self, corpus: str, chunk_id: str) -> PassageResponse:
+        return self._portal.call(self.client.get_passage, corpus, chunk_id)
 
     def close(self) -> None:
         self._portal.call(self.client.aclose)

@@ -152,3 +152,51 @@ def test_search_returns_only_granted_namespace_sources_and_revisions(
     available = len(passages)
     assert len(result.hits) == min(limit, available)
     assert result.truncated == (available > limit)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    namespace=st.sampled_from((*NAMESPACES, "team-c")),
+    granted=st.dictionaries(st.sampled_from((*SOURCES, "ghost")), grant_revisions, max_size=6),
+    limit=st.integers(1, 4),
+)
+def test_listing_shows_exactly_the_granted_current_sources(
+    indexed: Indexed, namespace: str, granted: dict[str, str], limit: int
+) -> None:
+    def resolve(source_id: str, choice: str) -> str:
+        rev = indexed.current.get((namespace, source_id), ("r1", 0))[0]
+        return {
+            "current": rev,
+            "superseded": "r1" if rev == "r2" else "r0",
+            "never-written": "r7",
+        }.get(choice, choice)
+
+    sources = {sid: resolve(sid, choice) for sid, choice in granted.items()}
+    indexed.book.grants["search"] = Grant(namespace, sources)
+    expected = sorted(
+        (sid, rev)
+        for sid, rev in sources.items()
+        if indexed.current.get((namespace, sid), ("", 0))[0] == rev
+    )
+    context = RequestContext(subject="reader")
+    listed: list[tuple[str, str]] = []
+    cursor: str | None = None
+    while True:
+        page = indexed.service.list_sources("docs", context, limit=limit, cursor=cursor)
+        assert len(page.sources) <= limit
+        listed += [(s.id, s.revision) for s in page.sources]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert listed == expected  # none more, none less, in order, each once
+    [corpus] = indexed.service.list_corpora(context)
+    assert corpus.sources == len(expected)
+    assert corpus.passages == sum(indexed.current[(namespace, sid)][1] for sid, _ in expected)
+    for sid in (*SOURCES, "ghost"):
+        if (sid, sources.get(sid)) in expected:
+            detail = indexed.service.get_source("docs", sid, context)
+            assert len(detail.passages) == indexed.current[(namespace, sid)][1]
+        else:
+            with pytest.raises(RetrievalError) as excinfo:
+                indexed.service.get_source("docs", sid, context)
+            assert str(excinfo.value) == str(source_unavailable())

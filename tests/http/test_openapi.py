@@ -21,6 +21,12 @@ RETRIEVAL = [
     "/v1/retrieval/delete",
 ]
 PUBLIC = ["/v1/protocol", "/v1/openapi.json", "/healthz", "/readyz"]
+INSPECTION = [
+    "/v1/corpora",
+    "/v1/corpora/{corpus}/sources",
+    "/v1/corpora/{corpus}/sources/{sourceId}",
+    "/v1/corpora/{corpus}/passages/{chunkId}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +44,17 @@ def _resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]
 def test_every_route_is_documented_with_its_security(document: dict[str, Any]) -> None:
     assert document["openapi"] == "3.1.0"
     assert document["info"]["version"] == "1.2.3"
-    assert set(document["paths"]) == set(PUBLIC + RETRIEVAL + ["/metrics"])
+    assert set(document["paths"]) == set(PUBLIC + RETRIEVAL + INSPECTION + ["/metrics"])
     for path in PUBLIC:
         assert document["paths"][path]["get"]["security"] == []
     for path in RETRIEVAL:
         operation = document["paths"][path]["post"]
         assert operation["security"] == [{"bearerAuth": []}]
         assert operation["responses"]["401"]["headers"]["WWW-Authenticate"]
+    for path in INSPECTION:
+        operation = document["paths"][path]["get"]
+        assert operation["security"] == [{"bearerAuth": []}]
+        assert set(operation["responses"]) >= {"200", "401", "403"}
     scheme = document["components"]["securitySchemes"]["bearerAuth"]
     assert scheme == {**scheme, "type": "http", "scheme": "bearer"}
 
@@ -165,3 +175,30 @@ def test_response_models_tolerate_new_fields_and_request_models_refuse_them() ->
         "sourceIds": ("a",),
         "limit": 8,
     }
+
+
+def test_inspection_routes_document_their_path_and_page_parameters(
+    document: dict[str, Any],
+) -> None:
+    def parameters(path: str) -> dict[tuple[str, str], dict[str, Any]]:
+        found = document["paths"][path]["get"].get("parameters", [])
+        return {(p["in"], p["name"]): p for p in found}
+
+    assert parameters("/v1/corpora") == {}
+    listing = parameters("/v1/corpora/{corpus}/sources")
+    assert set(listing) == {("path", "corpus"), ("query", "limit"), ("query", "cursor")}
+    assert listing[("query", "limit")]["schema"]["maximum"] == 1000
+    assert not listing[("query", "cursor")]["required"]
+    assert set(parameters("/v1/corpora/{corpus}/sources/{sourceId}")) == {
+        ("path", "corpus"),
+        ("path", "sourceId"),
+        ("query", "limit"),
+        ("query", "cursor"),
+    }
+    assert set(parameters("/v1/corpora/{corpus}/passages/{chunkId}")) == {
+        ("path", "corpus"),
+        ("path", "chunkId"),
+    }
+    success = document["paths"]["/v1/corpora/{corpus}/passages/{chunkId}"]["get"]["responses"]
+    schema = _resolve(document, success["200"]["content"]["application/json"]["schema"])
+    assert set(schema["properties"]) >= {"chunkId", "text", "location", "source", "scope"}

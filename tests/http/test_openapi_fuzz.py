@@ -11,7 +11,9 @@ authorizer, run engine) instead of stopping at the token's grants: it pins every
 (also a run's `retrieval.corpus`) to the granted corpus and a run's `provider` to the granted
 extractive provider, and, when Hypothesis draws so, points a search's `sourceIds` at the
 seeded source, a delete at a source it indexes first, and a run lookup at a recorded run.
-Negative cases are left as generated. For valid data, the statuses a request can still get
+An inspection route's `corpus` is pinned the same way, its `sourceId` or `chunkId`
+sometimes to the seeded source, and a generated `cursor` (valid only when the host made it) is
+dropped. Negative cases are left as generated. For valid data, the statuses a request can still get
 for reasons a schema cannot express (a source that does not exist, a revision conflict, a
 corpus capacity, a passage longer than the embedding model reads, an unparsable document, no
 evidence for a run, the run's own idle timeout) are accepted; nothing else is.
@@ -83,6 +85,11 @@ POSITIVE_STATUSES = {
     # timeout it chose itself (408).
     "/v1/runs": {200, 404, 408, 409, 422},
     "/v1/runs/{runId}": {200, 404},
+    # Inspection: a source or passage that does not exist (404).
+    "/v1/corpora": {200},
+    "/v1/corpora/{corpus}/sources": {200},
+    "/v1/corpora/{corpus}/sources/{sourceId}": {200, 404},
+    "/v1/corpora/{corpus}/passages/{chunkId}": {200, 404},
     "/metrics": {200},  # called with the scraper's token (the runner's would get 403)
 }
 SCRAPER = "scraper"  # a token with the metrics grant only
@@ -155,6 +162,15 @@ def pin_to_grants(case: Any, data: st.DataObject, world: World, recorded_run: st
     parameters = case.path_parameters if isinstance(case.path_parameters, dict) else {}
     if "runId" in parameters and data.draw(st.booleans(), label="recorded runId"):
         parameters["runId"] = recorded_run
+    if "corpus" in parameters:
+        parameters["corpus"] = CORPUS
+    if "sourceId" in parameters and data.draw(st.booleans(), label="seeded sourceId"):
+        parameters["sourceId"] = SEEDED_SOURCE
+    if "chunkId" in parameters and data.draw(st.booleans(), label="seeded chunkId"):
+        parameters["chunkId"] = f"{SEEDED_SOURCE}-0"
+    if isinstance(case.query, dict) and "cursor" in case.query:
+        # A cursor is opaque: only one the host returned is valid (any other is a 400).
+        del case.query["cursor"]
 
 
 @pytest.fixture(scope="module")
@@ -196,9 +212,9 @@ def test_every_operation_conforms_to_its_openapi(
 
     check()
     # Operations without input have a single possible request; the others get every example.
-    # A secured GET without parameters (`/metrics`) still varies: schemathesis draws the
-    # bearer credential its security scheme names (ours replaces it).
-    takes_input = method == "post" or "{" in path or path == "/metrics"
+    # A secured GET without parameters (`/v1/corpora`, `/metrics`) still varies: schemathesis
+    # draws the bearer credential its security scheme names (ours replaces it).
+    takes_input = method == "post" or "{" in path or path in ("/v1/corpora", "/metrics")
     assert len(calls) == (EXAMPLES if takes_input else 1)
     if mode == "positive":
         # The pinning works: valid cases reach the core and some succeed.

@@ -1,9 +1,13 @@
-"""Vector stores as the release before the lexical index wrote them (schema version 1).
+"""Vector stores as earlier releases wrote them: before the lexical index (schema version 1),
+and with it but before sources recorded their media type and commit time (version 2).
 
 The DDL is copied from that release (main at cbc955d: `adapters/sqlite/tables.py` and
 `adapters/postgres/schema.py`), and the rows are written as its `replace_source` wrote them:
 no term frequencies, and a corpus descriptor without the `lexical` field. Frozen here so that
-the migration tests keep testing the real old layout after the code moves on.
+the migration tests keep testing the real old layout after the code moves on. Version 2 is
+version 1 brought forward as that release did at open: its migration statements (copied from
+main at 1e3b288) and then its analysis of the stored text, which this release still runs
+unchanged (`backfill_terms`, `lexical.backfill`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from retrieval_host.adapters.postgres import lexical
+from retrieval_host.adapters.sqlite.tables import backfill_terms
 from retrieval_host.core.descriptor import CorpusDescriptor
 
 SQLITE_VECTOR_APPLICATION_ID: Final = 0x52485653
@@ -101,6 +107,28 @@ PG_VECTOR_SCHEMA_V1: Final = (
         CONSTRAINT chunks_ordinal_key UNIQUE (source_pk, ordinal)
     )""",
     "INSERT INTO {s}.schema_version VALUES ('vector-store', 1)",
+)
+
+# The lexical index's migration, version 1 -> 2, of each store.
+SQLITE_LEXICAL_MIGRATION: Final = ("ALTER TABLE chunks ADD COLUMN terms TEXT",)
+PG_LEXICAL_MIGRATION: Final = (
+    "ALTER TABLE {s}.chunks ADD COLUMN term_count integer",
+    """CREATE TABLE {s}.lexical_spaces (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        corpus_id text NOT NULL REFERENCES {s}.corpora (corpus_id),
+        namespace text NOT NULL,
+        passages bigint NOT NULL DEFAULT 0 CHECK (passages >= 0),
+        total_terms bigint NOT NULL DEFAULT 0 CHECK (total_terms >= 0),
+        CONSTRAINT lexical_spaces_key UNIQUE (corpus_id, namespace)
+    )""",
+    """CREATE TABLE {s}.chunk_terms (
+        space_pk bigint NOT NULL REFERENCES {s}.lexical_spaces (id),
+        term text COLLATE "C" NOT NULL,
+        chunk_pk bigint NOT NULL REFERENCES {s}.chunks (id) ON DELETE CASCADE,
+        tf integer NOT NULL CHECK (tf > 0),
+        PRIMARY KEY (space_pk, term, chunk_pk)
+    )""",
+    "CREATE INDEX chunk_terms_chunk ON {s}.chunk_terms (chunk_pk)",
 )
 
 # (namespace, source id) -> passage texts; revision "r1", one random unit vector per passage.
@@ -240,3 +268,33 @@ def pg_v1_schema(dsn: str, schema: str, descriptor: CorpusDescriptor, corpus: Ol
                         "[" + ",".join(repr(float(x)) for x in vectors[i]) + "]",
                     ),
                 )
+
+
+def sqlite_v2_database(path: Path, descriptor: CorpusDescriptor, corpus: OldCorpus) -> None:
+    """A SQLite vector store file of schema version 2 (the lexical index, every passage's terms
+    stored) holding `corpus` at revision r1: version 1 migrated and its corpus opened."""
+    sqlite_v1_database(path, descriptor, corpus)
+    db = apsw.Connection(str(path))
+    try:
+        with db:
+            for statement in SQLITE_LEXICAL_MIGRATION:
+                db.execute(statement)
+            db.execute("PRAGMA user_version=2")
+            backfill_terms(db, descriptor.corpus_id)
+    finally:
+        db.close()
+
+
+def pg_v2_schema(dsn: str, schema: str, descriptor: CorpusDescriptor, corpus: OldCorpus) -> None:
+    """A PostgreSQL schema of `vector-store` version 2 (the lexical index built) holding
+    `corpus` at r1: version 1 migrated in one transaction, as that release did at open."""
+    pg_v1_schema(dsn, schema, descriptor, corpus)
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for statement in PG_LEXICAL_MIGRATION:
+            conn.execute(sql.SQL(statement).format(s=sql.Identifier(schema)))
+        lexical.backfill(conn, schema, 1)
+        conn.execute(
+            sql.SQL(
+                "UPDATE {}.schema_version SET version = 2 WHERE component = 'vector-store'"
+            ).format(sql.Identifier(schema))
+        )

@@ -50,6 +50,8 @@ class IndexRequest:
     # SHA-256 of the full document text. Ingestion helpers pass the real document's digest;
     # for prepared passages it defaults to the digest of the passages joined by blank lines.
     document_sha256: str | None = None
+    # The normalized media type of the raw document the passages came from (None: prepared).
+    media_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

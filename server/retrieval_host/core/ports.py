@@ -12,6 +12,12 @@ import numpy.typing as npt
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
+from retrieval_host.core.inspection import (
+    PassageSummary,
+    SourceSummary,
+    SourceTotals,
+    StoredPassage,
+)
 from retrieval_host.core.models import EmbeddingUsage, JSONScalar, Location, Metadata, Operation
 
 Vectors = npt.NDArray[np.float32]
@@ -90,6 +96,9 @@ class StoredSource:
     # under one revision mean an identical re-index (`unchanged`), different ones a conflict.
     fingerprint: str
     chunk_count: int
+    # Recorded with the revision, shown by inspection; None for rows written before they were.
+    media_type: str | None = None  # the document's type when ingested from a raw document
+    indexed_at: str | None = None  # when this revision was committed (RFC 3339, UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,3 +220,48 @@ class VectorStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    # --- inspection (`core/inspection.py`) ------------------------------------------------
+    # Like `search`, these read only sources in `allowed` at exactly that revision, inside the
+    # namespace: a source at another revision, or outside `allowed`, does not exist for them.
+    # Source ids order by code point (byte order of UTF-8), the same in every store.
+
+    def list_sources(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        *,
+        after: str | None,
+        limit: int,
+    ) -> list[SourceSummary]:
+        """The allowed sources whose current revision is the allowed one, ordered by source
+        id, those after `after` only (all when None), at most `limit`. `bytes` is the UTF-8
+        size of the revision's passage text."""
+        ...
+
+    def source_totals(
+        self, corpus: str, namespace: str, allowed: Mapping[str, str]
+    ) -> SourceTotals:
+        """Sources, passages and passage text bytes over what `list_sources` would list."""
+        ...
+
+    def list_passages(
+        self,
+        corpus: str,
+        namespace: str,
+        source_id: str,
+        revision: str,
+        *,
+        after: int | None,
+        limit: int,
+    ) -> list[PassageSummary]:
+        """The passages of exactly that source revision by ordinal, those after ordinal
+        `after` only (all when None), at most `limit`; empty when the source is at another
+        revision or absent."""
+        ...
+
+    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
+        """The stored passage with that chunk id in the namespace (any revision; the caller
+        checks the grant), or None."""
+        ...

@@ -57,6 +57,7 @@ class SourceConflictReason(StrEnum):
     CONCURRENT_WRITER = "concurrent-writer"  # another writer changed the source first
     STALE_REVISION = "stale-revision"  # a delete named a revision that is not the current one
     REVISION_CONTENT_DIFFERS = "revision-content-differs"  # same revision, other content
+    REVISION_CHANGED = "revision-changed"  # a passage cursor of a revision no longer current
 
 
 class DescriptorMismatchReason(StrEnum):
@@ -87,6 +88,8 @@ class InvalidRequestReason(StrEnum):
     PROVIDER_CONFIG = "provider-config"  # the OpenAI-compatible provider config is invalid
     IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"  # one key, two different run requests
     STEP_BUDGET_EXHAUSTED = "step-budget-exhausted"  # tools still asked for at maxGenerationSteps
+    INVALID_CURSOR = "invalid-cursor"  # a page cursor that was edited or is of another listing
+    PAGE_LIMIT = "page-limit"  # a listing's `limit` outside 1..1000 (400)
 
 
 class InvalidDocumentReason(StrEnum):

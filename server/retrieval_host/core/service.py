@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
@@ -17,8 +17,19 @@ from retrieval_host.core.errors import (
     source_unavailable,
 )
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
-from retrieval_host.core.fusion import FusionSettings, Ranked, fuse, single
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.fusion import FusionSettings
+from retrieval_host.core.inspection import (
+    DEFAULT_PAGE_LIMIT,
+    CorpusSummary,
+    Cursor,
+    Passage,
+    SourceDetail,
+    SourcePage,
+    SourceSummary,
+    check_page_limit,
+    decode_cursor,
+    encode_cursor,
+)
 from retrieval_host.core.models import (
     DeleteRequest,
     DeleteResult,
@@ -37,7 +48,6 @@ from retrieval_host.core.ports import (
     ANY_REVISION,
     AuthorizationRequest,
     Authorizer,
-    Candidate,
     CapacityLimits,
     EmbeddingAdapter,
     Grant,
@@ -45,6 +55,7 @@ from retrieval_host.core.ports import (
     StoredSource,
     VectorStore,
 )
+from retrieval_host.core.ranking import rank
 from retrieval_host.core.reasons import (
     CapacityExceededReason,
     InvalidRequestReason,
@@ -134,7 +145,7 @@ class RetrievalService:
         ids = tuple(dict.fromkeys(request.source_ids)) if request.source_ids is not None else None
         context.report("retrieval.authorization", corpus=corpus.id, check="before-read")
         grant = _authorize(corpus, "search", ids, context)
-        granted = {s: r for s, r in grant.sources.items() if r != ANY_REVISION}
+        granted = _searchable(grant)
         if ids is None:
             allowed = granted
         else:
@@ -150,7 +161,7 @@ class RetrievalService:
         if not allowed:
             return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
 
-        ranked, usage = _rank(corpus, grant.namespace, allowed, request, context)
+        ranked, usage = rank(corpus, grant.namespace, allowed, request, context)
         candidates = [r.candidate for r in ranked]
         scores = {r.candidate.chunk_id: r.scores for r in ranked}
 
@@ -279,6 +290,8 @@ class RetrievalService:
             document_sha256=document_sha256,
             fingerprint=fingerprint,
             chunk_count=len(request.chunks),
+            media_type=request.media_type,
+            indexed_at=self._clock(),
         )
         chunks = [
             StoredChunk(c.id, i, c.text, c.location, batch.vectors[i])
@@ -352,57 +365,152 @@ class RetrievalService:
             reclamation if reclamation in ("overwritten", "pending") else "unknown",  # type: ignore[arg-type]
         )
 
+    # --- inspection ------------------------------------------------------------------------
+    # Authorized exactly as a search without source ids (`_authorize` of `search`, then only
+    # the granted sources at their granted revision), and checked again after the read.
 
-def _rank(
-    corpus: Corpus,
-    namespace: str,
-    allowed: Mapping[str, str],
-    request: SearchRequest,
-    context: RequestContext,
-) -> tuple[list[Ranked], EmbeddingUsage]:
-    """The request's ranking over the allowed revisions (already authorized), limit + 1 long
-    (one more tells `truncated`), and what the query embedding cost."""
-    wanted = request.limit + 1
-    usage = EmbeddingUsage()
-    dense: list[Candidate] = []
-    lexical: list[Candidate] = []
-    # Hybrid takes more candidates from each ranking than it returns: fusion reorders them.
-    depth = max(wanted, corpus.fusion.candidates) if request.mode == "hybrid" else wanted
-    context.cancel.check()
-    if request.mode != "lexical":
-        context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
-        batch = corpus.embedding.embed([request.query], context.cancel)
-        usage = batch.usage
-        context.cancel.progress()
-        context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
-        dense = corpus.store.search(
-            corpus.id,
-            namespace,
-            allowed,
-            batch.vectors[0],
-            depth,
-            context.cancel,
-            request.filters,
+    def list_corpora(
+        self, context: RequestContext, corpus_ids: Collection[str] | None = None
+    ) -> list[CorpusSummary]:
+        """The corpora the subject may search (of `corpus_ids`, when given), by id, with counts
+        over the sources visible to it. A corpus the authorizer denies is left out, exactly
+        as one that does not exist."""
+        summaries = []
+        for corpus_id in sorted(self._corpora):
+            if corpus_ids is not None and corpus_id not in corpus_ids:
+                continue
+            corpus = self._corpora[corpus_id]
+            grant = _authorize_or_none(corpus, "search", None, context)
+            if grant is None:
+                continue
+            context.cancel.check()
+            totals = corpus.store.source_totals(corpus.id, grant.namespace, _searchable(grant))
+            if _searchable_again(corpus, None, grant, context) is None:
+                continue
+            summaries.append(
+                CorpusSummary(
+                    corpus.id,
+                    corpus.version,
+                    corpus.embedding.descriptor,
+                    totals.sources,
+                    totals.passages,
+                    totals.bytes,
+                )
+            )
+        return summaries
+
+    def list_sources(
+        self,
+        corpus_id: str,
+        context: RequestContext,
+        *,
+        limit: int = DEFAULT_PAGE_LIMIT,
+        cursor: str | None = None,
+    ) -> SourcePage:
+        """One page of the sources the subject may search, at their authorized revision,
+        ordered by source id; `next_cursor` continues it (None after the last page).
+        `INVALID_REQUEST`: `limit` outside 1..1000 (`page-limit`), a cursor this listing did
+        not return (`invalid-cursor`)."""
+        check_page_limit(limit)
+        corpus = self.corpus(corpus_id)
+        grant = _authorize(corpus, "search", None, context)
+        after = (
+            str(decode_cursor(cursor, "sources", corpus.id).after) if cursor is not None else None
         )
-        context.cancel.progress()
-    if request.mode != "dense":
-        if request.mode == "lexical":
-            context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
-        lexical = corpus.store.lexical_search(
-            corpus.id,
-            namespace,
-            allowed,
-            query_terms(request.query),
-            depth,
-            context.cancel,
-            request.filters,
+        context.cancel.check()
+        rows = corpus.store.list_sources(
+            corpus.id, grant.namespace, _searchable(grant), after=after, limit=limit + 1
         )
-        context.cancel.progress()
-    if request.mode == "dense":
-        return single("dense", dense), usage
-    if request.mode == "lexical":
-        return single("lexical", lexical), usage
-    return fuse(dense, lexical, corpus.fusion)[:wanted], usage
+        page, more = rows[:limit], len(rows) > limit
+        still = _searchable_again(corpus, None, grant, context) or {}
+        next_cursor = (
+            encode_cursor(Cursor("sources", corpus.id, page[-1].id)) if more and page else None
+        )
+        return SourcePage([r for r in page if still.get(r.id) == r.revision], next_cursor)
+
+    def get_source(
+        self,
+        corpus_id: str,
+        source_id: str,
+        context: RequestContext,
+        *,
+        limit: int = DEFAULT_PAGE_LIMIT,
+        cursor: str | None = None,
+    ) -> SourceDetail:
+        """One source at its authorized revision with one page of its passages by ordinal.
+        A missing source and one the subject may not search give the one
+        `SOURCE_UNAVAILABLE`; a cursor of a revision that is no longer the source's answers
+        `SOURCE_CONFLICT` (`revision-changed`): start again without it."""
+        check_page_limit(limit)
+        check_id("source id", source_id)
+        corpus = self.corpus(corpus_id)
+        summary, grant = self._visible_source(corpus, source_id, context)
+        after: int | None = None
+        if cursor is not None:
+            position = decode_cursor(cursor, "passages", corpus.id, source_id)
+            if position.revision != summary.revision:
+                raise RetrievalError(
+                    ErrorCode.SOURCE_CONFLICT,
+                    "the source changed revision since this cursor was returned; list its "
+                    "passages again without a cursor.",
+                    reason=SourceConflictReason.REVISION_CHANGED,
+                )
+            after = int(position.after)
+        context.cancel.check()
+        rows = corpus.store.list_passages(
+            corpus.id, grant.namespace, source_id, summary.revision, after=after, limit=limit + 1
+        )
+        still = _searchable_again(corpus, (source_id,), grant, context) or {}
+        if still.get(source_id) != summary.revision:
+            raise source_unavailable()
+        page, more = rows[:limit], len(rows) > limit
+        next_cursor = (
+            encode_cursor(
+                Cursor("passages", corpus.id, page[-1].ordinal, source_id, summary.revision)
+            )
+            if more and page
+            else None
+        )
+        return SourceDetail(summary, page, next_cursor)
+
+    def get_passage(self, corpus_id: str, chunk_id: str, context: RequestContext) -> Passage:
+        """The passage with that chunk id as a search hit shows it, authorized now: the read
+        behind a saved citation. A missing passage, one of a revision that is no longer
+        current or no longer granted, give the one `SOURCE_UNAVAILABLE`."""
+        check_id("chunk id", chunk_id)
+        corpus = self.corpus(corpus_id)
+        grant = _authorize(corpus, "search", None, context)
+        context.cancel.check()
+        stored = corpus.store.read_passage(corpus.id, grant.namespace, chunk_id)
+        if stored is None or _searchable(grant).get(stored.source_id) != stored.revision:
+            raise source_unavailable()
+        still = _searchable_again(corpus, (stored.source_id,), grant, context) or {}
+        if still.get(stored.source_id) != stored.revision:
+            raise source_unavailable()
+        return Passage(
+            stored.chunk_id,
+            SourceRef(stored.source_id, stored.revision),
+            stored.location,
+            stored.text,
+            stored.document_sha256,
+            self._clock(),
+            Scope(corpus.id, corpus.version, grant.namespace),
+        )
+
+    def _visible_source(
+        self, corpus: Corpus, source_id: str, context: RequestContext
+    ) -> tuple[SourceSummary, Grant]:
+        grant = _authorize(corpus, "search", (source_id,), context)
+        revision = _searchable(grant).get(source_id)
+        if revision is None:
+            raise source_unavailable()
+        context.cancel.check()
+        rows = corpus.store.list_sources(
+            corpus.id, grant.namespace, {source_id: revision}, after=None, limit=1
+        )
+        if not rows or rows[0].id != source_id:
+            raise source_unavailable()  # missing looks exactly like unauthorized
+        return rows[0], grant
 
 
 def _notify(
@@ -459,3 +567,20 @@ def _require_index_grant(
         namespace is not None and grant.namespace != namespace
     ):
         raise source_unavailable()
+
+
+def _searchable(grant: Grant) -> dict[str, str]:
+    """The exact source revisions a search grant lets the subject read (`*` is index-only)."""
+    return {s: r for s, r in grant.sources.items() if r != ANY_REVISION}
+
+
+def _searchable_again(
+    corpus: Corpus, ids: tuple[str, ...] | None, grant: Grant, context: RequestContext
+) -> dict[str, str] | None:
+    """The after-read check: what is still searchable under the grant read before (None
+    when the authorizer now denies, or moved the subject to another namespace)."""
+    context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
+    recheck = _authorize_or_none(corpus, "search", ids, context)
+    if recheck is None or recheck.namespace != grant.namespace:
+        return None
+    return _searchable(recheck)

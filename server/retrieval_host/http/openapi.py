@@ -26,8 +26,9 @@ PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 _STATUS_TEXT: Final = {
     400: "The body is not valid JSON, or the request is ambiguous: a repeated JSON key at any "
     "depth, a repeated query parameter, query parameters that are not UTF-8, two Authorization "
-    "headers (`INVALID_REQUEST`; reason `duplicate-key`, `duplicate-parameter`, `invalid-utf8`, "
-    "`duplicate-authorization`).",
+    "headers, a listing's `limit` outside 1..1000 or a cursor it did not return "
+    "(`INVALID_REQUEST`; reason `duplicate-key`, `duplicate-parameter`, `invalid-utf8`, "
+    "`duplicate-authorization`, `page-limit`, `invalid-cursor`).",
     401: "No valid bearer token, or a token in the query string (`UNAUTHENTICATED`).",
     403: "The token has no grant for this corpus, the corpus does not exist, or the Origin is "
     "not allowed (`PERMISSION_DENIED`).",
@@ -65,6 +66,8 @@ class _Operation:
     problems: Sequence[int] = _PUBLIC_PROBLEMS
     ingest: bool = False
     stream: bool = False
+    query: type[BaseModel] | None = None  # the model of its query parameters
+    path_params: Sequence[tuple[str, dict[str, Any]]] = ()  # (name, schema)
     # Served with or without a retrieval service (`GET /metrics` sits before the routes).
     always: bool = False
     # The 200 body's media type when it is not JSON, and per-status texts of this operation.
@@ -177,6 +180,69 @@ def _operations() -> list[_Operation]:
     ]
 
 
+# Path segments. A corpus id here is one segment (corpus ids may hold `/`; such a corpus is
+# not addressable by these routes); source and chunk ids take the rest of the path, `/` and all.
+_CORPUS_SEGMENT: Final = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"}
+_ID_SEGMENT: Final = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 256,
+    "pattern": wire.IDENTIFIER_PATTERN,
+}
+_INSPECTION_PROBLEMS: Final = (400, 401, 403, 404, 408, 409, 422, 500, 503)
+
+
+def _inspection_operations() -> list[_Operation]:
+    corpus = ("corpus", _CORPUS_SEGMENT)
+    return [
+        _Operation(
+            "/v1/corpora",
+            "get",
+            "listCorpora",
+            "The corpora the token may search, with its operations on each and counts over "
+            "the sources its subject may search.",
+            wire.CorporaResponse,
+            secured=True,
+            problems=(401, 403, 408, 500, 503),
+        ),
+        _Operation(
+            "/v1/corpora/{corpus}/sources",
+            "get",
+            "listSources",
+            "One page of the sources the token's subject may search, at their authorized "
+            "revision, by id (token `search` grant); follow `nextCursor`.",
+            wire.SourcesResponse,
+            secured=True,
+            problems=_INSPECTION_PROBLEMS,
+            query=wire.PageParams,
+            path_params=(corpus,),
+        ),
+        _Operation(
+            "/v1/corpora/{corpus}/sources/{sourceId}",
+            "get",
+            "getSource",
+            "One source at its authorized revision with a page of its passages; a missing "
+            "and an unauthorized source are the same 404.",
+            wire.SourceResponse,
+            secured=True,
+            problems=_INSPECTION_PROBLEMS,
+            query=wire.PageParams,
+            path_params=(corpus, ("sourceId", _ID_SEGMENT)),
+        ),
+        _Operation(
+            "/v1/corpora/{corpus}/passages/{chunkId}",
+            "get",
+            "getPassage",
+            "One passage as a search hit shows it, authorized at read: navigate a saved "
+            "citation (a changed revision or a revoked grant is the 404 of a missing one).",
+            wire.PassageResponse,
+            secured=True,
+            problems=(400, 401, 403, 404, 408, 422, 500, 503),
+            path_params=(corpus, ("chunkId", _ID_SEGMENT)),
+        ),
+    ]
+
+
 def _schemas() -> tuple[dict[tuple[type[BaseModel], JsonSchemaMode], Any], dict[str, Any]]:
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         (wire.SearchRequest, "validation"),
@@ -189,6 +255,10 @@ def _schemas() -> tuple[dict[tuple[type[BaseModel], JsonSchemaMode], Any], dict[
         (wire.Health, "serialization"),
         (wire.Readiness, "serialization"),
         (wire.Problem, "serialization"),
+        (wire.CorporaResponse, "serialization"),
+        (wire.SourcesResponse, "serialization"),
+        (wire.SourceResponse, "serialization"),
+        (wire.PassageResponse, "serialization"),
         (run_wire.RunRequest, "validation"),
         (run_wire.RunResult, "serialization"),
         (run_wire.RunRecord, "serialization"),
@@ -267,7 +337,8 @@ def build_openapi(
         }
 
     paths: dict[str, Any] = {}
-    for op in [*_operations(), *(_run_operations() if runs else [])]:
+    every = [*_operations(), *_inspection_operations(), *(_run_operations() if runs else [])]
+    for op in every:
         if op.secured and not retrieval and not op.always:
             continue
         success_schema: dict[str, Any]
@@ -332,6 +403,17 @@ def build_openapi(
                 "Events run.started, run.progress ({phase, ...context}), run.delta, then "
                 "run.completed or run.failed (a problem body); heartbeat comments between them."
             )
+        if op.query is not None or op.path_params:
+            operation["parameters"] = [
+                {"name": name, "in": "path", "required": True, "schema": schema}
+                for name, schema in op.path_params
+            ]
+        if op.query is not None:
+            params = op.query.model_json_schema(by_alias=True, mode="validation")
+            operation["parameters"] += [
+                {"name": name, "in": "query", "required": False, "schema": _without_null(schema)}
+                for name, schema in params["properties"].items()
+            ]
         if "{runId}" in op.path:
             operation["parameters"] = [
                 {"name": "runId", "in": "path", "required": True, "schema": {"type": "string"}}

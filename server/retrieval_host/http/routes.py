@@ -10,7 +10,7 @@ two batches). The routes call only the Driver.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -18,7 +18,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.inspection import DEFAULT_PAGE_LIMIT, invalid_cursor
 from retrieval_host.core.models import Operation
+from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.http.auth import Principal
 from retrieval_host.http.metrics import HostMetrics
@@ -75,6 +78,7 @@ class Routes:
             Route("/v1/retrieval/index", self.index, methods=["POST"]),
             Route("/v1/retrieval/ingest", self.ingest, methods=["POST"]),
             Route("/v1/retrieval/delete", self.delete, methods=["POST"]),
+            *self.inspection_routes(),
         ]
 
     # --- public ------------------------------------------------------------------------------
@@ -184,6 +188,93 @@ class Routes:
             self.metrics.observe_index(result, "ingest")
         return _model_response(wire_retrieval.index_response(result))
 
+    # --- inspection --------------------------------------------------------------------------
+    # GET routes under the token's `search` grant, then the application's authorizer (the
+    # Driver): a missing and an unauthorized source answer the same 404. Source and chunk ids
+    # may hold `/` (file paths): their segments take the rest of the path.
+
+    def inspection_routes(self) -> list[Route]:
+        return [
+            Route("/v1/corpora", self.list_corpora, methods=["GET"]),
+            Route("/v1/corpora/{corpus}/sources", self.list_sources, methods=["GET"]),
+            Route("/v1/corpora/{corpus}/sources/{sourceId:path}", self.get_source, methods=["GET"]),
+            Route(
+                "/v1/corpora/{corpus}/passages/{chunkId:path}", self.get_passage, methods=["GET"]
+            ),
+        ]
+
+    async def list_corpora(self, request: Request) -> Response:
+        principal = self.policy.authenticate(request)
+        context = self.policy.context(principal, request)
+        driver = self._driver()
+        corpora = await self.policy.run(
+            request, context, lambda: driver.list_corpora(context, principal.search)
+        )
+        operations: dict[str, list[Operation]] = {
+            c.id: [op for op in _OPERATIONS if principal.may(op, c.id)] for c in corpora
+        }
+        return _model_response(wire_retrieval.corpora_response(corpora, operations))
+
+    async def list_sources(self, request: Request) -> Response:
+        principal = self.policy.authenticate(request)
+        corpus = request.path_params["corpus"]
+        page = self._page_params(request)
+        context = self._context(principal, "search", corpus, request)
+        driver = self._driver()
+        result = await self.policy.run(
+            request,
+            context,
+            _cursor_errors(
+                lambda: driver.list_sources(corpus, context, limit=page[0], cursor=page[1])
+            ),
+        )
+        return _model_response(wire_retrieval.sources_response(result))
+
+    async def get_source(self, request: Request) -> Response:
+        principal = self.policy.authenticate(request)
+        corpus, source_id = request.path_params["corpus"], request.path_params["sourceId"]
+        page = self._page_params(request)
+        context = self._context(principal, "search", corpus, request)
+        driver = self._driver()
+        result = await self.policy.run(
+            request,
+            context,
+            _cursor_errors(
+                lambda: driver.get_source(corpus, source_id, context, limit=page[0], cursor=page[1])
+            ),
+        )
+        return _model_response(wire_retrieval.source_response(result))
+
+    async def get_passage(self, request: Request) -> Response:
+        principal = self.policy.authenticate(request)
+        corpus, chunk_id = request.path_params["corpus"], request.path_params["chunkId"]
+        context = self._context(principal, "search", corpus, request)
+        driver = self._driver()
+        result = await self.policy.run(
+            request, context, lambda: driver.get_passage(corpus, chunk_id, context)
+        )
+        return _model_response(wire_retrieval.passage_response(result))
+
+    def _page_params(self, request: Request) -> tuple[int, str | None]:
+        params: dict[str, object] = dict(utf8_query_params(request.scope.get("query_string", b"")))
+        raw_limit = params.pop("limit", None)
+        if raw_limit is not None:
+            text = str(raw_limit)
+            if not (text.isascii() and text.isdigit() and len(text) <= 7):
+                raise _page_limit()
+            params["limit"] = int(text)
+        try:
+            parsed = wire.PageParams.model_validate(
+                params, strict=True, by_alias=True, by_name=False
+            )
+        except ValidationError as exc:
+            if any(e["loc"] == ("limit",) for e in exc.errors()):
+                raise _page_limit() from None
+            if any(e["loc"] == ("cursor",) for e in exc.errors()):
+                raise _cursor_error(invalid_cursor()) from None
+            raise InvalidRequest(validation_detail(exc, "query")) from None
+        return (parsed.limit or DEFAULT_PAGE_LIMIT), parsed.cursor
+
     # --- helpers -----------------------------------------------------------------------------
 
     def _driver(self) -> Driver:
@@ -208,6 +299,36 @@ class Routes:
     def close(self) -> None:
         """After the server stopped: let the work threads go (they finish what they hold)."""
         self.policy.close()
+
+
+_OPERATIONS: Final[tuple[Operation, ...]] = ("search", "index", "delete")
+T = TypeVar("T")
+
+
+def _page_limit() -> InvalidRequest:
+    return InvalidRequest(
+        f"limit must be an integer in 1..{wire.MAX_PAGE_LIMIT}.",
+        status=400,
+        reason=InvalidRequestReason.PAGE_LIMIT,
+    )
+
+
+def _cursor_error(error: RetrievalError) -> InvalidRequest:
+    return InvalidRequest(error.detail, status=400, reason=error.reason)
+
+
+def _cursor_errors(work: Callable[[], T]) -> Callable[[], T]:
+    """A cursor the host did not return is a malformed request: 400, like a bad `limit`."""
+
+    def run() -> T:
+        try:
+            return work()
+        except RetrievalError as exc:
+            if exc.reason == InvalidRequestReason.INVALID_CURSOR:
+                raise _cursor_error(exc) from None
+            raise
+
+    return run
 
 
 def _model_response(model: BaseModel, status: int = 200) -> Response:

@@ -6,6 +6,9 @@ retrieval-host token new [--subject S] [--search C]... [--index C]... [--delete 
                          [--provider NAME]... [--metrics]
 retrieval-host ingest PATH... --config host.json --corpus C --subject S [--journal FILE]
 retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve]
+retrieval-host corpora [--url URL] [--ca-bundle PEM] [--json]
+retrieval-host sources list CORPUS [--page-size N] [--url URL] [--ca-bundle PEM] [--json]
+retrieval-host sources show CORPUS SOURCE_ID [--url URL] [--ca-bundle PEM] [--json]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from retrieval_host.batch import ingest_paths
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.ingest import media_type_for_path
+from retrieval_host.serving import inspect_cli
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
@@ -202,6 +206,8 @@ def _parser() -> argparse.ArgumentParser:
         "rerun with the same journal to resume",
     )
 
+    inspect_cli.add_commands(commands)
+
     quick = commands.add_parser(
         "quickstart", help="a local HTTPS host with sample documents, in one command"
     )
@@ -229,6 +235,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _token_new(args)
         if args.command == "ingest":
             return _ingest(args, env)
+        if args.command in ("corpora", "sources"):
+            return inspect_cli.run(args, env)
         from retrieval_host.serving.quickstart import quickstart
 
         return quickstart(args.state_dir, port=args.port, serve=not args.no_serve, environ=env)

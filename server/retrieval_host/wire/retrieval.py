@@ -10,6 +10,7 @@ from typing import Any
 
 import pydantic_core
 
+from retrieval_host.core import inspection
 from retrieval_host.core import models as core
 from retrieval_host_client import models as wire
 
@@ -128,4 +129,81 @@ def delete_response(result: core.DeleteResult) -> wire.DeleteResponse:
         source=_source(result.source),
         deleted_chunks=result.deleted_chunks,
         reclamation=result.reclamation,
+    )
+
+
+# --- inspection -----------------------------------------------------------------------------
+
+
+def _location(loc: core.Location) -> wire.Location:
+    return wire.Location(
+        page=loc.page, start_line=loc.start_line, end_line=loc.end_line, document_id=loc.document_id
+    )
+
+
+def corpora_response(
+    corpora: list[inspection.CorpusSummary], operations: dict[str, list[core.Operation]]
+) -> wire.CorporaResponse:
+    """`operations`: the token's grants per corpus id (the in-process API has no tokens)."""
+    return wire.CorporaResponse(
+        corpora=[
+            wire.CorpusInfo(
+                id=c.id,
+                version=c.version,
+                embedding=wire.EmbeddingLabels(
+                    provider_id=c.embedding.provider_id,
+                    vendor=c.embedding.vendor,
+                    model=c.embedding.model,
+                    dimensions=c.embedding.dimensions,
+                    metric=c.embedding.metric,
+                ),
+                operations=operations.get(c.id, []),
+                sources=c.sources,
+                passages=c.passages,
+                bytes=c.bytes,
+            )
+            for c in corpora
+        ]
+    )
+
+
+def _source_listing(s: inspection.SourceSummary) -> wire.SourceListing:
+    return wire.SourceListing(
+        id=s.id,
+        revision=s.revision,
+        title=s.title,
+        media_type=s.media_type,
+        metadata=dict(s.metadata),
+        chunk_count=s.chunk_count,
+        bytes=s.bytes,
+        indexed_at=s.indexed_at,
+    )
+
+
+def sources_response(page: inspection.SourcePage) -> wire.SourcesResponse:
+    return wire.SourcesResponse(
+        sources=[_source_listing(s) for s in page.sources], next_cursor=page.next_cursor
+    )
+
+
+def source_response(detail: inspection.SourceDetail) -> wire.SourceResponse:
+    return wire.SourceResponse(
+        source=_source_listing(detail.source),
+        passages=[
+            wire.PassageListing(chunk_id=p.chunk_id, location=_location(p.location), bytes=p.bytes)
+            for p in detail.passages
+        ],
+        next_cursor=detail.next_cursor,
+    )
+
+
+def passage_response(passage: inspection.Passage) -> wire.PassageResponse:
+    return wire.PassageResponse(
+        chunk_id=passage.chunk_id,
+        source=_source(passage.source),
+        location=_location(passage.location),
+        text=passage.text,
+        document_sha256=passage.document_sha256,
+        retrieved_at=passage.retrieved_at,
+        scope=wire.Scope.model_validate(_scope(passage.scope)),
     )

@@ -77,7 +77,7 @@ def test_a_schema_of_the_previous_release_gets_its_lexical_index_at_open(
         ).fetchall()
         terms = sum(len(analyze(t)) for texts in docs.values() for t in texts)
         assert spaces == [("ns", 3, terms), ("other", 0, 0)]
-    # A second open finds version 2 and changes nothing.
+    # A second open finds the current version and changes nothing.
     with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
         store.open_corpus(descriptor("c1"))
         hits = store.lexical_search(

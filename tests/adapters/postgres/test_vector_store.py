@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from retrieval_host.adapters.postgres import PgRunStore, PgVectorStore
+from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits
@@ -101,9 +102,9 @@ def test_a_newer_schema_version_is_refused(pg_dsn: str, pg_schema: str) -> None:
     with connect(pg_dsn) as conn:
         conn.execute(
             sql.SQL(
-                "UPDATE {}.schema_version SET version = version + 1 "
-                "WHERE component = 'vector-store'"
-            ).format(sql.Identifier(pg_schema))
+                "UPDATE {}.schema_version SET version = %s WHERE component = 'vector-store'"
+            ).format(sql.Identifier(pg_schema)),
+            (VECTOR_SCHEMA_VERSION + 1,),
         )
     expect(
         ErrorCode.UNSAFE_STORE,
@@ -137,7 +138,7 @@ def test_the_vector_and_run_stores_share_one_schema(pg_dsn: str, pg_schema: str)
                 sql.Identifier(pg_schema)
             )
         ).fetchall()
-    assert rows == [("run-store", 2), ("vector-store", 2)]
+    assert rows == [("run-store", 2), ("vector-store", VECTOR_SCHEMA_VERSION)]
 
 
 def test_a_role_that_cannot_create_pgvector_gets_a_typed_error(pg_dsn: str) -> None:

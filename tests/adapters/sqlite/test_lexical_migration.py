@@ -1,5 +1,6 @@
 """A vector store file of the release before the lexical index (schema version 1) opens,
-migrates to version 2 and gets its lexical index from the stored text, without re-embedding."""
+migrates to the current version and gets its lexical index from the stored text, without
+re-embedding."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_a_store_of_the_previous_release_gets_its_lexical_index_at_open(tmp_path
 
 
 def test_passages_without_stored_terms_are_analyzed_at_load(tmp_path: Path) -> None:
-    # A version-2 file whose passages have no terms yet (the backfill of another corpus open
+    # A migrated file whose passages have no terms yet (the backfill of another corpus open
     # has not run): the in-memory index analyzes the stored text rather than miss them.
     tmp_path.chmod(0o700)
     path = tmp_path / "store.db"

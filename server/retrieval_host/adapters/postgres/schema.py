@@ -29,7 +29,7 @@ from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReaso
 
 DEFAULT_SCHEMA: Final = "retrieval_host"
 VECTOR_COMPONENT: Final = "vector-store"
-VECTOR_SCHEMA_VERSION: Final = 2
+VECTOR_SCHEMA_VERSION: Final = 3
 HNSW_MAX_DIMENSIONS: Final = 2000  # pgvector's limit for an HNSW index on `vector`
 HNSW_BUILD_MEMORY: Final = "512MB"
 HNSW_BUILD_WAIT_S: Final = 3600.0  # how long a replica waits for another one's index build
@@ -227,6 +227,8 @@ VECTOR_TABLES: Final[Mapping[str, Mapping[str, str]]] = {
         "fingerprint": "text",
         "chunk_count": "int8",
         "payload_bytes": "int8",
+        "media_type": "text",
+        "indexed_at": "text",
     },
     "chunks": {
         "id": "int8",
@@ -319,8 +321,17 @@ _LEXICAL_DDL: Final = (
     )""",
     "CREATE INDEX chunk_terms_chunk ON {s}.chunk_terms (chunk_pk)",
 )
-VECTOR_DDL: Final = (*_VECTOR_DDL_V1, *_LEXICAL_DDL)
-VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[str]]] = {1: _LEXICAL_DDL}
+# Schema version 3: each source's media type and commit time. NULL for the sources a
+# version-2 (or older) schema holds, and the listings show them as unknown.
+_SOURCE_RECORD_DDL: Final = (
+    "ALTER TABLE {s}.sources ADD COLUMN media_type text",
+    "ALTER TABLE {s}.sources ADD COLUMN indexed_at text",
+)
+VECTOR_DDL: Final = (*_VECTOR_DDL_V1, *_LEXICAL_DDL, *_SOURCE_RECORD_DDL)
+VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[str]]] = {
+    1: _LEXICAL_DDL,
+    2: _SOURCE_RECORD_DDL,
+}
 
 # Binary COPY column types of `chunks`, in the order `replace_source` writes them.
 COPY_TYPES: Final = "int8 text text text int8 text int8 int8 int8 text int4 vector int4".split()

@@ -17,8 +17,9 @@ type adapters and the timeouts.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Final
 
 from pgvector.psycopg import register_vector
@@ -40,7 +41,7 @@ from retrieval_host.adapters._store_rules import (
     stale_revision,
     stored_source,
 )
-from retrieval_host.adapters.postgres import lexical
+from retrieval_host.adapters.postgres import inspect, lexical
 from retrieval_host.adapters.postgres.pool import (
     Connection,
     ConnectionPool,
@@ -83,7 +84,7 @@ MIN_PGVECTOR_HNSW: Final = (0, 5, 0)
 MIN_PGVECTOR_ITERATIVE: Final = (0, 8, 0)
 
 
-class PgVectorStore(StoreBase):
+class PgVectorStore(StoreBase, inspect.PgInspection):
     """The scale-out vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: every call borrows a pooled connection. Any number of instances, in any
@@ -302,6 +303,7 @@ class PgVectorStore(StoreBase):
             [
                 *(corpus, namespace, source.source_id, source.revision, source.title),
                 *(metadata_json, source.document_sha256, source.fingerprint),
+                *(source.media_type, source.indexed_at),
                 *chunk_ids,
                 *(c.text for c in chunks),
                 *(c.location.document_id for c in chunks),
@@ -324,8 +326,9 @@ class PgVectorStore(StoreBase):
                 self._sql(
                     "INSERT INTO {s}.sources (corpus_id, namespace, source_id, revision, "
                     "title, metadata_json, metadata, document_sha256, fingerprint, "
-                    "chunk_count, payload_bytes) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s) RETURNING id"
+                    "chunk_count, payload_bytes, media_type, indexed_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s) "
+                    "RETURNING id"
                 ),
                 (
                     *key,
@@ -337,6 +340,8 @@ class PgVectorStore(StoreBase):
                     source.fingerprint,
                     len(chunks),
                     payload,
+                    source.media_type,
+                    source.indexed_at,
                 ),
             ).fetchone()
             assert inserted is not None  # RETURNING of a successful INSERT
@@ -553,6 +558,14 @@ class PgVectorStore(StoreBase):
         if descriptor is None:
             raise corpus_not_open(corpus)
         return descriptor
+
+    # --- inspection (`adapters/postgres/inspect.py`) -------------------------------------------
+
+    @contextlib.contextmanager
+    def _inspecting(self, corpus: str, doing: str) -> Iterator[tuple[Connection, str, int]]:
+        dims = self._descriptor(corpus).embedding.dimensions  # an unopened corpus says so
+        with self._pool.connection() as conn, translated(doing):
+            yield conn, self._schema, dims
 
 
 def _reject_nul(values: Sequence[str | None]) -> None:

@@ -26,7 +26,7 @@ from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.core.reasons import StoreUnavailableReason
 
 APPLICATION_ID: Final = 0x52485653  # "RHVS": retrieval-host vector store
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 _SCHEMA: Final = (
     """CREATE TABLE corpora (
@@ -47,6 +47,8 @@ _SCHEMA: Final = (
         chunk_count INTEGER NOT NULL,
         payload_bytes INTEGER NOT NULL,
         generation INTEGER NOT NULL,
+        media_type TEXT,
+        indexed_at TEXT,
         UNIQUE (corpus_id, namespace, source_id)
     ) STRICT""",
     """CREATE TABLE chunks (
@@ -66,11 +68,18 @@ _SCHEMA: Final = (
         UNIQUE (source_pk, ordinal)
     ) STRICT""",
 )
-# `chunks.terms`: the passage's term frequencies as a JSON object (`core.lexical`), written
-# with the vector. NULL in a database of schema version 1 (before the lexical index) until
-# `backfill_terms` computes it from the stored text at the corpus's next open; a NULL is also
-# analyzed at load, so the index never misses a passage.
-_MIGRATIONS: Final = {1: ("ALTER TABLE chunks ADD COLUMN terms TEXT",)}
+# Version 1 had no lexical index. `chunks.terms`: the passage's term frequencies as a JSON
+# object (`core.lexical`), written with the vector. NULL in a database of schema version 1
+# until `backfill_terms` computes it from the stored text at the corpus's next open; a NULL is
+# also analyzed at load, so the index never misses a passage.
+# Version 2 recorded no media type and commit time (NULL for the sources it holds).
+_MIGRATIONS: Final = {
+    1: ("ALTER TABLE chunks ADD COLUMN terms TEXT",),
+    2: (
+        "ALTER TABLE sources ADD COLUMN media_type TEXT",
+        "ALTER TABLE sources ADD COLUMN indexed_at TEXT",
+    ),
+}
 IDENTITY: Final = Identity(
     APPLICATION_ID,
     SCHEMA_VERSION,

@@ -22,11 +22,12 @@ processes, by SQLite's own locking (with a busy timeout). A search holds no lock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import apsw
@@ -45,6 +46,7 @@ from retrieval_host.adapters._store_rules import (
     stored_source,
     terms_json,
 )
+from retrieval_host.adapters.sqlite import inspect
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
 from retrieval_host.adapters.sqlite.lexicon import score
 from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scan, Scanner, query_unit
@@ -87,7 +89,7 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounte
 _log = logging.getLogger(__name__)
 
 
-class SqliteVectorStore(StoreBase):
+class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
     """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
@@ -262,8 +264,8 @@ class SqliteVectorStore(StoreBase):
                     conn.execute(
                         "INSERT INTO sources (corpus_id, namespace, source_id, revision, "
                         "title, metadata_json, document_sha256, fingerprint, chunk_count, "
-                        "payload_bytes, generation) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        "payload_bytes, generation, media_type, indexed_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                         (
                             *key,
                             source.revision,
@@ -274,6 +276,8 @@ class SqliteVectorStore(StoreBase):
                             len(chunks),
                             checked.payload,
                             generation,
+                            source.media_type,
+                            source.indexed_at,
                         ),
                     )
                 )[0]
@@ -566,3 +570,11 @@ class SqliteVectorStore(StoreBase):
             self._connection()  # a closed store says so first
             raise corpus_not_open(corpus)
         return state
+
+    # --- inspection (`adapters/sqlite/inspect.py`) ---------------------------------------------
+
+    @contextlib.contextmanager
+    def _inspecting(self, corpus: str, doing: str) -> Iterator[tuple[apsw.Connection, int]]:
+        dims = self._state(corpus).dimensions  # an unopened corpus or a closed store says so
+        with self._db_lock, translated(doing):
+            yield self._connection(), dims

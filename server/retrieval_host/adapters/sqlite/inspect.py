@@ -1,0 +1,149 @@
+"""Inspection reads of the SQLite store (`VectorStore.list_sources` and the rest).
+
+Each is one statement on the store's connection (one snapshot). A grant is passed as a JSON
+object and joined with `json_each`, so the unique (corpus, namespace, source id) index finds
+each granted source; text compares by BINARY collation, i.e. by code point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+
+import apsw
+
+from retrieval_host.adapters._inspection_rows import (
+    FIRST_ORDINAL,
+    FIRST_SOURCE_ID,
+    LISTED_SOURCE_COLUMNS,
+    PASSAGE_COLUMNS,
+    READ_PASSAGE_COLUMNS,
+    TOTAL_COLUMNS,
+    listed_passage,
+    listed_source,
+    totals,
+)
+from retrieval_host.core.inspection import (
+    PassageSummary,
+    SourceSummary,
+    SourceTotals,
+    StoredPassage,
+)
+from retrieval_host.core.models import Location
+
+_GRANTED = (
+    "FROM json_each(?) AS g JOIN sources AS s ON s.corpus_id = ? AND s.namespace = ? "
+    "AND s.source_id = g.key AND s.revision = g.value"
+)
+
+
+def list_sources(
+    conn: apsw.Connection,
+    dimensions: int,
+    key: tuple[str, str],
+    allowed: Mapping[str, str],
+    after: str | None,
+    limit: int,
+) -> list[SourceSummary]:
+    rows = conn.execute(
+        f"SELECT {LISTED_SOURCE_COLUMNS} {_GRANTED} "
+        "WHERE s.source_id > ? ORDER BY s.source_id LIMIT ?",
+        (json.dumps(dict(allowed)), *key, after or FIRST_SOURCE_ID, limit),
+    ).fetchall()
+    return [listed_source(row, dimensions) for row in rows]
+
+
+def source_totals(
+    conn: apsw.Connection, dimensions: int, key: tuple[str, str], allowed: Mapping[str, str]
+) -> SourceTotals:
+    row = conn.execute(
+        f"SELECT {TOTAL_COLUMNS} {_GRANTED}",
+        (json.dumps(dict(allowed)), *key),
+    ).fetchone()
+    return SourceTotals() if row is None else totals(row, dimensions)
+
+
+def list_passages(
+    conn: apsw.Connection,
+    key: tuple[str, str, str, str],
+    after: int | None,
+    limit: int,
+) -> list[PassageSummary]:
+    rows = conn.execute(
+        f"SELECT {PASSAGE_COLUMNS}, length(CAST(c.text AS BLOB)) "  # noqa: S608 - constant SQL
+        "FROM sources AS s JOIN chunks AS c ON c.source_pk = s.id "
+        "WHERE s.corpus_id = ? AND s.namespace = ? AND s.source_id = ? AND s.revision = ? "
+        "AND c.ordinal > ? ORDER BY c.ordinal LIMIT ?",
+        (*key, FIRST_ORDINAL if after is None else after, limit),
+    ).fetchall()
+    return [listed_passage(row) for row in rows]
+
+
+def read_passage(conn: apsw.Connection, key: tuple[str, str, str]) -> StoredPassage | None:
+    row = conn.execute(
+        f"SELECT {READ_PASSAGE_COLUMNS} "  # noqa: S608 - constant SQL
+        "FROM chunks AS c JOIN sources AS s ON s.id = c.source_pk "
+        "WHERE c.corpus_id = ? AND c.namespace = ? AND c.chunk_id = ?",
+        key,
+    ).fetchone()
+    if row is None:
+        return None
+    chunk_id, source_id, revision, text, page, start, end, document_id, digest = row
+    return StoredPassage(
+        str(chunk_id),
+        str(source_id),
+        str(revision),
+        str(text),
+        Location(page, start, end, document_id),
+        str(digest),
+    )
+
+
+class SqliteInspection:
+    """The inspection methods of `SqliteVectorStore`, over what its `_inspecting` yields: the
+    store's connection under its lock (errors translated) and the corpus's dimensions."""
+
+    def _inspecting(
+        self, corpus: str, doing: str
+    ) -> contextlib.AbstractContextManager[tuple[apsw.Connection, int]]:
+        raise NotImplementedError
+
+    def list_sources(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        *,
+        after: str | None,
+        limit: int,
+    ) -> list[SourceSummary]:
+        """The allowed sources at their allowed revision, by source id (see the port)."""
+        with self._inspecting(corpus, "listing sources") as (conn, dims):
+            return list_sources(conn, dims, (corpus, namespace), allowed, after, limit)
+
+    def source_totals(
+        self, corpus: str, namespace: str, allowed: Mapping[str, str]
+    ) -> SourceTotals:
+        """Counts over what `list_sources` would list (see the port)."""
+        with self._inspecting(corpus, "counting sources") as (conn, dims):
+            return source_totals(conn, dims, (corpus, namespace), allowed)
+
+    def list_passages(
+        self,
+        corpus: str,
+        namespace: str,
+        source_id: str,
+        revision: str,
+        *,
+        after: int | None,
+        limit: int,
+    ) -> list[PassageSummary]:
+        """The passages of exactly that revision, by ordinal (see the port)."""
+        with self._inspecting(corpus, "listing passages") as (conn, _):
+            return list_passages(conn, (corpus, namespace, source_id, revision), after, limit)
+
+    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
+        """The stored passage with that chunk id, or None (see the port)."""
+        with self._inspecting(corpus, "reading a passage") as (conn, _):
+            return read_passage(conn, (corpus, namespace, chunk_id))

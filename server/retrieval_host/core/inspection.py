@@ -1,0 +1,197 @@
+"""What a subject may see of a corpus without searching it: corpora, sources, passages.
+
+Values of the inspection operations (`RetrievalService.list_corpora`, `list_sources`,
+`get_source`, `get_passage`), and the opaque cursors that page through sources and passages.
+Everything here is filtered by the same search authorization as a search: only sources the
+application's authorizer grants, at exactly the granted revision, exist for the caller.
+
+Cursors. A cursor names a position (the last source id, or the last passage ordinal of one
+source revision) and what it pages through (corpus, listing, source, revision), encoded as
+hex of canonical JSON followed by a 10-byte SHA-256 check (hex: URL-safe, and core keeps
+to a few stdlib modules). The check makes any
+edited or truncated cursor a typed `INVALID_REQUEST` (reason `invalid-cursor`) rather than a
+silently different page; it is not a secret: a cursor grants nothing, since every page is
+authorized again when it is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from retrieval_host.core.descriptor import EmbeddingDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import Location, Metadata, Scope, SourceRef
+from retrieval_host.core.reasons import InvalidRequestReason
+
+MAX_PAGE_LIMIT: Final = 1000
+DEFAULT_PAGE_LIMIT: Final = 100
+MAX_CURSOR_CHARS: Final = 8192
+_CHECK_BYTES: Final = 10
+_CURSOR_DOMAIN: Final = b"retrieval-host/cursor/v1\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusSummary:
+    """One corpus as the caller may search it: identity and counts over its visible sources.
+
+    `bytes` is the UTF-8 size of the visible passages' text (what byte budgets count).
+    """
+
+    id: str
+    version: str
+    embedding: EmbeddingDescriptor
+    sources: int
+    passages: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSummary:
+    """One visible source at its authorized revision. `media_type` and `indexed_at` are None
+    when the store did not record them (sources indexed as prepared passages have no type)."""
+
+    id: str
+    revision: str
+    title: str
+    metadata: Metadata
+    chunk_count: int
+    bytes: int
+    media_type: str | None = None
+    indexed_at: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePage:
+    """One page of a source listing; `next_cursor` continues it (None after the last)."""
+
+    sources: Sequence[SourceSummary]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PassageSummary:
+    """A passage of a source listing: its id, position in the revision and size."""
+
+    chunk_id: str
+    ordinal: int
+    location: Location
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceDetail:
+    """One source with one page of its passages; `next_cursor` continues the passages."""
+
+    source: SourceSummary
+    passages: Sequence[PassageSummary]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """One passage as a search hit shows it (without a score): the read behind a citation."""
+
+    chunk_id: str
+    source: SourceRef
+    location: Location
+    text: str
+    document_sha256: str
+    retrieved_at: str
+    scope: Scope
+
+
+@dataclass(frozen=True, slots=True)
+class SourceTotals:
+    """Counts over a set of visible sources: sources, passages and passage text bytes."""
+
+    sources: int = 0
+    passages: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPassage:
+    """One stored passage with the source revision it belongs to (a store's answer)."""
+
+    chunk_id: str
+    source_id: str
+    revision: str
+    text: str
+    location: Location
+    document_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """A decoded position: after source id `after` (sources) or ordinal `after` (passages)."""
+
+    kind: Literal["sources", "passages"]
+    corpus: str
+    after: str | int
+    source_id: str | None = None
+    revision: str | None = None
+
+
+def invalid_cursor() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.INVALID_REQUEST,
+        "the cursor is not one this listing returned; start again without a cursor.",
+        reason=InvalidRequestReason.INVALID_CURSOR,
+    )
+
+
+def check_page_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_LIMIT:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            f"limit must be an integer in 1..{MAX_PAGE_LIMIT}.",
+            reason=InvalidRequestReason.PAGE_LIMIT,
+        )
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    body = [cursor.kind, cursor.corpus, cursor.after, cursor.source_id, cursor.revision]
+    payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    check = hashlib.sha256(_CURSOR_DOMAIN + payload).digest()[:_CHECK_BYTES]
+    return (payload + check).hex()
+
+
+def decode_cursor(
+    token: str,
+    kind: Literal["sources", "passages"],
+    corpus: str,
+    source_id: str | None = None,
+) -> Cursor:
+    """The position a cursor names; `INVALID_REQUEST` (`invalid-cursor`) for one that was
+    edited, truncated, or returned by another listing (another corpus, kind or source)."""
+    if not token or len(token) > MAX_CURSOR_CHARS or not token.isascii():
+        raise invalid_cursor()
+    try:
+        raw = bytes.fromhex(token)
+    except ValueError:
+        raise invalid_cursor() from None
+    payload, check = raw[:-_CHECK_BYTES], raw[-_CHECK_BYTES:]
+    if len(raw) <= _CHECK_BYTES or (
+        hashlib.sha256(_CURSOR_DOMAIN + payload).digest()[:_CHECK_BYTES] != check
+    ):
+        raise invalid_cursor()
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise invalid_cursor() from None
+    if not isinstance(body, list) or len(body) != 5:
+        raise invalid_cursor()
+    got_kind, got_corpus, after, got_source, revision = body
+    if got_kind != kind or got_corpus != corpus or got_source != source_id:
+        raise invalid_cursor()
+    if kind == "sources" and not isinstance(after, str):
+        raise invalid_cursor()
+    if kind == "passages" and (
+        isinstance(after, bool) or not isinstance(after, int) or not isinstance(revision, str)
+    ):
+        raise invalid_cursor()
+    return Cursor(kind, corpus, after, source_id, revision)

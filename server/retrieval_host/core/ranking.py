@@ -1,0 +1,72 @@
+"""The ranking of a search in its mode: dense, lexical, or both fused (`core.fusion`).
+
+Called by `RetrievalService.search_context` over revisions it has already authorized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.fusion import Ranked, fuse, single
+from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.models import EmbeddingUsage, SearchRequest
+from retrieval_host.core.ports import Candidate
+
+if TYPE_CHECKING:  # `service` imports this module; the corpus is only read here
+    from retrieval_host.core.service import Corpus
+
+__all__ = ["rank"]
+
+
+def rank(
+    corpus: Corpus,
+    namespace: str,
+    allowed: Mapping[str, str],
+    request: SearchRequest,
+    context: RequestContext,
+) -> tuple[list[Ranked], EmbeddingUsage]:
+    """The request's ranking over the allowed revisions (already authorized), limit + 1 long
+    (one more tells `truncated`), and what the query embedding cost."""
+    wanted = request.limit + 1
+    usage = EmbeddingUsage()
+    dense: list[Candidate] = []
+    lexical: list[Candidate] = []
+    # Hybrid takes more candidates from each ranking than it returns: fusion reorders them.
+    depth = max(wanted, corpus.fusion.candidates) if request.mode == "hybrid" else wanted
+    context.cancel.check()
+    if request.mode != "lexical":
+        context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
+        batch = corpus.embedding.embed([request.query], context.cancel)
+        usage = batch.usage
+        context.cancel.progress()
+        context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
+        dense = corpus.store.search(
+            corpus.id,
+            namespace,
+            allowed,
+            batch.vectors[0],
+            depth,
+            context.cancel,
+            request.filters,
+        )
+        context.cancel.progress()
+    if request.mode != "dense":
+        if request.mode == "lexical":
+            context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
+        lexical = corpus.store.lexical_search(
+            corpus.id,
+            namespace,
+            allowed,
+            query_terms(request.query),
+            depth,
+            context.cancel,
+            request.filters,
+        )
+        context.cancel.progress()
+    if request.mode == "dense":
+        return single("dense", dense), usage
+    if request.mode == "lexical":
+        return single("lexical", lexical), usage
+    return fuse(dense, lexical, corpus.fusion)[:wanted], usage

@@ -1,0 +1,89 @@
+"""Inspection through the client, sync and async: list corpora, iterate sources across pages,
+show a source, open a citation, delete by the listed revision."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrieval_host_client import (
+    ChunkInput,
+    IndexRequest,
+    InvalidRequestError,
+    PermissionDeniedError,
+    SourceInput,
+    SourceUnavailableError,
+)
+from tests.client.conftest import Connect
+from tests.client.modes import ClientApi
+from tests.support.host import CORPUS, HANDBOOK
+
+
+def test_list_inspect_navigate_and_delete_by_the_listed_revision(api: ClientApi, mode: str) -> None:
+    prefix = f"inspect-{mode}/"  # ids holding `/`, as file paths do
+    for name, texts in (("a.md", ["Alpha one.", "Alpha two.", "Alpha three."]), ("b.md", ["B."])):
+        api.index_context(
+            IndexRequest(
+                corpus=CORPUS,
+                source=SourceInput(id=prefix + name, revision="v1", title=name),
+                chunks=tuple(
+                    ChunkInput(id=f"{prefix}{name}#{i}", text=t) for i, t in enumerate(texts)
+                ),
+            )
+        )
+    [corpus] = [c for c in api.list_corpora() if c.id == CORPUS]
+    assert corpus.operations == ["search", "index", "delete"]
+    assert corpus.sources >= 4 and corpus.passages >= len(HANDBOOK) + 4
+
+    listed = list(api.list_sources(CORPUS, page_size=1))
+    ids = [s.id for s in listed]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    mine = [s for s in listed if s.id.startswith(prefix)]
+    assert [(s.id, s.revision, s.chunk_count) for s in mine] == [
+        (prefix + "a.md", "v1", 3),
+        (prefix + "b.md", "v1", 1),
+    ]
+
+    shown = api.get_source(CORPUS, prefix + "a.md", limit=2)
+    assert [p.chunk_id for p in shown.passages] == [f"{prefix}a.md#0", f"{prefix}a.md#1"]
+    assert shown.next_cursor is not None
+    rest = api.get_source(CORPUS, prefix + "a.md", limit=2, cursor=shown.next_cursor)
+    assert [p.chunk_id for p in rest.passages] == [f"{prefix}a.md#2"]
+    assert rest.next_cursor is None
+
+    hit = api.search_context(corpus=CORPUS, query="Alpha two", source_ids=[prefix + "a.md"]).hits[0]
+    cited = api.get_passage(CORPUS, hit.chunk_id)
+    assert (cited.text, cited.source, cited.location) == (hit.text, hit.source, hit.location)
+
+    for source in mine:
+        api.delete_context(corpus=CORPUS, source_id=source.id, revision=source.revision)
+    assert not [s for s in api.list_sources(CORPUS) if s.id.startswith(prefix)]
+    with pytest.raises(SourceUnavailableError):
+        api.get_passage(CORPUS, hit.chunk_id)
+
+
+def test_a_missing_and_an_unauthorized_source_raise_the_same_error(connect: Connect) -> None:
+    alice = connect("alice")
+    assert [s.id for s in alice.list_sources(CORPUS)] == ["handbook"]
+    errors = []
+    for work in (
+        lambda: alice.get_source(CORPUS, "secret"),
+        lambda: alice.get_source(CORPUS, "no-such-source"),
+        lambda: alice.get_passage(CORPUS, "secret-0"),
+        lambda: alice.get_passage(CORPUS, "no-such-chunk"),
+    ):
+        with pytest.raises(SourceUnavailableError) as caught:
+            work()
+        assert caught.value.problem is not None
+        errors.append(caught.value.problem.detail)
+    assert len(set(errors)) == 1
+    with pytest.raises(PermissionDeniedError):
+        connect("bob").get_source(CORPUS, "handbook")
+    assert connect("bob").list_corpora() == []
+
+
+def test_bad_limits_and_cursors_are_typed_errors(api: ClientApi) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        list(api.list_sources(CORPUS, page_size=1001))  # refused before sending
+    with pytest.raises(InvalidRequestError) as caught:
+        api.get_source(CORPUS, "handbook", cursor="00ff")
+    assert (caught.value.status, caught.value.problem.reason) == (400, "invalid-cursor")  # type: ignore[union-attr]

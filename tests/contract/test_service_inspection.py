@@ -1,0 +1,154 @@
+"""Inspection through RetrievalService over every store: authorized exactly as search, paged by
+opaque cursors, a missing and an unauthorized source answered alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.inspection import MAX_PAGE_LIMIT
+from retrieval_host.core.ports import ANY_REVISION, Grant
+from retrieval_host.core.reasons import InvalidRequestReason, SourceConflictReason
+from retrieval_host.core.service import Corpus, RetrievalService
+from tests.contract.conftest import StoreHarness
+from tests.contract.test_service_with_store import GrantBook, Setup, ctx, index_request
+
+
+@pytest.fixture
+def setup(harness: StoreHarness, local_embedding: LocalEmbedding) -> Setup:
+    book = GrantBook()
+    book.grants["index"] = Grant("team", {"a": ANY_REVISION, "b": ANY_REVISION})
+    corpus = Corpus("docs", "passages-v1", local_embedding, harness.open(), book)
+    return Setup(RetrievalService([corpus]), book, harness.kind)
+
+
+TEXTS = ["Otters hold hands.", "Rivers carry them.", "Kelp forests."]
+
+
+def _index(setup: Setup, source_id: str, rev: str, texts: list[str] = TEXTS) -> None:
+    setup.service.index_context(index_request(source_id, rev, texts), ctx())
+
+
+def _error(work: object) -> RetrievalError:
+    with pytest.raises(RetrievalError) as excinfo:
+        work()  # type: ignore[operator]
+    return excinfo.value
+
+
+def test_list_corpora_counts_only_what_the_subject_may_search(setup: Setup) -> None:
+    _index(setup, "a", "r1")
+    _index(setup, "b", "r1", TEXTS[:1])
+    assert setup.service.list_corpora(ctx()) == []  # no search grant: not listed
+    setup.book.grants["search"] = Grant("team", {"a": "r1", "b": "r0"})
+    [corpus] = setup.service.list_corpora(ctx())
+    assert (corpus.id, corpus.version, corpus.sources, corpus.passages) == (
+        "docs",
+        "passages-v1",
+        1,
+        3,
+    )
+    assert corpus.bytes == sum(len(t.encode()) for t in TEXTS)
+    assert corpus.embedding.model
+    assert setup.service.list_corpora(ctx(), corpus_ids=["other"]) == []
+
+
+def test_list_sources_follows_cursors_over_authorized_sources_only(setup: Setup) -> None:
+    for sid in ("a", "b"):
+        _index(setup, sid, "r1", [f"{sid} {t}" for t in TEXTS])
+    setup.book.grants["search"] = Grant("team", {"a": "r1", "b": "r1", "ghost": "r1"})
+    first = setup.service.list_sources("docs", ctx(), limit=1)
+    assert [s.id for s in first.sources] == ["a"]
+    assert first.next_cursor is not None
+    second = setup.service.list_sources("docs", ctx(), limit=1, cursor=first.next_cursor)
+    assert [(s.id, s.revision, s.chunk_count) for s in second.sources] == [("b", "r1", 3)]
+    assert second.sources[0].title == "b title"
+    assert dict(second.sources[0].metadata) == {"kind": "note"}
+    assert second.next_cursor is None
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    again = setup.service.list_sources("docs", ctx(), limit=1, cursor=first.next_cursor)
+    assert (again.sources, again.next_cursor) == ([], None)
+
+
+def test_limits_and_tampered_cursors_are_typed_invalid_requests(setup: Setup) -> None:
+    _index(setup, "a", "r1")
+    _index(setup, "b", "r1", ["Other text."])
+    setup.book.grants["search"] = Grant("team", {"a": "r1", "b": "r1"})
+    for limit in (0, MAX_PAGE_LIMIT + 1):
+        error = _error(lambda: setup.service.list_sources("docs", ctx(), limit=limit))  # noqa: B023
+        assert (error.code, error.reason) == (ErrorCode.INVALID_REQUEST, "page-limit")
+    cursor = setup.service.list_sources("docs", ctx(), limit=1).next_cursor
+    assert cursor is not None
+    flip = "0" if cursor[10] != "0" else "1"
+    tampered = [cursor[:10] + flip + cursor[11:], cursor[:-4], cursor + "00", "x", "!!!!"]
+    for bad in tampered:
+        error = _error(lambda: setup.service.list_sources("docs", ctx(), cursor=bad))  # noqa: B023
+        assert error.reason == InvalidRequestReason.INVALID_CURSOR
+    # A sources cursor does not page passages.
+    error = _error(lambda: setup.service.get_source("docs", "a", ctx(), cursor=cursor))
+    assert error.reason == InvalidRequestReason.INVALID_CURSOR
+
+
+def test_a_missing_and_an_unauthorized_source_or_passage_answer_alike(setup: Setup) -> None:
+    _index(setup, "a", "r1")
+    _index(setup, "b", "r1", ["Hidden."])
+    setup.book.grants["search"] = Grant("team", {"a": "r0", "ghost": "r1"})
+    answers = [
+        _error(lambda: setup.service.get_source("docs", sid, ctx()))  # noqa: B023
+        for sid in ("a", "b", "ghost", "nowhere")
+    ] + [
+        _error(lambda: setup.service.get_passage("docs", cid, ctx()))  # noqa: B023
+        for cid in ("a-0", "b-0", "nowhere")
+    ]
+    assert {str(e) for e in answers} == {str(source_unavailable())}
+    assert {e.code for e in answers} == {ErrorCode.SOURCE_UNAVAILABLE}
+
+
+def test_get_source_pages_its_passages_and_refuses_a_cursor_of_another_revision(
+    setup: Setup,
+) -> None:
+    _index(setup, "a", "r1")
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    detail = setup.service.get_source("docs", "a", ctx(), limit=2)
+    assert (detail.source.id, detail.source.revision, detail.source.chunk_count) == ("a", "r1", 3)
+    assert [p.chunk_id for p in detail.passages] == ["a-0", "a-1"]
+    assert detail.passages[1].bytes == len(TEXTS[1].encode())
+    assert detail.next_cursor is not None
+    rest = setup.service.get_source("docs", "a", ctx(), limit=2, cursor=detail.next_cursor)
+    assert [p.chunk_id for p in rest.passages] == ["a-2"]
+    assert rest.next_cursor is None
+
+    _index(setup, "a", "r2", ["New otters.", "New rivers.", "New kelp."])
+    setup.book.grants["search"] = Grant("team", {"a": "r2"})
+    error = _error(
+        lambda: setup.service.get_source("docs", "a", ctx(), limit=2, cursor=detail.next_cursor)
+    )
+    assert (error.code, error.reason) == (
+        ErrorCode.SOURCE_CONFLICT,
+        SourceConflictReason.REVISION_CHANGED,
+    )
+
+
+def test_get_passage_reads_a_citation_and_is_reauthorized_at_read(setup: Setup) -> None:
+    _index(setup, "a", "r1")
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    passage = setup.service.get_passage("docs", "a-1", ctx())
+    assert (passage.text, passage.source.id, passage.source.revision) == (TEXTS[1], "a", "r1")
+    assert passage.location.start_line == 2
+    assert (passage.scope.corpus, passage.scope.namespace) == ("docs", "team")
+    assert passage.retrieved_at.endswith("Z")
+    setup.book.grants["search"] = Grant("team", {"a": "r0"})  # the grant moved on
+    assert _error(lambda: setup.service.get_passage("docs", "a-1", ctx())).code is (
+        ErrorCode.SOURCE_UNAVAILABLE
+    )
+    setup.book.grants["search"] = None  # revoked
+    assert _error(lambda: setup.service.get_passage("docs", "a-1", ctx())).code is (
+        ErrorCode.PERMISSION_DENIED
+    )
+
+
+def test_an_unknown_corpus_is_denied_like_a_denied_one(setup: Setup) -> None:
+    setup.book.grants["search"] = None
+    for corpus in ("docs", "nope"):
+        error = _error(lambda: setup.service.list_sources(corpus, ctx()))  # noqa: B023
+        assert error.code is ErrorCode.PERMISSION_DENIED

@@ -1,0 +1,79 @@
+"""`retrieval-host corpora` and `sources list|show` against a real host over TLS."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.serving.cli import main
+from tests.support.host import CORPUS, HANDBOOK, RunningHost, World, build_world, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def world(
+    tmp_path_factory: pytest.TempPathFactory, local_embedding: LocalEmbedding
+) -> Iterator[World]:
+    world = build_world(tmp_path_factory.mktemp("cli-inspect"), local_embedding)
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="module")
+def host(world: World) -> Iterator[RunningHost]:
+    with serve_in_thread(world.settings(), world.driver, world.tls) as running:
+        yield running
+
+
+def _env(world: World, token: str, host: RunningHost) -> dict[str, str]:
+    return {"RETRIEVAL_HOST_TOKEN": world.tokens[token], "RETRIEVAL_HOST_URL": host.base_url}
+
+
+def test_corpora_lists_what_the_token_may_search(
+    host: RunningHost, world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = str(world.tls.ca_file)
+    assert main(["corpora", "--ca-bundle", ca, "--json"], environ=_env(world, "alice", host)) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    corpus = json.loads(line)
+    assert (corpus["id"], corpus["sources"], corpus["passages"]) == (CORPUS, 1, len(HANDBOOK))
+    assert main(["corpora", "--ca-bundle", ca], environ=_env(world, "admin", host)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{CORPUS}  version passages-v1  2 sources  ")
+
+
+def test_sources_list_and_show(
+    host: RunningHost, world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = str(world.tls.ca_file)
+    env = _env(world, "admin", host)
+    assert (
+        main(["sources", "list", CORPUS, "--page-size", "1", "--ca-bundle", ca], environ=env) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines] == [
+        ["handbook", "r1", str(len(HANDBOOK))],
+        ["secret", "r1", "1"],
+    ]
+    assert main(["sources", "show", CORPUS, "handbook", "--ca-bundle", ca], environ=env) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == "handbook  revision r1  The handbook"
+    assert [line.split()[0] for line in shown[2:]] == [f"handbook-{i}" for i in range(3)]
+    assert "page 1 lines 2" in shown[3]
+
+
+def test_errors_are_one_line_without_a_traceback(
+    host: RunningHost, world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = str(world.tls.ca_file)
+    argv = ["sources", "show", CORPUS, "secret", "--ca-bundle", ca]
+    assert main(argv, environ=_env(world, "alice", host)) == 1
+    assert "SOURCE_UNAVAILABLE" in capsys.readouterr().err
+    assert main(["corpora"], environ={}) == 2
+    assert "RETRIEVAL_HOST_URL" in capsys.readouterr().err
+    assert main(["corpora", "--url", host.base_url], environ={}) == 2
+    assert "RETRIEVAL_HOST_TOKEN" in capsys.readouterr().err
+    argv = ["sources", "list", CORPUS, "--page-size", "5000", "--ca-bundle", ca]
+    assert main(argv, environ=_env(world, "admin", host)) == 2
