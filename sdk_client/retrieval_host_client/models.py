@@ -11,7 +11,7 @@ corpus, such as passage bytes, are reported by the host as typed problems).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -90,7 +90,6 @@ NOT_BLANK = f"^[^\\x00]*[^\\x00\\t-\\r\\x1c-\\x1f{_SPACE}][^\\x00]*$"
 QueryText = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=NOT_BLANK)]
 PassageText = Annotated[str, StringConstraints(min_length=1, pattern=NOT_BLANK)]
 Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
-FilterValue = Text | int | float | bool | None
 
 
 def _integral(value: object) -> object:
@@ -106,20 +105,66 @@ def _integral(value: object) -> object:
 Limit = Annotated[int, Field(ge=1, le=100), BeforeValidator(_integral)]
 Positive = Annotated[int, Field(ge=1, le=2**53), BeforeValidator(_integral)]
 LineNumber = Annotated[int, Field(ge=1, le=2**31 - 1), BeforeValidator(_integral)]
-# Exact-match filters on source metadata. Spelled out for the schema: pydantic would describe
-# constrained keys with `patternProperties`, which admits any other key with any value.
+# Metadata filters (the server's `core.filters` states the rules; the README shows them):
+# `{key: scalar}` is equality, `{key: {op: operand}}` applies `eq`, `ne`, `in`, `nin`, `gt`,
+# `gte`, `lt`, `lte`, and `and`/`or` take lists of filters, nested at most three objects deep.
+# Spelled out for the schema: pydantic would describe constrained keys with
+# `patternProperties`, which admits any other key with any value.
+MAX_FILTER_DEPTH = 3
+_SCALAR: dict[str, Any] = {
+    "anyOf": [{"type": "string", "pattern": TEXT_PATTERN}, {"type": ["number", "boolean", "null"]}]
+}
+_ORDERABLE: dict[str, Any] = {
+    "anyOf": [{"type": "string", "pattern": TEXT_PATTERN}, {"type": "number"}]
+}
+_VALUES: dict[str, Any] = {"type": "array", "minItems": 1, "maxItems": 100, "items": _SCALAR}
+_OPERATORS: dict[str, Any] = {
+    "type": "object",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "properties": {
+        "eq": _SCALAR,
+        "ne": _SCALAR,
+        "in": _VALUES,
+        "nin": _VALUES,
+        "gt": _ORDERABLE,
+        "gte": _ORDERABLE,
+        "lt": _ORDERABLE,
+        "lte": _ORDERABLE,
+    },
+}
+
+
+def _filter_schema(depth: int) -> dict[str, Any]:
+    clause: dict[str, Any] = {"anyOf": [_SCALAR, _OPERATORS]}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "maxProperties": 16,
+        "propertyNames": {"minLength": 1, "maxLength": 256, "pattern": IDENTIFIER_PATTERN},
+        "additionalProperties": clause,
+    }
+    if depth < MAX_FILTER_DEPTH:
+        branches = {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 16,
+            "items": _filter_schema(depth + 1),
+        }
+        combinator = {"anyOf": [_SCALAR, _OPERATORS, branches]}
+        schema["properties"] = {"and": combinator, "or": combinator}
+    return schema
+
+
 Filters = Annotated[
-    dict[Identifier, FilterValue],
+    dict[str, JsonValue],
     WithJsonSchema(
         {
-            "type": "object",
-            "propertyNames": {"minLength": 1, "maxLength": 256, "pattern": IDENTIFIER_PATTERN},
-            "additionalProperties": {
-                "anyOf": [
-                    {"type": "string", "pattern": TEXT_PATTERN},
-                    {"type": ["number", "boolean", "null"]},
-                ]
-            },
+            **_filter_schema(1),
+            "description": (
+                "Conditions on source metadata, applied with authorization before ranking: "
+                "`{key: scalar}` (equality), `{key: {op: operand}}` with eq, ne, in, nin, gt, "
+                "gte, lt, lte, and `and`/`or` lists of filters; at most 256 conditions."
+            ),
         }
     ),
 ]
@@ -247,6 +292,8 @@ class Hit(_Response):
     score: float
     retrieved_at: str
     scope: Scope
+    # The source revision's metadata as indexed (what `filters` test).
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class EmbeddingUsage(_Response):
@@ -430,3 +477,4 @@ class PassageResponse(_Response):
     document_sha256: str
     retrieved_at: str
     scope: Scope
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)

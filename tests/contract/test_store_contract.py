@@ -9,6 +9,7 @@ import pytest
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate, CapacityLimits
 from tests.contract.conftest import ContractStore, StoreHarness
@@ -335,7 +336,8 @@ def test_search_applies_metadata_filters_before_ranking(store: ContractStore) ->
     allowed = {"en": "r1", "de": "r1"}
 
     def sources(filters: dict[str, object] | None) -> set[str]:
-        return {h.source_id for h in search(store, allowed, query, filters=filters)}
+        where = parse_filter(filters) if filters is not None else None
+        return {h.source_id for h in search(store, allowed, query, filters=where)}
 
     assert sources(None) == {"en", "de"}
     assert sources({"lang": "en"}) == {"en"}

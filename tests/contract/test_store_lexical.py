@@ -15,6 +15,7 @@ import pytest
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import LexicalDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.ports import Candidate, CapacityLimits
 from tests.contract.conftest import ContractStore, StoreHarness
@@ -148,9 +149,9 @@ def test_metadata_filters_apply_before_ranking(store: ContractStore) -> None:
     put(store, "virus", "r1", DOCS["virus"], metadata={"lang": "en"})
     put(store, "cells", "r1", DOCS["cells"], metadata={"lang": "de"})
     allowed = {"virus": "r1", "cells": "r1"}
-    hits = lexical(store, allowed, "cells virus", k=1, filters={"lang": "de"})
+    hits = lexical(store, allowed, "cells virus", k=1, filters=parse_filter({"lang": "de"}))
     assert [h.source_id for h in hits] == ["cells"]
-    assert lexical(store, allowed, "cells", filters={"lang": "fr"}) == []
+    assert lexical(store, allowed, "cells", filters=parse_filter({"lang": "fr"})) == []
 
 
 def test_statistics_are_per_namespace(store: ContractStore) -> None:

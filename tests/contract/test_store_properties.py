@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.lexical import term_frequencies
 from retrieval_host.core.ports import CapacityLimits
 from tests.contract.conftest import STORE_KINDS, ContractStore, _open_store
@@ -133,7 +134,7 @@ def test_search_and_lexical_search_never_rank_a_row_outside_the_grant(
         }[choice]
 
     query = unit_vectors(rng, 1, DIM)[0]
-    filters = {"tier": tier_filter} if tier_filter is not None else None
+    filters = parse_filter({"tier": tier_filter}) if tier_filter is not None else None
     hits = store.search(corpus_id, namespace, allowed, query, k, CancelToken(), filters)
 
     for hit in hits:

@@ -26,7 +26,7 @@ TOTAL_COLUMNS: Final = (
 PASSAGE_COLUMNS: Final = "c.chunk_id, c.ordinal, c.page, c.start_line, c.end_line, c.document_id"
 READ_PASSAGE_COLUMNS: Final = (
     "c.chunk_id, s.source_id, s.revision, c.text, c.page, c.start_line, c.end_line, "
-    "c.document_id, s.document_sha256"
+    "c.document_id, s.document_sha256, s.metadata_json"
 )
 # Positions before every stored one: ordinals are non-negative, source ids non-empty.
 FIRST_ORDINAL: Final = -1

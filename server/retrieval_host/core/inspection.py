@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from retrieval_host.core.descriptor import EmbeddingDescriptor
@@ -102,6 +102,7 @@ class Passage:
     document_sha256: str
     retrieved_at: str
     scope: Scope
+    metadata: Metadata = field(default_factory=dict)  # the source revision's
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,7 @@ class StoredPassage:
     text: str
     location: Location
     document_sha256: str
+    metadata: Metadata = field(default_factory=dict)  # the source revision's
 
 
 @dataclass(frozen=True, slots=True)

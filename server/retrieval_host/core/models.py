@@ -61,8 +61,9 @@ class SearchRequest:
     source_ids: Sequence[str] | None = None
     limit: int = 8
     max_context_bytes: int | None = None
-    # Exact-match filters on source metadata, applied before ranking like the revision filter.
-    filters: Mapping[str, JSONScalar] | None = None
+    # Conditions on source metadata in their JSON form (`core.filters`), applied with
+    # authorization before ranking.
+    filters: Mapping[str, JSONValue] | None = None
     # How passages are ranked (`core.fusion`). `dense` until the wire carries the field; the
     # default becomes `hybrid` when it does.
     mode: SearchMode = "dense"
@@ -116,6 +117,8 @@ class Hit:
     # The score each search mode gave this passage (`dense`, `lexical`; a mode that did not
     # rank it is absent). `score` is the final one (fused in `hybrid` mode). Not on the wire.
     scores: Mapping[str, float] = field(default_factory=dict)
+    # The source revision's metadata (as indexed), so that a hit shows what filters saw.
+    metadata: Metadata = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,14 @@ import numpy.typing as npt
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
+from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.inspection import (
     PassageSummary,
     SourceSummary,
     SourceTotals,
     StoredPassage,
 )
-from retrieval_host.core.models import EmbeddingUsage, JSONScalar, Location, Metadata, Operation
+from retrieval_host.core.models import EmbeddingUsage, Location, Metadata, Operation
 
 Vectors = npt.NDArray[np.float32]
 
@@ -119,6 +120,7 @@ class Candidate:
     location: Location
     document_sha256: str
     score: float
+    metadata: Metadata = field(default_factory=dict)  # the source's, as the hit shows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +189,7 @@ class VectorStore(Protocol):
         query: Vectors,
         k: int,
         cancel: CancelToken,
-        filters: Mapping[str, JSONScalar] | None = None,
+        filters: MetadataFilter | None = None,
     ) -> list[Candidate]: ...
 
     def lexical_search(
@@ -198,7 +200,7 @@ class VectorStore(Protocol):
         terms: Sequence[str],
         k: int,
         cancel: CancelToken,
-        filters: Mapping[str, JSONScalar] | None = None,
+        filters: MetadataFilter | None = None,
     ) -> list[Candidate]:
         """Top-k passages by BM25 for the analyzed query `terms` (`core.lexical.query_terms`;
         a repeated term counts per occurrence), among the allowed revisions only, best first;

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.fusion import Ranked, fuse, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
@@ -25,9 +26,11 @@ def rank(
     namespace: str,
     allowed: Mapping[str, str],
     request: SearchRequest,
+    where: MetadataFilter | None,
     context: RequestContext,
 ) -> tuple[list[Ranked], EmbeddingUsage]:
-    """The request's ranking over the allowed revisions (already authorized), limit + 1 long
+    """The request's ranking over the allowed revisions (already authorized) whose metadata
+    pass `where` (the request's parsed filters), limit + 1 long
     (one more tells `truncated`), and what the query embedding cost."""
     wanted = request.limit + 1
     usage = EmbeddingUsage()
@@ -49,7 +52,7 @@ def rank(
             batch.vectors[0],
             depth,
             context.cancel,
-            request.filters,
+            where,
         )
         context.cancel.progress()
     if request.mode != "dense":
@@ -62,7 +65,7 @@ def rank(
             query_terms(request.query),
             depth,
             context.cancel,
-            request.filters,
+            where,
         )
         context.cancel.progress()
     if request.mode == "dense":

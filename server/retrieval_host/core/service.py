@@ -16,6 +16,7 @@ from retrieval_host.core.errors import (
     permission_denied,
     source_unavailable,
 )
+from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
 from retrieval_host.core.fusion import FusionSettings
 from retrieval_host.core.inspection import (
@@ -141,6 +142,7 @@ class RetrievalService:
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         check_search_request(request)
+        where = parse_filter(request.filters) if request.filters is not None else None
         corpus = self.corpus(request.corpus)
         ids = tuple(dict.fromkeys(request.source_ids)) if request.source_ids is not None else None
         context.report("retrieval.authorization", corpus=corpus.id, check="before-read")
@@ -161,7 +163,7 @@ class RetrievalService:
         if not allowed:
             return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
 
-        ranked, usage = rank(corpus, grant.namespace, allowed, request, context)
+        ranked, usage = rank(corpus, grant.namespace, allowed, request, where, context)
         candidates = [r.candidate for r in ranked]
         scores = {r.candidate.chunk_id: r.scores for r in ranked}
 
@@ -183,6 +185,7 @@ class RetrievalService:
                 retrieved_at=retrieved_at,
                 scope=scope,
                 scores=scores[c.chunk_id],
+                metadata=c.metadata,
             )
             for c in candidates[: request.limit]
         ]
@@ -495,6 +498,7 @@ class RetrievalService:
             stored.document_sha256,
             self._clock(),
             Scope(corpus.id, corpus.version, grant.namespace),
+            stored.metadata,
         )
 
     def _visible_source(

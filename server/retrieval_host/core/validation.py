@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 
@@ -123,10 +122,3 @@ def check_search_request(request: SearchRequest) -> None:
             raise _invalid(f"at most {MAX_SOURCE_IDS} sourceIds.")
         for sid in request.source_ids:
             check_id("source id", sid)
-    if request.filters is not None:
-        for key, value in request.filters.items():
-            check_id("filter key", key)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise _invalid("filter values must be finite.")
-            if isinstance(value, str):
-                check_text("filter value", value)

@@ -88,6 +88,7 @@ def _search_body(result: core.SearchResult) -> dict[str, Any]:
                 "score": float(h.score),
                 "retrievedAt": h.retrieved_at,
                 "scope": scope if h.scope == result.scope else _scope(h.scope),
+                "metadata": h.metadata,
             }
             for h in result.hits
         ],
@@ -206,4 +207,5 @@ def passage_response(passage: inspection.Passage) -> wire.PassageResponse:
         document_sha256=passage.document_sha256,
         retrieved_at=passage.retrieved_at,
         scope=wire.Scope.model_validate(_scope(passage.scope)),
+        metadata=dict(passage.metadata),
     )

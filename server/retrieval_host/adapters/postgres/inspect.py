@@ -10,6 +10,7 @@ whatever the database's collation. Text holding NUL cannot be stored, so such id
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Mapping
 
 from retrieval_host.adapters._inspection_rows import (
@@ -128,7 +129,7 @@ def read_passage(conn: Connection, schema: str, key: tuple[str, str, str]) -> St
     ).fetchone()
     if row is None:
         return None
-    chunk_id, source_id, revision, text, page, start, end, document_id, digest = row
+    chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row
     return StoredPassage(
         str(chunk_id),
         str(source_id),
@@ -141,6 +142,7 @@ def read_passage(conn: Connection, schema: str, key: tuple[str, str, str]) -> St
             document_id,
         ),
         str(digest),
+        json.loads(str(meta)),
     )
 
 

@@ -20,6 +20,7 @@ the granted sources scored and ranked in SQL (equal scores in chunk id order, by
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,8 +30,9 @@ from retrieval_host.adapters.postgres.schema import TERM_COPY_TYPES, schema_sql
 from retrieval_host.adapters.postgres.search import granted_sources, searchable_grant
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
+from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.lexical import Bm25, term_frequencies
-from retrieval_host.core.models import JSONScalar, Location
+from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate
 
 
@@ -168,11 +170,11 @@ def lexical_search(
     terms: Sequence[str],
     k: int,
     cancel: CancelToken,
-    filters: Mapping[str, JSONScalar] | None,
+    filters: MetadataFilter | None,
 ) -> list[Candidate]:
     """`PgVectorStore.lexical_search` on a connection already in a read-only snapshot."""
     corpus = descriptor.corpus_id
-    pairs = searchable_grant(corpus, namespace, allowed, filters)
+    pairs = searchable_grant(corpus, namespace, allowed)
     counts = Counter(t for t in terms if "\x00" not in t)
     if k <= 0 or not pairs or not counts:
         return []
@@ -215,7 +217,7 @@ def lexical_search(
         schema_sql(
             schema,
             "SELECT c.chunk_id, c.text, c.page, c.start_line, c.end_line, c.document_id, "
-            "s.source_id, s.revision, s.document_sha256, r.score FROM ("
+            "s.source_id, s.revision, s.document_sha256, r.score, s.metadata_json FROM ("
             "SELECT t.chunk_pk, sum(w.weight * (t.tf / (t.tf + %s * (%s + %s * c.term_count "
             "/ %s))) ORDER BY t.term) AS score "
             "FROM unnest(%s::text[], %s::float8[]) AS w (term, weight) "
@@ -248,6 +250,7 @@ def lexical_search(
             location=Location(row[2], row[3], row[4], row[5]),
             document_sha256=str(row[8]),
             score=float(row[9]),
+            metadata=json.loads(row[10]),
         )
         for row in rows
     ]

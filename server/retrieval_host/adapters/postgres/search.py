@@ -2,7 +2,7 @@
 
 One REPEATABLE READ, READ ONLY transaction (one snapshot for every step): the allowed
 `(source, revision)` pairs are matched in SQL against `sources` inside the corpus and namespace,
-with the metadata filters (JSON equality via `jsonb`), before anything is ranked. Then:
+with the metadata filters (`filters.filter_sql` over `jsonb`), before anything is ranked. Then:
 
 - exact (the default): the allowed rows are scored in SQL by cosine distance in batches of
   `scan_batch_rows` rows (each batch returns only its best `k`), checking the cancel token
@@ -38,6 +38,7 @@ import numpy.typing as npt
 from psycopg import sql
 
 from retrieval_host.adapters._store_rules import CounterTally, stack_vectors, unit_rows
+from retrieval_host.adapters.postgres.filters import filter_sql
 from retrieval_host.adapters.postgres.pool import (
     Connection,
     ConnectionPool,
@@ -48,7 +49,8 @@ from retrieval_host.adapters.postgres.schema import HNSW_MAX_DIMENSIONS, schema_
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.models import JSONScalar, Location
+from retrieval_host.core.filters import MetadataFilter
+from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate, Vectors
 
 Matrix = npt.NDArray[np.float32]
@@ -109,7 +111,7 @@ class Searcher:
         query: Vectors,
         k: int,
         cancel: CancelToken,
-        filters: Mapping[str, JSONScalar] | None = None,
+        filters: MetadataFilter | None = None,
     ) -> list[Candidate]:
         """`PgVectorStore.search` for an open corpus's descriptor, on a pooled connection."""
         corpus = descriptor.corpus_id
@@ -118,7 +120,7 @@ class Searcher:
         unit_query = unit_rows(raw_query, "the query vector")[0]
         if k <= 0 or not allowed:
             return []
-        pairs = searchable_grant(corpus, namespace, allowed, filters)
+        pairs = searchable_grant(corpus, namespace, allowed)
         if not pairs:
             return []
 
@@ -222,7 +224,7 @@ class Searcher:
             for row in conn.execute(
                 self._sql(
                     "SELECT c.id, c.chunk_id, c.text, c.page, c.start_line, c.end_line, "
-                    "c.document_id, s.source_id, s.revision, s.document_sha256 "
+                    "c.document_id, s.source_id, s.revision, s.document_sha256, s.metadata_json "
                     "FROM {s}.chunks c JOIN {s}.sources s ON s.id = c.source_pk "
                     "WHERE c.id = ANY(%s)"
                 ),
@@ -242,6 +244,7 @@ class Searcher:
                     location=Location(row[3], row[4], row[5], row[6]),
                     document_sha256=str(row[9]),
                     score=float(np.clip(scores[i], -1.0, 1.0)),
+                    metadata=json.loads(row[10]),
                 )
             )
         return results
@@ -265,17 +268,13 @@ class Searcher:
 
 
 def searchable_grant(
-    corpus: str,
-    namespace: str,
-    allowed: Mapping[str, str],
-    filters: Mapping[str, JSONScalar] | None,
+    corpus: str, namespace: str, allowed: Mapping[str, str]
 ) -> list[tuple[str, str]]:
-    """The allowed (source, revision) pairs that could be stored; empty when nothing can."""
-    pairs = [(s, r) for s, r in allowed.items() if "\x00" not in s + r]
-    filters_json = json.dumps(dict(filters or {}), allow_nan=False)
-    if "\x00" in namespace + corpus or "\\u0000" in filters_json:
+    """The allowed (source, revision) pairs that could be stored; empty when nothing can.
+    (Filters need no such check: `core.filters` refuses NUL in their keys and values.)"""
+    if "\x00" in namespace + corpus:
         return []  # nothing stored can contain NUL
-    return pairs
+    return [(s, r) for s, r in allowed.items() if "\x00" not in s + r]
 
 
 def granted_sources(
@@ -284,36 +283,27 @@ def granted_sources(
     corpus: str,
     namespace: str,
     pairs: list[tuple[str, str]],
-    filters: Mapping[str, JSONScalar] | None,
+    filters: MetadataFilter | None,
 ) -> list[tuple[int, int]]:
     """(source pk, passage count) of the granted revisions in the namespace that match the
     filters, in pk order: what a search may rank, selected before anything is ranked."""
     ids = [s for s, _ in pairs]
+    params: list[object] = [ids, [r for _, r in pairs], corpus, namespace, ids]
+    condition = filter_sql(filters, params)
     return [
         (int(pk), int(count))
         for pk, count in conn.execute(
-            schema_sql(
-                schema,
+            sql.SQL(
                 "SELECT s.id, s.chunk_count FROM {s}.sources s "
                 "JOIN unnest(%s::text[], %s::text[]) AS a (source_id, revision) "
                 "ON s.source_id = a.source_id AND s.revision = a.revision "
                 "WHERE s.corpus_id = %s AND s.namespace = %s "
                 # Lets the unique index find the granted sources: the cost follows
                 # the grant, not the size of the namespace.
-                "AND s.source_id = ANY(%s::text[]) AND NOT EXISTS ("
-                "SELECT 1 FROM jsonb_each(%s::jsonb) f "
-                "WHERE jsonb_typeof(f.value) IN ('object', 'array') "
-                "OR s.metadata -> f.key IS DISTINCT FROM f.value) "
+                "AND s.source_id = ANY(%s::text[]) AND {where} "
                 "ORDER BY s.id",
-            ),
-            (
-                ids,
-                [r for _, r in pairs],
-                corpus,
-                namespace,
-                ids,
-                json.dumps(dict(filters or {}), allow_nan=False),
-            ),
+            ).format(s=sql.Identifier(schema), where=condition),
+            params,
             prepare=False,
         )
         if int(count) > 0

@@ -68,7 +68,7 @@ from retrieval_host.adapters.postgres.search import Matrix, PgSearchStats, Searc
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
-from retrieval_host.core.models import JSONScalar
+from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.ports import (
     Candidate,
     CapacityLimits,
@@ -500,7 +500,7 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         query: Vectors,
         k: int,
         cancel: CancelToken,
-        filters: Mapping[str, JSONScalar] | None = None,
+        filters: MetadataFilter | None = None,
     ) -> list[Candidate]:
         """Top-k cosine matches among the allowed revisions only, best first.
 
@@ -521,7 +521,7 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         terms: Sequence[str],
         k: int,
         cancel: CancelToken,
-        filters: Mapping[str, JSONScalar] | None = None,
+        filters: MetadataFilter | None = None,
     ) -> list[Candidate]:
         """Top-k BM25 matches among the allowed revisions only, best first (see the port).
 

@@ -89,7 +89,7 @@ def read_passage(conn: apsw.Connection, key: tuple[str, str, str]) -> StoredPass
     ).fetchone()
     if row is None:
         return None
-    chunk_id, source_id, revision, text, page, start, end, document_id, digest = row
+    chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row
     return StoredPassage(
         str(chunk_id),
         str(source_id),
@@ -97,6 +97,7 @@ def read_passage(conn: apsw.Connection, key: tuple[str, str, str]) -> StoredPass
         str(text),
         Location(page, start, end, document_id),
         str(digest),
+        json.loads(str(meta)),
     )
 
 

@@ -42,8 +42,9 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.filters import MetadataFilter, matches
 from retrieval_host.core.lexical import Bm25
-from retrieval_host.core.models import JSONScalar, Location
+from retrieval_host.core.models import Location
 
 if TYPE_CHECKING:
     from retrieval_host.adapters.sqlite.segment import Loaded, Revision
@@ -209,7 +210,7 @@ class Lexicon:
         self,
         allowed: Mapping[str, str],
         terms: Sequence[str],
-        filters: Mapping[str, JSONScalar] | None,
+        filters: MetadataFilter | None,
     ) -> LexicalCapture | None:
         """What a search of these terms over the allowed revisions needs (the caller holds the
         store's cache lock; the capture is then scored without it)."""
@@ -231,13 +232,9 @@ class Lexicon:
             self.row_sources,
         )
 
-    def _allowed(
-        self, allowed: Mapping[str, str], filters: Mapping[str, JSONScalar] | None
-    ) -> Mask | None:
-        from retrieval_host.adapters.sqlite.segment import metadata_matches
-
+    def _allowed(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Mask | None:
         key = None
-        grant = allowed if isinstance(allowed, dict) and allowed and not filters else None
+        grant = allowed if isinstance(allowed, dict) and allowed and filters is None else None
         if grant is not None:
             key = (len(grant), next(iter(grant)), next(reversed(grant)))
             entry = self.masks.get(key)
@@ -256,8 +253,8 @@ class Lexicon:
         else:
             granted = allowed.get
             hits = [s for sid, s in self.spans.items() if granted(sid) == s.source.revision]
-        if filters:
-            hits = [s for s in hits if metadata_matches(s.source.metadata, filters)]
+        if filters is not None:
+            hits = [s for s in hits if matches(filters, s.source.metadata)]
         if not hits:
             return None
         # Spans never overlap: +1 at each start, -1 at each stop, and a running sum.

@@ -21,35 +21,12 @@ import numpy as np
 from retrieval_host.adapters.sqlite.lexicon import Lexicon
 from retrieval_host.adapters.sqlite.scan import Matrix, Scan
 from retrieval_host.core.descriptor import CorpusDescriptor
-from retrieval_host.core.models import JSONScalar, Location
+from retrieval_host.core.filters import MetadataFilter, matches
+from retrieval_host.core.models import Location
 
 # Captures (a grant's rows) kept per namespace: at most this many grants, this many sources.
 CAPTURES: Final = 64
 CAPTURED_SOURCES: Final = 200_000
-
-
-def _json_kind(value: object) -> str:
-    # JSON equality, not Python equality: `true` never equals `1`, numbers compare by value.
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "structured"
-
-
-def metadata_matches(metadata: Mapping[str, Any], filters: Mapping[str, JSONScalar]) -> bool:
-    for key, wanted in filters.items():
-        if key not in metadata:
-            return False
-        have = metadata[key]
-        kind = _json_kind(have)
-        if kind == "structured" or kind != _json_kind(wanted) or have != wanted:
-            return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +165,7 @@ class Segment:
             at += n
         self.matrix, self.rows, self.spans, self.size = matrix, rows, spans, at
 
-    def capture(
-        self, allowed: Mapping[str, str], filters: Mapping[str, JSONScalar] | None
-    ) -> Scan | None:
+    def capture(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Scan | None:
         """The rows of the allowed revisions that match the filters (the caller holds the
         store's cache lock; the scan is then scored without it)."""
         # The same grant again (an application asks for one subject many times): its
@@ -199,7 +174,7 @@ class Segment:
         index = self.spans
         key = None
         grant = allowed if isinstance(allowed, dict) else None
-        if not filters and grant is not None and len(grant) <= 2 * len(index) + 64:
+        if filters is None and grant is not None and len(grant) <= 2 * len(index) + 64:
             key, scan = self.captured(grant)
             if scan is not None:
                 return scan
@@ -214,8 +189,8 @@ class Segment:
         else:
             granted = allowed.get
             hits = [span for sid, span in index.items() if granted(sid) == span.revision]
-        if filters:
-            hits = [s for s in hits if metadata_matches(s.source.metadata, filters)]
+        if filters is not None:
+            hits = [s for s in hits if matches(filters, s.source.metadata)]
         spans = [(s.start, s.stop) for s in hits if s.stop > s.start]
         if not spans:
             return None

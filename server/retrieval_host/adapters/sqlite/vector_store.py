@@ -74,8 +74,8 @@ from retrieval_host.adapters.sqlite.tables import (
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import RetrievalError, source_unavailable
+from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.lexical import Bm25
-from retrieval_host.core.models import JSONScalar
 from retrieval_host.core.ports import (
     Candidate,
     CapacityLimits,
@@ -362,7 +362,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         query: Vectors,
         k: int,
         cancel: CancelToken,
-        filters: Mapping[str, JSONScalar] | None = None,
+        filters: MetadataFilter | None = None,
     ) -> list[Candidate]:
         """Top-k cosine matches among the allowed revisions only, best first.
 
@@ -395,6 +395,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
                     location=row.location,
                     document_sha256=row.source.document_sha256,
                     score=min(1.0, max(-1.0, float(scores[i]))),
+                    metadata=row.source.metadata,
                 )
             )
         return results
@@ -407,7 +408,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         terms: Sequence[str],
         k: int,
         cancel: CancelToken,
-        filters: Mapping[str, JSONScalar] | None = None,
+        filters: MetadataFilter | None = None,
     ) -> list[Candidate]:
         """Top-k BM25 matches among the allowed revisions only, best first (see the port).
 
@@ -439,6 +440,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
                     location=location,
                     document_sha256=source.document_sha256,
                     score=value,
+                    metadata=source.metadata,
                 )
             )
         return results
@@ -448,7 +450,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         state: CorpusState,
         namespace: str,
         allowed: Mapping[str, str],
-        filters: Mapping[str, JSONScalar] | None,
+        filters: MetadataFilter | None,
     ) -> Scan | None:
         with self._cache_lock:
             segment = state.segments.get(namespace)
