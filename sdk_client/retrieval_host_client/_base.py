@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import re
 import ssl
@@ -319,16 +320,24 @@ class BaseClient(Generic[H]):
         source_id: str,
         revision: str | None,
         title: str | None,
+        metadata: Mapping[str, str | int | float | bool | None] | None,
         media_type: str | None,
     ) -> Call[IndexResponse]:
-        params = IngestParams(corpus=corpus, source_id=source_id, revision=revision, title=title)
+        params = IngestParams(
+            corpus=corpus,
+            source_id=source_id,
+            revision=revision,
+            title=title,
+            metadata=None if metadata is None else json.dumps(dict(metadata), allow_nan=False),
+        )
         upload = Upload(document, _media_type(document, media_type))
         return Call(
             "POST",
             "/v1/retrieval/ingest",
             parser(IndexResponse, check_same_source(corpus, source_id)),
             upload,
-            params=params.model_dump(by_alias=True, exclude_none=True),
+            # round_trip: `metadata` goes as the JSON text the host parses.
+            params=params.model_dump(by_alias=True, exclude_none=True, round_trip=True),
             headers={"Content-Type": upload.media_type, "Accept": JSON_TYPES},
         )
 

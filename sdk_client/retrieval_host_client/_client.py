@@ -166,6 +166,7 @@ class Client(BaseClient[httpx.Client]):
         source_id: str,
         revision: str | None = None,
         title: str | None = None,
+        metadata: Mapping[str, str | int | float | bool | None] | None = None,
         media_type: str | None = None,
     ) -> IndexResponse:
         """Upload a raw PDF, Markdown, text, HTML or e-mail document; the host parses and
@@ -174,6 +175,8 @@ class Client(BaseClient[httpx.Client]):
         `document` is a path (streamed from disk in chunks), bytes, or a binary file object
         (read in chunks from its position, not closed). `media_type` defaults to the one of
         the file name's suffix (.pdf, .md/.markdown, .txt, .html/.htm, .eml, .mbox).
+        `metadata` (at most 16 scalar values) is laid over what the document yields, key by
+        key: searches filter on it and hits show it.
         """
         return self._send(
             self._ingest(
@@ -182,6 +185,7 @@ class Client(BaseClient[httpx.Client]):
                 source_id=source_id,
                 revision=revision,
                 title=title,
+                metadata=metadata,
                 media_type=media_type,
             )
         )

@@ -18,6 +18,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    Json,
     JsonValue,
     StringConstraints,
     WithJsonSchema,
@@ -170,6 +171,29 @@ Filters = Annotated[
 ]
 
 
+# What a caller attaches to an ingested document (the `metadata` query parameter, a JSON
+# object): at most 16 keys, scalar values, strings at most 256 characters. The host also
+# bounds the whole at 4 KiB of ASCII-escaped JSON.
+_METADATA_SCALAR: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "maxLength": 256, "pattern": TEXT_PATTERN},
+        {"type": ["number", "boolean", "null"]},
+    ]
+}
+UserMetadata = Annotated[
+    dict[str, Annotated[str, StringConstraints(max_length=256)] | int | float | bool | None],
+    Field(max_length=16),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": 16,
+            "propertyNames": {"minLength": 1, "maxLength": 256, "pattern": IDENTIFIER_PATTERN},
+            "additionalProperties": _METADATA_SCALAR,
+        }
+    ),
+]
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(
         extra="forbid", populate_by_name=True, frozen=True, alias_generator=to_camel
@@ -237,13 +261,15 @@ class IngestParams(_Request):
     """The query parameters of `POST /v1/retrieval/ingest` (the body is the raw document).
 
     `revision` defaults to the SHA-256 of the normalized content, `title` to one taken from
-    the document.
+    the document. `metadata` is a JSON object (percent-encoded in the URL) laid over the
+    metadata the document yields, key by key; searches filter on it and hits show it.
     """
 
     corpus: Identifier
     source_id: Identifier
     revision: Revision | None = None
     title: Annotated[str, StringConstraints(max_length=1024, pattern=TEXT_PATTERN)] | None = None
+    metadata: Json[UserMetadata] | None = None
 
 
 class DeleteRequest(_Request):

@@ -6,7 +6,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Generator
+from collections.abc import Callable, Collection, Generator, Mapping
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -25,6 +25,7 @@ from retrieval_host.core.models import (
     DeleteResult,
     IndexRequest,
     IndexResult,
+    JSONScalar,
     SearchRequest,
     SearchResult,
 )
@@ -33,7 +34,7 @@ from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import RunEvent, RunRequest, RunResult
 from retrieval_host.core.service import Corpus, RetrievalService
-from retrieval_host.core.validation import check_id
+from retrieval_host.core.validation import check_id, check_user_metadata
 from retrieval_host.ingest import ChunkingSettings, IngestLimits, PreparedDocument
 from retrieval_host.ingest.chunking import Extracted
 from retrieval_host.ingest.document import extract_document, finish_document
@@ -139,7 +140,8 @@ class IngestRequest:
     """A raw document to turn into passages and index as one source revision.
 
     `revision` defaults to a digest of the content (see `retrieval_host.ingest.document`);
-    `title` defaults to the document's own title.
+    `title` defaults to the document's own title; `metadata`, the caller's own, is laid over
+    the document's key by key (and so is in the default revision).
     """
 
     corpus: str
@@ -148,6 +150,8 @@ class IngestRequest:
     data: bytes
     revision: str | None = None
     title: str | None = None
+    # The caller's metadata (`check_user_metadata`), laid over what the document yields.
+    metadata: Mapping[str, JSONScalar] | None = None
 
 
 class Driver:
@@ -309,6 +313,8 @@ class Driver:
         check_id("source id", request.source_id)
         if request.revision is not None:
             check_id("revision", request.revision)
+        if request.metadata is not None:
+            check_user_metadata(request.metadata)
         self.retrieval.preauthorize_index(corpus.id, request.source_id, request.revision, context)
         settings = ChunkingSettings.from_identity(corpus.chunking)
         if settings.max_tokens > corpus.embedding.max_input_tokens:
@@ -360,6 +366,7 @@ class Driver:
                 request.source_id,
                 request.revision,
                 request.title,
+                request.metadata,
                 settings,
                 self.ingest_limits,
                 recipe,
@@ -377,6 +384,7 @@ class Driver:
             source_id=request.source_id,
             revision=request.revision,
             title=request.title,
+            metadata=request.metadata,
             token_counter=corpus.embedding.count_tokens,
             settings=settings,
             limits=self.ingest_limits,

@@ -28,7 +28,16 @@ def task(
     counter: CounterRecipe | None = None,
 ) -> ParseTask:
     return ParseTask(
-        data, media_type, "s", None, None, ChunkingSettings(), IngestLimits(), counter, cpu_seconds
+        data,
+        media_type,
+        "s",
+        None,
+        None,
+        None,
+        ChunkingSettings(),
+        IngestLimits(),
+        counter,
+        cpu_seconds,
     )
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import (
@@ -58,6 +59,34 @@ def check_metadata(metadata: Metadata) -> None:
         raise _invalid("metadata must be JSON (finite numbers, string keys).") from exc
     if len(encoded.encode("utf-8")) > MAX_METADATA_BYTES:
         raise _invalid(f"metadata must be at most {MAX_METADATA_BYTES} bytes as JSON.")
+
+
+MAX_USER_METADATA_KEYS = 16
+MAX_USER_METADATA_CHARS = 256
+MAX_USER_METADATA_BYTES = 4096
+
+
+def check_user_metadata(metadata: Mapping[str, object]) -> None:
+    """Metadata a caller attaches to an ingested document (the wire's `metadata` parameter):
+    at most 16 keys under the identifier rule, each a scalar; strings at most 256 characters
+    under the text rule, numbers finite; 4 KiB in all as ASCII-escaped JSON, so that it always
+    fits beside what a document yields. (Prepared passages take any JSON within 16 KiB.)"""
+    if len(metadata) > MAX_USER_METADATA_KEYS:
+        raise _invalid(f"metadata has at most {MAX_USER_METADATA_KEYS} keys.")
+    for key, value in metadata.items():
+        check_id("metadata key", key)
+        if isinstance(value, str):
+            if len(value) > MAX_USER_METADATA_CHARS:
+                raise _invalid(
+                    f"metadata strings are at most {MAX_USER_METADATA_CHARS} characters."
+                )
+            check_text("metadata value", value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise _invalid("metadata numbers must be finite.")
+        elif value is not None and not isinstance(value, bool | int | float):
+            raise _invalid("metadata values are strings, numbers, booleans or null.")
+    if len(json.dumps(metadata)) > MAX_USER_METADATA_BYTES:
+        raise _invalid(f"metadata must be at most {MAX_USER_METADATA_BYTES} bytes as JSON.")
 
 
 def check_location(loc: Location) -> None:

@@ -309,6 +309,19 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+# Query parameters that hold a JSON document (percent-encoded), described by its schema.
+_JSON_PARAMETERS: Final = frozenset({"metadata"})
+
+
+def _query_parameter(name: str, required: bool, schema: dict[str, Any]) -> dict[str, Any]:
+    parameter: dict[str, Any] = {"name": name, "in": "query", "required": required}
+    if name in _JSON_PARAMETERS:
+        parameter["content"] = {"application/json": {"schema": schema}}
+    else:
+        parameter["schema"] = schema
+    return parameter
+
+
 def build_openapi(
     *,
     version: str,
@@ -374,12 +387,7 @@ def build_openapi(
             params = op.request.model_json_schema(by_alias=True, mode="validation")
             required = set(params.get("required", []))
             operation["parameters"] = [
-                {
-                    "name": name,
-                    "in": "query",
-                    "required": name in required,
-                    "schema": _without_null(schema),
-                }
+                _query_parameter(name, name in required, _without_null(schema))
                 for name, schema in params["properties"].items()
             ]
             operation["requestBody"] = {

@@ -26,7 +26,7 @@ from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.http.auth import Principal
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.policy import RequestPolicy, validation_detail
-from retrieval_host.http.strict import InvalidRequest, utf8_query_params
+from retrieval_host.http.strict import InvalidRequest, check_unique_keys, utf8_query_params
 from retrieval_host.ingest import MEDIA_TYPES
 from retrieval_host.ingest.settings import normalize_media_type
 from retrieval_host.settings import HostSettings
@@ -178,6 +178,7 @@ class Routes:
             data,
             revision=params.revision,
             title=params.title,
+            metadata=params.metadata,
         )
         driver = self._driver()
         deadline_s = self.settings.limits.ingest_deadline_s
@@ -289,6 +290,8 @@ class Routes:
 
     def _ingest_params(self, request: Request) -> wire.IngestParams:
         params = utf8_query_params(request.scope.get("query_string", b""))
+        if "metadata" in params:
+            check_unique_keys(params["metadata"].encode("utf-8"))
         try:
             return wire.IngestParams.model_validate(
                 params, strict=True, by_alias=True, by_name=False

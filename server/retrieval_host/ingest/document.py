@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.models import ChunkInput, IndexRequest, JSONValue, SourceInfo
+from retrieval_host.core.models import ChunkInput, IndexRequest, JSONScalar, JSONValue, SourceInfo
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
-from retrieval_host.core.validation import MAX_METADATA_BYTES, check_id
+from retrieval_host.core.validation import MAX_METADATA_BYTES, check_id, check_user_metadata
 from retrieval_host.ingest._text import clip, json_size
 from retrieval_host.ingest.chunking import Chunker, Extracted
 from retrieval_host.ingest.email import extract_email
@@ -81,6 +81,7 @@ def prepare_document(
     source_id: str,
     revision: str | None = None,
     title: str | None = None,
+    metadata: Mapping[str, JSONScalar] | None = None,
     token_counter: Callable[[Sequence[str]], list[int]],
     settings: ChunkingSettings = DEFAULT_SETTINGS,
     limits: IngestLimits = DEFAULT_LIMITS,
@@ -91,8 +92,10 @@ def prepare_document(
     `token_counter` is the embedding model's own counter (`EmbeddingAdapter.count_tokens`);
     every passage has at most `settings.max_tokens` tokens by it. `revision` defaults to the
     content digest described in the module docstring; `title` defaults to the document's own
-    (front matter or first H1, PDF info title, first message's subject). `cancel` is checked
-    between pages, messages and counting batches.
+    (front matter or first H1, PDF info title, first message's subject). `metadata` (the
+    caller's, `check_user_metadata`) is laid over what the document yields, key by key, and
+    counts in the default revision. `cancel` is checked between pages, messages and counting
+    batches.
 
     Raises `RetrievalError`: `UNSUPPORTED_MEDIA_TYPE`; `PAYLOAD_TOO_LARGE` with a reason
     (`bytes`, `pages`, `messages`, `mime-parts`, `mime-depth`, `header-bytes`, `html-bytes`,
@@ -115,6 +118,7 @@ def prepare_document(
         source_id=source_id,
         revision=revision,
         title=title,
+        metadata=metadata,
         token_counter=token_counter,
         settings=settings,
         limits=limits,
@@ -154,6 +158,7 @@ def finish_document(
     source_id: str,
     revision: str | None = None,
     title: str | None = None,
+    metadata: Mapping[str, JSONScalar] | None = None,
     token_counter: Callable[[Sequence[str]], list[int]],
     settings: ChunkingSettings = DEFAULT_SETTINGS,
     limits: IngestLimits = DEFAULT_LIMITS,
@@ -181,7 +186,9 @@ def finish_document(
 
     document_sha256 = hashlib.sha256(extracted.text.encode("utf-8")).hexdigest()
     final_title = title if title is not None else clip(extracted.title, 1024)
-    metadata = _fit_metadata(dict(extracted.metadata))
+    given = dict(metadata or {})
+    check_user_metadata(given)
+    merged = {**_fit_metadata(dict(extracted.metadata), json_size(given)), **given}
     if revision is None:
         revision = "sha256:" + _digest(
             {
@@ -190,7 +197,7 @@ def finish_document(
                 "mediaType": media,
                 "documentSha256": document_sha256,
                 "title": final_title,
-                "metadata": metadata,
+                "metadata": merged,
             }
         )
     chunks = tuple(
@@ -198,7 +205,7 @@ def finish_document(
         for ordinal, p in enumerate(passages)
     )
     return PreparedDocument(
-        SourceInfo(source_id, revision, final_title, metadata), chunks, document_sha256
+        SourceInfo(source_id, revision, final_title, merged), chunks, document_sha256
     )
 
 
@@ -237,10 +244,11 @@ def _digest(value: JSONValue) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _fit_metadata(metadata: dict[str, JSONValue]) -> dict[str, JSONValue]:
-    """Last guard under core's metadata bound: growing lists give way first, flagged."""
+def _fit_metadata(metadata: dict[str, JSONValue], reserved: int) -> dict[str, JSONValue]:
+    """Last guard under core's metadata bound, `reserved` bytes kept for the caller's own
+    metadata: growing lists give way first, flagged."""
     for key in ("sections", "messages", "frontMatter"):
-        if json_size(metadata) <= MAX_METADATA_BYTES - 512:
+        if json_size(metadata) <= MAX_METADATA_BYTES - 512 - reserved:
             break
         if key in metadata:
             metadata[key] = [] if key != "frontMatter" else {}

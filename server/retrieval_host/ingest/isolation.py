@@ -46,7 +46,7 @@ import os
 import resource
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
@@ -55,6 +55,7 @@ from typing import Any, Final, Protocol
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import JSONScalar
 from retrieval_host.core.reasons import DocumentTooComplexReason
 from retrieval_host.ingest.chunking import Extracted
 from retrieval_host.ingest.document import PreparedDocument, extract_document, finish_document
@@ -102,6 +103,7 @@ class ParseTask:
     source_id: str
     revision: str | None
     title: str | None
+    metadata: Mapping[str, JSONScalar] | None
     settings: ChunkingSettings
     limits: IngestLimits
     counter: CounterRecipe | None
@@ -356,6 +358,7 @@ def _parse(task: ParseTask, counters: dict[CounterRecipe, TokenCounter]) -> Any:
         source_id=task.source_id,
         revision=task.revision,
         title=task.title,
+        metadata=task.metadata,
         token_counter=counter,
         settings=task.settings,
         limits=task.limits,
