@@ -146,11 +146,15 @@ def test_ingest_takes_raw_documents_and_query_parameters(document: dict[str, Any
         "text/html",
     }
     parameters = {p["name"]: p for p in ingest["parameters"]}
-    assert set(parameters) == {"corpus", "sourceId", "revision", "title"}
+    assert set(parameters) == {"corpus", "sourceId", "revision", "title", "metadata"}
     assert parameters["corpus"]["required"] and parameters["sourceId"]["required"]
     assert not parameters["revision"]["required"]
     assert all(p["in"] == "query" for p in parameters.values())
     assert "anyOf" not in parameters["revision"]["schema"]  # absent, never null
+    # A JSON object in one parameter: described by its media type and schema.
+    metadata = parameters["metadata"]["content"]["application/json"]["schema"]
+    assert metadata["type"] == "object" and metadata["maxProperties"] == 16
+    assert "schema" not in parameters["metadata"]
 
 
 def test_response_models_tolerate_new_fields_and_request_models_refuse_them() -> None:
