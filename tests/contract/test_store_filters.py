@@ -88,6 +88,26 @@ def shared_store(
     store.close()
 
 
+def _corpus(
+    store: ContractStore, metadatas: list[dict[str, Any]]
+) -> tuple[str, dict[str, str], np.typing.NDArray[np.float32]]:
+    """A new corpus with one one-passage source `s{i}` per metadata (text "alpha beta"): its
+    id, the grant of every source, and a query vector."""
+    corpus_id = f"f{next(_corpus_ids)}"
+    store.open_corpus(descriptor(corpus_id, dimensions=DIM))
+    rng = np.random.default_rng(len(metadatas))
+    allowed: dict[str, str] = {}
+    for i, metadata in enumerate(metadatas):
+        source, chunks = revision(
+            f"s{i}", "r1", unit_vectors(rng, 1, DIM), metadata=metadata, texts=["alpha beta"]
+        )
+        store.replace_source(
+            corpus_id, "ns", source, chunks, expected_revision=None, limits=CapacityLimits()
+        )
+        allowed[f"s{i}"] = "r1"
+    return corpus_id, allowed, unit_vectors(rng, 1, DIM)[0]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sources=st.lists(metadatas, min_size=1, max_size=8),
@@ -97,20 +117,7 @@ def test_both_searches_select_exactly_the_sources_the_reference_matches(
     shared_store: ContractStore, sources: list[dict[str, Any]], cases: list[dict[str, Any]]
 ) -> None:
     store = shared_store
-    corpus_id = f"f{next(_corpus_ids)}"
-    store.open_corpus(descriptor(corpus_id, dimensions=DIM))
-    rng = np.random.default_rng(len(sources))
-    allowed: dict[str, str] = {}
-    for i, metadata in enumerate(sources):
-        source, chunks = revision(
-            f"s{i}", "r1", unit_vectors(rng, 1, DIM), metadata=metadata, texts=["alpha beta"]
-        )
-        store.replace_source(
-            corpus_id, "ns", source, chunks, expected_revision=None, limits=CapacityLimits()
-        )
-        allowed[f"s{i}"] = "r1"
-    query = unit_vectors(rng, 1, DIM)[0]
-
+    corpus_id, allowed, query = _corpus(store, sources)
     for raw in cases:
         tree = parse_filter(raw)
         expected = {f"s{i}" for i, m in enumerate(sources) if matches(tree, m)}
@@ -127,21 +134,9 @@ def test_both_searches_select_exactly_the_sources_the_reference_matches(
 def test_every_operator_against_every_kind_of_value(shared_store: ContractStore, op: str) -> None:
     # One source per value (and one without the key): every operand against every value.
     store = shared_store
-    corpus_id = f"f{next(_corpus_ids)}"
-    store.open_corpus(descriptor(corpus_id, dimensions=DIM))
-    rng = np.random.default_rng(0)
     stored: list[dict[str, Any]] = [{}, {"v": [1]}, {"v": {"x": 1}}]
     stored += [{"v": value} for value in SCALARS]
-    allowed = {}
-    for i, metadata in enumerate(stored):
-        source, chunks = revision(
-            f"s{i}", "r1", unit_vectors(rng, 1, DIM), metadata=metadata, texts=["alpha"]
-        )
-        store.replace_source(
-            corpus_id, "ns", source, chunks, expected_revision=None, limits=CapacityLimits()
-        )
-        allowed[f"s{i}"] = "r1"
-    query = unit_vectors(rng, 1, DIM)[0]
+    corpus_id, allowed, query = _corpus(store, stored)
     operands: list[Any]
     if op in ("in", "nin"):
         operands = [[v] for v in SCALARS] + [[1, "en", None], ["10", 2**60]]

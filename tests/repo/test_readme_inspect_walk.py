@@ -3,39 +3,23 @@
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from tests.support.host import CORPUS, HANDBOOK, build_world, serve_in_thread
+from tests.support.examples import ROOT, readme_snippet, run_example
+from tests.support.host import CORPUS, HANDBOOK, build_world
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "inspect_walk.py"
 
 
 def test_the_readme_walk_is_the_example_file() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"<!-- snippet: inspect -->\n```python\n(.*?)```", readme, re.DOTALL)
-    assert match is not None
-    assert match.group(1) == EXAMPLE.read_text(encoding="utf-8")
+    assert readme_snippet("inspect") == EXAMPLE.read_text(encoding="utf-8")
 
 
 def test_the_readme_walk_runs_over_https(tmp_path: Path, local_embedding: LocalEmbedding) -> None:
     world = build_world(tmp_path / "world", local_embedding)
     try:
-        with serve_in_thread(world.settings(), world.driver, world.tls) as host:
-            env = {**os.environ, "RETRIEVAL_HOST_TOKEN": world.tokens["admin"]}
-            done = subprocess.run(
-                [sys.executable, str(EXAMPLE), host.base_url, str(world.tls.ca_file)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=env,
-                check=False,
-            )
+        done = run_example(EXAMPLE, world)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert lines[0].startswith(f"{CORPUS}: 2 sources, {len(HANDBOOK) + 1} passages")
