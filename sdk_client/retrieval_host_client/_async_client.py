@@ -17,7 +17,14 @@ from retrieval_host_client._base import (
     DocumentInput,
     Upload,
 )
-from retrieval_host_client._responses import RunEventReader, corpora_of, transport_error
+from retrieval_host_client._ingest_stream import IngestEventReader, ProgressCallback
+from retrieval_host_client._responses import (
+    RunEventReader,
+    check_same_source,
+    corpora_of,
+    is_event_stream,
+    transport_error,
+)
 from retrieval_host_client.models import (
     CorpusInfo,
     DeleteRequest,
@@ -177,6 +184,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         title: str | None = None,
         metadata: Mapping[str, str | int | float | bool | None] | None = None,
         media_type: str | None = None,
+        on_progress: ProgressCallback | None = None,
+        stream: bool = True,
     ) -> IndexResponse:
         """Upload a raw PDF, Markdown, text, HTML or e-mail document; the host parses and
         indexes it.
@@ -186,18 +195,59 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         the file name's suffix (.pdf, .md/.markdown, .txt, .html/.htm, .eml, .mbox).
         `metadata` (at most 16 scalar values) is laid over what the document yields, key by
         key: searches filter on it and hits show it.
+
+        The host streams the ingest's progress (`stream=False` asks for one JSON answer):
+        `on_progress` gets each `IngestProgressEvent` (`phase` parse, embed or commit, with
+        passages done and total), and the host's heartbeats keep the reads alive however long
+        the document takes, so `timeout` bounds only the silence. Leaving early (an exception
+        in `on_progress`, a cancelled task) closes the connection: the host cancels the
+        ingest and keeps the previous revision.
         """
-        return await self._send(
-            self._ingest(
-                document,
-                corpus=corpus,
-                source_id=source_id,
-                revision=revision,
-                title=title,
-                metadata=metadata,
-                media_type=media_type,
-            )
+        call = self._ingest(
+            document,
+            corpus=corpus,
+            source_id=source_id,
+            revision=revision,
+            title=title,
+            metadata=metadata,
+            media_type=media_type,
+            stream=stream,
         )
+        if not stream:
+            return await self._send(call)
+        return await self._streamed_ingest(
+            call, IngestEventReader(check_same_source(corpus, source_id), on_progress)
+        )
+
+    async def _streamed_ingest(
+        self, call: Call[IndexResponse], reader: IngestEventReader
+    ) -> IndexResponse:
+        with self._body(call.body) as (content, length):
+            headers = dict(call.headers)
+            if length is not None:
+                headers["Content-Length"] = str(length)
+            request = self._http.build_request(
+                call.method, call.path, params=call.params, headers=headers, content=content
+            )
+            try:
+                response = await self._http.send(request, stream=True)
+            except httpx.RequestError as exc:
+                raise transport_error(exc) from exc
+        try:
+            if not is_event_stream(response):  # a refusal, or a host that answers JSON
+                await response.aread()
+                return call.parse(response.status_code, response.headers, response.content)
+            async for chunk in response.aiter_bytes():
+                reader.feed(chunk)
+                if reader.finished:
+                    break
+            else:
+                reader.end()
+            return reader.outcome()
+        except httpx.RequestError as exc:
+            raise transport_error(exc) from exc
+        finally:
+            await response.aclose()
 
     async def delete_context(
         self, request: DeleteRequest | Mapping[str, Any] | None = None, /, **fields: Any

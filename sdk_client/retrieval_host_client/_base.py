@@ -322,6 +322,7 @@ class BaseClient(Generic[H]):
         title: str | None,
         metadata: Mapping[str, str | int | float | bool | None] | None,
         media_type: str | None,
+        stream: bool = False,
     ) -> Call[IndexResponse]:
         params = IngestParams(
             corpus=corpus,
@@ -338,7 +339,11 @@ class BaseClient(Generic[H]):
             upload,
             # round_trip: `metadata` goes as the JSON text the host parses.
             params=params.model_dump(by_alias=True, exclude_none=True, round_trip=True),
-            headers={"Content-Type": upload.media_type, "Accept": JSON_TYPES},
+            # A stream of progress events when asked for; a host that answers JSON is read too.
+            headers={
+                "Content-Type": upload.media_type,
+                "Accept": f"{EVENT_STREAM}, {JSON_TYPES}" if stream else JSON_TYPES,
+            },
         )
 
     def _delete(

@@ -61,6 +61,7 @@ __all__ = [
     "check_source",
     "corpora_of",
     "error_for",
+    "is_event_stream",
     "parser",
     "raise_for_status",
     "stream_error",
@@ -336,6 +337,12 @@ class RunEventReader:
 def stream_error(status: int, headers: httpx.Headers, body: bytes) -> APIStatusError:
     """The typed error of a `stream_run` request the host refused before streaming."""
     return error_for(status, headers, body)
+
+
+def is_event_stream(response: httpx.Response) -> bool:
+    """A successful answer that is an event stream (anything else is read whole and parsed)."""
+    media_type = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return 200 <= response.status_code < 300 and media_type == EVENT_STREAM
 
 
 def check_event_stream(headers: httpx.Headers) -> None:

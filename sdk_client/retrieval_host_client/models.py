@@ -37,7 +37,12 @@ __all__ = [
     "Hit",
     "IndexRequest",
     "IndexResponse",
+    "IngestCompletedEvent",
+    "IngestEvent",
+    "IngestFailedEvent",
     "IngestParams",
+    "IngestProgressEvent",
+    "IngestStartedEvent",
     "Location",
     "LocationInput",
     "PageParams",
@@ -353,6 +358,37 @@ class IndexResponse(_Response):
     document_sha256: str
     replaced_revision: str | None
     usage: Usage
+
+
+# --- a streamed ingest (`Accept: text/event-stream`) ------------------------------------------
+
+
+class IngestStartedEvent(_Response):
+    type: Literal["ingest.started"] = "ingest.started"
+    request_id: str | None = None
+
+
+class IngestProgressEvent(_Response):
+    """How far the ingest got: `phase` is `parse`, `embed` or `commit`; `passages_total` is
+    None until the document is parsed."""
+
+    type: Literal["ingest.progress"] = "ingest.progress"
+    phase: str
+    passages_done: int | None = None
+    passages_total: int | None = None
+
+
+class IngestCompletedEvent(_Response):
+    type: Literal["ingest.completed"] = "ingest.completed"
+    result: IndexResponse
+
+
+class IngestFailedEvent(_Response):
+    type: Literal["ingest.failed"] = "ingest.failed"
+    problem: Problem
+
+
+IngestEvent = IngestStartedEvent | IngestProgressEvent | IngestCompletedEvent | IngestFailedEvent
 
 
 class DeleteResponse(_Response):

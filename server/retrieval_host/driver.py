@@ -325,12 +325,16 @@ class Driver:
                 reason="chunking-exceeds-model",
             )
         context.cancel.check()
+        # The first progress report: every check that needs no parsing has passed.
+        context.report("ingest.parse", corpus=corpus.id, done=0, total=None)
         seconds = self.ingest_deadline_s if deadline_s is None else deadline_s
         context = replace(context, cancel=_DocumentCancel(context.cancel))
         with _Deadline(context.cancel, seconds) as deadline:
             try:
                 prepared = self._prepare(request, media_type, corpus, settings, context, deadline)
                 context.cancel.check()
+                count = len(prepared.chunks)
+                context.report("ingest.parse", corpus=corpus.id, done=count, total=count)
                 indexed = replace(prepared.index_request(corpus.id), media_type=media_type)
                 return self.retrieval.index_context(indexed, context)
             except RetrievalError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from anyio.from_thread import BlockingPortal
@@ -23,6 +23,7 @@ from retrieval_host_client import (
     DocumentInput,
     IndexRequest,
     IndexResponse,
+    IngestProgressEvent,
     PassageResponse,
     ProtocolInfo,
     RunEvent,
@@ -69,7 +70,10 @@ class ClientApi(Protocol):
         source_id: str,
         revision: str | None = None,
         title: str | None = None,
+        metadata: Mapping[str, str | int | float | bool | None] | None = None,
         media_type: str | None = None,
+        on_progress: Callable[[IngestProgressEvent], None] | None = None,
+        stream: bool = True,
     ) -> IndexResponse: ...
 
     def delete_context(
@@ -155,7 +159,10 @@ class PortalClient:
         source_id: str,
         revision: str | None = None,
         title: str | None = None,
+        metadata: Mapping[str, str | int | float | bool | None] | None = None,
         media_type: str | None = None,
+        on_progress: Callable[[IngestProgressEvent], None] | None = None,
+        stream: bool = True,
     ) -> IndexResponse:
         call = functools.partial(
             self.client.ingest_context,
@@ -164,7 +171,10 @@ class PortalClient:
             source_id=source_id,
             revision=revision,
             title=title,
+            metadata=metadata,
             media_type=media_type,
+            on_progress=on_progress,
+            stream=stream,
         )
         return self._portal.call(call)
 

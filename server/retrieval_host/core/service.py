@@ -19,6 +19,7 @@ from retrieval_host.core.errors import (
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
 from retrieval_host.core.fusion import FusionSettings
+from retrieval_host.core.indexing import embed_passages
 from retrieval_host.core.inspection import (
     DEFAULT_PAGE_LIMIT,
     CorpusSummary,
@@ -273,9 +274,7 @@ class RetrievalService:
                 reason=InvalidRequestReason.PASSAGE_TOO_LONG,
             )
 
-        context.cancel.check()
-        batch = corpus.embedding.embed(texts, context.cancel)
-        context.cancel.progress()
+        batch = embed_passages(corpus.embedding, texts, corpus.id, context)
         context.cancel.check()
 
         # The grant is checked once more right before the commit: embedding can take long.
@@ -300,6 +299,7 @@ class RetrievalService:
             StoredChunk(c.id, i, c.text, c.location, batch.vectors[i])
             for i, c in enumerate(request.chunks)
         ]
+        context.report("index.commit", corpus=corpus.id, total=len(chunks))
         try:
             corpus.store.replace_source(
                 corpus.id,

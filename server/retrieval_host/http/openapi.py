@@ -65,7 +65,7 @@ class _Operation:
     secured: bool = False
     problems: Sequence[int] = _PUBLIC_PROBLEMS
     ingest: bool = False
-    stream: bool = False
+    stream: str | None = None  # what the event stream of `Accept: text/event-stream` sends
     query: type[BaseModel] | None = None  # the model of its query parameters
     path_params: Sequence[tuple[str, dict[str, Any]]] = ()  # (name, schema)
     # Served with or without a retrieval service (`GET /metrics` sits before the routes).
@@ -87,7 +87,10 @@ def _run_operations() -> list[_Operation]:
             run_wire.RunRequest,
             secured=True,
             problems=_RETRIEVAL_PROBLEMS,
-            stream=True,
+            stream=(
+                "run.started, run.progress ({phase, ...context}), run.delta, then run.completed "
+                "or run.failed (a problem body)"
+            ),
         ),
         _Operation(
             "/v1/runs/{runId}",
@@ -151,6 +154,10 @@ def _operations() -> list[_Operation]:
             secured=True,
             problems=_RETRIEVAL_PROBLEMS,
             ingest=True,
+            stream=(
+                "ingest.started, ingest.progress ({phase: parse, embed or commit, passagesDone, "
+                "passagesTotal}), then ingest.completed ({result}) or ingest.failed ({problem})"
+            ),
         ),
         _Operation(
             "/metrics",
@@ -403,13 +410,12 @@ def build_openapi(
                 "required": True,
                 "content": {"application/json": {"schema": refs[(op.request, "validation")]}},
             }
-        if op.stream:
+        if op.stream is not None:
             # A Media Type Object has no `description` (OpenAPI 3.1): the response says it.
             responses["200"]["content"]["text/event-stream"] = {"schema": {"type": "string"}}
             responses["200"]["description"] = (
                 "Success: the JSON result, or with `Accept: text/event-stream` Server-Sent "
-                "Events run.started, run.progress ({phase, ...context}), run.delta, then "
-                "run.completed or run.failed (a problem body); heartbeat comments between them."
+                f"Events {op.stream}; heartbeat comments between them."
             )
         if op.query is not None or op.path_params:
             operation["parameters"] = [

@@ -20,12 +20,15 @@ from starlette.routing import Route
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.inspection import DEFAULT_PAGE_LIMIT, invalid_cursor
-from retrieval_host.core.models import Operation
+from retrieval_host.core.models import IndexResult, Operation
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.http.auth import Principal
+from retrieval_host.http.ingest_stream import streamed_ingest
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.policy import RequestPolicy, validation_detail
+from retrieval_host.http.request_id import request_id_of
+from retrieval_host.http.sse import wants_stream
 from retrieval_host.http.strict import InvalidRequest, check_unique_keys, utf8_query_params
 from retrieval_host.ingest import MEDIA_TYPES
 from retrieval_host.ingest.settings import normalize_media_type
@@ -182,11 +185,23 @@ class Routes:
         )
         driver = self._driver()
         deadline_s = self.settings.limits.ingest_deadline_s
-        result = await self.policy.run(
-            request, context, lambda: driver.ingest_context(ingest, context, deadline_s=deadline_s)
-        )
-        if self.metrics is not None:
-            self.metrics.observe_index(result, "ingest")
+
+        def work(ctx: RequestContext) -> IndexResult:
+            result = driver.ingest_context(ingest, ctx, deadline_s=deadline_s)
+            if self.metrics is not None:
+                self.metrics.observe_index(result, "ingest")
+            return result
+
+        if wants_stream(request):
+            return await streamed_ingest(
+                self.policy,
+                context,
+                work,
+                request_id=request_id_of(request.scope),
+                heartbeat_s=self.settings.runs.heartbeat_s,
+                shutdown=self.policy.shutdown,
+            )
+        result = await self.policy.run(request, context, lambda: work(context))
         return _model_response(wire_retrieval.index_response(result))
 
     # --- inspection --------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import anyio
 from sse_starlette.event import ServerSentEvent
-from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -38,6 +37,7 @@ from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.policy import RequestPolicy
 from retrieval_host.http.request_id import request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
+from retrieval_host.http.sse import event_stream, wants_stream
 from retrieval_host.wire import runs as wire_runs
 from retrieval_host_client import run_models as wire
 
@@ -55,11 +55,6 @@ def may_read_run(principal: Principal, record: RunRecord) -> bool:
         return False
     corpora = {record.corpus, result.corpus if result is not None else None} - {None}
     return all(principal.may("search", corpus) for corpus in corpora if corpus is not None)
-
-
-def _wants_stream(request: Request) -> bool:
-    accept = request.headers.get("accept", "")
-    return any(part.split(";")[0].strip() == "text/event-stream" for part in accept.split(","))
 
 
 class RunRoutes:
@@ -129,14 +124,11 @@ class RunRoutes:
                 if self._shutdown is not None:
                     self._shutdown.release(context.cancel)
 
-        if _wants_stream(request):
-            return EventSourceResponse(
+        if wants_stream(request):
+            return event_stream(
                 self._sse(events(), request_id),
-                ping=self._heartbeat_s,
-                headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-                # sse-starlette would cut every stream the moment the server is told to stop;
-                # the stream ends itself instead (see `shutdown.py`), with a final event.
-                shutdown_grace_period=self._shutdown.grace_s if self._shutdown else 0,
+                heartbeat_s=self._heartbeat_s,
+                shutdown=self._shutdown,
             )
         return await self._collect(events(), request)
 

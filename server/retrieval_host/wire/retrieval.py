@@ -6,6 +6,7 @@ Kept out of core: the client package knows nothing of core, and core nothing of 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pydantic_core
@@ -122,6 +123,26 @@ def index_response(result: core.IndexResult) -> wire.IndexResponse:
         replaced_revision=result.replaced_revision,
         usage=_usage(result.usage),
     )
+
+
+# Progress reports of an ingest (`Driver.ingest_context`, `core.indexing`) and the phase each
+# one is on the wire; other reports (authorization, scans) are not ingest progress.
+_INGEST_PHASES = {"ingest.parse": "parse", "index.embedding": "embed", "index.commit": "commit"}
+
+
+def ingest_progress_json(phase: str, details: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The `ingest.progress` event of a progress report, or None for another kind of report.
+    `passagesTotal` is null until the document is parsed; a commit has done them all."""
+    name = _INGEST_PHASES.get(phase)
+    if name is None:
+        return None
+    total = details.get("total")
+    return {
+        "type": "ingest.progress",
+        "phase": name,
+        "passagesDone": details.get("done", total),
+        "passagesTotal": total,
+    }
 
 
 def delete_response(result: core.DeleteResult) -> wire.DeleteResponse:
