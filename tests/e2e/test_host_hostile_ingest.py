@@ -45,12 +45,15 @@ def hostile_host(hostile_world: World) -> Iterator[RunningHost]:
         yield host
 
 
-def _ingest_request(world: World, source_id: str, media_type: str, body: bytes) -> bytes:
+def _ingest_request(
+    world: World, source_id: str, media_type: str, body: bytes, *, accept: str = "*/*"
+) -> bytes:
     query = urlencode({"corpus": CORPUS, "sourceId": source_id})
     head = (
         f"POST /v1/retrieval/ingest?{query} HTTP/1.1\r\n"
         "Host: 127.0.0.1\r\n"
         f"Authorization: Bearer {world.tokens['admin']}\r\n"
+        f"Accept: {accept}\r\n"
         f"Content-Type: {media_type}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     )
@@ -85,6 +88,30 @@ def test_a_client_that_hangs_up_during_a_costly_parse_frees_its_slot_within_a_se
     wait_until(lambda: pool.counters.killed == killed + 1, what="the worker to be killed")
     assert pool.counters.busy == 0
     assert _search(hostile_host, hostile_world) == 200
+
+
+def test_a_client_that_leaves_a_streamed_ingest_cancels_it_and_frees_its_slot(
+    hostile_host: RunningHost, hostile_world: World
+) -> None:
+    pool = shared_parse_pool()
+    killed = pool.counters.killed
+    slow = docs.operator_heavy_pdf(SLOW_PDF_PAGES, SLOW_PDF_OPERATORS)
+    request = _ingest_request(
+        hostile_world, "slow-streamed", "application/pdf", slow, accept="text/event-stream"
+    )
+    with raw_connect(hostile_host) as conn:
+        conn.sendall(request)
+        wait_until(lambda: pool.counters.busy == 1, timeout=30, what="the parse to start")
+        # The stream is open: its head and first events arrived while the worker parses.
+        assert conn.read_until(b"event: ingest.progress", timeout=30), conn.buffer
+        assert conn.buffer.startswith(b"HTTP/1.1 200 ")
+        assert b"content-type: text/event-stream" in conn.buffer.lower()
+        assert b"event: ingest.started" in conn.buffer
+        hung_up = time.monotonic()
+    wait_until(lambda: hostile_host.app.counters.in_flight == 0, what="the slot to be freed")
+    assert time.monotonic() - hung_up < SLOT_RELEASE_BOUND_S
+    wait_until(lambda: pool.counters.killed == killed + 1, what="the worker to be killed")
+    assert hostile_world.stores[CORPUS].get_source(CORPUS, "team", "slow-streamed") is None
 
 
 def test_an_operator_bomb_over_https_is_a_typed_422_and_the_old_revision_stays(

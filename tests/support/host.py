@@ -442,6 +442,17 @@ class RawConnection:
             self._read(0.0)
         return True
 
+    def read_until(self, marker: bytes, timeout: float = 10.0) -> bool:
+        """Read until `marker` is in the buffer (True), or the server closes or `timeout`
+        passes (False)."""
+        deadline = time.monotonic() + timeout
+        while marker not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.eof:
+                return False
+            self._read(min(remaining, 1.0))
+        return True
+
     def read_response(self) -> RawResponse:
         """Read one response (Content-Length framed)."""
         while b"\r\n\r\n" not in self.buffer:
