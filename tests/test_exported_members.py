@@ -27,7 +27,7 @@ PUBLIC = {
     "RunProgress", "RunDelta", "RunCompleted", "RunFailed", "RunRecord",
     # ingestion
     "ChunkingSettings", "IngestLimits", "PreparedDocument", "prepare_document",
-    "media_type_for_path", "ingest_paths", "BatchReport", "BatchItem",
+    "media_type_for_path", "ingest_paths", "BatchReport", "BatchItem", "JournalInUseError",
     # configuration
     "HostSettings", "load_settings", "SettingsError",
 }  # fmt: skip

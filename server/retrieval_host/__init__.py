@@ -14,7 +14,7 @@ with a stable `ErrorCode`. The HTTP layer (`retrieval_host.http`) and the servin
 of it. `__all__` is pinned by `tests/test_exported_members.py`.
 """
 
-from retrieval_host.batch import BatchItem, BatchReport, ingest_paths
+from retrieval_host.batch import BatchItem, BatchReport, JournalInUseError, ingest_paths
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -102,6 +102,7 @@ __all__ = [
     "IndexResult",
     "IngestLimits",
     "IngestRequest",
+    "JournalInUseError",
     "Location",
     "OutputArtifactSpec",
     "Passage",

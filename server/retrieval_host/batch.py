@@ -15,7 +15,9 @@ files recorded as `indexed` or `unchanged` for the same corpus, source id and fi
 not committed (it is indexed now) or committed without its journal line (the rerun gets
 `unchanged`, without embedding): revisions are content digests and replacement is atomic, so
 nothing is ever duplicated. A torn last journal line (a crash during the write) is ignored.
-One journal belongs to one batch at a time; two concurrent runs must not share it.
+One journal belongs to one batch at a time: a run holds an exclusive lock on it (`flock`)
+from before it reads the journal until it ends, and a second run on the same journal is
+refused with `JournalInUseError` before it does anything. The lock goes with the process.
 
 Source ids: the path relative to `root` with `/` separators when `root` is given (keeps ids
 unique across directories), else the file name. Two files mapping to one id are refused before
@@ -24,6 +26,7 @@ anything is ingested.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -57,6 +60,11 @@ _PER_FILE: Final = frozenset(
 )
 
 Status = Literal["indexed", "unchanged", "skipped", "failed"]
+
+
+class JournalInUseError(Exception):
+    """Another batch holds the journal: two runs on one journal would repeat each other's work
+    and interleave their lines."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,7 @@ def ingest_paths(
     *,
     journal_path: Path,
     progress: Callable[[int, int], None] | None = None,
+    on_item: Callable[[BatchItem], None] | None = None,
     root: Path | None = None,
     deadline_s: float | None = None,
 ) -> BatchReport:
@@ -106,7 +115,9 @@ def ingest_paths(
     `deadline_s` bounds each file's parsing and embedding (the host configuration's
     `limits.ingestDeadlineS`; None: the driver's own `ingest_deadline_s`); a file past it is
     recorded `failed` with `DOCUMENT_TOO_COMPLEX` / `deadline` and the batch goes on.
-    `progress(done, total)` is called after each file. A cancel of `context` stops the batch
+    `progress(done, total)` and `on_item(item)` are called after each file; the ingest of a
+    file reports its phases to `context.on_progress` (`Driver.ingest_context`). Raises
+    `JournalInUseError` when another run holds the journal. A cancel of `context` stops the batch
     between files (or aborts the current one before it commits) and returns the report so far
     with `cancelled=True`. Errors that are not about one file are raised.
     """
@@ -122,9 +133,9 @@ def ingest_paths(
             )
         seen[source_id] = path
 
-    done = _read_journal(journal_path, corpus)
     items: list[BatchItem] = []
     with _Journal(journal_path) as journal:
+        done = _read_journal(journal_path, corpus)
         for index, (path, source_id) in enumerate(planned):
             if context.cancel.cancelled:
                 return BatchReport(tuple(items), cancelled=True)
@@ -137,6 +148,8 @@ def ingest_paths(
             items.append(item)
             if progress is not None:
                 progress(index + 1, len(planned))
+            if on_item is not None:
+                on_item(item)
     return BatchReport(tuple(items), cancelled=False)
 
 
@@ -246,6 +259,13 @@ class _Journal:
     def __enter__(self) -> _Journal:
         created = not self._path.exists()
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise JournalInUseError(
+                f"the journal {self._path} is in use by another ingest run."
+            ) from None
         if created:
             _fsync_dir(self._path.parent)
         elif self._path.stat().st_size > 0:

@@ -16,6 +16,7 @@ from retrieval_host.core.models import SearchRequest
 from retrieval_host.driver import IngestRequest
 from retrieval_host.serving.cli import main
 from retrieval_host.serving.factory import build_driver, close_driver
+from retrieval_host.serving.ingest_cli import plan_files
 from retrieval_host.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,12 +118,15 @@ def test_ingest_indexes_a_folder_and_resumes_from_its_journal(
         str(journal),
     ]
     assert main(argv, environ=environ) == 0
-    first = capsys.readouterr()
-    assert "3 indexed, 0 unchanged, 0 skipped, 0 failed" in first.out
-    assert "3/3" in first.err  # the progress bar
+    first = capsys.readouterr().out.splitlines()
+    # Not a terminal: one line per file as it finishes, then the counts.
+    assert [line.split()[0] for line in first[:3]] == ["indexed"] * 3
+    assert first[-1].startswith("3 indexed, 0 unchanged, 0 skipped, 0 failed")
     assert len(journal.read_text().splitlines()) == 3
     assert main(argv, environ=environ) == 0
-    assert "0 indexed, 0 unchanged, 3 skipped, 0 failed" in capsys.readouterr().out
+    again = capsys.readouterr().out
+    assert "done in an earlier run (journal)" in again
+    assert "0 indexed, 0 unchanged, 3 skipped, 0 failed" in again
 
 
 def test_version_prints_the_installed_package_version(
@@ -145,17 +149,23 @@ def test_a_token_without_any_grant_is_made_with_a_warning(
     assert capsys.readouterr().err == ""
 
 
-def test_a_folder_walk_picks_up_text_and_html_and_skips_unknown_types(tmp_path: Path) -> None:
-    from retrieval_host.serving.cli import _expand
-
-    for name in ("a.md", "b.txt", "c.html", "d/e.htm", "f.docx", "g.png"):
+def test_a_folder_walk_picks_up_text_and_html_and_sets_aside_unknown_types(
+    tmp_path: Path,
+) -> None:
+    for name in ("a.md", "b.txt", "c.html", "d/e.htm", "f.docx", "g.png", "Makefile"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    files, root = _expand([tmp_path])
-    assert root == tmp_path
-    assert [f.relative_to(tmp_path).as_posix() for f in files] == [
+    plan = plan_files([tmp_path])
+    assert plan.root == tmp_path
+    assert [f.relative_to(tmp_path).as_posix() for f in plan.files] == [
         "a.md",
         "b.txt",
         "c.html",
         "d/e.htm",
     ]
+    assert [(p.name, reason) for p, reason in plan.set_aside] == [
+        ("Makefile", "unsupported type (no suffix)"),
+        ("f.docx", "unsupported type (.docx)"),
+        ("g.png", "unsupported type (.png)"),
+    ]
+    assert plan.missing == []

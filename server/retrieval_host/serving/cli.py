@@ -24,12 +24,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from retrieval_host.batch import ingest_paths
-from retrieval_host.core.context import RequestContext
-from retrieval_host.core.errors import RetrievalError
-from retrieval_host.ingest import media_type_for_path
 from retrieval_host.serving import inspect_cli
 from retrieval_host.serving.factory import build_driver, close_driver
+from retrieval_host.serving.ingest_cli import run_ingest
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
 
@@ -62,67 +59,6 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         # 1.5 s with the heap frozen out of the collector. The grace period must cover the exit.
         gc.freeze()
     return 0
-
-
-def _expand(paths: Sequence[Path]) -> tuple[list[Path], Path | None]:
-    """Files to ingest (directories searched recursively for supported types) and the root
-    their source ids are relative to (the directory, when one directory is given)."""
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            for candidate in sorted(p for p in path.rglob("*") if p.is_file()):
-                try:
-                    media_type_for_path(candidate)
-                except RetrievalError:
-                    continue  # not a document type the ingest helpers read
-                files.append(candidate)
-        else:
-            files.append(path)
-    root = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
-    return files, root
-
-
-def _ingest(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    settings = load_settings(args.config, environ)
-    files, root = _expand(args.paths)
-    if not files:
-        print("retrieval-host: no PDF, Markdown, text, HTML or e-mail files found", file=sys.stderr)
-        return 2
-    journal = args.journal or Path(f".retrieval-host-ingest-{args.corpus}.jsonl")
-    driver = build_driver(settings, environ)
-    if driver is None:
-        raise SettingsError("ingest needs an application (the factory that builds the corpora)")
-
-    def progress(done: int, total: int) -> None:
-        filled = done * 30 // total
-        bar = "#" * filled + "-" * (30 - filled)
-        print(f"\r[{bar}] {done}/{total}", end="", file=sys.stderr, flush=True)
-
-    try:
-        report = ingest_paths(
-            driver,
-            args.corpus,
-            files,
-            RequestContext(subject=args.subject),
-            journal_path=journal,
-            progress=progress,
-            root=root,
-            deadline_s=settings.limits.ingest_deadline_s,
-        )
-    finally:
-        close_driver(driver)
-    print(file=sys.stderr)
-    for item in report.items:
-        detail = f"{item.chunk_count} passages" if item.chunk_count is not None else ""
-        if item.error_code is not None:
-            detail = f"{item.error_code} {item.reason or ''}".strip()
-        print(f"{item.status:<9} {item.source_id}  {detail}".rstrip())
-    counts = ", ".join(
-        f"{report.count(status)} {status}"
-        for status in ("indexed", "unchanged", "skipped", "failed")
-    )
-    print(f"{counts} (journal: {journal})")
-    return 1 if report.count("failed") or report.cancelled else 0
 
 
 def _token_new(args: argparse.Namespace) -> int:
@@ -234,7 +170,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.command == "token":
             return _token_new(args)
         if args.command == "ingest":
-            return _ingest(args, env)
+            return run_ingest(args, env)
         if args.command in ("corpora", "sources"):
             return inspect_cli.run(args, env)
         from retrieval_host.serving.quickstart import quickstart
