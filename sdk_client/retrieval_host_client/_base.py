@@ -283,6 +283,16 @@ class BaseClient(Generic[H]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={str(self.base_url)!r})"
 
+    def _request(self, call: Call[Any], content: Any, length: int | None) -> httpx.Request:
+        """The httpx request of `call`, its body `content` (bytes or a chunk iterator, from
+        the shell's `_body`) of `length` bytes when known."""
+        headers = dict(call.headers)
+        if length is not None:
+            headers["Content-Length"] = str(length)
+        return self._http.build_request(
+            call.method, call.path, params=call.params, headers=headers, content=content
+        )
+
     # Each builder returns the Call of one method; the shells only execute it.
 
     def _discover(self) -> Call[ProtocolInfo]:

@@ -122,12 +122,7 @@ class Client(BaseClient[httpx.Client]):
 
     def _send(self, call: Call[T]) -> T:
         with self._body(call.body) as (content, length):
-            headers = dict(call.headers)
-            if length is not None:
-                headers["Content-Length"] = str(length)
-            request = self._http.build_request(
-                call.method, call.path, params=call.params, headers=headers, content=content
-            )
+            request = self._request(call, content, length)
             try:
                 response = self._http.send(request)
             except httpx.RequestError as exc:
@@ -214,12 +209,7 @@ class Client(BaseClient[httpx.Client]):
         self, call: Call[IndexResponse], reader: IngestEventReader
     ) -> IndexResponse:
         with self._body(call.body) as (content, length):
-            headers = dict(call.headers)
-            if length is not None:
-                headers["Content-Length"] = str(length)
-            request = self._http.build_request(
-                call.method, call.path, params=call.params, headers=headers, content=content
-            )
+            request = self._request(call, content, length)
             try:
                 response = self._http.send(request, stream=True)
             except httpx.RequestError as exc:
