@@ -93,6 +93,7 @@ def render(candidates: list[Candidate], limit: int) -> bytes:
             "score": c.score,
             "retrievedAt": now,
             "scope": scope,
+            "scores": {"dense": c.score},
             "metadata": c.metadata,
         }
         for c in candidates[:limit]

@@ -209,7 +209,9 @@ class Data:
 
 
 def search_body(number: int) -> bytes:
-    return json.dumps({"corpus": CORPUS, "query": f"q{number}", "limit": LIMIT}).encode()
+    # Dense: the same work as the vector search of Chroma and of the bare endpoint.
+    body = {"corpus": CORPUS, "query": f"q{number}", "limit": LIMIT, "mode": "dense"}
+    return json.dumps(body).encode()
 
 
 def chroma_body(vector: np.ndarray, allowed: Sequence[str] | None) -> bytes:

@@ -35,6 +35,7 @@ __all__ = [
     "EmbeddingUsage",
     "Health",
     "Hit",
+    "HitScores",
     "IndexRequest",
     "IndexResponse",
     "IngestCompletedEvent",
@@ -260,6 +261,10 @@ class SearchRequest(_Request):
     limit: Limit = 8
     max_context_bytes: Positive | None = None
     filters: Filters | None = None
+    # `hybrid` fuses the vector and the lexical (BM25) rankings; `dense` and `lexical` use one.
+    mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
+    # Leaves out hits whose final `score` is lower (they are not counted as `truncated`).
+    min_score: Annotated[float, Field(allow_inf_nan=False)] | None = None
 
 
 class IngestParams(_Request):
@@ -312,8 +317,18 @@ class Scope(_Response):
     namespace: str
 
 
+class HitScores(_Response):
+    """What each ranking gave a hit: `dense` a cosine similarity, `lexical` a BM25 score
+    (None: that ranking did not find it, or did not run)."""
+
+    dense: float | None = None
+    lexical: float | None = None
+
+
 class Hit(_Response):
-    """One retrieved passage with its provenance. `score` is a cosine similarity."""
+    """One retrieved passage with its provenance. `score` is the final one of the search's
+    mode: the fused score in `hybrid` (0-1 with the default convex fusion), a cosine similarity
+    in `dense`, a BM25 score in `lexical`; `scores` has each ranking's own."""
 
     chunk_id: str
     source: SourceRef
@@ -323,6 +338,7 @@ class Hit(_Response):
     score: float
     retrieved_at: str
     scope: Scope
+    scores: HitScores = Field(default_factory=HitScores)
     # The source revision's metadata as indexed (what `filters` test).
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
 

@@ -58,6 +58,8 @@ class RunRetrieval(_Request):
     limit: Limit = 6
     max_context_bytes: Positive | None = 32_768
     max_queries: Annotated[int, Field(ge=0, le=16), BeforeValidator(_integral)] = 3
+    # How each search ranks: `hybrid` (vector and lexical fused), `dense` or `lexical`.
+    search_mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
 
 
 class OutputArtifactSpec(_Request):
@@ -103,6 +105,7 @@ class Receipt(_Response):
     status: Literal["ok", "failed", "duplicate", "quota-exceeded"]
     source_ids: list[str]
     error_code: str | None = None
+    search_mode: str | None = None  # the search's mode; None for runs recorded before
 
 
 class GenerationUsage(_Response):

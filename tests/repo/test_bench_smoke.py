@@ -114,7 +114,8 @@ def test_the_bench_host_answers_only_inside_the_grant_and_the_bare_json_matches(
     driver = create_driver(bench_host_settings, {})
     try:
         result = driver.search_context(
-            SearchRequest(corpus=CORPUS, query="q2", limit=8), RequestContext(subject="tenth")
+            SearchRequest(corpus=CORPUS, query="q2", limit=8, mode="dense"),
+            RequestContext(subject="tenth"),
         )
         assert len(result.hits) == 8
         assert {h.source.id for h in result.hits} == {source_id(1)}

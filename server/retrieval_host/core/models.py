@@ -64,9 +64,10 @@ class SearchRequest:
     # Conditions on source metadata in their JSON form (`core.filters`), applied with
     # authorization before ranking.
     filters: Mapping[str, JSONValue] | None = None
-    # How passages are ranked (`core.fusion`). `dense` until the wire carries the field; the
-    # default becomes `hybrid` when it does.
-    mode: SearchMode = "dense"
+    # How passages are ranked (`core.fusion`): both rankings fused by default.
+    mode: SearchMode = "hybrid"
+    # Hits whose final score (fused in `hybrid`) is below this are left out (not `truncated`).
+    min_score: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ class Hit:
     retrieved_at: str
     scope: Scope
     # The score each search mode gave this passage (`dense`, `lexical`; a mode that did not
-    # rank it is absent). `score` is the final one (fused in `hybrid` mode). Not on the wire.
+    # rank it is absent). `score` is the final one (fused in `hybrid` mode).
     scores: Mapping[str, float] = field(default_factory=dict)
     # The source revision's metadata (as indexed), so that a hit shows what filters saw.
     metadata: Metadata = field(default_factory=dict)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.models import EmbeddingUsage, JSONValue, Location
+from retrieval_host.core.models import EmbeddingUsage, JSONValue, Location, SearchMode
 
 RetrievalMode: TypeAlias = Literal["off", "before", "tool"]
 ReceiptStatus: TypeAlias = Literal["ok", "failed", "duplicate", "quota-exceeded"]
@@ -24,6 +24,8 @@ class RunRetrieval:
     max_context_bytes: int | None = 32_768
     # Successful searches a run may make (the `tool` mode quota; `before` makes one).
     max_queries: int = 3
+    # How each of its searches ranks (`SearchRequest.mode`).
+    search_mode: SearchMode = "hybrid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class Receipt:
     status: ReceiptStatus
     source_ids: Sequence[str] = ()  # chunk ids returned
     error_code: str | None = None
+    search_mode: str | None = None  # None in receipts recorded before runs named it
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,6 +174,8 @@ class RetrievalService:
             candidates = []
         else:
             candidates = [c for c in candidates if recheck.sources.get(c.source_id) == c.revision]
+        if request.min_score is not None:
+            candidates = [c for c in candidates if c.score >= request.min_score]
 
         hits = [
             Hit(

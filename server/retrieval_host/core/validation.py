@@ -144,6 +144,10 @@ def check_search_request(request: SearchRequest) -> None:
         raise _invalid(f"limit must be in 1..{MAX_LIMIT}.")
     if request.mode not in SEARCH_MODES:
         raise _invalid("mode must be hybrid, dense or lexical.")
+    if request.min_score is not None and (
+        isinstance(request.min_score, bool) or not math.isfinite(request.min_score)
+    ):
+        raise _invalid("minScore must be a finite number.")
     if request.max_context_bytes is not None and request.max_context_bytes < 1:
         raise _invalid("maxContextBytes must be positive.")
     if request.source_ids is not None:

@@ -24,6 +24,8 @@ def search_request(body: wire.SearchRequest) -> core.SearchRequest:
         limit=body.limit,
         max_context_bytes=body.max_context_bytes,
         filters=dict(body.filters) if body.filters is not None else None,
+        mode=body.mode,
+        min_score=body.min_score,
     )
 
 
@@ -89,6 +91,7 @@ def _search_body(result: core.SearchResult) -> dict[str, Any]:
                 "score": float(h.score),
                 "retrievedAt": h.retrieved_at,
                 "scope": scope if h.scope == result.scope else _scope(h.scope),
+                "scores": dict(h.scores),
                 "metadata": h.metadata,
             }
             for h in result.hits

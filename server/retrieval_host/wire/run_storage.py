@@ -77,6 +77,7 @@ def encode_result(result: RunResult) -> str:
                 "status": r.status,
                 "source_ids": list(r.source_ids),
                 "error_code": r.error_code,
+                "search_mode": r.search_mode,
             }
             for r in result.receipts
         ],
@@ -155,6 +156,7 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
                 status=r["status"],
                 source_ids=list(r["source_ids"]),
                 error_code=r["error_code"],
+                search_mode=r.get("search_mode"),
             )
             for r in body["receipts"]
         ],
@@ -205,6 +207,7 @@ def _from_version_1(body: Mapping[str, Any]) -> RunResult:
                 status=cast(Any, r["status"]),
                 source_ids=list(r["sourceIds"]),
                 error_code=r.get("errorCode"),
+                search_mode=r.get("searchMode"),
             )
             for r in body["receipts"]
         ],

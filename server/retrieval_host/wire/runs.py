@@ -44,6 +44,7 @@ def run_request(body: wire.RunRequest) -> RunRequest:
             limit=r.limit,
             max_context_bytes=r.max_context_bytes,
             max_queries=r.max_queries,
+            search_mode=r.search_mode,
         ),
         output_artifact=None if a is None else OutputArtifactSpec(a.name, a.media_type),
         idempotency_key=body.idempotency_key,
@@ -119,6 +120,7 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
                 "status": r.status,
                 "sourceIds": list(r.source_ids),
                 "errorCode": r.error_code,
+                "searchMode": r.search_mode,
             }
             for r in result.receipts
         ],

@@ -8,6 +8,7 @@ from dataclasses import asdict, replace
 
 from retrieval_host.core.descriptor import check_label
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import SEARCH_MODES
 from retrieval_host.core.runs_model import RunRequest
 
 MAX_INPUT_BYTES = 65_536
@@ -15,8 +16,14 @@ MAX_GENERATION_STEPS = 16
 
 
 def request_fingerprint(request: RunRequest) -> str:
-    """What makes two run requests 'the same' for an idempotency key (timeouts excluded)."""
+    """What makes two run requests 'the same' for an idempotency key (timeouts excluded).
+
+    The default search mode is left out, as if the field did not exist: runs recorded before
+    it did keep their fingerprints, so replaying their keys still finds them."""
     body = asdict(replace(request, idle_timeout_ms=None))
+    retrieval = body.get("retrieval")
+    if isinstance(retrieval, dict) and retrieval.get("search_mode") == "hybrid":
+        del retrieval["search_mode"]
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -40,3 +47,7 @@ def check_run_request(request: RunRequest) -> None:
     r = request.retrieval
     if r is not None and not 0 <= r.max_queries <= 16:
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxQueries must be in 0..16.")
+    if r is not None and r.search_mode not in SEARCH_MODES:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, "searchMode must be hybrid, dense or lexical."
+        )

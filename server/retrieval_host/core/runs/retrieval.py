@@ -79,7 +79,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     run.sequence += 1
 
     def receipt(status: ReceiptStatus, ids: Sequence[str] = (), code: str | None = None) -> Receipt:
-        r = Receipt(run.sequence, query, key, started, status, list(ids), code)
+        r = Receipt(run.sequence, query, key, started, status, list(ids), code, spec.search_mode)
         run.receipts.append(r)
         emit(
             RunProgress(
@@ -117,6 +117,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
                 source_ids=spec.source_ids,
                 limit=spec.limit,
                 max_context_bytes=spec.max_context_bytes,
+                mode=spec.search_mode,
             ),
             scoped,
         )
