@@ -143,7 +143,7 @@ def test_each_search_mode_ranks_and_names_its_scores(setup: Setup) -> None:
         return setup.service.search_context(SearchRequest("docs", query, mode=mode), ctx())
 
     dense, lexical, hybrid = search("dense"), search("lexical"), search("hybrid")
-    assert SearchRequest("docs", "q").mode == "dense"  # until the wire carries the field
+    assert SearchRequest("docs", "q").mode == "hybrid"  # the default, in-process as on the wire
     assert dense.usage.requests == 1 and hybrid.usage.requests == 1
     assert lexical.usage == EmbeddingUsage()  # no query embedding for a lexical search
     # Lexical ranks only passages with a query term, the one with both terms first.

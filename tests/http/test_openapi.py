@@ -178,6 +178,7 @@ def test_response_models_tolerate_new_fields_and_request_models_refuse_them() ->
         "query": "q",
         "sourceIds": ("a",),
         "limit": 8,
+        "mode": "hybrid",
     }
 
 

@@ -91,7 +91,7 @@ def _search_body(result: core.SearchResult) -> dict[str, Any]:
                 "score": float(h.score),
                 "retrievedAt": h.retrieved_at,
                 "scope": scope if h.scope == result.scope else _scope(h.scope),
-                "scores": dict(h.scores),
+                "scores": {"dense": h.scores.get("dense"), "lexical": h.scores.get("lexical")},
                 "metadata": h.metadata,
             }
             for h in result.hits

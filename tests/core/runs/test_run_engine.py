@@ -241,3 +241,39 @@ def test_an_idle_timeout_fails_a_stalled_provider(run_world: RunWorld) -> None:
     assert events[-1].error.code is ErrorCode.TIMEOUT
     record = run_world.runs.get(events[0].run_id)  # type: ignore[union-attr]
     assert record is not None and record.status == "failed"
+
+
+@pytest.mark.parametrize("search_mode", ["hybrid", "dense", "lexical"])
+def test_a_run_searches_in_its_search_mode_and_its_receipts_name_it(
+    run_world: RunWorld, search_mode: str
+) -> None:
+    events: list[RunEvent] = []
+    retrieval = RunRetrieval(corpus="library", search_mode=search_mode)  # type: ignore[arg-type]
+    request = RunRequest(
+        provider="local", model="extractive", input="battery life", retrieval=retrieval
+    )
+    run_world.engine.execute(request, ALICE, events.append)
+    assert isinstance(events[-1], RunCompleted), events[-1]
+    receipts = events[-1].result.receipts
+    assert [r.search_mode for r in receipts] == [search_mode]
+    scans = [e for e in events if isinstance(e, RunProgress) and e.phase == "retrieval.embedding"]
+    assert bool(scans) is (search_mode != "lexical")  # lexical embeds no query
+
+
+def test_the_default_search_mode_leaves_the_idempotency_fingerprint_as_it_was() -> None:
+    # Runs recorded before `search_mode` existed hashed the request without it: replaying
+    # their keys must still find them, so the default is left out of the fingerprint.
+    import dataclasses
+    import hashlib
+
+    from retrieval_host.core.runs import request_fingerprint
+
+    request = _before(idempotency_key="k")
+    body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
+    del body["retrieval"]["search_mode"]
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
+    assert request_fingerprint(request) == hashlib.sha256(canonical.encode()).hexdigest()
+    dense = dataclasses.replace(
+        request, retrieval=RunRetrieval(corpus="library", search_mode="dense")
+    )
+    assert request_fingerprint(dense) != request_fingerprint(request)
