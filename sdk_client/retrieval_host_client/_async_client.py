@@ -160,7 +160,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
-        (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`)."""
+        (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
+        `mode=` hybrid, dense or lexical, `min_score=`)."""
         return await self._send(self._search(request, fields))
 
     async def index_context(

@@ -151,7 +151,8 @@ class Client(BaseClient[httpx.Client]):
         self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
-        (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`)."""
+        (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
+        `mode=` hybrid, dense or lexical, `min_score=`)."""
         return self._send(self._search(request, fields))
 
     def index_context(
