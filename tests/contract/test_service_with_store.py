@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.indexing import COUNT_SLICE
 from retrieval_host.core.models import (
     ChunkInput,
     DeleteRequest,
@@ -21,7 +25,7 @@ from retrieval_host.core.models import (
     SearchResult,
     SourceInfo,
 )
-from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, EmbeddingBatch, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from tests.contract.conftest import StoreHarness
 
@@ -186,3 +190,48 @@ def test_lexical_and_hybrid_search_ask_the_authorizer_like_dense(setup: Setup) -
                 ctx(),
             )
         assert excinfo.value.code is ErrorCode.PERMISSION_DENIED
+
+
+class CancelOnCount:
+    """The local model, except that counting tokens cancels the request (as an ingest deadline
+    firing mid-count does) and records how many passages each count call held."""
+
+    def __init__(self, inner: LocalEmbedding, context: RequestContext) -> None:
+        self.inner = inner
+        self.context = context
+        self.counted: list[int] = []
+        self.embedded = 0
+
+    @property
+    def descriptor(self) -> EmbeddingDescriptor:
+        return self.inner.descriptor
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self.inner.max_input_tokens
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        self.counted.append(len(texts))
+        self.context.cancel.cancel()
+        return self.inner.count_tokens(texts)
+
+    def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
+        self.embedded += len(texts)
+        return self.inner.embed(texts, cancel)
+
+
+def test_a_cancel_while_counting_stops_before_the_next_slice(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    # Counting a large document's passages took seconds on a loaded host after its ingest
+    # deadline had fired: the count now goes a slice at a time and stops at the first check.
+    context = ctx()
+    counting = CancelOnCount(local_embedding, context)
+    book = GrantBook({"index": Grant("team", {"big": ANY_REVISION})})
+    service = RetrievalService([Corpus("docs", "passages-v1", counting, harness.open(), book)])
+    texts = [f"Passage {i} about harbour fees." for i in range(3 * COUNT_SLICE)]
+    with pytest.raises(RetrievalError) as caught:
+        service.index_context(index_request("big", "r1", texts), context)
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert counting.counted == [COUNT_SLICE]
+    assert counting.embedded == 0

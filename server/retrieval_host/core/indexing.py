@@ -1,4 +1,5 @@
-"""Embedding a revision's passages in slices, so that the work reports how far it got.
+"""Counting and embedding a revision's passages in slices: the work reports how far it got,
+and a cancel (the ingest deadline, a disconnect) stops it between slices.
 
 An ingest streamed to its caller (`ingest.progress` events) and the command line's progress
 bar both read these reports. A slice of 64 passages costs nothing in requests: the local model
@@ -16,9 +17,24 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingAdapter, EmbeddingBatch
 
-__all__ = ["EMBED_SLICE", "embed_passages"]
+__all__ = ["COUNT_SLICE", "EMBED_SLICE", "count_passages", "embed_passages"]
 
 EMBED_SLICE = 64
+# Counting is ~50x cheaper than embedding, yet a 2 MB document's passages took seconds to count
+# on a loaded host, after its ingest deadline had passed: the cancel is checked between slices.
+COUNT_SLICE = 256
+
+
+def count_passages(
+    embedding: EmbeddingAdapter, texts: Sequence[str], context: RequestContext
+) -> list[int]:
+    """`embedding.count_tokens(texts)` a slice at a time, checking the cancel token before
+    each slice (a deadline or a disconnect stops it within one slice)."""
+    counts: list[int] = []
+    for start in range(0, len(texts), COUNT_SLICE):
+        context.cancel.check()
+        counts += embedding.count_tokens(texts[start : start + COUNT_SLICE])
+    return counts
 
 
 def embed_passages(

@@ -19,7 +19,7 @@ from retrieval_host.core.errors import (
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
 from retrieval_host.core.fusion import FusionSettings
-from retrieval_host.core.indexing import embed_passages
+from retrieval_host.core.indexing import count_passages, embed_passages
 from retrieval_host.core.inspection import (
     DEFAULT_PAGE_LIMIT,
     CorpusSummary,
@@ -263,9 +263,10 @@ class RetrievalService:
             raise _content_differs()
 
         texts = [c.text for c in request.chunks]
+        counts = count_passages(corpus.embedding, texts, context)
         too_long = [
             c.id
-            for c, n in zip(request.chunks, corpus.embedding.count_tokens(texts), strict=True)
+            for c, n in zip(request.chunks, counts, strict=True)
             if n > corpus.embedding.max_input_tokens
         ]
         if too_long:
