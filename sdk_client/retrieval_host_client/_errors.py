@@ -41,6 +41,7 @@ __all__ = [
     "ProtocolError",
     "ProviderFailedError",
     "RequestCancelledError",
+    "RerankFailedError",
     "RetrievalHostConnectionError",
     "RetrievalHostError",
     "RetrievalHostTimeoutError",
@@ -245,6 +246,10 @@ class ProviderFailedError(UpstreamError):
     """The generation provider failed; the host did not retry."""
 
 
+class RerankFailedError(UpstreamError):
+    """The corpus's reranker failed or answered out of contract; the host did not retry."""
+
+
 class InternalServerError(APIStatusError):
     """An unexpected host error (5xx); details are in the host's log under `request_id`."""
 
@@ -271,6 +276,7 @@ _CODE_CLASSES: Final[Mapping[str, type[APIStatusError]]] = {
     "STORE_UNAVAILABLE": StoreUnavailableError,
     "EMBEDDING_FAILED": EmbeddingFailedError,
     "PROVIDER_FAILED": ProviderFailedError,
+    "RERANK_FAILED": RerankFailedError,
     "UNSAFE_STORE": InternalServerError,
     "INTERNAL": InternalServerError,
 }

@@ -54,9 +54,11 @@ __all__ = [
     "ProtocolInfo",
     "ProtocolLimits",
     "Readiness",
+    "RerankUsage",
     "Scope",
     "SearchRequest",
     "SearchResponse",
+    "SearchUsage",
     "SourceInput",
     "SourceListing",
     "SourceRef",
@@ -265,6 +267,9 @@ class SearchRequest(_Request):
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     # Leaves out hits whose final `score` is lower (they are not counted as `truncated`).
     min_score: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    # Rerank the authorized top candidates with the corpus's reranker. None: when the corpus
+    # has one; True on a corpus without one is refused (`rerank-unavailable`).
+    rerank: bool | None = None
 
 
 class IngestParams(_Request):
@@ -318,11 +323,13 @@ class Scope(_Response):
 
 
 class HitScores(_Response):
-    """What each ranking gave a hit: `dense` a cosine similarity, `lexical` a BM25 score
-    (None: that ranking did not find it, or did not run)."""
+    """What each ranking gave a hit: `dense` a cosine similarity, `lexical` a BM25 score,
+    `rerank` the reranker's relevance score (None: that ranking did not find it, or did not
+    run)."""
 
     dense: float | None = None
     lexical: float | None = None
+    rerank: float | None = None
 
 
 class Hit(_Response):
@@ -354,6 +361,19 @@ class Usage(_Response):
     embedding: EmbeddingUsage = Field(default_factory=EmbeddingUsage)
 
 
+class RerankUsage(_Response):
+    """Reranking metering: calls, documents sent, and input tokens when the service reports
+    them (0 otherwise)."""
+
+    requests: int = 0
+    documents: int = 0
+    input_tokens: int = 0
+
+
+class SearchUsage(Usage):
+    rerank: RerankUsage = Field(default_factory=RerankUsage)
+
+
 class SearchResponse(_Response):
     """Hits best first. `truncated` says matches were left out by `limit` or the byte budget."""
 
@@ -361,7 +381,7 @@ class SearchResponse(_Response):
     truncated: bool
     retrieved_at: str
     scope: Scope | None
-    usage: Usage
+    usage: SearchUsage
 
 
 class IndexResponse(_Response):

@@ -16,6 +16,7 @@ from retrieval_host_client.models import (
     Positive,
     Problem,
     QueryText,
+    RerankUsage,
     SourceRef,
     _integral,
     _Request,
@@ -60,6 +61,10 @@ class RunRetrieval(_Request):
     max_queries: Annotated[int, Field(ge=0, le=16), BeforeValidator(_integral)] = 3
     # How each search ranks: `hybrid` (vector and lexical fused), `dense` or `lexical`.
     search_mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
+    # Rerank each search's authorized top candidates (None: when the corpus has a reranker);
+    # a search that would call the reranker past `maxRerankCalls` is not made.
+    rerank: bool | None = None
+    max_rerank_calls: Annotated[int, Field(ge=0, le=16), BeforeValidator(_integral)] = 3
 
 
 class OutputArtifactSpec(_Request):
@@ -117,6 +122,7 @@ class GenerationUsage(_Response):
 class RunUsage(_Response):
     generation: GenerationUsage
     embedding: EmbeddingUsage
+    rerank: RerankUsage = Field(default_factory=RerankUsage)
 
 
 class OutputArtifact(_Response):

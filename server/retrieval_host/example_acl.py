@@ -50,14 +50,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from pydantic import ValidationError
+
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.wiring import build_run_engine, build_vector_store
+from retrieval_host.adapters.rerank_http import HttpReranker
+from retrieval_host.adapters.wiring import build_reranker, build_run_engine, build_vector_store
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.rerank import RerankSettings
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
-from retrieval_host.settings import HostSettings
+from retrieval_host.settings import HostSettings, RerankerSettings, SettingsError
 
 ALL_SOURCES: Final = "*"
 
@@ -157,10 +161,12 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     """The example application factory: `retrieval_host.example_acl:create_driver`.
 
     `applicationOptions`: `aclFile` (a path relative to the config file), `corpora` (ids,
-    default `["library"]`), `indexVersion` (default `passages-v1`) and `embeddingThreads`
-    (default 1). One local embedding model and one store (`store.sqlitePath` or
-    `store.postgresDsn`) serve every corpus; the store is also the record of current
-    revisions (`registryFile` of earlier versions is ignored, see the module doc).
+    default `["library"]`), `indexVersion` (default `passages-v1`), `embeddingThreads`
+    (default 1) and `reranker` (a `/rerank` endpoint every corpus reranks with,
+    `settings.RerankerSettings`; default none). One local embedding model and one store
+    (`store.sqlitePath` or `store.postgresDsn`) serve every corpus; the store is also the
+    record of current revisions (`registryFile` of earlier versions is ignored, see the
+    module doc).
     """
     options = settings.application_options
     environ = {} if environ is None else environ
@@ -172,6 +178,18 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     store = build_vector_store(settings, environ)
     acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), store.current_revisions)
     chunking = ChunkingSettings().as_identity()
+    reranker_options = options.get("reranker")
+    reranker: HttpReranker | None = None
+    rerank = RerankSettings()
+    if reranker_options is not None:
+        try:
+            config = RerankerSettings.model_validate(reranker_options)
+        except ValidationError as exc:
+            raise SettingsError(
+                f"applicationOptions.reranker: {exc.errors(include_input=False)[0]['msg']}"
+            ) from None
+        reranker = build_reranker(settings, config, environ)
+        rerank = RerankSettings(candidates=config.candidates)
     service = RetrievalService(
         [
             Corpus(
@@ -181,6 +199,8 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
                 store=store,
                 authorize=acl.authorize,
                 chunking=chunking,
+                reranker=reranker,
+                rerank=rerank,
             )
             for corpus_id in corpora
             if isinstance(corpus_id, str)

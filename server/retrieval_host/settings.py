@@ -41,6 +41,7 @@ __all__ = [
     "LimitSettings",
     "ListenSettings",
     "MetricsSettings",
+    "RerankerSettings",
     "RetrievalGrants",
     "SecretRef",
     "SettingsError",
@@ -182,6 +183,22 @@ class OpenAIProviderSettings(_Model):
     ca_file: Path | None = None
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class RerankerSettings(_Model):
+    """A `/rerank` endpoint for a corpus (`adapters.rerank_http`); the example application
+    reads it from `applicationOptions.reranker`. `vendor`, `accountId` and `model` are pinned
+    in the corpus descriptor: changing them needs a new index version."""
+
+    base_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
+    model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    vendor: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "http"
+    account_id: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "default"
+    api_key: SecretRef | None = None
+    ca_file: Path | None = None
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    # The authorized top candidates of a search sent to the reranker (at least limit + 1).
+    candidates: Annotated[int, Field(ge=1, le=1000)] = 40
 
 
 ProviderSettings = Annotated[

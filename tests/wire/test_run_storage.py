@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import RerankUsage
 from retrieval_host.core.runs_model import RunResult
 from retrieval_host.wire.run_storage import STORAGE_VERSION, decode_result, encode_result
 from retrieval_host.wire.runs import result_to_json
@@ -25,11 +26,13 @@ def test_the_previous_release_records_read_back_identically() -> None:
 
 def test_the_literal_old_records_are_what_the_previous_release_wrote() -> None:
     # The literals stay (they are the old records); what the wire added since is listed here:
-    # receipts name their search mode (null for a receipt recorded before they did).
+    # receipts name their search mode (null for a receipt recorded before they did), and usage
+    # counts reranking (none in a run recorded before it existed).
     for result, stored in ((OLD_RESULT, OLD_RESULT_JSON), (OLD_PLAIN, OLD_PLAIN_JSON)):
         expected = json.loads(stored)
         for receipt in expected["receipts"]:
             receipt["searchMode"] = None
+        expected["usage"]["rerank"] = {"requests": 0, "documents": 0, "inputTokens": 0}
         assert result_to_json(result) == expected
 
 
@@ -56,3 +59,16 @@ def test_a_record_of_a_later_storage_version_is_refused() -> None:
     assert caught.value.code is ErrorCode.STORE_UNAVAILABLE
     assert caught.value.reason == "record-version"
     assert "version 3" in caught.value.detail
+
+
+def test_a_version_2_record_written_before_reranking_reads_as_no_reranking() -> None:
+    # The previous main wrote version 2 without `usage.rerank`.
+    stored = json.loads(encode_result(OLD_RESULT))
+    del stored["usage"]["rerank"]
+    assert decode_result(json.dumps(stored)).usage.rerank == RerankUsage()
+
+
+def test_reranking_usage_survives_the_record() -> None:
+    usage = replace(OLD_RESULT.usage, rerank=RerankUsage(requests=2, documents=80, input_tokens=9))
+    result = replace(OLD_RESULT, usage=usage)
+    assert decode_result(encode_result(result)).usage.rerank == usage.rerank

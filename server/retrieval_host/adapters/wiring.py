@@ -1,5 +1,6 @@
-"""Adapters chosen in one place: the vector store, run records and generation providers that a
-host configuration names. Application factories call these, then add their own authorizer."""
+"""Adapters chosen in one place: the vector store, run records, generation providers and
+rerankers that a host configuration names. Application factories call these, then add their
+own authorizer."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from collections.abc import Mapping
 
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
+from retrieval_host.adapters.rerank_http import HttpReranker
+from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import VectorStore
 from retrieval_host.core.run_ports import GenerationProvider, RunStore
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import RetrievalService
-from retrieval_host.settings import HostSettings, OpenAIProviderSettings
+from retrieval_host.settings import HostSettings, OpenAIProviderSettings, RerankerSettings
 
 
 def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> VectorStore:
@@ -84,6 +87,32 @@ def _openai(
         timeout_s=config.timeout_s,
         verify=verify,
         max_output_tokens=config.max_output_tokens,
+    )
+
+
+def build_reranker(
+    settings: HostSettings, config: RerankerSettings, environ: Mapping[str, str]
+) -> HttpReranker:
+    """The `/rerank` adapter of `config`; its key is read from the secret reference."""
+    secret = config.api_key
+    key = None if secret is None else secret.resolve(environ, settings.config_dir)
+    verify: bool | ssl.SSLContext = True
+    if config.ca_file is not None:
+        verify = ssl.create_default_context(cafile=str(settings.path(config.ca_file)))
+    descriptor = RerankDescriptor(
+        provider_id="rerank-http",
+        vendor=config.vendor,
+        account_id=config.account_id,
+        auth_mode="none" if key is None else "api-key",
+        model=config.model,
+    )
+    return HttpReranker(
+        descriptor=descriptor,
+        base_url=config.base_url,
+        api_key=None if key is None else key.get_secret_value,
+        timeout_s=config.timeout_s,
+        verify=verify,
+        max_documents=config.candidates,
     )
 
 

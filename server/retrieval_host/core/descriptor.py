@@ -1,9 +1,10 @@
-"""The identity of a corpus: which embedding produced its vectors, how it was chunked, and how
-its passages are analyzed and ranked lexically.
+"""The identity of a corpus: which embedding produced its vectors, how it was chunked, how
+its passages are analyzed and ranked lexically, and which model reranks its results.
 
 Stored with the corpus and compared at open, before any embedding call; nothing is converted.
 A descriptor stored before a field existed takes that field's default when compared
-(`STORED_DEFAULTS`): corpora made before the lexical index have `LexicalDescriptor()`.
+(`STORED_DEFAULTS`): corpora made before the lexical index have `LexicalDescriptor()`, those
+made before reranking have no reranker.
 """
 
 from __future__ import annotations
@@ -89,12 +90,32 @@ class LexicalDescriptor:
 
 
 @dataclass(frozen=True, slots=True)
+class RerankDescriptor:
+    """The reranking model a corpus's searches use, pinned like its embedding: a search's
+    order depends on it, so another reranker is another corpus configuration (a new index
+    version), never a silent swap."""
+
+    provider_id: str
+    vendor: str
+    account_id: str
+    auth_mode: Literal["api-key", "none"]
+    model: str
+
+    def __post_init__(self) -> None:
+        for kind in ("provider_id", "vendor", "account_id", "model"):
+            check_label(kind, getattr(self, kind))
+        if self.auth_mode not in ("api-key", "none"):
+            raise RetrievalError(ErrorCode.INVALID_REQUEST, "auth_mode must be api-key or none")
+
+
+@dataclass(frozen=True, slots=True)
 class CorpusDescriptor:
     corpus_id: str
     index_version: str
     embedding: EmbeddingDescriptor
     chunking: Mapping[str, JSONScalar] = field(default_factory=dict)
     lexical: LexicalDescriptor = field(default_factory=LexicalDescriptor)
+    reranking: RerankDescriptor | None = None
 
     def __post_init__(self) -> None:
         check_label("corpus id", self.corpus_id)
@@ -112,8 +133,11 @@ class CorpusDescriptor:
         mine = json.loads(self.canonical_json())
         diffs: list[str] = []
         for key in sorted(set(stored) | set(mine)):
-            if key in ("embedding", "lexical"):
-                a, b = stored.get(key, {}), mine.get(key, {})
+            if key in ("embedding", "lexical", "reranking"):
+                a, b = stored.get(key) or {}, mine.get(key) or {}
+                if key == "reranking" and (a == {}) != (b == {}):
+                    diffs.append(key)  # one has a reranker, the other none
+                    continue
                 diffs += [f"{key}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
             elif stored.get(key) != mine.get(key):
                 diffs.append(key)
@@ -121,4 +145,7 @@ class CorpusDescriptor:
 
 
 # Fields added after corpora were first stored, with the value an older corpus has.
-STORED_DEFAULTS: Mapping[str, object] = {"lexical": asdict(LexicalDescriptor())}
+STORED_DEFAULTS: Mapping[str, object] = {
+    "lexical": asdict(LexicalDescriptor()),
+    "reranking": None,
+}

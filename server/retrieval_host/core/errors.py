@@ -32,6 +32,7 @@ class ErrorCode(StrEnum):
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     EMBEDDING_FAILED = "EMBEDDING_FAILED"
     PROVIDER_FAILED = "PROVIDER_FAILED"
+    RERANK_FAILED = "RERANK_FAILED"
     INTERNAL = "INTERNAL"
 
 
@@ -60,6 +61,7 @@ STATUS: Final[Mapping[ErrorCode, int]] = {
     ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.EMBEDDING_FAILED: 502,
     ErrorCode.PROVIDER_FAILED: 502,
+    ErrorCode.RERANK_FAILED: 502,
     ErrorCode.INTERNAL: 500,
 }
 
@@ -86,6 +88,7 @@ TITLES: Final[Mapping[ErrorCode, str]] = {
     ErrorCode.STORE_UNAVAILABLE: "Store unavailable",
     ErrorCode.EMBEDDING_FAILED: "Embedding failed",
     ErrorCode.PROVIDER_FAILED: "Provider failed",
+    ErrorCode.RERANK_FAILED: "Reranking failed",
     ErrorCode.INTERNAL: "Internal error",
 }
 

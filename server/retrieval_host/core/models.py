@@ -66,8 +66,12 @@ class SearchRequest:
     filters: Mapping[str, JSONValue] | None = None
     # How passages are ranked (`core.fusion`): both rankings fused by default.
     mode: SearchMode = "hybrid"
-    # Hits whose final score (fused in `hybrid`) is below this are left out (not `truncated`).
+    # Hits whose final score (fused in `hybrid`, the reranker's when reranked) is below this
+    # are left out (not `truncated`).
     min_score: float | None = None
+    # Rerank the authorized top candidates with the corpus's reranker (`core.rerank`). None:
+    # when the corpus has one; True on a corpus without one is refused.
+    rerank: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,22 @@ class EmbeddingUsage:
     def __add__(self, other: EmbeddingUsage) -> EmbeddingUsage:
         return EmbeddingUsage(
             self.requests + other.requests, self.input_tokens + other.input_tokens
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RerankUsage:
+    """Reranking metering: calls, documents sent, and tokens when the service reports them."""
+
+    requests: int = 0
+    documents: int = 0
+    input_tokens: int = 0
+
+    def __add__(self, other: RerankUsage) -> RerankUsage:
+        return RerankUsage(
+            self.requests + other.requests,
+            self.documents + other.documents,
+            self.input_tokens + other.input_tokens,
         )
 
 
@@ -115,8 +135,9 @@ class Hit:
     score: float
     retrieved_at: str
     scope: Scope
-    # The score each search mode gave this passage (`dense`, `lexical`; a mode that did not
-    # rank it is absent). `score` is the final one (fused in `hybrid` mode).
+    # The score each search mode gave this passage (`dense`, `lexical`, and `rerank` when
+    # reranked; a mode that did not rank it is absent). `score` is the final one (the
+    # reranker's when reranked, else fused in `hybrid` mode).
     scores: Mapping[str, float] = field(default_factory=dict)
     # The source revision's metadata (as indexed), so that a hit shows what filters saw.
     metadata: Metadata = field(default_factory=dict)
@@ -129,6 +150,7 @@ class SearchResult:
     retrieved_at: str
     scope: Scope | None
     usage: EmbeddingUsage
+    rerank_usage: RerankUsage = field(default_factory=RerankUsage)
 
 
 @dataclass(frozen=True, slots=True)

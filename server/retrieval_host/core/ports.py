@@ -11,7 +11,11 @@ import numpy.typing as npt
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
+from retrieval_host.core.descriptor import (
+    CorpusDescriptor,
+    EmbeddingDescriptor,
+    RerankDescriptor,
+)
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.inspection import (
     PassageSummary,
@@ -19,7 +23,13 @@ from retrieval_host.core.inspection import (
     SourceTotals,
     StoredPassage,
 )
-from retrieval_host.core.models import EmbeddingUsage, Location, Metadata, Operation
+from retrieval_host.core.models import (
+    EmbeddingUsage,
+    Location,
+    Metadata,
+    Operation,
+    RerankUsage,
+)
 
 Vectors = npt.NDArray[np.float32]
 
@@ -81,6 +91,40 @@ class EmbeddingAdapter(Protocol):
         ...
 
     def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch: ...
+
+
+# --- reranking -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RerankScore:
+    """One result of a reranker: the position of a document in the request, and its score."""
+
+    index: int
+    relevance_score: float
+
+
+@dataclass(frozen=True, slots=True)
+class RerankBatch:
+    results: Sequence[RerankScore]  # as the reranker answered; `core.rerank` checks them
+    usage: RerankUsage
+
+
+class Reranker(Protocol):
+    """Scores documents against a query with one explicitly chosen model.
+
+    Only passages the caller is authorized to read are ever sent. An implementation parses
+    what the service answers into `RerankScore`s (a wrong shape raises `RERANK_FAILED`);
+    `core.rerank.apply_rerank` checks their count, indices and finiteness for every adapter.
+    Nothing is retried.
+    """
+
+    @property
+    def descriptor(self) -> RerankDescriptor: ...
+
+    def rerank(
+        self, query: str, documents: Sequence[str], top_n: int, cancel: CancelToken
+    ) -> RerankBatch: ...
 
 
 # --- vector store --------------------------------------------------------------------------

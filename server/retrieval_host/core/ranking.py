@@ -27,12 +27,12 @@ def rank(
     allowed: Mapping[str, str],
     request: SearchRequest,
     where: MetadataFilter | None,
+    wanted: int,
     context: RequestContext,
 ) -> tuple[list[Ranked], EmbeddingUsage]:
     """The request's ranking over the allowed revisions (already authorized) whose metadata
-    pass `where` (the request's parsed filters), limit + 1 long
-    (one more tells `truncated`), and what the query embedding cost."""
-    wanted = request.limit + 1
+    pass `where` (the request's parsed filters), at most `wanted` long, and what the query
+    embedding cost."""
     usage = EmbeddingUsage()
     dense: list[Candidate] = []
     lexical: list[Candidate] = []

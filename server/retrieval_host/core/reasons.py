@@ -29,6 +29,7 @@ __all__ = [
     "PayloadTooLargeReason",
     "PermissionDeniedReason",
     "ProviderFailedReason",
+    "RerankFailedReason",
     "SourceConflictReason",
     "StoreUnavailableReason",
     "TimeoutReason",
@@ -86,6 +87,8 @@ class InvalidRequestReason(StrEnum):
     UNREADABLE = "unreadable"  # a batch file could not be read (reported per file, not raised)
     EMBEDDING_CONFIG = "embedding-config"  # the OpenAI-compatible embedding config is invalid
     PROVIDER_CONFIG = "provider-config"  # the OpenAI-compatible provider config is invalid
+    RERANK_CONFIG = "rerank-config"  # the reranker config is invalid
+    RERANK_UNAVAILABLE = "rerank-unavailable"  # `rerank: true` on a corpus without a reranker
     IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"  # one key, two different run requests
     STEP_BUDGET_EXHAUSTED = "step-budget-exhausted"  # tools still asked for at maxGenerationSteps
     INVALID_CURSOR = "invalid-cursor"  # a page cursor that was edited or is of another listing
@@ -238,6 +241,21 @@ class ProviderFailedReason(StrEnum):
     MALFORMED_CHUNK = "malformed-chunk"  # a response or stream chunk of the wrong shape
 
 
+class RerankFailedReason(StrEnum):
+    """Reasons of `RERANK_FAILED` (502): the reranking model or service failed."""
+
+    API_KEY_UNAVAILABLE = "api-key-unavailable"  # the API key could not be read or is malformed
+    TIMEOUT = "timeout"  # the service did not answer in time
+    CONNECTION_FAILED = "connection-failed"  # the service could not be reached
+    RATE_LIMITED = "rate-limited"  # HTTP 429
+    HTTP_ERROR = "http-error"  # any other HTTP error status
+    MALFORMED_RESPONSE = "malformed-response"  # not JSON, wrong shape, or too large
+    WRONG_COUNT = "wrong-count"  # not one result per document asked for
+    DUPLICATE_INDEX = "duplicate-index"  # two results for one document
+    INDEX_OUT_OF_RANGE = "index-out-of-range"  # a result for a document that was not sent
+    NON_FINITE_SCORE = "non-finite-score"  # a relevance score that is NaN or infinite
+
+
 REASONS: Final[Mapping[ErrorCode, type[StrEnum]]] = {
     ErrorCode.UNAUTHENTICATED: UnauthenticatedReason,
     ErrorCode.PERMISSION_DENIED: PermissionDeniedReason,
@@ -256,6 +274,7 @@ REASONS: Final[Mapping[ErrorCode, type[StrEnum]]] = {
     ErrorCode.STORE_UNAVAILABLE: StoreUnavailableReason,
     ErrorCode.EMBEDDING_FAILED: EmbeddingFailedReason,
     ErrorCode.PROVIDER_FAILED: ProviderFailedReason,
+    ErrorCode.RERANK_FAILED: RerankFailedReason,
 }
 
 

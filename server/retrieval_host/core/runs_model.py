@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.models import EmbeddingUsage, JSONValue, Location, SearchMode
+from retrieval_host.core.models import (
+    EmbeddingUsage,
+    JSONValue,
+    Location,
+    RerankUsage,
+    SearchMode,
+)
 
 RetrievalMode: TypeAlias = Literal["off", "before", "tool"]
 ReceiptStatus: TypeAlias = Literal["ok", "failed", "duplicate", "quota-exceeded"]
@@ -26,6 +32,11 @@ class RunRetrieval:
     max_queries: int = 3
     # How each of its searches ranks (`SearchRequest.mode`).
     search_mode: SearchMode = "hybrid"
+    # Whether its searches rerank (`SearchRequest.rerank`; None: when the corpus has a
+    # reranker), and how many reranker calls the run may make: a search that would rerank
+    # past them is not made (its receipt says `quota-exceeded`).
+    rerank: bool | None = None
+    max_rerank_calls: int = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,7 @@ class GenerationUsage:
 class RunUsage:
     generation: GenerationUsage = field(default_factory=GenerationUsage)
     embedding: EmbeddingUsage = field(default_factory=EmbeddingUsage)
+    rerank: RerankUsage = field(default_factory=RerankUsage)
 
 
 @dataclass(frozen=True, slots=True)

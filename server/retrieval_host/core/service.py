@@ -41,6 +41,7 @@ from retrieval_host.core.models import (
     IndexResult,
     JSONScalar,
     Operation,
+    RerankUsage,
     Scope,
     SearchRequest,
     SearchResult,
@@ -53,6 +54,7 @@ from retrieval_host.core.ports import (
     CapacityLimits,
     EmbeddingAdapter,
     Grant,
+    Reranker,
     StoredChunk,
     StoredSource,
     VectorStore,
@@ -63,6 +65,7 @@ from retrieval_host.core.reasons import (
     InvalidRequestReason,
     SourceConflictReason,
 )
+from retrieval_host.core.rerank import RerankSettings, rerank_candidates, wants_rerank
 from retrieval_host.core.validation import check_id, check_index_request, check_search_request
 
 
@@ -100,11 +103,20 @@ class Corpus:
     # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses.
     lexical: LexicalDescriptor = field(default_factory=LexicalDescriptor)
     fusion: FusionSettings = field(default_factory=FusionSettings)
+    # The model that reorders a search's authorized top candidates (`core.rerank`), pinned in
+    # the descriptor like the embedding; None: searches are not reranked.
+    reranker: Reranker | None = None
+    rerank: RerankSettings = field(default_factory=RerankSettings)
 
     @property
     def descriptor(self) -> CorpusDescriptor:
         return CorpusDescriptor(
-            self.id, self.version, self.embedding.descriptor, self.chunking, self.lexical
+            self.id,
+            self.version,
+            self.embedding.descriptor,
+            self.chunking,
+            self.lexical,
+            self.reranker.descriptor if self.reranker is not None else None,
         )
 
 
@@ -141,6 +153,11 @@ class RetrievalService:
 
     # --- search ----------------------------------------------------------------------------
 
+    def reranks(self, corpus_id: str, requested: bool | None) -> bool:
+        """Whether a search of that corpus with `rerank=requested` calls the reranker (a run
+        draws each such call on its budget before searching)."""
+        return wants_rerank(self.corpus(corpus_id).reranker, requested)
+
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         check_search_request(request)
         where = parse_filter(request.filters) if request.filters is not None else None
@@ -164,9 +181,14 @@ class RetrievalService:
         if not allowed:
             return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
 
-        ranked, usage = rank(corpus, grant.namespace, allowed, request, where, context)
+        reranking = wants_rerank(corpus.reranker, request.rerank)
+        # One more than the limit tells `truncated`; a reranked search sends more to rerank.
+        wanted = request.limit + 1
+        if reranking:
+            wanted = max(wanted, corpus.rerank.candidates)
+        ranked, usage = rank(corpus, grant.namespace, allowed, request, where, wanted, context)
         candidates = [r.candidate for r in ranked]
-        scores = {r.candidate.chunk_id: r.scores for r in ranked}
+        scores = {r.candidate.chunk_id: dict(r.scores) for r in ranked}
 
         context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
         recheck = _authorize_or_none(corpus, "search", ids, context)
@@ -174,6 +196,15 @@ class RetrievalService:
             candidates = []
         else:
             candidates = [c for c in candidates if recheck.sources.get(c.source_id) == c.revision]
+        rerank_usage = RerankUsage()
+        if reranking and candidates and corpus.reranker is not None:
+            # After the second check: only passages the caller may read leave the host.
+            context.report("retrieval.rerank", corpus=corpus.id, documents=len(candidates))
+            candidates, reranked, rerank_usage = rerank_candidates(
+                corpus.reranker, request.query, candidates, context.cancel
+            )
+            for chunk_id, value in reranked.items():
+                scores[chunk_id]["rerank"] = value
         if request.min_score is not None:
             candidates = [c for c in candidates if c.score >= request.min_score]
 
@@ -194,7 +225,7 @@ class RetrievalService:
         ]
         kept, dropped = apply_byte_budget(hits, request.max_context_bytes)
         truncated = dropped or len(candidates) > request.limit
-        return SearchResult(kept, truncated, retrieved_at, scope, usage)
+        return SearchResult(kept, truncated, retrieved_at, scope, usage, rerank_usage)
 
     def current_grant(
         self, corpus_id: str, source_ids: Sequence[str] | None, context: RequestContext

@@ -26,6 +26,7 @@ def search_request(body: wire.SearchRequest) -> core.SearchRequest:
         filters=dict(body.filters) if body.filters is not None else None,
         mode=body.mode,
         min_score=body.min_score,
+        rerank=body.rerank,
     )
 
 
@@ -91,7 +92,11 @@ def _search_body(result: core.SearchResult) -> dict[str, Any]:
                 "score": float(h.score),
                 "retrievedAt": h.retrieved_at,
                 "scope": scope if h.scope == result.scope else _scope(h.scope),
-                "scores": {"dense": h.scores.get("dense"), "lexical": h.scores.get("lexical")},
+                "scores": {
+                    "dense": h.scores.get("dense"),
+                    "lexical": h.scores.get("lexical"),
+                    "rerank": h.scores.get("rerank"),
+                },
                 "metadata": h.metadata,
             }
             for h in result.hits
@@ -103,7 +108,12 @@ def _search_body(result: core.SearchResult) -> dict[str, Any]:
             "embedding": {
                 "requests": result.usage.requests,
                 "inputTokens": result.usage.input_tokens,
-            }
+            },
+            "rerank": {
+                "requests": result.rerank_usage.requests,
+                "documents": result.rerank_usage.documents,
+                "inputTokens": result.rerank_usage.input_tokens,
+            },
         },
     }
 

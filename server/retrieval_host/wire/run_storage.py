@@ -8,6 +8,9 @@ of `RunResult` under their core (snake_case) names:
      "artifact": ... | null, "corpus": ... | null, "created_at": ..., "completed_at": ...,
      "replayed": false}
 
+`usage.rerank` was added to version 2 without a bump: a record written before it has none and
+reads as no reranking, and a host that predates it ignores the key.
+
 Version 1 has no version field: the previous release stored the public wire JSON of the
 result (`wire.runs.result_to_json` as it was then: camelCase, locations without their unset
 fields). Such records are read by `_from_version_1`, a frozen copy of that release's reader,
@@ -26,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any, Final, cast
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import EmbeddingUsage, Location
+from retrieval_host.core.models import EmbeddingUsage, Location, RerankUsage
 from retrieval_host.core.reasons import StoreUnavailableReason
 from retrieval_host.core.runs_model import (
     GenerationUsage,
@@ -90,6 +93,11 @@ def encode_result(result: RunResult) -> str:
             "embedding": {
                 "requests": usage.embedding.requests,
                 "input_tokens": usage.embedding.input_tokens,
+            },
+            "rerank": {
+                "requests": usage.rerank.requests,
+                "documents": usage.rerank.documents,
+                "input_tokens": usage.rerank.input_tokens,
             },
         },
         "artifact": None
@@ -167,6 +175,7 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
                 usage["generation"]["output_tokens"],
             ),
             EmbeddingUsage(usage["embedding"]["requests"], usage["embedding"]["input_tokens"]),
+            _rerank_usage(usage.get("rerank")),
         ),
         created_at=body["created_at"],
         completed_at=body["completed_at"],
@@ -227,6 +236,13 @@ def _from_version_1(body: Mapping[str, Any]) -> RunResult:
         corpus=body.get("corpus"),
         replayed=bool(body.get("replayed", False)),
     )
+
+
+def _rerank_usage(body: Mapping[str, Any] | None) -> RerankUsage:
+    """Reranking usage of a version-2 record; none in records written before reranking."""
+    if body is None:
+        return RerankUsage()
+    return RerankUsage(body["requests"], body["documents"], body["input_tokens"])
 
 
 def _location_version_1(body: Mapping[str, Any]) -> Location:

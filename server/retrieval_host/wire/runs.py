@@ -45,6 +45,8 @@ def run_request(body: wire.RunRequest) -> RunRequest:
             max_context_bytes=r.max_context_bytes,
             max_queries=r.max_queries,
             search_mode=r.search_mode,
+            rerank=r.rerank,
+            max_rerank_calls=r.max_rerank_calls,
         ),
         output_artifact=None if a is None else OutputArtifactSpec(a.name, a.media_type),
         idempotency_key=body.idempotency_key,
@@ -133,6 +135,11 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
             "embedding": {
                 "requests": result.usage.embedding.requests,
                 "inputTokens": result.usage.embedding.input_tokens,
+            },
+            "rerank": {
+                "requests": result.usage.rerank.requests,
+                "documents": result.usage.rerank.documents,
+                "inputTokens": result.usage.rerank.input_tokens,
             },
         },
         "artifact": None

@@ -260,9 +260,10 @@ def test_a_run_searches_in_its_search_mode_and_its_receipts_name_it(
     assert bool(scans) is (search_mode != "lexical")  # lexical embeds no query
 
 
-def test_the_default_search_mode_leaves_the_idempotency_fingerprint_as_it_was() -> None:
-    # Runs recorded before `search_mode` existed hashed the request without it: replaying
-    # their keys must still find them, so the default is left out of the fingerprint.
+def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() -> None:
+    # Runs recorded before `search_mode`, `rerank` and `max_rerank_calls` existed hashed the
+    # request without them: replaying their keys must still find them, so their defaults are
+    # left out of the fingerprint.
     import dataclasses
     import hashlib
 
@@ -270,10 +271,14 @@ def test_the_default_search_mode_leaves_the_idempotency_fingerprint_as_it_was() 
 
     request = _before(idempotency_key="k")
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
-    del body["retrieval"]["search_mode"]
+    for name in ("search_mode", "rerank", "max_rerank_calls"):
+        del body["retrieval"][name]
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     assert request_fingerprint(request) == hashlib.sha256(canonical.encode()).hexdigest()
-    dense = dataclasses.replace(
-        request, retrieval=RunRetrieval(corpus="library", search_mode="dense")
-    )
-    assert request_fingerprint(dense) != request_fingerprint(request)
+    for changed in (
+        RunRetrieval(corpus="library", search_mode="dense"),
+        RunRetrieval(corpus="library", rerank=False),
+        RunRetrieval(corpus="library", max_rerank_calls=1),
+    ):
+        other = dataclasses.replace(request, retrieval=changed)
+        assert request_fingerprint(other) != request_fingerprint(request)

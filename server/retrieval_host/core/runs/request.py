@@ -13,17 +13,22 @@ from retrieval_host.core.runs_model import RunRequest
 
 MAX_INPUT_BYTES = 65_536
 MAX_GENERATION_STEPS = 16
+MAX_RERANK_CALLS = 16
+# `RunRetrieval` fields added after runs were first recorded, with their defaults.
+_ADDED_RETRIEVAL_DEFAULTS = {"search_mode": "hybrid", "rerank": None, "max_rerank_calls": 3}
 
 
 def request_fingerprint(request: RunRequest) -> str:
     """What makes two run requests 'the same' for an idempotency key (timeouts excluded).
 
-    The default search mode is left out, as if the field did not exist: runs recorded before
-    it did keep their fingerprints, so replaying their keys still finds them."""
+    Fields added later are left out at their defaults, as if they did not exist: runs recorded
+    before them keep their fingerprints, so replaying their keys still finds them."""
     body = asdict(replace(request, idle_timeout_ms=None))
     retrieval = body.get("retrieval")
-    if isinstance(retrieval, dict) and retrieval.get("search_mode") == "hybrid":
-        del retrieval["search_mode"]
+    if isinstance(retrieval, dict):
+        for name, default in _ADDED_RETRIEVAL_DEFAULTS.items():
+            if retrieval.get(name) == default:
+                del retrieval[name]
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
@@ -47,6 +52,10 @@ def check_run_request(request: RunRequest) -> None:
     r = request.retrieval
     if r is not None and not 0 <= r.max_queries <= 16:
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxQueries must be in 0..16.")
+    if r is not None and not 0 <= r.max_rerank_calls <= MAX_RERANK_CALLS:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"maxRerankCalls must be in 0..{MAX_RERANK_CALLS}."
+        )
     if r is not None and r.search_mode not in SEARCH_MODES:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, "searchMode must be hybrid, dense or lexical."

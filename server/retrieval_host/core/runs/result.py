@@ -39,7 +39,7 @@ def build_result(request: RunRequest, run: ActiveRun, text: str) -> RunResult:
         text=text,
         sources=manifest,
         receipts=list(run.receipts),
-        usage=RunUsage(run.generation, run.embedding),
+        usage=RunUsage(run.generation, run.embedding, run.rerank),
         created_at=run.created_at,
         completed_at=run.clock(),
         artifact=artifact,

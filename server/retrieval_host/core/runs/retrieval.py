@@ -2,9 +2,9 @@
 them.
 
 Every retrieval goes through `retrieve`, in this order: prepare (normalize) → check input →
-dedup and quota → authorize → reserve the dedup key → execute → check result → count
-successes and sources → effects (progress, receipt). A failed attempt keeps its key and is
-not retried.
+dedup and quota → authorize → rerank budget → reserve the dedup key → execute → check result →
+count successes and sources → effects (progress, receipt). A failed attempt keeps its key and
+is not retried.
 """
 
 from __future__ import annotations
@@ -102,6 +102,14 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     if service.current_grant(spec.corpus, spec.source_ids, context) is None:
         run.seen.add(key)
         return receipt("failed", code=ErrorCode.PERMISSION_DENIED.value)
+    # the rerank budget: a search that would call the reranker past it is not made
+    try:
+        reranks = service.reranks(spec.corpus, spec.rerank)
+    except RetrievalError as error:  # `rerank: true` on a corpus without a reranker
+        run.seen.add(key)
+        return receipt("failed", code=error.code.value)
+    if reranks and run.rerank_calls >= spec.max_rerank_calls:
+        return receipt("quota-exceeded")
     # reserve the key: a failed attempt keeps it and is not retried
     run.seen.add(key)
 
@@ -109,6 +117,8 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         emit(RunProgress(phase, dict(details)))
 
     scoped = RequestContext(context.subject, context.cancel, context.request_id, forward)
+    if reranks:
+        run.rerank_calls += 1  # drawn before the call: a failed call spent it too
     try:
         result = service.search_context(
             SearchRequest(
@@ -118,6 +128,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
                 limit=spec.limit,
                 max_context_bytes=spec.max_context_bytes,
                 mode=spec.search_mode,
+                rerank=reranks,
             ),
             scoped,
         )
@@ -126,6 +137,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
             raise
         return receipt("failed", code=error.code.value)
     run.embedding += result.usage
+    run.rerank += result.rerank_usage
     # check result: one passage once, and only passages of the requested corpus
     new = [h for h in result.hits if h.chunk_id not in run.evidence]
     for hit in new:

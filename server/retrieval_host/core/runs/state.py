@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.models import EmbeddingUsage
+from retrieval_host.core.models import EmbeddingUsage, RerankUsage
 from retrieval_host.core.run_ports import EvidencePassage
 from retrieval_host.core.runs_model import GenerationUsage, Receipt, RunEvent
 from retrieval_host.core.service import RetrievalService
@@ -42,6 +42,8 @@ class ActiveRun:
     receipts: list[Receipt] = field(default_factory=list)
     generation: GenerationUsage = field(default_factory=GenerationUsage)
     embedding: EmbeddingUsage = field(default_factory=EmbeddingUsage)
+    rerank: RerankUsage = field(default_factory=RerankUsage)
+    rerank_calls: int = 0  # reranker calls made (failed ones too), against `maxRerankCalls`
 
     @property
     def service(self) -> RetrievalService:

@@ -1,0 +1,217 @@
+"""The `/rerank` adapter against a real loopback server that speaks the format and misbehaves
+on demand: every defect is a typed `RERANK_FAILED`, the key never shows, nothing is retried."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from retrieval_host.adapters.rerank_http import HttpReranker
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import RerankDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import Location, RerankUsage
+from retrieval_host.core.ports import Candidate
+from retrieval_host.core.reasons import InvalidRequestReason, RerankFailedReason
+from retrieval_host.core.rerank import rerank_candidates
+from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
+from tests.support.fake_rerank import RERANK_MODEL, FakeReranker, RerankMode
+
+DESCRIPTOR = RerankDescriptor("rerank-http", "cohere", "acct-1", "api-key", RERANK_MODEL)
+DOCS = [
+    "Invoices are due in thirty days.",
+    "Sea otters hold hands while they sleep.",
+    "Otters sleep in kelp forests.",
+]
+QUERY = "do otters sleep holding hands"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def fake(server: FakeOpenAI) -> FakeReranker:
+    server.reset()
+    return FakeReranker(server)
+
+
+@pytest.fixture
+def reranker(fake: FakeReranker) -> Iterator[HttpReranker]:
+    adapter = HttpReranker(
+        descriptor=DESCRIPTOR, base_url=fake.base_url, api_key=lambda: DEFAULT_API_KEY
+    )
+    yield adapter
+    adapter.close()
+
+
+def candidates(texts: list[str]) -> list[Candidate]:
+    return [
+        Candidate(f"c{i}", "s", "r1", t, Location(start_line=i + 1, end_line=i + 1), "0" * 64, 0.5)
+        for i, t in enumerate(texts)
+    ]
+
+
+def test_it_sends_the_wire_format_and_reorders_by_relevance(
+    fake: FakeReranker, reranker: HttpReranker
+) -> None:
+    ranked, scores, usage = rerank_candidates(reranker, QUERY, candidates(DOCS), CancelToken())
+
+    assert [c.chunk_id for c in ranked] == ["c1", "c2", "c0"]
+    # Three of the query's five words in c1, two in c2, none in c0.
+    assert scores == {"c1": 0.6, "c2": 0.4, "c0": 0.0}
+    assert [c.score for c in ranked] == [0.6, 0.4, 0.0]
+    (body,) = fake.requests
+    assert body == {
+        "model": RERANK_MODEL,
+        "query": QUERY,
+        "documents": DOCS,
+        "top_n": 3,
+        "return_documents": False,
+    }
+    # Usage: one call, three documents, and the tokens the service reported.
+    assert usage == RerankUsage(requests=1, documents=3, input_tokens=23)
+
+
+def test_a_tei_style_bare_list_is_read_too(fake: FakeReranker, reranker: HttpReranker) -> None:
+    fake.set_mode("tei-list")
+    batch = reranker.rerank(QUERY, DOCS, 3, CancelToken())
+    assert sorted((r.index, r.relevance_score) for r in batch.results) == [
+        (0, 0.0),
+        (1, 0.6),
+        (2, 0.4),
+    ]
+    assert batch.usage == RerankUsage(requests=1, documents=3, input_tokens=0)
+
+
+def test_results_in_any_order_are_placed_by_index(
+    fake: FakeReranker, reranker: HttpReranker
+) -> None:
+    fake.set_mode("ascending")
+    ranked, _, _ = rerank_candidates(reranker, QUERY, candidates(DOCS), CancelToken())
+    assert [c.chunk_id for c in ranked] == ["c1", "c2", "c0"]
+
+
+REJECTIONS: list[tuple[RerankMode, RerankFailedReason]] = [
+    ("too-few", RerankFailedReason.WRONG_COUNT),
+    ("too-many", RerankFailedReason.WRONG_COUNT),
+    ("duplicate-index", RerankFailedReason.DUPLICATE_INDEX),
+    ("out-of-range", RerankFailedReason.INDEX_OUT_OF_RANGE),
+    ("negative-index", RerankFailedReason.INDEX_OUT_OF_RANGE),
+    ("nan", RerankFailedReason.NON_FINITE_SCORE),
+    ("infinity", RerankFailedReason.NON_FINITE_SCORE),
+    ("huge-integer", RerankFailedReason.NON_FINITE_SCORE),
+    ("string-score", RerankFailedReason.MALFORMED_RESPONSE),
+    ("bool-index", RerankFailedReason.MALFORMED_RESPONSE),
+    ("no-results", RerankFailedReason.MALFORMED_RESPONSE),
+    ("malformed-json", RerankFailedReason.MALFORMED_RESPONSE),
+    ("server-error", RerankFailedReason.HTTP_ERROR),
+    ("rate-limited", RerankFailedReason.RATE_LIMITED),
+    ("drop-connection", RerankFailedReason.CONNECTION_FAILED),
+]
+
+
+@pytest.mark.parametrize(("mode", "reason"), REJECTIONS, ids=[m for m, _ in REJECTIONS])
+def test_every_defect_is_a_typed_failure_after_one_request(
+    fake: FakeReranker, reranker: HttpReranker, mode: RerankMode, reason: RerankFailedReason
+) -> None:
+    fake.set_mode(mode)
+    with pytest.raises(RetrievalError) as caught:
+        rerank_candidates(reranker, QUERY, candidates(DOCS), CancelToken())
+    assert caught.value.code is ErrorCode.RERANK_FAILED
+    assert caught.value.status == 502
+    assert caught.value.reason == reason
+    assert len(fake.requests) == 1  # never retried
+
+
+def test_a_server_that_echoes_the_key_does_not_get_it_into_the_error(
+    fake: FakeReranker, reranker: HttpReranker
+) -> None:
+    fake.set_mode("server-error-echo-key")
+    with pytest.raises(RetrievalError) as caught:
+        reranker.rerank(QUERY, DOCS, 3, CancelToken())
+    assert caught.value.reason == RerankFailedReason.HTTP_ERROR
+    assert DEFAULT_API_KEY not in caught.value.detail
+    assert "HTTP 500" in caught.value.detail
+
+
+def test_a_slow_service_times_out_as_a_typed_failure(fake: FakeReranker) -> None:
+    fake.set_mode("slow", delay_s=30)
+    adapter = HttpReranker(
+        descriptor=DESCRIPTOR,
+        base_url=fake.base_url,
+        api_key=lambda: DEFAULT_API_KEY,
+        timeout_s=0.5,
+    )
+    with adapter, pytest.raises(RetrievalError) as caught:
+        adapter.rerank(QUERY, DOCS, 3, CancelToken())
+    assert caught.value.reason == RerankFailedReason.TIMEOUT
+
+
+def test_a_wrong_key_is_an_http_error_that_names_no_key(fake: FakeReranker) -> None:
+    adapter = HttpReranker(
+        descriptor=DESCRIPTOR, base_url=fake.base_url, api_key=lambda: "sk-wrong-key-123456789"
+    )
+    with adapter, pytest.raises(RetrievalError) as caught:
+        adapter.rerank(QUERY, DOCS, 3, CancelToken())
+    assert caught.value.reason == RerankFailedReason.HTTP_ERROR
+    assert "sk-wrong-key" not in caught.value.detail
+
+
+def test_an_unreadable_key_fails_before_any_request(fake: FakeReranker) -> None:
+    def broken() -> str:
+        raise OSError("no key file")
+
+    adapter = HttpReranker(descriptor=DESCRIPTOR, base_url=fake.base_url, api_key=broken)
+    with adapter, pytest.raises(RetrievalError) as caught:
+        adapter.rerank(QUERY, DOCS, 3, CancelToken())
+    assert caught.value.reason == RerankFailedReason.API_KEY_UNAVAILABLE
+    assert fake.requests == []
+
+
+def test_a_cancelled_request_sends_nothing(fake: FakeReranker, reranker: HttpReranker) -> None:
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(RetrievalError) as caught:
+        rerank_candidates(reranker, QUERY, candidates(DOCS), token)
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    ("base_url", "auth_mode", "with_key"),
+    [
+        ("ftp://127.0.0.1/v1", "api-key", True),
+        ("https://user:pw@example.test/v1", "api-key", True),
+        ("https://example.test/v1", "none", True),
+        ("https://example.test/v1", "api-key", False),
+    ],
+)
+def test_a_bad_configuration_is_refused_at_construction(
+    base_url: str, auth_mode: str, with_key: bool
+) -> None:
+    descriptor = RerankDescriptor("rerank-http", "cohere", "acct-1", auth_mode, RERANK_MODEL)  # type: ignore[arg-type]
+    with pytest.raises(RetrievalError) as caught:
+        HttpReranker(
+            descriptor=descriptor,
+            base_url=base_url,
+            api_key=(lambda: DEFAULT_API_KEY) if with_key else None,
+        )
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    assert caught.value.reason == InvalidRequestReason.RERANK_CONFIG
+
+
+def test_more_documents_than_configured_is_refused_without_a_request(fake: FakeReranker) -> None:
+    adapter = HttpReranker(
+        descriptor=DESCRIPTOR,
+        base_url=fake.base_url,
+        api_key=lambda: DEFAULT_API_KEY,
+        max_documents=2,
+    )
+    with adapter, pytest.raises(RetrievalError) as caught:
+        adapter.rerank(QUERY, DOCS, 3, CancelToken())
+    assert caught.value.reason == InvalidRequestReason.RERANK_CONFIG
+    assert fake.requests == []
