@@ -161,7 +161,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
         (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
-        `mode=` hybrid, dense or lexical, `min_score=`)."""
+        `mode=` hybrid, dense or lexical, `min_score=`, `rerank=`)."""
         return await self._send(self._search(request, fields))
 
     async def index_context(

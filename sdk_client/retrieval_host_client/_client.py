@@ -152,7 +152,7 @@ class Client(BaseClient[httpx.Client]):
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
         (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
-        `mode=` hybrid, dense or lexical, `min_score=`)."""
+        `mode=` hybrid, dense or lexical, `min_score=`, `rerank=`)."""
         return self._send(self._search(request, fields))
 
     def index_context(

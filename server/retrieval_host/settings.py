@@ -197,7 +197,8 @@ class RerankerSettings(_Model):
     api_key: SecretRef | None = None
     ca_file: Path | None = None
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
-    # The authorized top candidates of a search sent to the reranker (at least limit + 1).
+    # The authorized top candidates of a search sent to the reranker (a search with a higher
+    # limit sends limit + 1).
     candidates: Annotated[int, Field(ge=1, le=1000)] = 40
 
 

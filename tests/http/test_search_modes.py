@@ -46,8 +46,9 @@ async def test_hybrid_is_the_default_and_each_hit_shows_both_rankings(
     default, hybrid = await search(client), await search(client, mode="hybrid")
     assert [h["chunkId"] for h in default["hits"]] == [h["chunkId"] for h in hybrid["hits"]]
     top = default["hits"][0]
-    assert set(top["scores"]) == {"dense", "lexical"}
+    assert set(top["scores"]) == {"dense", "lexical", "rerank"}
     assert top["scores"]["dense"] is not None and top["scores"]["lexical"] is not None
+    assert top["scores"]["rerank"] is None  # this corpus has no reranker
     assert 0.0 <= top["score"] <= 1.0  # the convex fusion of two min-max scaled rankings
 
     dense = await search(client, mode="dense")

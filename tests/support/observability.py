@@ -155,6 +155,7 @@ def host_process(
     tokens: Mapping[str, str] | None = None,
     workers: int = 1,
     application: str = "retrieval_host.example_acl:create_driver",
+    application_options: Mapping[str, Any] | None = None,
     wait_ready: bool = True,
 ) -> Iterator[HostProcess]:
     """Serve the example application from a host file in a subprocess until the block ends.
@@ -163,8 +164,9 @@ def host_process(
     search, index and delete every source of `library`. A token named `scraper` gets the
     metrics grant and no retrieval grant. Replicas of one deployment pass the same `store`
     (e.g. a PostgreSQL DSN), `shared` (the directory of the application's ACL and revision
-    registry) and `tokens`. `application` may name a module in `directory`; with
-    `wait_ready=False` the block starts as soon as the process runs, ready or not.
+    registry) and `tokens`. `application` may name a module in `directory`, and
+    `application_options` adds to its options; with `wait_ready=False` the block starts as
+    soon as the process runs, ready or not.
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     tls = make_tls(directory / "tls")
@@ -205,6 +207,7 @@ def host_process(
             "aclFile": str(app_dir / "acl.json"),
             "registryFile": str(app_dir / "registry.json"),
             "corpora": [CORPUS],
+            **dict(application_options or {}),
         },
         "logLevel": "info",
     }

@@ -16,7 +16,7 @@ from retrieval_host.adapters.sqlite import SqliteRunStore, SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
-from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant, Reranker
 from retrieval_host.core.run_ports import GenerationEvent, GenerationProvider, GenerationRequest
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import Corpus, RetrievalService
@@ -83,13 +83,15 @@ class RunWorld:
 
 
 @contextmanager
-def open_run_world(directory: Path, embedding: LocalEmbedding) -> Iterator[RunWorld]:
-    """`DOCS` indexed for `alice` in corpus `library`, a run engine with the extractive provider
-    as `local`; the stores close when the block ends."""
+def open_run_world(
+    directory: Path, embedding: LocalEmbedding, *, reranker: Reranker | None = None
+) -> Iterator[RunWorld]:
+    """`DOCS` indexed for `alice` in corpus `library` (reranked by `reranker` when given), a
+    run engine with the extractive provider as `local`; the stores close when the block ends."""
     store = SqliteVectorStore.open(directory / "vectors.db")
     runs = SqliteRunStore.open(directory / "runs.db")
     acl = Acl()
-    service = RetrievalService([Corpus("library", "v1", embedding, store, acl)])
+    service = RetrievalService([Corpus("library", "v1", embedding, store, acl, reranker=reranker)])
     alice = RequestContext("alice")
     for source_id, text in DOCS.items():
         service.index_context(

@@ -78,8 +78,9 @@ class HttpReranker:
       `descriptor.auth_mode == "none"`.
     - `timeout_s` applies to each phase (connect, write, each read, pool), as httpx defines it.
     - `verify`: True (system CAs), False, a CA bundle path, or an `ssl.SSLContext`.
-    - `max_documents`: documents per call; a search never sends more than its corpus's
-      `RerankSettings.candidates`, so a larger call is a configuration error.
+    - `max_documents`: documents per call; a search sends the larger of its corpus's
+      `RerankSettings.candidates` and its limit + 1, so a larger call is a configuration
+      error.
     """
 
     def __init__(

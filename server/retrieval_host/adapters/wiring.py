@@ -112,7 +112,6 @@ def build_reranker(
         api_key=None if key is None else key.get_secret_value,
         timeout_s=config.timeout_s,
         verify=verify,
-        max_documents=config.candidates,
     )
 
 

@@ -3,11 +3,15 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_ports import (
     GenerationEvent,
@@ -29,7 +33,9 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host_client import validate_source_citations
-from tests.support.run_engine import RunWorld
+from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
+from tests.support.fake_rerank import RERANK_MODEL, FakeReranker
+from tests.support.run_engine import DOCS, RunWorld, open_run_world
 
 ALICE = RequestContext("alice")
 
@@ -180,6 +186,68 @@ def test_tool_mode_honours_the_quota_and_deduplicates_queries(run_world: RunWorl
     assert result.usage.embedding.requests == 2
     assert [r.sequence for r in result.receipts] == [1, 2, 3, 4, 5]
     validate_source_citations(result.text, [s.id for s in result.sources], require_citation=True)
+
+
+class AsksThreeTimes:
+    kind = "test"
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        if request.step == 1:
+            for i, q in enumerate(["battery", "solar", "panels"]):
+                yield ToolCallRequested(
+                    ToolCall(f"c{i}", "search_context", json.dumps({"query": q}))
+                )
+        else:
+            yield TextDelta("done " + " ".join(f"[source:{p.handle}]" for p in request.evidence))
+
+
+@pytest.mark.parametrize(
+    ("rerank", "max_calls", "statuses", "calls"),
+    [
+        (None, 1, ["ok", "quota-exceeded", "quota-exceeded"], 1),
+        (None, 3, ["ok", "ok", "ok"], 3),
+        (False, 0, ["ok", "ok", "ok"], 0),
+    ],
+)
+def test_reranker_calls_draw_on_the_runs_budget(
+    tmp_path: Path,
+    local_embedding: LocalEmbedding,
+    rerank: bool | None,
+    max_calls: int,
+    statuses: list[str],
+    calls: int,
+) -> None:
+    with FakeOpenAI() as server:
+        fake = FakeReranker(server)
+        descriptor = RerankDescriptor("rerank-http", "test", "acct", "api-key", RERANK_MODEL)
+        with (
+            HttpReranker(
+                descriptor=descriptor, base_url=fake.base_url, api_key=lambda: DEFAULT_API_KEY
+            ) as reranker,
+            open_run_world(tmp_path, local_embedding, reranker=reranker) as world,
+        ):
+            request = RunRequest(
+                provider="local",
+                model="m",
+                input="q",
+                retrieval=RunRetrieval(
+                    corpus="library",
+                    mode="tool",
+                    max_queries=3,
+                    limit=1,
+                    rerank=rerank,
+                    max_rerank_calls=max_calls,
+                ),
+            )
+            result = world.with_provider("local", AsksThreeTimes()).run(request, ALICE)
+        assert [r.status for r in result.receipts] == statuses
+        assert len(fake.requests) == calls
+        assert result.usage.rerank.requests == calls
+        # Each reranked search sends every passage it may read: the corpus holds fewer than its
+        # rerank candidates.
+        assert result.usage.rerank.documents == len(DOCS) * calls
 
 
 def test_replay_returns_the_recorded_answer_without_new_work_and_fails_once_revoked(
