@@ -6,11 +6,13 @@ import base64
 import hashlib
 import itertools
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from retrieval_host.citations import validate_source_citations
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.ingest import (
@@ -21,7 +23,7 @@ from retrieval_host.ingest import (
     media_type_for_path,
     prepare_document,
 )
-from retrieval_host.ingest.chunking import MAX_PASSAGE_CHARS
+from retrieval_host.ingest.chunking import COUNT_SLICE_CHARS, MAX_PASSAGE_CHARS
 from tests.ingest.conftest import TokenCounter
 
 
@@ -230,3 +232,28 @@ def test_token_cheap_text_is_still_bounded_in_characters(count_tokens: TokenCoun
     assert max(len(c.text) for c in prepared.chunks) <= MAX_PASSAGE_CHARS
     assert max(len(c.text.encode()) for c in prepared.chunks) <= CapacityLimits().max_passage_bytes
     assert sum(c.text.count("z") for c in prepared.chunks) < 1.3 * 40_000  # little repetition
+
+
+def test_a_cancel_while_counting_stops_within_one_slice(count_tokens: TokenCounter) -> None:
+    # A 200 KB line without a sentence end: its spans are counted in slices with the cancel
+    # token checked between them, so a cancel (the ingest deadline) lands within one slice.
+    # Before, the whole batch of spans and then every passage were counted first.
+    token = CancelToken()
+    counted: list[int] = []
+
+    def counter(texts: Sequence[str]) -> list[int]:
+        counted.append(sum(len(t) for t in texts))
+        if sum(counted) > 1000:
+            token.cancel()  # the deadline passes during the first real count
+        return count_tokens(texts)
+
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(
+            b"word " * 40_000,
+            "text/plain",
+            source_id="long.txt",
+            token_counter=counter,
+            cancel=token,
+        )
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert sum(counted) <= COUNT_SLICE_CHARS + 1000

@@ -45,6 +45,10 @@ MAX_PASSAGE_CHARS: Final = 4000
 # Spans are counted in batches of about this many, so a huge segment is never counted whole
 # before the passage limit has had a chance to stop it.
 COUNT_BATCH: Final = 2048
+# One call of the counter reads at most about this many characters, and the cancel token is
+# checked between calls: a batch of 2,048 spans can be 2 MB of text, seconds of tokenizing on a
+# loaded host, long past an ingest deadline. Counts do not depend on how texts are grouped.
+COUNT_SLICE_CHARS: Final = 64 * 1024
 
 _SENTENCE_END: Final = re.compile(r"[.!?]['\"”’)\]]*\s+|[。！？]\s*")
 _SPACE: Final = re.compile(r"\s+")
@@ -233,7 +237,23 @@ class Chunker:
         return result
 
     def _content_tokens(self, texts: Sequence[str]) -> list[int]:
-        return [max(0, n - self._specials) for n in self._count(texts)]
+        return [max(0, n - self._specials) for n in self._count_sliced(texts)]
+
+    def _count_sliced(self, texts: Sequence[str]) -> list[int]:
+        """The counter's counts of `texts`, counted `COUNT_SLICE_CHARS` at a time with the
+        cancel token checked before each call."""
+        counts: list[int] = []
+        start = 0
+        while start < len(texts):
+            if self._cancel is not None:
+                self._cancel.check()
+            stop, size = start + 1, len(texts[start])
+            while stop < len(texts) and size + len(texts[stop]) <= COUNT_SLICE_CHARS:
+                size += len(texts[stop])
+                stop += 1
+            counts += self._count(texts[start:stop])
+            start = stop
+        return counts
 
     def _pack(self, blocks: Iterator[tuple[Block, list[_Piece]]]) -> list[list[_Piece]]:
         budget = self._budget
@@ -300,7 +320,7 @@ class Chunker:
         """Count each passage for real; re-split those the estimate let grow too long."""
         limit = self._settings.max_tokens
         while True:
-            counts = self._count([text[g[0].start : g[-1].end] for g in groups])
+            counts = self._count_sliced([text[g[0].start : g[-1].end] for g in groups])
             if all(n <= limit for n in counts):
                 return groups
             fixed: list[list[_Piece]] = []
