@@ -4,6 +4,7 @@ on demand: every defect is a typed `RERANK_FAILED`, the key never shows, nothing
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -39,13 +40,18 @@ def fake(server: FakeOpenAI) -> FakeReranker:
     return FakeReranker(server)
 
 
+def adapter_for(fake: FakeReranker, **options: Any) -> HttpReranker:
+    """An adapter for the fake with the right key, unless `options` say otherwise."""
+    return HttpReranker(
+        **{"descriptor": DESCRIPTOR, "api_key": lambda: DEFAULT_API_KEY, **options},
+        base_url=fake.base_url,
+    )
+
+
 @pytest.fixture
 def reranker(fake: FakeReranker) -> Iterator[HttpReranker]:
-    adapter = HttpReranker(
-        descriptor=DESCRIPTOR, base_url=fake.base_url, api_key=lambda: DEFAULT_API_KEY
-    )
-    yield adapter
-    adapter.close()
+    with adapter_for(fake) as adapter:
+        yield adapter
 
 
 def candidates(texts: list[str]) -> list[Candidate]:
@@ -140,21 +146,14 @@ def test_a_server_that_echoes_the_key_does_not_get_it_into_the_error(
 
 def test_a_slow_service_times_out_as_a_typed_failure(fake: FakeReranker) -> None:
     fake.set_mode("slow", delay_s=30)
-    adapter = HttpReranker(
-        descriptor=DESCRIPTOR,
-        base_url=fake.base_url,
-        api_key=lambda: DEFAULT_API_KEY,
-        timeout_s=0.5,
-    )
+    adapter = adapter_for(fake, timeout_s=0.5)
     with adapter, pytest.raises(RetrievalError) as caught:
         adapter.rerank(QUERY, DOCS, 3, CancelToken())
     assert caught.value.reason == RerankFailedReason.TIMEOUT
 
 
 def test_a_wrong_key_is_an_http_error_that_names_no_key(fake: FakeReranker) -> None:
-    adapter = HttpReranker(
-        descriptor=DESCRIPTOR, base_url=fake.base_url, api_key=lambda: "sk-wrong-key-123456789"
-    )
+    adapter = adapter_for(fake, api_key=lambda: "sk-wrong-key-123456789")
     with adapter, pytest.raises(RetrievalError) as caught:
         adapter.rerank(QUERY, DOCS, 3, CancelToken())
     assert caught.value.reason == RerankFailedReason.HTTP_ERROR
@@ -165,7 +164,7 @@ def test_an_unreadable_key_fails_before_any_request(fake: FakeReranker) -> None:
     def broken() -> str:
         raise OSError("no key file")
 
-    adapter = HttpReranker(descriptor=DESCRIPTOR, base_url=fake.base_url, api_key=broken)
+    adapter = adapter_for(fake, api_key=broken)
     with adapter, pytest.raises(RetrievalError) as caught:
         adapter.rerank(QUERY, DOCS, 3, CancelToken())
     assert caught.value.reason == RerankFailedReason.API_KEY_UNAVAILABLE
@@ -205,12 +204,7 @@ def test_a_bad_configuration_is_refused_at_construction(
 
 
 def test_more_documents_than_configured_is_refused_without_a_request(fake: FakeReranker) -> None:
-    adapter = HttpReranker(
-        descriptor=DESCRIPTOR,
-        base_url=fake.base_url,
-        api_key=lambda: DEFAULT_API_KEY,
-        max_documents=2,
-    )
+    adapter = adapter_for(fake, max_documents=2)
     with adapter, pytest.raises(RetrievalError) as caught:
         adapter.rerank(QUERY, DOCS, 3, CancelToken())
     assert caught.value.reason == InvalidRequestReason.RERANK_CONFIG

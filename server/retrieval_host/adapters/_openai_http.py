@@ -139,6 +139,34 @@ def read_capped(
     return b"".join(chunks)
 
 
+def post_capped(
+    client: httpx.Client,
+    url: httpx.URL,
+    *,
+    content: bytes,
+    headers: Mapping[str, str],
+    limit: int,
+    too_large: Callable[[], RetrievalError],
+    timed_out: Callable[[], RetrievalError],
+    unreachable: Callable[[str], RetrievalError],
+) -> tuple[int, bytes]:
+    """POST `content` and read the answer: the status and a 200 body of at most `limit` bytes
+    (`too_large()` past it), or the start of an error body (it is shown truncated anyway).
+
+    A timeout raises `timed_out()`; any other transport failure `unreachable(name)` with the
+    exception's class name only (its text can carry the URL)."""
+    try:
+        with client.stream("POST", url, content=content, headers=dict(headers)) as resp:
+            status = resp.status_code
+            if status != 200:
+                return status, read_capped(resp, ERROR_BODY_BYTES, truncate=True)
+            return status, read_capped(resp, limit, truncate=False, too_large=too_large)
+    except httpx.TimeoutException:
+        raise timed_out() from None
+    except httpx.HTTPError as exc:
+        raise unreachable(type(exc).__name__) from None
+
+
 def scrub(message: str, key: str | None) -> str:
     """Server text made safe for a public detail: one line, no key, bounded."""
     if key:

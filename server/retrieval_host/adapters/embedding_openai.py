@@ -24,15 +24,14 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval_host.adapters._openai_http import (
-    ERROR_BODY_BYTES,
     MAX_ERROR_MESSAGE_CHARS,
     encode_json,
     endpoint_url,
     error_message,
     error_param,
     make_client,
+    post_capped,
     read_api_key,
-    read_capped,
     request_headers,
     scrub,
     tls_verify,
@@ -204,24 +203,21 @@ class OpenAIEmbedding:
         limit = (
             _RESPONSE_OVERHEAD_BYTES + len(texts) * self._descriptor.dimensions * _BYTES_PER_VALUE
         )
-        try:
-            with self._client.stream("POST", self._url, content=content, headers=headers) as resp:
-                status = resp.status_code
-                if status != 200:
-                    # Only the start of an error body is read: it is shown truncated anyway.
-                    raw = read_capped(resp, ERROR_BODY_BYTES, truncate=True)
-                else:
-                    raw = read_capped(resp, limit, truncate=False, too_large=_too_large)
-        except httpx.TimeoutException:
-            raise _fail(
+        status, raw = post_capped(
+            self._client,
+            self._url,
+            content=content,
+            headers=headers,
+            limit=limit,
+            too_large=_too_large,
+            timed_out=lambda: _fail(
                 "the embedding service did not answer in time.", EmbeddingFailedReason.TIMEOUT
-            ) from None
-        except httpx.HTTPError as exc:
-            # The exception text can carry the URL; only its class name is safe to show.
-            raise _fail(
-                f"could not reach the embedding service ({type(exc).__name__}).",
+            ),
+            unreachable=lambda name: _fail(
+                f"could not reach the embedding service ({name}).",
                 EmbeddingFailedReason.CONNECTION_FAILED,
-            ) from None
+            ),
+        )
         if status != 200:
             raise self._status_error(status, raw, key)
         return self._parse(raw, len(texts), key)

@@ -25,13 +25,12 @@ from typing import Any, Final
 import httpx
 
 from retrieval_host.adapters._openai_http import (
-    ERROR_BODY_BYTES,
     encode_json,
     endpoint_url,
     error_message,
     make_client,
+    post_capped,
     read_api_key,
-    read_capped,
     request_headers,
     scrub,
     tls_verify,
@@ -136,30 +135,21 @@ class HttpReranker:
             }
         )
         limit = _RESPONSE_OVERHEAD_BYTES + len(documents) * _BYTES_PER_RESULT
-        try:
-            with self._client.stream(
-                "POST", self._url, content=content, headers=request_headers(key)
-            ) as resp:
-                status = resp.status_code
-                if status != 200:
-                    raw = read_capped(resp, ERROR_BODY_BYTES, truncate=True)
-                else:
-                    raw = read_capped(
-                        resp,
-                        limit,
-                        truncate=False,
-                        too_large=lambda: _malformed("the rerank response is too large."),
-                    )
-        except httpx.TimeoutException:
-            raise _fail(
+        status, raw = post_capped(
+            self._client,
+            self._url,
+            content=content,
+            headers=request_headers(key),
+            limit=limit,
+            too_large=lambda: _malformed("the rerank response is too large."),
+            timed_out=lambda: _fail(
                 "the rerank service did not answer in time.", RerankFailedReason.TIMEOUT
-            ) from None
-        except httpx.HTTPError as exc:
-            # The exception text can carry the URL; only its class name is safe to show.
-            raise _fail(
-                f"could not reach the rerank service ({type(exc).__name__}).",
+            ),
+            unreachable=lambda name: _fail(
+                f"could not reach the rerank service ({name}).",
                 RerankFailedReason.CONNECTION_FAILED,
-            ) from None
+            ),
+        )
         if status != 200:
             raise _status_error(status, raw, key)
         results, tokens = _parse(raw)
