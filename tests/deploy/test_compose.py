@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 
+from retrieval_host.serving.cli import _parser as cli_parser
 from retrieval_host.serving.factory import load_factory
 from retrieval_host.settings import load_settings
 from tests.support.deploy import DEPLOY, REPO, yaml_documents
@@ -109,3 +111,24 @@ def test_single_host_configuration_is_accepted_and_points_into_the_mounts() -> N
     assert str(settings.store.sqlite_path).startswith("/var/lib/retrieval-host/")
     assert (config_target.parent / str(settings.application_options["aclFile"])) in mounts
     assert callable(load_factory(settings))
+
+
+def _entrypoint() -> list[str]:
+    """The Dockerfile's exec-form ENTRYPOINT."""
+    text = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("ENTRYPOINT ")]
+    words: list[str] = json.loads(line.removeprefix("ENTRYPOINT "))
+    return words
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_every_host_command_is_accepted_by_the_real_cli(path: Path) -> None:
+    # A `command` repeating the entrypoint (`retrieval-host retrieval-host serve ...`) put both
+    # scale-out replicas in a restart loop (issue 20): parse what the container would run.
+    assert _entrypoint() == ["retrieval-host"]
+    hosts = [s for s in _compose(path)["services"].values() if "build" in s]
+    assert hosts
+    for service in hosts:
+        argv = service.get("entrypoint", _entrypoint())[1:] + list(service["command"])
+        arguments = cli_parser().parse_args(argv)
+        assert arguments.command == "serve"
