@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import uvicorn
-from bench import _machine, filtered, http_search, ingest, memory, scan
+from bench import _machine, filtered, http_search, hybrid, ingest, memory, scan
 from bench._bare_app import render, static_app
 from bench._common import CORPUS, NAMESPACE, Clusters, descriptor, fill, source_id
 from bench._http_app import create_driver
 from bench._loadgen import Target, fetch_once, request, run_load
 
+from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
@@ -176,3 +177,23 @@ def test_the_http_bench_builds_chroma_requests_with_the_grant_as_a_filter() -> N
     assert body["where"] == {"sr": {"$in": ["s000001@r1"]}}
     assert body["n_results"] == http_search.LIMIT
     assert "where" not in json.loads(http_search.chroma_body(np.ones(3, dtype=np.float32), None))
+
+
+def test_hybrid_times_every_mode_over_the_grant_at_a_tiny_size(
+    local_embedding: LocalEmbedding,
+) -> None:
+    result = hybrid.run_hybrid(
+        2_000,
+        per_source=50,
+        fraction=0.1,
+        rounds=1,
+        queries=2,
+        clusters=SMALL,
+        embedding=local_embedding,
+    )
+    assert result.allowed_sources == 4
+    assert set(result.median_ms) == {"dense", "hybrid", "lexical"}
+    assert all(ms > 0 for ms in result.median_ms.values())
+    # Two queries, limit 10, 200 allowed passages: dense and hybrid fill every answer.
+    assert result.hits["dense"] == result.hits["hybrid"] == 20
+    assert result.ratio > 0
