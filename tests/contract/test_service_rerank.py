@@ -241,10 +241,13 @@ def test_without_a_reranker_searches_are_not_reranked_and_asking_is_refused(
 ) -> None:
     world = build(harness, local_embedding, fake, reranker=False)
     assert search(world)  # the default: not reranked
-    with pytest.raises(RetrievalError) as caught:
-        search(world, rerank=True)
-    assert caught.value.code is ErrorCode.INVALID_REQUEST
-    assert caught.value.reason == InvalidRequestReason.RERANK_UNAVAILABLE
+    # Refused whatever the grant holds, an empty one too (not an empty success).
+    for grant in (Grant("team", {"a": "r1"}), Grant("team", {})):
+        world.authorizer.grants["search"] = grant
+        with pytest.raises(RetrievalError) as caught:
+            search(world, rerank=True)
+        assert caught.value.code is ErrorCode.INVALID_REQUEST
+        assert caught.value.reason == InvalidRequestReason.RERANK_UNAVAILABLE
     assert fake.requests == []
 
 

@@ -176,12 +176,14 @@ class RetrievalService:
                 stored = corpus.store.get_source(corpus.id, grant.namespace, sid)
                 if stored is None or stored.revision != revision:
                     raise source_unavailable()  # missing looks exactly like unauthorized
+        # After the grant (a denied caller learns nothing of the corpus), before any result:
+        # insisting on a reranker the corpus lacks is refused whatever the grant holds.
+        reranking = wants_rerank(corpus.reranker, request.rerank)
         scope = Scope(corpus.id, corpus.version, grant.namespace)
         retrieved_at = self._clock()
         if not allowed:
             return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
 
-        reranking = wants_rerank(corpus.reranker, request.rerank)
         # One more than the limit tells `truncated`; a reranked search sends more to rerank.
         wanted = request.limit + 1
         if reranking:
