@@ -5,7 +5,8 @@ own authorizer."""
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
@@ -16,7 +17,12 @@ from retrieval_host.core.ports import VectorStore
 from retrieval_host.core.run_ports import GenerationProvider, RunStore
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import RetrievalService
-from retrieval_host.settings import HostSettings, OpenAIProviderSettings, RerankerSettings
+from retrieval_host.settings import (
+    HostSettings,
+    OpenAIProviderSettings,
+    RerankerSettings,
+    SecretRef,
+)
 
 
 def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> VectorStore:
@@ -73,17 +79,28 @@ def build_providers(
     return providers
 
 
+def _hosted_access(
+    settings: HostSettings,
+    secret: SecretRef | None,
+    ca_file: Path | None,
+    environ: Mapping[str, str],
+) -> tuple[Callable[[], str] | None, bool | ssl.SSLContext]:
+    """A hosted service's key (a callable over the resolved secret; None: no key) and what
+    its client verifies TLS with (the configured CA bundle, else the system's)."""
+    key = None if secret is None else secret.resolve(environ, settings.config_dir)
+    verify: bool | ssl.SSLContext = True
+    if ca_file is not None:
+        verify = ssl.create_default_context(cafile=str(settings.path(ca_file)))
+    return (None if key is None else key.get_secret_value), verify
+
+
 def _openai(
     settings: HostSettings, config: OpenAIProviderSettings, environ: Mapping[str, str]
 ) -> OpenAIChatProvider:
-    secret = config.api_key
-    key = None if secret is None else secret.resolve(environ, settings.config_dir)
-    verify: bool | ssl.SSLContext = True
-    if config.ca_file is not None:
-        verify = ssl.create_default_context(cafile=str(settings.path(config.ca_file)))
+    api_key, verify = _hosted_access(settings, config.api_key, config.ca_file, environ)
     return OpenAIChatProvider(
         base_url=config.base_url,
-        api_key=None if key is None else key.get_secret_value,
+        api_key=api_key,
         timeout_s=config.timeout_s,
         verify=verify,
         max_output_tokens=config.max_output_tokens,
@@ -94,22 +111,18 @@ def build_reranker(
     settings: HostSettings, config: RerankerSettings, environ: Mapping[str, str]
 ) -> HttpReranker:
     """The `/rerank` adapter of `config`; its key is read from the secret reference."""
-    secret = config.api_key
-    key = None if secret is None else secret.resolve(environ, settings.config_dir)
-    verify: bool | ssl.SSLContext = True
-    if config.ca_file is not None:
-        verify = ssl.create_default_context(cafile=str(settings.path(config.ca_file)))
+    api_key, verify = _hosted_access(settings, config.api_key, config.ca_file, environ)
     descriptor = RerankDescriptor(
         provider_id="rerank-http",
         vendor=config.vendor,
         account_id=config.account_id,
-        auth_mode="none" if key is None else "api-key",
+        auth_mode="none" if api_key is None else "api-key",
         model=config.model,
     )
     return HttpReranker(
         descriptor=descriptor,
         base_url=config.base_url,
-        api_key=None if key is None else key.get_secret_value,
+        api_key=api_key,
         timeout_s=config.timeout_s,
         verify=verify,
     )
