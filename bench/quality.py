@@ -14,7 +14,10 @@ all-MiniLM-L6-v2 int8 model, one atomic SQLite commit per source) into `--cache`
 directory named by a fingerprint of the collection and the index settings: a rerun reuses it
 without embedding again, an interrupted ingest resumes (sources already stored come back
 `unchanged`, without embedding). Every query then goes through `Driver.search_context` with
-limit 100; passages fold to documents by their best score. Search latency (median and p95 per
+limit 100; passages fold to documents by their best score. `--passage-context` chooses
+whether passages are embedded and analyzed with their title and section path (the default of
+new corpora, `title-sections`) or not (`none`, the index of earlier releases); each is its own
+cache. Search latency (median and p95 per
 query, query embedding included) is measured on that loop, one query at a time.
 
 Modes: each name in `--modes` is passed as the search request's `mode`. A build whose search
@@ -61,7 +64,14 @@ from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import IndexResult, SearchMode, SearchRequest, SearchResult
+from retrieval_host.core.models import (
+    IndexResult,
+    JSONScalar,
+    SearchMode,
+    SearchRequest,
+    SearchResult,
+)
+from retrieval_host.core.passage_context import DEFAULT_CONTEXT, resolve_chunking
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, EmbeddingAdapter, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.validation import check_id
@@ -296,8 +306,17 @@ class _Authorizer:
         return Grant(NAMESPACE, dict(self.readable))
 
 
+def chunking_identity(context: str = DEFAULT_CONTEXT) -> dict[str, JSONScalar]:
+    """The default chunking with passage context `context`, in its stored form ("none" is
+    the identity of an index made before passage context: such a cache is reused)."""
+    return resolve_chunking({**ChunkingSettings().as_identity(), "context": context}, None)
+
+
 def _corpus(
-    embedding: EmbeddingAdapter, store: SqliteVectorStore, authorize: _Authorizer
+    embedding: EmbeddingAdapter,
+    store: SqliteVectorStore,
+    authorize: _Authorizer,
+    chunking: Mapping[str, JSONScalar],
 ) -> Corpus:
     return Corpus(
         id=CORPUS,
@@ -305,15 +324,15 @@ def _corpus(
         embedding=embedding,
         store=store,
         authorize=authorize,
-        chunking=ChunkingSettings().as_identity(),
+        chunking=chunking,
     )
 
 
-def fingerprint(dataset: Dataset, embedding: EmbeddingAdapter) -> str:
+def fingerprint(
+    dataset: Dataset, embedding: EmbeddingAdapter, chunking: Mapping[str, JSONScalar]
+) -> str:
     """Names the cache: the collection's bytes and everything that decides the index."""
-    descriptor = CorpusDescriptor(
-        CORPUS, INDEX_VERSION, embedding.descriptor, ChunkingSettings().as_identity()
-    )
+    descriptor = CorpusDescriptor(CORPUS, INDEX_VERSION, embedding.descriptor, chunking)
     identity = {
         "format": INGEST_FORMAT,
         "corpus_sha256": dataset.corpus_sha256,
@@ -345,16 +364,21 @@ def cached_index(
     *,
     progress: Callable[[str], None] = print,
     workers: int = 1,
+    chunking: Mapping[str, JSONScalar] | None = None,
 ) -> Iterator[Index]:
-    """Open (ingesting first unless the cache holds it) the index of `dataset` under `cache`."""
-    directory = cache / f"{dataset.name}-{fingerprint(dataset, embedding)}"
+    """Open (ingesting first unless the cache holds it) the index of `dataset` under `cache`,
+    chunked by `chunking` (default: `chunking_identity()`)."""
+    chunking = chunking_identity() if chunking is None else chunking
+    directory = cache / f"{dataset.name}-{fingerprint(dataset, embedding, chunking)}"
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.chmod(0o700)  # the SQLite store insists on a private directory
     manifest_path = directory / "manifest.json"
     authorizer = _Authorizer()
     store = SqliteVectorStore.open(directory / "store.sqlite")
     mod = driver_module()
-    host: InProcessHost = mod.Driver(RetrievalService([_corpus(embedding, store, authorizer)]))
+    host: InProcessHost = mod.Driver(
+        RetrievalService([_corpus(embedding, store, authorizer, chunking)])
+    )
     try:
         sources = source_ids(dataset.corpus)
         ingest_s: float | None = None
@@ -545,6 +569,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--ingest-workers", type=int, default=usable_cores(), help="documents ingested at once"
     )
+    parser.add_argument(
+        "--passage-context",
+        choices=("none", "title-sections"),
+        default=DEFAULT_CONTEXT,
+        help="embed and analyze passages with their title and section path",
+    )
     args = parser.parse_args(argv)
 
     dataset = read_beir(args.dataset, args.split, limit_queries=args.limit_queries)
@@ -553,14 +583,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"data: {args.dataset} split {args.split!r}: {len(dataset.qrels):,} judged queries, "
         f"{len(dataset.corpus):,} documents; ours: one Markdown source per document, local "
         f"all-MiniLM-L6-v2 int8 ({args.threads} threads), SQLite store, limit {SEARCH_LIMIT}, "
-        "passages folded to documents by best score\n",
+        f"passage context {args.passage_context}, passages folded to documents by best score\n",
         flush=True,
     )
     embedding = LocalEmbedding(threads=args.threads)
     results: dict[str, Scores | None] = {}
     lines: list[str] = []
     with cached_index(
-        dataset, args.cache, embedding, progress=_say, workers=args.ingest_workers
+        dataset,
+        args.cache,
+        embedding,
+        progress=_say,
+        workers=args.ingest_workers,
+        chunking=chunking_identity(args.passage_context),
     ) as index:
         ingest = (
             "reused from the cache"

@@ -8,6 +8,7 @@ also match each other.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -243,3 +244,41 @@ def test_a_cancelled_lexical_search_raises_cancelled(store: ContractStore) -> No
     with pytest.raises(RetrievalError) as excinfo:
         store.lexical_search("c1", "ns", grant, query_terms("virus"), 5, token)
     assert excinfo.value.code is ErrorCode.CANCELLED
+
+
+# --- passage context -------------------------------------------------------------------------
+
+
+def test_a_passage_is_analyzed_with_its_context_and_stored_without_it(
+    store: ContractStore,
+) -> None:
+    texts = ["The lamp turns every ten seconds.", "Its bulb is changed in spring."]
+    contexts = ["Lighthouse keeping > Lamp", "Lighthouse keeping > Lamp"]
+    vectors = unit_vectors(np.random.default_rng(3), 2)
+    source, chunks = revision("light", "r1", vectors, texts=texts)
+    chunks = [replace(c, context=x) for c, x in zip(chunks, contexts, strict=True)]
+    store.replace_source("c1", "ns", source, chunks, expected_revision=None, limits=LIMITS)
+    put(store, "plain", "r1", ["A lighthouse warns ships."])
+    grant = {"light": "r1", "plain": "r1"}
+
+    hits = lexical(store, grant, "lighthouse bulb")
+    analyzed = {
+        "light": [f"{x}\n{t}" for x, t in zip(contexts, texts, strict=True)],
+        "plain": ["A lighthouse warns ships."],
+    }
+    assert_ranked(hits, reference(analyzed, set(grant), "lighthouse bulb"))
+    assert {h.chunk_id for h in hits} == {"light:0", "light:1", "plain:0"}
+    # What is stored, searched densely and cited is the passage alone.
+    assert {h.chunk_id: h.text for h in hits if h.source_id == "light"} == {
+        "light:0": texts[0],
+        "light:1": texts[1],
+    }
+
+
+def test_stored_descriptor_is_what_the_first_open_stored(harness: StoreHarness) -> None:
+    store = harness.open()
+    assert store.stored_descriptor("c1") is None
+    store.open_corpus(descriptor("c1"))
+    assert store.stored_descriptor("c1") == descriptor("c1").canonical_json()
+    assert harness.open().stored_descriptor("c1") == descriptor("c1").canonical_json()
+    assert store.stored_descriptor("c2") is None

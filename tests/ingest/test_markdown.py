@@ -48,7 +48,7 @@ The lighthouse is checked weekly.
 """
 
 
-def prepare(data: bytes, count_tokens: TokenCounter, **settings: int) -> PreparedDocument:
+def prepare(data: bytes, count_tokens: TokenCounter, **settings: Any) -> PreparedDocument:
     return prepare_document(
         data,
         "text/markdown",

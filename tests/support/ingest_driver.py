@@ -31,12 +31,13 @@ NAMESPACE = "team-a"
 
 
 class CountingEmbedding:
-    """Delegates to a real adapter and counts the texts it is asked to embed."""
+    """Delegates to a real adapter and counts (and keeps) the texts it is asked to embed."""
 
     def __init__(self, inner: EmbeddingAdapter) -> None:
         self.inner = inner
         self.embed_calls = 0
         self.embedded_texts = 0
+        self.texts: list[str] = []  # every text embedded, in order
 
     @property
     def descriptor(self) -> EmbeddingDescriptor:
@@ -52,6 +53,7 @@ class CountingEmbedding:
     def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
         self.embed_calls += 1
         self.embedded_texts += len(texts)
+        self.texts += texts
         return self.inner.embed(texts, cancel)
 
 

@@ -22,6 +22,7 @@ import numpy.typing as npt
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.lexical import term_frequencies
+from retrieval_host.core.passage_context import lexical_text
 from retrieval_host.core.ports import CapacityLimits, StoredChunk, StoredSource, Vectors
 from retrieval_host.core.reasons import (
     CapacityExceededReason,
@@ -231,7 +232,7 @@ def checked_replacement(
     metadata_json = json.dumps(
         source.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
-    terms = [term_frequencies(c.text) for c in chunks]
+    terms = [term_frequencies(lexical_text(c.context, c.text)) for c in chunks]
     return Replacement(chunk_ids, raw, unit, metadata_json, payload, terms)
 
 

@@ -149,3 +149,9 @@ STORED_DEFAULTS: Mapping[str, object] = {
     "lexical": asdict(LexicalDescriptor()),
     "reranking": None,
 }
+
+
+def stored_chunking(stored_json: str) -> Mapping[str, JSONScalar]:
+    """The chunking identity of a stored descriptor (empty in one stored without)."""
+    chunking = json.loads(stored_json).get("chunking")
+    return dict(chunking) if isinstance(chunking, dict) else {}

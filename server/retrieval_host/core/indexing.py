@@ -9,15 +9,21 @@ default) holds fewer than 64 full passages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.models import EmbeddingUsage
+from retrieval_host.core.models import ChunkInput, EmbeddingUsage, JSONScalar, SourceInfo
+from retrieval_host.core.passage_context import (
+    context_of,
+    embedding_text,
+    passage_context,
+    shorter,
+)
 from retrieval_host.core.ports import EmbeddingAdapter, EmbeddingBatch
 
-__all__ = ["COUNT_SLICE", "EMBED_SLICE", "count_passages", "embed_passages"]
+__all__ = ["COUNT_SLICE", "EMBED_SLICE", "count_passages", "embed_passages", "passage_contexts"]
 
 EMBED_SLICE = 64
 # Counting is ~50x cheaper than embedding, yet a 2 MB document's passages took seconds to count
@@ -57,3 +63,30 @@ def embed_passages(
         )
     vectors = np.concatenate(parts) if parts else np.empty((0, 0), dtype=np.float32)
     return EmbeddingBatch(vectors, usage)
+
+
+def passage_contexts(
+    embedding: EmbeddingAdapter,
+    chunking: Mapping[str, JSONScalar],
+    source: SourceInfo,
+    chunks: Sequence[ChunkInput],
+    context: RequestContext,
+) -> list[str]:
+    """Each passage's context line (`core.passage_context`; all "" in a corpus without), its
+    last parts dropped until the line and the passage fit the model's input together: a
+    passage's own text is never cut from its vector to make room for its title."""
+    if context_of(chunking) == "none":
+        return [""] * len(chunks)
+    lines = [passage_context(source.title, c.section_path, c.text) for c in chunks]
+    limit = embedding.max_input_tokens
+    pending = [i for i, line in enumerate(lines) if line]
+    while pending:
+        texts = [embedding_text(lines[i], chunks[i].text) for i in pending]
+        over: list[int] = []
+        for i, tokens in zip(pending, count_passages(embedding, texts, context), strict=True):
+            if tokens > limit:
+                lines[i] = shorter(lines[i])
+                if lines[i]:
+                    over.append(i)
+        pending = over
+    return lines

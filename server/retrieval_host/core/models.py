@@ -40,6 +40,9 @@ class ChunkInput:
     id: str
     text: str
     location: Location = Location()
+    # The heading path (or e-mail subject) of the passage's section, for its context line
+    # (`core.passage_context`); not stored, not part of its identity.
+    section_path: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,9 @@ class StoredChunk:
     text: str
     location: Location
     vector: Vectors  # shape (dimensions,)
+    # The passage's context line (`core.passage_context`), analyzed with its text for the
+    # lexical index and not stored: "" in a corpus without passage context.
+    context: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +198,13 @@ class VectorStore(Protocol):
       processes included, as soon as they commit; it never shows a revision that a failed or
       uncommitted write left behind.
     """
+
+    def stored_descriptor(self, corpus: str) -> str | None:
+        """The descriptor the corpus's first `open_corpus` stored (its canonical JSON), or
+        None when it was never opened: read before opening, so that a setting the
+        configuration leaves unset can take the stored corpus's value
+        (`core.passage_context.resolve_chunking`)."""
+        ...
 
     def open_corpus(self, descriptor: CorpusDescriptor) -> None: ...
 

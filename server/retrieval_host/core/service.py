@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.descriptor import CorpusDescriptor, LexicalDescriptor, check_label
+from retrieval_host.core.descriptor import (
+    CorpusDescriptor,
+    LexicalDescriptor,
+    check_label,
+    stored_chunking,
+)
 from retrieval_host.core.errors import (
     ErrorCode,
     RetrievalError,
-    permission_denied,
     source_unavailable,
 )
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
 from retrieval_host.core.fusion import FusionSettings
-from retrieval_host.core.indexing import count_passages, embed_passages
+from retrieval_host.core.grants import (
+    authorize,
+    authorize_or_none,
+    denied,
+    require_index_grant,
+    searchable,
+    searchable_again,
+)
+from retrieval_host.core.indexing import count_passages, embed_passages, passage_contexts
 from retrieval_host.core.inspection import (
     DEFAULT_PAGE_LIMIT,
     CorpusSummary,
@@ -40,16 +52,15 @@ from retrieval_host.core.models import (
     IndexRequest,
     IndexResult,
     JSONScalar,
-    Operation,
     RerankUsage,
     Scope,
     SearchRequest,
     SearchResult,
     SourceRef,
 )
+from retrieval_host.core.passage_context import embedding_text, resolve_chunking
 from retrieval_host.core.ports import (
     ANY_REVISION,
-    AuthorizationRequest,
     Authorizer,
     CapacityLimits,
     EmbeddingAdapter,
@@ -94,6 +105,8 @@ class Corpus:
     authorize: Authorizer
     limits: CapacityLimits = field(default_factory=CapacityLimits)
     # Settings of the ingestion helper that produced the passages; part of the index identity.
+    # Without a `context` key, passage context is the stored corpus's choice (or the default
+    # for a new corpus): the service opens the corpus with it resolved (`resolve_chunking`).
     chunking: Mapping[str, JSONScalar] = field(default_factory=dict)
     # Application effect after a committed index (also an `unchanged` confirmation, so a retry
     # heals a registry that missed the first call) or delete. It runs after the commit: an
@@ -134,6 +147,10 @@ class RetrievalService:
             check_label("corpus id", corpus.id)
             if corpus.id in self._corpora:
                 raise RetrievalError(ErrorCode.INVALID_REQUEST, f"duplicate corpus {corpus.id!r}")
+            # A chunking setting the configuration leaves unset takes the stored corpus's.
+            stored = corpus.store.stored_descriptor(corpus.id)
+            chunking = stored_chunking(stored) if stored is not None else None
+            corpus = replace(corpus, chunking=resolve_chunking(corpus.chunking, chunking))
             # Checked here, before anything can embed: an incompatible descriptor never gets
             # as far as spending an embedding request.
             corpus.store.open_corpus(corpus.descriptor)
@@ -164,8 +181,8 @@ class RetrievalService:
         corpus = self.corpus(request.corpus)
         ids = tuple(dict.fromkeys(request.source_ids)) if request.source_ids is not None else None
         context.report("retrieval.authorization", corpus=corpus.id, check="before-read")
-        grant = _authorize(corpus, "search", ids, context)
-        granted = _searchable(grant)
+        grant = authorize(corpus, "search", ids, context)
+        granted = searchable(grant)
         if ids is None:
             allowed = granted
         else:
@@ -193,7 +210,7 @@ class RetrievalService:
         scores = {r.candidate.chunk_id: dict(r.scores) for r in ranked}
 
         context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
-        recheck = _authorize_or_none(corpus, "search", ids, context)
+        recheck = authorize_or_none(corpus, "search", ids, context)
         if recheck is None or recheck.namespace != grant.namespace:
             candidates = []
         else:
@@ -236,7 +253,7 @@ class RetrievalService:
         rechecks of evidence that was read earlier, e.g. before each generation step."""
         corpus = self.corpus(corpus_id)
         ids = tuple(dict.fromkeys(source_ids)) if source_ids is not None else None
-        return _authorize_or_none(corpus, "search", ids, context)
+        return authorize_or_none(corpus, "search", ids, context)
 
     # --- index -----------------------------------------------------------------------------
 
@@ -249,12 +266,12 @@ class RetrievalService:
         revision outside it). `revision` None accepts any granted revision (it is derived
         from the content later). `index_context` decides again at commit."""
         corpus = self.corpus(corpus_id)
-        grant = _authorize(corpus, "index", (source_id,), context)
+        grant = authorize(corpus, "index", (source_id,), context)
         if revision is None:
             if source_id not in grant.sources:
                 raise source_unavailable()
         else:
-            _require_index_grant(grant, source_id, revision)
+            require_index_grant(grant, source_id, revision)
 
     def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
         check_index_request(request)
@@ -274,8 +291,8 @@ class RetrievalService:
                 reason=CapacityExceededReason.PASSAGE_BYTES,
             )
 
-        grant = _authorize(corpus, "index", (source.id,), context)
-        _require_index_grant(grant, source.id, source.revision)
+        grant = authorize(corpus, "index", (source.id,), context)
+        require_index_grant(grant, source.id, source.revision)
 
         document_sha256 = request.document_sha256 or sha256_text(joined_text(request.chunks))
         fingerprint = revision_fingerprint(source, request.chunks, document_sha256)
@@ -310,12 +327,16 @@ class RetrievalService:
                 reason=InvalidRequestReason.PASSAGE_TOO_LONG,
             )
 
-        batch = embed_passages(corpus.embedding, texts, corpus.id, context)
+        contexts = passage_contexts(
+            corpus.embedding, corpus.chunking, source, request.chunks, context
+        )
+        embedded = [embedding_text(x, t) for x, t in zip(contexts, texts, strict=True)]
+        batch = embed_passages(corpus.embedding, embedded, corpus.id, context)
         context.cancel.check()
 
         # The grant is checked once more right before the commit: embedding can take long.
-        _require_index_grant(
-            _authorize(corpus, "index", (source.id,), context),
+        require_index_grant(
+            authorize(corpus, "index", (source.id,), context),
             source.id,
             source.revision,
             namespace=grant.namespace,
@@ -332,7 +353,7 @@ class RetrievalService:
             indexed_at=self._clock(),
         )
         chunks = [
-            StoredChunk(c.id, i, c.text, c.location, batch.vectors[i])
+            StoredChunk(c.id, i, c.text, c.location, batch.vectors[i], contexts[i])
             for i, c in enumerate(request.chunks)
         ]
         context.report("index.commit", corpus=corpus.id, total=len(chunks))
@@ -388,7 +409,7 @@ class RetrievalService:
         if request.revision == ANY_REVISION:
             raise RetrievalError(ErrorCode.INVALID_REQUEST, "a delete names an exact revision.")
         corpus = self.corpus(request.corpus)
-        grant = _authorize(corpus, "delete", (request.source_id,), context)
+        grant = authorize(corpus, "delete", (request.source_id,), context)
         if grant.sources.get(request.source_id) != request.revision:
             raise source_unavailable()
         context.cancel.check()
@@ -419,12 +440,12 @@ class RetrievalService:
             if corpus_ids is not None and corpus_id not in corpus_ids:
                 continue
             corpus = self._corpora[corpus_id]
-            grant = _authorize_or_none(corpus, "search", None, context)
+            grant = authorize_or_none(corpus, "search", None, context)
             if grant is None:
                 continue
             context.cancel.check()
-            totals = corpus.store.source_totals(corpus.id, grant.namespace, _searchable(grant))
-            if _searchable_again(corpus, None, grant, context) is None:
+            totals = corpus.store.source_totals(corpus.id, grant.namespace, searchable(grant))
+            if searchable_again(corpus, None, grant, context) is None:
                 continue
             summaries.append(
                 CorpusSummary(
@@ -452,16 +473,16 @@ class RetrievalService:
         not return (`invalid-cursor`)."""
         check_page_limit(limit)
         corpus = self.corpus(corpus_id)
-        grant = _authorize(corpus, "search", None, context)
+        grant = authorize(corpus, "search", None, context)
         after = (
             str(decode_cursor(cursor, "sources", corpus.id).after) if cursor is not None else None
         )
         context.cancel.check()
         rows = corpus.store.list_sources(
-            corpus.id, grant.namespace, _searchable(grant), after=after, limit=limit + 1
+            corpus.id, grant.namespace, searchable(grant), after=after, limit=limit + 1
         )
         page, more = rows[:limit], len(rows) > limit
-        still = _searchable_again(corpus, None, grant, context) or {}
+        still = searchable_again(corpus, None, grant, context) or {}
         next_cursor = (
             encode_cursor(Cursor("sources", corpus.id, page[-1].id)) if more and page else None
         )
@@ -499,7 +520,7 @@ class RetrievalService:
         rows = corpus.store.list_passages(
             corpus.id, grant.namespace, source_id, summary.revision, after=after, limit=limit + 1
         )
-        still = _searchable_again(corpus, (source_id,), grant, context) or {}
+        still = searchable_again(corpus, (source_id,), grant, context) or {}
         if still.get(source_id) != summary.revision:
             raise source_unavailable()
         page, more = rows[:limit], len(rows) > limit
@@ -518,12 +539,12 @@ class RetrievalService:
         current or no longer granted, give the one `SOURCE_UNAVAILABLE`."""
         check_id("chunk id", chunk_id)
         corpus = self.corpus(corpus_id)
-        grant = _authorize(corpus, "search", None, context)
+        grant = authorize(corpus, "search", None, context)
         context.cancel.check()
         stored = corpus.store.read_passage(corpus.id, grant.namespace, chunk_id)
-        if stored is None or _searchable(grant).get(stored.source_id) != stored.revision:
+        if stored is None or searchable(grant).get(stored.source_id) != stored.revision:
             raise source_unavailable()
-        still = _searchable_again(corpus, (stored.source_id,), grant, context) or {}
+        still = searchable_again(corpus, (stored.source_id,), grant, context) or {}
         if still.get(stored.source_id) != stored.revision:
             raise source_unavailable()
         return Passage(
@@ -540,8 +561,8 @@ class RetrievalService:
     def _visible_source(
         self, corpus: Corpus, source_id: str, context: RequestContext
     ) -> tuple[SourceSummary, Grant]:
-        grant = _authorize(corpus, "search", (source_id,), context)
-        revision = _searchable(grant).get(source_id)
+        grant = authorize(corpus, "search", (source_id,), context)
+        revision = searchable(grant).get(source_id)
         if revision is None:
             raise source_unavailable()
         context.cancel.check()
@@ -574,53 +595,3 @@ def _content_differs() -> RetrievalError:
         "index the change under a new revision.",
         reason=SourceConflictReason.REVISION_CONTENT_DIFFERS,
     )
-
-
-def denied() -> RetrievalError:
-    return permission_denied()
-
-
-def _authorize_or_none(
-    corpus: Corpus, operation: Operation, ids: tuple[str, ...] | None, context: RequestContext
-) -> Grant | None:
-    grant = corpus.authorize(AuthorizationRequest(operation, corpus.id, ids), context)
-    context.cancel.progress()
-    if grant is not None and not isinstance(grant, Grant):
-        raise TypeError("an authorizer must return a Grant or None")
-    return grant
-
-
-def _authorize(
-    corpus: Corpus, operation: Operation, ids: tuple[str, ...] | None, context: RequestContext
-) -> Grant:
-    grant = _authorize_or_none(corpus, operation, ids, context)
-    if grant is None:
-        raise denied()
-    return grant
-
-
-def _require_index_grant(
-    grant: Grant, source_id: str, revision: str, *, namespace: str | None = None
-) -> None:
-    granted = grant.sources.get(source_id)
-    if granted not in (revision, ANY_REVISION) or (
-        namespace is not None and grant.namespace != namespace
-    ):
-        raise source_unavailable()
-
-
-def _searchable(grant: Grant) -> dict[str, str]:
-    """The exact source revisions a search grant lets the subject read (`*` is index-only)."""
-    return {s: r for s, r in grant.sources.items() if r != ANY_REVISION}
-
-
-def _searchable_again(
-    corpus: Corpus, ids: tuple[str, ...] | None, grant: Grant, context: RequestContext
-) -> dict[str, str] | None:
-    """The after-read check: what is still searchable under the grant read before (None
-    when the authorizer now denies, or moved the subject to another namespace)."""
-    context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
-    recheck = _authorize_or_none(corpus, "search", ids, context)
-    if recheck is None or recheck.namespace != grant.namespace:
-        return None
-    return _searchable(recheck)

@@ -12,7 +12,8 @@ segment from its first piece to its last: no text is added, reordered or rewritt
 
 Token counts of pieces are added up as an estimate (the special tokens counted once), then
 every finished passage is counted for real and split again if the estimate was short, so the
-guarantee `count_tokens(passage) <= max_tokens` holds for any tokenizer, not only additive ones.
+guarantee `count_tokens(passage) <= max_tokens` (less the context's room,
+`ChunkingSettings.content_tokens`) holds for any tokenizer, not only additive ones.
 
 Besides tokens, a passage is bounded by `MAX_PASSAGE_CHARS` characters (long unknown "words"
 cost a single token each but still bytes to store).
@@ -73,6 +74,9 @@ class Segment:
     blocks: tuple[Block, ...]
     page: int | None = None
     document_id: str | None = None
+    # What the segment is about beyond the document's title: the heading path of a Markdown
+    # or HTML section, the subject of an e-mail message (`core.passage_context`).
+    path: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,7 @@ class Extracted:
 class Passage:
     text: str
     location: Location
+    path: tuple[str, ...] = ()  # its segment's
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +142,8 @@ class Chunker:
         self._emitted = 0
         # What the tokenizer adds to any input ([CLS] and [SEP] for BERT-like models).
         self._specials = counter([""])[0]
-        self._budget = settings.max_tokens - self._specials
+        # A corpus with passage context keeps room in each passage for its context line.
+        self._budget = settings.content_tokens - self._specials
         if self._budget < 8:
             raise ValueError("max_tokens leaves no room for text after the special tokens")
 
@@ -173,6 +179,7 @@ class Chunker:
                     end_line=segment.first_line + group[-1].line,
                     document_id=segment.document_id,
                 ),
+                segment.path,
             )
             for group in groups
         ]
@@ -318,7 +325,7 @@ class Chunker:
 
     def _verify(self, text: str, groups: list[list[_Piece]]) -> list[list[_Piece]]:
         """Count each passage for real; re-split those the estimate let grow too long."""
-        limit = self._settings.max_tokens
+        limit = self._settings.content_tokens
         while True:
             counts = self._count_sliced([text[g[0].start : g[-1].end] for g in groups])
             if all(n <= limit for n in counts):

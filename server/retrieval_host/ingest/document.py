@@ -201,7 +201,7 @@ def finish_document(
             }
         )
     chunks = tuple(
-        ChunkInput(chunk_id(source_id, revision, ordinal, p.text), p.text, p.location)
+        ChunkInput(chunk_id(source_id, revision, ordinal, p.text), p.text, p.location, p.path)
         for ordinal, p in enumerate(passages)
     )
     return PreparedDocument(

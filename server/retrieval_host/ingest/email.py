@@ -99,10 +99,14 @@ def extract_email(
         _collect(message, texts, attachments, html_budget, top=True)
         body = "\n\n".join(t for t in texts if t.strip())
         bodies.append(body)
+        info = _message_info(message, message_id, attachments)
         if body.strip():
             lines = tuple(body.split("\n"))
-            segments.append(Segment(lines, 1, paragraph_blocks(lines), document_id=message_id))
-        infos.append(_message_info(message, message_id, attachments))
+            subject = info["subject"]
+            path = (subject,) if isinstance(subject, str) else ()
+            blocks = paragraph_blocks(lines)
+            segments.append(Segment(lines, 1, blocks, document_id=message_id, path=path))
+        infos.append(info)
         if cancel is not None:
             cancel.progress()
     if not segments:

@@ -109,6 +109,7 @@ def extract_html(
                 lines=tuple(lines.get(n, "") for n in numbers),
                 first_line=first,
                 blocks=_blocks(section, lines, first),
+                path=tuple(clip(h, 200) for h in section.path),
             )
         )
         section_meta.append(

@@ -80,6 +80,7 @@ def extract_markdown(data: bytes, title: str | None) -> Extracted:
                 lines=tuple(lines[first:last]),
                 first_line=first + 1,
                 blocks=tuple(Block(b.start - first, b.end - first, b.code) for b in section.blocks),
+                path=tuple(clip(h, 200) for h in section.path),
             )
         )
         section_meta.append(

@@ -9,6 +9,12 @@ from typing import Final
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import JSONScalar
+from retrieval_host.core.passage_context import (
+    CONTEXT_KEY,
+    PassageContext,
+    context_of,
+    context_reserve_tokens,
+)
 from retrieval_host.core.reasons import (
     DescriptorMismatchReason,
     DocumentTooComplexReason,
@@ -102,10 +108,18 @@ class ChunkingSettings:
     passage is repeated at the start of the next one within the same page, section or message;
     overlap is made of whole lines or sentences, so it can be shorter than asked (or empty when
     the last sentence alone is longer than the overlap).
+
+    `context` (`core.passage_context`): with "title-sections", each passage is embedded and
+    analyzed with its title and section path, and the chunker leaves
+    `context_reserve_tokens(max_tokens)` of every passage free for them. The settings as a
+    dataclass are concrete; the *configured* default ("auto": the stored corpus's choice, or
+    "title-sections" for a new corpus) is `Corpus.chunking` without the key, decided by
+    `resolve_chunking` when the corpus opens.
     """
 
     max_tokens: int = 256
     overlap_tokens: int = 32
+    context: PassageContext = "none"
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "overlap_tokens"):
@@ -116,14 +130,27 @@ class ChunkingSettings:
             raise _invalid_settings("max_tokens must be in 16..8192.")
         if not 0 <= self.overlap_tokens <= self.max_tokens // 2:
             raise _invalid_settings("overlap_tokens must be in 0..max_tokens/2.")
+        if self.context not in ("none", "title-sections"):
+            raise _invalid_settings("context must be none or title-sections.")
+
+    @property
+    def content_tokens(self) -> int:
+        """Tokens of a passage's own text at most (`max_tokens` less the context's room)."""
+        if self.context == "none":
+            return self.max_tokens
+        return self.max_tokens - context_reserve_tokens(self.max_tokens)
 
     def as_identity(self) -> dict[str, int | str]:
-        """The settings as stored in the corpus descriptor (`Corpus(chunking=...)`)."""
-        return {
+        """The settings as stored in the corpus descriptor (`Corpus(chunking=...)`); a context
+        of "none" is no key at all, as in corpora made before passage context."""
+        identity: dict[str, int | str] = {
             "scheme": CHUNKING_SCHEME,
             "max_tokens": self.max_tokens,
             "overlap_tokens": self.overlap_tokens,
         }
+        if self.context != "none":
+            identity[CONTEXT_KEY] = self.context
+        return identity
 
     @classmethod
     def from_identity(cls, identity: Mapping[str, JSONScalar]) -> ChunkingSettings:
@@ -132,9 +159,10 @@ class ChunkingSettings:
         A corpus chunked by another scheme is refused (`DESCRIPTOR_MISMATCH`): passages of two
         schemes in one index would cite inconsistently, and nothing is silently converted.
         """
-        if not identity:
-            return cls()
-        if identity.get("scheme") != CHUNKING_SCHEME or set(identity) != {
+        context = context_of(identity)
+        if not set(identity) - {CONTEXT_KEY}:
+            return cls(context=context)
+        if identity.get("scheme") != CHUNKING_SCHEME or set(identity) - {CONTEXT_KEY} != {
             "scheme",
             "max_tokens",
             "overlap_tokens",
@@ -149,7 +177,7 @@ class ChunkingSettings:
         overlap = identity["overlap_tokens"]
         if not isinstance(max_tokens, int) or not isinstance(overlap, int):
             raise _invalid_settings("chunking identity holds non-integer token counts.")
-        return cls(max_tokens=max_tokens, overlap_tokens=overlap)
+        return cls(max_tokens=max_tokens, overlap_tokens=overlap, context=context)
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,17 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
 
     # --- corpora -----------------------------------------------------------------------------
 
+    def stored_descriptor(self, corpus: str) -> str | None:
+        """The descriptor stored by the corpus's first open (canonical JSON), or None."""
+        if "\x00" in corpus:
+            return None  # nothing stored can contain NUL
+        with self._pool.connection() as conn, translated("reading a corpus descriptor"):
+            row = conn.execute(
+                self._sql("SELECT descriptor_json FROM {s}.corpora WHERE corpus_id = %s"),
+                (corpus,),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
     def open_corpus(self, descriptor: CorpusDescriptor) -> None:
         """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later."""
         canonical = descriptor.canonical_json()

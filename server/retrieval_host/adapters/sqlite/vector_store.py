@@ -164,6 +164,16 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
 
     # --- corpora -----------------------------------------------------------------------------
 
+    def stored_descriptor(self, corpus: str) -> str | None:
+        """The descriptor stored by the corpus's first open (canonical JSON), or None."""
+        with self._db_lock, translated("reading a corpus descriptor"):
+            row = (
+                self._connection()
+                .execute("SELECT descriptor_json FROM corpora WHERE corpus_id = ?", (corpus,))
+                .fetchone()
+            )
+        return None if row is None else str(row[0])
+
     def open_corpus(self, descriptor: CorpusDescriptor) -> None:
         """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later."""
         canonical = descriptor.canonical_json()

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
+from retrieval_host.core.grants import denied
 from retrieval_host.core.run_ports import GenerationProvider, RunRecord, RunStore
 from retrieval_host.core.runs.evidence import reauthorize_manifest, recheck_evidence
 from retrieval_host.core.runs.generation import ToolRound, generate_step, step_budget_exhausted
@@ -23,7 +24,7 @@ from retrieval_host.core.runs_model import (
     RunResult,
     RunStarted,
 )
-from retrieval_host.core.service import RetrievalService, denied, utc_now
+from retrieval_host.core.service import RetrievalService, utc_now
 
 
 class RunEngine:
