@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from retrieval_host.adapters.sqlite import SqliteRunStore
+from retrieval_host.adapters.wiring import build_run_store, build_vector_store
+from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.settings import HostSettings, SettingsError, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,3 +148,49 @@ def test_the_client_token_variable_is_not_a_host_setting(tmp_path: Path) -> None
     config.write_text('{"behindProxy": true}', encoding="utf-8")
     settings = load_settings(config, {"RETRIEVAL_HOST_TOKEN": "rh_client_side"})
     assert settings.behind_proxy is True
+
+
+def test_trust_own_group_opens_both_sqlite_stores_on_a_group_volume(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    os.chown(volume, -1, os.getegid())
+    volume.chmod(0o2770)  # as kubelet provisions an fsGroup volume
+    path = _write(tmp_path, _minimal(store={"sqlitePath": "volume/store.sqlite"}))
+    strict = load_settings(path, {})
+    with pytest.raises(RetrievalError) as excinfo:
+        build_vector_store(strict, {})
+    assert excinfo.value.code is ErrorCode.UNSAFE_STORE
+    assert excinfo.value.reason == "writable-by-others"
+
+    trusting = load_settings(path, {"RETRIEVAL_HOST_STORE__TRUST_OWN_GROUP": "true"})
+    assert trusting.store.trust_own_group
+    build_vector_store(trusting, {}).close()
+    runs = build_run_store(trusting, {})
+    assert isinstance(runs, SqliteRunStore)
+    runs.close()
+    assert (volume / "store.sqlite").exists() and (volume / "runs.db").exists()
+
+
+def test_tokens_can_come_from_a_mounted_file(tmp_path: Path) -> None:
+    listed = [{"sha256": "b" * 64, "subject": "ops", "retrieval": {"search": ["library"]}}]
+    (tmp_path / "tokens.json").write_text(json.dumps(listed))
+    inline = {"sha256": HASH, "subject": "app"}
+    path = _write(tmp_path, _minimal(tokens=[inline], tokensFile="tokens.json"))
+    settings = load_settings(path, {})
+    assert [t.subject for t in settings.tokens] == ["app", "ops"]
+    assert settings.tokens[1].retrieval.search == ("library",)
+
+    (tmp_path / "tokens.json").write_text(json.dumps([{**inline, "subject": "twin"}]))
+    with pytest.raises(SettingsError, match="two tokens share one sha256"):
+        load_settings(path, {})
+    (tmp_path / "tokens.json").write_text('{"sha256": "x"}')
+    with pytest.raises(SettingsError, match="JSON list"):
+        load_settings(path, {})
+    (tmp_path / "tokens.json").unlink()
+    with pytest.raises(SettingsError, match="cannot read tokensFile"):
+        load_settings(path, {})
+    (tmp_path / "mounted.json").write_text(json.dumps(listed))
+    overridden = load_settings(
+        _write(tmp_path, _minimal()), {"RETRIEVAL_HOST_TOKENS_FILE": str(tmp_path / "mounted.json")}
+    )
+    assert [t.subject for t in overridden.tokens] == ["ops"]

@@ -5,7 +5,8 @@ else in the host reads `os.environ`: `load_settings` takes the environment as an
 
 Secrets are never inline. A secret field holds a reference, `{"file": PATH}` or
 `{"env": NAME}`, resolved once at load into a `SecretStr`. Token *hashes* are not secrets and
-are listed inline; the tokens themselves are never stored.
+are listed inline or in a `tokensFile` (a JSON list, e.g. a mounted Secret); the tokens
+themselves are never stored.
 
 Environment overrides: `RETRIEVAL_HOST_<FIELD>[__<FIELD>...]=VALUE`, where each field is named
 in snake case or camel case, case-insensitively (`RETRIEVAL_HOST_LISTEN__PORT=9443`,
@@ -160,6 +161,10 @@ class StoreSettings(_Model):
     hnsw: bool = False
     ef_search: Annotated[int, Field(ge=1, le=1000)] = 100
     pool_size: Annotated[int, Field(ge=1, le=100)] = 4
+    # SQLite: accept a store directory and files writable by the host process's own groups,
+    # as a volume provisioned for a pod is (Kubernetes fsGroup, OpenShift's gid 0). Off: the
+    # directory must be private (`adapters.sqlite.files`).
+    trust_own_group: bool = False
 
     @model_validator(mode="after")
     def _one_store(self) -> StoreSettings:
@@ -232,6 +237,9 @@ class HostSettings(_Model):
     behind_proxy: bool = False
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tokens: tuple[TokenSettings, ...] = ()
+    # A JSON file holding more `tokens` entries (a mounted Secret, so that rotating tokens
+    # touches neither the configuration nor the environment); read once at load.
+    tokens_file: Path | None = None
     providers: dict[
         Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")],
         ProviderSettings,
@@ -364,11 +372,33 @@ def load_settings(
             parts = key[len(prefix) :].split("__")
             _apply_override(data, HostSettings, parts, environ[key], key)
     data.setdefault("configDir", str(config_dir))
+    settings = _validated(data)
+    if settings.tokens_file is not None:
+        listed = _read_tokens_file(settings.path(settings.tokens_file))
+        data["tokens"] = [*(data.get("tokens") or []), *listed]
+        settings = _validated(data)
+    return _resolved(settings)
+
+
+def _validated(data: dict[str, Any]) -> HostSettings:
     try:
-        settings = HostSettings.model_validate(data)
+        return HostSettings.model_validate(data)
     except ValidationError as exc:
         raise SettingsError(_describe(exc)) from None
-    return _resolved(settings)
+
+
+def _read_tokens_file(file: Path) -> list[Any]:
+    """The `tokens` entries of a tokens file: a JSON list, as `retrieval-host token new`
+    prints them."""
+    try:
+        loaded = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"cannot read tokensFile {file}: {exc.strerror}") from exc
+    except ValueError:
+        raise SettingsError(f"tokensFile {file} is not valid JSON") from None
+    if not isinstance(loaded, list):
+        raise SettingsError(f"tokensFile {file} must hold a JSON list of token entries")
+    return loaded
 
 
 def _resolved(settings: HostSettings) -> HostSettings:

@@ -13,7 +13,7 @@ import pytest
 
 from retrieval_host.serving.factory import load_factory
 from retrieval_host.settings import load_settings
-from tests.support.deploy import K8S, k8s_object, k8s_objects
+from tests.support.deploy import K8S, k8s_object, k8s_objects, restricted_violations
 
 # The oldest Kubernetes release still in common support, and the newest bundled schema.
 VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
@@ -37,6 +37,7 @@ def test_the_directory_holds_every_object_the_host_needs() -> None:
         ("ConfigMap", "retrieval-host-config"),
         ("Deployment", "retrieval-host"),
         ("Namespace", "retrieval-host"),
+        ("NetworkPolicy", "retrieval-host"),
         ("PersistentVolumeClaim", "retrieval-host-state"),
         ("Secret", "retrieval-host-tls"),
         ("Secret", "retrieval-host-tokens"),
@@ -83,8 +84,10 @@ def test_host_container_runs_non_root_read_only_without_capabilities() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    # fsGroup would make the state volume group-writable, which the SQLite store refuses.
-    assert "fsGroup" not in pod["securityContext"]
+    # The state volume is provisioned for the pod's group, which the host trusts
+    # (store.trustOwnGroup): no root init container.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == 10001
+    assert "initContainers" not in pod
     context = _container()["securityContext"]
     assert context["runAsNonRoot"] is True
     assert context["allowPrivilegeEscalation"] is False
@@ -97,15 +100,49 @@ def test_host_container_runs_non_root_read_only_without_capabilities() -> None:
     assert pod["automountServiceAccountToken"] is False
 
 
-def test_init_container_only_takes_ownership_of_the_state_volume() -> None:
-    (init,) = _pod_spec()["initContainers"]
-    context = init["securityContext"]
-    assert context["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
-    assert context["allowPrivilegeEscalation"] is False
-    assert context["readOnlyRootFilesystem"] is True
-    assert [m["mountPath"] for m in init["volumeMounts"]] == ["/var/lib/retrieval-host"]
-    assert init["image"] == _container()["image"]
-    assert "chown 10001:10001 /var/lib/retrieval-host" in init["command"][-1]
+def test_the_pod_meets_pod_security_restricted_and_the_namespace_enforces_it() -> None:
+    assert restricted_violations(_pod_spec()) == []
+    labels = k8s_object("Namespace", "retrieval-host")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_the_restricted_check_refuses_what_the_previous_manifest_needed() -> None:
+    pod = copy.deepcopy(_pod_spec())
+    # The root init container that gave the volume to uid 10001 before fsGroup was trusted.
+    pod["initContainers"] = [
+        {
+            "name": "state-owner",
+            "image": _container()["image"],
+            "securityContext": {
+                "runAsUser": 0,
+                "runAsNonRoot": False,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]},
+            },
+        }
+    ]
+    pod["volumes"].append({"name": "host", "hostPath": {"path": "/var/lib"}})
+    pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    assert restricted_violations(pod) == [
+        "volume host is of type ['hostPath']",
+        "container state-owner does not run as non-root",
+        "container state-owner runs as uid 0",
+        "container state-owner adds capabilities ['CHOWN', 'FOWNER']",
+        "container retrieval-host does not set allowPrivilegeEscalation: false",
+    ]
+
+
+def test_the_network_policy_admits_https_in_and_dns_out_only() -> None:
+    policy = k8s_object("NetworkPolicy", "retrieval-host")["spec"]
+    labels = k8s_object("Deployment", "retrieval-host")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    (ingress,) = policy["ingress"]
+    assert ingress["ports"] == [
+        {"port": _container()["ports"][0]["containerPort"], "protocol": "TCP"}
+    ]
+    (egress,) = policy["egress"]
+    assert {p["port"] for p in egress["ports"]} == {53}
 
 
 def test_service_links_are_off_so_no_stray_settings_reach_the_host() -> None:
@@ -129,7 +166,7 @@ def test_service_selects_the_pods_and_targets_the_https_port() -> None:
 def test_every_volume_and_reference_resolves() -> None:
     pod = _pod_spec()
     volumes = {v["name"]: v for v in pod["volumes"]}
-    for container in [*pod["initContainers"], *pod["containers"]]:
+    for container in pod["containers"]:
         for mount in container["volumeMounts"]:
             assert mount["name"] in volumes
     assert k8s_object("ConfigMap", volumes["config"]["configMap"]["name"])
@@ -139,9 +176,10 @@ def test_every_volume_and_reference_resolves() -> None:
     assert k8s_object(
         "PersistentVolumeClaim", volumes["state"]["persistentVolumeClaim"]["claimName"]
     )
-    (env,) = _container()["env"]
-    ref = env["valueFrom"]["secretKeyRef"]
-    assert ref["key"] in k8s_object("Secret", ref["name"])["stringData"]
+    tokens = k8s_object("Secret", volumes["tokens"]["secret"]["secretName"])
+    assert {i["key"] for i in volumes["tokens"]["secret"]["items"]} == set(tokens["stringData"])
+    # No secret reaches the host through its environment.
+    assert "env" not in _container() and "envFrom" not in _container()
 
 
 def _container_paths() -> dict[str, PurePosixPath]:
@@ -156,11 +194,17 @@ def test_configmap_and_token_secret_make_a_host_configuration_the_host_accepts(
         json.loads(text)
         (tmp_path / name).write_text(text, encoding="utf-8")
     tokens = k8s_object("Secret", "retrieval-host-tokens")["stringData"]["tokens.json"]
-    env_name = _container()["env"][0]["name"]
-    settings = load_settings(tmp_path / "host.json", {env_name: tokens})
-    assert settings.tokens and settings.tokens[0].subject == "app"
-
     paths = _container_paths()
+    host = json.loads(config["host.json"])
+    assert PurePosixPath(host["tokensFile"]) == paths["tokens"] / "tokens.json"
+    (tmp_path / "tokens.json").write_text(tokens, encoding="utf-8")
+    (tmp_path / "host.json").write_text(
+        json.dumps({**host, "tokensFile": str(tmp_path / "tokens.json")}), encoding="utf-8"
+    )
+    settings = load_settings(tmp_path / "host.json", {})
+    assert settings.tokens and settings.tokens[0].subject == "app"
+    assert settings.store.trust_own_group  # the fsGroup volume above
+
     args = _container()["args"]
     assert args[:2] == ["serve", "--config"]
     assert PurePosixPath(args[2]) == paths["config"] / "host.json"
@@ -189,6 +233,7 @@ def test_manifest_files_are_all_yaml_in_one_directory() -> None:
         "configmap.yaml",
         "deployment.yaml",
         "namespace.yaml",
+        "networkpolicy.yaml",
         "pvc.yaml",
         "secret.yaml",
         "service.yaml",

@@ -70,3 +70,101 @@ def dockerfile_instructions(path: Path = DOCKERFILE) -> list[Instruction]:
             stage += 1
         instructions.append(Instruction(keyword, re.sub(r"\s+", " ", arguments).strip(), stage))
     return instructions
+
+
+# --- Pod Security Standards, "restricted" (Kubernetes 1.25+ policy, baseline included) ------
+
+# Volume types "restricted" admits.
+RESTRICTED_VOLUMES = frozenset(
+    {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+)
+SAFE_SYSCTLS = frozenset(
+    {
+        "kernel.shm_rmid_forced",
+        "net.ipv4.ip_local_port_range",
+        "net.ipv4.ip_unprivileged_port_start",
+        "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range",
+        "net.ipv4.ip_local_reserved_ports",
+        "net.ipv4.tcp_keepalive_time",
+        "net.ipv4.tcp_fin_timeout",
+        "net.ipv4.tcp_keepalive_intvl",
+        "net.ipv4.tcp_keepalive_probes",
+    }
+)
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """Every rule of the Pod Security "restricted" profile (and so of "baseline") that a pod
+    spec breaks, in words; empty when the pod would be admitted under `enforce: restricted`.
+    Written from the rules' published table (kubernetes.io, "Pod Security Standards")."""
+    problems: list[str] = []
+    pod_context = pod.get("securityContext", {})
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            problems.append(f"pod sets {field}")
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            problems.append(f"volume {volume['name']} is of type {sorted(kinds)}")
+    for sysctl in pod_context.get("sysctls", []):
+        if sysctl["name"] not in SAFE_SYSCTLS:
+            problems.append(f"unsafe sysctl {sysctl['name']}")
+    problems += _selinux_and_apparmor("pod", pod_context)
+    pod_seccomp = pod_context.get("seccompProfile", {}).get("type")
+    containers = [
+        *pod.get("initContainers", []),
+        *pod.get("containers", []),
+        *pod.get("ephemeralContainers", []),
+    ]
+    for container in containers:
+        name = f"container {container['name']}"
+        context = container.get("securityContext", {})
+        if context.get("privileged"):
+            problems.append(f"{name} is privileged")
+        if context.get("windowsOptions", {}).get("hostProcess"):
+            problems.append(f"{name} is a Windows host process")
+        if context.get("procMount", "Default") != "Default":
+            problems.append(f"{name} sets procMount")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name} does not set allowPrivilegeEscalation: false")
+        if context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is not True:
+            problems.append(f"{name} does not run as non-root")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            problems.append(f"{name} runs as uid 0")
+        seccomp = context.get("seccompProfile", {}).get("type", pod_seccomp)
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name} has seccomp profile {seccomp!r}")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            problems.append(f"{name} does not drop ALL capabilities")
+        added = set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}
+        if added:
+            problems.append(f"{name} adds capabilities {sorted(added)}")
+        for port in container.get("ports", []):
+            if port.get("hostPort"):
+                problems.append(f"{name} uses host port {port['hostPort']}")
+        problems += _selinux_and_apparmor(name, context)
+    return problems
+
+
+def _selinux_and_apparmor(where: str, context: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    selinux = context.get("seLinuxOptions", {})
+    if selinux.get("type", "") not in ("", "container_t", "container_init_t", "container_kvm_t"):
+        problems.append(f"{where} sets SELinux type {selinux['type']}")
+    if selinux.get("user") or selinux.get("role"):
+        problems.append(f"{where} sets an SELinux user or role")
+    apparmor = context.get("appArmorProfile", {}).get("type", "RuntimeDefault")
+    if apparmor not in ("RuntimeDefault", "Localhost"):
+        problems.append(f"{where} has AppArmor profile {apparmor}")
+    return problems

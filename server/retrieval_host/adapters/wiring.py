@@ -45,7 +45,9 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
         )
     from retrieval_host.adapters.sqlite import SqliteVectorStore
 
-    return SqliteVectorStore.open(settings.path(store.sqlite_path))
+    return SqliteVectorStore.open(
+        settings.path(store.sqlite_path), trusted_groups=_trusted_groups(settings)
+    )
 
 
 def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> RunStore:
@@ -64,7 +66,14 @@ def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> RunSt
         if store.sqlite_path is None:
             raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "set runs.sqlitePath.")
         path = settings.path(store.sqlite_path).parent / "runs.db"
-    return SqliteRunStore.open(settings.path(path))
+    return SqliteRunStore.open(settings.path(path), trusted_groups=_trusted_groups(settings))
+
+
+def _trusted_groups(settings: HostSettings) -> frozenset[int]:
+    """The groups allowed to write to the SQLite files' directory (`store.trustOwnGroup`)."""
+    from retrieval_host.adapters.sqlite.files import own_groups
+
+    return own_groups() if settings.store.trust_own_group else frozenset()
 
 
 def build_providers(

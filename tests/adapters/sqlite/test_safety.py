@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteRunStore, SqliteVectorStore
+from retrieval_host.adapters.sqlite.files import own_groups
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 
 OTHER_UID = 65534  # nobody
@@ -165,3 +166,59 @@ def test_a_symlinked_directory_is_resolved_and_its_target_checked(tmp_path: Path
 
     target.chmod(0o770)
     refused(tmp_path / "alias" / "store.db", "writable-by-others")
+
+
+# --- a volume provisioned for the host's group (fsGroup, OpenShift's gid 0) ----------------
+
+OTHER_GID = 65534  # nogroup
+
+
+def fs_group_volume(tmp_path: Path, gid: int) -> Path:
+    """A directory as kubelet provisions an `fsGroup` volume: setgid, group-writable."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    os.chown(volume, -1, gid)
+    volume.chmod(0o2770)
+    return volume
+
+
+def test_a_volume_writable_by_the_hosts_own_group_is_accepted_when_trusted(
+    tmp_path: Path,
+) -> None:
+    own = own_groups()
+    assert os.getegid() in own
+    volume = fs_group_volume(tmp_path, os.getegid())
+    refused(volume / "store.db", "writable-by-others")  # not trusted: the rule as before
+
+    with SqliteVectorStore.open(volume / "store.db", trusted_groups=own) as store:
+        assert store.reclamation == "overwritten"
+    # kubelet's `fsGroupChangePolicy: Always` makes the files group-writable at each mount.
+    for name in ("store.db", "store.db-wal", "store.db-shm"):
+        if (volume / name).exists():
+            (volume / name).chmod(0o660)
+    SqliteVectorStore.open(volume / "store.db", trusted_groups=own).close()
+    SqliteRunStore.open(volume / "runs.db", trusted_groups=own).close()
+    assert mode(volume / "runs.db") == 0o600  # what the host creates stays private
+
+
+def test_another_group_or_others_writing_is_refused_even_when_trusted(tmp_path: Path) -> None:
+    own = own_groups()
+    assert OTHER_GID not in own
+    volume = fs_group_volume(tmp_path, OTHER_GID)
+    with pytest.raises(RetrievalError) as excinfo:
+        SqliteVectorStore.open(volume / "store.db", trusted_groups=own)
+    assert excinfo.value.reason == "writable-by-others"
+    assert str(OTHER_GID) in excinfo.value.detail
+
+    (tmp_path / "x").mkdir()
+    mine = fs_group_volume(tmp_path / "x", os.getegid())
+    mine.chmod(0o2777)  # others too
+    with pytest.raises(RetrievalError) as excinfo:
+        SqliteVectorStore.open(mine / "store.db", trusted_groups=own)
+    assert excinfo.value.reason == "writable-by-others"
+
+    path = make_store(tmp_path / "private" / "store.db")
+    path.chmod(0o606)  # a file writable by others
+    with pytest.raises(RetrievalError) as excinfo:
+        SqliteVectorStore.open(path, trusted_groups=own)
+    assert excinfo.value.reason == "writable-by-others"

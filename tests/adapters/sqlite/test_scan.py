@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,7 +52,7 @@ def vectors() -> Matrix:
     return _unit(np.random.default_rng(11), SOURCES * PER_SOURCE)
 
 
-def _open(path: Path, vectors: Matrix, **options: int) -> SqliteVectorStore:
+def _open(path: Path, vectors: Matrix, **options: Any) -> SqliteVectorStore:
     store = SqliteVectorStore.open(path, **options)
     store.open_corpus(_descriptor())
     for n in range(SOURCES):

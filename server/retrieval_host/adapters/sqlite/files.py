@@ -21,6 +21,13 @@ Policy (each point is what the checks enforce, and why):
   the store while it is open.
 - A missing database directory (only the last one) is created with mode 0700, a missing
   database file with mode 0600. SQLite gives the sidecars the database file's mode.
+- Group write permission is accepted only from the *trusted groups* a store is opened with
+  (`trusted_groups`; none by default, `store.trustOwnGroup` in the host settings): the host
+  process's own effective and supplementary groups, for volumes provisioned group-writable for
+  the pod (Kubernetes `fsGroup`, OpenShift's arbitrary uid in gid 0). Whoever else is in such a
+  group could tamper with the store, which is why it is a setting: on a machine where a
+  primary group is shared between users, leave it off. Write permission for others is never
+  accepted.
 
 On systems without POSIX ownership (Windows) the ownership and mode checks are skipped.
 """
@@ -46,7 +53,22 @@ def _posix() -> bool:
     return os.name == "posix" and hasattr(os, "geteuid")
 
 
-def check_store_file(path: Path, what: str) -> None:
+def own_groups() -> frozenset[int]:
+    """The effective and supplementary groups of this process (`trusted_groups` when the
+    host trusts its own group)."""
+    if not _posix():
+        return frozenset()
+    return frozenset({os.getegid(), *os.getgroups()})
+
+
+def _shared(st: os.stat_result, trusted_groups: frozenset[int]) -> bool:
+    """Writable by someone other than the owner and the trusted groups."""
+    if st.st_mode & stat.S_IWOTH:
+        return True
+    return bool(st.st_mode & stat.S_IWGRP) and st.st_gid not in trusted_groups
+
+
+def check_store_file(path: Path, what: str, trusted_groups: frozenset[int] = frozenset()) -> None:
     """Refuse a database or sidecar file that is a link, shared, or owned by someone else.
 
     A missing file passes: SQLite creates sidecars on demand with the database's mode.
@@ -70,15 +92,15 @@ def check_store_file(path: Path, what: str) -> None:
             f"(uid {euid}).",
             UnsafeStoreReason.FOREIGN_OWNER,
         )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if _shared(st, trusted_groups):
         raise _unsafe(
             f"{what} {path} is writable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):04o}); make it 0600.",
+            f"{stat.S_IMODE(st.st_mode):04o}, group {st.st_gid}); make it 0600.",
             UnsafeStoreReason.WRITABLE_BY_OTHERS,
         )
 
 
-def check_directory_chain(directory: Path) -> None:
+def check_directory_chain(directory: Path, trusted_groups: frozenset[int] = frozenset()) -> None:
     """Check the (already resolved) database directory and every ancestor up to `/`."""
     if not _posix():
         return
@@ -95,14 +117,15 @@ def check_directory_chain(directory: Path) -> None:
                 f"database must belong to the host's user (uid {euid}) or root.",
                 UnsafeStoreReason.FOREIGN_OWNER,
             )
-        shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        shared = _shared(st, trusted_groups)
         sticky_root = bool(st.st_mode & stat.S_ISVTX) and st.st_uid == 0
         if shared and (own_directory or not sticky_root):
             where = "the database directory" if own_directory else "directory"
             raise _unsafe(
                 f"{where} {current} is writable by group or others (mode "
-                f"{stat.S_IMODE(st.st_mode):04o}); keep the database in a private (0700) "
-                "directory.",
+                f"{stat.S_IMODE(st.st_mode):04o}, group {st.st_gid}); keep the database in a "
+                "private (0700) directory, or trust the host's own group (store.trustOwnGroup) "
+                "on a volume provisioned for it.",
                 UnsafeStoreReason.WRITABLE_BY_OTHERS,
             )
         parent = current.parent
@@ -112,7 +135,7 @@ def check_directory_chain(directory: Path) -> None:
         own_directory = False
 
 
-def _ensure_directory(directory: Path) -> None:
+def _ensure_directory(directory: Path, trusted_groups: frozenset[int]) -> None:
     """Create the database's own directory (0700) when it is missing; never its ancestors."""
     if os.path.lexists(directory):
         return
@@ -124,7 +147,7 @@ def _ensure_directory(directory: Path) -> None:
             reason=StoreUnavailableReason.MISSING_DIRECTORY,
         )
     # The parent must be safe before anything is created inside it.
-    check_directory_chain(parent)
+    check_directory_chain(parent, trusted_groups)
     with contextlib.suppress(FileExistsError):  # a concurrent opener created it: checked below
         os.mkdir(directory, 0o700)
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
@@ -144,24 +167,27 @@ def _create_database_file(path: Path) -> None:
         os.close(fd)
 
 
-def prepare_database_path(path: str | os.PathLike[str]) -> Path:
+def prepare_database_path(
+    path: str | os.PathLike[str], trusted_groups: frozenset[int] = frozenset()
+) -> Path:
     """Check (and create if missing) a private database location; return the path to open.
 
     Raises `UNSAFE_STORE` naming the first problem found, or `STORE_UNAVAILABLE` when the
-    directory above the database's own directory does not exist.
+    directory above the database's own directory does not exist. Group write permission is
+    accepted only for `trusted_groups` (see the module docstring).
     """
     given = Path(os.path.abspath(os.fspath(path)))
     if given.name in ("", ".", ".."):
         raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "the store path must name a file.")
-    _ensure_directory(given.parent)
+    _ensure_directory(given.parent, trusted_groups)
     directory = Path(os.path.realpath(given.parent))
-    check_directory_chain(directory)
+    check_directory_chain(directory, trusted_groups)
     database = directory / given.name
-    check_store_file(database, "the database file")
-    check_sidecars(database)
+    check_store_file(database, "the database file", trusted_groups)
+    check_sidecars(database, trusted_groups)
     if not os.path.lexists(database):
         _create_database_file(database)
-        check_store_file(database, "the database file")
+        check_store_file(database, "the database file", trusted_groups)
     st = os.lstat(database)
     if st.st_nlink > 1:
         raise _unsafe(
@@ -172,7 +198,7 @@ def prepare_database_path(path: str | os.PathLike[str]) -> Path:
     return database
 
 
-def check_sidecars(database: Path) -> None:
+def check_sidecars(database: Path, trusted_groups: frozenset[int] = frozenset()) -> None:
     """Check the `-wal`, `-shm` and `-journal` files beside the database, where they exist."""
     for suffix in SIDECAR_SUFFIXES:
-        check_store_file(Path(f"{database}{suffix}"), f"the {suffix} sidecar")
+        check_store_file(Path(f"{database}{suffix}"), f"the {suffix} sidecar", trusted_groups)

@@ -63,13 +63,16 @@ class SqliteRunStore:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> SqliteRunStore:
-        """Open (creating if missing) the run database at `path`.
+    def open(
+        cls, path: str | os.PathLike[str], *, trusted_groups: frozenset[int] = frozenset()
+    ) -> SqliteRunStore:
+        """Open (creating if missing) the run database at `path` (`trusted_groups` as for
+        `SqliteVectorStore.open`).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
         """
-        connection, _ = open_database(path, IDENTITY)
+        connection, _ = open_database(path, IDENTITY, trusted_groups)
         return cls(connection)
 
     def begin(self, record: RunRecord) -> RunRecord | None:

@@ -105,15 +105,19 @@ def translated(action: str) -> contextlib.AbstractContextManager[None]:
     return translating(apsw.Error, store_error, action)
 
 
-def open_database(path: str | os.PathLike[str], identity: Identity) -> tuple[apsw.Connection, Path]:
+def open_database(
+    path: str | os.PathLike[str],
+    identity: Identity,
+    trusted_groups: frozenset[int] = frozenset(),
+) -> tuple[apsw.Connection, Path]:
     """Check the location, open (creating if missing) and check or create the database.
 
     Returns the connection and the resolved path that was opened. Raises `UNSAFE_STORE` for an
     unsafe location, an unrelated or newer database, or a SQLite build older than 3.51.3;
-    `STORE_UNAVAILABLE` when SQLite cannot open the file.
+    `STORE_UNAVAILABLE` when SQLite cannot open the file. `trusted_groups`: see `files`.
     """
     check_sqlite_version(apsw.sqlite_lib_version())
-    database = prepare_database_path(path)
+    database = prepare_database_path(path, trusted_groups)
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
     with translated("opening the store"):
         conn = apsw.Connection(str(database), flags=flags)
@@ -129,7 +133,7 @@ def open_database(path: str | os.PathLike[str], identity: Identity) -> tuple[aps
                 create_schema(conn, identity)
             else:
                 migrate(conn, identity)
-        check_sidecars(database)  # SQLite created them just now: same checks
+        check_sidecars(database, trusted_groups)  # SQLite created them just now: same checks
     except BaseException:
         conn.close()
         raise

@@ -126,11 +126,14 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         *,
         scan_batch_rows: int = DEFAULT_SCAN_BATCH_ROWS,
         grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
+        trusted_groups: frozenset[int] = frozenset(),
     ) -> SqliteVectorStore:
         """Open (creating if missing) the store at `path` after the private-location checks.
 
         `grant_cache_bytes` bounds the copies of repeatedly searched, scattered grants (see
-        `GrantCache`); 0 turns the cache off.
+        `GrantCache`); 0 turns the cache off. `trusted_groups` may write to the store's
+        directory and files (`files.own_groups()` on a volume provisioned for the host's
+        group; see `adapters.sqlite.files`).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
@@ -139,7 +142,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
             raise ValueError("scan_batch_rows must be a positive integer")
         if isinstance(grant_cache_bytes, bool) or grant_cache_bytes < 0:
             raise ValueError("grant_cache_bytes must be a non-negative integer")
-        conn, database = open_database(path, IDENTITY)
+        conn, database = open_database(path, IDENTITY, trusted_groups)
         return cls(conn, database, scan_batch_rows, grant_cache_bytes)
 
     @property
