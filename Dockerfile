@@ -42,7 +42,7 @@ RUN apt-get update \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/retrieval-host \
         --no-create-home --shell /usr/sbin/nologin retrieval-host \
     && install -d -m 0755 -o root -g root /etc/retrieval-host /etc/retrieval-host/tls \
-    && install -d -m 0700 -o 10001 -g 10001 /var/lib/retrieval-host
+    && install -d -m 0700 -o 10001 -g 10001 /var/lib/retrieval-host /state
 COPY --from=build /opt/retrieval-host /opt/retrieval-host
 
 ENV PATH=/opt/retrieval-host/bin:$PATH \
@@ -57,9 +57,10 @@ LABEL org.opencontainers.image.title="retrieval-host" \
       org.opencontainers.image.description="Authenticated HTTPS retrieval host (local CPU embedding model included)" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# The SQLite index and the example application's revision registry. The directory is owned by
-# the host's user with mode 0700: the store refuses a database in a directory others can write.
-VOLUME ["/var/lib/retrieval-host"]
+# /var/lib/retrieval-host: the SQLite index of `serve`; /state: everything of the default
+# command (`quickstart --container`). Both are owned by the host's user with mode 0700 (a new
+# named volume copies that): the store refuses a database in a directory others can write.
+VOLUME ["/var/lib/retrieval-host", "/state"]
 # Mounted read-only at run time: /etc/retrieval-host/host.json (tokens as SHA-256 hashes),
 # the application's files, and the TLS chain and key under /etc/retrieval-host/tls/.
 EXPOSE 8443
@@ -74,4 +75,6 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["retrieval-host"]
-CMD ["serve", "--config", "/etc/retrieval-host/host.json"]
+# One line to a working host: `docker run -p 8443:8443 -v rh-state:/state IMAGE` (see
+# deploy/README.md). Production runs `serve --config /etc/retrieval-host/host.json`.
+CMD ["quickstart", "--container"]

@@ -343,8 +343,9 @@ def _apply_override(
     data[alias] = target
 
 
-# Read by the Python client (`retrieval_host_client`), never by the host.
-CLIENT_VARIABLES: Final = frozenset({"RETRIEVAL_HOST_TOKEN"})
+# Variables with the prefix that are no host setting: the client's token, and the extra
+# certificate names of `quickstart --container`.
+CLIENT_VARIABLES: Final = frozenset({"RETRIEVAL_HOST_TOKEN", "RETRIEVAL_HOST_TLS_NAMES"})
 
 
 def load_settings(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from retrieval_host.serving.cli import _parser
 from tests.support.deploy import DEPLOY, DOCKERFILE, REPO, dockerfile_instructions
 
 HADOLINT_CONFIG = REPO / ".hadolint.yaml"
@@ -62,12 +64,15 @@ def test_final_stage_runs_the_cli_as_a_fixed_non_root_user() -> None:
     keywords = {i.keyword: i.arguments for i in final}
     assert keywords["USER"] == "10001:10001"
     assert keywords["ENTRYPOINT"] == '["retrieval-host"]'
-    assert keywords["CMD"] == '["serve", "--config", "/etc/retrieval-host/host.json"]'
-    assert keywords["VOLUME"] == '["/var/lib/retrieval-host"]'
+    # The default command is the one-line host, which the real CLI accepts.
+    assert keywords["CMD"] == '["quickstart", "--container"]'
+    args = _parser().parse_args(json.loads(keywords["CMD"]))
+    assert args.command == "quickstart" and args.container
+    assert keywords["VOLUME"] == '["/var/lib/retrieval-host", "/state"]'
     assert keywords["EXPOSE"] == "8443"
-    # The state directory is the user's and private: the SQLite store refuses anything else.
+    # The state directories are the user's and private: the SQLite store refuses anything else.
     setup = next(i.arguments for i in final if i.keyword == "RUN")
-    assert "install -d -m 0700 -o 10001 -g 10001 /var/lib/retrieval-host" in setup
+    assert "install -d -m 0700 -o 10001 -g 10001 /var/lib/retrieval-host /state" in setup
     assert "useradd --system --uid 10001" in setup
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -157,3 +158,116 @@ def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) 
     indexed = [line for line in again.stdout.splitlines() if "passages, revision" in line]
     assert len(indexed) == 3
     assert all(line.split()[0] == "unchanged" for line in indexed), again.stdout
+
+
+def _listening_on_all_interfaces(port: int) -> bool:
+    """Is a TCP socket listening on 0.0.0.0:`port` (Linux's /proc/net/tcp)?"""
+    wanted = f"00000000:{port:04X}"
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return any(r.split()[1] == wanted and r.split()[3] == "0A" for r in rows)
+
+
+def test_container_mode_serves_every_interface_with_the_operators_names(tmp_path: Path) -> None:
+    port = _free_port()
+    state = tmp_path / "state"
+    environ = {
+        **os.environ,
+        "RETRIEVAL_HOST_TLS_NAMES": "rh.example.test, 10.9.8.7",
+        # A setting from the environment, as `serve` takes them: only these Host names.
+        "RETRIEVAL_HOST_ALLOWED_HOSTS": '["127.0.0.1", "rh.example.test"]',
+    }
+    command = [*_cli(), "quickstart", "--container", "--state-dir", str(state), "--port", str(port)]
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    errors: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
+        threading.Thread(target=lambda: errors.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        wait_until(
+            lambda: any(line.startswith("Serving") for line in lines) or process.poll() is not None,
+            timeout=120,
+            what="the container quickstart to start serving",
+        )
+        assert process.poll() is None, "".join(lines + errors)
+        wait_until(lambda: _ready(state / "ca.pem", port), timeout=30, what="/readyz")
+        output = "".join(lines)
+        assert json.loads((state / "host.json").read_text())["listen"]["host"] == "0.0.0.0"
+        assert _listening_on_all_interfaces(port)
+
+        # The token, shown once, and the CA, as the operator copies them from the log.
+        token = (state / "token").read_text().strip()
+        assert [line.strip() for line in lines if line.strip().startswith("TOKEN=")] == [
+            f"TOKEN={token}"
+        ]
+        pem = (state / "ca.pem").read_text().strip()
+        assert pem in output
+        (tmp_path / "ca.pem").write_text(pem + "\n")
+
+        # The certificate names the operator's host; checked by a client that verifies it.
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="rh.example.test") as tls,
+        ):
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+        wrong_host = httpx.get(
+            f"https://127.0.0.1:{port}/v1/protocol",
+            headers={"Host": "elsewhere.example"},
+            verify=context,
+            timeout=10,
+        )
+        assert wrong_host.status_code == 400  # RETRIEVAL_HOST_ALLOWED_HOSTS was applied
+
+        # The printed search command works from the operator's side.
+        search = next(
+            line.strip() for line in lines if "/v1/retrieval/search" in line and "curl" in line
+        )
+        done = subprocess.run(
+            ["bash", "-c", search],
+            cwd=tmp_path,
+            env={**os.environ, "TOKEN": token},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["hits"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            for reader in readers:
+                reader.join(timeout=10)
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+
+    # A restart keeps the token and does not print it again.
+    again = subprocess.run(
+        [*command, "--no-serve"],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "TOKEN=" not in again.stdout
+    assert (state / "token").read_text().strip() == token
+    assert "unchanged" in again.stdout

@@ -5,7 +5,7 @@ retrieval-host serve --config host.json
 retrieval-host token new [--subject S] [--search C]... [--index C]... [--delete C]...
                          [--provider NAME]... [--metrics]
 retrieval-host ingest PATH... --config host.json --corpus C --subject S [--journal FILE]
-retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve]
+retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve] [--container [--name HOST]...]
 retrieval-host corpora [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources list CORPUS [--page-size N] [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources show CORPUS SOURCE_ID [--url URL] [--ca-bundle PEM] [--json]
@@ -150,12 +150,27 @@ def _parser() -> argparse.ArgumentParser:
     quick.add_argument(
         "--state-dir",
         type=Path,
-        default=Path("state"),
-        help="where certificates, token, config and index live (default: ./state)",
+        default=None,
+        help="where certificates, token, config and index live (default: ./state, or /state "
+        "with --container)",
     )
     quick.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
     quick.add_argument(
         "--no-serve", action="store_true", help="prepare and index, print the commands, exit"
+    )
+    quick.add_argument(
+        "--container",
+        action="store_true",
+        help="the image's default: listen on all interfaces, print the token once and the CA, "
+        "take RETRIEVAL_HOST_* settings from the environment",
+    )
+    quick.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="with --container: another name for the server certificate (repeatable; also "
+        "RETRIEVAL_HOST_TLS_NAMES, comma-separated)",
     )
     return parser
 
@@ -175,7 +190,17 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return inspect_cli.run(args, env)
         from retrieval_host.serving.quickstart import quickstart
 
-        return quickstart(args.state_dir, port=args.port, serve=not args.no_serve, environ=env)
+        if args.name and not args.container:
+            print("retrieval-host: --name needs --container", file=sys.stderr)
+            return 2
+        return quickstart(
+            args.state_dir,
+            port=args.port,
+            serve=not args.no_serve,
+            environ=env,
+            container=args.container,
+            names=args.name,
+        )
     except SettingsError as exc:
         print(f"retrieval-host: {exc}", file=sys.stderr)
         return 2

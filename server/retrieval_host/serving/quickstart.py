@@ -13,15 +13,23 @@ Everything lives in one state directory (default `./state`, mode 0700):
 
 Running it again reuses the certificates, token, ACL and index; the samples come back
 `unchanged` without any embedding work.
+
+`--container` is the same host for a container image's default command
+(`docker run -p 8443:8443 -v rh-state:/state IMAGE`): state in `/state`, listening on every
+interface of the container, the server certificate also naming the hosts listed in
+`RETRIEVAL_HOST_TLS_NAMES` (comma-separated), the token printed once when it is made (it stays
+in the volume), the CA certificate printed at every start, and `RETRIEVAL_HOST_*` variables
+applied over the generated configuration as for `serve`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -34,9 +42,9 @@ from retrieval_host.example_acl import acl_file_content
 from retrieval_host.ingest import media_type_for_path
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.server import run_server
-from retrieval_host.serving.tls import ensure_local_certificates
+from retrieval_host.serving.tls import DEFAULT_HOSTS, ensure_local_certificates
 from retrieval_host.serving.tokens import new_token, token_config_entry
-from retrieval_host.settings import load_settings
+from retrieval_host.settings import SettingsError, load_settings
 from retrieval_host_client import validate_source_citations
 
 CORPUS: Final = "library"
@@ -45,6 +53,12 @@ NAMESPACE: Final = "demo"
 DEMO_QUESTION: Final = "How do I rotate a token?"
 PROVIDER: Final = "local"
 MODEL: Final = "extractive"
+CONTAINER_STATE: Final = Path("/state")
+# Extra names for the server certificate in `--container` mode (not a host setting).
+TLS_NAMES_VARIABLE: Final = "RETRIEVAL_HOST_TLS_NAMES"
+_NAME: Final = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9*]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9A-Fa-f:.]+$"
+)
 NOTE: Final = """# My first note
 
 The quickstart indexed this note through the HTTPS ingest route. Search for it with the
@@ -94,10 +108,31 @@ def _samples(state_dir: Path) -> list[Path]:
     return copied
 
 
-def prepare_state(state_dir: Path, port: int) -> Path:
+def tls_names(environ: Mapping[str, str], given: Sequence[str] = ()) -> tuple[str, ...]:
+    """The server certificate's names: the local ones, then `given` and those listed in
+    `RETRIEVAL_HOST_TLS_NAMES`; `SettingsError` for one that is no host name or address."""
+    listed = re.split(r"[,\s]+", environ.get(TLS_NAMES_VARIABLE, "").strip())
+    names = list(DEFAULT_HOSTS)
+    for name in [*given, *listed]:
+        if not name:
+            continue
+        if not _NAME.match(name):
+            raise SettingsError(f"{name!r} is not a host name or IP address for the certificate")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def prepare_state(
+    state_dir: Path,
+    port: int,
+    *,
+    listen: str = "127.0.0.1",
+    names: tuple[str, ...] = DEFAULT_HOSTS,
+) -> Path:
     """Create (or reuse) everything in `state_dir`; return the host configuration path."""
     _private_dir(state_dir)
-    certs = ensure_local_certificates(state_dir)
+    certs = ensure_local_certificates(state_dir, names)
     token_file = state_dir / "token"
     if token_file.exists():
         token = token_file.read_text(encoding="utf-8").strip()
@@ -112,7 +147,7 @@ def prepare_state(state_dir: Path, port: int) -> Path:
         note.write_text(NOTE, encoding="utf-8")
     grants = [CORPUS]
     config = {
-        "listen": {"host": "127.0.0.1", "port": port},
+        "listen": {"host": listen, "port": port},
         "tls": {"certFile": certs.cert_file.name, "keyFile": certs.key_file.name},
         "tokens": [
             token_config_entry(
@@ -183,13 +218,18 @@ def _answer(driver: Driver) -> None:
     print(f"({len(cited)} citation(s) checked against the run's source manifest)")
 
 
-def curl_commands(state_dir: Path, port: int) -> list[tuple[str, str]]:
-    """(what, command) pairs that work verbatim in a POSIX shell from the current directory."""
-    ca = _display(state_dir / "ca.pem")
-    token = _display(state_dir / "token")
-    note = _display(state_dir / "my-note.md")
+def curl_commands(state_dir: Path, port: int, *, container: bool = False) -> list[tuple[str, str]]:
+    """(what, command) pairs that work verbatim in a POSIX shell from the current directory:
+    the CA, token and note in `state_dir`, or, for a container's host side, `ca.pem` and
+    `my-note.md` saved here and the token in `$TOKEN`."""
+    if container:
+        ca, bearer, note = "ca.pem", "$TOKEN", "my-note.md"
+    else:
+        ca = _display(state_dir / "ca.pem")
+        bearer = f"$(cat {_display(state_dir / 'token')})"
+        note = _display(state_dir / "my-note.md")
     base = f"https://127.0.0.1:{port}"
-    auth = f'-H "Authorization: Bearer $(cat {token})"'
+    auth = f'-H "Authorization: Bearer {bearer}"'
     search = json.dumps({"corpus": CORPUS, "query": DEMO_QUESTION}, separators=(",", ":"))
     delete = json.dumps(
         {"corpus": CORPUS, "sourceId": "my-note", "revision": "1"}, separators=(",", ":")
@@ -228,18 +268,34 @@ def curl_commands(state_dir: Path, port: int) -> list[tuple[str, str]]:
 
 
 def quickstart(
-    state_dir: Path, *, port: int = 8443, serve: bool = True, environ: Mapping[str, str]
+    state_dir: Path | None,
+    *,
+    port: int = 8443,
+    serve: bool = True,
+    environ: Mapping[str, str],
+    container: bool = False,
+    names: Sequence[str] = (),
 ) -> int:
     """Prepare the state directory, index the samples, print the commands, then serve."""
+    if state_dir is None:
+        state_dir = CONTAINER_STATE if container else Path("state")
     state_dir = state_dir.expanduser().absolute()
-    host_file = prepare_state(state_dir, port)
+    new_token_made = not (state_dir / "token").exists()
+    host_file = prepare_state(
+        state_dir,
+        port,
+        listen="0.0.0.0" if container else "127.0.0.1",  # noqa: S104 - inside a container
+        names=tls_names(environ, names) if container else DEFAULT_HOSTS,
+    )
     samples = _samples(state_dir)
     print(f"retrieval-host quickstart: state in {_display(state_dir)}")
     print(f"  CA certificate  {_display(state_dir / 'ca.pem')}  (clients trust this)")
     print(f"  demo token      {_display(state_dir / 'token')}  (subject {SUBJECT!r}, mode 0600)")
     print(f"  host config     {_display(host_file)}")
-    # Only the configuration file: the quickstart is not steered by RETRIEVAL_HOST_* variables.
-    settings = load_settings(host_file, {})
+    if container:
+        _print_container_secrets(state_dir, new_token_made)
+    # Only the configuration file, unless in a container (configured by its environment).
+    settings = load_settings(host_file, environ if container else {})
     print(f"Indexing the sample documents into corpus {CORPUS!r} with the local model:")
     driver = build_driver(settings, environ)
     assert driver is not None
@@ -247,14 +303,30 @@ def quickstart(
         index_samples(driver, samples)
         print(f"\nQ: {DEMO_QUESTION}")
         _answer(driver)
-        print("\nTry it:")
-        for what, command in curl_commands(state_dir, port):
+        print("\nTry it" + (" from the machine running the container:" if container else ":"))
+        for what, command in curl_commands(state_dir, port, container=container):
             print(f"  # {what}")
             print(f"  {command}")
         print(flush=True)
         if serve:
-            print(f"Serving https://127.0.0.1:{port} (Ctrl+C stops it).", flush=True)
+            where = (
+                f"every interface of the container, port {port}"
+                if container
+                else (f"https://127.0.0.1:{port}")
+            )
+            print(f"Serving {where} (Ctrl+C stops it).", flush=True)
             run_server(settings, driver, environ)
     finally:
         close_driver(driver)
     return 0
+
+
+def _print_container_secrets(state_dir: Path, new_token: bool) -> None:
+    """What an operator outside the container needs: the token (once, when it is made) and
+    the CA certificate (public; printed at every start)."""
+    if new_token:
+        token = (state_dir / "token").read_text(encoding="utf-8").strip()
+        print(f"\nThe token for subject {SUBJECT!r}, shown this once (kept in the volume):")
+        print(f"  TOKEN={token}")
+    print("\nThe CA certificate clients trust (save it as ca.pem):")
+    print((state_dir / "ca.pem").read_text(encoding="ascii").rstrip())

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -59,24 +60,78 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def ensure_local_certificates(
-    state_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
-) -> LocalCertificates:
-    """A local CA (`ca.pem`) and a server certificate it signed, created once in `state_dir`.
+DEFAULT_HOSTS: Final = ("127.0.0.1", "localhost")
+# A server certificate this close to its end is issued again at the next start.
+RENEW_BEFORE: Final = dt.timedelta(days=30)
 
-    Reused as they are when all files exist, so clients that trust `ca.pem` keep working
-    across restarts. The CA key stays in the state directory (0600); it signs nothing else.
+
+def ensure_local_certificates(
+    state_dir: Path,
+    hosts: tuple[str, ...] = DEFAULT_HOSTS,
+    *,
+    now: dt.datetime | None = None,
+) -> LocalCertificates:
+    """A local CA (`ca.pem`) and a server certificate it signed for `hosts`, kept in `state_dir`.
+
+    The CA is made once and reused, so clients that trust `ca.pem` keep working across
+    restarts; its key stays in the state directory (0600) and signs nothing else. The server
+    certificate is reused while it names every one of `hosts` and has more than
+    `RENEW_BEFORE` to run; otherwise the same CA issues a new one (a name added later, an
+    expiry), and clients need not change anything.
     """
+    now = dt.datetime.now(dt.UTC) if now is None else now
     certs = LocalCertificates(
         ca_file=state_dir / "ca.pem",
         cert_file=state_dir / "server.pem",
         key_file=state_dir / "server-key.pem",
     )
     ca_key_file = state_dir / "ca-key.pem"
-    if all(p.exists() for p in (certs.ca_file, certs.cert_file, certs.key_file, ca_key_file)):
-        return certs
+    if certs.ca_file.exists() and ca_key_file.exists():
+        ca_cert = x509.load_pem_x509_certificate(certs.ca_file.read_bytes())
+        loaded = serialization.load_pem_private_key(ca_key_file.read_bytes(), password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{ca_key_file} is not the quickstart CA's EC key")
+        ca_key = loaded
+    else:
+        ca_key, ca_cert = _new_ca(now)
+        _write_private(ca_key_file, _key_pem(ca_key))
+        certs.ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    if not _serves(certs, ca_cert, hosts, now):
+        server_key, server_cert = _server_certificate(ca_key, ca_cert, hosts, now)
+        _write_private(certs.key_file, _key_pem(server_key))
+        certs.cert_file.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    return certs
 
-    now = dt.datetime.now(dt.UTC)
+
+def _serves(
+    certs: LocalCertificates, ca_cert: x509.Certificate, hosts: tuple[str, ...], now: dt.datetime
+) -> bool:
+    """Does the stored server certificate come from this CA, name every host and run long
+    enough?"""
+    if not (certs.cert_file.exists() and certs.key_file.exists()):
+        return False
+    cert = x509.load_pem_x509_certificate(certs.cert_file.read_bytes())
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    if cert.not_valid_after_utc - now < RENEW_BEFORE:
+        return False
+    named = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(_general_names(hosts)) <= set(named)
+
+
+def _general_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def _new_ca(now: dt.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name(
         [
@@ -110,34 +165,31 @@ def ensure_local_certificates(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca_cert
 
+
+def _server_certificate(
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    hosts: tuple[str, ...],
+    now: dt.datetime,
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     server_key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
     server_cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
+        .issuer_name(ca_cert.subject)
         .public_key(server_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         # Under 398 days: the longest validity current clients accept for a server cert.
         .not_valid_after(now + dt.timedelta(days=397))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_general_names(hosts)), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )
         .sign(ca_key, hashes.SHA256())
     )
-
-    _write_private(ca_key_file, _key_pem(ca_key))
-    _write_private(certs.key_file, _key_pem(server_key))
-    certs.ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    certs.cert_file.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    return certs
+    return server_key, server_cert
