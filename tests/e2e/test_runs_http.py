@@ -498,6 +498,40 @@ def test_a_model_asking_for_five_searches_under_a_quota_of_two_gets_two(
     assert_cited(result)
 
 
+def test_max_context_bytes_bounds_what_all_the_searches_of_a_run_gather(
+    host: RunningHost, world: RunsWorld
+) -> None:
+    fake = world.fake
+    texts = {cid: text for doc in DOCS["remote"] for cid, text, _ in doc.chunks}
+    queries = ["wind farm output", "tidal turbines", "solar panels"]
+    calls = [PlannedToolCall("search_context", json.dumps({"query": q})) for q in queries]
+
+    def gathered(budget: int | None) -> tuple[list[dict[str, Any]], int]:
+        fake.script_chat([PlannedResponse(tool_calls=calls)])
+        retrieval: dict[str, Any] = {"maxQueries": 3, "limit": 2, "maxContextBytes": budget}
+        body = run_body(
+            provider="fake",
+            model="gpt-test",
+            corpus="remote",
+            mode="tool",
+            question="What do the renewable pilots report?",
+            retrieval=retrieval,
+        )
+        streamed = stream_run(host, world.tokens["alice"], body)
+        assert streamed.events[-1]["type"] == "run.completed", streamed.events[-1]
+        result = streamed.events[-1]["result"]
+        assert_cited(result)
+        held = sum(len(texts[s["id"]].encode()) for s in result["sources"])
+        return result["receipts"], held
+
+    _, unbounded = gathered(None)
+    assert unbounded > max(len(t.encode()) for t in texts.values())  # several passages
+    budget = unbounded - 1
+    receipts, held = gathered(budget)
+    assert 0 < held <= budget  # all three searches together, not each alone
+    assert all(r["status"] in ("ok", "quota-exceeded") for r in receipts)
+
+
 # --- 5. revoked between search and generation -------------------------------------------------
 
 

@@ -27,6 +27,7 @@ class RunRetrieval:
     # Standalone search requires a query; in a run it defaults to the run input.
     query: str | None = None
     limit: int = 6
+    # Bytes of passage text all the run's searches may add to its evidence together.
     max_context_bytes: int | None = 32_768
     # Successful searches a run may make (the `tool` mode quota; `before` makes one).
     max_queries: int = 3

@@ -204,6 +204,49 @@ class AsksThreeTimes:
 
 
 @pytest.mark.parametrize(
+    ("budget", "statuses", "held"),
+    [
+        # The first passage spends the whole budget: no later search is made.
+        (len(DOCS["battery"].encode()), ["ok", "quota-exceeded", "quota-exceeded"], ["battery"]),
+        # Room for the first two passages only: the third search finds nothing that fits.
+        (
+            len(DOCS["battery"].encode()) + len(DOCS["solar"].encode()) + 5,
+            ["ok", "ok", "ok"],
+            ["battery", "solar"],
+        ),
+    ],
+)
+def test_max_context_bytes_covers_every_search_of_a_run_together(
+    run_world: RunWorld, budget: int, statuses: list[str], held: list[str]
+) -> None:
+    seen: list[GenerationRequest] = []
+
+    class Recording(AsksThreeTimes):
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            seen.append(request)
+            return super().generate(request, cancel)
+
+    request = RunRequest(
+        provider="local",
+        model="m",
+        input="q",
+        retrieval=RunRetrieval(
+            corpus="library", mode="tool", max_queries=3, limit=2, max_context_bytes=budget
+        ),
+    )
+    result = run_world.with_provider("local", Recording()).run(request, ALICE)
+    assert [r.status for r in result.receipts] == statuses
+    assert sorted(e.source_id for e in result.sources) == held
+    gathered = sum(len(DOCS[e.source_id].encode()) for e in result.sources)
+    assert gathered <= budget
+    # What the model was given is exactly that evidence, whole passages only.
+    assert sorted(p.source_id for p in seen[-1].evidence) == held
+    assert all(p.text == DOCS[p.source_id] for p in seen[-1].evidence)
+
+
+@pytest.mark.parametrize(
     ("rerank", "max_calls", "statuses", "calls"),
     [
         (None, 1, ["ok", "quota-exceeded", "quota-exceeded"], 1),

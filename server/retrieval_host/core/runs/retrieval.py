@@ -5,6 +5,10 @@ Every retrieval goes through `retrieve`, in this order: prepare (normalize) → 
 dedup and quota → authorize → rerank budget → reserve the dedup key → execute → check result →
 count successes and sources → effects (progress, receipt). A failed attempt keeps its key and
 is not retried.
+
+`maxContextBytes` is the run's, not each search's: the passages all searches of a run add to
+its evidence fit in it together (whole passages in rank order, `apply_byte_budget`). A search
+once it is spent is not made (`quota-exceeded`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
+from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import JSONValue, SearchRequest
@@ -110,6 +115,12 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         return receipt("failed", code=error.code.value)
     if reranks and run.rerank_calls >= spec.max_rerank_calls:
         return receipt("quota-exceeded")
+    # the run's byte budget: nothing more can join the evidence once it is spent
+    remaining = (
+        None if spec.max_context_bytes is None else spec.max_context_bytes - run.context_bytes
+    )
+    if remaining is not None and remaining <= 0:
+        return receipt("quota-exceeded")
     # reserve the key: a failed attempt keeps it and is not retried
     run.seen.add(key)
 
@@ -126,7 +137,8 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
                 query=query,
                 source_ids=spec.source_ids,
                 limit=spec.limit,
-                max_context_bytes=spec.max_context_bytes,
+                # The run's remaining bytes, applied below to what is new to the run.
+                max_context_bytes=None,
                 mode=spec.search_mode,
                 rerank=reranks,
             ),
@@ -143,11 +155,13 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     for hit in new:
         if hit.scope.corpus != spec.corpus:  # pragma: no cover - the service guarantees it
             raise RetrievalError(ErrorCode.INTERNAL, "Internal error.")
+    new, _ = apply_byte_budget(new, remaining)
     # count successes and sources
     run.successes += 1
     for hit in new:
         run.evidence[hit.chunk_id] = EvidencePassage(
             hit.chunk_id, hit.source.id, hit.source.revision, "", hit.location, hit.text
         )
+        run.context_bytes += len(hit.text.encode("utf-8"))
     # effects
-    return receipt("ok", [h.chunk_id for h in result.hits])
+    return receipt("ok", [h.chunk_id for h in result.hits if h.chunk_id in run.evidence])

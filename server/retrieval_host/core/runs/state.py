@@ -44,6 +44,9 @@ class ActiveRun:
     embedding: EmbeddingUsage = field(default_factory=EmbeddingUsage)
     rerank: RerankUsage = field(default_factory=RerankUsage)
     rerank_calls: int = 0  # reranker calls made (failed ones too), against `maxRerankCalls`
+    # Bytes of passage text the run's searches added to its evidence (never given back when
+    # a revoked passage is dropped: it may have reached the model), against `maxContextBytes`.
+    context_bytes: int = 0
 
     @property
     def service(self) -> RetrievalService:
