@@ -148,7 +148,9 @@ def test_each_search_mode_ranks_and_names_its_scores(setup: Setup) -> None:
 
     dense, lexical, hybrid = search("dense"), search("lexical"), search("hybrid")
     assert SearchRequest("docs", "q").mode == "hybrid"  # the default, in-process as on the wire
-    assert dense.usage.requests == 1 and hybrid.usage.requests == 1
+    assert dense.usage.requests == 1
+    assert hybrid.usage == EmbeddingUsage()  # the same query again: its vector is cached
+    assert search("hybrid", "rocks otters").usage.requests == 1
     assert lexical.usage == EmbeddingUsage()  # no query embedding for a lexical search
     # Lexical ranks only passages with a query term, the one with both terms first.
     assert [h.text for h in lexical.hits] == PASSAGES["a"][::-1]

@@ -236,7 +236,9 @@ def build_world(
                 limits=CapacityLimits(max_passages_per_source=big_rows),
             )
         )
-    driver = Driver(RetrievalService(corpora))
+    # The query cache off: tests count the embedding each search reports, and the same
+    # question recurs across tests of one host (the cache has tests of its own).
+    driver = Driver(RetrievalService(corpora, query_cache_entries=0))
     admin = RequestContext(subject="admin")
     for source_id, texts in (("handbook", HANDBOOK), ("secret", SECRET)):
         driver.index_context(

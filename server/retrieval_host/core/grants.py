@@ -3,15 +3,11 @@ refuse what it does not grant, and ask again after reading (see `RetrievalServic
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.errors import RetrievalError, permission_denied, source_unavailable
 from retrieval_host.core.models import Operation
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
-
-if TYPE_CHECKING:  # `service` imports this module; only the corpus's authorizer is used here
-    from retrieval_host.core.service import Corpus
 
 __all__ = [
     "authorize",

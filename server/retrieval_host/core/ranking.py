@@ -6,17 +6,15 @@ Called by `RetrievalService.search_context` over revisions it has already author
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.fusion import Ranked, fuse, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
 from retrieval_host.core.ports import Candidate
-
-if TYPE_CHECKING:  # `service` imports this module; the corpus is only read here
-    from retrieval_host.core.service import Corpus
+from retrieval_host.core.query_embedding import QueryEmbedder
 
 __all__ = ["rank"]
 
@@ -29,10 +27,11 @@ def rank(
     where: MetadataFilter | None,
     wanted: int,
     context: RequestContext,
+    queries: QueryEmbedder,
 ) -> tuple[list[Ranked], EmbeddingUsage]:
     """The request's ranking over the allowed revisions (already authorized) whose metadata
     pass `where` (the request's parsed filters), at most `wanted` long, and what the query
-    embedding cost."""
+    embedding cost (`queries`: the corpus's embedding, batched and cached)."""
     usage = EmbeddingUsage()
     dense: list[Candidate] = []
     lexical: list[Candidate] = []
@@ -41,7 +40,7 @@ def rank(
     context.cancel.check()
     if request.mode != "lexical":
         context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
-        batch = corpus.embedding.embed([request.query], context.cancel)
+        batch = queries.embed(request.query, context.subject, context.cancel)
         usage = batch.usage
         context.cancel.progress()
         context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))

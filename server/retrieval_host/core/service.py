@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 from typing import Literal
 
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.corpus import CommitEvent, Corpus, utc_now
 from retrieval_host.core.descriptor import (
-    CorpusDescriptor,
-    LexicalDescriptor,
     check_label,
     stored_chunking,
 )
@@ -22,7 +20,6 @@ from retrieval_host.core.errors import (
 )
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
-from retrieval_host.core.fusion import FusionSettings
 from retrieval_host.core.grants import (
     authorize,
     authorize_or_none,
@@ -51,7 +48,6 @@ from retrieval_host.core.models import (
     Hit,
     IndexRequest,
     IndexResult,
-    JSONScalar,
     RerankUsage,
     Scope,
     SearchRequest,
@@ -61,14 +57,14 @@ from retrieval_host.core.models import (
 from retrieval_host.core.passage_context import embedding_text, resolve_chunking
 from retrieval_host.core.ports import (
     ANY_REVISION,
-    Authorizer,
-    CapacityLimits,
-    EmbeddingAdapter,
     Grant,
-    Reranker,
     StoredChunk,
     StoredSource,
-    VectorStore,
+)
+from retrieval_host.core.query_embedding import (
+    DEFAULT_CACHE_ENTRIES,
+    DEFAULT_MAX_WAIT_S,
+    QueryEmbedder,
 )
 from retrieval_host.core.ranking import rank
 from retrieval_host.core.reasons import (
@@ -76,61 +72,11 @@ from retrieval_host.core.reasons import (
     InvalidRequestReason,
     SourceConflictReason,
 )
-from retrieval_host.core.rerank import RerankSettings, rerank_candidates, wants_rerank
+from retrieval_host.core.rerank import rerank_candidates, wants_rerank
 from retrieval_host.core.validation import check_id, check_index_request, check_search_request
 
-
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-@dataclass(frozen=True, slots=True)
-class CommitEvent:
-    operation: Literal["index", "delete"]
-    corpus: str
-    namespace: str
-    source_id: str
-    revision: str
-    subject: str
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """A configured corpus: its identity, embedding, store and the application's authorizer."""
-
-    id: str
-    version: str
-    embedding: EmbeddingAdapter
-    store: VectorStore
-    authorize: Authorizer
-    limits: CapacityLimits = field(default_factory=CapacityLimits)
-    # Settings of the ingestion helper that produced the passages; part of the index identity.
-    # Without a `context` key, passage context is the stored corpus's choice (or the default
-    # for a new corpus): the service opens the corpus with it resolved (`resolve_chunking`).
-    chunking: Mapping[str, JSONScalar] = field(default_factory=dict)
-    # Application effect after a committed index (also an `unchanged` confirmation, so a retry
-    # heals a registry that missed the first call) or delete. It runs after the commit: an
-    # exception here surfaces to the caller, but the mutation stands; retrying confirms it.
-    on_committed: Callable[[CommitEvent], None] | None = None
-
-    # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses.
-    lexical: LexicalDescriptor = field(default_factory=LexicalDescriptor)
-    fusion: FusionSettings = field(default_factory=FusionSettings)
-    # The model that reorders a search's authorized top candidates (`core.rerank`), pinned in
-    # the descriptor like the embedding; None: searches are not reranked.
-    reranker: Reranker | None = None
-    rerank: RerankSettings = field(default_factory=RerankSettings)
-
-    @property
-    def descriptor(self) -> CorpusDescriptor:
-        return CorpusDescriptor(
-            self.id,
-            self.version,
-            self.embedding.descriptor,
-            self.chunking,
-            self.lexical,
-            self.reranker.descriptor if self.reranker is not None else None,
-        )
+# `Corpus` and `CommitEvent` live in `core.corpus`; importing them from here keeps working.
+__all__ = ["CommitEvent", "Corpus", "RetrievalService", "utc_now"]
 
 
 class RetrievalService:
@@ -139,10 +85,22 @@ class RetrievalService:
     Every operation asks the application's authorizer, and asks again after reading and before
     committing: these are point-in-time checks, so a revocation landing between the second check
     and the caller reading the answer is not retracted.
+
+    Search queries are embedded through one `QueryEmbedder` per embedding adapter: concurrent
+    queries in one model call (waiting at most `query_batch_wait_s` for company), repeated ones
+    from a cache of `query_cache_entries` vectors per service (0 turns it off).
     """
 
-    def __init__(self, corpora: Sequence[Corpus], *, clock: Callable[[], str] = utc_now) -> None:
+    def __init__(
+        self,
+        corpora: Sequence[Corpus],
+        *,
+        clock: Callable[[], str] = utc_now,
+        query_cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        query_batch_wait_s: float = DEFAULT_MAX_WAIT_S,
+    ) -> None:
         self._corpora: dict[str, Corpus] = {}
+        self._queries: dict[int, QueryEmbedder] = {}
         for corpus in corpora:
             check_label("corpus id", corpus.id)
             if corpus.id in self._corpora:
@@ -155,6 +113,12 @@ class RetrievalService:
             # as far as spending an embedding request.
             corpus.store.open_corpus(corpus.descriptor)
             self._corpora[corpus.id] = corpus
+            if id(corpus.embedding) not in self._queries:
+                self._queries[id(corpus.embedding)] = QueryEmbedder(
+                    corpus.embedding,
+                    cache_entries=query_cache_entries,
+                    max_wait_s=query_batch_wait_s,
+                )
         self._clock = clock
 
     @property
@@ -205,7 +169,10 @@ class RetrievalService:
         wanted = request.limit + 1
         if reranking:
             wanted = max(wanted, corpus.rerank.candidates)
-        ranked, usage = rank(corpus, grant.namespace, allowed, request, where, wanted, context)
+        queries = self._queries[id(corpus.embedding)]
+        ranked, usage = rank(
+            corpus, grant.namespace, allowed, request, where, wanted, context, queries
+        )
         candidates = [r.candidate for r in ranked]
         scores = {r.candidate.chunk_id: dict(r.scores) for r in ranked}
 

@@ -1,0 +1,76 @@
+"""A configured corpus (identity, embedding, store, the application's authorizer and effects)
+and the event its commits report; `RetrievalService` serves a set of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from retrieval_host.core.descriptor import CorpusDescriptor, LexicalDescriptor
+from retrieval_host.core.fusion import FusionSettings
+from retrieval_host.core.models import JSONScalar
+from retrieval_host.core.ports import (
+    Authorizer,
+    CapacityLimits,
+    EmbeddingAdapter,
+    Reranker,
+    VectorStore,
+)
+from retrieval_host.core.rerank import RerankSettings
+
+__all__ = ["CommitEvent", "Corpus", "utc_now"]
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class CommitEvent:
+    operation: Literal["index", "delete"]
+    corpus: str
+    namespace: str
+    source_id: str
+    revision: str
+    subject: str
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A configured corpus: its identity, embedding, store and the application's authorizer."""
+
+    id: str
+    version: str
+    embedding: EmbeddingAdapter
+    store: VectorStore
+    authorize: Authorizer
+    limits: CapacityLimits = field(default_factory=CapacityLimits)
+    # Settings of the ingestion helper that produced the passages; part of the index identity.
+    # Without a `context` key, passage context is the stored corpus's choice (or the default
+    # for a new corpus): the service opens the corpus with it resolved (`resolve_chunking`).
+    chunking: Mapping[str, JSONScalar] = field(default_factory=dict)
+    # Application effect after a committed index (also an `unchanged` confirmation, so a retry
+    # heals a registry that missed the first call) or delete. It runs after the commit: an
+    # exception here surfaces to the caller, but the mutation stands; retrying confirms it.
+    on_committed: Callable[[CommitEvent], None] | None = None
+
+    # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses.
+    lexical: LexicalDescriptor = field(default_factory=LexicalDescriptor)
+    fusion: FusionSettings = field(default_factory=FusionSettings)
+    # The model that reorders a search's authorized top candidates (`core.rerank`), pinned in
+    # the descriptor like the embedding; None: searches are not reranked.
+    reranker: Reranker | None = None
+    rerank: RerankSettings = field(default_factory=RerankSettings)
+
+    @property
+    def descriptor(self) -> CorpusDescriptor:
+        return CorpusDescriptor(
+            self.id,
+            self.version,
+            self.embedding.descriptor,
+            self.chunking,
+            self.lexical,
+            self.reranker.descriptor if self.reranker is not None else None,
+        )

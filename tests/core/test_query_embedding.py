@@ -1,0 +1,157 @@
+"""Query embedding: concurrent queries share one model call, repeats come from a cache keyed by
+subject, a failure fails its whole batch and a cancelled caller leaves without stalling others.
+Over the real local model; a gate holds the first call so that the others can queue."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import EmbeddingDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import EmbeddingUsage
+from retrieval_host.core.ports import EmbeddingBatch
+from retrieval_host.core.query_embedding import QueryEmbedder
+from tests.support.host import wait_until
+
+QUERIES = [f"how long does battery {i} last in cold weather" for i in range(8)]
+
+
+class Gated:
+    """The local model, recording each call's texts; the first call waits for `release`."""
+
+    def __init__(self, inner: LocalEmbedding, *, fail: bool = False) -> None:
+        self.inner = inner
+        self.calls: list[list[str]] = []
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.fail = fail
+
+    @property
+    def descriptor(self) -> EmbeddingDescriptor:
+        return self.inner.descriptor
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self.inner.max_input_tokens
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return self.inner.count_tokens(texts)
+
+    def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
+        self.calls.append(list(texts))
+        if len(self.calls) == 1:
+            self.entered.set()
+            assert self.release.wait(30)
+        if self.fail and len(self.calls) > 1:
+            raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "The embedding service failed.")
+        return self.inner.embed(texts, cancel)
+
+
+def _queued(embedder: QueryEmbedder, n: int) -> bool:
+    return embedder.pending >= n
+
+
+def test_concurrent_queries_share_one_model_call_and_get_their_own_vectors(
+    local_embedding: LocalEmbedding,
+) -> None:
+    model = Gated(local_embedding)
+    embedder = QueryEmbedder(model, max_wait_s=0.5)
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())
+        assert model.entered.wait(30)
+        rest = [pool.submit(embedder.embed, q, "alice", CancelToken()) for q in QUERIES[1:]]
+        wait_until(lambda: _queued(embedder, 7), timeout=30, what="seven queued queries")
+        model.release.set()
+        results = [first.result(30), *(f.result(30) for f in rest)]
+    assert model.calls == [QUERIES[:1], QUERIES[1:]]  # one call for the seven that queued
+    alone = local_embedding.embed(QUERIES, CancelToken())
+    for i, result in enumerate(results):
+        assert result.vectors.shape == (1, alone.vectors.shape[1])
+        assert float(result.vectors[0] @ alone.vectors[i]) > 0.99999
+    # The batch's one request goes to its first query; its tokens are split, adding up.
+    usages = [r.usage for r in results[1:]]
+    assert [u.requests for u in usages] == [1, 0, 0, 0, 0, 0, 0]
+    batch_tokens = sum(local_embedding.count_tokens(QUERIES[1:]))
+    assert sum(u.input_tokens for u in usages) == batch_tokens
+    assert all(u.input_tokens > 0 for u in usages)
+
+
+def test_a_repeated_query_comes_from_the_cache_for_the_same_subject_only(
+    local_embedding: LocalEmbedding,
+) -> None:
+    model = Gated(local_embedding)
+    model.release.set()
+    embedder = QueryEmbedder(model, max_wait_s=0)
+    first = embedder.embed("battery  life\n", "alice", CancelToken())
+    again = embedder.embed(" battery life", "alice", CancelToken())  # same words, spaced apart
+    assert model.calls == [["battery life"]]
+    assert again.usage == EmbeddingUsage()
+    np.testing.assert_array_equal(again.vectors, first.vectors)
+    with pytest.raises(ValueError, match="read-only"):
+        again.vectors[0, 0] = 1.0  # a cached vector cannot be changed by a caller
+    embedder.embed("battery life", "bob", CancelToken())
+    assert model.calls == [["battery life"], ["battery life"]]  # another subject: no reuse
+
+
+def test_the_least_recently_used_vector_is_evicted_first(local_embedding: LocalEmbedding) -> None:
+    model = Gated(local_embedding)
+    model.release.set()
+    embedder = QueryEmbedder(model, cache_entries=2, max_wait_s=0)
+    for query in ("a", "b", "a", "c", "a", "b"):
+        embedder.embed(query, "alice", CancelToken())
+    # "b" was evicted when "c" came ("a" had been used since); "a" stayed.
+    assert model.calls == [["a"], ["b"], ["c"], ["b"]]
+    off = QueryEmbedder(model, cache_entries=0, max_wait_s=0)
+    off.embed("a", "alice", CancelToken())
+    off.embed("a", "alice", CancelToken())
+    assert model.calls[-2:] == [["a"], ["a"]]
+
+
+def test_a_failed_call_fails_every_query_of_its_batch(local_embedding: LocalEmbedding) -> None:
+    model = Gated(local_embedding, fail=True)
+    embedder = QueryEmbedder(model, max_wait_s=0.5)
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())
+        assert model.entered.wait(30)
+        rest = [pool.submit(embedder.embed, q, "alice", CancelToken()) for q in QUERIES[1:4]]
+        wait_until(lambda: _queued(embedder, 3), timeout=30, what="three queued queries")
+        model.release.set()
+        assert first.result(30).vectors.shape[0] == 1
+        for future in rest:
+            with pytest.raises(RetrievalError) as excinfo:
+                future.result(30)
+            assert excinfo.value.code is ErrorCode.EMBEDDING_FAILED
+    # Nothing of the failed batch was cached: asking again calls the model again.
+    model.fail = False
+    embedder.embed(QUERIES[1], "alice", CancelToken())
+    assert model.calls[-1] == [QUERIES[1]]
+
+
+def test_a_cancelled_query_leaves_without_stalling_the_others(
+    local_embedding: LocalEmbedding,
+) -> None:
+    model = Gated(local_embedding)
+    embedder = QueryEmbedder(model, max_wait_s=0.5)
+    tokens = [CancelToken() for _ in QUERIES[1:4]]
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())
+        assert model.entered.wait(30)
+        rest: list[Future[EmbeddingBatch]] = [
+            pool.submit(embedder.embed, q, "alice", t)
+            for q, t in zip(QUERIES[1:4], tokens, strict=True)
+        ]
+        wait_until(lambda: _queued(embedder, 3), timeout=30, what="three queued queries")
+        tokens[0].cancel()  # the query next in line to lead
+        with pytest.raises(RetrievalError) as excinfo:
+            rest[0].result(30)
+        assert excinfo.value.code is ErrorCode.CANCELLED
+        model.release.set()
+        assert [f.result(30).vectors.shape[0] for f in (first, *rest[1:])] == [1, 1, 1]
+    assert model.calls == [QUERIES[:1], QUERIES[2:4]]  # the cancelled query was never embedded
