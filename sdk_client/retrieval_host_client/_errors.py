@@ -48,6 +48,7 @@ __all__ = [
     "ServiceUnavailableError",
     "SourceConflictError",
     "SourceUnavailableError",
+    "StoreReadOnlyError",
     "StoreUnavailableError",
     "UnsupportedMediaTypeError",
     "UpstreamError",
@@ -198,6 +199,11 @@ class ContextReplayUnavailableError(ConflictError):
     """The run with this idempotency key did not complete; it cannot be replayed."""
 
 
+class StoreReadOnlyError(ConflictError):
+    """The corpus's store is read-only (a snapshot, a replica): it indexes and deletes
+    nothing. Write through a host on the writable store."""
+
+
 class PayloadTooLargeError(APIStatusError):
     """The request body exceeds the host's limit (413)."""
 
@@ -278,6 +284,7 @@ _CODE_CLASSES: Final[Mapping[str, type[APIStatusError]]] = {
     "PROVIDER_FAILED": ProviderFailedError,
     "RERANK_FAILED": RerankFailedError,
     "UNSAFE_STORE": InternalServerError,
+    "STORE_READ_ONLY": StoreReadOnlyError,
     "INTERNAL": InternalServerError,
 }
 

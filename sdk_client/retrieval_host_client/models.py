@@ -510,7 +510,8 @@ class EmbeddingLabels(_Response):
 
 class CorpusInfo(_Response):
     """One corpus the token may search. `operations` are the token's grants on it;
-    `sources`, `passages` and `bytes` (UTF-8 passage text) count what its subject may search."""
+    `sources`, `passages` and `bytes` (UTF-8 passage text) count what its subject may search.
+    `read_only`: its store is a snapshot or replica; index and delete answer `STORE_READ_ONLY`."""
 
     id: str
     version: str
@@ -519,6 +520,7 @@ class CorpusInfo(_Response):
     sources: int
     passages: int
     bytes: int
+    read_only: bool = False
 
 
 class CorporaResponse(_Response):

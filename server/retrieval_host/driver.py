@@ -213,6 +213,12 @@ class Driver:
         return self.runs is not None
 
     @property
+    def indexing_enabled(self) -> bool:
+        """Whether any corpus takes writes (discovery's `retrieval-indexing`): not when every
+        store is read-only."""
+        return any(not c.store.read_only for c in self.retrieval.corpora.values())
+
+    @property
     def stores(self) -> list[VectorStore]:
         """Every store of the configured corpora, once each (for metrics and readiness)."""
         return list({id(c.store): c.store for c in self.retrieval.corpora.values()}.values())

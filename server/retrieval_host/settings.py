@@ -165,6 +165,10 @@ class StoreSettings(_Model):
     # as a volume provisioned for a pod is (Kubernetes fsGroup, OpenShift's gid 0). Off: the
     # directory must be private (`adapters.sqlite.files`).
     trust_own_group: bool = False
+    # Open the store without writing to it (a snapshot, a hot standby): searches only; index
+    # and delete answer STORE_READ_ONLY, and discovery says so. Run records need a writable
+    # `runs.sqlitePath` then.
+    read_only: bool = False
 
     @model_validator(mode="after")
     def _one_store(self) -> StoreSettings:

@@ -29,6 +29,7 @@ from retrieval_host_client import (
     RunProgressEvent,
     RunResult,
     SourceConflictError,
+    StoreReadOnlyError,
 )
 from retrieval_host_client._responses import RunEventReader, check_run_result, error_for
 
@@ -39,8 +40,8 @@ HOST_CODES = [
     "INVALID_CITATION", "INVALID_DOCUMENT", "DOCUMENT_TOO_COMPLEX", "UNSUPPORTED_MEDIA_TYPE",
     "PAYLOAD_TOO_LARGE",
     "CAPACITY_EXCEEDED", "NO_RETRIEVAL_EVIDENCE", "CANCELLED", "TIMEOUT", "HOST_BUSY",
-    "UNSAFE_STORE", "STORE_UNAVAILABLE", "EMBEDDING_FAILED", "PROVIDER_FAILED", "RERANK_FAILED",
-    "INTERNAL",
+    "UNSAFE_STORE", "STORE_READ_ONLY", "STORE_UNAVAILABLE", "EMBEDDING_FAILED",
+    "PROVIDER_FAILED", "RERANK_FAILED", "INTERNAL",
 ]  # fmt: skip
 
 
@@ -70,6 +71,7 @@ def test_every_host_code_has_its_own_class() -> None:
         ("CHUNK_ID_CONFLICT", ChunkIdConflictError),
         ("DESCRIPTOR_MISMATCH", DescriptorMismatchError),
         ("CONTEXT_REPLAY_UNAVAILABLE", ContextReplayUnavailableError),
+        ("STORE_READ_ONLY", StoreReadOnlyError),
     ],
 )
 def test_conflicts_share_one_base(code: str, cls: type[ConflictError]) -> None:

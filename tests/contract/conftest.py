@@ -31,12 +31,19 @@ class ContractStore(VectorStore, Protocol):
     def counters(self) -> StoreCounters: ...
 
 
-def _open_store(kind: str, location: Path, scan_batch_rows: int) -> ContractStore:
+def _open_store(
+    kind: str, location: Path, scan_batch_rows: int, read_only: bool = False
+) -> ContractStore:
     if kind == "sqlite":
-        return SqliteVectorStore.open(location / "store.db", scan_batch_rows=scan_batch_rows)
+        return SqliteVectorStore.open(
+            location / "store.db", scan_batch_rows=scan_batch_rows, read_only=read_only
+        )
     if kind == "pgvector":
         return PgVectorStore.open(
-            shared_dsn(), schema=schema_for(location), scan_batch_rows=scan_batch_rows
+            shared_dsn(),
+            schema=schema_for(location),
+            scan_batch_rows=scan_batch_rows,
+            read_only=read_only,
         )
     raise AssertionError(f"unknown store kind {kind}")
 
@@ -49,8 +56,8 @@ class StoreHarness:
     location: Path
     opened: list[ContractStore] = field(default_factory=list)
 
-    def open(self, scan_batch_rows: int = 8192) -> ContractStore:
-        store = _open_store(self.kind, self.location, scan_batch_rows)
+    def open(self, scan_batch_rows: int = 8192, *, read_only: bool = False) -> ContractStore:
+        store = _open_store(self.kind, self.location, scan_batch_rows, read_only)
         self.opened.append(store)
         return store
 

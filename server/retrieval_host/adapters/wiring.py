@@ -38,6 +38,7 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
             hnsw=store.hnsw,
             ef_search=store.ef_search,
             pool_size=store.pool_size,
+            read_only=store.read_only,
         )
     if store.sqlite_path is None:
         raise RetrievalError(
@@ -46,7 +47,9 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
     from retrieval_host.adapters.sqlite import SqliteVectorStore
 
     return SqliteVectorStore.open(
-        settings.path(store.sqlite_path), trusted_groups=_trusted_groups(settings)
+        settings.path(store.sqlite_path),
+        trusted_groups=_trusted_groups(settings),
+        read_only=store.read_only,
     )
 
 

@@ -29,6 +29,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "TIMEOUT"
     HOST_BUSY = "HOST_BUSY"
     UNSAFE_STORE = "UNSAFE_STORE"
+    STORE_READ_ONLY = "STORE_READ_ONLY"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     EMBEDDING_FAILED = "EMBEDDING_FAILED"
     PROVIDER_FAILED = "PROVIDER_FAILED"
@@ -58,6 +59,7 @@ STATUS: Final[Mapping[ErrorCode, int]] = {
     ErrorCode.TIMEOUT: 408,
     ErrorCode.HOST_BUSY: 503,
     ErrorCode.UNSAFE_STORE: 500,
+    ErrorCode.STORE_READ_ONLY: 409,
     ErrorCode.STORE_UNAVAILABLE: 503,
     ErrorCode.EMBEDDING_FAILED: 502,
     ErrorCode.PROVIDER_FAILED: 502,
@@ -85,6 +87,7 @@ TITLES: Final[Mapping[ErrorCode, str]] = {
     ErrorCode.TIMEOUT: "Timed out",
     ErrorCode.HOST_BUSY: "Host busy",
     ErrorCode.UNSAFE_STORE: "Unsafe store location",
+    ErrorCode.STORE_READ_ONLY: "Store is read-only",
     ErrorCode.STORE_UNAVAILABLE: "Store unavailable",
     ErrorCode.EMBEDDING_FAILED: "Embedding failed",
     ErrorCode.PROVIDER_FAILED: "Provider failed",
@@ -133,3 +136,12 @@ def permission_denied() -> RetrievalError:
     """The single public denial: a missing grant looks exactly like a corpus that does not
     exist, wherever it is decided (token grant, application authorizer, provider)."""
     return RetrievalError(ErrorCode.PERMISSION_DENIED, "This operation is not permitted.")
+
+
+def store_read_only(corpus: str) -> RetrievalError:
+    """The one `STORE_READ_ONLY` answer: the corpus's store indexes and deletes nothing."""
+    return RetrievalError(
+        ErrorCode.STORE_READ_ONLY,
+        f"the store of corpus {corpus!r} is read-only (a snapshot or a replica); index and "
+        "delete through a host on the writable store.",
+    )

@@ -47,6 +47,7 @@ class CorpusSummary:
     sources: int
     passages: int
     bytes: int
+    read_only: bool = False  # its store takes no index or delete (`STORE_READ_ONLY`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,6 +199,12 @@ class VectorStore(Protocol):
       uncommitted write left behind.
     """
 
+    @property
+    def read_only(self) -> bool:
+        """Opened read-only (a snapshot, a replica): `replace_source` and `delete_source`
+        raise `STORE_READ_ONLY` and change nothing, and `open_corpus` only checks."""
+        ...
+
     def stored_descriptor(self, corpus: str) -> str | None:
         """The descriptor the corpus's first `open_corpus` stored (its canonical JSON), or
         None when it was never opened: read before opening, so that a setting the

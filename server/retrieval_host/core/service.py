@@ -17,6 +17,7 @@ from retrieval_host.core.errors import (
     ErrorCode,
     RetrievalError,
     source_unavailable,
+    store_read_only,
 )
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
@@ -125,6 +126,14 @@ class RetrievalService:
     def corpora(self) -> Mapping[str, Corpus]:
         return dict(self._corpora)
 
+    def _writable(self, corpus_id: str) -> Corpus:
+        """The corpus, or `STORE_READ_ONLY` when its store takes no writes (after the same
+        denial as `corpus` for one that does not exist)."""
+        corpus = self.corpus(corpus_id)
+        if corpus.store.read_only:
+            raise store_read_only(corpus.id)
+        return corpus
+
     def corpus(self, corpus_id: str) -> Corpus:
         corpus = self._corpora.get(corpus_id)
         if corpus is None:
@@ -231,8 +240,9 @@ class RetrievalService:
         subject may not index this source at all: the answers `index_context` would give
         (`PERMISSION_DENIED` for no grant, the one `SOURCE_UNAVAILABLE` for a source or
         revision outside it). `revision` None accepts any granted revision (it is derived
-        from the content later). `index_context` decides again at commit."""
-        corpus = self.corpus(corpus_id)
+        from the content later). `index_context` decides again at commit. A read-only store
+        is `STORE_READ_ONLY` before anything else."""
+        corpus = self._writable(corpus_id)
         grant = authorize(corpus, "index", (source_id,), context)
         if revision is None:
             if source_id not in grant.sources:
@@ -242,7 +252,7 @@ class RetrievalService:
 
     def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
         check_index_request(request)
-        corpus = self.corpus(request.corpus)
+        corpus = self._writable(request.corpus)
         source = request.source
         limits = corpus.limits
         if len(request.chunks) > limits.max_passages_per_source:
@@ -375,7 +385,7 @@ class RetrievalService:
         check_id("revision", request.revision)
         if request.revision == ANY_REVISION:
             raise RetrievalError(ErrorCode.INVALID_REQUEST, "a delete names an exact revision.")
-        corpus = self.corpus(request.corpus)
+        corpus = self._writable(request.corpus)
         grant = authorize(corpus, "delete", (request.source_id,), context)
         if grant.sources.get(request.source_id) != request.revision:
             raise source_unavailable()
@@ -422,6 +432,7 @@ class RetrievalService:
                     totals.sources,
                     totals.passages,
                     totals.bytes,
+                    corpus.store.read_only,
                 )
             )
         return summaries

@@ -38,7 +38,8 @@ _STATUS_TEXT: Final = {
     "time, or a run made no progress within the `idleTimeoutMs` it set (`TIMEOUT`; reason "
     "`request-timeout` or `idle-timeout`).",
     409: "A conflicting revision, chunk id or corpus descriptor (`SOURCE_CONFLICT`, "
-    "`CHUNK_ID_CONFLICT`, `DESCRIPTOR_MISMATCH`).",
+    "`CHUNK_ID_CONFLICT`, `DESCRIPTOR_MISMATCH`), or a write to a read-only store "
+    "(`STORE_READ_ONLY`).",
     413: "The body or a corpus capacity is too large (`PAYLOAD_TOO_LARGE`, `CAPACITY_EXCEEDED`).",
     415: "Unsupported Content-Type (`UNSUPPORTED_MEDIA_TYPE`).",
     422: (

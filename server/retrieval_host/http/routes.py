@@ -88,7 +88,9 @@ class Routes:
 
     def protocol_info(self) -> wire.ProtocolInfo:
         limits = self.settings.limits
-        capabilities = ["scoped-retrieval", "retrieval-indexing"] if self.driver is not None else []
+        capabilities = ["scoped-retrieval"] if self.driver is not None else []
+        if self.driver is not None and self.driver.indexing_enabled:
+            capabilities.append("retrieval-indexing")
         if self.driver is not None and self.driver.runs_enabled:
             capabilities += ["grounded-runs", "run-streaming"]
         return wire.ProtocolInfo(

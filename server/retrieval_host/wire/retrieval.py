@@ -196,6 +196,7 @@ def corpora_response(
                 sources=c.sources,
                 passages=c.passages,
                 bytes=c.bytes,
+                read_only=c.read_only,
             )
             for c in corpora
         ]

@@ -67,7 +67,12 @@ from retrieval_host.adapters.postgres.schema import (
 from retrieval_host.adapters.postgres.search import Matrix, PgSearchStats, Searcher
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
-from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
+from retrieval_host.core.errors import (
+    ErrorCode,
+    RetrievalError,
+    source_unavailable,
+    store_read_only,
+)
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.ports import (
     Candidate,
@@ -98,8 +103,10 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         pool: ConnectionPool,
         schema: str,
         searcher: Searcher,
+        read_only: bool = False,
     ) -> None:
         """Private: use `PgVectorStore.open(dsn)`, which prepares the schema."""
+        self._read_only = read_only
         self._pool = pool
         self._schema = schema
         self._lock = threading.Lock()
@@ -119,6 +126,7 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         scan_batch_rows: int = 8192,
         hnsw_min_rows: int = 2000,
         statement_timeout_ms: int = 30_000,
+        read_only: bool = False,
     ) -> PgVectorStore:
         """Connect, make sure pgvector and our schema exist (or check them), return the store.
 
@@ -126,6 +134,10 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         by one replica) and uses it for grants of at least `hnsw_min_rows` rows, with
         `ef_search` candidates per index probe. Raises `UNSAFE_STORE` for a schema that is not
         ours, `STORE_UNAVAILABLE` when the database or pgvector cannot be used.
+
+        `read_only` (a hot standby, a role without write rights): every session is read-only
+        (`default_transaction_read_only`), nothing is created, the schema must be current and
+        the corpora must exist; writes are `STORE_READ_ONLY`.
         """
         check_schema_name(schema)
         for name, value in (
@@ -150,8 +162,14 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
             conn.execute(
                 "SELECT set_config('search_path', quote_ident(%s), false), "
                 "set_config('statement_timeout', %s, false), "
-                "set_config('lock_timeout', %s, false)",
-                (ext_schema_box[0], str(statement_timeout_ms), str(statement_timeout_ms)),
+                "set_config('lock_timeout', %s, false), "
+                "set_config('default_transaction_read_only', %s, false)",
+                (
+                    ext_schema_box[0],
+                    str(statement_timeout_ms),
+                    str(statement_timeout_ms),
+                    "on" if read_only else "off",
+                ),
             )
             register_vector(conn)
 
@@ -189,7 +207,11 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
             hnsw_min_rows=hnsw_min_rows,
             scan_batch_rows=scan_batch_rows,
         )
-        return cls(pool, schema, searcher)
+        return cls(pool, schema, searcher, read_only)
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
 
     @property
     def reclamation(self) -> str:
@@ -221,9 +243,18 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         return None if row is None else str(row[0])
 
     def open_corpus(self, descriptor: CorpusDescriptor) -> None:
-        """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later."""
+        """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later (read-only:
+        the corpus must exist, `STORE_READ_ONLY` otherwise)."""
         canonical = descriptor.canonical_json()
         dims = descriptor.embedding.dimensions
+        if self._read_only:
+            stored = self.stored_descriptor(descriptor.corpus_id)
+            if stored is None:
+                raise store_read_only(descriptor.corpus_id)
+            check_descriptor(descriptor, stored)
+            with self._lock:
+                self._corpora[descriptor.corpus_id] = descriptor
+            return
         with self._pool.connection() as conn:
             with translated("opening a corpus"), transaction(conn):
                 conn.execute(
@@ -303,6 +334,8 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         limits: CapacityLimits,
     ) -> None:
         """Swap in one whole revision in one transaction (see the port's contract)."""
+        if self._read_only:
+            raise store_read_only(corpus)
         descriptor = self._descriptor(corpus)
         checked = checked_replacement(descriptor.embedding.dimensions, source, chunks)
         chunk_ids, metadata_json, payload = (
@@ -465,6 +498,8 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
     def delete_source(self, corpus: str, namespace: str, source_id: str, revision: str) -> int:
         """Delete exactly that revision; `SOURCE_UNAVAILABLE` if absent, `SOURCE_CONFLICT` if
         the source is at another revision. Returns the number of passages removed."""
+        if self._read_only:
+            raise store_read_only(corpus)
         self._descriptor(corpus)
         if any("\x00" in v for v in (corpus, namespace, source_id)):
             raise source_unavailable()

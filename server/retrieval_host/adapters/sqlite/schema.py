@@ -109,16 +109,28 @@ def open_database(
     path: str | os.PathLike[str],
     identity: Identity,
     trusted_groups: frozenset[int] = frozenset(),
+    *,
+    read_only: bool = False,
 ) -> tuple[apsw.Connection, Path]:
     """Check the location, open (creating if missing) and check or create the database.
 
     Returns the connection and the resolved path that was opened. Raises `UNSAFE_STORE` for an
     unsafe location, an unrelated or newer database, or a SQLite build older than 3.51.3;
     `STORE_UNAVAILABLE` when SQLite cannot open the file. `trusted_groups`: see `files`.
+    `read_only`: an existing store of the current schema version, opened without writing
+    (no file, table or migration is made; `STORE_UNAVAILABLE` when there is none).
     """
     check_sqlite_version(apsw.sqlite_lib_version())
+    if read_only and not os.path.lexists(path):
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            "there is no store at the path to open read-only.",
+            reason=StoreUnavailableReason.MISSING_STORE,
+        )
     database = prepare_database_path(path, trusted_groups)
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+    if read_only:
+        flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
     with translated("opening the store"):
         conn = apsw.Connection(str(database), flags=flags)
     try:
@@ -127,12 +139,21 @@ def open_database(
             # Before anything writes: a schema in the file must not run our functions.
             conn.execute("PRAGMA trusted_schema=OFF")
             conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
-            fresh = check_identity(conn, identity) is None
-            configure(conn)
-            if fresh:
-                create_schema(conn, identity)
+            version = check_identity(conn, identity)
+            if read_only:
+                if version != identity.version:
+                    raise RetrievalError(
+                        ErrorCode.STORE_READ_ONLY,
+                        "a store opened read-only must be of schema version "
+                        f"{identity.version} (it is {version}); open it writable once to "
+                        "create or migrate it.",
+                    )
             else:
-                migrate(conn, identity)
+                configure(conn)
+                if version is None:
+                    create_schema(conn, identity)
+                else:
+                    migrate(conn, identity)
         check_sidecars(database, trusted_groups)  # SQLite created them just now: same checks
     except BaseException:
         conn.close()

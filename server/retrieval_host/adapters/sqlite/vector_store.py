@@ -73,7 +73,7 @@ from retrieval_host.adapters.sqlite.tables import (
 )
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
-from retrieval_host.core.errors import RetrievalError, source_unavailable
+from retrieval_host.core.errors import RetrievalError, source_unavailable, store_read_only
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.lexical import Bm25
 from retrieval_host.core.ports import (
@@ -103,8 +103,10 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         path: Path,
         scan_batch_rows: int,
         grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
+        read_only: bool = False,
     ) -> None:
         """Private: use `SqliteVectorStore.open(path)`, which checks and prepares the file."""
+        self._read_only = read_only
         self._conn: apsw.Connection | None = connection
         self._path = path
         self._write_lock = path_lock(path)
@@ -127,13 +129,15 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         scan_batch_rows: int = DEFAULT_SCAN_BATCH_ROWS,
         grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
         trusted_groups: frozenset[int] = frozenset(),
+        read_only: bool = False,
     ) -> SqliteVectorStore:
         """Open (creating if missing) the store at `path` after the private-location checks.
 
         `grant_cache_bytes` bounds the copies of repeatedly searched, scattered grants (see
         `GrantCache`); 0 turns the cache off. `trusted_groups` may write to the store's
         directory and files (`files.own_groups()` on a volume provisioned for the host's
-        group; see `adapters.sqlite.files`).
+        group; see `adapters.sqlite.files`). `read_only` opens an existing store (a snapshot,
+        a copy) without writing anything to it: writes are `STORE_READ_ONLY`.
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
@@ -142,8 +146,12 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
             raise ValueError("scan_batch_rows must be a positive integer")
         if isinstance(grant_cache_bytes, bool) or grant_cache_bytes < 0:
             raise ValueError("grant_cache_bytes must be a non-negative integer")
-        conn, database = open_database(path, IDENTITY, trusted_groups)
-        return cls(conn, database, scan_batch_rows, grant_cache_bytes)
+        conn, database = open_database(path, IDENTITY, trusted_groups, read_only=read_only)
+        return cls(conn, database, scan_batch_rows, grant_cache_bytes, read_only)
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
 
     @property
     def reclamation(self) -> str:
@@ -178,8 +186,22 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         return None if row is None else str(row[0])
 
     def open_corpus(self, descriptor: CorpusDescriptor) -> None:
-        """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later."""
+        """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later (read-only:
+        the corpus must exist, `STORE_READ_ONLY` otherwise)."""
         canonical = descriptor.canonical_json()
+        if self._read_only:
+            stored = self.stored_descriptor(descriptor.corpus_id)
+            if stored is None:
+                raise store_read_only(descriptor.corpus_id)
+            check_descriptor(descriptor, stored)
+            with self._db_lock:
+                state = self._corpora.get(descriptor.corpus_id)
+                if state is None or state.descriptor != descriptor:
+                    state = CorpusState(descriptor, {}, {}, -1)
+                    with self._cache_lock:
+                        self._corpora[descriptor.corpus_id] = state
+                self._refresh(state)
+            return
         with self._write_lock, self._db_lock:
             conn = self._connection()
             with translated("opening a corpus"), immediate(conn):
@@ -259,6 +281,8 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         limits: CapacityLimits,
     ) -> None:
         """Swap in one whole revision in one IMMEDIATE transaction (see the port's contract)."""
+        if self._read_only:
+            raise store_read_only(corpus)
         state = self._state(corpus)
         checked = checked_replacement(state.dimensions, source, chunks)
         blobs = [row.astype("<f4").tobytes() for row in checked.raw]
@@ -339,6 +363,8 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
     def delete_source(self, corpus: str, namespace: str, source_id: str, revision: str) -> int:
         """Delete exactly that revision; `SOURCE_UNAVAILABLE` if absent, `SOURCE_CONFLICT` if
         the source is at another revision. Returns the number of passages removed."""
+        if self._read_only:
+            raise store_read_only(corpus)
         state = self._state(corpus)
         with self._write_lock, self._db_lock:
             conn = self._connection()
