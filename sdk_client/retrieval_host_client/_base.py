@@ -333,6 +333,7 @@ class BaseClient(Generic[H]):
         metadata: Mapping[str, str | int | float | bool | None] | None,
         media_type: str | None,
         stream: bool = False,
+        idle_timeout_ms: int | None = None,
     ) -> Call[IndexResponse]:
         params = IngestParams(
             corpus=corpus,
@@ -340,6 +341,7 @@ class BaseClient(Generic[H]):
             revision=revision,
             title=title,
             metadata=None if metadata is None else json.dumps(dict(metadata), allow_nan=False),
+            idle_timeout_ms=idle_timeout_ms,
         )
         upload = Upload(document, _media_type(document, media_type))
         return Call(

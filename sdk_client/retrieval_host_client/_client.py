@@ -173,6 +173,7 @@ class Client(BaseClient[httpx.Client]):
         media_type: str | None = None,
         on_progress: ProgressCallback | None = None,
         stream: bool = True,
+        idle_timeout_ms: int | None = None,
     ) -> IndexResponse:
         """Upload a raw PDF, Markdown, text, HTML or e-mail document; the host parses and
         indexes it.
@@ -188,7 +189,8 @@ class Client(BaseClient[httpx.Client]):
         passages done and total), and the host's heartbeats keep the reads alive however long
         the document takes, so `timeout` bounds only the silence. Leaving early (an exception
         in `on_progress`, a cancelled task) closes the connection: the host cancels the
-        ingest and keeps the previous revision.
+        ingest and keeps the previous revision. `idle_timeout_ms` asks the host to end the
+        ingest (`HostTimeoutError`, reason `idle-timeout`) after that long without progress.
         """
         call = self._ingest(
             document,
@@ -199,6 +201,7 @@ class Client(BaseClient[httpx.Client]):
             metadata=metadata,
             media_type=media_type,
             stream=stream,
+            idle_timeout_ms=idle_timeout_ms,
         )
         if not stream:
             return self._send(call)

@@ -278,6 +278,8 @@ class IngestParams(_Request):
     `revision` defaults to the SHA-256 of the normalized content, `title` to one taken from
     the document. `metadata` is a JSON object (percent-encoded in the URL) laid over the
     metadata the document yields, key by key; searches filter on it and hits show it.
+    `idle_timeout_ms` ends the ingest with `TIMEOUT` (`idle-timeout`) when that long passes
+    without progress (the parse, each embedding slice, the commit), as a run's does.
     """
 
     corpus: Identifier
@@ -285,6 +287,7 @@ class IngestParams(_Request):
     revision: Revision | None = None
     title: Annotated[str, StringConstraints(max_length=1024, pattern=TEXT_PATTERN)] | None = None
     metadata: Json[UserMetadata] | None = None
+    idle_timeout_ms: Positive | None = None
 
 
 class DeleteRequest(_Request):

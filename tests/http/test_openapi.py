@@ -146,7 +146,16 @@ def test_ingest_takes_raw_documents_and_query_parameters(document: dict[str, Any
         "text/html",
     }
     parameters = {p["name"]: p for p in ingest["parameters"]}
-    assert set(parameters) == {"corpus", "sourceId", "revision", "title", "metadata"}
+    assert set(parameters) == {
+        "corpus",
+        "sourceId",
+        "revision",
+        "title",
+        "metadata",
+        "idleTimeoutMs",
+    }
+    idle = parameters["idleTimeoutMs"]["schema"]
+    assert (idle["type"], idle["minimum"]) == ("integer", 1) and "anyOf" not in idle
     assert parameters["corpus"]["required"] and parameters["sourceId"]["required"]
     assert not parameters["revision"]["required"]
     assert all(p["in"] == "query" for p in parameters.values())

@@ -9,6 +9,7 @@ two batches). The routes call only the Driver.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
@@ -171,7 +172,8 @@ class Routes:
     async def ingest(self, request: Request) -> Response:
         principal = self.policy.authenticate(request)
         params = self._ingest_params(request)
-        context = self._context(principal, "index", params.corpus, request)
+        idle = None if params.idle_timeout_ms is None else params.idle_timeout_ms / 1000
+        context = self._context(principal, "index", params.corpus, request, idle_s=idle)
         # Normalized and checked here, before the body is read: the same one normalization
         # `Driver.ingest_context` applies to in-process callers (`normalize_media_type`).
         media_type = normalize_media_type(request.headers.get("content-type", ""))
@@ -300,15 +302,24 @@ class Routes:
         return self.driver
 
     def _context(
-        self, principal: Principal, operation: Operation, corpus: str, request: Request
+        self,
+        principal: Principal,
+        operation: Operation,
+        corpus: str,
+        request: Request,
+        *,
+        idle_s: float | None = None,
     ) -> RequestContext:
         principal.require(operation, corpus)
-        return self.policy.context(principal, request)
+        return self.policy.context(principal, request, idle_s=idle_s)
 
     def _ingest_params(self, request: Request) -> wire.IngestParams:
-        params = utf8_query_params(request.scope.get("query_string", b""))
+        params: dict[str, Any] = dict(utf8_query_params(request.scope.get("query_string", b"")))
         if "metadata" in params:
             check_unique_keys(params["metadata"].encode("utf-8"))
+        idle = params.get("idleTimeoutMs")
+        if isinstance(idle, str) and re.fullmatch(r"[1-9][0-9]{0,15}", idle):
+            params["idleTimeoutMs"] = int(idle)  # the one integer of the query string
         try:
             return wire.IngestParams.model_validate(
                 params, strict=True, by_alias=True, by_name=False
