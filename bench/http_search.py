@@ -54,7 +54,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +105,14 @@ def wait_until(ready: Callable[[], bool], process: subprocess.Popen[bytes], what
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not become ready")
         time.sleep(0.05)
+
+
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the servers this bench starts: this one without any
+    `RETRIEVAL_HOST_*` variable (the bench's own, like `RETRIEVAL_HOST_BENCH_CHROMA_VENV`,
+    would stop the host: it refuses unknown settings), with the repository importable."""
+    kept = {k: v for k, v in environ.items() if not k.upper().startswith("RETRIEVAL_HOST_")}
+    return {**kept, "PYTHONPATH": str(REPO), "ANONYMIZED_TELEMETRY": "False"}
 
 
 @contextmanager
@@ -337,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  (for reference: the local model embeds one short query in {model_ms:.1f} ms)")
     chroma = None if args.no_chroma else ensure_chroma()
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ANONYMIZED_TELEMETRY": "False"}
+    env = server_environment(os.environ)
     with private_directory("rh-bench-http-") as work, ExitStack() as stack:
         tls = make_tls(work)
         from retrieval_host.adapters.sqlite import SqliteVectorStore

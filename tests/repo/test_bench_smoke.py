@@ -27,7 +27,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import SearchRequest
-from retrieval_host.settings import HostSettings
+from retrieval_host.settings import HostSettings, SettingsError, load_settings
 from retrieval_host.wire import retrieval as mapping
 
 SMALL = Clusters(clusters=20)
@@ -197,3 +197,17 @@ def test_hybrid_times_every_mode_over_the_grant_at_a_tiny_size(
     # Two queries, limit 10, 200 allowed passages: dense and hybrid fill every answer.
     assert result.hits["dense"] == result.hits["hybrid"] == 20
     assert result.ratio > 0
+
+
+def test_the_http_bench_starts_its_servers_without_its_own_settings_variables() -> None:
+    environ = {
+        "RETRIEVAL_HOST_BENCH_CHROMA_VENV": "/opt/chroma-venv",
+        "retrieval_host_listen__port": "1",
+        "PATH": "/usr/bin",
+    }
+    env = http_search.server_environment(environ)
+    assert not [k for k in env if k.upper().startswith("RETRIEVAL_HOST_")]
+    assert env["PATH"] == "/usr/bin" and env["PYTHONPATH"]
+    # What the host would have done with the bench's variable: refuse to start.
+    with pytest.raises(SettingsError, match="RETRIEVAL_HOST_BENCH_CHROMA_VENV"):
+        load_settings(None, environ)
