@@ -24,10 +24,14 @@ from retrieval_host_client.models import (
 )
 
 __all__ = [
+    "CitationPolicy",
+    "CitationReport",
+    "CitedSource",
     "GenerationUsage",
     "ManifestEntry",
     "OutputArtifact",
     "OutputArtifactSpec",
+    "QuoteCheck",
     "Receipt",
     "RunCompletedEvent",
     "RunDeltaEvent",
@@ -74,6 +78,18 @@ class OutputArtifactSpec(_Request):
     ] = "text/markdown"
 
 
+class CitationPolicy(_Request):
+    """Ask the host to check the answer's citations before the run completes: every
+    `[source:ID]` well formed and in the run's manifest (re-authorized at its current
+    revision), at least one when `require`, and with `quotes` every text quoted next to a
+    citation found in that passage (whitespace-normalized). A failed check fails the run with
+    `INVALID_CITATION` (reasons `malformed-marker`, `unknown-source`, `no-citation`,
+    `quote-not-in-passage`)."""
+
+    require: bool = True
+    quotes: bool = True
+
+
 class RunRequest(_Request):
     """A grounded generation request. `provider` must be granted to the caller's token."""
 
@@ -88,6 +104,7 @@ class RunRequest(_Request):
     # Expiry is the client's own limit: `TIMEOUT` 408 (reason `idle-timeout`), never a 5xx.
     idle_timeout_ms: Positive | None = None
     max_generation_steps: Annotated[int, Field(ge=1, le=16), BeforeValidator(_integral)] = 4
+    citations: CitationPolicy | None = None
 
 
 class ManifestEntry(_Response):
@@ -131,6 +148,24 @@ class OutputArtifact(_Response):
     source_ids: list[str]
 
 
+class QuoteCheck(_Response):
+    text: str
+    found: bool
+
+
+class CitedSource(_Response):
+    """A passage the checked answer cites, with the quotes placed next to its markers."""
+
+    id: str
+    quotes: list[QuoteCheck] = Field(default_factory=list)
+
+
+class CitationReport(_Response):
+    """The host's citation check of the answer (`RunRequest.citations`), first cited first."""
+
+    cited: list[CitedSource]
+
+
 class RunResult(_Response):
     """A completed run: the answer, what it may cite, how it searched, and what it cost."""
 
@@ -147,6 +182,7 @@ class RunResult(_Response):
     created_at: str
     completed_at: str
     replayed: bool = False
+    citations: CitationReport | None = None
 
 
 class RunRecord(_Response):

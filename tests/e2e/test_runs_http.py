@@ -532,6 +532,48 @@ def test_max_context_bytes_bounds_what_all_the_searches_of_a_run_gather(
     assert all(r["status"] in ("ok", "quota-exceeded") for r in receipts)
 
 
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        ('It lasts "1,200 charge cycles at 25 degrees" [source:battery-1].', None),
+        ('It lasts "2,000 charge cycles" [source:battery-1].', "quote-not-in-passage"),
+        ("See [source:vault-1] for more.", "unknown-source"),
+        ("The battery lasts long.", "no-citation"),
+    ],
+)
+def test_a_run_asking_for_checked_citations_completes_only_with_valid_ones(
+    host: RunningHost, world: RunsWorld, answer: str, reason: str | None
+) -> None:
+    world.fake.script_chat([PlannedResponse(text=answer)])
+    body = run_body(provider="fake", model="gpt-test", citations={"require": True})
+    streamed = stream_run(host, world.tokens["alice"], body)
+    last = streamed.events[-1]
+    if reason is None:
+        assert last["type"] == "run.completed", last
+        result = last["result"]
+        assert result["citations"] == {
+            "cited": [
+                {
+                    "id": "battery-1",
+                    "quotes": [{"text": "1,200 charge cycles at 25 degrees", "found": True}],
+                }
+            ]
+        }
+        assert_cited(result)
+        # Recorded with its check: the run's record answers the same.
+        record = get_run(host, world.tokens["alice"], result["runId"]).json()
+        assert record["result"]["citations"] == result["citations"]
+        parsed = wire.RunResult.model_validate(result)
+        assert parsed.citations is not None and parsed.citations.cited[0].quotes[0].found
+    else:
+        assert last["type"] == "run.failed", last
+        problem = last["problem"]
+        assert (problem["code"], problem["reason"]) == ("INVALID_CITATION", reason)
+        assert "2,000" not in problem["detail"]  # the answer's text stays out of problems
+        record = get_run(host, world.tokens["alice"], last["runId"]).json()
+        assert record["status"] == "failed" and record["errorCode"] == "INVALID_CITATION"
+
+
 # --- 5. revoked between search and generation -------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import RerankUsage
-from retrieval_host.core.runs_model import RunResult
+from retrieval_host.core.runs_model import CitationReport, CitedSource, QuoteCheck, RunResult
 from retrieval_host.wire.run_storage import STORAGE_VERSION, decode_result, encode_result
 from retrieval_host.wire.runs import result_to_json
 from tests.support.run_records import OLD_PLAIN, OLD_PLAIN_JSON, OLD_RESULT, OLD_RESULT_JSON
@@ -26,13 +26,15 @@ def test_the_previous_release_records_read_back_identically() -> None:
 
 def test_the_literal_old_records_are_what_the_previous_release_wrote() -> None:
     # The literals stay (they are the old records); what the wire added since is listed here:
-    # receipts name their search mode (null for a receipt recorded before they did), and usage
-    # counts reranking (none in a run recorded before it existed).
+    # receipts name their search mode (null for a receipt recorded before they did), usage
+    # counts reranking (none in a run recorded before it existed), and the host's citation
+    # check is null for a run that did not ask for one.
     for result, stored in ((OLD_RESULT, OLD_RESULT_JSON), (OLD_PLAIN, OLD_PLAIN_JSON)):
         expected = json.loads(stored)
         for receipt in expected["receipts"]:
             receipt["searchMode"] = None
         expected["usage"]["rerank"] = {"requests": 0, "documents": 0, "inputTokens": 0}
+        expected["citations"] = None
         assert result_to_json(result) == expected
 
 
@@ -49,6 +51,13 @@ def test_a_stored_result_reads_back_equal(result: RunResult) -> None:
     assert decode_result(encode_result(result)) == result
     replayed = replace(result, replayed=True)
     assert decode_result(encode_result(replayed)) == replayed
+    checked = replace(
+        result,
+        citations=CitationReport(
+            [CitedSource("c1", (QuoteCheck("as quoted", True), QuoteCheck("not there", False)))]
+        ),
+    )
+    assert decode_result(encode_result(checked)) == checked
 
 
 def test_a_record_of_a_later_storage_version_is_refused() -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "DocumentTooComplexReason",
     "EmbeddingFailedReason",
     "HostBusyReason",
+    "InvalidCitationReason",
     "InvalidDocumentReason",
     "InvalidRequestReason",
     "PayloadTooLargeReason",
@@ -185,6 +186,15 @@ class UnsafeStoreReason(StrEnum):
     SCHEMA_VERSION = "schema-version"  # a schema version this host cannot read or migrate
 
 
+class InvalidCitationReason(StrEnum):
+    """Reasons of `INVALID_CITATION` (422): the run's answer failed the host's citation check."""
+
+    MALFORMED_MARKER = "malformed-marker"  # a `[source:` that is not `[source:ID]`
+    UNKNOWN_SOURCE = "unknown-source"  # an id outside the run's manifest
+    NO_CITATION = "no-citation"  # `require` and the answer cites nothing
+    QUOTE_NOT_IN_PASSAGE = "quote-not-in-passage"  # a quoted text the cited passage lacks
+
+
 class StoreUnavailableReason(StrEnum):
     """Reasons of `STORE_UNAVAILABLE` (503): the store cannot serve now."""
 
@@ -263,6 +273,7 @@ REASONS: Final[Mapping[ErrorCode, type[StrEnum]]] = {
     ErrorCode.SOURCE_CONFLICT: SourceConflictReason,
     ErrorCode.DESCRIPTOR_MISMATCH: DescriptorMismatchReason,
     ErrorCode.INVALID_REQUEST: InvalidRequestReason,
+    ErrorCode.INVALID_CITATION: InvalidCitationReason,
     ErrorCode.INVALID_DOCUMENT: InvalidDocumentReason,
     ErrorCode.DOCUMENT_TOO_COMPLEX: DocumentTooComplexReason,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: UnsupportedMediaTypeReason,

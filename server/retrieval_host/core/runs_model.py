@@ -41,6 +41,39 @@ class RunRetrieval:
 
 
 @dataclass(frozen=True, slots=True)
+class CitationPolicy:
+    """The host checks the answer's citations before the run completes (`core.runs.citations`):
+    every `[source:ID]` well formed and naming a passage of the run's manifest (which was
+    re-authorized at its current revision just before), at least one when `require`, and,
+    with `quotes`, the text the answer quotes next to a citation found in that passage. A
+    failed check fails the run with `INVALID_CITATION`."""
+
+    require: bool = True
+    quotes: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class QuoteCheck:
+    text: str  # as quoted in the answer
+    found: bool  # occurs in the cited passage (whitespace-normalized)
+
+
+@dataclass(frozen=True, slots=True)
+class CitedSource:
+    """One cited passage of a checked answer, with the quotes placed next to its markers."""
+
+    id: str
+    quotes: Sequence[QuoteCheck] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CitationReport:
+    """What the host's citation check found: each cited passage, first citation first."""
+
+    cited: Sequence[CitedSource]
+
+
+@dataclass(frozen=True, slots=True)
 class OutputArtifactSpec:
     name: str
     media_type: str = "text/markdown"
@@ -57,6 +90,8 @@ class RunRequest:
     idle_timeout_ms: int | None = None
     # Model calls the run may make; every call (also tool rounds) draws on it.
     max_generation_steps: int = 4
+    # Check the answer's citations on the host before completing (None: not checked).
+    citations: CitationPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +164,8 @@ class RunResult:
     # The corpus the evidence came from (needed to re-authorize it on replay).
     corpus: str | None = None
     replayed: bool = False
+    # The host's citation check, when the request asked for one.
+    citations: CitationReport | None = None
 
 
 # --- events --------------------------------------------------------------------------------

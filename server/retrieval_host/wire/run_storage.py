@@ -8,8 +8,9 @@ of `RunResult` under their core (snake_case) names:
      "artifact": ... | null, "corpus": ... | null, "created_at": ..., "completed_at": ...,
      "replayed": false}
 
-`usage.rerank` was added to version 2 without a bump: a record written before it has none and
-reads as no reranking, and a host that predates it ignores the key.
+`usage.rerank` and `citations` (the host's citation check: `[{"id", "quotes": [{"text",
+"found"}]}]` or null) were added to version 2 without a bump: a record written before them has
+none and reads as no reranking and no check, and a host that predates them ignores the keys.
 
 Version 1 has no version field: the previous release stored the public wire JSON of the
 result (`wire.runs.result_to_json` as it was then: camelCase, locations without their unset
@@ -32,9 +33,12 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage, Location, RerankUsage
 from retrieval_host.core.reasons import StoreUnavailableReason
 from retrieval_host.core.runs_model import (
+    CitationReport,
+    CitedSource,
     GenerationUsage,
     ManifestEntry,
     OutputArtifact,
+    QuoteCheck,
     Receipt,
     RunResult,
     RunUsage,
@@ -111,6 +115,12 @@ def encode_result(result: RunResult) -> str:
         "created_at": result.created_at,
         "completed_at": result.completed_at,
         "replayed": result.replayed,
+        "citations": None
+        if result.citations is None
+        else [
+            {"id": c.id, "quotes": [{"text": q.text, "found": q.found} for q in c.quotes]}
+            for c in result.citations.cited
+        ],
     }
     return json.dumps(document, separators=(",", ":"))
 
@@ -184,6 +194,21 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
         else OutputArtifact(artifact["name"], artifact["media_type"], list(artifact["source_ids"])),
         corpus=body["corpus"],
         replayed=bool(body["replayed"]),
+        citations=_citations(body.get("citations")),
+    )
+
+
+def _citations(body: list[Any] | None) -> CitationReport | None:
+    """The citation check of a version-2 record; none in records written before it."""
+    if body is None:
+        return None
+    return CitationReport(
+        [
+            CitedSource(
+                c["id"], tuple(QuoteCheck(q["text"], bool(q["found"])) for q in c["quotes"])
+            )
+            for c in body
+        ]
     )
 
 

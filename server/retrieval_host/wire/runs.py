@@ -12,6 +12,8 @@ from typing import Any
 from retrieval_host.core.models import Location
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs_model import (
+    CitationPolicy,
+    CitationReport,
     OutputArtifactSpec,
     RunCompleted,
     RunDelta,
@@ -52,6 +54,9 @@ def run_request(body: wire.RunRequest) -> RunRequest:
         idempotency_key=body.idempotency_key,
         idle_timeout_ms=body.idle_timeout_ms,
         max_generation_steps=body.max_generation_steps,
+        citations=None
+        if body.citations is None
+        else CitationPolicy(require=body.citations.require, quotes=body.citations.quotes),
     )
 
 
@@ -153,4 +158,17 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
         "createdAt": result.created_at,
         "completedAt": result.completed_at,
         "replayed": result.replayed,
+        "citations": citations_to_json(result.citations),
+    }
+
+
+def citations_to_json(report: CitationReport | None) -> dict[str, Any] | None:
+    """The host's citation check of a result (null when the run did not ask for one)."""
+    if report is None:
+        return None
+    return {
+        "cited": [
+            {"id": c.id, "quotes": [{"text": q.text, "found": q.found} for q in c.quotes]}
+            for c in report.cited
+        ]
     }

@@ -22,6 +22,7 @@ from retrieval_host.core.run_ports import (
     ToolCallRequested,
 )
 from retrieval_host.core.runs_model import (
+    CitationPolicy,
     OutputArtifactSpec,
     RunCompleted,
     RunDelta,
@@ -384,6 +385,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
     for name in ("search_mode", "rerank", "max_rerank_calls"):
         del body["retrieval"][name]
+    del body["citations"]  # added after them, at the request's top level
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     assert request_fingerprint(request) == hashlib.sha256(canonical.encode()).hexdigest()
     for changed in (
@@ -393,3 +395,5 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     ):
         other = dataclasses.replace(request, retrieval=changed)
         assert request_fingerprint(other) != request_fingerprint(request)
+    checked = dataclasses.replace(request, citations=CitationPolicy())
+    assert request_fingerprint(checked) != request_fingerprint(request)

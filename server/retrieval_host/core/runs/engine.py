@@ -8,6 +8,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
 from retrieval_host.core.grants import denied
 from retrieval_host.core.run_ports import GenerationProvider, RunRecord, RunStore
+from retrieval_host.core.runs.citations import check_citations
 from retrieval_host.core.runs.evidence import reauthorize_manifest, recheck_evidence
 from retrieval_host.core.runs.generation import ToolRound, generate_step, step_budget_exhausted
 from retrieval_host.core.runs.replay import replay
@@ -214,6 +215,11 @@ class RunEngine:
         run.emit(RunProgress("recording", {"sources": len(run.evidence)}))
         if spec is not None and run.evidence:
             recheck_evidence(run, spec, drop=False)
-        result = build_result(request, run, "".join(text))
+        answer = "".join(text)
+        report = None
+        if request.citations is not None:
+            run.emit(RunProgress("citations", {"sources": len(run.evidence)}))
+            report = check_citations(answer, run.evidence, request.citations)
+        result = build_result(request, run, answer, report)
         self._store.complete(run.run_id, result)
         return result

@@ -24,6 +24,8 @@ def request_fingerprint(request: RunRequest) -> str:
     Fields added later are left out at their defaults, as if they did not exist: runs recorded
     before them keep their fingerprints, so replaying their keys still finds them."""
     body = asdict(replace(request, idle_timeout_ms=None))
+    if body.get("citations") is None:
+        del body["citations"]  # added later: absent, as in the runs recorded before it
     retrieval = body.get("retrieval")
     if isinstance(retrieval, dict):
         for name, default in _ADDED_RETRIEVAL_DEFAULTS.items():

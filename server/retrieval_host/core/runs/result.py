@@ -7,6 +7,7 @@ import re
 
 from retrieval_host.core.runs.state import ActiveRun
 from retrieval_host.core.runs_model import (
+    CitationReport,
     ManifestEntry,
     OutputArtifact,
     RunRequest,
@@ -15,7 +16,9 @@ from retrieval_host.core.runs_model import (
 )
 
 
-def build_result(request: RunRequest, run: ActiveRun, text: str) -> RunResult:
+def build_result(
+    request: RunRequest, run: ActiveRun, text: str, citations: CitationReport | None = None
+) -> RunResult:
     """The run's result, completed now. An artifact lists the sources the text cites, or all
     the evidence when it cites none."""
     spec = request.retrieval
@@ -44,6 +47,7 @@ def build_result(request: RunRequest, run: ActiveRun, text: str) -> RunResult:
         completed_at=run.clock(),
         artifact=artifact,
         corpus=spec.corpus if spec is not None and manifest else None,
+        citations=citations,
     )
 
 
