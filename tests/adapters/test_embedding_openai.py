@@ -582,8 +582,13 @@ def db_path(tmp_path: Path) -> Path:
 
 @contextlib.contextmanager
 def opened(db_path: Path, adapter: OpenAIEmbedding) -> Iterator[RetrievalService]:
+    # Passages embedded as given (no passage context) and no query cache: these tests compare
+    # the fake's vectors, token counts and request counts with the texts themselves.
     with SqliteVectorStore.open(db_path) as store:
-        yield RetrievalService([Corpus(CORPUS, "passages-v1", adapter, store, authorize)])
+        corpus = Corpus(
+            CORPUS, "passages-v1", adapter, store, authorize, chunking={"context": "none"}
+        )
+        yield RetrievalService([corpus], query_cache_entries=0)
 
 
 def test_an_identical_reindex_is_unchanged_without_any_embedding_request(

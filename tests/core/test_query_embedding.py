@@ -155,3 +155,29 @@ def test_a_cancelled_query_leaves_without_stalling_the_others(
         model.release.set()
         assert [f.result(30).vectors.shape[0] for f in (first, *rest[1:])] == [1, 1, 1]
     assert model.calls == [QUERIES[:1], QUERIES[2:4]]  # the cancelled query was never embedded
+
+
+def test_the_model_call_sees_its_callers_cancel(local_embedding: LocalEmbedding) -> None:
+    seen: list[CancelToken] = []
+
+    class Watching(Gated):
+        def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
+            seen.append(cancel)
+            return super().embed(texts, cancel)
+
+    model = Watching(local_embedding)
+    embedder = QueryEmbedder(model, max_wait_s=0)
+    caller = CancelToken()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(embedder.embed, QUERIES[0], "alice", caller)
+        assert model.entered.wait(30)
+        assert not seen[0].cancelled
+        caller.cancel()  # an adapter that aborts on cancel can now abort this call
+        assert seen[0].cancelled
+        with pytest.raises(RetrievalError) as excinfo:
+            seen[0].check()
+        assert excinfo.value.code is ErrorCode.CANCELLED
+        model.release.set()
+        with pytest.raises(RetrievalError) as excinfo:
+            future.result(30)  # the model stopped for the one caller who no longer waits
+        assert excinfo.value.code is ErrorCode.CANCELLED

@@ -8,7 +8,9 @@ many arrive at once. `QueryEmbedder` sits between the service and an `EmbeddingA
   one call and hands each its row; the others wait for their row. One query alone pays the
   wait and nothing else; under load, a batch of 16 costs about what 3 single calls do on a CPU
   model. A failed call fails every query of its batch with the same error. A query whose
-  caller is cancelled while it waits leaves the batch without disturbing the others.
+  caller is cancelled while it waits leaves the batch without disturbing the others; the call
+  itself sees a token that is cancelled once *every* caller of its batch is (for a query
+  alone: its caller's), so an adapter that aborts on cancel aborts only work nobody wants.
 - **A cache of query vectors** (least recently used, `cache_entries`), keyed by the embedding
   descriptor, the *subject* and the whitespace-normalized text (the text embedded is the
   normalized one, so equal keys mean equal vectors). Keyed by subject so that one caller's
@@ -47,6 +49,7 @@ _CANCEL_POLL_S: Final = 0.05
 @dataclass(eq=False)  # compared by identity: two queries may hold the same text
 class _Pending:
     text: str
+    cancel: CancelToken
     # Set when the query is done, or when it is its turn to lead the next batch.
     wake: threading.Event = field(default_factory=threading.Event)
     lead: bool = False
@@ -100,7 +103,7 @@ class QueryEmbedder:
         if cached is not None:
             return EmbeddingBatch(cached[np.newaxis, :], EmbeddingUsage())
         cancel.check()
-        pending = _Pending(text)
+        pending = _Pending(text, cancel)
         with self._lock:
             self._queue.append(pending)
             if self._leading:
@@ -164,8 +167,8 @@ class QueryEmbedder:
 
     def _run(self, batch: Sequence[_Pending]) -> None:
         try:
-            # Not the callers' tokens: one caller's cancel must not fail the others' queries.
-            result = self._embedding.embed([p.text for p in batch], CancelToken())
+            # One caller's cancel must not fail the others' queries: cancelled when all are.
+            result = self._embedding.embed([p.text for p in batch], _AllCancelled(batch))
             shares = _token_shares(self._embedding, batch, result.usage)
             for i, pending in enumerate(batch):
                 row = np.array(result.vectors[i], dtype=np.float32)
@@ -195,6 +198,29 @@ class QueryEmbedder:
             self._cache.move_to_end(key)
             while len(self._cache) > self._cache_entries:
                 self._cache.popitem(last=False)
+
+
+class _AllCancelled(CancelToken):
+    """Cancelled when every query of a batch is; its check raises as the first caller's."""
+
+    def __init__(self, batch: Sequence[_Pending]) -> None:
+        super().__init__()
+        self._tokens = [p.cancel for p in batch]
+
+    @property
+    def cancelled(self) -> bool:
+        return all(t.cancelled for t in self._tokens)
+
+    def progress(self) -> None:
+        for token in self._tokens:
+            token.progress()
+
+    def idle_expired(self) -> bool:
+        return all(t.idle_expired() for t in self._tokens)
+
+    def check(self) -> None:
+        if all(t.cancelled or t.idle_expired() for t in self._tokens):
+            self._tokens[0].check()
 
 
 def _token_shares(
