@@ -270,6 +270,9 @@ class SearchRequest(_Request):
     # Rerank the authorized top candidates with the corpus's reranker. None: when the corpus
     # has one; True on a corpus without one is refused (`rerank-unavailable`).
     rerank: bool | None = None
+    # Only revisions committed at most this many seconds ago (chosen with authorization,
+    # before ranking; a revision without a recorded commit time is left out).
+    max_age_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class IngestParams(_Request):
@@ -351,6 +354,8 @@ class Hit(_Response):
     scores: HitScores = Field(default_factory=HitScores)
     # The source revision's metadata as indexed (what `filters` test).
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    # When the revision was committed (RFC 3339 UTC); null if written before that was recorded.
+    indexed_at: str | None = None
 
 
 class EmbeddingUsage(_Response):

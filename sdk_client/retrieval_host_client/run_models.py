@@ -69,6 +69,8 @@ class RunRetrieval(_Request):
     # a search that would call the reranker past `maxRerankCalls` is not made.
     rerank: bool | None = None
     max_rerank_calls: Annotated[int, Field(ge=0, le=16), BeforeValidator(_integral)] = 3
+    # Each search reads only revisions committed at most this many seconds ago.
+    max_age_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class OutputArtifactSpec(_Request):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,12 @@ def test_plain_http_is_refused_except_to_loopback(connect: Connect) -> None:
     with pytest.raises(ValueError, match="https"):
         connect(base_url="http://retrieval.example:8080")
     connect(base_url="http://127.0.0.1:9")  # a local TLS-terminating proxy is allowed
+
+
+def test_hits_carry_their_commit_time_and_max_age_narrows_the_search(api: ClientApi) -> None:
+    recent = api.search_context(corpus=CORPUS, query=QUESTION, limit=2, max_age_s=10 * 365 * 86400)
+    assert recent.hits and all(h.indexed_at for h in recent.hits)
+    committed = datetime.fromisoformat(recent.hits[0].indexed_at or "")
+    assert committed <= datetime.fromisoformat(recent.retrieved_at)
+    # The sources were committed when the host's world was built, well over a millisecond ago.
+    assert api.search_context(corpus=CORPUS, query=QUESTION, max_age_s=0.001).hits == []

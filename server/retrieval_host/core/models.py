@@ -75,6 +75,9 @@ class SearchRequest:
     # Rerank the authorized top candidates with the corpus's reranker (`core.rerank`). None:
     # when the corpus has one; True on a corpus without one is refused.
     rerank: bool | None = None
+    # Read only revisions committed at most this many seconds ago (`core.freshness`), chosen
+    # with authorization before ranking. None: any age.
+    max_age_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,8 @@ class Hit:
     scores: Mapping[str, float] = field(default_factory=dict)
     # The source revision's metadata (as indexed), so that a hit shows what filters saw.
     metadata: Metadata = field(default_factory=dict)
+    # When its revision was committed (None for revisions written before that was recorded).
+    indexed_at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,6 +199,14 @@ class VectorStore(Protocol):
       uncommitted write left behind.
     """
 
+    def indexed_at(
+        self, corpus: str, namespace: str, source_ids: Collection[str]
+    ) -> dict[str, tuple[str, str | None]]:
+        """Source id -> (current revision, when it was committed; None for revisions written
+        before that was recorded), for those of `source_ids` that exist, from committed
+        state. One statement however many ids (freshness, `core.freshness`)."""
+        ...
+
     @property
     def read_only(self) -> bool:
         """Opened read-only (a snapshot, a replica): `replace_source` and `delete_source`

@@ -38,6 +38,8 @@ class RunRetrieval:
     # past them is not made (its receipt says `quota-exceeded`).
     rerank: bool | None = None
     max_rerank_calls: int = 3
+    # Each search reads only revisions committed at most this many seconds ago.
+    max_age_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

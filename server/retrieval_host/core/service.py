@@ -21,6 +21,7 @@ from retrieval_host.core.errors import (
 )
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
+from retrieval_host.core.freshness import fresh_revisions
 from retrieval_host.core.grants import (
     authorize,
     authorize_or_none,
@@ -171,6 +172,10 @@ class RetrievalService:
         reranking = wants_rerank(corpus.reranker, request.rerank)
         scope = Scope(corpus.id, corpus.version, grant.namespace)
         retrieved_at = self._clock()
+        if request.max_age_s is not None and allowed:
+            # With authorization, before ranking: a stale revision is never scored.
+            indexed = corpus.store.indexed_at(corpus.id, grant.namespace, allowed.keys())
+            allowed = fresh_revisions(allowed, indexed, retrieved_at, request.max_age_s)
         if not allowed:
             return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
 
@@ -203,6 +208,8 @@ class RetrievalService:
         if request.min_score is not None:
             candidates = [c for c in candidates if c.score >= request.min_score]
 
+        shown = candidates[: request.limit]
+        times = corpus.store.indexed_at(corpus.id, grant.namespace, {c.source_id for c in shown})
         hits = [
             Hit(
                 chunk_id=c.chunk_id,
@@ -215,8 +222,9 @@ class RetrievalService:
                 scope=scope,
                 scores=scores[c.chunk_id],
                 metadata=c.metadata,
+                indexed_at=_indexed_at(times, c.source_id, c.revision),
             )
-            for c in candidates[: request.limit]
+            for c in shown
         ]
         kept, dropped = apply_byte_budget(hits, request.max_context_bytes)
         truncated = dropped or len(candidates) > request.limit
@@ -573,3 +581,11 @@ def _content_differs() -> RetrievalError:
         "index the change under a new revision.",
         reason=SourceConflictReason.REVISION_CONTENT_DIFFERS,
     )
+
+
+def _indexed_at(
+    times: Mapping[str, tuple[str, str | None]], source_id: str, revision: str
+) -> str | None:
+    """A hit's commit time, when the store still has its revision current."""
+    found = times.get(source_id)
+    return found[1] if found is not None and found[0] == revision else None

@@ -150,6 +150,12 @@ def check_search_request(request: SearchRequest) -> None:
         raise _invalid("minScore must be a finite number.")
     if request.max_context_bytes is not None and request.max_context_bytes < 1:
         raise _invalid("maxContextBytes must be positive.")
+    if request.max_age_s is not None and (
+        isinstance(request.max_age_s, bool)
+        or not math.isfinite(request.max_age_s)
+        or request.max_age_s <= 0
+    ):
+        raise _invalid("maxAgeS must be a positive number of seconds.")
     if request.source_ids is not None:
         if len(request.source_ids) > MAX_SOURCE_IDS:
             raise _invalid(f"at most {MAX_SOURCE_IDS} sourceIds.")

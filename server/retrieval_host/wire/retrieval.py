@@ -27,6 +27,7 @@ def search_request(body: wire.SearchRequest) -> core.SearchRequest:
         mode=body.mode,
         min_score=body.min_score,
         rerank=body.rerank,
+        max_age_s=body.max_age_s,
     )
 
 
@@ -98,6 +99,7 @@ def _search_body(result: core.SearchResult) -> dict[str, Any]:
                     "rerank": h.scores.get("rerank"),
                 },
                 "metadata": h.metadata,
+                "indexedAt": h.indexed_at,
             }
             for h in result.hits
         ],

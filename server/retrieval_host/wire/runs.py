@@ -49,6 +49,7 @@ def run_request(body: wire.RunRequest) -> RunRequest:
             search_mode=r.search_mode,
             rerank=r.rerank,
             max_rerank_calls=r.max_rerank_calls,
+            max_age_s=r.max_age_s,
         ),
         output_artifact=None if a is None else OutputArtifactSpec(a.name, a.media_type),
         idempotency_key=body.idempotency_key,

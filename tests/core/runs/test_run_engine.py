@@ -383,7 +383,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
 
     request = _before(idempotency_key="k")
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
-    for name in ("search_mode", "rerank", "max_rerank_calls"):
+    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s"):
         del body["retrieval"][name]
     del body["citations"]  # added after them, at the request's top level
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
@@ -392,6 +392,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
         RunRetrieval(corpus="library", search_mode="dense"),
         RunRetrieval(corpus="library", rerank=False),
         RunRetrieval(corpus="library", max_rerank_calls=1),
+        RunRetrieval(corpus="library", max_age_s=60.0),
     ):
         other = dataclasses.replace(request, retrieval=changed)
         assert request_fingerprint(other) != request_fingerprint(request)

@@ -321,6 +321,24 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
                 ).fetchall()
         return {str(sid): str(revision) for sid, revision in rows}
 
+    def indexed_at(
+        self, corpus: str, namespace: str, source_ids: Collection[str]
+    ) -> dict[str, tuple[str, str | None]]:
+        """Source id -> (current revision, commit time) for the ids that exist (see the port)."""
+        self._descriptor(corpus)
+        ids = [s for s in source_ids if "\x00" not in s]
+        if "\x00" in corpus or "\x00" in namespace or not ids:
+            return {}
+        with self._pool.connection() as conn, translated("reading index times"):
+            rows = conn.execute(
+                self._sql(
+                    "SELECT source_id, revision, indexed_at FROM {s}.sources WHERE "
+                    "corpus_id = %s AND namespace = %s AND source_id = ANY(%s)"
+                ),
+                (corpus, namespace, ids),
+            ).fetchall()
+        return {str(s): (str(r), None if t is None else str(t)) for s, r, t in rows}
+
     # --- writes ------------------------------------------------------------------------------
 
     def replace_source(

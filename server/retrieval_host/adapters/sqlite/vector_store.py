@@ -268,6 +268,27 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
             get = spans.get
             return {sid: span.revision for sid in source_ids if (span := get(sid)) is not None}
 
+    def indexed_at(
+        self, corpus: str, namespace: str, source_ids: Collection[str]
+    ) -> dict[str, tuple[str, str | None]]:
+        """Source id -> (current revision, commit time) for the ids that exist (see the port),
+        read from SQLite in one statement."""
+        self._state(corpus)
+        ids = list(dict.fromkeys(source_ids))
+        if not ids:
+            return {}
+        with self._db_lock, translated("reading index times"):
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT source_id, revision, indexed_at FROM sources WHERE corpus_id = ? "
+                    "AND namespace = ? AND source_id IN (SELECT value FROM json_each(?))",
+                    (corpus, namespace, json.dumps(ids)),
+                )
+                .fetchall()
+            )
+        return {str(s): (str(r), None if t is None else str(t)) for s, r, t in rows}
+
     # --- writes ------------------------------------------------------------------------------
 
     def replace_source(

@@ -15,7 +15,12 @@ MAX_INPUT_BYTES = 65_536
 MAX_GENERATION_STEPS = 16
 MAX_RERANK_CALLS = 16
 # `RunRetrieval` fields added after runs were first recorded, with their defaults.
-_ADDED_RETRIEVAL_DEFAULTS = {"search_mode": "hybrid", "rerank": None, "max_rerank_calls": 3}
+_ADDED_RETRIEVAL_DEFAULTS = {
+    "search_mode": "hybrid",
+    "rerank": None,
+    "max_rerank_calls": 3,
+    "max_age_s": None,
+}
 
 
 def request_fingerprint(request: RunRequest) -> str:

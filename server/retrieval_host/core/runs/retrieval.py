@@ -141,6 +141,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
                 max_context_bytes=None,
                 mode=spec.search_mode,
                 rerank=reranks,
+                max_age_s=spec.max_age_s,
             ),
             scoped,
         )
