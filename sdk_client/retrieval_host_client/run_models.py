@@ -107,6 +107,10 @@ class RunRequest(_Request):
     idle_timeout_ms: Positive | None = None
     max_generation_steps: Annotated[int, Field(ge=1, le=16), BeforeValidator(_integral)] = 4
     citations: CitationPolicy | None = None
+    # Tokens the whole run may spend (query embedding, reranking, generation in and out),
+    # checked before each search and model call: spent, a search is not made
+    # (`quota-exceeded`) and a model call is `INVALID_REQUEST` / `token-budget-exhausted`.
+    max_tokens: Positive | None = None
 
 
 class ManifestEntry(_Response):

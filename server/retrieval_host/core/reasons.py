@@ -92,6 +92,8 @@ class InvalidRequestReason(StrEnum):
     RERANK_UNAVAILABLE = "rerank-unavailable"  # `rerank: true` on a corpus without a reranker
     IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"  # one key, two different run requests
     STEP_BUDGET_EXHAUSTED = "step-budget-exhausted"  # tools still asked for at maxGenerationSteps
+    # A run spent its maxTokens before a model call it still needed.
+    TOKEN_BUDGET_EXHAUSTED = "token-budget-exhausted"  # noqa: S105 - a reason, not a secret
     INVALID_CURSOR = "invalid-cursor"  # a page cursor that was edited or is of another listing
     PAGE_LIMIT = "page-limit"  # a listing's `limit` outside 1..1000 (400)
 

@@ -94,6 +94,9 @@ class RunRequest:
     max_generation_steps: int = 4
     # Check the answer's citations on the host before completing (None: not checked).
     citations: CitationPolicy | None = None
+    # Tokens the whole run may spend: query embedding, reranking and generation (input and
+    # output) together, checked before each search and each model call (None: no bound).
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,7 @@ def run_request(body: wire.RunRequest) -> RunRequest:
         idempotency_key=body.idempotency_key,
         idle_timeout_ms=body.idle_timeout_ms,
         max_generation_steps=body.max_generation_steps,
+        max_tokens=body.max_tokens,
         citations=None
         if body.citations is None
         else CitationPolicy(require=body.citations.require, quotes=body.citations.quotes),

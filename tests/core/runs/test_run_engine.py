@@ -385,7 +385,8 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
     for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s"):
         del body["retrieval"][name]
-    del body["citations"]  # added after them, at the request's top level
+    for name in ("citations", "max_tokens"):  # added after them, at the top level
+        del body[name]
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     assert request_fingerprint(request) == hashlib.sha256(canonical.encode()).hexdigest()
     for changed in (
@@ -398,3 +399,29 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
         assert request_fingerprint(other) != request_fingerprint(request)
     checked = dataclasses.replace(request, citations=CitationPolicy())
     assert request_fingerprint(checked) != request_fingerprint(request)
+    bounded = dataclasses.replace(request, max_tokens=100)
+    assert request_fingerprint(bounded) != request_fingerprint(request)
+
+
+def test_max_tokens_covers_searches_and_model_calls_together(run_world: RunWorld) -> None:
+    events: list[RunEvent] = []
+    engine = run_world.with_provider("local", AsksThreeTimes())
+    spec = RunRetrieval(corpus="library", mode="tool", max_queries=3, limit=1)
+    # One token: the first search may start (nothing spent yet) and spends more than that.
+    engine.execute(
+        RunRequest(provider="local", model="m", input="q", retrieval=spec, max_tokens=1),
+        ALICE,
+        events.append,
+    )
+    receipts = [e.context["status"] for e in events if isinstance(e, RunProgress)
+                if e.phase == "retrieval.receipt"]  # fmt: skip
+    assert receipts == ["ok", "quota-exceeded", "quota-exceeded"]
+    failed = events[-1]
+    assert isinstance(failed, RunFailed)
+    assert failed.error.code is ErrorCode.INVALID_REQUEST
+    assert failed.error.reason == "token-budget-exhausted"
+
+    enough = RunRequest(provider="local", model="m", input="q", retrieval=spec, max_tokens=10_000)
+    result = engine.run(enough, ALICE)
+    assert [r.status for r in result.receipts] == ["ok", "ok", "ok"]
+    assert 0 < result.usage.embedding.input_tokens <= 10_000

@@ -10,7 +10,12 @@ from retrieval_host.core.grants import denied
 from retrieval_host.core.run_ports import GenerationProvider, RunRecord, RunStore
 from retrieval_host.core.runs.citations import check_citations
 from retrieval_host.core.runs.evidence import reauthorize_manifest, recheck_evidence
-from retrieval_host.core.runs.generation import ToolRound, generate_step, step_budget_exhausted
+from retrieval_host.core.runs.generation import (
+    ToolRound,
+    generate_step,
+    step_budget_exhausted,
+    token_budget_exhausted,
+)
 from retrieval_host.core.runs.replay import replay
 from retrieval_host.core.runs.request import check_run_request, request_fingerprint
 from retrieval_host.core.runs.result import build_result
@@ -133,6 +138,7 @@ class RunEngine:
             emit,
             self._clock,
             self._retrieval,
+            max_tokens=request.max_tokens,
         )
         existing = self._store.begin(
             RunRecord(
@@ -190,6 +196,8 @@ class RunEngine:
         rounds: list[ToolRound] = []
         for step in range(1, request.max_generation_steps + 1):
             run.context.cancel.check()
+            if request.max_tokens is not None and run.tokens_spent >= request.max_tokens:
+                raise token_budget_exhausted(run.tokens_spent, request.max_tokens)
             if spec is not None and run.evidence:
                 recheck_evidence(run, spec, drop=True)
             output = generate_step(

@@ -94,3 +94,13 @@ def step_budget_exhausted() -> RetrievalError:
         "The model still asked for tools when the run's maxGenerationSteps were spent.",
         reason=InvalidRequestReason.STEP_BUDGET_EXHAUSTED,
     )
+
+
+def token_budget_exhausted(spent: int, budget: int) -> RetrievalError:
+    """The run's `maxTokens` were spent before a model call it still needed: the client's
+    own limit, a 4xx like `maxGenerationSteps`."""
+    return RetrievalError(
+        ErrorCode.INVALID_REQUEST,
+        f"The run had spent {spent} of its maxTokens {budget} before its next model call.",
+        reason=InvalidRequestReason.TOKEN_BUDGET_EXHAUSTED,
+    )

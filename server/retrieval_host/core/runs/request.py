@@ -29,8 +29,9 @@ def request_fingerprint(request: RunRequest) -> str:
     Fields added later are left out at their defaults, as if they did not exist: runs recorded
     before them keep their fingerprints, so replaying their keys still finds them."""
     body = asdict(replace(request, idle_timeout_ms=None))
-    if body.get("citations") is None:
-        del body["citations"]  # added later: absent, as in the runs recorded before it
+    for added in ("citations", "max_tokens"):
+        if body.get(added) is None:
+            del body[added]  # added later: absent, as in the runs recorded before it
     retrieval = body.get("retrieval")
     if isinstance(retrieval, dict):
         for name, default in _ADDED_RETRIEVAL_DEFAULTS.items():
@@ -52,6 +53,10 @@ def check_run_request(request: RunRequest) -> None:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, f"maxGenerationSteps must be in 1..{MAX_GENERATION_STEPS}."
         )
+    if request.max_tokens is not None and (
+        isinstance(request.max_tokens, bool) or request.max_tokens < 1
+    ):
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxTokens must be positive.")
     if request.idle_timeout_ms is not None and request.idle_timeout_ms < 1:
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "idleTimeoutMs must be positive.")
     if request.idempotency_key is not None and not 1 <= len(request.idempotency_key) <= 200:

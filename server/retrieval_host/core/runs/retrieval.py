@@ -115,6 +115,8 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         return receipt("failed", code=error.code.value)
     if reranks and run.rerank_calls >= spec.max_rerank_calls:
         return receipt("quota-exceeded")
+    if run.max_tokens is not None and run.tokens_spent >= run.max_tokens:
+        return receipt("quota-exceeded")  # the run's token budget is spent
     # the run's byte budget: nothing more can join the evidence once it is spent
     remaining = (
         None if spec.max_context_bytes is None else spec.max_context_bytes - run.context_bytes

@@ -44,9 +44,22 @@ class ActiveRun:
     embedding: EmbeddingUsage = field(default_factory=EmbeddingUsage)
     rerank: RerankUsage = field(default_factory=RerankUsage)
     rerank_calls: int = 0  # reranker calls made (failed ones too), against `maxRerankCalls`
+    # The run's `maxTokens` (None: unbounded), checked before each search and model call.
+    max_tokens: int | None = None
     # Bytes of passage text the run's searches added to its evidence (never given back when
     # a revoked passage is dropped: it may have reached the model), against `maxContextBytes`.
     context_bytes: int = 0
+
+    @property
+    def tokens_spent(self) -> int:
+        """Tokens of every search, rerank and model call so far (what `maxTokens` bounds)."""
+        g = self.generation
+        return (
+            self.embedding.input_tokens
+            + self.rerank.input_tokens
+            + g.input_tokens
+            + g.output_tokens
+        )
 
     @property
     def service(self) -> RetrievalService:
