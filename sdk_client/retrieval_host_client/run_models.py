@@ -27,6 +27,9 @@ __all__ = [
     "CitationPolicy",
     "CitationReport",
     "CitedSource",
+    "FallbackAnswer",
+    "FallbackTaken",
+    "Fallbacks",
     "GenerationUsage",
     "ManifestEntry",
     "OutputArtifact",
@@ -92,6 +95,27 @@ class CitationPolicy(_Request):
     quotes: bool = True
 
 
+class FallbackAnswer(_Request):
+    """Complete the run with this fixed reply instead (it cites nothing)."""
+
+    answer: InputText
+
+
+FallbackChoice = Literal["fail", "continue"] | FallbackAnswer
+
+
+class Fallbacks(_Request):
+    """What the run does per outcome instead of failing (each `fail` by default):
+    `noEvidence` (no authorized passage; `continue` generates without evidence),
+    `sourceUnavailable` (evidence revoked before recording; `continue` records without it),
+    `invalidCitation` (the host's citation check failed; `continue` completes with the answer
+    and the failure in `citations.failure`). `{"answer": ...}` completes with a fixed reply."""
+
+    no_evidence: FallbackChoice = "fail"
+    source_unavailable: FallbackChoice = "fail"
+    invalid_citation: FallbackChoice = "fail"
+
+
 class RunRequest(_Request):
     """A grounded generation request. `provider` must be granted to the caller's token."""
 
@@ -111,6 +135,7 @@ class RunRequest(_Request):
     # checked before each search and model call: spent, a search is not made
     # (`quota-exceeded`) and a model call is `INVALID_REQUEST` / `token-budget-exhausted`.
     max_tokens: Positive | None = None
+    fallbacks: Fallbacks | None = None
 
 
 class ManifestEntry(_Response):
@@ -134,6 +159,8 @@ class Receipt(_Response):
     source_ids: list[str]
     error_code: str | None = None
     search_mode: str | None = None  # the search's mode; None for runs recorded before
+    # evidence, empty, unavailable, failed, duplicate or quota-exceeded.
+    outcome: str | None = None
 
 
 class GenerationUsage(_Response):
@@ -170,6 +197,15 @@ class CitationReport(_Response):
     """The host's citation check of the answer (`RunRequest.citations`), first cited first."""
 
     cited: list[CitedSource]
+    failure: str | None = None  # the check's reason, when the run continued past it
+
+
+class FallbackTaken(_Response):
+    """A declared fallback the run took: `outcome` no-evidence, source-unavailable or
+    invalid-citation; `action` continue or answer."""
+
+    outcome: str
+    action: str
 
 
 class RunResult(_Response):
@@ -189,6 +225,7 @@ class RunResult(_Response):
     completed_at: str
     replayed: bool = False
     citations: CitationReport | None = None
+    fallbacks: list[FallbackTaken] = Field(default_factory=list)
 
 
 class RunRecord(_Response):

@@ -557,7 +557,8 @@ def test_a_run_asking_for_checked_citations_completes_only_with_valid_ones(
                     "id": "battery-1",
                     "quotes": [{"text": "1,200 charge cycles at 25 degrees", "found": True}],
                 }
-            ]
+            ],
+            "failure": None,
         }
         assert_cited(result)
         # Recorded with its check: the run's record answers the same.
@@ -572,6 +573,33 @@ def test_a_run_asking_for_checked_citations_completes_only_with_valid_ones(
         assert "2,000" not in problem["detail"]  # the answer's text stays out of problems
         record = get_run(host, world.tokens["alice"], last["runId"]).json()
         assert record["status"] == "failed" and record["errorCode"] == "INVALID_CITATION"
+
+
+def test_a_run_declares_what_no_evidence_does_and_its_result_says_which_it_took(
+    host: RunningHost, world: RunsWorld
+) -> None:
+    nowhere = {"sourceIds": ["nowhere"]}
+    reply = "Nothing you may read answers this."
+    body = run_body(
+        retrieval=nowhere, fallbacks={"noEvidence": {"answer": reply}, "invalidCitation": "fail"}
+    )
+    streamed = stream_run(host, world.tokens["alice"], body)
+    last = streamed.events[-1]
+    assert last["type"] == "run.completed", last
+    result = last["result"]
+    assert result["text"] == reply and result["sources"] == []
+    assert result["fallbacks"] == [{"outcome": "no-evidence", "action": "answer"}]
+    assert [r["outcome"] for r in result["receipts"]] == ["unavailable"]
+    outcomes = [e for e in streamed.of_type("run.progress") if e["phase"] == "outcome"]
+    assert outcomes == [
+        {"type": "run.progress", "phase": "outcome", "outcome": "no-evidence", "action": "answer"}
+    ]
+    # Without a declared fallback, the same run fails as it always did.
+    failed = stream_run(host, world.tokens["alice"], run_body(retrieval=nowhere)).events[-1]
+    assert failed["type"] == "run.failed"
+    assert failed["problem"]["code"] == "NO_RETRIEVAL_EVIDENCE"
+    bad = post_run(host, world.tokens["alice"], run_body(fallbacks={"noEvidence": "retry"}))
+    assert bad.status_code == 422
 
 
 # --- 5. revoked between search and generation -------------------------------------------------

@@ -27,14 +27,22 @@ def test_the_previous_release_records_read_back_identically() -> None:
 def test_the_literal_old_records_are_what_the_previous_release_wrote() -> None:
     # The literals stay (they are the old records); what the wire added since is listed here:
     # receipts name their search mode (null for a receipt recorded before they did), usage
-    # counts reranking (none in a run recorded before it existed), and the host's citation
-    # check is null for a run that did not ask for one.
+    # counts reranking (none in a run recorded before it existed), the host's citation
+    # check is null for a run that did not ask for one, no fallback was taken, and receipts
+    # name their outcome (derived from what they recorded).
     for result, stored in ((OLD_RESULT, OLD_RESULT_JSON), (OLD_PLAIN, OLD_PLAIN_JSON)):
         expected = json.loads(stored)
         for receipt in expected["receipts"]:
             receipt["searchMode"] = None
+            receipt["outcome"] = {
+                "ok": "evidence" if receipt["sourceIds"] else "empty",
+                "failed": "unavailable"
+                if receipt["errorCode"] in ("PERMISSION_DENIED", "SOURCE_UNAVAILABLE")
+                else "failed",
+            }.get(receipt["status"], receipt["status"])
         expected["usage"]["rerank"] = {"requests": 0, "documents": 0, "inputTokens": 0}
         expected["citations"] = None
+        expected["fallbacks"] = []
         assert result_to_json(result) == expected
 
 

@@ -17,6 +17,13 @@ from retrieval_host.core.models import (
 
 RetrievalMode: TypeAlias = Literal["off", "before", "tool"]
 ReceiptStatus: TypeAlias = Literal["ok", "failed", "duplicate", "quota-exceeded"]
+ReceiptOutcome: TypeAlias = Literal[
+    "evidence", "empty", "unavailable", "failed", "duplicate", "quota-exceeded"
+]
+# What a run does when an outcome happens (`Fallbacks`): fail with the outcome's error,
+# continue without that evidence, or answer with a fixed reply (`FixedAnswer`).
+FallbackAction: TypeAlias = Literal["fail", "continue"]
+RunOutcome: TypeAlias = Literal["no-evidence", "source-unavailable", "invalid-citation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,38 @@ class CitationPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class FixedAnswer:
+    """Complete the run with this text instead (no further model call; it cites nothing)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fallbacks:
+    """What a run does per outcome; each defaults to `fail`, as runs always did:
+
+    - `no_evidence`: no authorized passage was found (`NO_RETRIEVAL_EVIDENCE`); `continue`
+      generates (or completes) without evidence;
+    - `source_unavailable`: evidence was revoked before the result was recorded
+      (`SOURCE_UNAVAILABLE`); `continue` records the result without the revoked passages;
+    - `invalid_citation`: the host's citation check failed (`INVALID_CITATION`); `continue`
+      completes with the answer as it is and the failure in its citation report.
+    """
+
+    no_evidence: FallbackAction | FixedAnswer = "fail"
+    source_unavailable: FallbackAction | FixedAnswer = "fail"
+    invalid_citation: FallbackAction | FixedAnswer = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackApplied:
+    """A declared fallback the run took instead of failing."""
+
+    outcome: RunOutcome
+    action: Literal["continue", "answer"]
+
+
+@dataclass(frozen=True, slots=True)
 class QuoteCheck:
     text: str  # as quoted in the answer
     found: bool  # occurs in the cited passage (whitespace-normalized)
@@ -73,6 +112,8 @@ class CitationReport:
     """What the host's citation check found: each cited passage, first citation first."""
 
     cited: Sequence[CitedSource]
+    # The check's failure, when the run continued past it (`Fallbacks.invalid_citation`).
+    failure: str | None = None  # its `INVALID_CITATION` reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +138,8 @@ class RunRequest:
     # Tokens the whole run may spend: query embedding, reranking and generation (input and
     # output) together, checked before each search and each model call (None: no bound).
     max_tokens: int | None = None
+    # What happens on each outcome (default: fail, as before).
+    fallbacks: Fallbacks = Fallbacks()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +166,17 @@ class Receipt:
     source_ids: Sequence[str] = ()  # chunk ids returned
     error_code: str | None = None
     search_mode: str | None = None  # None in receipts recorded before runs named it
+
+    @property
+    def outcome(self) -> ReceiptOutcome:
+        """What the attempt came to: passages (`evidence`), none (`empty`), a source or grant
+        that was not there (`unavailable`), another failure (`failed`), or not made."""
+        if self.status == "ok":
+            return "evidence" if self.source_ids else "empty"
+        if self.status == "failed":
+            unavailable = self.error_code in ("SOURCE_UNAVAILABLE", "PERMISSION_DENIED")
+            return "unavailable" if unavailable else "failed"
+        return self.status
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +225,8 @@ class RunResult:
     replayed: bool = False
     # The host's citation check, when the request asked for one.
     citations: CitationReport | None = None
+    # The declared fallbacks the run took, in order.
+    fallbacks: Sequence[FallbackApplied] = ()
 
 
 # --- events --------------------------------------------------------------------------------

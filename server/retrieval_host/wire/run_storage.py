@@ -8,8 +8,9 @@ of `RunResult` under their core (snake_case) names:
      "artifact": ... | null, "corpus": ... | null, "created_at": ..., "completed_at": ...,
      "replayed": false}
 
-`usage.rerank` and `citations` (the host's citation check: `[{"id", "quotes": [{"text",
-"found"}]}]` or null) were added to version 2 without a bump: a record written before them has
+`usage.rerank`, `citations` (the host's citation check: `[{"id", "quotes": [{"text",
+"found"}]}]` or null), `citation_failure` and `fallbacks` (`[{"outcome", "action"}]`) were added
+to version 2 without a bump: a record written before them has
 none and reads as no reranking and no check, and a host that predates them ignores the keys.
 
 Version 1 has no version field: the previous release stored the public wire JSON of the
@@ -35,6 +36,7 @@ from retrieval_host.core.reasons import StoreUnavailableReason
 from retrieval_host.core.runs_model import (
     CitationReport,
     CitedSource,
+    FallbackApplied,
     GenerationUsage,
     ManifestEntry,
     OutputArtifact,
@@ -121,6 +123,8 @@ def encode_result(result: RunResult) -> str:
             {"id": c.id, "quotes": [{"text": q.text, "found": q.found} for q in c.quotes]}
             for c in result.citations.cited
         ],
+        "citation_failure": None if result.citations is None else result.citations.failure,
+        "fallbacks": [{"outcome": f.outcome, "action": f.action} for f in result.fallbacks],
     }
     return json.dumps(document, separators=(",", ":"))
 
@@ -194,11 +198,14 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
         else OutputArtifact(artifact["name"], artifact["media_type"], list(artifact["source_ids"])),
         corpus=body["corpus"],
         replayed=bool(body["replayed"]),
-        citations=_citations(body.get("citations")),
+        citations=_citations(body.get("citations"), body.get("citation_failure")),
+        fallbacks=tuple(
+            FallbackApplied(f["outcome"], f["action"]) for f in body.get("fallbacks") or ()
+        ),
     )
 
 
-def _citations(body: list[Any] | None) -> CitationReport | None:
+def _citations(body: list[Any] | None, failure: str | None) -> CitationReport | None:
     """The citation check of a version-2 record; none in records written before it."""
     if body is None:
         return None
@@ -208,7 +215,8 @@ def _citations(body: list[Any] | None) -> CitationReport | None:
                 c["id"], tuple(QuoteCheck(q["text"], bool(q["found"])) for q in c["quotes"])
             )
             for c in body
-        ]
+        ],
+        failure,
     )
 
 

@@ -14,6 +14,9 @@ from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs_model import (
     CitationPolicy,
     CitationReport,
+    FallbackAction,
+    Fallbacks,
+    FixedAnswer,
     OutputArtifactSpec,
     RunCompleted,
     RunDelta,
@@ -56,10 +59,23 @@ def run_request(body: wire.RunRequest) -> RunRequest:
         idle_timeout_ms=body.idle_timeout_ms,
         max_generation_steps=body.max_generation_steps,
         max_tokens=body.max_tokens,
+        fallbacks=Fallbacks()
+        if body.fallbacks is None
+        else Fallbacks(
+            no_evidence=_action(body.fallbacks.no_evidence),
+            source_unavailable=_action(body.fallbacks.source_unavailable),
+            invalid_citation=_action(body.fallbacks.invalid_citation),
+        ),
         citations=None
         if body.citations is None
         else CitationPolicy(require=body.citations.require, quotes=body.citations.quotes),
     )
+
+
+def _action(action: wire.FallbackAnswer | str) -> FallbackAction | FixedAnswer:
+    if isinstance(action, wire.FallbackAnswer):
+        return FixedAnswer(action.answer)
+    return "continue" if action == "continue" else "fail"
 
 
 def event_json(event: RunEvent, request_id: str) -> dict[str, Any]:
@@ -130,6 +146,7 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
                 "sourceIds": list(r.source_ids),
                 "errorCode": r.error_code,
                 "searchMode": r.search_mode,
+                "outcome": r.outcome,
             }
             for r in result.receipts
         ],
@@ -161,6 +178,7 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
         "completedAt": result.completed_at,
         "replayed": result.replayed,
         "citations": citations_to_json(result.citations),
+        "fallbacks": [{"outcome": f.outcome, "action": f.action} for f in result.fallbacks],
     }
 
 
@@ -172,5 +190,6 @@ def citations_to_json(report: CitationReport | None) -> dict[str, Any] | None:
         "cited": [
             {"id": c.id, "quotes": [{"text": q.text, "found": q.found} for q in c.quotes]}
             for c in report.cited
-        ]
+        ],
+        "failure": report.failure,
     }

@@ -23,6 +23,8 @@ from retrieval_host.core.run_ports import (
 )
 from retrieval_host.core.runs_model import (
     CitationPolicy,
+    Fallbacks,
+    FixedAnswer,
     OutputArtifactSpec,
     RunCompleted,
     RunDelta,
@@ -385,7 +387,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
     for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s"):
         del body["retrieval"][name]
-    for name in ("citations", "max_tokens"):  # added after them, at the top level
+    for name in ("citations", "max_tokens", "fallbacks"):  # added after them, at the top
         del body[name]
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     assert request_fingerprint(request) == hashlib.sha256(canonical.encode()).hexdigest()
@@ -401,6 +403,8 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     assert request_fingerprint(checked) != request_fingerprint(request)
     bounded = dataclasses.replace(request, max_tokens=100)
     assert request_fingerprint(bounded) != request_fingerprint(request)
+    falling_back = dataclasses.replace(request, fallbacks=Fallbacks(no_evidence="continue"))
+    assert request_fingerprint(falling_back) != request_fingerprint(request)
 
 
 def test_max_tokens_covers_searches_and_model_calls_together(run_world: RunWorld) -> None:
@@ -425,3 +429,85 @@ def test_max_tokens_covers_searches_and_model_calls_together(run_world: RunWorld
     result = engine.run(enough, ALICE)
     assert [r.status for r in result.receipts] == ["ok", "ok", "ok"]
     assert 0 < result.usage.embedding.input_tokens <= 10_000
+
+
+def test_no_evidence_can_continue_without_it_or_answer_with_a_fixed_reply(
+    run_world: RunWorld,
+) -> None:
+    run_world.acl.search = {}
+    events: list[RunEvent] = []
+    run_world.engine.execute(
+        _before(fallbacks=Fallbacks(no_evidence="continue")), ALICE, events.append
+    )
+    done = events[-1]
+    assert isinstance(done, RunCompleted), done
+    assert done.result.sources == [] and done.result.text
+    assert [(f.outcome, f.action) for f in done.result.fallbacks] == [("no-evidence", "continue")]
+    assert [r.outcome for r in done.result.receipts] == ["empty"]
+    outcome_events = [e for e in events if isinstance(e, RunProgress) and e.phase == "outcome"]
+    assert [e.context for e in outcome_events] == [{"outcome": "no-evidence", "action": "continue"}]
+    assert len(run_world.provider.requests) == 1  # generated, without evidence
+    assert run_world.provider.requests[0].evidence == []
+
+    reply = "I could not find this in the documents you may read."
+    fixed = run_world.engine.run(
+        _before(fallbacks=Fallbacks(no_evidence=FixedAnswer(reply))), ALICE
+    )
+    assert fixed.text == reply and fixed.sources == []
+    assert [(f.outcome, f.action) for f in fixed.fallbacks] == [("no-evidence", "answer")]
+    assert len(run_world.provider.requests) == 1  # no model call for the fixed reply
+    assert run_world.runs.get(fixed.run_id) is not None
+
+
+def test_a_revocation_before_recording_can_continue_without_the_revoked_evidence(
+    run_world: RunWorld,
+) -> None:
+    events: list[RunEvent] = []
+
+    def sink(event: RunEvent) -> None:
+        events.append(event)
+        if isinstance(event, RunProgress) and event.phase == "recording":
+            del run_world.acl.search["battery"]
+
+    request = _before(fallbacks=Fallbacks(source_unavailable="continue"))
+    run_world.engine.execute(request, ALICE, sink)
+    done = events[-1]
+    assert isinstance(done, RunCompleted), done
+    assert "battery" not in {s.source_id for s in done.result.sources}
+    assert done.result.sources  # the passages still allowed stay in the manifest
+    assert [(f.outcome, f.action) for f in done.result.fallbacks] == [
+        ("source-unavailable", "continue")
+    ]
+    record = run_world.runs.get(done.result.run_id)
+    assert record is not None and record.result is not None
+    assert [f.outcome for f in record.result.fallbacks] == ["source-unavailable"]
+
+
+def test_a_failed_citation_check_can_answer_with_a_fixed_reply_or_continue(
+    run_world: RunWorld,
+) -> None:
+    class CitesNothing:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            yield TextDelta("An answer with no citation.")
+
+    engine = run_world.with_provider("local", CitesNothing())
+    checked = CitationPolicy(require=True)
+    with pytest.raises(RetrievalError) as info:
+        engine.run(_before(citations=checked), ALICE)
+    assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_CITATION, "no-citation")
+
+    fixed = engine.run(
+        _before(citations=checked, fallbacks=Fallbacks(invalid_citation=FixedAnswer("Unsure."))),
+        ALICE,
+    )
+    assert fixed.text == "Unsure." and fixed.citations is None
+    kept = engine.run(
+        _before(citations=checked, fallbacks=Fallbacks(invalid_citation="continue")), ALICE
+    )
+    assert kept.text == "An answer with no citation."
+    assert kept.citations is not None and kept.citations.failure == "no-citation"
+    assert [(f.outcome, f.action) for f in kept.fallbacks] == [("invalid-citation", "continue")]

@@ -22,9 +22,14 @@ from retrieval_host.core.runs.result import build_result
 from retrieval_host.core.runs.retrieval import SEARCH_TOOL, answer_tool_calls, retrieve
 from retrieval_host.core.runs.state import ActiveRun, EventSink, new_delimiter, new_run_id
 from retrieval_host.core.runs_model import (
+    CitationReport,
+    FallbackAction,
+    FallbackApplied,
+    FixedAnswer,
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunOutcome,
     RunProgress,
     RunRequest,
     RunResult,
@@ -180,21 +185,27 @@ class RunEngine:
 
     def _run(self, request: RunRequest, provider: GenerationProvider, run: ActiveRun) -> RunResult:
         """Retrieve first (mode `before`), generate step by step answering the model's searches
-        (mode `tool`), re-authorize the evidence, record the result."""
+        (mode `tool`), re-authorize the evidence, check the citations when asked, record the
+        result. An outcome with a declared fallback (`RunRequest.fallbacks`) continues or
+        answers with its fixed reply instead of failing."""
         spec = request.retrieval
         mode = spec.mode if spec is not None else "off"
+        fallbacks = request.fallbacks
+        taken: list[FallbackApplied] = []
+        fixed: str | None = None
         if mode == "before" and spec is not None:
             retrieve(run, spec, spec.query or request.input)
             if not run.evidence:
-                raise RetrievalError(
-                    ErrorCode.NO_RETRIEVAL_EVIDENCE,
-                    "No authorized passage matched; nothing was generated.",
+                fixed = _fallback(
+                    run, taken, "no-evidence", fallbacks.no_evidence, _no_evidence_before()
                 )
 
         tools = [SEARCH_TOOL] if mode == "tool" else []
         text: list[str] = []
         rounds: list[ToolRound] = []
         for step in range(1, request.max_generation_steps + 1):
+            if fixed is not None:
+                break
             run.context.cancel.check()
             if request.max_tokens is not None and run.tokens_spent >= request.max_tokens:
                 raise token_budget_exhausted(run.tokens_spent, request.max_tokens)
@@ -216,18 +227,62 @@ class RunEngine:
             if step == request.max_generation_steps:
                 raise step_budget_exhausted()
 
-        if mode == "tool" and not run.evidence:
-            raise RetrievalError(
-                ErrorCode.NO_RETRIEVAL_EVIDENCE, "The run found no authorized passage."
-            )
+        if fixed is None and mode == "tool" and not run.evidence:
+            fixed = _fallback(run, taken, "no-evidence", fallbacks.no_evidence, _no_evidence_tool())
         run.emit(RunProgress("recording", {"sources": len(run.evidence)}))
         if spec is not None and run.evidence:
-            recheck_evidence(run, spec, drop=False)
-        answer = "".join(text)
+            try:
+                recheck_evidence(run, spec, drop=False)
+            except RetrievalError as error:
+                if error.code is not ErrorCode.SOURCE_UNAVAILABLE:
+                    raise
+                replied = _fallback(
+                    run, taken, "source-unavailable", fallbacks.source_unavailable, error
+                )
+                recheck_evidence(run, spec, drop=True)  # recorded without the revoked ones
+                fixed = replied if replied is not None else fixed
+        answer = fixed if fixed is not None else "".join(text)
         report = None
-        if request.citations is not None:
+        if request.citations is not None and fixed is None:
             run.emit(RunProgress("citations", {"sources": len(run.evidence)}))
-            report = check_citations(answer, run.evidence, request.citations)
-        result = build_result(request, run, answer, report)
+            try:
+                report = check_citations(answer, run.evidence, request.citations)
+            except RetrievalError as error:
+                replied = _fallback(
+                    run, taken, "invalid-citation", fallbacks.invalid_citation, error
+                )
+                if replied is not None:
+                    answer = replied
+                else:
+                    report = CitationReport([], failure=error.reason)
+        result = build_result(request, run, answer, report, taken)
         self._store.complete(run.run_id, result)
         return result
+
+
+def _fallback(
+    run: ActiveRun,
+    taken: list[FallbackApplied],
+    outcome: RunOutcome,
+    action: FallbackAction | FixedAnswer,
+    error: RetrievalError,
+) -> str | None:
+    """Apply the run's declared fallback for `outcome`: raise `error` (`fail`), or note it,
+    report it as an `outcome` progress event and return the fixed reply (None to continue)."""
+    if action == "fail":
+        raise error
+    answered = isinstance(action, FixedAnswer)
+    applied = FallbackApplied(outcome, "answer" if answered else "continue")
+    taken.append(applied)
+    run.emit(RunProgress("outcome", {"outcome": outcome, "action": applied.action}))
+    return action.text if isinstance(action, FixedAnswer) else None
+
+
+def _no_evidence_before() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.NO_RETRIEVAL_EVIDENCE, "No authorized passage matched; nothing was generated."
+    )
+
+
+def _no_evidence_tool() -> RetrievalError:
+    return RetrievalError(ErrorCode.NO_RETRIEVAL_EVIDENCE, "The run found no authorized passage.")

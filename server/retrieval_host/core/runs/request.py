@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 from retrieval_host.core.descriptor import check_label
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import SEARCH_MODES
-from retrieval_host.core.runs_model import RunRequest
+from retrieval_host.core.runs_model import Fallbacks, RunRequest
 
 MAX_INPUT_BYTES = 65_536
 MAX_GENERATION_STEPS = 16
@@ -32,6 +32,8 @@ def request_fingerprint(request: RunRequest) -> str:
     for added in ("citations", "max_tokens"):
         if body.get(added) is None:
             del body[added]  # added later: absent, as in the runs recorded before it
+    if body.get("fallbacks") == asdict(Fallbacks()):
+        del body["fallbacks"]
     retrieval = body.get("retrieval")
     if isinstance(retrieval, dict):
         for name, default in _ADDED_RETRIEVAL_DEFAULTS.items():

@@ -4,10 +4,12 @@ receipts, usage and artifact."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from retrieval_host.core.runs.state import ActiveRun
 from retrieval_host.core.runs_model import (
     CitationReport,
+    FallbackApplied,
     ManifestEntry,
     OutputArtifact,
     RunRequest,
@@ -17,7 +19,11 @@ from retrieval_host.core.runs_model import (
 
 
 def build_result(
-    request: RunRequest, run: ActiveRun, text: str, citations: CitationReport | None = None
+    request: RunRequest,
+    run: ActiveRun,
+    text: str,
+    citations: CitationReport | None = None,
+    fallbacks: Sequence[FallbackApplied] = (),
 ) -> RunResult:
     """The run's result, completed now. An artifact lists the sources the text cites, or all
     the evidence when it cites none."""
@@ -48,6 +54,7 @@ def build_result(
         artifact=artifact,
         corpus=spec.corpus if spec is not None and manifest else None,
         citations=citations,
+        fallbacks=tuple(fallbacks),
     )
 
 

@@ -89,7 +89,12 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         emit(
             RunProgress(
                 "retrieval.receipt",
-                {"sequence": r.sequence, "status": status, "sources": len(ids)},
+                {
+                    "sequence": r.sequence,
+                    "status": status,
+                    "outcome": r.outcome,
+                    "sources": len(ids),
+                },
             )
         )
         return r
