@@ -36,6 +36,7 @@ __all__ = [
     "OutputArtifactSpec",
     "QuoteCheck",
     "Receipt",
+    "RetrievalState",
     "RunCompletedEvent",
     "RunDeltaEvent",
     "RunEvent",
@@ -161,6 +162,18 @@ class Receipt(_Response):
     search_mode: str | None = None  # the search's mode; None for runs recorded before
     # evidence, empty, unavailable, failed, duplicate or quota-exceeded.
     outcome: str | None = None
+    raw_query: str | None = None  # the query as sent (`query` is it normalized)
+    success: int | None = None  # 1, 2, 3 for successful searches only
+
+
+class RetrievalState(_Response):
+    """A run's retrieval at its end: successful searches against the quota, the dedup keys
+    used, and the sources of its evidence."""
+
+    query_count: int
+    max_queries: int
+    seen: list[str]
+    sources: list[str]
 
 
 class GenerationUsage(_Response):
@@ -226,6 +239,7 @@ class RunResult(_Response):
     replayed: bool = False
     citations: CitationReport | None = None
     fallbacks: list[FallbackTaken] = Field(default_factory=list)
+    state: RetrievalState | None = None
 
 
 class RunRecord(_Response):

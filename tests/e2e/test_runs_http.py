@@ -482,6 +482,15 @@ def test_a_model_asking_for_five_searches_under_a_quota_of_two_gets_two(
     assert [r["sequence"] for r in receipts] == [1, 2, 3, 4, 5]
     assert receipts[2]["key"] == receipts[0]["key"] and receipts[2]["sourceIds"] == []
     assert receipts[2]["query"] == "Wind FARM output"
+    # The query as the model sent it, beside the normalized one; successes numbered apart.
+    assert receipts[2]["rawQuery"] == "  Wind FARM   output "
+    assert [r["success"] for r in receipts] == [1, 2, None, None, None]
+    assert [r["outcome"] for r in receipts][2:] == ["duplicate", "quota-exceeded", "quota-exceeded"]
+    # The run's retrieval state at its end: the quota used, the keys seen, the sources.
+    state = result["state"]
+    assert (state["queryCount"], state["maxQueries"]) == (2, 2)
+    assert state["seen"] == sorted({r["key"] for r in receipts[:2]})
+    assert state["sources"] == sorted({s["source"]["id"] for s in result["sources"]})
     assert fake.embedding_requests_count == 2
     assert result["usage"]["embedding"]["requests"] == 2
     assert result["usage"]["generation"]["requests"] == fake.chat_requests_count == 2

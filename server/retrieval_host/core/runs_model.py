@@ -166,6 +166,11 @@ class Receipt:
     source_ids: Sequence[str] = ()  # chunk ids returned
     error_code: str | None = None
     search_mode: str | None = None  # None in receipts recorded before runs named it
+    # The query as the model or caller sent it (`query` is it normalized); None in receipts
+    # recorded before receipts kept it.
+    raw_query: str | None = None
+    # The success sequence: 1, 2, 3 for successful searches only (None for other attempts).
+    success: int | None = None
 
     @property
     def outcome(self) -> ReceiptOutcome:
@@ -177,6 +182,17 @@ class Receipt:
             unavailable = self.error_code in ("SOURCE_UNAVAILABLE", "PERMISSION_DENIED")
             return "unavailable" if unavailable else "failed"
         return self.status
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalState:
+    """A run's retrieval state at its end: successful searches against the quota, the dedup
+    keys it used (failed attempts keep theirs), and the sources of its evidence."""
+
+    query_count: int
+    max_queries: int
+    seen: Sequence[str]
+    sources: Sequence[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +243,8 @@ class RunResult:
     citations: CitationReport | None = None
     # The declared fallbacks the run took, in order.
     fallbacks: Sequence[FallbackApplied] = ()
+    # Its retrieval state (None for a run without retrieval, and in records made before).
+    state: RetrievalState | None = None
 
 
 # --- events --------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ of `RunResult` under their core (snake_case) names:
      "replayed": false}
 
 `usage.rerank`, `citations` (the host's citation check: `[{"id", "quotes": [{"text",
-"found"}]}]` or null), `citation_failure` and `fallbacks` (`[{"outcome", "action"}]`) were added
-to version 2 without a bump: a record written before them has
-none and reads as no reranking and no check, and a host that predates them ignores the keys.
+"found"}]}]` or null), `citation_failure`, `fallbacks` (`[{"outcome", "action"}]`), `state`
+and the receipts' `raw_query` and `success` were added to version 2 without a bump: a record
+written before them has none and reads as no reranking, no check, no fallback and no state,
+and a host that predates them ignores the keys.
 
 Version 1 has no version field: the previous release stored the public wire JSON of the
 result (`wire.runs.result_to_json` as it was then: camelCase, locations without their unset
@@ -42,6 +43,7 @@ from retrieval_host.core.runs_model import (
     OutputArtifact,
     QuoteCheck,
     Receipt,
+    RetrievalState,
     RunResult,
     RunUsage,
 )
@@ -87,6 +89,8 @@ def encode_result(result: RunResult) -> str:
                 "source_ids": list(r.source_ids),
                 "error_code": r.error_code,
                 "search_mode": r.search_mode,
+                "raw_query": r.raw_query,
+                "success": r.success,
             }
             for r in result.receipts
         ],
@@ -125,6 +129,14 @@ def encode_result(result: RunResult) -> str:
         ],
         "citation_failure": None if result.citations is None else result.citations.failure,
         "fallbacks": [{"outcome": f.outcome, "action": f.action} for f in result.fallbacks],
+        "state": None
+        if result.state is None
+        else {
+            "query_count": result.state.query_count,
+            "max_queries": result.state.max_queries,
+            "seen": list(result.state.seen),
+            "sources": list(result.state.sources),
+        },
     }
     return json.dumps(document, separators=(",", ":"))
 
@@ -179,6 +191,8 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
                 source_ids=list(r["source_ids"]),
                 error_code=r["error_code"],
                 search_mode=r.get("search_mode"),
+                raw_query=r.get("raw_query"),
+                success=r.get("success"),
             )
             for r in body["receipts"]
         ],
@@ -202,6 +216,15 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
         fallbacks=tuple(
             FallbackApplied(f["outcome"], f["action"]) for f in body.get("fallbacks") or ()
         ),
+        state=_state(body.get("state")),
+    )
+
+
+def _state(body: Mapping[str, Any] | None) -> RetrievalState | None:
+    if body is None:
+        return None
+    return RetrievalState(
+        body["query_count"], body["max_queries"], tuple(body["seen"]), tuple(body["sources"])
     )
 
 

@@ -147,6 +147,8 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
                 "errorCode": r.error_code,
                 "searchMode": r.search_mode,
                 "outcome": r.outcome,
+                "rawQuery": r.raw_query,
+                "success": r.success,
             }
             for r in result.receipts
         ],
@@ -179,6 +181,14 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
         "replayed": result.replayed,
         "citations": citations_to_json(result.citations),
         "fallbacks": [{"outcome": f.outcome, "action": f.action} for f in result.fallbacks],
+        "state": None
+        if result.state is None
+        else {
+            "queryCount": result.state.query_count,
+            "maxQueries": result.state.max_queries,
+            "seen": list(result.state.seen),
+            "sources": list(result.state.sources),
+        },
     }
 
 

@@ -12,6 +12,7 @@ from retrieval_host.core.runs_model import (
     FallbackApplied,
     ManifestEntry,
     OutputArtifact,
+    RetrievalState,
     RunRequest,
     RunResult,
     RunUsage,
@@ -55,6 +56,14 @@ def build_result(
         corpus=spec.corpus if spec is not None and manifest else None,
         citations=citations,
         fallbacks=tuple(fallbacks),
+        state=None
+        if spec is None or spec.mode == "off"
+        else RetrievalState(
+            query_count=run.successes,
+            max_queries=spec.max_queries,
+            seen=tuple(sorted(run.seen)),
+            sources=tuple(sorted({p.source_id for p in run.evidence.values()})),
+        ),
     )
 
 

@@ -84,7 +84,19 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     run.sequence += 1
 
     def receipt(status: ReceiptStatus, ids: Sequence[str] = (), code: str | None = None) -> Receipt:
-        r = Receipt(run.sequence, query, key, started, status, list(ids), code, spec.search_mode)
+        success = run.successes if status == "ok" else None
+        r = Receipt(
+            run.sequence,
+            query,
+            key,
+            started,
+            status,
+            list(ids),
+            code,
+            spec.search_mode,
+            raw_query=raw_query,
+            success=success,
+        )
         run.receipts.append(r)
         emit(
             RunProgress(
