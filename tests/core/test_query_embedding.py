@@ -13,36 +13,25 @@ import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingBatch
 from retrieval_host.core.query_embedding import QueryEmbedder
 from tests.support.host import wait_until
+from tests.support.ingest_driver import CountingEmbedding
 
 QUERIES = [f"how long does battery {i} last in cold weather" for i in range(8)]
 
 
-class Gated:
+class Gated(CountingEmbedding):
     """The local model, recording each call's texts; the first call waits for `release`."""
 
     def __init__(self, inner: LocalEmbedding, *, fail: bool = False) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[list[str]] = []
         self.release = threading.Event()
         self.entered = threading.Event()
         self.fail = fail
-
-    @property
-    def descriptor(self) -> EmbeddingDescriptor:
-        return self.inner.descriptor
-
-    @property
-    def max_input_tokens(self) -> int:
-        return self.inner.max_input_tokens
-
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        return self.inner.count_tokens(texts)
 
     def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
         self.calls.append(list(texts))
@@ -51,7 +40,7 @@ class Gated:
             assert self.release.wait(30)
         if self.fail and len(self.calls) > 1:
             raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "The embedding service failed.")
-        return self.inner.embed(texts, cancel)
+        return super().embed(texts, cancel)
 
 
 def _queued(embedder: QueryEmbedder, n: int) -> bool:

@@ -12,6 +12,9 @@ import stat
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,34 +70,64 @@ def _run_sse(command: str, cwd: Path) -> list[dict[str, Any]]:
     ]
 
 
-def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) -> None:
-    assert shutil.which("curl"), "curl is needed to run the printed commands"
-    port = _free_port()
-    state = tmp_path / "state"
+@dataclass
+class Served:
+    """A quickstart process serving, with what it printed so far."""
+
+    process: subprocess.Popen[str]
+    lines: list[str]
+    errors: list[str]
+    code: int | None = None
+
+
+@contextmanager
+def serving(
+    command: list[str], cwd: Path, ca: Path, port: int, env: dict[str, str] | None = None
+) -> Iterator[Served]:
+    """Run a quickstart until it serves and answers /readyz; stop it (SIGINT) at the end."""
     process = subprocess.Popen(
-        [*_cli(), "quickstart", "--state-dir", "state", "--port", str(port)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    lines: list[str] = []
-    errors: list[str] = []
+    served = Served(process, [], [])
     readers = [
-        threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
-        threading.Thread(target=lambda: errors.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
+        threading.Thread(target=lambda: served.lines.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
+        threading.Thread(target=lambda: served.errors.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
     ]
     for reader in readers:
         reader.start()
     try:
         wait_until(
-            lambda: any(line.startswith("Serving") for line in lines) or process.poll() is not None,
+            lambda: (
+                any(line.startswith("Serving") for line in served.lines)
+                or process.poll() is not None
+            ),
             timeout=120,
             what="the quickstart to index and start serving",
         )
-        assert process.poll() is None, "".join(lines + errors)
-        wait_until(lambda: _ready(state / "ca.pem", port), timeout=30, what="/readyz")
+        assert process.poll() is None, "".join(served.lines + served.errors)
+        wait_until(lambda: _ready(ca, port), timeout=30, what="/readyz")
+        yield served
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            served.code = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            for reader in readers:
+                reader.join(timeout=10)
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
 
+
+def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) -> None:
+    assert shutil.which("curl"), "curl is needed to run the printed commands"
+    port = _free_port()
+    state = tmp_path / "state"
+    command = [*_cli(), "quickstart", "--state-dir", "state", "--port", str(port)]
+    with serving(command, tmp_path, state / "ca.pem", port) as served:
+        lines, errors = served.lines, served.errors
         output = "".join(lines)
         assert "Q: How do I rotate a token?" in output
         assert "[source:" in output  # the cited passage shown before serving
@@ -124,19 +157,7 @@ def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) 
         assert ingest["status"] == "indexed", ingest
         assert ingest["source"] == {"id": "my-note", "revision": "1"}
         assert delete["deletedChunks"] == ingest["chunkCount"], delete
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-            for reader in readers:
-                reader.join(timeout=10)
-            for stream in (process.stdout, process.stderr):
-                if stream is not None:
-                    stream.close()
-    assert code in (0, 130), "".join(errors)  # 130: the conventional exit after Ctrl+C
+    assert served.code in (0, 130), "".join(errors)  # 130: the conventional exit after Ctrl+C
 
     assert _mode(state) == 0o700
     for secret in ("token", "ca-key.pem", "server-key.pem"):
@@ -177,30 +198,8 @@ def test_container_mode_serves_every_interface_with_the_operators_names(tmp_path
         "RETRIEVAL_HOST_ALLOWED_HOSTS": '["127.0.0.1", "rh.example.test"]',
     }
     command = [*_cli(), "quickstart", "--container", "--state-dir", str(state), "--port", str(port)]
-    process = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: list[str] = []
-    errors: list[str] = []
-    readers = [
-        threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
-        threading.Thread(target=lambda: errors.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
-    ]
-    for reader in readers:
-        reader.start()
-    try:
-        wait_until(
-            lambda: any(line.startswith("Serving") for line in lines) or process.poll() is not None,
-            timeout=120,
-            what="the container quickstart to start serving",
-        )
-        assert process.poll() is None, "".join(lines + errors)
-        wait_until(lambda: _ready(state / "ca.pem", port), timeout=30, what="/readyz")
+    with serving(command, tmp_path, state / "ca.pem", port, environ) as served:
+        lines = served.lines
         output = "".join(lines)
         assert json.loads((state / "host.json").read_text())["listen"]["host"] == "0.0.0.0"
         assert _listening_on_all_interfaces(port)
@@ -244,18 +243,6 @@ def test_container_mode_serves_every_interface_with_the_operators_names(tmp_path
         )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["hits"]
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-            for reader in readers:
-                reader.join(timeout=10)
-            for stream in (process.stdout, process.stderr):
-                if stream is not None:
-                    stream.close()
 
     # A restart keeps the token and does not print it again.
     again = subprocess.run(

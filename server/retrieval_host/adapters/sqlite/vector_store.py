@@ -194,13 +194,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
             if stored is None:
                 raise store_read_only(descriptor.corpus_id)
             check_descriptor(descriptor, stored)
-            with self._db_lock:
-                state = self._corpora.get(descriptor.corpus_id)
-                if state is None or state.descriptor != descriptor:
-                    state = CorpusState(descriptor, {}, {}, -1)
-                    with self._cache_lock:
-                        self._corpora[descriptor.corpus_id] = state
-                self._refresh(state)
+            self._load(descriptor)
             return
         with self._write_lock, self._db_lock:
             conn = self._connection()
@@ -221,6 +215,10 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
                     if analyzed:
                         _log.info("analyzed %d stored passages for the lexical index", analyzed)
         # Loading the vectors can take a while on a big corpus: other writers need not wait.
+        self._load(descriptor)
+
+    def _load(self, descriptor: CorpusDescriptor) -> None:
+        """Load (or bring up to date) the corpus's in-memory index."""
         with self._db_lock:
             state = self._corpora.get(descriptor.corpus_id)
             if state is None or state.descriptor != descriptor:
