@@ -95,6 +95,8 @@ def render(candidates: list[Candidate], limit: int) -> bytes:
             "scope": scope,
             "scores": {"dense": c.score},
             "metadata": c.metadata,
+            # The host reads its hits' commit times with one more statement; null here.
+            "indexedAt": None,
         }
         for c in candidates[:limit]
     ]

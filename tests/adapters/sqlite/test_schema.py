@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 
 from retrieval_host.adapters.sqlite import SqliteVectorStore
-from retrieval_host.adapters.sqlite.schema import check_sqlite_version
-from retrieval_host.adapters.sqlite.tables import APPLICATION_ID, SCHEMA_VERSION
+from retrieval_host.adapters.sqlite.schema import (
+    check_identity,
+    check_sqlite_version,
+    create_schema,
+)
+from retrieval_host.adapters.sqlite.tables import APPLICATION_ID, IDENTITY, SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits
@@ -150,3 +154,37 @@ def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
 def test_scan_batch_rows_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="scan_batch_rows"):
         SqliteVectorStore.open(tmp_path / "store.db", scan_batch_rows=0)
+
+
+def test_a_schema_created_while_another_opener_checks_the_file_is_not_seen_half_way(
+    tmp_path: Path,
+) -> None:
+    # Two workers open a new store at once: one creates the schema while the other reads the
+    # file's identity. A commit between the identity's reads once showed tables without an
+    # application id ("another application's database"): the reads are one snapshot now.
+    path = tmp_path / "store.db"
+    path.touch(mode=0o600)
+    checker = apsw.Connection(str(path))
+    creator = apsw.Connection(str(path))
+    creator.set_busy_timeout(200)
+    attempts: list[str] = []
+
+    def create_between_reads(cursor: apsw.Cursor, sql: str, bindings: object) -> bool:
+        if sql.startswith("PRAGMA user_version") and not attempts:
+            try:
+                create_schema(creator, IDENTITY)
+                attempts.append("committed")
+            except apsw.BusyError:
+                attempts.append("waited for the reader's snapshot")
+        return True
+
+    checker.exec_trace = create_between_reads
+    try:
+        assert check_identity(checker, IDENTITY) is None  # what it saw: the empty file, whole
+        assert attempts == ["waited for the reader's snapshot"]
+        checker.exec_trace = None
+        create_schema(creator, IDENTITY)
+        assert check_identity(checker, IDENTITY) == IDENTITY.version
+    finally:
+        checker.close()
+        creator.close()

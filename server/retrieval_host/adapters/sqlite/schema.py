@@ -213,9 +213,19 @@ def truncate_wal(conn: apsw.Connection) -> None:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
 
 
-def check_identity(conn: apsw.Connection, identity: Identity) -> int | None:
-    """The file's schema version, None for an empty database; raises for anything that is not
-    ours or that this host cannot read. Reads only."""
+def _identity_snapshot(conn: apsw.Connection) -> tuple[int, int, set[str]]:
+    """The application id, user version and table names, read in one transaction.
+
+    Read as three autocommit statements, another process creating the schema between them
+    (two workers opening a new store at once) showed a file with tables but no application
+    id: refused as another application's database."""
+    if conn.in_transaction:
+        return _read_identity(conn)
+    with transaction(conn, "BEGIN DEFERRED"):
+        return _read_identity(conn)
+
+
+def _read_identity(conn: apsw.Connection) -> tuple[int, int, set[str]]:
     application_id = int(one(conn.execute("PRAGMA application_id"))[0])
     user_version = int(one(conn.execute("PRAGMA user_version"))[0])
     names = {
@@ -224,6 +234,13 @@ def check_identity(conn: apsw.Connection, identity: Identity) -> int | None:
             "SELECT name FROM sqlite_schema WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
         )
     }
+    return application_id, user_version, names
+
+
+def check_identity(conn: apsw.Connection, identity: Identity) -> int | None:
+    """The file's schema version, None for an empty database; raises for anything that is not
+    ours or that this host cannot read. Reads only."""
+    application_id, user_version, names = _identity_snapshot(conn)
     if application_id == 0 and user_version == 0 and not names:
         return None
     if application_id != identity.application_id:

@@ -270,14 +270,15 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         self, corpus: str, namespace: str, source_ids: Collection[str]
     ) -> dict[str, tuple[str, str | None]]:
         """Source id -> (current revision, commit time) for the ids that exist (see the port),
-        read from SQLite in one statement."""
+        read from SQLite in one statement on this thread's own read connection (every search
+        asks for its hits': no shared lock to queue on)."""
         self._state(corpus)
         ids = list(dict.fromkeys(source_ids))
         if not ids:
             return {}
-        with self._db_lock, translated("reading index times"):
+        with translated("reading index times"):
             rows = (
-                self._connection()
+                self._reader()
                 .execute(
                     "SELECT source_id, revision, indexed_at FROM sources WHERE corpus_id = ? "
                     "AND namespace = ? AND source_id IN (SELECT value FROM json_each(?))",
