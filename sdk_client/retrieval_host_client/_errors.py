@@ -270,6 +270,7 @@ _CODE_CLASSES: Final[Mapping[str, type[APIStatusError]]] = {
     "CONTEXT_REPLAY_UNAVAILABLE": ContextReplayUnavailableError,
     "INVALID_REQUEST": InvalidRequestError,
     "INVALID_CITATION": InvalidRequestError,
+    "ANSWER_REJECTED": InvalidRequestError,
     "INVALID_DOCUMENT": InvalidDocumentError,
     "DOCUMENT_TOO_COMPLEX": DocumentTooComplexError,
     "UNSUPPORTED_MEDIA_TYPE": UnsupportedMediaTypeError,

@@ -240,6 +240,8 @@ class RunResult(_Response):
     citations: CitationReport | None = None
     fallbacks: list[FallbackTaken] = Field(default_factory=list)
     state: RetrievalState | None = None
+    # The application verifier's verdict: "accepted" or "needs-review" (null: none wired).
+    verification: str | None = None
 
 
 class RunRecord(_Response):

@@ -19,6 +19,7 @@ class ErrorCode(StrEnum):
     CONTEXT_REPLAY_UNAVAILABLE = "CONTEXT_REPLAY_UNAVAILABLE"
     INVALID_REQUEST = "INVALID_REQUEST"
     INVALID_CITATION = "INVALID_CITATION"
+    ANSWER_REJECTED = "ANSWER_REJECTED"
     INVALID_DOCUMENT = "INVALID_DOCUMENT"
     DOCUMENT_TOO_COMPLEX = "DOCUMENT_TOO_COMPLEX"
     UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
@@ -47,6 +48,7 @@ STATUS: Final[Mapping[ErrorCode, int]] = {
     ErrorCode.CONTEXT_REPLAY_UNAVAILABLE: 409,
     ErrorCode.INVALID_REQUEST: 422,
     ErrorCode.INVALID_CITATION: 422,
+    ErrorCode.ANSWER_REJECTED: 422,
     ErrorCode.INVALID_DOCUMENT: 422,
     ErrorCode.DOCUMENT_TOO_COMPLEX: 422,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
@@ -77,6 +79,7 @@ TITLES: Final[Mapping[ErrorCode, str]] = {
     ErrorCode.CONTEXT_REPLAY_UNAVAILABLE: "Run replay unavailable",
     ErrorCode.INVALID_REQUEST: "Invalid request",
     ErrorCode.INVALID_CITATION: "Invalid citation",
+    ErrorCode.ANSWER_REJECTED: "Answer rejected",
     ErrorCode.INVALID_DOCUMENT: "Invalid document",
     ErrorCode.DOCUMENT_TOO_COMPLEX: "Document too complex",
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: "Unsupported media type",

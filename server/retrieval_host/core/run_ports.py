@@ -121,3 +121,31 @@ class RunStore(Protocol):
     def finish(self, run_id: str, status: RunStatus, error_code: str) -> None: ...
 
     def get(self, run_id: str) -> RunRecord | None: ...
+
+
+VerifierDecision: TypeAlias = Literal[
+    "accept", "reject", "unavailable", "retryable", "needs-review"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A verifier's judgement of one answer."""
+
+    decision: VerifierDecision
+
+
+class Verifier(Protocol):
+    """An application's own check of a run's answer against the evidence it was given, after
+    the host's checks (citations, re-authorization) and before the result is recorded.
+
+    `accept` completes the run; `needs-review` completes it marked `verification:
+    "needs-review"` for a person to look at; `reject` fails it with `ANSWER_REJECTED`;
+    `unavailable` and `retryable` fail it with `PROVIDER_FAILED` (reasons
+    `verifier-unavailable`, `verifier-retryable`: a client may retry the latter). An exception
+    from `verify` fails the run as `INTERNAL` (the host logs it). A fixed fallback reply is not
+    verified (it is the application's own text)."""
+
+    def verify(
+        self, question: str, answer: str, evidence: Sequence[EvidencePassage]
+    ) -> Verdict: ...

@@ -245,6 +245,9 @@ class RunResult:
     fallbacks: Sequence[FallbackApplied] = ()
     # Its retrieval state (None for a run without retrieval, and in records made before).
     state: RetrievalState | None = None
+    # The application verifier's verdict on a completed run: "accepted" or "needs-review"
+    # (None when no verifier is wired, or the reply was a fixed fallback).
+    verification: str | None = None
 
 
 # --- events --------------------------------------------------------------------------------

@@ -43,8 +43,9 @@ _STATUS_TEXT: Final = {
     413: "The body or a corpus capacity is too large (`PAYLOAD_TOO_LARGE`, `CAPACITY_EXCEEDED`).",
     415: "Unsupported Content-Type (`UNSUPPORTED_MEDIA_TYPE`).",
     422: (
-        "The request or document is invalid (`INVALID_REQUEST`, `INVALID_DOCUMENT`), or the "
-        "document costs more work than allowed (`DOCUMENT_TOO_COMPLEX`)."
+        "The request or document is invalid (`INVALID_REQUEST`, `INVALID_DOCUMENT`), the "
+        "document costs more work than allowed (`DOCUMENT_TOO_COMPLEX`), or a run's answer "
+        "failed a check (`INVALID_CITATION`, `ANSWER_REJECTED`)."
     ),
     500: "The host failed (`INTERNAL`, `UNSAFE_STORE`); nothing of the cause is disclosed.",
     502: "The embedding service failed (`EMBEDDING_FAILED`).",

@@ -9,10 +9,10 @@ of `RunResult` under their core (snake_case) names:
      "replayed": false}
 
 `usage.rerank`, `citations` (the host's citation check: `[{"id", "quotes": [{"text",
-"found"}]}]` or null), `citation_failure`, `fallbacks` (`[{"outcome", "action"}]`), `state`
-and the receipts' `raw_query` and `success` were added to version 2 without a bump: a record
-written before them has none and reads as no reranking, no check, no fallback and no state,
-and a host that predates them ignores the keys.
+"found"}]}]` or null), `citation_failure`, `fallbacks` (`[{"outcome", "action"}]`), `state`,
+`verification` and the receipts' `raw_query` and `success` were added to version 2 without a
+bump: a record written before them has none and reads as no reranking, no check, no
+fallback, no state and no verdict, and a host that predates them ignores the keys.
 
 Version 1 has no version field: the previous release stored the public wire JSON of the
 result (`wire.runs.result_to_json` as it was then: camelCase, locations without their unset
@@ -129,6 +129,7 @@ def encode_result(result: RunResult) -> str:
         ],
         "citation_failure": None if result.citations is None else result.citations.failure,
         "fallbacks": [{"outcome": f.outcome, "action": f.action} for f in result.fallbacks],
+        "verification": result.verification,
         "state": None
         if result.state is None
         else {
@@ -217,6 +218,7 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
             FallbackApplied(f["outcome"], f["action"]) for f in body.get("fallbacks") or ()
         ),
         state=_state(body.get("state")),
+        verification=body.get("verification"),
     )
 
 

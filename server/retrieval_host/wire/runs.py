@@ -181,6 +181,7 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
         "replayed": result.replayed,
         "citations": citations_to_json(result.citations),
         "fallbacks": [{"outcome": f.outcome, "action": f.action} for f in result.fallbacks],
+        "verification": result.verification,
         "state": None
         if result.state is None
         else {

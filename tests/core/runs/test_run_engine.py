@@ -2,25 +2,30 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_ports import (
+    EvidencePassage,
     GenerationEvent,
     GenerationRequest,
     RunRecord,
     TextDelta,
     ToolCall,
     ToolCallRequested,
+    Verdict,
+    VerifierDecision,
 )
+from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import (
     CitationPolicy,
     Fallbacks,
@@ -511,3 +516,56 @@ def test_a_failed_citation_check_can_answer_with_a_fixed_reply_or_continue(
     assert kept.text == "An answer with no citation."
     assert kept.citations is not None and kept.citations.failure == "no-citation"
     assert [(f.outcome, f.action) for f in kept.fallbacks] == [("invalid-citation", "continue")]
+
+
+class Judge:
+    """An application verifier with a fixed decision, recording what it was shown."""
+
+    def __init__(self, decision: VerifierDecision) -> None:
+        self.decision: VerifierDecision = decision
+        self.seen: list[tuple[str, str, list[str]]] = []
+
+    def verify(self, question: str, answer: str, evidence: Sequence[EvidencePassage]) -> Verdict:
+        self.seen.append((question, answer, [p.handle for p in evidence]))
+        return Verdict(self.decision)
+
+
+@pytest.mark.parametrize(
+    ("decision", "verification", "code", "reason"),
+    [
+        ("accept", "accepted", None, None),
+        ("needs-review", "needs-review", None, None),
+        ("reject", None, ErrorCode.ANSWER_REJECTED, None),
+        ("unavailable", None, ErrorCode.PROVIDER_FAILED, "verifier-unavailable"),
+        ("retryable", None, ErrorCode.PROVIDER_FAILED, "verifier-retryable"),
+    ],
+)
+def test_an_application_verifier_swapped_in_decides_how_the_run_ends(
+    run_world: RunWorld,
+    decision: VerifierDecision,
+    verification: str | None,
+    code: ErrorCode | None,
+    reason: str | None,
+) -> None:
+    judge = Judge(decision)
+    engine = RunEngine(
+        run_world.service, {"local": ExtractiveProvider()}, run_world.runs, verifier=judge
+    )
+    events: list[RunEvent] = []
+    engine.execute(_before(), ALICE, events.append)
+    last = events[-1]
+    ((question, answer, handles),) = judge.seen
+    assert question == _before().input and "[source:" in answer and handles
+    if code is None:
+        assert isinstance(last, RunCompleted)
+        assert last.result.verification == verification
+        record = run_world.runs.get(last.result.run_id)
+        assert record is not None and record.result is not None
+        assert record.result.verification == verification
+    else:
+        assert isinstance(last, RunFailed)
+        assert (last.error.code, last.error.reason) == (code, reason)
+    # A fixed fallback reply is the application's own text: not verified.
+    run_world.acl.search = {}
+    fixed = engine.run(_before(fallbacks=Fallbacks(no_evidence=FixedAnswer("None."))), ALICE)
+    assert fixed.verification is None and len(judge.seen) == 1

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
 from retrieval_host.core.grants import denied
-from retrieval_host.core.run_ports import GenerationProvider, RunRecord, RunStore
+from retrieval_host.core.reasons import ProviderFailedReason
+from retrieval_host.core.run_ports import GenerationProvider, RunRecord, RunStore, Verifier
 from retrieval_host.core.runs.citations import check_citations
 from retrieval_host.core.runs.evidence import reauthorize_manifest, recheck_evidence
 from retrieval_host.core.runs.generation import (
@@ -56,8 +58,10 @@ class RunEngine:
         clock: Callable[[], str] = utc_now,
         new_run_id: Callable[[], str] = new_run_id,
         new_delimiter: Callable[[], str] = new_delimiter,
+        verifier: Verifier | None = None,
     ) -> None:
         self._retrieval = retrieval
+        self._verifier = verifier
         self._providers = dict(providers)
         self._store = store
         self._clock = clock
@@ -255,7 +259,12 @@ class RunEngine:
                     answer = replied
                 else:
                     report = CitationReport([], failure=error.reason)
-        result = build_result(request, run, answer, report, taken)
+        verification = None
+        if self._verifier is not None and fixed is None:
+            verification = _verify(self._verifier, request, run, answer)
+        result = replace(
+            build_result(request, run, answer, report, taken), verification=verification
+        )
         self._store.complete(run.run_id, result)
         return result
 
@@ -286,3 +295,29 @@ def _no_evidence_before() -> RetrievalError:
 
 def _no_evidence_tool() -> RetrievalError:
     return RetrievalError(ErrorCode.NO_RETRIEVAL_EVIDENCE, "The run found no authorized passage.")
+
+
+def _verify(verifier: Verifier, request: RunRequest, run: ActiveRun, answer: str) -> str:
+    """The application verifier's verdict, as the result's `verification` or the run's error
+    (see `core.run_ports.Verifier`)."""
+    run.emit(RunProgress("verification", {"sources": len(run.evidence)}))
+    decision = verifier.verify(request.input, answer, list(run.evidence.values())).decision
+    if decision == "accept":
+        return "accepted"
+    if decision == "needs-review":
+        return "needs-review"
+    if decision == "reject":
+        raise RetrievalError(
+            ErrorCode.ANSWER_REJECTED, "The application's verifier rejected the answer."
+        )
+    if decision == "retryable":
+        raise RetrievalError(
+            ErrorCode.PROVIDER_FAILED,
+            "The application's verifier could not judge the answer; retrying may succeed.",
+            reason=ProviderFailedReason.VERIFIER_RETRYABLE,
+        )
+    raise RetrievalError(
+        ErrorCode.PROVIDER_FAILED,
+        "The application's verifier could not judge the answer.",
+        reason=ProviderFailedReason.VERIFIER_UNAVAILABLE,
+    )
