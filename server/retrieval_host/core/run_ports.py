@@ -149,3 +149,16 @@ class Verifier(Protocol):
     def verify(
         self, question: str, answer: str, evidence: Sequence[EvidencePassage]
     ) -> Verdict: ...
+
+
+class ContextPolicy(Protocol):
+    """An application's choice of what of a run's evidence reaches the model, before each
+    model call: a selection from `evidence`, in the order the model should read it.
+
+    The host keeps only passages of `evidence` (a policy cannot add text the grant did not
+    authorize), and a run's manifest is what reached the model, so a passage the policy
+    held back cannot be cited."""
+
+    def select(
+        self, question: str, evidence: Sequence[EvidencePassage]
+    ) -> Sequence[EvidencePassage]: ...

@@ -14,6 +14,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import Location
 from retrieval_host.core.run_ports import (
     EvidencePassage,
     GenerationEvent,
@@ -569,3 +570,68 @@ def test_an_application_verifier_swapped_in_decides_how_the_run_ends(
     run_world.acl.search = {}
     fixed = engine.run(_before(fallbacks=Fallbacks(no_evidence=FixedAnswer("None."))), ALICE)
     assert fixed.verification is None and len(judge.seen) == 1
+
+
+class OnlyAbout:
+    """A context policy that lets through the passages mentioning a word, last first; it also
+    tries to slip in a passage of its own."""
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def select(
+        self, question: str, evidence: Sequence[EvidencePassage]
+    ) -> Sequence[EvidencePassage]:
+        forged = EvidencePassage("forged-1", "vault", "r1", "", Location(), "A secret.")
+        return [forged, *[p for p in evidence if self.word in p.text.lower()][::-1]]
+
+
+def test_a_context_policy_swapped_in_decides_what_reaches_the_model_and_can_be_cited(
+    run_world: RunWorld,
+) -> None:
+    seen: list[GenerationRequest] = []
+
+    class Recording:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            seen.append(request)
+            yield TextDelta(" ".join(f"[source:{p.handle}]" for p in request.evidence))
+
+    engine = RunEngine(
+        run_world.service,
+        {"local": Recording()},
+        run_world.runs,
+        context_policy=OnlyAbout("panel"),
+    )
+    result = engine.run(_before(query="battery panel output"), ALICE)
+    ((request,),) = [seen]
+    assert [p.source_id for p in request.evidence] == ["solar"]  # not battery, not the forged
+    assert "A secret." not in request.messages[1].content
+    assert [s.source_id for s in result.sources] == ["solar"]
+    # A citation of a passage the policy held back is outside the manifest.
+    everything = run_world.engine.run(_before(query="battery panel output"), ALICE)
+    battery = next(s.id for s in everything.sources if s.source_id == "battery")
+
+    class CitesBattery:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            yield TextDelta(f"It lasts long [source:{battery}].")
+
+    citing = RunEngine(
+        run_world.service,
+        {"local": CitesBattery()},
+        run_world.runs,
+        context_policy=OnlyAbout("panel"),
+    )
+    with pytest.raises(RetrievalError) as excinfo:
+        citing.run(_before(query="battery panel output", citations=CitationPolicy()), ALICE)
+    assert (excinfo.value.code, excinfo.value.reason) == (
+        ErrorCode.INVALID_CITATION,
+        "unknown-source",
+    )

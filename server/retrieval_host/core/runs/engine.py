@@ -9,7 +9,13 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
 from retrieval_host.core.grants import denied
 from retrieval_host.core.reasons import ProviderFailedReason
-from retrieval_host.core.run_ports import GenerationProvider, RunRecord, RunStore, Verifier
+from retrieval_host.core.run_ports import (
+    ContextPolicy,
+    GenerationProvider,
+    RunRecord,
+    RunStore,
+    Verifier,
+)
 from retrieval_host.core.runs.citations import check_citations
 from retrieval_host.core.runs.evidence import reauthorize_manifest, recheck_evidence
 from retrieval_host.core.runs.generation import (
@@ -59,9 +65,11 @@ class RunEngine:
         new_run_id: Callable[[], str] = new_run_id,
         new_delimiter: Callable[[], str] = new_delimiter,
         verifier: Verifier | None = None,
+        context_policy: ContextPolicy | None = None,
     ) -> None:
         self._retrieval = retrieval
         self._verifier = verifier
+        self._context_policy = context_policy
         self._providers = dict(providers)
         self._store = store
         self._clock = clock
@@ -148,6 +156,7 @@ class RunEngine:
             self._clock,
             self._retrieval,
             max_tokens=request.max_tokens,
+            context_policy=self._context_policy,
         )
         existing = self._store.begin(
             RunRecord(
@@ -250,7 +259,7 @@ class RunEngine:
         if request.citations is not None and fixed is None:
             run.emit(RunProgress("citations", {"sources": len(run.evidence)}))
             try:
-                report = check_citations(answer, run.evidence, request.citations)
+                report = check_citations(answer, run.cited_evidence(), request.citations)
             except RetrievalError as error:
                 replied = _fallback(
                     run, taken, "invalid-citation", fallbacks.invalid_citation, error

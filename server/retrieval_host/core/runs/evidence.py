@@ -7,27 +7,36 @@ cannot be retracted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import source_unavailable
 from retrieval_host.core.evidence import fence
+from retrieval_host.core.run_ports import EvidencePassage
 from retrieval_host.core.runs.state import ActiveRun
 from retrieval_host.core.runs_model import RunProgress, RunResult, RunRetrieval
 from retrieval_host.core.service import RetrievalService
 
 
-def user_prompt(question: str, run: ActiveRun, *, fenced: bool) -> str:
-    """The user message: the question, and in mode `before` the evidence fenced after it."""
-    if not fenced or not run.evidence:
+def user_prompt(
+    question: str, visible: Sequence[EvidencePassage], delimiter: str, *, fenced: bool
+) -> str:
+    """The user message: the question, and in mode `before` the visible evidence fenced
+    after it."""
+    if not fenced or not visible:
         return f"Question:\n{question}"
-    return f"Question:\n{question}\n\n{fence(list(run.evidence.values()), run.delimiter)}"
+    return f"Question:\n{question}\n\n{fence(list(visible), delimiter)}"
 
 
-def render_tool(outcome: str | list[str], run: ActiveRun) -> str:
-    """A tool call's answer as the model reads it now: its still-authorized passages, fenced."""
+def render_tool(
+    outcome: str | list[str], visible: Mapping[str, EvidencePassage], delimiter: str
+) -> str:
+    """A tool call's answer as the model reads it now: its still-authorized passages the
+    context policy lets through, fenced."""
     if isinstance(outcome, str):
         return outcome
-    passages = [run.evidence[h] for h in outcome if h in run.evidence]
-    return fence(passages, run.delimiter) if passages else "No passages matched."
+    passages = [visible[h] for h in outcome if h in visible]
+    return fence(passages, delimiter) if passages else "No passages matched."
 
 
 def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:

@@ -49,14 +49,16 @@ def generate_step(
     The tool rounds so far are rendered again at every step, so a passage revoked since it
     was found is left out of what the model sees next.
     """
+    visible = run.visible(request.input)
+    by_handle = {p.handle: p for p in visible}
     messages = [
         Message("system", SYSTEM_INSTRUCTIONS),
-        Message("user", user_prompt(request.input, run, fenced=fenced)),
+        Message("user", user_prompt(request.input, visible, run.delimiter, fenced=fenced)),
     ]
     for assistant, outcomes in rounds:
         messages.append(assistant)
         messages += [
-            Message("tool", render_tool(outcome, run), tool_call_id=call_id)
+            Message("tool", render_tool(outcome, by_handle, run.delimiter), tool_call_id=call_id)
             for call_id, outcome in outcomes
         ]
     run.emit(RunProgress("generation", {"step": step, "provider": request.provider}))
@@ -67,7 +69,7 @@ def generate_step(
             model=request.model,
             messages=messages,
             tools=tools,
-            evidence=list(run.evidence.values()),
+            evidence=visible,
             question=request.input,
             step=step,
         ),

@@ -29,9 +29,10 @@ def build_result(
     """The run's result, completed now. An artifact lists the sources the text cites, or all
     the evidence when it cites none."""
     spec = request.retrieval
+    # With a context policy, what reached the model; else all the evidence (all of it did).
     manifest = [
         ManifestEntry(p.handle, p.source_id, p.revision, p.location, p.title)
-        for p in run.evidence.values()
+        for p in run.cited_evidence().values()
     ]
     artifact = None
     if request.output_artifact is not None:

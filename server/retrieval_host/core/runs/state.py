@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import EmbeddingUsage, RerankUsage
-from retrieval_host.core.run_ports import EvidencePassage
+from retrieval_host.core.run_ports import ContextPolicy, EvidencePassage
 from retrieval_host.core.runs_model import GenerationUsage, Receipt, RunEvent
 from retrieval_host.core.service import RetrievalService
 
@@ -46,9 +46,35 @@ class ActiveRun:
     rerank_calls: int = 0  # reranker calls made (failed ones too), against `maxRerankCalls`
     # The run's `maxTokens` (None: unbounded), checked before each search and model call.
     max_tokens: int | None = None
+    # The application's choice of what evidence reaches the model (None: all of it), and the
+    # handles that did reach it (the manifest when a policy is set).
+    context_policy: ContextPolicy | None = None
+    shown: set[str] = field(default_factory=set)
     # Bytes of passage text the run's searches added to its evidence (never given back when
     # a revoked passage is dropped: it may have reached the model), against `maxContextBytes`.
     context_bytes: int = 0
+
+    def visible(self, question: str) -> list[EvidencePassage]:
+        """The evidence the model may read now, as the context policy selects it (only
+        passages of the evidence, each once); noted as shown."""
+        passages = list(self.evidence.values())
+        if self.context_policy is not None:
+            chosen = self.context_policy.select(question, passages)
+            held = {p.handle for p in passages}
+            picked: dict[str, EvidencePassage] = {}
+            for p in chosen:
+                if p.handle in held and p.handle not in picked:
+                    picked[p.handle] = self.evidence[p.handle]  # the host's copy, not the policy's
+            passages = list(picked.values())
+        self.shown.update(p.handle for p in passages)
+        return passages
+
+    def cited_evidence(self) -> dict[str, EvidencePassage]:
+        """What the answer may cite: the evidence that reached the model (all of it without a
+        context policy)."""
+        if self.context_policy is None:
+            return dict(self.evidence)
+        return {h: p for h, p in self.evidence.items() if h in self.shown}
 
     @property
     def tokens_spent(self) -> int:
