@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -25,7 +25,13 @@ from retrieval_host.core.models import (
     SearchResult,
     SourceInfo,
 )
-from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, EmbeddingBatch, Grant
+from retrieval_host.core.ports import (
+    ANY_REVISION,
+    AuthorizationRequest,
+    Candidate,
+    EmbeddingBatch,
+    Grant,
+)
 from retrieval_host.core.service import Corpus, RetrievalService
 from tests.contract.conftest import StoreHarness
 
@@ -237,3 +243,39 @@ def test_a_cancel_while_counting_stops_before_the_next_slice(
     assert caught.value.code is ErrorCode.CANCELLED
     assert counting.counted == [COUNT_SLICE]
     assert counting.embedded == 0
+
+
+def test_a_ranking_policy_swapped_in_has_the_last_word_on_the_order(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    class SourceBFirstOnePerSource:
+        """Puts source b first and keeps one passage per source; tries to add one of its own."""
+
+        def order(self, query: str, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+            forged = replace(candidates[0], chunk_id="forged", text="Not indexed.")
+            firsts: dict[str, Candidate] = {}
+            for c in sorted(candidates, key=lambda c: c.source_id != "b"):
+                firsts.setdefault(c.source_id, c)
+            return [forged, *firsts.values()]
+
+    book = GrantBook()
+    book.grants["index"] = Grant("team", {"a": ANY_REVISION, "b": ANY_REVISION})
+    corpus = Corpus(
+        "docs",
+        "passages-v1",
+        local_embedding,
+        harness.open(),
+        book,
+        ranking_policy=SourceBFirstOnePerSource(),
+    )
+    service = RetrievalService([corpus])
+    service.index_context(index_request("a", "r1"), ctx())
+    service.index_context(index_request("b", "r1"), ctx())
+    book.grants["search"] = Grant("team", {"a": "r1", "b": "r1"})
+    hits = service.search_context(SearchRequest("docs", "otters rocks", limit=5), ctx()).hits
+    assert [h.source.id for h in hits] == ["b", "a"]
+    assert all(h.chunk_id != "forged" for h in hits)
+    # Only what the grant allows reaches the policy: with b revoked it never sees b.
+    book.grants["search"] = Grant("team", {"a": "r1"})
+    hits = service.search_context(SearchRequest("docs", "otters rocks", limit=5), ctx()).hits
+    assert [h.source.id for h in hits] == ["a"]

@@ -15,6 +15,7 @@ from retrieval_host.core.ports import (
     Authorizer,
     CapacityLimits,
     EmbeddingAdapter,
+    RankingPolicy,
     Reranker,
     VectorStore,
 )
@@ -63,6 +64,8 @@ class Corpus:
     # the descriptor like the embedding; None: searches are not reranked.
     reranker: Reranker | None = None
     rerank: RerankSettings = field(default_factory=RerankSettings)
+    # The application's last word on a search's order (None: as ranked).
+    ranking_policy: RankingPolicy | None = None
 
     @property
     def descriptor(self) -> CorpusDescriptor:

@@ -335,3 +335,15 @@ class VectorStore(Protocol):
         """The stored passage with that chunk id in the namespace (any revision; the caller
         checks the grant), or None."""
         ...
+
+
+class RankingPolicy(Protocol):
+    """An application's last word on a search's order (`Corpus.ranking_policy`): given the
+    authorized, ranked (and reranked) candidates, best first, it returns them reordered or
+    thinned (a freshness boost, a per-source cap, a business rule).
+
+    It runs after the second authorization check, on passages the caller may read; the host
+    keeps only candidates it was given (a policy cannot add or alter a passage), then applies
+    `minScore`, the limit and the byte budget."""
+
+    def order(self, query: str, candidates: Sequence[Candidate]) -> Sequence[Candidate]: ...

@@ -5,7 +5,7 @@ Called by `RetrievalService.search_context` over revisions it has already author
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
@@ -13,10 +13,10 @@ from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.fusion import Ranked, fuse, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
-from retrieval_host.core.ports import Candidate
+from retrieval_host.core.ports import Candidate, RankingPolicy
 from retrieval_host.core.query_embedding import QueryEmbedder
 
-__all__ = ["rank"]
+__all__ = ["apply_policy", "rank"]
 
 
 def rank(
@@ -72,3 +72,15 @@ def rank(
     if request.mode == "lexical":
         return single("lexical", lexical), usage
     return fuse(dense, lexical, corpus.fusion)[:wanted], usage
+
+
+def apply_policy(
+    policy: RankingPolicy, query: str, candidates: Sequence[Candidate]
+) -> list[Candidate]:
+    """The policy's order of the candidates, keeping only the host's own candidates, once."""
+    given = {c.chunk_id: c for c in candidates}
+    kept: dict[str, Candidate] = {}
+    for c in policy.order(query, list(candidates)):
+        if c.chunk_id in given and c.chunk_id not in kept:
+            kept[c.chunk_id] = given[c.chunk_id]
+    return list(kept.values())

@@ -68,7 +68,7 @@ from retrieval_host.core.query_embedding import (
     DEFAULT_MAX_WAIT_S,
     QueryEmbedder,
 )
-from retrieval_host.core.ranking import rank
+from retrieval_host.core.ranking import apply_policy, rank
 from retrieval_host.core.reasons import (
     CapacityExceededReason,
     InvalidRequestReason,
@@ -205,6 +205,8 @@ class RetrievalService:
             )
             for chunk_id, value in reranked.items():
                 scores[chunk_id]["rerank"] = value
+        if corpus.ranking_policy is not None:
+            candidates = apply_policy(corpus.ranking_policy, request.query, candidates)
         if request.min_score is not None:
             candidates = [c for c in candidates if c.score >= request.min_score]
 
