@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
 
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.models import JSONValue, Location
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.models import JSONValue, Location, SearchRequest, SearchResult
 from retrieval_host.core.runs_model import GenerationUsage, RunResult
 
 
@@ -162,3 +163,16 @@ class ContextPolicy(Protocol):
     def select(
         self, question: str, evidence: Sequence[EvidencePassage]
     ) -> Sequence[EvidencePassage]: ...
+
+
+class Retriever(Protocol):
+    """An application's own search for a run's retrievals (`RunEngine(retriever=...)`), in
+    place of the corpus's built-in search: an external engine, a rule, a cache.
+
+    The run's lifecycle stays the host's (normalize, check input, dedup and quota, authorize,
+    budgets, receipts). What the retriever returns is trusted for nothing but its order: each
+    hit is read again from the corpus's store by chunk id under the caller's grant (a passage
+    outside it, or of another revision, is dropped), and the stored text, location and
+    revision are what the run uses."""
+
+    def search(self, request: SearchRequest, context: RequestContext) -> SearchResult: ...

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import Location
+from retrieval_host.core.models import EmbeddingUsage, Location, SearchRequest, SearchResult
 from retrieval_host.core.run_ports import (
     EvidencePassage,
     GenerationEvent,
@@ -635,3 +636,39 @@ def test_a_context_policy_swapped_in_decides_what_reaches_the_model_and_can_be_c
         ErrorCode.INVALID_CITATION,
         "unknown-source",
     )
+
+
+def test_an_application_retriever_swapped_in_is_trusted_for_its_order_only(
+    run_world: RunWorld,
+) -> None:
+    every = run_world.service.search_context(
+        SearchRequest("library", "battery panel instructions", limit=10), ALICE
+    ).hits
+    by_source = {h.source.id: h for h in every}
+    run_world.acl.search = {"battery": "r1", "solar": "r1"}  # not "planted"
+
+    class Outside:
+        """Answers from 'elsewhere': solar first, a forged text, a passage outside the grant
+        and one that does not exist."""
+
+        def __init__(self) -> None:
+            self.asked: list[SearchRequest] = []
+
+        def search(self, request: SearchRequest, context: RequestContext) -> SearchResult:
+            self.asked.append(request)
+            solar = replace(by_source["solar"], text="Panels never degrade.")
+            ghost = replace(by_source["battery"], chunk_id="ghost-0")
+            hits = [solar, by_source["planted"], ghost, by_source["battery"]]
+            return SearchResult(hits, False, "2026-12-01T00:00:00.000Z", None, EmbeddingUsage())
+
+    outside = Outside()
+    engine = RunEngine(
+        run_world.service, {"local": ExtractiveProvider()}, run_world.runs, retriever=outside
+    )
+    result = engine.run(_before(query="What about the panels?"), ALICE)
+    (asked,) = outside.asked
+    assert (asked.corpus, asked.query) == ("library", "What about the panels?")
+    # Its order, but only what the grant allows, with the stored text.
+    assert [s.source_id for s in result.sources] == ["solar", "battery"]
+    assert "Panels never degrade" not in result.text
+    assert [r.source_ids for r in result.receipts] == [[s.id for s in result.sources]]

@@ -12,6 +12,7 @@ from retrieval_host.core.reasons import ProviderFailedReason
 from retrieval_host.core.run_ports import (
     ContextPolicy,
     GenerationProvider,
+    Retriever,
     RunRecord,
     RunStore,
     Verifier,
@@ -66,10 +67,12 @@ class RunEngine:
         new_delimiter: Callable[[], str] = new_delimiter,
         verifier: Verifier | None = None,
         context_policy: ContextPolicy | None = None,
+        retriever: Retriever | None = None,
     ) -> None:
         self._retrieval = retrieval
         self._verifier = verifier
         self._context_policy = context_policy
+        self._retriever = retriever
         self._providers = dict(providers)
         self._store = store
         self._clock = clock
@@ -157,6 +160,7 @@ class RunEngine:
             self._retrieval,
             max_tokens=request.max_tokens,
             context_policy=self._context_policy,
+            retriever=self._retriever,
         )
         existing = self._store.begin(
             RunRecord(

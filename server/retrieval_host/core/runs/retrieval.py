@@ -16,15 +16,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import JSONValue, SearchRequest
+from retrieval_host.core.models import Hit, JSONValue, SearchRequest, SearchResult
 from retrieval_host.core.run_ports import EvidencePassage, Message, ToolCall, ToolSpec
 from retrieval_host.core.runs.generation import StepOutput, ToolRound
 from retrieval_host.core.runs.state import ActiveRun
 from retrieval_host.core.runs_model import Receipt, ReceiptStatus, RunProgress, RunRetrieval
+from retrieval_host.core.service import RetrievalService
 
 SEARCH_TOOL = ToolSpec(
     name="search_context",
@@ -150,20 +152,21 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     if reranks:
         run.rerank_calls += 1  # drawn before the call: a failed call spent it too
     try:
-        result = service.search_context(
-            SearchRequest(
-                corpus=spec.corpus,
-                query=query,
-                source_ids=spec.source_ids,
-                limit=spec.limit,
-                # The run's remaining bytes, applied below to what is new to the run.
-                max_context_bytes=None,
-                mode=spec.search_mode,
-                rerank=reranks,
-                max_age_s=spec.max_age_s,
-            ),
-            scoped,
+        search = SearchRequest(
+            corpus=spec.corpus,
+            query=query,
+            source_ids=spec.source_ids,
+            limit=spec.limit,
+            # The run's remaining bytes, applied below to what is new to the run.
+            max_context_bytes=None,
+            mode=spec.search_mode,
+            rerank=reranks,
+            max_age_s=spec.max_age_s,
         )
+        if run.retriever is None:
+            result = service.search_context(search, scoped)
+        else:
+            result = _reread(service, spec, run.retriever.search(search, scoped), scoped)
     except RetrievalError as error:
         if error.code in (ErrorCode.CANCELLED, ErrorCode.TIMEOUT):
             raise
@@ -185,3 +188,33 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         run.context_bytes += len(hit.text.encode("utf-8"))
     # effects
     return receipt("ok", [h.chunk_id for h in result.hits if h.chunk_id in run.evidence])
+
+
+def _reread(
+    service: RetrievalService, spec: RunRetrieval, found: SearchResult, context: RequestContext
+) -> SearchResult:
+    """An application retriever's hits, each read again from the corpus's store by chunk id
+    under the caller's grant now (`get_passage`): only passages it may read, at their
+    current revision, with the stored text and location; the retriever's order and scores
+    are kept. The rest is dropped."""
+    hits: list[Hit] = []
+    for hit in found.hits[: spec.limit]:
+        try:
+            stored = service.get_passage(spec.corpus, hit.chunk_id, context)
+        except RetrievalError as error:
+            if error.code is ErrorCode.SOURCE_UNAVAILABLE:
+                continue
+            raise
+        if stored.source != hit.source:
+            continue  # another revision than the one the retriever named
+        hits.append(
+            replace(
+                hit,
+                location=stored.location,
+                text=stored.text,
+                document_sha256=stored.document_sha256,
+                scope=stored.scope,
+                metadata=stored.metadata,
+            )
+        )
+    return replace(found, hits=hits)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import EmbeddingUsage, RerankUsage
-from retrieval_host.core.run_ports import ContextPolicy, EvidencePassage
+from retrieval_host.core.run_ports import ContextPolicy, EvidencePassage, Retriever
 from retrieval_host.core.runs_model import GenerationUsage, Receipt, RunEvent
 from retrieval_host.core.service import RetrievalService
 
@@ -49,6 +49,8 @@ class ActiveRun:
     # The application's choice of what evidence reaches the model (None: all of it), and the
     # handles that did reach it (the manifest when a policy is set).
     context_policy: ContextPolicy | None = None
+    # The application's own search for the run's retrievals (None: the corpus's).
+    retriever: Retriever | None = None
     shown: set[str] = field(default_factory=set)
     # Bytes of passage text the run's searches added to its evidence (never given back when
     # a revoked passage is dropped: it may have reached the model), against `maxContextBytes`.
