@@ -164,6 +164,9 @@ class Receipt(_Response):
     outcome: str | None = None
     raw_query: str | None = None  # the query as sent (`query` is it normalized)
     success: int | None = None  # 1, 2, 3 for successful searches only
+    # What the application's effects returned after the search, by name; the one that failed.
+    extensions: dict[str, JsonValue] = Field(default_factory=dict)
+    effect_error: dict[str, str] | None = None
 
 
 class RetrievalState(_Response):

@@ -42,6 +42,8 @@ def test_the_literal_old_records_are_what_the_previous_release_wrote() -> None:
             }.get(receipt["status"], receipt["status"])
             receipt["rawQuery"] = None  # not kept before
             receipt["success"] = None
+            receipt["extensions"] = {}
+            receipt["effectError"] = None
         expected["usage"]["rerank"] = {"requests": 0, "documents": 0, "inputTokens": 0}
         expected["citations"] = None
         expected["fallbacks"] = []

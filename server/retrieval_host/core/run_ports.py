@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.models import JSONValue, Location, SearchRequest, SearchResult
-from retrieval_host.core.runs_model import GenerationUsage, RunResult
+from retrieval_host.core.models import Hit, JSONValue, Location, SearchRequest, SearchResult
+from retrieval_host.core.runs_model import GenerationUsage, Receipt, RunResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,3 +176,20 @@ class Retriever(Protocol):
     revision are what the run uses."""
 
     def search(self, request: SearchRequest, context: RequestContext) -> SearchResult: ...
+
+
+# The dedup key of a run's search: (corpus, source ids or None, normalized query) -> key. Two
+# searches of one run with one key are one search (the second is a `duplicate`).
+DedupKey: TypeAlias = Callable[[str, Sequence[str] | None, str], str]
+
+
+class RetrievalEffect(Protocol):
+    """An application effect after each successful search of a run (`RunEngine(effects=[...])`),
+    run in order: a cache write, an audit line, a metric. What it returns is kept in the
+    receipt's `extensions` under its `name`. An effect that raises stops the ones after it;
+    the receipt says which failed and how (`effectError`), and the earlier effects are not
+    undone (nothing pretends to roll back). The search's evidence stands either way."""
+
+    name: str
+
+    def after(self, receipt: Receipt, hits: Sequence[Hit]) -> JSONValue: ...

@@ -171,6 +171,10 @@ class Receipt:
     raw_query: str | None = None
     # The success sequence: 1, 2, 3 for successful searches only (None for other attempts).
     success: int | None = None
+    # What the application's effects returned after this search, by effect name, and the one
+    # that failed (name and error), which stopped the later ones.
+    extensions: Mapping[str, JSONValue] = field(default_factory=dict)
+    effect_error: Mapping[str, str] | None = None
 
     @property
     def outcome(self) -> ReceiptOutcome:

@@ -10,7 +10,8 @@ of `RunResult` under their core (snake_case) names:
 
 `usage.rerank`, `citations` (the host's citation check: `[{"id", "quotes": [{"text",
 "found"}]}]` or null), `citation_failure`, `fallbacks` (`[{"outcome", "action"}]`), `state`,
-`verification` and the receipts' `raw_query` and `success` were added to version 2 without a
+`verification` and the receipts' `raw_query`, `success`, `extensions` and `effect_error` were
+added to version 2 without a
 bump: a record written before them has none and reads as no reranking, no check, no
 fallback, no state and no verdict, and a host that predates them ignores the keys.
 
@@ -91,6 +92,8 @@ def encode_result(result: RunResult) -> str:
                 "search_mode": r.search_mode,
                 "raw_query": r.raw_query,
                 "success": r.success,
+                "extensions": dict(r.extensions),
+                "effect_error": None if r.effect_error is None else dict(r.effect_error),
             }
             for r in result.receipts
         ],
@@ -194,6 +197,8 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
                 search_mode=r.get("search_mode"),
                 raw_query=r.get("raw_query"),
                 success=r.get("success"),
+                extensions=dict(r.get("extensions") or {}),
+                effect_error=r.get("effect_error"),
             )
             for r in body["receipts"]
         ],

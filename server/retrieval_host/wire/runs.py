@@ -149,6 +149,8 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
                 "outcome": r.outcome,
                 "rawQuery": r.raw_query,
                 "success": r.success,
+                "extensions": dict(r.extensions),
+                "effectError": None if r.effect_error is None else dict(r.effect_error),
             }
             for r in result.receipts
         ],

@@ -15,7 +15,14 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import EmbeddingUsage, Location, SearchRequest, SearchResult
+from retrieval_host.core.models import (
+    EmbeddingUsage,
+    Hit,
+    JSONValue,
+    Location,
+    SearchRequest,
+    SearchResult,
+)
 from retrieval_host.core.run_ports import (
     EvidencePassage,
     GenerationEvent,
@@ -33,6 +40,7 @@ from retrieval_host.core.runs_model import (
     Fallbacks,
     FixedAnswer,
     OutputArtifactSpec,
+    Receipt,
     RunCompleted,
     RunDelta,
     RunEvent,
@@ -672,3 +680,61 @@ def test_an_application_retriever_swapped_in_is_trusted_for_its_order_only(
     assert [s.source_id for s in result.sources] == ["solar", "battery"]
     assert "Panels never degrade" not in result.text
     assert [r.source_ids for r in result.receipts] == [[s.id for s in result.sources]]
+
+
+def test_effects_run_in_order_after_each_success_and_a_failing_one_stops_the_rest(
+    run_world: RunWorld,
+) -> None:
+    calls: list[str] = []
+
+    class Audit:
+        name = "audit"
+
+        def after(self, receipt: Receipt, hits: Sequence[Hit]) -> JSONValue:
+            calls.append(f"audit {receipt.success}")
+            return {"hits": len(hits), "query": receipt.query}
+
+    class Broken:
+        name = "broken"
+
+        def after(self, receipt: Receipt, hits: Sequence[Hit]) -> JSONValue:
+            calls.append("broken")
+            raise ValueError("the cache at 10.0.0.7 refused the write")
+
+    class Late:
+        name = "late"
+
+        def after(self, receipt: Receipt, hits: Sequence[Hit]) -> JSONValue:
+            calls.append("late")
+            return True
+
+    engine = RunEngine(
+        run_world.service,
+        {"local": AsksThreeTimes()},
+        run_world.runs,
+        effects=[Audit(), Broken(), Late()],
+        # Searches differing only in their last word count as one.
+        dedup_key=lambda corpus, ids, query: query.rsplit(" ", 1)[0],
+    )
+    spec = RunRetrieval(corpus="library", mode="tool", max_queries=3, limit=1)
+    result = engine.run(RunRequest(provider="local", model="m", input="q", retrieval=spec), ALICE)
+    first = result.receipts[0]
+    assert first.extensions == {"audit": {"hits": 1, "query": "battery"}}
+    assert first.effect_error == {"effect": "broken", "error": "ValueError"}  # no message
+    assert "late" not in calls and calls[:2] == ["audit 1", "broken"]
+    assert result.sources  # the search's evidence stands although an effect failed
+    record = run_world.runs.get(result.run_id)
+    assert record is not None and record.result is not None
+    assert record.result.receipts[0].extensions == first.extensions
+    assert record.result.receipts[0].effect_error == first.effect_error
+
+    # The replaceable key: "battery", "solar", "panels" have no space, each is its own key.
+    assert [r.key for r in result.receipts] == ["battery", "solar", "panels"]
+    one_key = RunEngine(
+        run_world.service,
+        {"local": AsksThreeTimes()},
+        run_world.runs,
+        dedup_key=lambda corpus, ids, query: corpus,
+    )
+    again = one_key.run(RunRequest(provider="local", model="m", input="q", retrieval=spec), ALICE)
+    assert [r.status for r in again.receipts] == ["ok", "duplicate", "duplicate"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from retrieval_host.core.context import RequestContext
@@ -11,7 +11,9 @@ from retrieval_host.core.grants import denied
 from retrieval_host.core.reasons import ProviderFailedReason
 from retrieval_host.core.run_ports import (
     ContextPolicy,
+    DedupKey,
     GenerationProvider,
+    RetrievalEffect,
     Retriever,
     RunRecord,
     RunStore,
@@ -29,7 +31,13 @@ from retrieval_host.core.runs.replay import replay
 from retrieval_host.core.runs.request import check_run_request, request_fingerprint
 from retrieval_host.core.runs.result import build_result
 from retrieval_host.core.runs.retrieval import SEARCH_TOOL, answer_tool_calls, retrieve
-from retrieval_host.core.runs.state import ActiveRun, EventSink, new_delimiter, new_run_id
+from retrieval_host.core.runs.state import (
+    ActiveRun,
+    EventSink,
+    default_dedup_key,
+    new_delimiter,
+    new_run_id,
+)
 from retrieval_host.core.runs_model import (
     CitationReport,
     FallbackAction,
@@ -68,11 +76,15 @@ class RunEngine:
         verifier: Verifier | None = None,
         context_policy: ContextPolicy | None = None,
         retriever: Retriever | None = None,
+        effects: Sequence[RetrievalEffect] = (),
+        dedup_key: DedupKey = default_dedup_key,
     ) -> None:
         self._retrieval = retrieval
         self._verifier = verifier
         self._context_policy = context_policy
         self._retriever = retriever
+        self._effects = tuple(effects)
+        self._dedup_key = dedup_key
         self._providers = dict(providers)
         self._store = store
         self._clock = clock
@@ -161,6 +173,8 @@ class RunEngine:
             max_tokens=request.max_tokens,
             context_policy=self._context_policy,
             retriever=self._retriever,
+            dedup_key=self._dedup_key,
+            effects=self._effects,
         )
         existing = self._store.begin(
             RunRecord(

@@ -13,7 +13,6 @@ once it is spent is not made (`quota-exceeded`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -77,15 +76,18 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     started = run.clock()
     # prepare
     query = " ".join(raw_query.split())
-    key = hashlib.sha256(
-        json.dumps(
-            [spec.corpus, sorted(spec.source_ids or []), query.casefold()],
-            separators=(",", ":"),
-        ).encode("utf-8")
-    ).hexdigest()[:24]
+    key = run.dedup_key(spec.corpus, spec.source_ids, query)
     run.sequence += 1
 
-    def receipt(status: ReceiptStatus, ids: Sequence[str] = (), code: str | None = None) -> Receipt:
+    def receipt(
+        status: ReceiptStatus,
+        ids: Sequence[str] = (),
+        code: str | None = None,
+        *,
+        extensions: Mapping[str, JSONValue] | None = None,
+        effect_error: Mapping[str, str] | None = None,
+        append: bool = True,
+    ) -> Receipt:
         success = run.successes if status == "ok" else None
         r = Receipt(
             run.sequence,
@@ -98,7 +100,11 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
             spec.search_mode,
             raw_query=raw_query,
             success=success,
+            extensions=dict(extensions or {}),
+            effect_error=effect_error,
         )
+        if not append:
+            return r
         run.receipts.append(r)
         emit(
             RunProgress(
@@ -186,8 +192,26 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
             hit.chunk_id, hit.source.id, hit.source.revision, "", hit.location, hit.text
         )
         run.context_bytes += len(hit.text.encode("utf-8"))
-    # effects
-    return receipt("ok", [h.chunk_id for h in result.hits if h.chunk_id in run.evidence])
+    # effects: the application's, in order, after the success; a failure stops the rest
+    ids = [h.chunk_id for h in result.hits if h.chunk_id in run.evidence]
+    extensions, effect_error = _effects(run, receipt("ok", ids, append=False), result.hits)
+    return receipt("ok", ids, extensions=extensions, effect_error=effect_error)
+
+
+def _effects(
+    run: ActiveRun, receipt: Receipt, hits: Sequence[Hit]
+) -> tuple[dict[str, JSONValue], dict[str, str] | None]:
+    """Run the application's effects in order: what each returned (JSON), and the first that
+    failed (its name and exception type; its message may hold anything, so it stays out)."""
+    extensions: dict[str, JSONValue] = {}
+    for effect in run.effects:
+        try:
+            value = effect.after(receipt, list(hits))
+            json.dumps(value, allow_nan=False)  # kept in the run's record
+        except Exception as error:  # an application effect's failure is reported, not raised
+            return extensions, {"effect": effect.name, "error": type(error).__name__}
+        extensions[effect.name] = value
+    return extensions, None
 
 
 def _reread(

@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import EmbeddingUsage, RerankUsage
-from retrieval_host.core.run_ports import ContextPolicy, EvidencePassage, Retriever
+from retrieval_host.core.run_ports import (
+    ContextPolicy,
+    DedupKey,
+    EvidencePassage,
+    RetrievalEffect,
+    Retriever,
+)
 from retrieval_host.core.runs_model import GenerationUsage, Receipt, RunEvent
 from retrieval_host.core.service import RetrievalService
 
 EventSink = Callable[[RunEvent], None]
+
+
+def default_dedup_key(corpus: str, source_ids: Sequence[str] | None, query: str) -> str:
+    """The built-in dedup key: corpus, the sorted source ids and the case-folded query."""
+    material = json.dumps(
+        [corpus, sorted(source_ids or []), query.casefold()], separators=(",", ":")
+    )
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
 
 
 def new_run_id() -> str:
@@ -51,6 +67,9 @@ class ActiveRun:
     context_policy: ContextPolicy | None = None
     # The application's own search for the run's retrievals (None: the corpus's).
     retriever: Retriever | None = None
+    # How searches are told apart (`core.run_ports.DedupKey`) and what runs after each one.
+    dedup_key: DedupKey = field(default=default_dedup_key)
+    effects: Sequence[RetrievalEffect] = ()
     shown: set[str] = field(default_factory=set)
     # Bytes of passage text the run's searches added to its evidence (never given back when
     # a revoked passage is dropped: it may have reached the model), against `maxContextBytes`.
