@@ -175,12 +175,12 @@ def test_each_searching_thread_checks_freshness_on_its_own_connection(
         for thread in threads:
             thread.join()
         assert done == [["s005:0"]] * 3
-        assert len(reader._reader_conns) == 3  # one per thread, none shared
+        assert reader._readers.opened == 3  # one per thread, none shared
         # Another connection's commit is seen by the next search on any thread.
         _put(writer, "s005", "r2", -vectors[5 * PER_SOURCE : 6 * PER_SOURCE], "r1")
         assert _ids(reader, [5], query, 1) == []  # r1 of s005 is gone
         reader.close()
-        assert reader._reader_conns == []
+        assert reader._readers.opened == 0
         with pytest.raises(RetrievalError) as caught:
             _ids(reader, [5], query, 1)
         assert caught.value.code is ErrorCode.STORE_UNAVAILABLE

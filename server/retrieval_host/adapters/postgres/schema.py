@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import psycopg
+from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from retrieval_host.adapters.postgres.pool import Connection, lock_key, transaction, translated
@@ -174,6 +175,32 @@ def extension(conn: Connection) -> tuple[str, tuple[int, ...]] | None:
         return None
     version = tuple(int(p) for p in re.findall(r"\d+", str(row[1]))[:3])
     return str(row[0]), version
+
+
+def session_setup(statement_timeout_ms: int, read_only: bool) -> Callable[[Connection], None]:
+    """How the store sets up each pooled connection: pgvector's types registered, only the
+    extension's schema on the search path (our own tables are always named with their schema),
+    statement and lock timeouts, and, for a read-only store, read-only transactions."""
+    extension_schema: list[str] = []
+
+    def setup(conn: Connection) -> None:
+        if not extension_schema:
+            extension_schema.append(ensure_extension(conn)[0])
+        conn.execute(
+            "SELECT set_config('search_path', quote_ident(%s), false), "
+            "set_config('statement_timeout', %s, false), "
+            "set_config('lock_timeout', %s, false), "
+            "set_config('default_transaction_read_only', %s, false)",
+            (
+                extension_schema[0],
+                str(statement_timeout_ms),
+                str(statement_timeout_ms),
+                "on" if read_only else "off",
+            ),
+        )
+        register_vector(conn)
+
+    return setup
 
 
 def ensure_extension(conn: Connection) -> tuple[str, tuple[int, ...]]:

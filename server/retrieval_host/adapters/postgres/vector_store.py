@@ -22,7 +22,6 @@ import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Final
 
-from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from retrieval_host.adapters._store_rules import (
@@ -42,6 +41,11 @@ from retrieval_host.adapters._store_rules import (
     stored_source,
 )
 from retrieval_host.adapters.postgres import inspect, lexical
+from retrieval_host.adapters.postgres.catalog import (
+    read_descriptor,
+    read_indexed_at,
+    read_revisions,
+)
 from retrieval_host.adapters.postgres.pool import (
     Connection,
     ConnectionPool,
@@ -58,11 +62,11 @@ from retrieval_host.adapters.postgres.schema import (
     VECTOR_SCHEMA_VERSION,
     VECTOR_TABLES,
     check_schema_name,
-    ensure_extension,
     ensure_hnsw_index,
     ensure_schema_component,
     extension,
     schema_sql,
+    session_setup,
 )
 from retrieval_host.adapters.postgres.search import Matrix, PgSearchStats, Searcher
 from retrieval_host.core.cancel import CancelToken
@@ -152,28 +156,7 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         if ef_search > 1000:
             raise ValueError("ef_search must be at most 1000 (pgvector's limit)")
 
-        ext_schema_box: list[str] = []
-
-        def setup(conn: Connection) -> None:
-            if not ext_schema_box:
-                ext_schema_box.append(ensure_extension(conn)[0])
-            # Only the extension's schema is searched: its type and operators resolve, and our
-            # own tables are always named with their schema.
-            conn.execute(
-                "SELECT set_config('search_path', quote_ident(%s), false), "
-                "set_config('statement_timeout', %s, false), "
-                "set_config('lock_timeout', %s, false), "
-                "set_config('default_transaction_read_only', %s, false)",
-                (
-                    ext_schema_box[0],
-                    str(statement_timeout_ms),
-                    str(statement_timeout_ms),
-                    "on" if read_only else "off",
-                ),
-            )
-            register_vector(conn)
-
-        pool = ConnectionPool(dsn, pool_size, setup)
+        pool = ConnectionPool(dsn, pool_size, session_setup(statement_timeout_ms, read_only))
         try:
             with pool.connection() as conn:
                 with translated("checking pgvector"):
@@ -236,11 +219,7 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         if "\x00" in corpus:
             return None  # nothing stored can contain NUL
         with self._pool.connection() as conn, translated("reading a corpus descriptor"):
-            row = conn.execute(
-                self._sql("SELECT descriptor_json FROM {s}.corpora WHERE corpus_id = %s"),
-                (corpus,),
-            ).fetchone()
-        return None if row is None else str(row[0])
+            return read_descriptor(conn, self._schema, corpus)
 
     def open_corpus(self, descriptor: CorpusDescriptor) -> None:
         """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later (read-only:
@@ -303,23 +282,7 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         if "\x00" in corpus or "\x00" in namespace or ids == []:
             return {}  # nothing stored can contain NUL
         with self._pool.connection() as conn, translated("reading current revisions"):
-            if ids is None:
-                rows = conn.execute(
-                    self._sql(
-                        "SELECT source_id, revision FROM {s}.sources "
-                        "WHERE corpus_id = %s AND namespace = %s ORDER BY source_id"
-                    ),
-                    (corpus, namespace),
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    self._sql(
-                        "SELECT source_id, revision FROM {s}.sources WHERE corpus_id = %s "
-                        "AND namespace = %s AND source_id = ANY(%s) ORDER BY source_id"
-                    ),
-                    (corpus, namespace, ids),
-                ).fetchall()
-        return {str(sid): str(revision) for sid, revision in rows}
+            return read_revisions(conn, self._schema, corpus, namespace, ids)
 
     def indexed_at(
         self, corpus: str, namespace: str, source_ids: Collection[str]
@@ -330,14 +293,7 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
         if "\x00" in corpus or "\x00" in namespace or not ids:
             return {}
         with self._pool.connection() as conn, translated("reading index times"):
-            rows = conn.execute(
-                self._sql(
-                    "SELECT source_id, revision, indexed_at FROM {s}.sources WHERE "
-                    "corpus_id = %s AND namespace = %s AND source_id = ANY(%s)"
-                ),
-                (corpus, namespace, ids),
-            ).fetchall()
-        return {str(s): (str(r), None if t is None else str(t)) for s, r, t in rows}
+            return read_indexed_at(conn, self._schema, corpus, namespace, ids)
 
     # --- writes ------------------------------------------------------------------------------
 

@@ -47,11 +47,16 @@ from retrieval_host.adapters._store_rules import (
     terms_json,
 )
 from retrieval_host.adapters.sqlite import inspect
+from retrieval_host.adapters.sqlite.catalog import (
+    Readers,
+    read_descriptor,
+    read_indexed_at,
+    store_descriptor,
+)
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
 from retrieval_host.adapters.sqlite.lexicon import score
 from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scan, Scanner, query_unit
 from retrieval_host.adapters.sqlite.schema import (
-    BUSY_TIMEOUT_MS,
     immediate,
     one,
     open_database,
@@ -65,7 +70,6 @@ from retrieval_host.adapters.sqlite.tables import (
     APPLICATION_ID,
     IDENTITY,
     SCHEMA_VERSION,
-    backfill_terms,
     bump_generation,
     check_replacement,
     committed_generation,
@@ -117,9 +121,7 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         self._scanner = Scanner(scan_batch_rows, self._counters.add)
         self._grants = GrantCache(grant_cache_bytes)
         # Per-thread read-only connections for the freshness check of every search.
-        self._readers = threading.local()
-        self._reader_lock = threading.Lock()
-        self._reader_conns: list[apsw.Connection] = []
+        self._readers = Readers(path)
 
     @classmethod
     def open(
@@ -161,13 +163,10 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
     def close(self) -> None:
         """Close the connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
         with self._db_lock:
-            with self._reader_lock:
-                for reader in self._reader_conns:
-                    reader.close()
-                self._reader_conns.clear()
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
+            self._readers.close()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
             with self._cache_lock:
                 self._corpora.clear()
         self._scanner.close()
@@ -178,42 +177,23 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
     def stored_descriptor(self, corpus: str) -> str | None:
         """The descriptor stored by the corpus's first open (canonical JSON), or None."""
         with self._db_lock, translated("reading a corpus descriptor"):
-            row = (
-                self._connection()
-                .execute("SELECT descriptor_json FROM corpora WHERE corpus_id = ?", (corpus,))
-                .fetchone()
-            )
-        return None if row is None else str(row[0])
+            return read_descriptor(self._connection(), corpus)
 
     def open_corpus(self, descriptor: CorpusDescriptor) -> None:
         """Store the descriptor on first use; `DESCRIPTOR_MISMATCH` if it differs later (read-only:
         the corpus must exist, `STORE_READ_ONLY` otherwise)."""
-        canonical = descriptor.canonical_json()
         if self._read_only:
             stored = self.stored_descriptor(descriptor.corpus_id)
             if stored is None:
                 raise store_read_only(descriptor.corpus_id)
             check_descriptor(descriptor, stored)
-            self._load(descriptor)
-            return
-        with self._write_lock, self._db_lock:
-            conn = self._connection()
-            with translated("opening a corpus"), immediate(conn):
-                row = conn.execute(
-                    "SELECT descriptor_json FROM corpora WHERE corpus_id = ?",
-                    (descriptor.corpus_id,),
-                ).fetchone()
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO corpora (corpus_id, descriptor_json) VALUES (?, ?)",
-                        (descriptor.corpus_id, canonical),
-                    )
-                else:
-                    check_descriptor(descriptor, str(row[0]))
-                    # A corpus from before the lexical index: analyze its stored text once.
-                    analyzed = backfill_terms(conn, descriptor.corpus_id)
-                    if analyzed:
-                        _log.info("analyzed %d stored passages for the lexical index", analyzed)
+        else:
+            with self._write_lock, self._db_lock:
+                conn = self._connection()
+                with translated("opening a corpus"), immediate(conn):
+                    analyzed = store_descriptor(conn, descriptor)
+            if analyzed:
+                _log.info("analyzed %d stored passages for the lexical index", analyzed)
         # Loading the vectors can take a while on a big corpus: other writers need not wait.
         self._load(descriptor)
 
@@ -273,20 +253,8 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
         read from SQLite in one statement on this thread's own read connection (every search
         asks for its hits': no shared lock to queue on)."""
         self._state(corpus)
-        ids = list(dict.fromkeys(source_ids))
-        if not ids:
-            return {}
         with translated("reading index times"):
-            rows = (
-                self._reader()
-                .execute(
-                    "SELECT source_id, revision, indexed_at FROM sources WHERE corpus_id = ? "
-                    "AND namespace = ? AND source_id IN (SELECT value FROM json_each(?))",
-                    (corpus, namespace, json.dumps(ids)),
-                )
-                .fetchall()
-            )
-        return {str(s): (str(r), None if t is None else str(t)) for s, r, t in rows}
+            return read_indexed_at(self._reader(), corpus, namespace, source_ids)
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -534,23 +502,10 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
 
     def _reader(self) -> apsw.Connection:
         """This thread's read-only connection to the store (opened on first use)."""
-        conn: apsw.Connection | None = getattr(self._readers, "conn", None)
-        if conn is not None:
-            return conn
-        with self._reader_lock:
-            if self._conn is None:
-                self._connection()  # raises: the store is closed
-            flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
-            conn = apsw.Connection(str(self._path), flags=flags)
-            try:
-                conn.set_busy_timeout(BUSY_TIMEOUT_MS)
-                conn.execute("PRAGMA trusted_schema=OFF")
-                conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
-            except BaseException:
-                conn.close()
-                raise
-            self._reader_conns.append(conn)
-        self._readers.conn = conn
+        conn = self._readers.get()
+        if conn is None:
+            self._connection()  # raises: the store is closed
+            raise AssertionError("unreachable: the store is closed")
         return conn
 
     def _after_commit(

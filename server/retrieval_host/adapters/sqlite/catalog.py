@@ -1,0 +1,107 @@
+"""The SQLite store's catalog: a corpus's stored descriptor (written at its first open), the
+commit times of current revisions, and the per-thread read-only connection that reads them
+and the freshness check."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Collection
+from pathlib import Path
+
+import apsw
+
+from retrieval_host.adapters._store_rules import check_descriptor
+from retrieval_host.adapters.sqlite.schema import BUSY_TIMEOUT_MS
+from retrieval_host.adapters.sqlite.tables import backfill_terms
+from retrieval_host.core.descriptor import CorpusDescriptor
+
+
+def read_descriptor(conn: apsw.Connection, corpus: str) -> str | None:
+    """The descriptor the corpus's first open stored (canonical JSON), or None."""
+    row = conn.execute(
+        "SELECT descriptor_json FROM corpora WHERE corpus_id = ?", (corpus,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def store_descriptor(conn: apsw.Connection, descriptor: CorpusDescriptor) -> int:
+    """In the caller's write transaction: store the descriptor of a new corpus, or check it
+    against the stored one (`DESCRIPTOR_MISMATCH`) and analyze, once, the passages a corpus
+    from before the lexical index stored without terms. Returns how many were analyzed."""
+    stored = read_descriptor(conn, descriptor.corpus_id)
+    if stored is None:
+        conn.execute(
+            "INSERT INTO corpora (corpus_id, descriptor_json) VALUES (?, ?)",
+            (descriptor.corpus_id, descriptor.canonical_json()),
+        )
+        return 0
+    check_descriptor(descriptor, stored)
+    return backfill_terms(conn, descriptor.corpus_id)
+
+
+def read_indexed_at(
+    conn: apsw.Connection, corpus: str, namespace: str, source_ids: Collection[str]
+) -> dict[str, tuple[str, str | None]]:
+    """Source id -> (current revision, commit time) for the ids that exist: one statement."""
+    ids = list(dict.fromkeys(source_ids))
+    if not ids:
+        return {}
+    rows = conn.execute(
+        "SELECT source_id, revision, indexed_at FROM sources WHERE corpus_id = ? "
+        "AND namespace = ? AND source_id IN (SELECT value FROM json_each(?))",
+        (corpus, namespace, json.dumps(ids)),
+    ).fetchall()
+    return {str(s): (str(r), None if t is None else str(t)) for s, r, t in rows}
+
+
+def open_reader(path: Path) -> apsw.Connection:
+    """A read-only connection to the store at `path`, set up as the store's own."""
+    flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
+    conn = apsw.Connection(str(path), flags=flags)
+    try:
+        conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+        conn.execute("PRAGMA trusted_schema=OFF")
+        conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class Readers:
+    """Per-thread read-only connections to one store file (opened on first use by each
+    thread), closed all together with the store."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._opened: list[apsw.Connection] = []
+        self._closed = False
+
+    @property
+    def opened(self) -> int:
+        """How many threads hold a connection (open ones)."""
+        with self._lock:
+            return len(self._opened)
+
+    def get(self) -> apsw.Connection | None:
+        """This thread's connection; None once the store is closed."""
+        conn: apsw.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        with self._lock:
+            if self._closed:
+                return None
+            conn = open_reader(self._path)
+            self._opened.append(conn)
+        self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for conn in self._opened:
+                conn.close()
+            self._opened.clear()
