@@ -414,13 +414,24 @@ class BaseClient(Generic[H]):
         return Call("GET", "/v1/corpora", parser(CorporaResponse))
 
     def _list_sources(
-        self, corpus: str, *, limit: int | None, cursor: str | None
+        self,
+        corpus: str,
+        *,
+        limit: int | None,
+        cursor: str | None,
+        title: str | None = None,
+        media_type: str | None = None,
     ) -> Call[SourcesResponse]:
+        params = _page(limit, cursor)
+        if title is not None:
+            params["title"] = title
+        if media_type is not None:
+            params["mediaType"] = media_type
         return Call(
             "GET",
             f"/v1/corpora/{_segment(corpus)}/sources",
             parser(SourcesResponse, check_page(cursor)),
-            params=_page(limit, cursor),
+            params=params,
         )
 
     def _get_source(

@@ -289,14 +289,24 @@ class Client(BaseClient[httpx.Client]):
         return corpora_of(self._send(self._list_corpora()))
 
     def list_sources(
-        self, corpus: str, *, page_size: int | None = None, cursor: str | None = None
+        self,
+        corpus: str,
+        *,
+        page_size: int | None = None,
+        cursor: str | None = None,
+        title: str | None = None,
+        media_type: str | None = None,
     ) -> Iterator[SourceListing]:
         """Every source of `corpus` the subject may search, at its authorized revision (the
         one a delete names), by id: an iterator that fetches pages of `page_size`
         (1-1000; the host's default 100) lazily, following `nextCursor`. `cursor` resumes a
-        listing from a page's `nextCursor`."""
+        listing from a page's `nextCursor`. `title` keeps sources whose title holds it (case
+        ignored), `media_type` those of that media type."""
         while True:
-            page = self._send(self._list_sources(corpus, limit=page_size, cursor=cursor))
+            call = self._list_sources(
+                corpus, limit=page_size, cursor=cursor, title=title, media_type=media_type
+            )
+            page = self._send(call)
             yield from page.sources
             if page.next_cursor is None:
                 return

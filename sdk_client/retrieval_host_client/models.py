@@ -506,6 +506,14 @@ class PageParams(_Request):
     cursor: PageCursor | None = None
 
 
+class SourceListParams(PageParams):
+    """A source listing's query parameters: the page's, and filters: `title` (a
+    case-insensitive substring of the title) and `mediaType` (exactly)."""
+
+    title: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    media_type: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+
+
 class EmbeddingLabels(_Response):
     """The non-secret labels of the embedding that made a corpus's vectors."""
 

@@ -18,6 +18,7 @@ from retrieval_host.core.inspection import (
     CorpusSummary,
     Passage,
     SourceDetail,
+    SourceFilter,
     SourcePage,
 )
 from retrieval_host.core.models import (
@@ -272,9 +273,11 @@ class Driver:
         *,
         limit: int = DEFAULT_PAGE_LIMIT,
         cursor: str | None = None,
+        where: SourceFilter | None = None,
     ) -> SourcePage:
-        """One page of the sources the subject may search, at their authorized revision."""
-        return self.retrieval.list_sources(corpus, context, limit=limit, cursor=cursor)
+        """One page of the sources the subject may search, at their authorized revision, that
+        `where` keeps (title substring, media type)."""
+        return self.retrieval.list_sources(corpus, context, limit=limit, cursor=cursor, where=where)
 
     def get_source(
         self,

@@ -93,7 +93,13 @@ class ClientApi(Protocol):
     def list_corpora(self) -> list[CorpusInfo]: ...
 
     def list_sources(
-        self, corpus: str, *, page_size: int | None = None, cursor: str | None = None
+        self,
+        corpus: str,
+        *,
+        page_size: int | None = None,
+        cursor: str | None = None,
+        title: str | None = None,
+        media_type: str | None = None,
     ) -> Iterator[SourceListing]: ...
 
     def get_source(
@@ -203,9 +209,17 @@ class PortalClient:
         return self._portal.call(self.client.list_corpora)
 
     def list_sources(
-        self, corpus: str, *, page_size: int | None = None, cursor: str | None = None
+        self,
+        corpus: str,
+        *,
+        page_size: int | None = None,
+        cursor: str | None = None,
+        title: str | None = None,
+        media_type: str | None = None,
     ) -> Iterator[SourceListing]:
-        sources = self.client.list_sources(corpus, page_size=page_size, cursor=cursor)
+        sources = self.client.list_sources(
+            corpus, page_size=page_size, cursor=cursor, title=title, media_type=media_type
+        )
         while True:
             try:
                 yield self._portal.call(sources.__anext__)

@@ -87,3 +87,29 @@ def test_bad_limits_and_cursors_are_typed_errors(api: ClientApi) -> None:
     with pytest.raises(InvalidRequestError) as caught:
         api.get_source(CORPUS, "handbook", cursor="00ff")
     assert (caught.value.status, caught.value.problem.reason) == (400, "invalid-cursor")  # type: ignore[union-attr]
+
+
+def test_a_source_listing_keeps_what_its_title_and_media_type_filters_say(
+    api: ClientApi, mode: str
+) -> None:
+    prefix = f"filter-{mode}/"
+    titles = {"a": "Quarterly REPORT", "b": "Minutes", "c": "Annual report 2026", "d": "Notes"}
+    for key, title in titles.items():
+        api.index_context(
+            IndexRequest(
+                corpus=CORPUS,
+                source=SourceInput(id=prefix + key, revision="v1", title=title),
+                chunks=(ChunkInput(id=f"{prefix}{key}#0", text=f"{title} text."),),
+            )
+        )
+    # Across pages of one: the cursor resumes after the last source read, not the last kept.
+    kept = list(api.list_sources(CORPUS, page_size=1, title="report"))
+    assert [s.id for s in kept if s.id.startswith(prefix)] == [prefix + "a", prefix + "c"]
+    assert all("report" in s.title.lower() for s in kept)
+    # Prepared passages record no media type: a media type filter keeps none of them.
+    typed = list(api.list_sources(CORPUS, media_type="text/markdown"))
+    assert not [s for s in typed if s.id.startswith(prefix)]
+    with pytest.raises(InvalidRequestError):
+        list(api.list_sources(CORPUS, title="x" * 257))
+    for key in titles:
+        api.delete_context(corpus=CORPUS, source_id=prefix + key, revision="v1")

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.inspection import Cursor, decode_cursor, encode_cursor
+from retrieval_host.core.inspection import (
+    MAX_FILTERED_SCAN,
+    Cursor,
+    SourceFilter,
+    SourceSummary,
+    decode_cursor,
+    encode_cursor,
+    source_page,
+)
 
 ids = st.text(min_size=1, max_size=256)
 
@@ -49,3 +59,52 @@ def test_a_cursor_of_another_listing_is_refused(kind: str, corpus: str, source: 
     token = encode_cursor(Cursor("sources", "docs", "a"))
     with pytest.raises(RetrievalError):
         decode_cursor(token, kind, corpus, source)  # type: ignore[arg-type]
+
+
+def _sources(n: int) -> list[SourceSummary]:
+    return [
+        SourceSummary(f"s{i:05d}", "r", "report" if i % 1000 == 999 else "memo", {}, 1, 1)
+        for i in range(n)
+    ]
+
+
+def _fetcher(
+    rows: list[SourceSummary], reads: list[int]
+) -> Callable[[str | None, int], list[SourceSummary]]:
+    def fetch(after: str | None, n: int) -> list[SourceSummary]:
+        start = 0 if after is None else next(i for i, r in enumerate(rows) if r.id == after) + 1
+        reads.append(n)
+        return rows[start : start + n]
+
+    return fetch
+
+
+def test_a_filtered_page_fills_up_across_reads_and_resumes_after_its_last_kept_source() -> None:
+    rows, reads = _sources(5_000), list[int]()
+    page, resume = source_page(_fetcher(rows, reads), SourceFilter(title="REPORT"), None, 2)
+    assert [r.id for r in page] == ["s00999", "s01999"]
+    assert resume == "s01999" and len(reads) > 1
+    page, resume = source_page(_fetcher(rows, reads), SourceFilter(title="report"), resume, 5)
+    assert [r.id for r in page] == ["s02999", "s03999", "s04999"] and resume is None
+
+
+def test_a_filtered_page_stops_after_reading_its_bound_and_says_where_to_go_on() -> None:
+    rows, reads = _sources(MAX_FILTERED_SCAN + 2_000), list[int]()
+    page, resume = source_page(_fetcher(rows, reads), SourceFilter(title="nothing"), None, 10)
+    assert page == [] and resume is not None
+    assert MAX_FILTERED_SCAN <= sum(reads) < MAX_FILTERED_SCAN + 512
+    page, resume = source_page(_fetcher(rows, reads), SourceFilter(title="nothing"), resume, 10)
+    assert page == [] and resume is None
+
+
+def test_an_unfiltered_page_reads_once() -> None:
+    rows, reads = _sources(3), list[int]()
+    page, resume = source_page(_fetcher(rows, reads), SourceFilter(), None, 2)
+    assert ([r.id for r in page], resume, reads) == (["s00000", "s00001"], "s00001", [3])
+
+
+def test_a_filter_value_is_bounded() -> None:
+    with pytest.raises(RetrievalError):
+        SourceFilter(title="")
+    with pytest.raises(RetrievalError):
+        SourceFilter(media_type="x" * 257)

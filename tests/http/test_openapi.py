@@ -200,7 +200,13 @@ def test_inspection_routes_document_their_path_and_page_parameters(
 
     assert parameters("/v1/corpora") == {}
     listing = parameters("/v1/corpora/{corpus}/sources")
-    assert set(listing) == {("path", "corpus"), ("query", "limit"), ("query", "cursor")}
+    assert set(listing) == {
+        ("path", "corpus"),
+        ("query", "limit"),
+        ("query", "cursor"),
+        ("query", "title"),
+        ("query", "mediaType"),
+    }
     assert listing[("query", "limit")]["schema"]["maximum"] == 1000
     assert not listing[("query", "cursor")]["required"]
     assert set(parameters("/v1/corpora/{corpus}/sources/{sourceId}")) == {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -71,6 +71,70 @@ class SourcePage:
 
     sources: Sequence[SourceSummary]
     next_cursor: str | None
+
+
+MAX_FILTER_CHARS: Final = 256
+# A filtered listing reads at most this many sources per page before it answers (with fewer
+# than `limit`, and a cursor that resumes after the last one read): bounded work per request.
+MAX_FILTERED_SCAN: Final = 10_000
+_FILTER_BATCH: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFilter:
+    """What a source listing keeps: `title`, a case-insensitive substring of the title;
+    `media_type`, the stored media type exactly (sources indexed as prepared passages have
+    none and never match). None keeps every source."""
+
+    title: str | None = None
+    media_type: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("title", self.title), ("mediaType", self.media_type)):
+            if value is not None and not 1 <= len(value) <= MAX_FILTER_CHARS:
+                raise RetrievalError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"{name} must hold 1..{MAX_FILTER_CHARS} characters.",
+                )
+
+    @property
+    def keeps_all(self) -> bool:
+        return self.title is None and self.media_type is None
+
+    def keeps(self, source: SourceSummary) -> bool:
+        if self.title is not None and self.title.casefold() not in source.title.casefold():
+            return False
+        return self.media_type is None or (source.media_type or "") == self.media_type.lower()
+
+
+def source_page(
+    fetch: Callable[[str | None, int], Sequence[SourceSummary]],
+    where: SourceFilter,
+    after: str | None,
+    limit: int,
+) -> tuple[list[SourceSummary], str | None]:
+    """One page of up to `limit` sources that `where` keeps, read in id order from `fetch`
+    (`fetch(after, n)`: the next `n` sources after id `after`), and the source id a next page
+    starts after (None after the last). A filtered page may come back short, or empty, with a
+    cursor: it stopped after reading `MAX_FILTERED_SCAN` sources."""
+    if where.keeps_all:
+        rows = fetch(after, limit + 1)
+        page = list(rows[:limit])
+        return page, (page[-1].id if len(rows) > limit and page else None)
+    kept: list[SourceSummary] = []
+    position, read = after, 0
+    while True:
+        rows = fetch(position, _FILTER_BATCH)
+        for row in rows:
+            if where.keeps(row):
+                if len(kept) == limit:
+                    return kept, kept[-1].id
+                kept.append(row)
+            position, read = row.id, read + 1
+        if len(rows) < _FILTER_BATCH:
+            return kept, None
+        if read >= MAX_FILTERED_SCAN:
+            return kept, position
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +225,11 @@ def encode_cursor(cursor: Cursor) -> str:
     payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     check = hashlib.sha256(_CURSOR_DOMAIN + payload).digest()[:_CHECK_BYTES]
     return (payload + check).hex()
+
+
+def sources_cursor(corpus: str, after: str | None) -> str | None:
+    """The cursor of a source listing that resumes after source id `after` (None: no more)."""
+    return None if after is None else encode_cursor(Cursor("sources", corpus, after))
 
 
 def decode_cursor(

@@ -37,11 +37,14 @@ from retrieval_host.core.inspection import (
     Cursor,
     Passage,
     SourceDetail,
+    SourceFilter,
     SourcePage,
     SourceSummary,
     check_page_limit,
     decode_cursor,
     encode_cursor,
+    source_page,
+    sources_cursor,
 )
 from retrieval_host.core.models import (
     DeleteRequest,
@@ -454,11 +457,12 @@ class RetrievalService:
         *,
         limit: int = DEFAULT_PAGE_LIMIT,
         cursor: str | None = None,
+        where: SourceFilter | None = None,
     ) -> SourcePage:
         """One page of the sources the subject may search, at their authorized revision,
-        ordered by source id; `next_cursor` continues it (None after the last page).
-        `INVALID_REQUEST`: `limit` outside 1..1000 (`page-limit`), a cursor this listing did
-        not return (`invalid-cursor`)."""
+        ordered by source id, that `where` keeps; `next_cursor` continues it (None after the
+        last page). `INVALID_REQUEST`: `limit` outside 1..1000 (`page-limit`), a cursor this
+        listing did not return (`invalid-cursor`)."""
         check_page_limit(limit)
         corpus = self.corpus(corpus_id)
         grant = authorize(corpus, "search", None, context)
@@ -466,15 +470,18 @@ class RetrievalService:
             str(decode_cursor(cursor, "sources", corpus.id).after) if cursor is not None else None
         )
         context.cancel.check()
-        rows = corpus.store.list_sources(
-            corpus.id, grant.namespace, searchable(grant), after=after, limit=limit + 1
+        allowed = searchable(grant)
+        page, resume = source_page(
+            lambda start, n: corpus.store.list_sources(
+                corpus.id, grant.namespace, allowed, after=start, limit=n
+            ),
+            where or SourceFilter(),
+            after,
+            limit,
         )
-        page, more = rows[:limit], len(rows) > limit
         still = searchable_again(corpus, None, grant, context) or {}
-        next_cursor = (
-            encode_cursor(Cursor("sources", corpus.id, page[-1].id)) if more and page else None
-        )
-        return SourcePage([r for r in page if still.get(r.id) == r.revision], next_cursor)
+        visible = [r for r in page if still.get(r.id) == r.revision]
+        return SourcePage(visible, sources_cursor(corpus.id, resume))
 
     def get_source(
         self,

@@ -219,11 +219,12 @@ def _inspection_operations() -> list[_Operation]:
             "get",
             "listSources",
             "One page of the sources the token's subject may search, at their authorized "
-            "revision, by id (token `search` grant); follow `nextCursor`.",
+            "revision, by id (token `search` grant); follow `nextCursor`. With `title` or "
+            "`mediaType`, a page may hold fewer than `limit` sources and still a cursor.",
             wire.SourcesResponse,
             secured=True,
             problems=_INSPECTION_PROBLEMS,
-            query=wire.PageParams,
+            query=wire.SourceListParams,
             path_params=(corpus,),
         ),
         _Operation(

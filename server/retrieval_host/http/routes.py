@@ -10,7 +10,7 @@ two batches). The routes call only the Driver.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.inspection import DEFAULT_PAGE_LIMIT, invalid_cursor
+from retrieval_host.core.inspection import DEFAULT_PAGE_LIMIT, SourceFilter, invalid_cursor
 from retrieval_host.core.models import IndexResult, Operation
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.driver import Driver, IngestRequest
@@ -238,14 +238,18 @@ class Routes:
     async def list_sources(self, request: Request) -> Response:
         principal = self.policy.authenticate(request)
         corpus = request.path_params["corpus"]
-        page = self._page_params(request)
+        filters = _take(request, ("title", "mediaType"))
+        page = self._page_params(request, skip=filters.keys())
+        where = SourceFilter(filters.get("title"), filters.get("mediaType"))
         context = self._context(principal, "search", corpus, request)
         driver = self._driver()
         result = await self.policy.run(
             request,
             context,
             _cursor_errors(
-                lambda: driver.list_sources(corpus, context, limit=page[0], cursor=page[1])
+                lambda: driver.list_sources(
+                    corpus, context, limit=page[0], cursor=page[1], where=where
+                )
             ),
         )
         return _model_response(wire_retrieval.sources_response(result))
@@ -275,8 +279,11 @@ class Routes:
         )
         return _model_response(wire_retrieval.passage_response(result))
 
-    def _page_params(self, request: Request) -> tuple[int, str | None]:
-        params: dict[str, object] = dict(utf8_query_params(request.scope.get("query_string", b"")))
+    def _page_params(
+        self, request: Request, *, skip: Collection[str] = ()
+    ) -> tuple[int, str | None]:
+        query = utf8_query_params(request.scope.get("query_string", b""))
+        params: dict[str, object] = {k: v for k, v in query.items() if k not in skip}
         raw_limit = params.pop("limit", None)
         if raw_limit is not None:
             text = str(raw_limit)
@@ -346,6 +353,13 @@ def _page_limit() -> InvalidRequest:
 
 def _cursor_error(error: RetrievalError) -> InvalidRequest:
     return InvalidRequest(error.detail, status=400, reason=error.reason)
+
+
+def _take(request: Request, names: Collection[str]) -> dict[str, str]:
+    """The listed query parameters that are present (each at most once: `utf8_query_params`
+    refuses repeats)."""
+    query = utf8_query_params(request.scope.get("query_string", b""))
+    return {k: v for k, v in query.items() if k in names}
 
 
 def _cursor_errors(work: Callable[[], T]) -> Callable[[], T]:
