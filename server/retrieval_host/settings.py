@@ -232,6 +232,13 @@ class MetricsSettings(_Model):
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
 
 
+class ConsoleSettings(_Model):
+    """The operator console at `/console/` (static files, same origin as the API; see
+    `http/console.py`). Off unless enabled; the quickstart enables it."""
+
+    enabled: bool = False
+
+
 class HostSettings(_Model):
     """The whole host configuration (see `config/host.example.json`)."""
 
@@ -250,6 +257,7 @@ class HostSettings(_Model):
     ] = Field(default_factory=dict)
     runs: RunSettings = Field(default_factory=RunSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     # "package.module:factory"; the factory takes these settings and returns a Driver.
     application: Annotated[str, StringConstraints(pattern=r"^[\w.]+:[\w]+$")] | None = None

@@ -5,49 +5,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import stat
 import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from retrieval_host_client import validate_source_citations
-from tests.support.host import wait_until
-
-
-def _cli() -> list[str]:
-    script = Path(sys.executable).with_name("retrieval-host")
-    return (
-        [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.serving.cli"]
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.quickstart import cli, free_port, serving
 
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-def _ready(ca: Path, port: int) -> bool:
-    try:
-        context = ssl.create_default_context(cafile=str(ca))
-        response = httpx.get(f"https://127.0.0.1:{port}/readyz", verify=context, timeout=2)
-    except httpx.TransportError:
-        return False
-    return response.status_code == 200
 
 
 def _run_curl(command: str, cwd: Path) -> Any:
@@ -70,62 +42,11 @@ def _run_sse(command: str, cwd: Path) -> list[dict[str, Any]]:
     ]
 
 
-@dataclass
-class Served:
-    """A quickstart process serving, with what it printed so far."""
-
-    process: subprocess.Popen[str]
-    lines: list[str]
-    errors: list[str]
-    code: int | None = None
-
-
-@contextmanager
-def serving(
-    command: list[str], cwd: Path, ca: Path, port: int, env: dict[str, str] | None = None
-) -> Iterator[Served]:
-    """Run a quickstart until it serves and answers /readyz; stop it (SIGINT) at the end."""
-    process = subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    served = Served(process, [], [])
-    readers = [
-        threading.Thread(target=lambda: served.lines.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
-        threading.Thread(target=lambda: served.errors.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
-    ]
-    for reader in readers:
-        reader.start()
-    try:
-        wait_until(
-            lambda: (
-                any(line.startswith("Serving") for line in served.lines)
-                or process.poll() is not None
-            ),
-            timeout=120,
-            what="the quickstart to index and start serving",
-        )
-        assert process.poll() is None, "".join(served.lines + served.errors)
-        wait_until(lambda: _ready(ca, port), timeout=30, what="/readyz")
-        yield served
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            served.code = process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-            for reader in readers:
-                reader.join(timeout=10)
-            for stream in (process.stdout, process.stderr):
-                if stream is not None:
-                    stream.close()
-
-
 def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) -> None:
     assert shutil.which("curl"), "curl is needed to run the printed commands"
-    port = _free_port()
+    port = free_port()
     state = tmp_path / "state"
-    command = [*_cli(), "quickstart", "--state-dir", "state", "--port", str(port)]
+    command = [*cli(), "quickstart", "--state-dir", "state", "--port", str(port)]
     with serving(command, tmp_path, state / "ca.pem", port) as served:
         lines, errors = served.lines, served.errors
         output = "".join(lines)
@@ -167,7 +88,7 @@ def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) 
     assert token.strip() not in (state / "host.json").read_text()  # only its hash is stored
 
     again = subprocess.run(
-        [*_cli(), "quickstart", "--state-dir", "state", "--port", str(port), "--no-serve"],
+        [*cli(), "quickstart", "--state-dir", "state", "--port", str(port), "--no-serve"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -189,7 +110,7 @@ def _listening_on_all_interfaces(port: int) -> bool:
 
 
 def test_container_mode_serves_every_interface_with_the_operators_names(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     state = tmp_path / "state"
     environ = {
         **os.environ,
@@ -197,7 +118,7 @@ def test_container_mode_serves_every_interface_with_the_operators_names(tmp_path
         # A setting from the environment, as `serve` takes them: only these Host names.
         "RETRIEVAL_HOST_ALLOWED_HOSTS": '["127.0.0.1", "rh.example.test"]',
     }
-    command = [*_cli(), "quickstart", "--container", "--state-dir", str(state), "--port", str(port)]
+    command = [*cli(), "quickstart", "--container", "--state-dir", str(state), "--port", str(port)]
     with serving(command, tmp_path, state / "ca.pem", port, environ) as served:
         lines = served.lines
         output = "".join(lines)

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.driver import Driver
 from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
+from retrieval_host.http.console import ConsoleRoutes
 from retrieval_host.http.hosts import AllowedHostsMiddleware
 from retrieval_host.http.limits import LimitCounters, LimitsMiddleware
 from retrieval_host.http.metrics import HostMetrics, MetricsEndpoint, RequestObserver
@@ -161,6 +162,8 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
             shutdown=shutdown,
         )
         table += run_routes.routes()
+    if settings.console.enabled:
+        table += ConsoleRoutes().routes()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -186,7 +189,9 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
     starlette.router.redirect_slashes = False
     limits = LimitsMiddleware(starlette, settings.limits)
     origins = OriginMiddleware(
-        MetricsEndpoint(limits, metrics, settings.tokens), settings.allowed_origins
+        MetricsEndpoint(limits, metrics, settings.tokens),
+        settings.allowed_origins,
+        same_origin=settings.console.enabled,
     )
     hosts = AllowedHostsMiddleware(origins, settings.allowed_hosts)
     counters = limits.counters

@@ -5,6 +5,12 @@ request whose `Origin` is not listed gets 403 before any route runs, so a page o
 site cannot make a logged-in browser (or one on the host's network) spend a token. Requests
 without `Origin` are not from a browser page and pass. Listed origins get CORS headers
 (preflight included) from Starlette's CORS middleware, which this one wraps.
+
+With the console enabled (`same_origin`), a request whose `Origin` is this host's own, the
+scheme the host is reached by and its `Host` header exactly, passes too: it comes from a page
+this host served. A page elsewhere cannot claim that origin for a request the browser sends to
+this host; DNS rebinding, the way to try, meets the certificate (a name it was not issued for)
+and `allowedHosts`. No CORS headers are added: a same-origin response needs none.
 """
 
 from __future__ import annotations
@@ -30,8 +36,11 @@ def origin_denied() -> RetrievalError:
 class OriginMiddleware:
     """Pure ASGI: refuse unlisted origins, add CORS headers for listed ones."""
 
-    def __init__(self, app: ASGIApp, allowed_origins: Sequence[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, allowed_origins: Sequence[str], *, same_origin: bool = False
+    ) -> None:
         self.allowed = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self.same_origin = same_origin
         self.inner = app
         self.app: ASGIApp = CORSMiddleware(
             app,
@@ -50,6 +59,9 @@ class OriginMiddleware:
                 # Not from a browser page: no CORS headers to add, only the `Vary: Origin`
                 # Starlette's middleware would add, without its per-request header objects.
                 await self.inner(scope, receive, _vary_origin(send))
+                return
+            if len(origins) == 1 and self.same_origin and _own_origin(scope, origins[0]):
+                await self.inner(scope, receive, send)
                 return
             if len(origins) > 1 or origins[0].decode("latin-1").lower() not in self.allowed:
                 self.rejected += 1
@@ -72,3 +84,12 @@ def _vary_origin(send: Send) -> Send:
         await send(message)
 
     return varied
+
+
+def _own_origin(scope: Scope, origin: bytes) -> bool:
+    """Whether `origin` is the origin this request was sent to: its scheme and `Host`."""
+    hosts: list[bytes] = [v for k, v in scope["headers"] if k == b"host"]
+    if len(hosts) != 1 or not hosts[0]:
+        return False
+    scheme = str(scope.get("scheme", "https")).encode("ascii")
+    return origin.lower() == scheme + b"://" + hosts[0].lower()

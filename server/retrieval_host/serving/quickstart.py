@@ -163,6 +163,8 @@ def prepare_state(
             "corpora": [CORPUS],
         },
         "allowedOrigins": [],
+        # The operator console at /console/ (a browser that trusts ca.pem; paste the token).
+        "console": {"enabled": True},
     }
     host_file = state_dir / "host.json"
     host_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
@@ -307,6 +309,9 @@ def quickstart(
         for what, command in curl_commands(state_dir, port, container=container):
             print(f"  # {what}")
             print(f"  {command}")
+        ca = _display(state_dir / "ca.pem")
+        print(f"\nConsole: https://127.0.0.1:{port}/console/ (sign in with the token)")
+        print(f"  (a browser trusts the host once {ca} is imported as an authority)")
         print(flush=True)
         if serve:
             where = (

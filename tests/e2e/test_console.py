@@ -1,0 +1,358 @@
+"""The operator console in a real browser: Debian's headless Chromium, driven by Playwright,
+against the quickstart host over TLS (the quickstart's state and configuration, one more token
+without grants). Screenshots of each step go to `test-results/console/`.
+
+Chromium trusts the host by the server certificate's public-key pin, not by ignoring
+certificate errors: the connection is the host's real TLS.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import ssl
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from playwright.sync_api import (
+    Browser,
+    FilePayload,
+    Page,
+    Playwright,
+    Request,
+    Response,
+    expect,
+    sync_playwright,
+)
+
+from retrieval_host.serving.tokens import new_token, token_config_entry
+from tests.support.host import RunningHost
+from tests.support.quickstart import cli, free_port, serving
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "console"
+QUESTION = "How do I rotate a token?"
+HOSTILE_NOTE = """# Console note
+
+A passage that holds markup: <script>window.__pwned = 1</script>
+<img src=x onerror="window.__pwned = 2"> and the word zebracorn, so that a search finds it.
+"""
+
+
+@dataclass
+class Console:
+    base: str
+    token: str
+    no_grant_token: str
+    ca: Path
+    pin: str
+
+
+def _pin(certificate: Path) -> str:
+    cert = x509.load_pem_x509_certificate(certificate.read_bytes())
+    spki = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    root = tmp_path_factory.mktemp("console")
+    port = free_port()
+    prepared = subprocess.run(
+        [*cli(), "quickstart", "--state-dir", "state", "--port", str(port), "--no-serve"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert prepared.returncode == 0, prepared.stderr
+    assert f"Console: https://127.0.0.1:{port}/console/" in prepared.stdout
+    state = root / "state"
+    config = json.loads((state / "host.json").read_text())
+    assert config["console"] == {"enabled": True}
+    no_grant = new_token()
+    config["tokens"].append(token_config_entry(no_grant, "no-grants", providers=["local"]))
+    (state / "host.json").write_text(json.dumps(config))
+    command = [*cli(), "serve", "--config", str(state / "host.json")]
+    with serving(command, root, state / "ca.pem", port, announces=False):
+        yield Console(
+            f"https://127.0.0.1:{port}",
+            (state / "token").read_text().strip(),
+            no_grant,
+            state / "ca.pem",
+            _pin(state / "server.pem"),
+        )
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    assert CHROMIUM.exists(), "Debian's chromium package: scripts/test installs it"
+    with sync_playwright() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright, console: Console) -> Iterator[Browser]:
+    browser = playwright.chromium.launch(
+        executable_path=str(CHROMIUM),
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--ignore-certificate-errors-spki-list={console.pin}",
+        ],
+    )
+    yield browser
+    browser.close()
+
+
+@dataclass
+class Seen:
+    requests: list[Request]
+    responses: list[Response]
+    errors: list[str]
+
+
+def _open(
+    browser: Browser, console: Console, width: int = 1280, height: int = 800
+) -> tuple[Page, Seen]:
+    page = browser.new_context(viewport={"width": width, "height": height}).new_page()
+    seen = Seen([], [], [])
+    page.on("request", lambda request: seen.requests.append(request))
+    page.on("response", lambda response: seen.responses.append(response))
+    page.on("pageerror", lambda error: seen.errors.append(str(error)))
+    page.goto(f"{console.base}/console/")
+    return page, seen
+
+
+def _shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _sign_in(page: Page, token: str) -> None:
+    # By keyboard: the token field has the focus, Enter submits.
+    expect(page.get_by_label("Bearer token")).to_be_focused()
+    page.keyboard.type(token)
+    page.keyboard.press("Enter")
+
+
+def test_an_operator_signs_in_browses_searches_follows_a_citation_asks_and_ingests(
+    browser: Browser, console: Console
+) -> None:
+    page, seen = _open(browser, console)
+    _shot(page, "01-sign-in")
+    _sign_in(page, console.token)
+    corpora = page.locator("#corpora")
+    expect(corpora).to_contain_text("library")
+    expect(corpora.locator("td.ops")).to_have_text("searchindexdelete")
+    _shot(page, "02-corpora")
+
+    # Browse: the corpus's sources, filtered by title, then a source and its passages.
+    page.get_by_role("link", name="library").click()
+    expect(page.locator("#sources tbody tr")).to_have_count(3)
+    page.get_by_label("Title contains").fill("field")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("#sources tbody tr")).to_have_count(1)
+    expect(page.locator("#sources")).to_contain_text("application/pdf")
+    _shot(page, "03-sources-filtered")
+    page.get_by_role("link", name="field-handbook").click()
+    expect(page.locator("#passages tbody tr")).to_have_count(4)
+    expect(page.locator("#passages")).to_contain_text("page 1, lines 1–")
+    _shot(page, "04-source")
+
+    # Search: hybrid hits with their fused and per-mode scores, the terms marked.
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Query").fill(QUESTION)
+    page.get_by_label("Limit").fill("3")
+    page.get_by_role("button", name="Search").click()
+    hits = page.locator(".hit")
+    expect(hits).to_have_count(3)
+    first = hits.first
+    expect(first.locator("header")).to_contain_text("score 1.000")
+    expect(first.locator("header")).to_contain_text("dense 0.")
+    expect(first.locator("header")).to_contain_text("lexical ")
+    expect(first.locator("mark").filter(has_text="rotate")).not_to_have_count(0)
+    expect(first.locator("mark").filter(has_text="token")).not_to_have_count(0)
+    _shot(page, "05-search")
+    page.get_by_label("Byte budget").fill("200")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#truncated")).to_be_visible()
+
+    # Follow the hit's citation into its source, re-read through the passage route.
+    page.get_by_label("Byte budget").fill("")
+    page.get_by_role("button", name="Search").click()
+    expect(hits).to_have_count(3)
+    cited_text = first.locator("pre").inner_text()
+    first.get_by_role("link", name="Open the passage in its source").click()
+    expect(page.locator("#cited")).to_have_text(cited_text)
+    expect(page.locator("main")).to_contain_text("Before (")
+    _shot(page, "06-passage")
+
+    # Ask: the run streams to a completed answer whose citations check against the manifest.
+    page.get_by_role("link", name="Ask").click()
+    page.get_by_label("Question").fill(QUESTION)
+    page.get_by_role("button", name="Ask").click()
+    expect(page.locator("#run-phase")).to_have_text("completed", timeout=60_000)
+    expect(page.locator("#run-progress")).to_have_attribute("value", "7")
+    links = page.locator("#answer a.citation")
+    assert links.count() >= 1
+    expect(page.locator("#answer .citation.invalid")).to_have_count(0)
+    expect(page.locator("#citation-check")).to_contain_text("0 invalid")
+    _shot(page, "07-ask")
+    links.first.click()
+    expect(page.locator("#cited")).to_contain_text("rotate")
+    _shot(page, "08-cited-answer-passage")
+
+    # Ingest a Markdown file holding markup, watch it to the end, find it listed and searched.
+    page.get_by_role("link", name="Ingest").click()
+    note = FilePayload(
+        name="console-note.md", mimeType="text/markdown", buffer=HOSTILE_NOTE.encode()
+    )
+    page.locator("input[type=file]").set_input_files(files=[note])
+    expect(page.get_by_label("Source id")).to_have_value("console-note")
+    page.get_by_role("button", name="Ingest").click()
+    expect(page.locator("#ingest-phase")).to_have_text("completed", timeout=60_000)
+    expect(page.locator("#ingested")).to_contain_text("indexed: 1 passage(s) of console-note")
+    _shot(page, "09-ingest")
+    page.locator("#ingested a").click()
+    expect(page.locator("#passages tbody tr")).to_have_count(1)
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Query").fill("zebracorn markup")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator(".hit").first).to_contain_text("<script>window.__pwned = 1</script>")
+    assert page.evaluate("() => window.__pwned === undefined")
+    page.locator(".hit").first.get_by_role("link", name="Open the passage in its source").click()
+    expect(page.locator("#cited")).to_contain_text('<img src=x onerror="window.__pwned = 2">')
+    assert page.evaluate("() => window.__pwned === undefined")
+    assert page.locator("main script, main img").count() == 0
+    _shot(page, "10-markup-as-text")
+
+    # The token never leaves the tab's memory: no URL, cookie or storage holds it.
+    assert all(console.token not in r.url for r in seen.requests)
+    assert page.context.cookies() == []
+    assert page.evaluate("() => localStorage.length + sessionStorage.length") == 0
+    assert console.token not in page.evaluate(
+        "() => document.cookie + location.href + history.length"
+    )
+    # Every console response carried the policy; API responses came from the same origin.
+    for response in seen.responses:
+        if urlsplit(response.url).path.startswith("/console"):
+            headers = response.headers
+            assert "default-src 'self'" in headers["content-security-policy"], response.url
+            assert headers["x-frame-options"] == "DENY"
+    assert all(r.url.startswith(console.base) for r in seen.requests)
+    assert seen.errors == []
+
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_label("Bearer token")).to_be_visible()
+    page.context.close()
+
+
+def test_a_token_without_grants_sees_no_corpus(browser: Browser, console: Console) -> None:
+    page, _ = _open(browser, console)
+    _sign_in(page, console.no_grant_token)
+    expect(page.locator("#no-corpora")).to_be_visible()
+    page.get_by_role("link", name="Search").click()
+    expect(page.locator("main")).to_contain_text("may not search any corpus")
+    _shot(page, "11-no-grants")
+    page.context.close()
+
+
+def test_a_wrong_token_and_a_missing_passage_are_errors_in_words(
+    browser: Browser, console: Console
+) -> None:
+    page, _ = _open(browser, console)
+    _sign_in(page, "rh_not-a-token")
+    expect(page.locator("#error")).to_contain_text("Authentication required")
+    expect(page.get_by_label("Bearer token")).to_be_visible()
+    _shot(page, "12-wrong-token")
+    page.get_by_label("Bearer token").fill(console.token)
+    page.keyboard.press("Enter")
+    expect(page.locator("#corpora")).to_be_visible()
+    page.evaluate("() => { location.hash = '#/passage/library/no-such-passage'; }")
+    expect(page.locator("#error")).to_contain_text("SOURCE_UNAVAILABLE")
+    expect(page.locator("main h1")).to_have_text("Could not load this page")
+    _shot(page, "13-missing-passage")
+    # A reload forgets the token: the console asks for it again.
+    page.reload()
+    expect(page.get_by_label("Bearer token")).to_be_visible()
+    expect(page.locator("#nav")).to_be_hidden()
+    page.context.close()
+
+
+def test_the_console_fits_a_narrow_window(browser: Browser, console: Console) -> None:
+    page, _ = _open(browser, console, width=390, height=800)
+    _sign_in(page, console.token)
+    expect(page.locator("#corpora")).to_be_visible()
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Query").fill(QUESTION)
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator(".hit").first).to_be_visible()
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    _shot(page, "14-narrow-search")
+    page.context.close()
+
+
+def test_every_console_response_carries_the_security_headers(console: Console) -> None:
+    trust = ssl.create_default_context(cafile=str(console.ca))
+    with httpx.Client(base_url=console.base, verify=trust) as client:
+        for path in ("/console/", "/console/console.js", "/console/console.css", "/console/nope"):
+            response = client.get(path)
+            assert response.status_code == (404 if path.endswith("nope") else 200), path
+            assert response.headers["content-security-policy"].startswith("default-src 'self'")
+            assert "script-src 'self'" in response.headers["content-security-policy"]
+            assert response.headers["x-frame-options"] == "DENY"
+            assert response.headers["x-content-type-options"] == "nosniff"
+        bare = client.get("/console")
+        assert (bare.status_code, bare.headers["location"]) == (308, "/console/")
+        page = client.get("/console/").text
+        assert "<script>" not in page and "style=" not in page  # nothing inline
+        # Same-origin API calls pass the Origin check; another origin's are refused.
+        auth = {"Authorization": f"Bearer {console.token}"}
+        body = {"corpus": "library", "query": QUESTION}
+        own = client.post(
+            "/v1/retrieval/search", json=body, headers={**auth, "Origin": console.base}
+        )
+        assert own.status_code == 200
+        other = client.post(
+            "/v1/retrieval/search", json=body, headers={**auth, "Origin": "https://evil.example"}
+        )
+        assert other.status_code == 403
+        # Same host, other scheme or port: another origin.
+        port = console.base.rsplit(":", 1)[1]
+        for origin in (f"http://127.0.0.1:{port}", f"https://127.0.0.1:{int(port) + 1}"):
+            refused = client.post(
+                "/v1/retrieval/search", json=body, headers={**auth, "Origin": origin}
+            )
+            assert refused.status_code == 403, origin
+
+
+def test_a_host_without_the_console_serves_none_and_refuses_its_own_origin(
+    running_host: RunningHost,
+) -> None:
+    with running_host.client() as client:
+        assert client.get("/console/").status_code == 404
+        assert client.get("/console/console.js").status_code == 404
+        own = client.post(
+            "/v1/retrieval/search",
+            json={"corpus": "handbook", "query": "x"},
+            headers={"Origin": running_host.base_url},
+        )
+        assert own.status_code == 403
+        assert own.json()["reason"] == "origin-not-allowed"
