@@ -12,6 +12,7 @@ from typing import cast
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.corpus import utc_now
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
 from retrieval_host.core.inspection import (
     DEFAULT_PAGE_LIMIT,
@@ -24,9 +25,11 @@ from retrieval_host.core.inspection import (
 from retrieval_host.core.models import (
     DeleteRequest,
     DeleteResult,
+    EmbeddingUsage,
     IndexRequest,
     IndexResult,
     JSONScalar,
+    RerankUsage,
     SearchRequest,
     SearchResult,
 )
@@ -35,6 +38,7 @@ from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import RunEvent, RunRequest, RunResult
 from retrieval_host.core.service import Corpus, RetrievalService
+from retrieval_host.core.usage import UsageOperation, UsageSink, embedding_record, rerank_record
 from retrieval_host.core.validation import check_id, check_user_metadata
 from retrieval_host.ingest import ChunkingSettings, IngestLimits, PreparedDocument
 from retrieval_host.ingest.chunking import Extracted
@@ -170,8 +174,12 @@ class Driver:
         runs: RunEngine | None = None,
         parse_pool: ParsePool | None = _SHARED_POOL,
         ingest_deadline_s: float = DEFAULT_INGEST_DEADLINE_S,
+        usage: UsageSink | None = None,
     ) -> None:
         self.retrieval = retrieval
+        # Usage records of searches and ingests (`core.usage`); runs record their own. Default:
+        # the run engine's sink (the run store's table), None without runs.
+        self.usage = usage if usage is not None else (runs.usage if runs is not None else None)
         self.ingest_limits = ingest_limits
         self.runs = runs
         # None parses in the calling thread: only for trusted input (tests of pure parsing).
@@ -249,11 +257,38 @@ class Driver:
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         """Authorized similarity search."""
-        return self.retrieval.search_context(request, context)
+        result = self.retrieval.search_context(request, context)
+        self._meter("search", request.corpus, context, result.usage, result.rerank_usage)
+        return result
 
     def index_context(self, request: IndexRequest, context: RequestContext) -> IndexResult:
         """Atomically replace one source revision with prepared passages."""
-        return self.retrieval.index_context(request, context)
+        result = self.retrieval.index_context(request, context)
+        self._meter("index", request.corpus, context, result.usage)
+        return result
+
+    def _meter(
+        self,
+        operation: UsageOperation,
+        corpus_id: str,
+        context: RequestContext,
+        embedding: EmbeddingUsage,
+        rerank: RerankUsage | None = None,
+    ) -> None:
+        """Usage records of one successful operation, to the sink (`core.usage`)."""
+        if self.usage is None:
+            return
+        corpus = self.retrieval.corpus(corpus_id)
+        at = utc_now()
+        subject = context.subject
+        records = embedding_record(
+            at, subject, operation, corpus.id, corpus.embedding.descriptor, embedding
+        )
+        if rerank is not None and corpus.reranker is not None:
+            descriptor = corpus.reranker.descriptor
+            records += rerank_record(at, subject, operation, corpus.id, descriptor, rerank)
+        if records:
+            self.usage.record_usage(records)
 
     def delete_context(self, request: DeleteRequest, context: RequestContext) -> DeleteResult:
         """Delete exactly the authorized revision of a source."""
@@ -345,7 +380,9 @@ class Driver:
                 count = len(prepared.chunks)
                 context.report("ingest.parse", corpus=corpus.id, done=count, total=count)
                 indexed = replace(prepared.index_request(corpus.id), media_type=media_type)
-                return self.retrieval.index_context(indexed, context)
+                result = self.retrieval.index_context(indexed, context)
+                self._meter("ingest", corpus.id, context, result.usage)
+                return result
             except RetrievalError as exc:
                 if exc.code is ErrorCode.CANCELLED and deadline.expired.is_set():
                     raise too_complex(

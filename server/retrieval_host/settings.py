@@ -192,6 +192,8 @@ class OpenAIProviderSettings(_Model):
     ca_file: Path | None = None
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    # The account the calls are billed to, as usage records name it (None: unnamed).
+    account_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
 
 
 class RerankerSettings(_Model):

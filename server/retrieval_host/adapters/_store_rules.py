@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,9 +33,11 @@ from retrieval_host.core.reasons import (
 )
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
+from retrieval_host.core.usage import UsageRecord
 from retrieval_host.wire.run_storage import decode_result, encode_result
 
 _Matrix = npt.NDArray[np.float32]
+_usage_log = logging.getLogger("retrieval_host.usage")
 
 # --- counters -------------------------------------------------------------------------------
 
@@ -345,4 +348,40 @@ def run_record(row: Sequence[Any]) -> RunRecord:
         error_code=None if error_code is None else str(error_code),
         provider=None if provider is None else str(provider),
         corpus=None if corpus is None else str(corpus),
+    )
+
+
+# Usage records (`core.usage`), in the run stores' `usage` table; columns in this order.
+USAGE_COLUMNS = (
+    "at, subject, operation, kind, provider, account, model, corpus, requests, input_tokens, "
+    "output_tokens, documents, run_id"
+)
+
+
+def usage_values(record: UsageRecord) -> tuple[str | int | None, ...]:
+    return (
+        record.at,
+        record.subject,
+        record.operation,
+        record.kind,
+        record.provider,
+        record.account,
+        record.model,
+        record.corpus,
+        record.requests,
+        record.input_tokens,
+        record.output_tokens,
+        record.documents,
+        record.run_id,
+    )
+
+
+def usage_record(row: Sequence[Any]) -> UsageRecord:
+    return UsageRecord(*row)
+
+
+def usage_not_recorded(records: Sequence[UsageRecord], error: BaseException) -> None:
+    """A sink that cannot write says so in the log and drops the records (`core.usage`)."""
+    _usage_log.warning(
+        "usage not recorded: %d record(s) dropped (%s)", len(records), type(error).__name__
     )

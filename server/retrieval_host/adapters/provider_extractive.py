@@ -54,6 +54,9 @@ def _sentences(passage: EvidencePassage) -> list[str]:
 class ExtractiveProvider:
     """Picks the sentences sharing most terms with the question, each cited `[source:ID]`."""
 
+    # Usage records name this account: the calls cost nothing and leave the machine never.
+    account_id = "local"
+
     def __init__(self, *, max_sentences: int = 3) -> None:
         self._max = max_sentences
 

@@ -105,9 +105,12 @@ class OpenAIChatProvider:
         timeout_s: float = 120.0,
         verify: str | bool | ssl.SSLContext = True,
         max_output_tokens: int | None = None,
+        account_id: str | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise _config_error("timeout_s must be positive.")
+        # Who pays for this instance's calls, as the operator names it (usage records).
+        self.account_id = account_id
         if max_output_tokens is not None and max_output_tokens < 1:
             raise _config_error("max_output_tokens must be positive.")
         self._url = endpoint_url(base_url, "/chat/completions", _config_error)

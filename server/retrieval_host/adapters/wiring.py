@@ -7,6 +7,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
@@ -17,6 +18,7 @@ from retrieval_host.core.ports import VectorStore
 from retrieval_host.core.run_ports import GenerationProvider, RunStore
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import RetrievalService
+from retrieval_host.core.usage import UsageLog
 from retrieval_host.settings import (
     HostSettings,
     OpenAIProviderSettings,
@@ -53,7 +55,13 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
     )
 
 
-def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> RunStore:
+class RecordStore(RunStore, UsageLog, Protocol):
+    """Both run stores: run records, the usage log, and closing."""
+
+    def close(self) -> None: ...
+
+
+def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> RecordStore:
     """Run records beside the passages: the same PostgreSQL database (so a replay works on any
     replica), or a SQLite file (`runs.sqlitePath`, default `runs.db` beside the store)."""
     store = settings.store
@@ -116,6 +124,7 @@ def _openai(
         timeout_s=config.timeout_s,
         verify=verify,
         max_output_tokens=config.max_output_tokens,
+        account_id=config.account_id,
     )
 
 
@@ -147,4 +156,6 @@ def build_run_engine(
     providers = build_providers(settings, environ)
     if not providers:
         return None
-    return RunEngine(retrieval, providers, build_run_store(settings, environ))
+    store = build_run_store(settings, environ)
+    # The run store is also the usage sink (`core.usage`): runs, searches and ingests record there.
+    return RunEngine(retrieval, providers, store, usage=store)

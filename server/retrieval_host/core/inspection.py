@@ -90,11 +90,11 @@ class SourceFilter:
     media_type: str | None = None
 
     def __post_init__(self) -> None:
-        for name, value in (("title", self.title), ("mediaType", self.media_type)):
+        for name, value in (("title", self.title), ("media type", self.media_type)):
             if value is not None and not 1 <= len(value) <= MAX_FILTER_CHARS:
                 raise RetrievalError(
                     ErrorCode.INVALID_REQUEST,
-                    f"{name} must hold 1..{MAX_FILTER_CHARS} characters.",
+                    f"the {name} filter must hold 1..{MAX_FILTER_CHARS} characters.",
                 )
 
     @property

@@ -9,6 +9,7 @@ retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve] [--container
 retrieval-host corpora [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources list CORPUS [--page-size N] [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources show CORPUS SOURCE_ID [--url URL] [--ca-bundle PEM] [--json]
+retrieval-host usage --config host.json [--since TIME] [--subject S] [--records] [--json]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from retrieval_host.serving import inspect_cli
+from retrieval_host.serving import inspect_cli, usage_cli
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.ingest_cli import run_ingest
 from retrieval_host.serving.tokens import new_token, token_config_entry
@@ -143,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     inspect_cli.add_commands(commands)
+    usage_cli.add_command(commands)
 
     quick = commands.add_parser(
         "quickstart", help="a local HTTPS host with sample documents, in one command"
@@ -188,6 +190,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return run_ingest(args, env)
         if args.command in ("corpora", "sources"):
             return inspect_cli.run(args, env)
+        if args.command == "usage":
+            return usage_cli.run(args, env)
         from retrieval_host.serving.quickstart import quickstart
 
         if args.name and not args.container:

@@ -23,6 +23,7 @@ from retrieval_host.core.runs_model import (
     RunRetrieval,
 )
 from retrieval_host.core.service import Corpus, RetrievalService
+from retrieval_host.core.usage import UsageRecord
 from retrieval_host.wire.run_storage import STORAGE_VERSION
 from retrieval_host.wire.runs import result_to_json
 from tests.support.run_records import OLD_RESULT, OLD_RESULT_JSON, a_result
@@ -205,12 +206,13 @@ def test_a_run_schema_of_the_previous_release_is_migrated_at_open(
     assert store.begin(fresh) is None
     new = store.get("run-new")
     assert new is not None and (new.provider, new.corpus) == ("x", "docs")
-    run_stores()  # a second open finds version 2 and changes nothing
+    assert store.read_usage() == []  # the usage table came with the migration
+    run_stores()  # a second open finds version 3 and changes nothing
     with psycopg.connect(pg_dsn) as conn:
         version = conn.execute(
             f"SELECT version FROM \"{pg_schema}\".schema_version WHERE component = 'run-store'"
         ).fetchone()
-    assert version == (2,)
+    assert version == (3,)
 
 
 def test_results_the_previous_release_stored_read_back_identically_beside_new_ones(
@@ -238,3 +240,27 @@ def test_results_the_previous_release_stored_read_back_identically_beside_new_on
         rows = {str(k): str(v) for k, v in conn.execute(query).fetchall()}
     assert rows["run_old"] == OLD_RESULT_JSON  # read, never rewritten
     assert json.loads(rows["run-new"])["version"] == STORAGE_VERSION
+
+
+def _usage(at: str, subject: str, tokens: int) -> UsageRecord:
+    return UsageRecord(
+        at, subject, "search", "embedding", "local-minilm", "local", "m", "d", 1, tokens
+    )
+
+
+def test_usage_records_are_kept_in_order_filtered_and_seen_by_every_replica(
+    run_stores: Callable[[], PgRunStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    first, second = run_stores(), run_stores()
+    records = [_usage("2026-01-01T00:00:02Z", "bob", 5), _usage("2026-01-01T00:00:01Z", "alice", 3)]
+    first.record_usage(records)
+    second.record_usage([_usage("2026-01-01T00:00:03Z", "alice", 4)])
+    assert [r.input_tokens for r in second.read_usage()] == [3, 5, 4]  # by time
+    assert [r.input_tokens for r in first.read_usage(subject="alice")] == [3, 4]
+    assert [r.subject for r in first.read_usage(since="2026-01-01T00:00:02Z")] == ["bob", "alice"]
+    assert first.read_usage()[0] == records[1]
+    # A sink that cannot write drops the records with a log line; it never fails the caller.
+    first.close()
+    first.record_usage([_usage("2026-01-01T00:00:04Z", "alice", 9)])
+    assert "usage not recorded: 1 record(s) dropped" in caplog.text
+    assert len(second.read_usage()) == 3

@@ -13,6 +13,7 @@ import pytest
 from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.run_ports import RunRecord
+from retrieval_host.core.usage import UsageRecord
 from retrieval_host.wire.run_storage import STORAGE_VERSION
 from retrieval_host.wire.runs import result_to_json
 from tests.support.run_records import (
@@ -24,6 +25,19 @@ from tests.support.run_records import (
     SQLITE_RUNS_SCHEMA_V1,
     SQLITE_RUNS_SCHEMA_V2,
     a_result,
+)
+
+USAGE = UsageRecord(
+    "2026-12-02T10:00:00.000Z",
+    "alice",
+    "search",
+    "embedding",
+    "local-minilm",
+    "local",
+    "all-MiniLM-L6-v2-int8",
+    "docs",
+    1,
+    7,
 )
 
 
@@ -75,7 +89,7 @@ def test_a_run_database_of_the_previous_release_opens_and_keeps_its_records(
     finally:
         store.close()
     version = apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall()[0][0]
-    assert version == 2
+    assert version == 3
     # Opening the migrated file again is a no-op.
     SqliteRunStore.open(path).close()
 
@@ -85,9 +99,9 @@ def test_a_run_database_of_a_newer_release_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     make_v1_database(path)
     db = apsw.Connection(str(path))
-    db.execute("PRAGMA user_version=3")
+    db.execute("PRAGMA user_version=4")
     db.close()
-    with pytest.raises(RetrievalError, match="version 3"):
+    with pytest.raises(RetrievalError, match="version 4"):
         SqliteRunStore.open(path)
 
 
@@ -128,9 +142,29 @@ def test_a_run_database_of_the_previous_release_reads_its_records_and_writes_the
         store.complete("run_new", new_result)
         new = store.get("run_new")
         assert new is not None and new.result == new_result
+        # The usage table arrives empty with the migration and takes records.
+        assert store.read_usage() == []
+        store.record_usage([USAGE])
+        assert store.read_usage() == [USAGE]
     finally:
         store.close()
     query = "SELECT run_id, result_json FROM runs"
     rows = {str(k): str(v) for k, v in apsw.Connection(str(path)).execute(query).fetchall()}
     assert rows["run_old"] == OLD_RESULT_JSON  # old records are read, never rewritten
     assert json.loads(rows["run_new"])["version"] == STORAGE_VERSION
+
+
+def test_a_closed_run_store_drops_usage_records_with_a_log_line_and_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tmp_path.chmod(0o700)
+    store = SqliteRunStore.open(tmp_path / "runs.db")
+    store.record_usage([USAGE])
+    store.close()
+    store.record_usage([USAGE, USAGE])
+    assert "usage not recorded: 2 record(s) dropped" in caplog.text
+    reopened = SqliteRunStore.open(tmp_path / "runs.db")
+    try:
+        assert reopened.read_usage() == [USAGE]
+    finally:
+        reopened.close()

@@ -14,6 +14,7 @@ The table lives in the same schema as the vector store (default `retrieval_host`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from psycopg import sql
@@ -22,9 +23,13 @@ from retrieval_host.adapters._store_rules import (
     RUN_COLUMNS,
     RUN_INSERT_COLUMNS,
     RUN_STATUSES,
+    USAGE_COLUMNS,
     run_insert_values,
     run_record,
     run_result_json,
+    usage_not_recorded,
+    usage_record,
+    usage_values,
 )
 from retrieval_host.adapters.postgres.pool import Connection, ConnectionPool, translated
 from retrieval_host.adapters.postgres.schema import (
@@ -37,11 +42,12 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
+from retrieval_host.core.usage import UsageRecord
 
 __all__ = ["PgRunStore"]
 
 COMPONENT: Final = "run-store"
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 _TABLES: Final = {
     "runs": {
@@ -55,8 +61,43 @@ _TABLES: Final = {
         "error_code": "text",
         "provider": "text",
         "corpus": "text",
-    }
+    },
+    "usage": {
+        "id": "int8",
+        "at": "text",
+        "subject": "text",
+        "operation": "text",
+        "kind": "text",
+        "provider": "text",
+        "account": "text",
+        "model": "text",
+        "corpus": "text",
+        "requests": "int8",
+        "input_tokens": "int8",
+        "output_tokens": "int8",
+        "documents": "int8",
+        "run_id": "text",
+    },
 }
+_USAGE_DDL: Final = (
+    """CREATE TABLE {s}.usage (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at text NOT NULL,
+        subject text NOT NULL,
+        operation text NOT NULL,
+        kind text NOT NULL,
+        provider text NOT NULL,
+        account text,
+        model text NOT NULL,
+        corpus text,
+        requests bigint NOT NULL,
+        input_tokens bigint NOT NULL,
+        output_tokens bigint NOT NULL,
+        documents bigint NOT NULL,
+        run_id text
+    )""",
+    "CREATE INDEX usage_at ON {s}.usage (at)",
+)
 _DDL: Final = (
     f"""CREATE TABLE {{s}}.runs (
         run_id text PRIMARY KEY,
@@ -71,6 +112,7 @@ _DDL: Final = (
         corpus text,
         CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)
     )""",
+    *_USAGE_DDL,
 )
 _SELECT: Final = f"SELECT {RUN_COLUMNS} FROM {{s}}.runs"  # noqa: S608 - constant columns
 # Version 1 had no provider and corpus columns (NULL for the runs it recorded).
@@ -78,7 +120,9 @@ _MIGRATIONS: Final = {
     1: (
         "ALTER TABLE {s}.runs ADD COLUMN provider text",
         "ALTER TABLE {s}.runs ADD COLUMN corpus text",
-    )
+    ),
+    # Version 2 had no usage table.
+    2: _USAGE_DDL,
 }
 
 
@@ -186,6 +230,35 @@ class PgRunStore:
                 (run_id,),
             ).fetchone()
         return run_record(row) if row is not None else None
+
+    def record_usage(self, records: Sequence[UsageRecord]) -> None:
+        """`core.usage.UsageSink`: append the records; never raises (logs and drops)."""
+        try:
+            with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
+                cursor.executemany(
+                    self._sql(
+                        f"INSERT INTO {{s}}.usage ({USAGE_COLUMNS}) "  # noqa: S608 - constants
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                    ),
+                    [usage_values(r) for r in records],
+                )
+        except Exception as error:  # metering never fails the operation that succeeded
+            usage_not_recorded(records, error)
+
+    def read_usage(
+        self, *, since: str | None = None, subject: str | None = None, limit: int = 10_000
+    ) -> list[UsageRecord]:
+        """`core.usage.UsageLog`: records at or after `since`, of `subject`, oldest first."""
+        with self._pool.connection() as conn, translated("reading usage"):
+            rows = conn.execute(
+                self._sql(
+                    f"SELECT {USAGE_COLUMNS} FROM {{s}}.usage "  # noqa: S608 - constants
+                    "WHERE at >= %s AND (%s::text IS NULL OR subject = %s) "
+                    "ORDER BY at, id LIMIT %s"
+                ),
+                (since or "", subject, subject, limit),
+            ).fetchall()
+        return [usage_record(row) for row in rows]
 
     def close(self) -> None:
         """Close the pool; later calls raise `STORE_UNAVAILABLE`. Idempotent."""

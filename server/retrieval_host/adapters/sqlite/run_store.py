@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from typing import Final
 
 import apsw
@@ -17,18 +18,40 @@ from retrieval_host.adapters._store_rules import (
     RUN_COLUMNS,
     RUN_INSERT_COLUMNS,
     RUN_STATUSES,
+    USAGE_COLUMNS,
     run_insert_values,
     run_record,
     run_result_json,
+    usage_not_recorded,
+    usage_record,
+    usage_values,
 )
 from retrieval_host.adapters.sqlite.schema import Identity, open_database
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
+from retrieval_host.core.usage import UsageRecord
 
 __all__ = ["SqliteRunStore"]
 
 APPLICATION_ID: Final = 0x52484E52  # "RHNR": retrieval-host run records
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
+_USAGE_TABLE: Final = """CREATE TABLE usage (
+    id INTEGER PRIMARY KEY,
+    at TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    account TEXT,
+    model TEXT NOT NULL,
+    corpus TEXT,
+    requests INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    documents INTEGER NOT NULL,
+    run_id TEXT
+)"""
+_USAGE_INDEX: Final = "CREATE INDEX usage_at ON usage (at)"
 _SCHEMA: Final = (
     f"""CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
@@ -43,11 +66,16 @@ _SCHEMA: Final = (
     corpus TEXT,
     UNIQUE (subject, idempotency_key)
 )""",
+    _USAGE_TABLE,
+    _USAGE_INDEX,
 )
 # Version 1 had no provider and corpus columns; opening it adds them (NULL for older runs).
+# Version 2 had no usage table; opening it adds an empty one.
 _MIGRATIONS: Final = {
-    1: ("ALTER TABLE runs ADD COLUMN provider TEXT", "ALTER TABLE runs ADD COLUMN corpus TEXT")
+    1: ("ALTER TABLE runs ADD COLUMN provider TEXT", "ALTER TABLE runs ADD COLUMN corpus TEXT"),
+    2: (_USAGE_TABLE, _USAGE_INDEX),
 }
+# `tables`: those every version has (`usage` came with version 3).
 IDENTITY: Final = Identity(
     APPLICATION_ID, SCHEMA_VERSION, frozenset({"runs"}), _SCHEMA, _MIGRATIONS
 )
@@ -110,6 +138,30 @@ class SqliteRunStore:
         with self._lock:
             rows = self._db.execute(_SELECT + " WHERE run_id = ?", (run_id,)).fetchall()
         return run_record(rows[0]) if rows else None
+
+    def record_usage(self, records: Sequence[UsageRecord]) -> None:
+        """`core.usage.UsageSink`: append the records; never raises (logs and drops)."""
+        try:
+            with self._lock, self._db:
+                self._db.executemany(
+                    f"INSERT INTO usage ({USAGE_COLUMNS})"  # noqa: S608 - constant columns
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [usage_values(r) for r in records],
+                )
+        except Exception as error:  # metering never fails the operation that succeeded
+            usage_not_recorded(records, error)
+
+    def read_usage(
+        self, *, since: str | None = None, subject: str | None = None, limit: int = 10_000
+    ) -> list[UsageRecord]:
+        """`core.usage.UsageLog`: records at or after `since`, of `subject`, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {USAGE_COLUMNS} FROM usage"  # noqa: S608 - constant columns
+                " WHERE at >= ? AND (? IS NULL OR subject = ?) ORDER BY at, id LIMIT ?",
+                (since or "", subject, subject, limit),
+            ).fetchall()
+        return [usage_record(row) for row in rows]
 
     def close(self) -> None:
         with self._lock:

@@ -53,6 +53,7 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host.core.service import RetrievalService, utc_now
+from retrieval_host.core.usage import UsageSink, run_records
 
 
 class RunEngine:
@@ -78,8 +79,10 @@ class RunEngine:
         retriever: Retriever | None = None,
         effects: Sequence[RetrievalEffect] = (),
         dedup_key: DedupKey = default_dedup_key,
+        usage: UsageSink | None = None,
     ) -> None:
         self._retrieval = retrieval
+        self._usage = usage
         self._verifier = verifier
         self._context_policy = context_policy
         self._retriever = retriever
@@ -90,6 +93,11 @@ class RunEngine:
         self._clock = clock
         self._new_run_id = new_run_id
         self._new_delimiter = new_delimiter
+
+    @property
+    def usage(self) -> UsageSink | None:
+        """Where completed runs' usage records go (None: not recorded)."""
+        return self._usage
 
     @property
     def providers(self) -> Mapping[str, GenerationProvider]:
@@ -293,7 +301,35 @@ class RunEngine:
             build_result(request, run, answer, report, taken), verification=verification
         )
         self._store.complete(run.run_id, result)
+        self._meter(request, provider, run, result)
         return result
+
+    def _meter(
+        self, request: RunRequest, provider: GenerationProvider, run: ActiveRun, result: RunResult
+    ) -> None:
+        """The completed run's usage records, to the sink (a replay never gets here)."""
+        if self._usage is None:
+            return
+        spec = request.retrieval
+        corpus = (
+            self._retrieval.corpora.get(spec.corpus)
+            if spec is not None and self._retrieval is not None
+            else None
+        )
+        records = run_records(
+            result.completed_at or result.created_at,
+            run.context.subject,
+            result.run_id,
+            result.provider,
+            getattr(provider, "account_id", None),
+            result.model,
+            result.usage,
+            None if corpus is None else corpus.id,
+            None if corpus is None else corpus.embedding.descriptor,
+            None if corpus is None or corpus.reranker is None else corpus.reranker.descriptor,
+        )
+        if records:
+            self._usage.record_usage(records)
 
 
 def _fallback(

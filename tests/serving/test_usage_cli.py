@@ -1,0 +1,119 @@
+"""Usage records over the real host: searches, ingests and runs over HTTPS are attributed to the
+token's subject, corpus, provider instance, account and model, and `retrieval-host usage` shows
+them to the operator. A replayed run adds nothing."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.quickstart import cli, free_port, serving
+
+RUN = {
+    "provider": "local",
+    "model": "extractive",
+    "input": "Where do the ingestion helpers put the page numbers?",
+    "retrieval": {"corpus": "library", "mode": "before"},
+    "idempotencyKey": "usage-test-1",
+}
+
+
+def _usage(cwd: Path, *args: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [*cli(), "usage", "--config", "state/host.json", "--json", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_searches_ingests_and_runs_are_metered_per_subject_and_shown_to_the_operator(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    command = [*cli(), "quickstart", "--state-dir", "state", "--port", str(port)]
+    state = tmp_path / "state"
+    with serving(command, tmp_path, state / "ca.pem", port):
+        # The quickstart itself ingested three samples and ran one question.
+        before = _usage(tmp_path, "--records")
+        assert {(r["operation"], r["kind"]) for r in before} == {
+            ("ingest", "embedding"),
+            ("run", "generation"),
+            ("run", "embedding"),
+        }
+        assert len([r for r in before if r["operation"] == "ingest"]) == 3
+        token = (state / "token").read_text().strip()
+        trust = ssl.create_default_context(cafile=str(state / "ca.pem"))
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(
+            base_url=f"https://127.0.0.1:{port}", verify=trust, headers=headers, timeout=60
+        ) as client:
+            # The third query is the first again: its vector comes from the host's query cache,
+            # spends no model call and so records nothing.
+            for query in ("rotate a token", "revoke a token", "rotate a token"):
+                search = {"corpus": "library", "query": query}
+                assert client.post("/v1/retrieval/search", json=search).status_code == 200
+            note = b"# Usage note\n\nA passage about metering embedding calls.\n"
+            ingest = client.post(
+                "/v1/retrieval/ingest",
+                params={"corpus": "library", "sourceId": "usage-note"},
+                content=note,
+                headers={"Content-Type": "text/markdown"},
+            )
+            assert ingest.status_code == 200, ingest.text
+            first = client.post("/v1/runs", json=RUN)
+            assert first.status_code == 200, first.text
+            replay = client.post("/v1/runs", json=RUN)
+            assert replay.json()["replayed"] is True
+            run_id = first.json()["runId"]
+        after = _usage(tmp_path, "--records", "--since", before[-1]["at"])
+        new = [r for r in after if r not in before]
+
+    searches = [r for r in new if r["operation"] == "search"]
+    assert len(searches) == 2
+    assert all(
+        (r["subject"], r["corpus"], r["kind"], r["provider"], r["account"], r["model"])
+        == ("quickstart", "library", "embedding", "local-minilm", "local", "all-MiniLM-L6-v2-int8")
+        for r in searches
+    )
+    assert all(r["requests"] == 1 and r["input_tokens"] > 0 for r in searches)
+    [ingested] = [r for r in new if r["operation"] == "ingest"]
+    assert (ingested["corpus"], ingested["kind"]) == ("library", "embedding")
+    # One run, metered once: the replay spent nothing and recorded nothing.
+    runs = [r for r in new if r["operation"] == "run"]
+    assert {r["run_id"] for r in runs} == {run_id}
+    [generation] = [r for r in runs if r["kind"] == "generation"]
+    assert (generation["provider"], generation["account"], generation["model"]) == (
+        "local",
+        "local",
+        "extractive",
+    )
+    assert [r["kind"] for r in runs].count("embedding") == 1
+
+    # The default view sums per subject, corpus, operation, kind, provider, account and model.
+    summed = _usage(tmp_path)
+    search_total = next(r for r in summed if r["operation"] == "search")
+    assert search_total["requests"] == 2
+    assert search_total["input_tokens"] == sum(r["input_tokens"] for r in searches)
+    assert _usage(tmp_path, "--subject", "nobody") == []
+    table = subprocess.run(
+        [*cli(), "usage", "--config", "state/host.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert table[0].split()[:4] == ["subject", "corpus", "operation", "kind"]
+    assert any(
+        line.split()[:4] == ["quickstart", "library", "search", "embedding"] for line in table
+    )
