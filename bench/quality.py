@@ -2,6 +2,7 @@
 
     python bench/quality.py --dataset DIR --split NAME [--cache DIR] [--min-ndcg X]
                             [--modes dense lexical hybrid] [--limit-queries N]
+                            [--passage-context none|title-sections] [--postgres DSN]
 
 `DIR` holds `corpus.jsonl` (`_id`, `title`, `text`), `queries.jsonl` (`_id`, `text`) and
 `qrels/NAME.tsv` (header `query-id corpus-id score`); only the queries judged in that split
@@ -27,6 +28,14 @@ Metrics: nDCG@10 (graded gains, log2 discount: trec_eval's `ndcg_cut_10`) and re
 mean over every judged query (a query with no hit scores 0). With pytrec_eval installed (the
 `bench` extra) it computes them and this file's own implementation must agree with it;
 without it, the own implementation alone (tested against a hand-computed example).
+
+PostgreSQL: with `--postgres DSN` (or `$RETRIEVAL_HOST_BENCH_POSTGRES_DSN`; `scripts/pg start`
+gives one) the same ingest and searches run again on a PostgreSQL + pgvector store, in a schema
+named after the cache (reused while it holds the manifest's revisions). Passage texts already
+embedded in the SQLite index of the same fingerprint take their stored vectors
+(`ReplayEmbedding`: the same model's vectors of the same text) instead of being embedded again;
+the rest, queries included, are embedded. The gate then also requires PostgreSQL's hybrid
+nDCG@10 within 0.02 of SQLite's.
 
 Baseline in the same run: bm25s (k1 0.9, b 0.4, Lucene scoring, English Snowball stemming
 via PyStemmer, English stop words) over title + text of each document, top 100.
@@ -365,6 +374,7 @@ class Index:
     directory: Path
     ingest_s: float | None  # None: reused from the cache
     passages: int
+    embedding: EmbeddingAdapter  # what ingests and searches embed with
 
     def document_of(self) -> dict[str, str]:
         return {sid: doc for doc, sid in self.sources.items()}
@@ -438,7 +448,7 @@ def cached_index(
             temporary.write_text(json.dumps(manifest), encoding="utf-8")
             os.replace(temporary, manifest_path)  # present only once the whole ingest is in
         authorizer.readable.update(revisions)
-        yield Index(host, sources, revisions, directory, ingest_s, passages)
+        yield Index(host, sources, revisions, directory, ingest_s, passages, embedding)
     finally:
         host.close()
 

@@ -16,6 +16,7 @@ import pytest
 from bench import quality
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from tests.support.pg import drop_schema
 
 
 def _write_beir(directory: Path) -> Path:
@@ -118,3 +119,39 @@ def test_the_index_is_ingested_once_then_reused_and_searched_per_document(tmp_pa
         assert again.ingest_s is None
         assert again.revisions == index.revisions
         assert quality.search_all(again, dataset.queries, "dense").run == dense.run
+
+
+def test_a_postgresql_index_replays_the_sqlite_vectors_and_ranks_alike(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    dataset = quality.read_beir(_write_beir(tmp_path / "tiny"), "train")
+    cache = tmp_path / "cache"
+    embedding = LocalEmbedding(threads=1)
+    with quality.cached_index(dataset, cache, embedding, progress=lambda _: None) as index:
+        dense = quality.search_all(index, dataset.queries, "dense")
+        hybrid = quality.search_all(index, dataset.queries, "hybrid")
+    with quality.cached_index(
+        dataset, cache, embedding, progress=lambda _: None, postgres_dsn=pg_dsn
+    ) as pg:
+        assert pg.ingest_s is not None
+        replayed = pg.embedding
+        assert isinstance(replayed, quality.ReplayEmbedding)
+        assert replayed.replayed == pg.passages  # no passage embedded twice
+        pg_dense = quality.search_all(pg, dataset.queries, "dense")
+        pg_hybrid = quality.search_all(pg, dataset.queries, "hybrid")
+    assert pg_dense.run is not None and dense.run is not None
+    for query in dense.run:
+        assert pg_dense.run[query] == pytest.approx(dense.run[query], abs=1e-5)
+    assert pg_hybrid.run is not None and hybrid.run is not None
+    assert {q: max(r, key=r.__getitem__) for q, r in pg_hybrid.run.items()} == {
+        q: max(r, key=r.__getitem__) for q, r in hybrid.run.items()
+    }
+    # The schema is reused while it holds the manifest's revisions.
+    try:
+        with quality.cached_index(
+            dataset, cache, embedding, progress=lambda _: None, postgres_dsn=pg_dsn
+        ) as again:
+            assert again.ingest_s is None
+    finally:
+        chunking = quality.chunking_identity()
+        drop_schema(pg_dsn, f"quality_{quality.fingerprint(dataset, embedding, chunking)}")

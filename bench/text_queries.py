@@ -1,0 +1,257 @@
+"""Benchmark (not a test): text-query search over HTTPS, this checkout against an earlier one.
+
+    python bench/text_queries.py [--baseline REV] [--clients 16] [--seconds 15] [--rounds 3]
+
+Issue 17, item 1: a real search is mostly embedding the query. This runs two real hosts side by
+side, each its own `retrieval-host serve` process on 127.0.0.1 over TLS with the quickstart's
+configuration (the local all-MiniLM-L6-v2 model, SQLite, the three sample documents):
+
+- ours: this checkout (query micro-batching and the query-vector cache);
+- baseline: `--baseline REV` (default `24da8da^`, the main before the batcher), checked out with
+  `git worktree` into a temporary directory and run from this virtualenv with its sources first
+  on `PYTHONPATH` (same dependencies, its own code and index).
+
+The queries are SciFact's claims made unique (`"<claim> (variant N)"`, one number per request),
+so no request hits ours's cache: what is measured is embedding, batched or not. A second load
+cycles 32 claims, what a cache is for; it is printed, not gated.
+
+Each round runs every load on both hosts in a shuffled order: `--clients` closed-loop keep-alive
+clients for `--seconds` after a 1 s warm-up (`bench/_loadgen.py`), then 1 client. Ratios are
+medians of per-round ratios. Targets: ours >= 3x the baseline's req/s at 16 clients (unique
+queries); ours's p99 <= 2x its p50 at 1 client. Exits 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python bench/text_queries.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import Verdicts
+from bench._loadgen import LoadResult, Target, fetch_once, request, run_load
+from bench._machine import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+QUERIES = ROOT.parent / "shared" / "data" / "scifact" / "queries.jsonl"
+DEFAULT_BASELINE = "24da8da^"
+CORPUS = "library"
+
+
+@dataclass
+class Host:
+    name: str
+    port: int
+    tls: ssl.SSLContext
+    token: str
+
+
+def _claims() -> list[str]:
+    if QUERIES.exists():
+        lines = QUERIES.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line)["text"] for line in lines if line.strip()]
+    return [f"How do I rotate a token after {n} days?" for n in range(500)]
+
+
+def _messages(host: Host, texts: list[str]) -> list[bytes]:
+    headers = {
+        "Authorization": f"Bearer {host.token}",
+        "Content-Type": "application/json",
+    }
+    return [
+        request(
+            "POST",
+            "/v1/retrieval/search",
+            json.dumps({"corpus": CORPUS, "query": text, "limit": 5}).encode(),
+            headers,
+        )
+        for text in texts
+    ]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def _host(name: str, workdir: Path, pythonpath: str | None) -> Iterator[Host]:
+    """Prepare a quickstart state with `pythonpath`'s code, then serve it until the end."""
+    environ = dict(os.environ)
+    if pythonpath is not None:
+        environ["PYTHONPATH"] = pythonpath
+    port = _free_port()
+    cli = [sys.executable, "-m", "retrieval_host.serving.cli"]
+    state = workdir / f"{name}-state"
+    subprocess.run(
+        [*cli, "quickstart", "--state-dir", str(state), "--port", str(port), "--no-serve"],
+        env=environ,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    process = subprocess.Popen(
+        [*cli, "serve", "--config", str(state / "host.json")],
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    tls = ssl.create_default_context(cafile=str(state / "ca.pem"))
+    host = Host(name, port, tls, (state / "token").read_text().strip())
+    try:
+        probe = Target(name, port, [], tls)
+        deadline = time.monotonic() + 180
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name}: the host exited with {process.returncode}")
+            try:
+                if fetch_once(probe, request("GET", "/readyz", b"", {}))[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: not ready after 180 s")
+            time.sleep(0.2)
+        yield host
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def _worktree(revision: str) -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="rh-baseline-"))
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(directory), revision],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield directory
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(directory)],
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _load(host: Host, texts: list[str], clients: int, seconds: float) -> LoadResult:
+    target = Target(host.name, host.port, _messages(host, texts), host.tls)
+    result = run_load(target, clients=clients, seconds=seconds)
+    if result.errors:
+        raise RuntimeError(f"{host.name}: {result.errors} failed requests {result.statuses}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the revision to beat")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(describe())
+    claims = _claims()
+    serial = iter(range(10**9))
+
+    def unique(n: int) -> list[str]:
+        return [f"{claims[i % len(claims)]} (variant {next(serial)})" for i in range(n)]
+
+    repeated = claims[:32]
+    # Enough unique texts that no client reuses one within a load (>= 400 req/s for a load).
+    per_load = int(max(400.0, 60.0 * args.clients) * (args.seconds + 1))
+    base = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(
+        f"ours: this checkout; baseline: {args.baseline} ({base}); quickstart hosts (local model, "
+        f"SQLite, 21 passages), {args.clients} clients x {args.seconds:g} s and 1 client, "
+        f"{args.rounds} rounds\n",
+        flush=True,
+    )
+    figures: dict[tuple[str, str], list[LoadResult]] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="rh-text-queries-") as work,
+        _worktree(args.baseline) as tree,
+    ):
+        workdir = Path(work)
+        baseline_path = f"{tree / 'server'}{os.pathsep}{tree / 'sdk_client'}"
+        with _host("ours", workdir, None) as ours, _host("baseline", workdir, baseline_path) as old:
+            hosts = {"ours": ours, "baseline": old}
+            loads: Mapping[str, tuple[int, bool]] = {
+                "unique": (args.clients, True),
+                "repeated": (args.clients, False),
+                "one client": (1, True),
+            }
+            order = random.Random(7)
+            for number in range(1, args.rounds + 1):
+                steps = [(h, load) for h in hosts for load in loads]
+                order.shuffle(steps)
+                for host_name, load in steps:
+                    clients, fresh = loads[load]
+                    texts = unique(per_load) if fresh else repeated
+                    result = _load(hosts[host_name], texts, clients, args.seconds)
+                    figures.setdefault((host_name, load), []).append(result)
+                print(f"round {number} done", flush=True)
+
+    def rps(host: str, load: str) -> list[float]:
+        return [r.rps for r in figures[(host, load)]]
+
+    print(f"\n{'':<28}{'req/s (median)':>15}{'p50 ms':>9}{'p99 ms':>9}")
+    for (host, load), results in sorted(figures.items()):
+        p50 = statistics.median(r.median_ms for r in results)
+        p99 = statistics.median(r.percentile_ms(99) for r in results)
+        label = f"{host}, {load}"
+        median_rps = statistics.median(rps(host, load))
+        print(f"  {label:<26}{median_rps:>15.1f}{p50:>9.1f}{p99:>9.1f}")
+    verdicts = Verdicts()
+    ratio = statistics.median(
+        o / b for o, b in zip(rps("ours", "unique"), rps("baseline", "unique"), strict=True)
+    )
+    cached = statistics.median(
+        o / b for o, b in zip(rps("ours", "repeated"), rps("baseline", "repeated"), strict=True)
+    )
+    verdicts.note(f"ours / baseline, {args.clients} clients, 32 repeated queries: {cached:.2f}x")
+    verdicts.check(
+        f"ours / baseline req/s, {args.clients} clients, unique text queries",
+        ratio,
+        3.0,
+        at_most=False,
+    )
+    tail = statistics.median(
+        r.percentile_ms(99) / r.median_ms for r in figures[("ours", "one client")]
+    )
+    verdicts.check("ours p99 / p50 at 1 client", tail, 2.0)
+    verdicts.print()
+    return verdicts.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
