@@ -87,7 +87,12 @@ from retrieval_host.core.models import (
     SearchRequest,
     SearchResult,
 )
-from retrieval_host.core.passage_context import DEFAULT_CONTEXT, resolve_chunking
+from retrieval_host.core.passage_context import (
+    CONTEXT_KEY,
+    DEFAULT_CONTEXT,
+    context_of,
+    resolve_chunking,
+)
 from retrieval_host.core.ports import (
     ANY_REVISION,
     AuthorizationRequest,
@@ -416,7 +421,11 @@ def cached_index(
             embedding = ReplayEmbedding(embedding, directory / "store.sqlite")
     mod = driver_module()
     host: InProcessHost = mod.Driver(
-        RetrievalService([_corpus(embedding, store, authorizer, chunking)])
+        # Configured with its context named: without the key, a new corpus would take the
+        # default context, not "none" (`resolve_chunking`).
+        RetrievalService(
+            [_corpus(embedding, store, authorizer, {**chunking, CONTEXT_KEY: context_of(chunking)})]
+        )
     )
     try:
         sources = source_ids(dataset.corpus)

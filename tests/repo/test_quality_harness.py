@@ -16,6 +16,7 @@ import pytest
 from bench import quality
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from tests.support.pg import drop_schema
 
 
@@ -155,3 +156,23 @@ def test_a_postgresql_index_replays_the_sqlite_vectors_and_ranks_alike(
     finally:
         chunking = quality.chunking_identity()
         drop_schema(pg_dsn, f"quality_{quality.fingerprint(dataset, embedding, chunking)}")
+
+
+def test_passage_context_none_builds_an_index_without_context(tmp_path: Path) -> None:
+    dataset = quality.read_beir(_write_beir(tmp_path / "tiny"), "train")
+    embedding = LocalEmbedding(threads=1)
+    stored: dict[str, object] = {}
+    for context in ("none", "title-sections"):
+        chunking = quality.chunking_identity(context)
+        with quality.cached_index(
+            dataset, tmp_path / "cache", embedding, progress=lambda _: None, chunking=chunking
+        ) as index:
+            path = index.directory / "store.sqlite"
+        store = SqliteVectorStore.open(path)
+        try:
+            descriptor = store.stored_descriptor(quality.CORPUS)
+        finally:
+            store.close()
+        assert descriptor is not None
+        stored[context] = json.loads(descriptor)["chunking"].get("context")
+    assert stored == {"none": None, "title-sections": "title-sections"}
