@@ -51,7 +51,7 @@ def test_concurrent_queries_share_one_model_call_and_get_their_own_vectors(
     local_embedding: LocalEmbedding,
 ) -> None:
     model = Gated(local_embedding)
-    embedder = QueryEmbedder(model, max_wait_s=0.5)
+    embedder = QueryEmbedder(model, max_wait_s=0.5, max_in_flight=1)
     with ThreadPoolExecutor(8) as pool:
         first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())
         assert model.entered.wait(30)
@@ -70,6 +70,54 @@ def test_concurrent_queries_share_one_model_call_and_get_their_own_vectors(
     batch_tokens = sum(local_embedding.count_tokens(QUERIES[1:]))
     assert sum(u.input_tokens for u in usages) == batch_tokens
     assert all(u.input_tokens > 0 for u in usages)
+
+
+class Held(CountingEmbedding):
+    """The local model; every call waits for `release` and counts how many are inside."""
+
+    def __init__(self, inner: LocalEmbedding) -> None:
+        super().__init__(inner)
+        self.calls: list[list[str]] = []
+        self.inside = 0
+        self.most_inside = 0
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+
+    def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
+        with self._lock:
+            self.calls.append(list(texts))
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        try:
+            assert self.release.wait(30)
+            return super().embed(texts, cancel)
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+def test_batches_run_side_by_side_up_to_the_limit_and_the_rest_wait_their_turn(
+    local_embedding: LocalEmbedding,
+) -> None:
+    model = Held(local_embedding)
+    embedder = QueryEmbedder(model, max_wait_s=0.2, max_in_flight=2)
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())
+        wait_until(lambda: model.inside == 1, timeout=30, what="the first batch in the model")
+        second = [pool.submit(embedder.embed, q, "alice", CancelToken()) for q in QUERIES[1:3]]
+        # A second leader gathers the two and runs beside the first: both cores busy.
+        wait_until(lambda: model.inside == 2, timeout=30, what="a second batch beside it")
+        later = [pool.submit(embedder.embed, q, "alice", CancelToken()) for q in QUERIES[3:6]]
+        wait_until(lambda: _queued(embedder, 3), timeout=30, what="three queries waiting")
+        assert model.inside == 2  # no third batch: the limit holds
+        model.release.set()
+        results = [f.result(30) for f in (first, *second, *later)]
+    assert model.most_inside == 2
+    assert model.calls[:2] == [QUERIES[:1], QUERIES[1:3]]
+    assert sorted(q for call in model.calls[2:] for q in call) == QUERIES[3:6]
+    alone = local_embedding.embed(QUERIES[:6], CancelToken())
+    for i, result in enumerate(results):
+        assert float(result.vectors[0] @ alone.vectors[i]) > 0.99999
 
 
 def test_a_repeated_query_comes_from_the_cache_for_the_same_subject_only(
@@ -105,7 +153,7 @@ def test_the_least_recently_used_vector_is_evicted_first(local_embedding: LocalE
 
 def test_a_failed_call_fails_every_query_of_its_batch(local_embedding: LocalEmbedding) -> None:
     model = Gated(local_embedding, fail=True)
-    embedder = QueryEmbedder(model, max_wait_s=0.5)
+    embedder = QueryEmbedder(model, max_wait_s=0.5, max_in_flight=1)
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())
         assert model.entered.wait(30)
@@ -127,7 +175,7 @@ def test_a_cancelled_query_leaves_without_stalling_the_others(
     local_embedding: LocalEmbedding,
 ) -> None:
     model = Gated(local_embedding)
-    embedder = QueryEmbedder(model, max_wait_s=0.5)
+    embedder = QueryEmbedder(model, max_wait_s=0.5, max_in_flight=1)
     tokens = [CancelToken() for _ in QUERIES[1:4]]
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())

@@ -3,11 +3,14 @@
 A text search spends most of its time embedding its query: one model call per query, however
 many arrive at once. `QueryEmbedder` sits between the service and an `EmbeddingAdapter`:
 
-- **Micro-batching.** The first query to arrive becomes the *leader*: it waits at most
-  `max_wait_s` (or until `max_batch` queries are pending), then embeds every pending query in
-  one call and hands each its row; the others wait for their row. One query alone pays the
-  wait and nothing else; under load, a batch of 16 costs about what 3 single calls do on a CPU
-  model. A failed call fails every query of its batch with the same error. A query whose
+- **Micro-batching.** A query that arrives while fewer than `max_in_flight` batches are
+  gathering or running becomes a *leader*: it waits at most `max_wait_s` (or until
+  `max_batch` queries are pending), then embeds the pending queries (its own first) in one
+  call and hands each its row; the others wait for their row, or for their turn to lead when
+  a batch ends. One query alone pays the wait and nothing else. Several batches run at once
+  (by default 2, one per core of a CPU model with one thread per call): one leader at a time
+  left the other cores idle, and measured slower than no batching at all.
+  A failed call fails every query of its batch with the same error. A query whose
   caller is cancelled while it waits leaves the batch without disturbing the others; the call
   itself sees a token that is cancelled once *every* caller of its batch is (for a query
   alone: its caller's), so an adapter that aborts on cancel aborts only work nobody wants.
@@ -37,10 +40,17 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingAdapter, EmbeddingBatch, Vectors
 
-__all__ = ["DEFAULT_CACHE_ENTRIES", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_WAIT_S", "QueryEmbedder"]
+__all__ = [
+    "DEFAULT_CACHE_ENTRIES",
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_MAX_WAIT_S",
+    "QueryEmbedder",
+]
 
 DEFAULT_CACHE_ENTRIES: Final = 4096
 DEFAULT_MAX_BATCH: Final = 32
+DEFAULT_MAX_IN_FLIGHT: Final = 2
 DEFAULT_MAX_WAIT_S: Final = 0.002
 # How often a waiting query looks at its caller's cancel token.
 _CANCEL_POLL_S: Final = 0.05
@@ -69,20 +79,24 @@ class QueryEmbedder:
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_wait_s: float = DEFAULT_MAX_WAIT_S,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
-        if cache_entries < 0 or max_batch < 1 or max_wait_s < 0:
-            raise ValueError("cache_entries >= 0, max_batch >= 1 and max_wait_s >= 0")
+        if cache_entries < 0 or max_batch < 1 or max_wait_s < 0 or max_in_flight < 1:
+            raise ValueError(
+                "cache_entries >= 0, max_batch >= 1, max_wait_s >= 0 and max_in_flight >= 1"
+            )
+        self._max_in_flight = max_in_flight
         self._embedding = embedding
         self._cache_entries = cache_entries
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._cache: OrderedDict[tuple[str, str, str], Vectors] = OrderedDict()
         self._cache_lock = threading.Lock()
-        # Pending queries in arrival order; while one leads, `_leading` is set. The leader's own
-        # query is always the first pending one, so its batch holds it.
+        # Pending queries in arrival order (leaders included until a batch takes them), and
+        # how many leaders are gathering or running a batch.
         self._queue: list[_Pending] = []
         self._lock = threading.Condition()
-        self._leading = False
+        self._leaders = 0
         self._descriptor_key = repr(embedding.descriptor)
 
     @property
@@ -106,10 +120,11 @@ class QueryEmbedder:
         pending = _Pending(text, cancel)
         with self._lock:
             self._queue.append(pending)
-            if self._leading:
-                self._lock.notify_all()  # a gathering leader may have a full batch now
+            if self._leaders < self._max_in_flight:
+                self._leaders += 1
+                pending.lead = True
             else:
-                self._leading = pending.lead = True
+                self._lock.notify_all()  # a gathering leader may have a full batch now
         while True:
             with self._lock:
                 done, lead = pending.done, pending.lead and not pending.done
@@ -117,7 +132,7 @@ class QueryEmbedder:
                 break
             if lead:
                 # Leading is not optional once handed over: the queries behind wait on it.
-                self._lead()
+                self._lead(pending)
                 continue
             if not pending.wake.wait(_CANCEL_POLL_S):
                 self._leave_if_cancelled(pending, cancel)
@@ -142,9 +157,9 @@ class QueryEmbedder:
                     self._queue.remove(pending)
                 raise
 
-    def _lead(self) -> None:
-        """Wait for company (bounded), embed one batch, then hand the lead to the first query
-        still pending (or give it up when none is)."""
+    def _lead(self, me: _Pending) -> None:
+        """Wait for company (bounded), embed one batch holding `me`, then retire, handing the
+        lead to pending queries while fewer than `max_in_flight` lead."""
         deadline = time.monotonic() + self._max_wait_s
         with self._lock:
             while len(self._queue) < self._max_batch:
@@ -152,18 +167,29 @@ class QueryEmbedder:
                 if left <= 0:
                     break
                 self._lock.wait(left)
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            # Never another leader's query: each leader's batch holds its own.
+            others = [p for p in self._queue if not p.lead][: self._max_batch - 1]
+            batch = [me, *others]
+            taken = {id(p) for p in batch}
+            self._queue = [p for p in self._queue if id(p) not in taken]
         self._run(batch)
         with self._lock:
             for pending in batch:
                 pending.done = True
                 pending.wake.set()
-            if self._queue:
-                following = self._queue[0]
-                following.lead = True
-                following.wake.set()
-            else:
-                self._leading = False
+            self._retire()
+
+    def _retire(self) -> None:
+        """One leader less; pending queries lead in arrival order while there is room. Called
+        with the lock held."""
+        self._leaders -= 1
+        for pending in self._queue:
+            if self._leaders >= self._max_in_flight:
+                break
+            if not pending.lead:
+                pending.lead = True
+                self._leaders += 1
+                pending.wake.set()
 
     def _run(self, batch: Sequence[_Pending]) -> None:
         try:
