@@ -6,7 +6,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection, Generator, Mapping
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -21,6 +21,17 @@ from retrieval_host.core.inspection import (
     SourceDetail,
     SourceFilter,
     SourcePage,
+)
+from retrieval_host.core.lifecycle import (
+    Effect,
+    FoundT,
+    GrantT,
+    PreparedT,
+    RequestT_contra,
+    ResultT,
+    Retrieval,
+    Retrieved,
+    run_retrieval,
 )
 from retrieval_host.core.models import (
     DeleteRequest,
@@ -254,6 +265,19 @@ class Driver:
         if self.runs is None:
             raise permission_denied()
         return self.runs
+
+    def retrieve(
+        self,
+        retrieval: Retrieval[RequestT_contra, PreparedT, GrantT, FoundT, ResultT],
+        request: RequestT_contra,
+        context: RequestContext,
+        *,
+        effects: Sequence[Effect[ResultT]] = (),
+    ) -> Retrieved[ResultT]:
+        """An application's own retrieval, run on the lifecycle's one path (prepare, assert
+        input, authorize, execute, assert result, then `effects` in order), the path the
+        built-in search takes too (`core.lifecycle`; `examples/custom_retrieval.py`)."""
+        return run_retrieval(retrieval, request, context, effects)
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         """Authorized similarity search."""

@@ -6,7 +6,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import CommitEvent, Corpus, utc_now
 from retrieval_host.core.descriptor import (
@@ -19,9 +18,7 @@ from retrieval_host.core.errors import (
     source_unavailable,
     store_read_only,
 )
-from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
-from retrieval_host.core.freshness import fresh_revisions
 from retrieval_host.core.grants import (
     authorize,
     authorize_or_none,
@@ -46,14 +43,13 @@ from retrieval_host.core.inspection import (
     source_page,
     sources_cursor,
 )
+from retrieval_host.core.lifecycle import run_retrieval
 from retrieval_host.core.models import (
     DeleteRequest,
     DeleteResult,
     EmbeddingUsage,
-    Hit,
     IndexRequest,
     IndexResult,
-    RerankUsage,
     Scope,
     SearchRequest,
     SearchResult,
@@ -71,14 +67,14 @@ from retrieval_host.core.query_embedding import (
     DEFAULT_MAX_WAIT_S,
     QueryEmbedder,
 )
-from retrieval_host.core.ranking import apply_policy, rank
 from retrieval_host.core.reasons import (
     CapacityExceededReason,
     InvalidRequestReason,
     SourceConflictReason,
 )
-from retrieval_host.core.rerank import rerank_candidates, wants_rerank
-from retrieval_host.core.validation import check_id, check_index_request, check_search_request
+from retrieval_host.core.rerank import wants_rerank
+from retrieval_host.core.search import CorpusSearch
+from retrieval_host.core.validation import check_id, check_index_request
 
 # `Corpus` and `CommitEvent` live in `core.corpus`; importing them from here keeps working.
 __all__ = ["CommitEvent", "Corpus", "RetrievalService", "utc_now"]
@@ -106,6 +102,9 @@ class RetrievalService:
     ) -> None:
         self._corpora: dict[str, Corpus] = {}
         self._queries: dict[int, QueryEmbedder] = {}
+        self._search = CorpusSearch(
+            self.corpus, lambda corpus: self._queries[id(corpus.embedding)], lambda: self._clock()
+        )
         for corpus in corpora:
             check_label("corpus id", corpus.id)
             if corpus.id in self._corpora:
@@ -153,87 +152,9 @@ class RetrievalService:
         return wants_rerank(self.corpus(corpus_id).reranker, requested)
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
-        check_search_request(request)
-        where = parse_filter(request.filters) if request.filters is not None else None
-        corpus = self.corpus(request.corpus)
-        ids = tuple(dict.fromkeys(request.source_ids)) if request.source_ids is not None else None
-        context.report("retrieval.authorization", corpus=corpus.id, check="before-read")
-        grant = authorize(corpus, "search", ids, context)
-        granted = searchable(grant)
-        if ids is None:
-            allowed = granted
-        else:
-            if any(sid not in granted for sid in ids):
-                raise source_unavailable()
-            allowed = {sid: granted[sid] for sid in ids}
-            for sid, revision in allowed.items():
-                stored = corpus.store.get_source(corpus.id, grant.namespace, sid)
-                if stored is None or stored.revision != revision:
-                    raise source_unavailable()  # missing looks exactly like unauthorized
-        # After the grant (a denied caller learns nothing of the corpus), before any result:
-        # insisting on a reranker the corpus lacks is refused whatever the grant holds.
-        reranking = wants_rerank(corpus.reranker, request.rerank)
-        scope = Scope(corpus.id, corpus.version, grant.namespace)
-        retrieved_at = self._clock()
-        if request.max_age_s is not None and allowed:
-            # With authorization, before ranking: a stale revision is never scored.
-            indexed = corpus.store.indexed_at(corpus.id, grant.namespace, allowed.keys())
-            allowed = fresh_revisions(allowed, indexed, retrieved_at, request.max_age_s)
-        if not allowed:
-            return SearchResult([], False, retrieved_at, scope, EmbeddingUsage())
-
-        # One more than the limit tells `truncated`; a reranked search sends more to rerank.
-        wanted = request.limit + 1
-        if reranking:
-            wanted = max(wanted, corpus.rerank.candidates)
-        queries = self._queries[id(corpus.embedding)]
-        ranked, usage = rank(
-            corpus, grant.namespace, allowed, request, where, wanted, context, queries
-        )
-        candidates = [r.candidate for r in ranked]
-        scores = {r.candidate.chunk_id: dict(r.scores) for r in ranked}
-
-        context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
-        recheck = authorize_or_none(corpus, "search", ids, context)
-        if recheck is None or recheck.namespace != grant.namespace:
-            candidates = []
-        else:
-            candidates = [c for c in candidates if recheck.sources.get(c.source_id) == c.revision]
-        rerank_usage = RerankUsage()
-        if reranking and candidates and corpus.reranker is not None:
-            # After the second check: only passages the caller may read leave the host.
-            context.report("retrieval.rerank", corpus=corpus.id, documents=len(candidates))
-            candidates, reranked, rerank_usage = rerank_candidates(
-                corpus.reranker, request.query, candidates, context.cancel
-            )
-            for chunk_id, value in reranked.items():
-                scores[chunk_id]["rerank"] = value
-        if corpus.ranking_policy is not None:
-            candidates = apply_policy(corpus.ranking_policy, request.query, candidates)
-        if request.min_score is not None:
-            candidates = [c for c in candidates if c.score >= request.min_score]
-
-        shown = candidates[: request.limit]
-        times = corpus.store.indexed_at(corpus.id, grant.namespace, {c.source_id for c in shown})
-        hits = [
-            Hit(
-                chunk_id=c.chunk_id,
-                source=SourceRef(c.source_id, c.revision),
-                location=c.location,
-                text=c.text,
-                document_sha256=c.document_sha256,
-                score=c.score,
-                retrieved_at=retrieved_at,
-                scope=scope,
-                scores=scores[c.chunk_id],
-                metadata=c.metadata,
-                indexed_at=_indexed_at(times, c.source_id, c.revision),
-            )
-            for c in shown
-        ]
-        kept, dropped = apply_byte_budget(hits, request.max_context_bytes)
-        truncated = dropped or len(candidates) > request.limit
-        return SearchResult(kept, truncated, retrieved_at, scope, usage, rerank_usage)
+        """Authorized search of one corpus: the lifecycle's steps (`core.search.CorpusSearch`)
+        run by `core.lifecycle.run_retrieval`, like every retrieval."""
+        return run_retrieval(self._search, request, context).result
 
     def current_grant(
         self, corpus_id: str, source_ids: Sequence[str] | None, context: RequestContext
@@ -590,11 +511,3 @@ def _content_differs() -> RetrievalError:
         "index the change under a new revision.",
         reason=SourceConflictReason.REVISION_CONTENT_DIFFERS,
     )
-
-
-def _indexed_at(
-    times: Mapping[str, tuple[str, str | None]], source_id: str, revision: str
-) -> str | None:
-    """A hit's commit time, when the store still has its revision current."""
-    found = times.get(source_id)
-    return found[1] if found is not None and found[0] == revision else None
