@@ -31,10 +31,11 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Literal
 
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.validation import check_id
@@ -56,8 +57,31 @@ _PER_FILE: Final = frozenset(
         ErrorCode.CHUNK_ID_CONFLICT,
         ErrorCode.INVALID_REQUEST,
         ErrorCode.SOURCE_UNAVAILABLE,
+        ErrorCode.TIMEOUT,  # the file's own inactivity timeout (`idle_timeout_s`)
     }
 )
+
+
+class _IdleFile(CancelToken):
+    """One file's token: the batch's cancel, and an inactivity timeout of its own, so that a
+    file that stops making progress fails alone and the next one starts a fresh clock."""
+
+    def __init__(self, batch: CancelToken, idle_timeout_s: float) -> None:
+        super().__init__(idle_timeout_s)
+        self._batch = batch
+
+    @property
+    def cancelled(self) -> bool:
+        return self._batch.cancelled or super().cancelled
+
+    def progress(self) -> None:
+        self._batch.progress()
+        super().progress()
+
+    def check(self) -> None:
+        self._batch.check()
+        super().check()
+
 
 Status = Literal["indexed", "unchanged", "skipped", "failed"]
 
@@ -109,12 +133,16 @@ def ingest_paths(
     on_item: Callable[[BatchItem], None] | None = None,
     root: Path | None = None,
     deadline_s: float | None = None,
+    idle_timeout_s: float | None = None,
 ) -> BatchReport:
     """Ingest `paths` into `corpus` one file at a time (see the module docstring).
 
     `deadline_s` bounds each file's parsing and embedding (the host configuration's
     `limits.ingestDeadlineS`; None: the driver's own `ingest_deadline_s`); a file past it is
     recorded `failed` with `DOCUMENT_TOO_COMPLEX` / `deadline` and the batch goes on.
+    `idle_timeout_s` ends a file that makes no progress (parse, an embedding slice, the
+    commit) for that long: it is recorded `failed` with `TIMEOUT` / `idle-timeout`, keeps its
+    previous revision, and the batch goes on with the next file and a fresh clock.
     `progress(done, total)` and `on_item(item)` are called after each file; the ingest of a
     file reports its phases to `context.on_progress` (`Driver.ingest_context`). Raises
     `JournalInUseError` when another run holds the journal. A cancel of `context` stops the batch
@@ -139,8 +167,13 @@ def ingest_paths(
         for index, (path, source_id) in enumerate(planned):
             if context.cancel.cancelled:
                 return BatchReport(tuple(items), cancelled=True)
+            scoped = (
+                context
+                if idle_timeout_s is None
+                else replace(context, cancel=_IdleFile(context.cancel, idle_timeout_s))
+            )
             try:
-                item = _one(driver, corpus, path, source_id, context, done, journal, deadline_s)
+                item = _one(driver, corpus, path, source_id, scoped, done, journal, deadline_s)
             except RetrievalError as exc:
                 if exc.code == ErrorCode.CANCELLED:
                     return BatchReport(tuple(items), cancelled=True)

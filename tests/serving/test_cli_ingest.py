@@ -132,3 +132,40 @@ def test_the_passage_bar_shows_the_phase_and_the_count() -> None:
         bars.finished(BatchItem("a.md", "a.md", "indexed", "r1", 400))
         progress.refresh()
     assert "indexed   a.md  400 passages" in screen.getvalue()
+
+
+def test_a_file_without_progress_within_the_idle_timeout_fails_alone_and_a_rerun_takes_it(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    config, environ = setup
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    # About 200 passages: parsing alone takes far longer than a millisecond without progress.
+    steps = "\n\n".join(
+        f"## Step {i}\n\nCheck valve {i} for wear, then log gauge {i}." * 3 for i in range(200)
+    )
+    (folder / "a-valves.md").write_text(f"# Valves\n\n{steps}\n")  # first in the batch
+    (folder / "note.md").write_text("# Note\n\nThe ferry leaves at nine.\n")
+    journal = tmp_path / "j.jsonl"
+    args = _args(config, journal, folder)
+    args.idle_timeout_ms = 1
+    out, err = io.StringIO(), io.StringIO()
+    assert run_ingest(args, environ, out, err) == 1, err.getvalue()  # 1: a file failed
+    lines = out.getvalue().splitlines()
+    # The stalled file fails with the typed timeout, alone: the batch goes on with the note
+    # (on its own clock; fast enough or not, it is reported).
+    assert any(
+        line.startswith("failed") and "a-valves.md" in line and "TIMEOUT" in line for line in lines
+    ), lines
+    assert any("note.md" in line for line in lines), lines
+    assert "TIMEOUT" in journal.read_text()
+    # Without the timeout, a rerun of the same journal indexes both.
+    out = io.StringIO()
+    assert run_ingest(_args(config, journal, folder), environ, out, io.StringIO()) == 0
+    rerun = out.getvalue().splitlines()
+    assert ", 0 failed" in rerun[-1], rerun
+    assert any(line.startswith("indexed") and "a-valves.md" in line for line in rerun), rerun
+    args.idle_timeout_ms = 0
+    refused = io.StringIO()
+    assert run_ingest(args, environ, io.StringIO(), refused) == 2
+    assert "--idle-timeout-ms must be a positive number" in refused.getvalue()

@@ -5,6 +5,7 @@ retrieval-host serve --config host.json
 retrieval-host token new [--subject S] [--search C]... [--index C]... [--delete C]...
                          [--provider NAME]... [--metrics]
 retrieval-host ingest PATH... --config host.json --corpus C --subject S [--journal FILE]
+                     [--idle-timeout-ms MS]
 retrieval-host quickstart [--state-dir DIR] [--port N] [--no-serve] [--container [--name HOST]...]
 retrieval-host corpora [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources list CORPUS [--page-size N] [--url URL] [--ca-bundle PEM] [--json]
@@ -141,6 +142,14 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="progress journal (default: .retrieval-host-ingest-CORPUS.jsonl here); "
         "rerun with the same journal to resume",
+    )
+    ingest.add_argument(
+        "--idle-timeout-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="fail a file that makes no progress for MS milliseconds (TIMEOUT, idle-timeout) "
+        "and go on with the next; as the HTTP ingest's idleTimeoutMs",
     )
 
     inspect_cli.add_commands(commands)

@@ -154,6 +154,10 @@ def run_ingest(
 ) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    idle_ms: int | None = getattr(args, "idle_timeout_ms", None)
+    if idle_ms is not None and idle_ms < 1:
+        print("retrieval-host: --idle-timeout-ms must be a positive number", file=err)
+        return 2
     plan = plan_files(args.paths)
     if plan.missing:
         for path in plan.missing:
@@ -190,6 +194,7 @@ def run_ingest(
                 on_item=display.finished,
                 root=plan.root,
                 deadline_s=settings.limits.ingest_deadline_s,
+                idle_timeout_s=None if idle_ms is None else idle_ms / 1000,
             )
     except JournalInUseError as exc:
         print(f"retrieval-host: {exc}", file=err)
