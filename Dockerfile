@@ -9,6 +9,7 @@
 
 ARG BASE_IMAGE=debian:bookworm-slim
 
+# checkov:skip=CKV_DOCKER_7: the base is the ARG above, a release tag (pin it by digest), not latest
 FROM ${BASE_IMAGE} AS build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Versions come from the pinned base image's release; see .hadolint.yaml (DL3008).
