@@ -356,3 +356,21 @@ def test_a_host_without_the_console_serves_none_and_refuses_its_own_origin(
         )
         assert own.status_code == 403
         assert own.json()["reason"] == "origin-not-allowed"
+
+
+def test_an_ingest_the_host_refuses_is_an_error_in_words(
+    browser: Browser, console: Console
+) -> None:
+    page, _ = _open(browser, console)
+    _sign_in(page, console.token)
+    expect(page.locator("#corpora")).to_be_visible()
+    page.get_by_role("link", name="Ingest").click()
+    sheet = FilePayload(
+        name="budget.xlsx", mimeType="application/vnd.ms-excel", buffer=b"PK\x03\x04"
+    )
+    page.locator("input[type=file]").set_input_files(files=[sheet])
+    page.get_by_role("button", name="Ingest").click()
+    expect(page.locator("#ingest-phase")).to_have_text("failed")
+    expect(page.locator("#error")).to_contain_text("UNSUPPORTED_MEDIA_TYPE")
+    _shot(page, "15-ingest-refused")
+    page.context.close()
