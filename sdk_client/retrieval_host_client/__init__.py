@@ -82,6 +82,7 @@ from retrieval_host_client.models import (
 from retrieval_host_client.run_models import (
     ManifestEntry,
     OutputArtifactSpec,
+    RawHit,
     Receipt,
     RunCompletedEvent,
     RunDeltaEvent,
@@ -145,6 +146,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolInfo",
     "ProviderFailedError",
+    "RawHit",
     "Receipt",
     "RequestCancelledError",
     "RerankFailedError",

@@ -149,6 +149,13 @@ class ManifestEntry(_Response):
     location: Location
 
 
+class RawHit(_Response):
+    """One hit of a run's search as the search returned it."""
+
+    chunk_id: str
+    score: float
+
+
 class Receipt(_Response):
     """One retrieval attempt inside a run, failed attempts included."""
 
@@ -167,6 +174,9 @@ class Receipt(_Response):
     # What the application's effects returned after the search, by name; the one that failed.
     extensions: dict[str, JsonValue] = Field(default_factory=dict)
     effect_error: dict[str, str] | None = None
+    # The raw result: every hit the search returned, in order, with its score (`source_ids`
+    # is what of it joined the run's evidence); empty for runs recorded before.
+    raw_hits: list[RawHit] = Field(default_factory=list)
 
 
 class RetrievalState(_Response):

@@ -485,6 +485,14 @@ def test_a_model_asking_for_five_searches_under_a_quota_of_two_gets_two(
     # The query as the model sent it, beside the normalized one; successes numbered apart.
     assert receipts[2]["rawQuery"] == "  Wind FARM   output "
     assert [r["success"] for r in receipts] == [1, 2, None, None, None]
+    # The raw result beside the request-scoped one: every hit the search returned, in order,
+    # with its score; what joined the run's evidence is `sourceIds`, a subset of it.
+    for receipt in receipts[:2]:
+        raw = receipt["rawHits"]
+        assert raw and [h["score"] for h in raw] == sorted((h["score"] for h in raw), reverse=True)
+        assert set(receipt["sourceIds"]) <= {h["chunkId"] for h in raw}
+        assert receipt["searchMode"] == "hybrid"
+    assert all(r["rawHits"] == [] for r in receipts[2:])
     assert [r["outcome"] for r in receipts][2:] == ["duplicate", "quota-exceeded", "quota-exceeded"]
     # The run's retrieval state at its end: the quota used, the keys seen, the sources.
     state = result["state"]

@@ -155,6 +155,14 @@ class ManifestEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class RawHit:
+    """One hit of a search as it returned it: the passage and its (final) score."""
+
+    chunk_id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
 class Receipt:
     """What one retrieval attempt inside a run did (failed attempts too)."""
 
@@ -175,6 +183,10 @@ class Receipt:
     # that failed (name and error), which stopped the later ones.
     extensions: Mapping[str, JSONValue] = field(default_factory=dict)
     effect_error: Mapping[str, str] | None = None
+    # The raw result: every hit the search returned, in its order, with its score (passages
+    # already in the evidence or past the run's byte budget included); `source_ids` is what of
+    # it joined the run. Empty for receipts recorded before receipts kept it.
+    raw_hits: Sequence[RawHit] = field(default_factory=list)
 
     @property
     def outcome(self) -> ReceiptOutcome:

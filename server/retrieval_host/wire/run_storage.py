@@ -29,7 +29,7 @@ and keep a reader for every older one (tests/wire/test_run_storage.py pins each)
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -43,6 +43,7 @@ from retrieval_host.core.runs_model import (
     ManifestEntry,
     OutputArtifact,
     QuoteCheck,
+    RawHit,
     Receipt,
     RetrievalState,
     RunResult,
@@ -51,6 +52,10 @@ from retrieval_host.core.runs_model import (
 
 FORMAT: Final = "retrieval-host/run-result"
 STORAGE_VERSION: Final = 2
+
+
+def _raw_hits(hits: Sequence[RawHit]) -> list[list[object]]:
+    return [[h.chunk_id, h.score] for h in hits]
 
 
 def encode_result(result: RunResult) -> str:
@@ -94,6 +99,7 @@ def encode_result(result: RunResult) -> str:
                 "success": r.success,
                 "extensions": dict(r.extensions),
                 "effect_error": None if r.effect_error is None else dict(r.effect_error),
+                "raw_hits": _raw_hits(r.raw_hits),
             }
             for r in result.receipts
         ],
@@ -199,6 +205,7 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
                 success=r.get("success"),
                 extensions=dict(r.get("extensions") or {}),
                 effect_error=r.get("effect_error"),
+                raw_hits=[RawHit(str(c), float(v)) for c, v in r.get("raw_hits") or ()],
             )
             for r in body["receipts"]
         ],

@@ -151,6 +151,7 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
                 "success": r.success,
                 "extensions": dict(r.extensions),
                 "effectError": None if r.effect_error is None else dict(r.effect_error),
+                "rawHits": [{"chunkId": h.chunk_id, "score": h.score} for h in r.raw_hits],
             }
             for r in result.receipts
         ],

@@ -24,7 +24,13 @@ from retrieval_host.core.models import Hit, JSONValue, SearchRequest, SearchResu
 from retrieval_host.core.run_ports import EvidencePassage, Message, ToolCall, ToolSpec
 from retrieval_host.core.runs.generation import StepOutput, ToolRound
 from retrieval_host.core.runs.state import ActiveRun
-from retrieval_host.core.runs_model import Receipt, ReceiptStatus, RunProgress, RunRetrieval
+from retrieval_host.core.runs_model import (
+    RawHit,
+    Receipt,
+    ReceiptStatus,
+    RunProgress,
+    RunRetrieval,
+)
 from retrieval_host.core.service import RetrievalService
 
 SEARCH_TOOL = ToolSpec(
@@ -86,6 +92,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         *,
         extensions: Mapping[str, JSONValue] | None = None,
         effect_error: Mapping[str, str] | None = None,
+        raw: Sequence[Hit] = (),
         append: bool = True,
     ) -> Receipt:
         success = run.successes if status == "ok" else None
@@ -102,6 +109,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
             success=success,
             extensions=dict(extensions or {}),
             effect_error=effect_error,
+            raw_hits=[RawHit(h.chunk_id, h.score) for h in raw],
         )
         if not append:
             return r
@@ -194,8 +202,9 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         run.context_bytes += len(hit.text.encode("utf-8"))
     # effects: the application's, in order, after the success; a failure stops the rest
     ids = [h.chunk_id for h in result.hits if h.chunk_id in run.evidence]
-    extensions, effect_error = _effects(run, receipt("ok", ids, append=False), result.hits)
-    return receipt("ok", ids, extensions=extensions, effect_error=effect_error)
+    done = receipt("ok", ids, raw=result.hits, append=False)
+    extensions, effect_error = _effects(run, done, result.hits)
+    return receipt("ok", ids, extensions=extensions, effect_error=effect_error, raw=result.hits)
 
 
 def _effects(
