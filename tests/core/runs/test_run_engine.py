@@ -50,6 +50,7 @@ from retrieval_host.core.runs_model import (
     RunRetrieval,
     RunStarted,
 )
+from retrieval_host.core.service import RetrievalService
 from retrieval_host_client import validate_source_citations
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
 from tests.support.fake_rerank import RERANK_MODEL, FakeReranker
@@ -738,3 +739,80 @@ def test_effects_run_in_order_after_each_success_and_a_failing_one_stops_the_res
     )
     again = one_key.run(RunRequest(provider="local", model="m", input="q", retrieval=spec), ALICE)
     assert [r.status for r in again.receipts] == ["ok", "duplicate", "duplicate"]
+
+
+def test_a_failed_attempt_keeps_its_key_and_the_same_query_is_not_retried(
+    run_world: RunWorld,
+) -> None:
+    class FailsFirst:
+        """A retriever whose first search fails; the rest go to the corpus's search."""
+
+        def __init__(self, service: RetrievalService) -> None:
+            self.service = service
+            self.calls: list[str] = []
+
+        def search(self, request: SearchRequest, context: RequestContext) -> SearchResult:
+            self.calls.append(request.query)
+            if len(self.calls) == 1:
+                raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "The embedding service failed.")
+            return self.service.search_context(request, context)
+
+    class AsksTwiceThenElse:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            if request.step == 1:
+                for i, q in enumerate(["battery", " Battery ", "solar"]):
+                    yield ToolCallRequested(
+                        ToolCall(f"c{i}", "search_context", json.dumps({"query": q}))
+                    )
+            else:
+                yield TextDelta(
+                    "done " + " ".join(f"[source:{p.handle}]" for p in request.evidence)
+                )
+
+    retriever = FailsFirst(run_world.service)
+    engine = RunEngine(
+        run_world.service, {"local": AsksTwiceThenElse()}, run_world.runs, retriever=retriever
+    )
+    request = RunRequest(
+        provider="local",
+        model="m",
+        input="q",
+        retrieval=RunRetrieval(corpus="library", mode="tool", max_queries=3, limit=1),
+    )
+    result = engine.run(request, ALICE)
+    receipts = result.receipts
+    assert [(r.status, r.error_code) for r in receipts] == [
+        ("failed", "EMBEDDING_FAILED"),
+        ("duplicate", None),
+        ("ok", None),
+    ]
+    assert receipts[0].key == receipts[1].key  # the failed attempt kept its key
+    assert retriever.calls == ["battery", "solar"]  # and was not retried
+    assert [r.success for r in receipts] == [None, None, 1]
+
+
+def test_the_citation_check_comes_before_the_applications_verifier(run_world: RunWorld) -> None:
+    class CitesNothing:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            yield TextDelta("An answer with no citation.")
+
+    judge = Judge("accept")
+    engine = RunEngine(run_world.service, {"local": CitesNothing()}, run_world.runs, verifier=judge)
+    with pytest.raises(RetrievalError) as info:
+        engine.run(_before(citations=CitationPolicy(require=True)), ALICE)
+    assert info.value.code is ErrorCode.INVALID_CITATION
+    assert judge.seen == []  # a failed check ends the run before the verifier is asked
+    cited = RunEngine(
+        run_world.service, {"local": ExtractiveProvider()}, run_world.runs, verifier=judge
+    )
+    done = cited.run(_before(citations=CitationPolicy(require=True)), ALICE)
+    assert done.citations is not None and done.citations.failure is None
+    assert len(judge.seen) == 1 and done.verification == "accepted"
