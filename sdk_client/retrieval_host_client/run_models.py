@@ -10,6 +10,7 @@ from retrieval_host_client.models import (
     NOT_BLANK,
     TEXT_PATTERN,
     EmbeddingUsage,
+    Filters,
     Identifier,
     Limit,
     Location,
@@ -75,6 +76,8 @@ class RunRetrieval(_Request):
     max_rerank_calls: Annotated[int, Field(ge=0, le=16), BeforeValidator(_integral)] = 3
     # Each search reads only revisions committed at most this many seconds ago.
     max_age_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    # Each search keeps only sources whose metadata pass these filters (as a search's).
+    filters: Filters | None = None
 
 
 class OutputArtifactSpec(_Request):

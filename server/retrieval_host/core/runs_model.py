@@ -47,6 +47,8 @@ class RunRetrieval:
     max_rerank_calls: int = 3
     # Each search reads only revisions committed at most this many seconds ago.
     max_age_s: float | None = None
+    # Each search's metadata filters (`SearchRequest.filters`, checked when the run starts).
+    filters: Mapping[str, JSONValue] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,15 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import (
+    ChunkInput,
     EmbeddingUsage,
     Hit,
+    IndexRequest,
     JSONValue,
     Location,
     SearchRequest,
     SearchResult,
+    SourceInfo,
 )
 from retrieval_host.core.run_ports import (
     EvidencePassage,
@@ -59,12 +62,16 @@ from tests.support.run_engine import DOCS, RunWorld, open_run_world
 ALICE = RequestContext("alice")
 
 
-def _before(query: str = "How long does the battery last?", **kw: object) -> RunRequest:
+def _before(
+    query: str = "How long does the battery last?",
+    retrieval_filters: dict[str, JSONValue] | None = None,
+    **kw: object,
+) -> RunRequest:
     return RunRequest(
         provider="local",
         model="extractive",
         input=query,
-        retrieval=RunRetrieval(corpus="library"),
+        retrieval=RunRetrieval(corpus="library", filters=retrieval_filters),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -401,7 +408,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
 
     request = _before(idempotency_key="k")
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
-    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s"):
+    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters"):
         del body["retrieval"][name]
     for name in ("citations", "max_tokens", "fallbacks"):  # added after them, at the top
         del body[name]
@@ -412,6 +419,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
         RunRetrieval(corpus="library", rerank=False),
         RunRetrieval(corpus="library", max_rerank_calls=1),
         RunRetrieval(corpus="library", max_age_s=60.0),
+        RunRetrieval(corpus="library", filters={"team": "energy"}),
     ):
         other = dataclasses.replace(request, retrieval=changed)
         assert request_fingerprint(other) != request_fingerprint(request)
@@ -816,3 +824,25 @@ def test_the_citation_check_comes_before_the_applications_verifier(run_world: Ru
     done = cited.run(_before(citations=CitationPolicy(require=True)), ALICE)
     assert done.citations is not None and done.citations.failure is None
     assert len(judge.seen) == 1 and done.verification == "accepted"
+
+
+def test_a_runs_searches_apply_its_metadata_filters(run_world: RunWorld) -> None:
+    run_world.service.index_context(
+        IndexRequest(
+            "library",
+            SourceInfo("solar", "r2", title="Solar", metadata={"team": "energy"}),
+            [ChunkInput("solar-1", DOCS["solar"])],
+        ),
+        ALICE,
+    )
+    run_world.acl.search["solar"] = "r2"
+    unfiltered = run_world.engine.run(_before(), ALICE)
+    assert {s.source_id for s in unfiltered.sources} > {"solar"}
+    energy = run_world.engine.run(_before(retrieval_filters={"team": "energy"}), ALICE)
+    assert {s.source_id for s in energy.sources} == {"solar"}
+    with pytest.raises(RetrievalError) as none:
+        run_world.engine.run(_before(retrieval_filters={"team": "legal"}), ALICE)
+    assert none.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+    with pytest.raises(RetrievalError) as malformed:
+        run_world.engine.run(_before(retrieval_filters={"team": {"near": 1}}), ALICE)
+    assert malformed.value.code is ErrorCode.INVALID_REQUEST  # refused before any search

@@ -8,6 +8,7 @@ from dataclasses import asdict, replace
 
 from retrieval_host.core.descriptor import check_label
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.models import SEARCH_MODES
 from retrieval_host.core.runs_model import Fallbacks, RunRequest
 
@@ -20,6 +21,7 @@ _ADDED_RETRIEVAL_DEFAULTS = {
     "rerank": None,
     "max_rerank_calls": 3,
     "max_age_s": None,
+    "filters": None,
 }
 
 
@@ -74,3 +76,5 @@ def check_run_request(request: RunRequest) -> None:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, "searchMode must be hybrid, dense or lexical."
         )
+    if r is not None and r.filters is not None:
+        parse_filter(r.filters)  # a malformed filter refuses the run, not each of its searches

@@ -176,6 +176,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
             mode=spec.search_mode,
             rerank=reranks,
             max_age_s=spec.max_age_s,
+            filters=None if spec.filters is None else dict(spec.filters),
         )
         if run.retriever is None:
             result = service.search_context(search, scoped)
