@@ -846,3 +846,25 @@ def test_a_runs_searches_apply_its_metadata_filters(run_world: RunWorld) -> None
     with pytest.raises(RetrievalError) as malformed:
         run_world.engine.run(_before(retrieval_filters={"team": {"near": 1}}), ALICE)
     assert malformed.value.code is ErrorCode.INVALID_REQUEST  # refused before any search
+
+
+def test_each_receipt_keeps_the_time_its_attempt_started(run_world: RunWorld) -> None:
+    ticks = iter(range(1000))
+    times: list[str] = []
+
+    def clock() -> str:
+        times.append(f"2026-01-01T00:00:{next(ticks):02d}.000Z")
+        return times[-1]
+
+    engine = RunEngine(run_world.service, {"local": AsksThreeTimes()}, run_world.runs, clock=clock)
+    request = RunRequest(
+        provider="local",
+        model="m",
+        input="q",
+        retrieval=RunRetrieval(corpus="library", mode="tool", max_queries=3, limit=1),
+    )
+    result = engine.run(request, ALICE)
+    started = [r.started_at for r in result.receipts]
+    assert len(started) == 3 and started == sorted(set(started))  # one reading per attempt
+    assert set(started) <= set(times)
+    assert result.created_at < started[0]  # read when each attempt began, after the run's
