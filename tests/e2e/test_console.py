@@ -374,3 +374,34 @@ def test_an_ingest_the_host_refuses_is_an_error_in_words(
     expect(page.locator("#error")).to_contain_text("UNSUPPORTED_MEDIA_TYPE")
     _shot(page, "15-ingest-refused")
     page.context.close()
+
+
+def _tab_to(page: Page, name: str, limit: int = 20) -> None:
+    """Press Tab until the focused element's accessible text is `name`."""
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        focused = page.evaluate(
+            "() => (document.activeElement.labels && document.activeElement.labels[0]"
+            " ? document.activeElement.labels[0].textContent"
+            " : document.activeElement.textContent || '').trim()"
+        )
+        if focused.startswith(name):
+            return
+    raise AssertionError(f"Tab never reached {name!r}")
+
+
+def test_the_console_works_from_the_keyboard_alone(browser: Browser, console: Console) -> None:
+    page, _ = _open(browser, console)
+    _sign_in(page, console.token)
+    expect(page.locator("#corpora")).to_be_visible()
+    _tab_to(page, "Search")
+    page.keyboard.press("Enter")
+    expect(page.get_by_label("Query")).to_be_visible()
+    _tab_to(page, "Query")
+    page.keyboard.type("rotate a token")
+    page.keyboard.press("Enter")  # submits the form
+    expect(page.locator(".hit").first).to_be_visible()
+    _tab_to(page, "Open the passage in its source")
+    page.keyboard.press("Enter")
+    expect(page.locator("#cited")).to_be_visible()
+    page.context.close()
