@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -868,3 +870,34 @@ def test_each_receipt_keeps_the_time_its_attempt_started(run_world: RunWorld) ->
     assert len(started) == 3 and started == sorted(set(started))  # one reading per attempt
     assert set(started) <= set(times)
     assert result.created_at < started[0]  # read when each attempt began, after the run's
+
+
+def test_evidence_that_ages_past_max_age_before_recording_counts_as_unavailable(
+    run_world: RunWorld,
+) -> None:
+    later = [0.0]
+
+    def clock() -> str:
+        moment = datetime.now(UTC) + timedelta(seconds=later[0])
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    class TakesTwoDays:
+        """Answers, citing its evidence, while two days pass on the run's clock."""
+
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            later[0] = 2 * 86_400.0
+            yield TextDelta(" ".join(f"[source:{p.handle}]" for p in request.evidence))
+
+    engine = RunEngine(run_world.service, {"local": TakesTwoDays()}, run_world.runs, clock=clock)
+    fresh_for_an_hour = RunRetrieval(corpus="library", max_age_s=3600.0)
+    request = RunRequest("local", "m", "How long does the battery last?", fresh_for_an_hour)
+    with pytest.raises(RetrievalError) as stale:
+        engine.run(request, ALICE)  # fresh when found, stale when the answer is recorded
+    assert stale.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    later[0] = 0.0
+    no_bound = dataclasses.replace(request, retrieval=RunRetrieval(corpus="library"))
+    assert engine.run(no_bound, ALICE).sources  # without maxAgeS, age never matters

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import source_unavailable
 from retrieval_host.core.evidence import fence
+from retrieval_host.core.freshness import fresh_revisions
 from retrieval_host.core.run_ports import EvidencePassage
 from retrieval_host.core.runs.state import ActiveRun
 from retrieval_host.core.runs_model import RunProgress, RunResult, RunRetrieval
@@ -41,11 +42,16 @@ def render_tool(
 
 def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
     """Re-authorize the run's evidence: drop revoked passages (`drop`), or fail the run with
-    `SOURCE_UNAVAILABLE` if any was revoked."""
+    `SOURCE_UNAVAILABLE` if any was revoked. With `maxAgeS`, a passage whose revision is no
+    longer fresh enough now (by the run's clock) counts as revoked: it was fresh when found."""
     run.emit(RunProgress("retrieval.authorization", {"check": "evidence", "corpus": spec.corpus}))
     ids = sorted({p.source_id for p in run.evidence.values()})
     grant = run.service.current_grant(spec.corpus, ids, run.context)
     allowed = dict(grant.sources) if grant is not None else {}
+    if grant is not None and spec.max_age_s is not None and allowed:
+        corpus = run.service.corpus(spec.corpus)
+        indexed = corpus.store.indexed_at(corpus.id, grant.namespace, allowed.keys())
+        allowed = fresh_revisions(allowed, indexed, run.clock(), spec.max_age_s)
     revoked = [h for h, p in run.evidence.items() if allowed.get(p.source_id) != p.revision]
     if revoked and not drop:
         raise source_unavailable()
