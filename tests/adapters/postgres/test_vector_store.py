@@ -138,7 +138,7 @@ def test_the_vector_and_run_stores_share_one_schema(pg_dsn: str, pg_schema: str)
                 sql.Identifier(pg_schema)
             )
         ).fetchall()
-    assert rows == [("run-store", 2), ("vector-store", VECTOR_SCHEMA_VERSION)]
+    assert rows == [("run-store", 3), ("vector-store", VECTOR_SCHEMA_VERSION)]
 
 
 def test_a_role_that_cannot_create_pgvector_gets_a_typed_error(pg_dsn: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from retrieval_host.adapters.postgres.pool import Connection
 from retrieval_host.adapters.postgres.schema import TERM_COPY_TYPES, schema_sql
-from retrieval_host.adapters.postgres.search import granted_sources, searchable_grant
+from retrieval_host.adapters.postgres.search import granted_sources, pk_array, searchable_grant
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.filters import MetadataFilter
@@ -223,7 +223,7 @@ def lexical_search(
             "FROM unnest(%s::text[], %s::float8[]) AS w (term, weight) "
             "JOIN {s}.chunk_terms t ON t.space_pk = %s AND t.term = w.term "
             "JOIN {s}.chunks c ON c.id = t.chunk_pk "
-            "WHERE c.source_pk = ANY(%s) GROUP BY t.chunk_pk) r "
+            "WHERE c.source_pk = ANY(%s::bigint[]) GROUP BY t.chunk_pk) r "
             "JOIN {s}.chunks c ON c.id = r.chunk_pk JOIN {s}.sources s ON s.id = c.source_pk "
             'ORDER BY r.score DESC, c.chunk_id COLLATE "C" LIMIT %s',
         ),
@@ -235,7 +235,7 @@ def lexical_search(
             [t for t, _ in weighted],
             [w for _, w in weighted],
             space_pk,
-            [pk for pk, _ in sources],
+            pk_array(pk for pk, _ in sources),
             k,
         ),
         prepare=False,
