@@ -163,10 +163,12 @@ class Searcher:
         rows = conn.execute(
             sql.SQL(
                 "SELECT c.id, c.source_pk, c.ordinal, c.embedding FROM {s}.chunks c "
-                "WHERE c.dimensions = {d} AND c.source_pk = ANY(%s::bigint[]) "
+                "WHERE c.dimensions = {d} AND c.source_pk = ANY(%s) "
                 "ORDER BY c.embedding::vector({d}) <=> %s::vector({d}) LIMIT %s"
             ).format(s=sql.Identifier(self._schema), d=sql.Literal(dims)),
-            (pk_array(pk for pk, _ in sources), query, k),
+            # A typed list, not `pk_array`: the planner must see the array's length to
+            # choose the HNSW index (a text cast to bigint[] hides it).
+            ([pk for pk, _ in sources], query, k),
             binary=True,  # vectors in binary: parsing their text form costs milliseconds
             prepare=False,
         ).fetchall()
