@@ -154,9 +154,14 @@ class Searcher:
         cancel: CancelToken,
     ) -> list[Scored]:
         self._check(cancel)
+        # `enable_sort` off for this transaction: the store has decided on the index (by the
+        # grant's row count), and the planner must not trade it for a filtered scan plus a
+        # sort. Left to itself its choice flipped with the table statistics of the moment
+        # (autovacuum's ANALYZE), so the same search used the index or not by timing.
         conn.execute(
             "SELECT set_config('hnsw.ef_search', %s, true), "
-            "set_config('hnsw.iterative_scan', %s, true)",
+            "set_config('hnsw.iterative_scan', %s, true), "
+            "set_config('enable_sort', 'off', true)",
             (str(self._ef_search), "relaxed_order" if self._iterative else "off"),
         )
         # The dimension is a literal so the planner can match the partial expression index.
