@@ -282,3 +282,44 @@ def test_stored_descriptor_is_what_the_first_open_stored(harness: StoreHarness) 
     assert store.stored_descriptor("c1") == descriptor("c1").canonical_json()
     assert harness.open().stored_descriptor("c1") == descriptor("c1").canonical_json()
     assert store.stored_descriptor("c2") is None
+
+
+# --- scoring named passages (hybrid fusion's other mode) --------------------------------------
+
+
+def test_scores_of_named_passages_equal_what_the_searches_gave_them(store: ContractStore) -> None:
+    grant = load(store)
+    terms = query_terms("virus cells")
+    query = unit_vectors(np.random.default_rng(7), 1)[0]
+    everything = store.search("c1", "ns", grant, query, 100, CancelToken())
+    assert len(everything) == sum(len(t) for t in DOCS.values())
+    ranked = {h.chunk_id: h.score for h in lexical(store, grant, "virus cells", k=100)}
+    dense = store.dense_scores("c1", "ns", everything, query, CancelToken())
+    lexical_values = store.lexical_scores("c1", "ns", everything, terms, CancelToken())
+    np.testing.assert_allclose(dense, [h.score for h in everything], atol=1e-6)
+    # A passage holding no query term scores 0 (the search leaves it out).
+    expected = [ranked.get(h.chunk_id, 0.0) for h in everything]
+    assert 0.0 in expected and len(ranked) >= 3
+    np.testing.assert_allclose(lexical_values, expected, atol=1e-9)
+
+
+def test_a_passage_not_held_at_its_revision_scores_none(store: ContractStore) -> None:
+    grant = load(store)
+    query = unit_vectors(np.random.default_rng(7), 1)[0]
+    hits = store.search("c1", "ns", grant, query, 100, CancelToken())
+    put(store, "heart", "r2", ["Heart cells again, rewritten."], expected="r1")
+    elsewhere = replace(hits[0], chunk_id="no-such-passage")
+    named = [*hits, elsewhere]
+    dense = store.dense_scores("c1", "ns", named, query, CancelToken())
+    lexical_values = store.lexical_scores(
+        "c1", "ns", named, query_terms("heart cells"), CancelToken()
+    )
+    for values in (dense, lexical_values):
+        gone = [h.source_id == "heart" for h in hits] + [True]
+        assert [v is None for v in values] == gone
+    # Another namespace holds none of them.
+    assert store.dense_scores("c1", "other", hits, query, CancelToken()) == [None] * len(hits)
+    assert store.lexical_scores("c1", "other", hits, query_terms("cells"), CancelToken()) == [
+        None
+    ] * len(hits)
+    assert store.dense_scores("c1", "ns", [], query, CancelToken()) == []

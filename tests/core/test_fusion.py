@@ -7,7 +7,7 @@ import math
 import pytest
 
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.fusion import FusionSettings, fuse, single
+from retrieval_host.core.fusion import FusionSettings, fuse, missing, single
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate
 
@@ -67,3 +67,34 @@ def test_a_single_mode_keeps_the_store_order_and_names_its_score() -> None:
 def test_invalid_fusion_settings_are_refused(settings: dict[str, object]) -> None:
     with pytest.raises(RetrievalError):
         FusionSettings(**settings)  # type: ignore[arg-type]
+
+
+def test_convex_fusion_uses_the_scores_the_store_gave_a_missing_mode() -> None:
+    dense = [cand("a", 0.9), cand("b", 0.5)]
+    lexical = [cand("c", 10.0), cand("a", 5.0)]
+    # b scored lexically by the store (2.0), c densely (0.7); x was in neither list: ignored.
+    completed = {"dense": {"c": 0.7, "x": 0.99}, "lexical": {"b": 2.0, "x": 50.0}}
+    fused = fuse(dense, lexical, FusionSettings(), completed)
+    # dense over {a 0.9, b 0.5, c 0.7}; lexical over {c 10, a 5, b 2}
+    expected = {
+        "a": 0.45 * 1.0 + 0.55 * (3.0 / 8.0),
+        "b": 0.45 * 0.0 + 0.55 * 0.0,
+        "c": 0.45 * 0.5 + 0.55 * 1.0,
+    }
+    assert [r.candidate.chunk_id for r in fused] == ["c", "a", "b"]
+    for r in fused:
+        assert math.isclose(r.candidate.score, expected[r.candidate.chunk_id])
+    by_id = {r.candidate.chunk_id: dict(r.scores) for r in fused}
+    assert by_id["b"] == {"dense": 0.5, "lexical": 2.0}
+    assert by_id["c"] == {"dense": 0.7, "lexical": 10.0}
+    # Without the store's scores, a missing mode counts 0 after scaling (c: 0.55 only).
+    bare = {r.candidate.chunk_id: r.candidate.score for r in fuse(dense, lexical, FusionSettings())}
+    assert math.isclose(bare["c"], 0.55)
+
+
+def test_missing_names_the_candidates_each_mode_did_not_rank() -> None:
+    no_dense, no_lexical = missing(
+        [cand("a", 0.9), cand("b", 0.5)], [cand("c", 1.0), cand("a", 0.5)]
+    )
+    assert [c.chunk_id for c in no_dense] == ["c"]
+    assert [c.chunk_id for c in no_lexical] == ["b"]

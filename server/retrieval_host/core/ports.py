@@ -284,6 +284,33 @@ class VectorStore(Protocol):
         """
         ...
 
+    def dense_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        query: Vectors,
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """The score `search` gives each of `passages` for `query` (equal within 1e-6), in
+        their order; None for a passage whose source is no longer stored at the candidate's
+        revision in the namespace. The passages are the caller's own candidates, drawn from
+        an authorized search: hybrid fusion scores every candidate in both modes with this
+        and `lexical_scores`. One statement (or one capture) however many passages."""
+        ...
+
+    def lexical_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        terms: Sequence[str],
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """The BM25 score `lexical_search` gives each of `passages` for `terms` (the same
+        statistics; 0.0 when no term matches), in their order; None as in `dense_scores`."""
+        ...
+
     @property
     def reclamation(self) -> str:
         """What a delete does to stored bytes: `overwritten`, `pending` or `unknown`."""

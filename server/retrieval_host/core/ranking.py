@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.filters import MetadataFilter
-from retrieval_host.core.fusion import Ranked, fuse, single
+from retrieval_host.core.fusion import Ranked, fuse, missing, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
 from retrieval_host.core.ports import Candidate, RankingPolicy
@@ -38,40 +38,46 @@ def rank(
     # Hybrid takes more candidates from each ranking than it returns: fusion reorders them.
     depth = max(wanted, corpus.fusion.candidates) if request.mode == "hybrid" else wanted
     context.cancel.check()
+    store, terms = corpus.store, query_terms(request.query)
+    vector = None
     if request.mode != "lexical":
         context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
         batch = queries.embed(request.query, context.subject, context.cancel)
         usage = batch.usage
+        vector = batch.vectors[0]
         context.cancel.progress()
         context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
-        dense = corpus.store.search(
-            corpus.id,
-            namespace,
-            allowed,
-            batch.vectors[0],
-            depth,
-            context.cancel,
-            where,
-        )
+        dense = store.search(corpus.id, namespace, allowed, vector, depth, context.cancel, where)
         context.cancel.progress()
     if request.mode != "dense":
         if request.mode == "lexical":
             context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
-        lexical = corpus.store.lexical_search(
-            corpus.id,
-            namespace,
-            allowed,
-            query_terms(request.query),
-            depth,
-            context.cancel,
-            where,
+        lexical = store.lexical_search(
+            corpus.id, namespace, allowed, terms, depth, context.cancel, where
         )
         context.cancel.progress()
     if request.mode == "dense":
         return single("dense", dense), usage
     if request.mode == "lexical":
         return single("lexical", lexical), usage
-    return fuse(dense, lexical, corpus.fusion)[:wanted], usage
+    completed: dict[str, dict[str, float]] = {}
+    if corpus.fusion.method == "convex" and vector is not None:
+        # Every candidate scored in both modes: the store scores, in the mode that did not
+        # rank it, each candidate drawn from the other (already authorized) list.
+        no_dense, no_lexical = missing(dense, lexical)
+        if no_dense:
+            values = store.dense_scores(corpus.id, namespace, no_dense, vector, context.cancel)
+            completed["dense"] = _known(no_dense, values)
+        if no_lexical:
+            values = store.lexical_scores(corpus.id, namespace, no_lexical, terms, context.cancel)
+            completed["lexical"] = _known(no_lexical, values)
+        context.cancel.progress()
+    return fuse(dense, lexical, corpus.fusion, completed, wanted), usage
+
+
+def _known(passages: Sequence[Candidate], values: Sequence[float | None]) -> dict[str, float]:
+    """Chunk id -> the score the store gave it, for those it still holds."""
+    return {p.chunk_id: v for p, v in zip(passages, values, strict=True) if v is not None}
 
 
 def apply_policy(

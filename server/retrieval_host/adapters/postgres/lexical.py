@@ -23,11 +23,18 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
+
+from psycopg import sql
 
 from retrieval_host.adapters.postgres.pool import Connection
 from retrieval_host.adapters.postgres.schema import TERM_COPY_TYPES, schema_sql
-from retrieval_host.adapters.postgres.search import granted_sources, pk_array, searchable_grant
+from retrieval_host.adapters.postgres.search import (
+    granted_sources,
+    held_passages,
+    pk_array,
+    searchable_grant,
+)
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.filters import MetadataFilter
@@ -161,23 +168,14 @@ def backfill(conn: Connection, schema: str, stored_version: int) -> None:
     )
 
 
-def lexical_search(
-    conn: Connection,
-    schema: str,
-    descriptor: CorpusDescriptor,
-    namespace: str,
-    allowed: Mapping[str, str],
-    terms: Sequence[str],
-    k: int,
-    cancel: CancelToken,
-    filters: MetadataFilter | None,
-) -> list[Candidate]:
-    """`PgVectorStore.lexical_search` on a connection already in a read-only snapshot."""
-    corpus = descriptor.corpus_id
-    pairs = searchable_grant(corpus, namespace, allowed)
+def _weights(
+    conn: Connection, schema: str, corpus: str, namespace: str, terms: Sequence[str]
+) -> tuple[int, float, list[tuple[str, float]]] | None:
+    """The namespace's lexical space id, average passage length, and each query term with
+    its weight (occurrences x idf); None when nothing can match."""
     counts = Counter(t for t in terms if "\x00" not in t)
-    if k <= 0 or not pairs or not counts:
-        return []
+    if not counts:
+        return None
     stats = conn.execute(
         schema_sql(
             schema,
@@ -187,12 +185,8 @@ def lexical_search(
         (corpus, namespace),
     ).fetchone()
     if stats is None or int(stats[1]) == 0:
-        return []
+        return None
     space_pk, passages, average = int(stats[0]), int(stats[1]), int(stats[2]) / int(stats[1])
-    sources = granted_sources(conn, schema, corpus, namespace, pairs, filters)
-    if not sources:
-        return []
-    cancel.check()
     query = list(counts)
     df = {
         str(term): int(n)
@@ -207,34 +201,77 @@ def lexical_search(
         )
     }
     weighted = [(t, counts[t] * Bm25.idf(df[t], passages)) for t in query if df.get(t)]
-    if not weighted:
+    return (space_pk, average, weighted) if weighted else None
+
+
+# The BM25 sum of one passage over the query terms it holds. The same operations, in the same
+# order (terms summed in code point order, `term` being COLLATE "C"), as `sqlite.lexicon.score`:
+# both stores give bit-equal scores. Parameters: k1, 1 - b, b, average length, terms, weights,
+# space id.
+_BM25_SUM: Final = (
+    "SELECT t.chunk_pk, sum(w.weight * (t.tf / (t.tf + %s * (%s + %s * c.term_count "
+    "/ %s))) ORDER BY t.term) AS score "
+    "FROM unnest(%s::text[], %s::float8[]) AS w (term, weight) "
+    "JOIN {s}.chunk_terms t ON t.space_pk = %s AND t.term = w.term "
+    "JOIN {s}.chunks c ON c.id = t.chunk_pk"
+)
+
+
+def _bm25_sql(schema: str, template: str) -> sql.Composed:
+    """`template` with `{bm25}` standing for `_BM25_SUM` and `{s}` for the schema."""
+    schema_name = sql.Identifier(schema)
+    return sql.SQL(template).format(bm25=sql.SQL(_BM25_SUM).format(s=schema_name), s=schema_name)
+
+
+def _bm25_params(
+    descriptor: CorpusDescriptor, space_pk: int, average: float, weighted: list[tuple[str, float]]
+) -> tuple[object, ...]:
+    lexical = descriptor.lexical
+    return (
+        float(lexical.k1),
+        1.0 - lexical.b,
+        float(lexical.b),
+        average,
+        [t for t, _ in weighted],
+        [w for _, w in weighted],
+        space_pk,
+    )
+
+
+def lexical_search(
+    conn: Connection,
+    schema: str,
+    descriptor: CorpusDescriptor,
+    namespace: str,
+    allowed: Mapping[str, str],
+    terms: Sequence[str],
+    k: int,
+    cancel: CancelToken,
+    filters: MetadataFilter | None,
+) -> list[Candidate]:
+    """`PgVectorStore.lexical_search` on a connection already in a read-only snapshot."""
+    corpus = descriptor.corpus_id
+    pairs = searchable_grant(corpus, namespace, allowed)
+    if k <= 0 or not pairs:
+        return []
+    weights = _weights(conn, schema, corpus, namespace, terms)
+    if weights is None:
+        return []
+    sources = granted_sources(conn, schema, corpus, namespace, pairs, filters)
+    if not sources:
         return []
     cancel.check()
-    lexical = descriptor.lexical
-    # The same operations, in the same order (terms summed in code point order, `term` being
-    # COLLATE "C"), as `sqlite.lexicon.score`: both stores give bit-equal scores.
     rows: list[tuple[Any, ...]] = conn.execute(
-        schema_sql(
+        _bm25_sql(
             schema,
             "SELECT c.chunk_id, c.text, c.page, c.start_line, c.end_line, c.document_id, "
             "s.source_id, s.revision, s.document_sha256, r.score, s.metadata_json FROM ("
-            "SELECT t.chunk_pk, sum(w.weight * (t.tf / (t.tf + %s * (%s + %s * c.term_count "
-            "/ %s))) ORDER BY t.term) AS score "
-            "FROM unnest(%s::text[], %s::float8[]) AS w (term, weight) "
-            "JOIN {s}.chunk_terms t ON t.space_pk = %s AND t.term = w.term "
-            "JOIN {s}.chunks c ON c.id = t.chunk_pk "
-            "WHERE c.source_pk = ANY(%s::bigint[]) GROUP BY t.chunk_pk) r "
+            "{bm25} WHERE c.source_pk = ANY(%s::bigint[]) GROUP BY t.chunk_pk) r "
             "JOIN {s}.chunks c ON c.id = r.chunk_pk JOIN {s}.sources s ON s.id = c.source_pk "
             'ORDER BY r.score DESC, c.chunk_id COLLATE "C" LIMIT %s',
         ),
         (
-            float(lexical.k1),
-            1.0 - lexical.b,
-            float(lexical.b),
-            average,
-            [t for t, _ in weighted],
-            [w for _, w in weighted],
-            space_pk,
+            *_bm25_params(descriptor, *weights),
             pk_array(pk for pk, _ in sources),
             k,
         ),
@@ -253,4 +290,33 @@ def lexical_search(
             metadata=json.loads(row[10]),
         )
         for row in rows
+    ]
+
+
+def lexical_scores(
+    conn: Connection,
+    schema: str,
+    descriptor: CorpusDescriptor,
+    namespace: str,
+    passages: Sequence[Candidate],
+    terms: Sequence[str],
+) -> list[float | None]:
+    """`PgVectorStore.lexical_scores` on a connection already in a read-only snapshot."""
+    held = held_passages(conn, schema, descriptor.corpus_id, namespace, passages)
+    weights = _weights(conn, schema, descriptor.corpus_id, namespace, terms)
+    found: dict[int, float] = {}
+    if held and weights is not None:
+        found = {
+            int(pk): float(value)
+            for pk, value in conn.execute(
+                _bm25_sql(
+                    schema, "{bm25} WHERE t.chunk_pk = ANY(%s::bigint[]) GROUP BY t.chunk_pk"
+                ),
+                (*_bm25_params(descriptor, *weights), pk_array(pk for pk, _ in held.values())),
+                prepare=False,
+            )
+        }
+    return [
+        None if (row := held.get(i)) is None else found.get(row[0], 0.0)
+        for i in range(len(passages))
     ]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +143,38 @@ class Searcher:
             if scored is None:
                 scored = self._exact_scan(conn, sources, raw_query[0], k, cancel)
             return self._finish(conn, scored, unit_query, sources, k)
+
+    def dense_scores(
+        self,
+        pool: ConnectionPool,
+        descriptor: CorpusDescriptor,
+        namespace: str,
+        passages: Sequence[Candidate],
+        query: Vectors,
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """`PgVectorStore.dense_scores`: the passages' stored vectors read in one statement
+        and scored as `_finish` scores a search's."""
+        dims = descriptor.embedding.dimensions
+        unit_query = unit_rows(stack_vectors(dims, [query], "the query vector"), "the query vector")
+        if not passages:
+            return []
+        cancel.check()
+        with (
+            pool.connection() as conn,
+            translated("searching"),
+            transaction(conn, repeatable_read=True, read_only=True),
+        ):
+            held = held_passages(
+                conn, self._schema, descriptor.corpus_id, namespace, passages, vectors=True
+            )
+        if not held:
+            return [None] * len(passages)
+        at = sorted(held)
+        vectors = [_scored((0, 0, 0, held[i][1])).vector for i in at]
+        scores = unit_rows(np.stack(vectors), "stored vectors") @ unit_query[0]
+        by_position = {i: float(np.clip(v, -1.0, 1.0)) for i, v in zip(at, scores, strict=True)}
+        return [by_position.get(i) for i in range(len(passages))]
 
     def _index_scan(
         self,
@@ -315,6 +347,41 @@ def granted_sources(
         )
         if int(count) > 0
     ]
+
+
+def held_passages(
+    conn: Connection,
+    schema: str,
+    corpus: str,
+    namespace: str,
+    passages: Sequence[Candidate],
+    *,
+    vectors: bool = False,
+) -> dict[int, tuple[int, Any]]:
+    """Position in `passages` -> (chunk pk, its stored vector when `vectors`, else None), for
+    the passages stored in the namespace at their candidate's revision."""
+    if "\x00" in namespace + corpus:
+        return {}
+    wanted = [
+        {"at": i, "chunk": p.chunk_id, "source": p.source_id, "revision": p.revision}
+        for i, p in enumerate(passages)
+        if "\x00" not in p.chunk_id + p.source_id + p.revision
+    ]
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT a.at, c.id, {v} FROM jsonb_to_recordset(%s::jsonb) "
+            "AS a (at integer, chunk text, source text, revision text) "
+            "JOIN {s}.chunks c ON c.corpus_id = %s AND c.namespace = %s AND c.chunk_id = a.chunk "
+            "JOIN {s}.sources s ON s.id = c.source_pk AND s.source_id = a.source "
+            "AND s.revision = a.revision"
+        ).format(s=sql.Identifier(schema), v=sql.SQL("c.embedding" if vectors else "NULL")),
+        (json.dumps(wanted), corpus, namespace),
+        binary=vectors,
+        prepare=False,
+    ).fetchall()
+    return {int(row[0]): (int(row[1]), row[2]) for row in rows}
 
 
 def pk_array(pks: Iterable[int]) -> str:

@@ -561,6 +561,42 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
                 conn, self._schema, descriptor, namespace, allowed, terms, k, cancel, filters
             )
 
+    def dense_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        query: Vectors,
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """Each passage's cosine with the query, from its stored vector (see the port)."""
+        descriptor = self._descriptor(corpus)
+        return self._searcher.dense_scores(
+            self._pool, descriptor, namespace, passages, query, cancel
+        )
+
+    def lexical_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        terms: Sequence[str],
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """Each passage's BM25 score, from the stored term statistics (see the port)."""
+        descriptor = self._descriptor(corpus)
+        if not passages:
+            return []
+        cancel.check()
+        with (
+            self._pool.connection() as conn,
+            translated("searching"),
+            transaction(conn, repeatable_read=True, read_only=True),
+        ):
+            return lexical.lexical_scores(
+                conn, self._schema, descriptor, namespace, passages, terms
+            )
+
     # --- helpers -------------------------------------------------------------------------------
 
     def _sql(self, template: str) -> sql.Composed:

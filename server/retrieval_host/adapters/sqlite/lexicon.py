@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 import numpy.typing as npt
 
+from retrieval_host.adapters.sqlite.scan import Hashes, find_rows
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import MetadataFilter, matches
 from retrieval_host.core.lexical import Bm25
@@ -48,6 +49,7 @@ from retrieval_host.core.models import Location
 
 if TYPE_CHECKING:
     from retrieval_host.adapters.sqlite.segment import Loaded, Revision
+    from retrieval_host.core.ports import Candidate
 
 Slots = npt.NDArray[np.int64]
 Counts = npt.NDArray[np.int32]
@@ -121,6 +123,7 @@ class Lexicon:
         self.rows: list[PassageRow] = []
         self.row_sources: list[Revision] = []
         self.lengths: Counts = np.empty(0, dtype=np.int32)
+        self.hashes: Hashes = np.empty(0, dtype=np.int64)  # each slot's chunk id, hashed
         self.live: npt.NDArray[np.bool_] = np.empty(0, dtype=np.bool_)
         self.size = 0
         self.passages = 0
@@ -136,6 +139,9 @@ class Lexicon:
             lengths = np.zeros(max(2 * needed, 64), dtype=np.int32)
             lengths[: self.size] = self.lengths[: self.size]
             self.lengths = lengths
+            hashes: Hashes = np.zeros(len(lengths), dtype=np.int64)
+            hashes[: self.size] = self.hashes[: self.size]
+            self.hashes = hashes
         # Copy on write: a search may hold the current live mask.
         live = np.zeros(len(self.lengths), dtype=np.bool_)
         live[: self.size] = self.live[: self.size]
@@ -154,6 +160,7 @@ class Lexicon:
                 self.row_sources.append(item.source)
                 length = sum(terms.values())
                 self.lengths[slot] = length
+                self.hashes[slot] = hash(chunk_id)
                 self.live[slot] = True
                 self.total_length += length
                 self.passages += 1
@@ -198,6 +205,7 @@ class Lexicon:
         self.row_sources = [self.row_sources[i] for i in kept.tolist()]
         count = len(kept)
         self.lengths = np.concatenate([self.lengths[kept], np.zeros(count, dtype=np.int32)])
+        self.hashes = np.concatenate([self.hashes[kept], np.zeros(count, dtype=np.int64)])
         self.live = np.zeros(len(self.lengths), dtype=np.bool_)
         self.live[:count] = True
         self.spans = {
@@ -231,6 +239,40 @@ class Lexicon:
             self.rows,
             self.row_sources,
         )
+
+    def capture_passages(
+        self, passages: Sequence[Candidate], terms: Sequence[str]
+    ) -> tuple[LexicalCapture | None, list[int | None]]:
+        """A capture that may rank only `passages` (those whose revision is the one held), and
+        each passage's slot (None: not held), for `lexical_scores` (under the cache lock)."""
+        spans: list[tuple[int, int] | None] = []
+        for p in passages:
+            span = self.spans.get(p.source_id)
+            current = span is not None and span.source.revision == p.revision
+            spans.append((span.start, span.stop) if current and span is not None else None)
+        ids = [p.chunk_id for p in passages]
+        slots = find_rows(self.hashes, spans, ids, self._chunk_id)
+        held = [s for s in slots if s is not None]
+        if self.passages == 0 or not held:
+            return None, slots
+        mask: Mask = np.zeros(self.size, dtype=np.bool_)
+        mask[held] = True
+        postings = {term: found.view() for term in set(terms) if (found := self.postings.get(term))}
+        capture = LexicalCapture(
+            postings,
+            self.live,
+            self.lengths,
+            self.size,
+            self.passages,
+            self.total_length,
+            mask,
+            self.rows,
+            self.row_sources,
+        )
+        return capture, slots
+
+    def _chunk_id(self, slot: int) -> str:
+        return self.rows[slot][0]
 
     def _allowed(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Mask | None:
         key = None
@@ -304,3 +346,32 @@ def score(
         key=lambda item: (-item[1], capture.rows[item[0]][0]),
     )
     return ranked[:k]
+
+
+def score_slots(
+    capture: LexicalCapture, slots: Slots, terms: Sequence[str], bm25: Bm25, cancel: CancelToken
+) -> npt.NDArray[np.float64]:
+    """The BM25 score of each of `slots` (0 where no term matches): the same operations in
+    the same order as `score`, so equal to what a search gives them, but each term's
+    postings (ascending slots) are searched for the wanted slots rather than all scored."""
+    scores = np.zeros(len(slots), dtype=np.float64)
+    if not len(slots):
+        return scores
+    average = capture.total_length / capture.passages
+    lengths = capture.lengths[slots]
+    for term, count in sorted(Counter(terms).items()):
+        cancel.check()
+        found = capture.postings.get(term)
+        if found is None:
+            continue
+        posted, tfs = found
+        df = int(np.count_nonzero(capture.live[posted]))
+        if df == 0:
+            continue
+        idf = Bm25.idf(df, capture.passages)
+        at = np.minimum(np.searchsorted(posted, slots), len(posted) - 1)
+        hit = posted[at] == slots
+        tf = tfs[at[hit]].astype(np.float64)
+        norm = bm25.k1 * (1.0 - bm25.b + bm25.b * lengths[hit] / average)
+        scores[hit] += count * idf * (tf / (tf + norm))
+    return scores

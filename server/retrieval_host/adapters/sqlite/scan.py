@@ -14,7 +14,7 @@ import itertools
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -41,6 +41,7 @@ MIN_SHARED_BATCH_ROWS: Final = 4096
 
 Matrix = npt.NDArray[np.float32]
 Index = npt.NDArray[np.int64]
+Hashes = npt.NDArray[np.int64]  # chunk ids hashed with `hash` (stable within the process)
 # Adds to the store's counters (`CounterTally.add`).
 Count = Callable[..., None]
 
@@ -70,6 +71,33 @@ def query_unit(query: Vectors, dims: int) -> Matrix:
         )
     unit /= np.float32(norm)
     return unit
+
+
+def find_rows(
+    hashes: Hashes,
+    spans: Sequence[tuple[int, int] | None],
+    chunk_ids: Sequence[str],
+    chunk_id_at: Callable[[int], str],
+) -> list[int | None]:
+    """For each chunk id, the row (or slot) in its span `(start, stop)` holding it, found by
+    its hash in `hashes` and checked with `chunk_id_at`; None when absent or the span is None.
+    Vectorized over all the spans' rows at once (a passage's lookup costs no Python loop)."""
+    found: list[int | None] = [None] * len(chunk_ids)
+    held = [(i, span) for i, span in enumerate(spans) if span is not None]
+    if not held:
+        return found
+    at = [i for i, _ in held]
+    starts = np.array([start for _, (start, _) in held], dtype=np.int64)
+    counts = np.array([stop for _, (_, stop) in held], dtype=np.int64) - starts
+    owner = np.repeat(np.arange(len(at)), counts)
+    first = np.cumsum(counts) - counts
+    rows = starts[owner] + np.arange(len(owner)) - first[owner]
+    wanted = np.array([hash(chunk_ids[i]) for i in at], dtype=np.int64)
+    for m in np.flatnonzero(hashes[rows] == wanted[owner]).tolist():
+        i, row = at[int(owner[m])], int(rows[m])
+        if found[i] is None and chunk_id_at(row) == chunk_ids[i]:
+            found[i] = row
+    return found
 
 
 def check_stored(vectors: Matrix) -> Matrix:

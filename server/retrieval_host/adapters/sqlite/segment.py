@@ -12,17 +12,18 @@ connection committed.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 import numpy as np
 
 from retrieval_host.adapters.sqlite.lexicon import Lexicon
-from retrieval_host.adapters.sqlite.scan import Matrix, Scan
+from retrieval_host.adapters.sqlite.scan import Hashes, Matrix, Scan, find_rows
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.filters import MetadataFilter, matches
 from retrieval_host.core.models import Location
+from retrieval_host.core.ports import Candidate
 
 # Captures (a grant's rows) kept per namespace: at most this many grants, this many sources.
 CAPTURES: Final = 64
@@ -86,6 +87,9 @@ class Segment:
     def __init__(self, dimensions: int) -> None:
         self.dimensions = dimensions
         self.matrix: Matrix = np.empty((0, dimensions), dtype=np.float32)
+        # Each row's chunk id hashed (`hash`, stable within the process): finds a passage's
+        # row among its source's rows without a Python loop (`locate`).
+        self.hashes: Hashes = np.empty(0, dtype=np.int64)
         self.rows: list[Row] = []
         self.spans: dict[str, Span] = {}
         self.size = 0
@@ -143,6 +147,7 @@ class Segment:
         self.reserve(count)
         start = self.size
         self.matrix[start : start + count] = loaded.unit_vectors
+        self.hashes[start : start + count] = [hash(cid) for cid, _, _ in loaded.rows]
         self.rows.extend(Row(cid, text, loc, loaded.source) for cid, text, loc in loaded.rows)
         self.spans[loaded.source.source_id] = Span(
             loaded.source.revision, start, start + count, loaded.source
@@ -154,16 +159,34 @@ class Segment:
         self._changed()
         capacity = max(2 * (self.live + extra), 256)
         matrix = np.empty((capacity, self.dimensions), dtype=np.float32)
+        hashes: Hashes = np.empty(capacity, dtype=np.int64)
         rows: list[Row] = []
         spans: dict[str, Span] = {}
         at = 0
         for source_id, span in self.spans.items():
             n = span.stop - span.start
             matrix[at : at + n] = self.matrix[span.start : span.stop]
+            hashes[at : at + n] = self.hashes[span.start : span.stop]
             rows.extend(self.rows[span.start : span.stop])
             spans[source_id] = span._replace(start=at, stop=at + n)
             at += n
         self.matrix, self.rows, self.spans, self.size = matrix, rows, spans, at
+        self.hashes = hashes
+
+    def locate(self, passages: Sequence[Candidate]) -> tuple[Matrix, list[int | None]]:
+        """The matrix and each passage's row in it (None: its revision is not the one
+        held), for `dense_scores` (the caller holds the store's cache lock)."""
+        spans: list[tuple[int, int] | None] = []
+        for p in passages:
+            span = self.spans.get(p.source_id)
+            current = span is not None and span.revision == p.revision
+            spans.append((span.start, span.stop) if current and span is not None else None)
+        ids = [p.chunk_id for p in passages]
+        found = find_rows(self.hashes, spans, ids, self._chunk_id)
+        return self.matrix, found
+
+    def _chunk_id(self, row: int) -> str:
+        return self.rows[row].chunk_id
 
     def capture(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Scan | None:
         """The rows of the allowed revisions that match the filters (the caller holds the

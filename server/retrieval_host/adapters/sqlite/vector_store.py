@@ -54,7 +54,7 @@ from retrieval_host.adapters.sqlite.catalog import (
     store_descriptor,
 )
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
-from retrieval_host.adapters.sqlite.lexicon import score
+from retrieval_host.adapters.sqlite.lexicon import score, score_slots
 from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scan, Scanner, query_unit
 from retrieval_host.adapters.sqlite.schema import (
     immediate,
@@ -471,6 +471,56 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
                 )
             )
         return results
+
+    def dense_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        query: Vectors,
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """Each passage's cosine with the query, from the in-memory segment (see the port)."""
+        state = self._state(corpus)
+        unit_query = query_unit(query, state.dimensions)
+        if not passages:
+            return []
+        cancel.check()
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            if segment is None:
+                return [None] * len(passages)
+            matrix, rows = segment.locate(passages)
+        held = [r for r in rows if r is not None]
+        values = iter((matrix[held] @ unit_query).tolist() if held else [])
+        return [None if r is None else min(1.0, max(-1.0, next(values))) for r in rows]
+
+    def lexical_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        terms: Sequence[str],
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """Each passage's BM25 score, from the namespace's inverted index (see the port)."""
+        state = self._state(corpus)
+        if not passages:
+            return []
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            lexicon = state.lexicons.get(namespace)
+            if lexicon is None:
+                return [None] * len(passages)
+            capture, slots = lexicon.capture_passages(passages, terms)
+        held = np.array([s for s in slots if s is not None], dtype=np.int64)
+        values: Iterator[float] = iter(())
+        if capture is not None:
+            lexical = state.descriptor.lexical
+            bm25 = Bm25(lexical.k1, lexical.b)
+            values = iter(score_slots(capture, held, terms, bm25, cancel).tolist())
+        return [None if s is None else next(values, 0.0) for s in slots]
 
     def _capture(
         self,
