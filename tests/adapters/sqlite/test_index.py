@@ -12,6 +12,7 @@ from retrieval_host.adapters._store_rules import StoreCounters
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.ports import CapacityLimits, StoredChunk
 from tests.support.sqlite_store import DIM, descriptor, revision, revision_text, unit_vectors
 
@@ -49,6 +50,16 @@ def test_many_replacements_keep_exactly_the_current_revisions(
         revision_text(sid, rev, i, n) for sid, (rev, n) in current.items() for i in range(n)
     )
     assert sorted(h.text for h in hits) == expected
+    # Passages found by their row (and lexicon slot) after the compactions: a named passage
+    # scores what the searches gave it.
+    named = store.dense_scores("c1", "ns", hits, query, CancelToken())
+    np.testing.assert_allclose(named, [h.score for h in hits], atol=1e-6)
+    terms = query_terms(hits[0].text)
+    ranked = store.lexical_search("c1", "ns", allowed, terms, 10_000, CancelToken())
+    assert ranked
+    by_id = {h.chunk_id: h.score for h in ranked}
+    lexical = store.lexical_scores("c1", "ns", hits, terms, CancelToken())
+    assert lexical == [by_id.get(h.chunk_id, 0.0) for h in hits]
 
     # A fresh store reading the same file agrees.
     with SqliteVectorStore.open(tmp_path / "store.db") as fresh:
