@@ -111,13 +111,19 @@ FallbackChoice = Literal["fail", "continue"] | FallbackAnswer
 class Fallbacks(_Request):
     """What the run does per outcome instead of failing (each `fail` by default):
     `noEvidence` (no authorized passage; `continue` generates without evidence),
+    `searchFailed` (no passage, and a search did not answer: its source or grant was not there,
+    or it failed; unset, it is handled as `noEvidence`; `fail` fails with that search's code),
     `sourceUnavailable` (evidence revoked before recording; `continue` records without it),
     `invalidCitation` (the host's citation check failed; `continue` completes with the answer
-    and the failure in `citations.failure`). `{"answer": ...}` completes with a fixed reply."""
+    and the failure in `citations.failure`), `answerRejected` (the application's verifier
+    rejected the answer; `continue` completes with it and `verification: "rejected"`).
+    `{"answer": ...}` completes with a fixed reply."""
 
     no_evidence: FallbackChoice = "fail"
     source_unavailable: FallbackChoice = "fail"
     invalid_citation: FallbackChoice = "fail"
+    search_failed: FallbackChoice | None = None
+    answer_rejected: FallbackChoice = "fail"
 
 
 class RunRequest(_Request):
@@ -230,8 +236,8 @@ class CitationReport(_Response):
 
 
 class FallbackTaken(_Response):
-    """A declared fallback the run took: `outcome` no-evidence, source-unavailable or
-    invalid-citation; `action` continue or answer."""
+    """A declared fallback the run took: `outcome` no-evidence, search-failed,
+    source-unavailable, invalid-citation or answer-rejected; `action` continue or answer."""
 
     outcome: str
     action: str

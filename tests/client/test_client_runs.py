@@ -23,6 +23,7 @@ from retrieval_host_client import (
     SourceUnavailableError,
     validate_source_citations,
 )
+from retrieval_host_client.run_models import FallbackAnswer, Fallbacks
 from tests.client.conftest import CHAT_MODEL, Connect
 from tests.client.modes import ClientApi
 from tests.support.fake_openai import FakeOpenAI
@@ -188,3 +189,17 @@ async def test_cancelling_the_asyncio_task_cancels_the_run_and_stops_the_provide
         assert fake_openai.chat_requests_count == calls + 1  # the provider was not called again
     finally:
         fake_openai.set_chat_mode("ok")
+
+
+def test_a_failed_search_fallback_is_sent_and_its_outcome_read_back(api: ClientApi) -> None:
+    reply = "That document is not available to you."
+    request = GROUNDED.model_copy(
+        update={
+            "retrieval": RunRetrieval(corpus=CORPUS, source_ids=["no-such-document"]),
+            "fallbacks": Fallbacks(search_failed=FallbackAnswer(answer=reply)),
+        }
+    )
+    result = api.run(request)
+    assert result.text == reply and result.sources == []
+    assert [(f.outcome, f.action) for f in result.fallbacks] == [("search-failed", "answer")]
+    assert [r.outcome for r in result.receipts] == ["unavailable"]

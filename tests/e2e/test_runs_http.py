@@ -619,6 +619,33 @@ def test_a_run_declares_what_no_evidence_does_and_its_result_says_which_it_took(
     assert bad.status_code == 422
 
 
+def test_a_search_that_did_not_answer_is_its_own_outcome_over_https(
+    host: RunningHost, world: RunsWorld
+) -> None:
+    nowhere = {"sourceIds": ["nowhere"]}
+    reply = "The documents you named are not available to you."
+    body = run_body(
+        retrieval=nowhere,
+        fallbacks={"noEvidence": {"answer": "Nothing matched."}, "searchFailed": {"answer": reply}},
+    )
+    streamed = stream_run(host, world.tokens["alice"], body)
+    last = streamed.events[-1]
+    assert last["type"] == "run.completed", last
+    result = last["result"]
+    assert result["text"] == reply and result["sources"] == []
+    assert result["fallbacks"] == [{"outcome": "search-failed", "action": "answer"}]
+    assert [r["outcome"] for r in result["receipts"]] == ["unavailable"]
+    outcomes = [e for e in streamed.of_type("run.progress") if e["phase"] == "outcome"]
+    assert [e["outcome"] for e in outcomes] == ["search-failed"]
+    # Declared `fail`: the search's own code, distinct from "no evidence".
+    failing = run_body(retrieval=nowhere, fallbacks={"searchFailed": "fail"})
+    failed = stream_run(host, world.tokens["alice"], failing).events[-1]
+    assert failed["type"] == "run.failed"
+    assert failed["problem"]["code"] in ("SOURCE_UNAVAILABLE", "PERMISSION_DENIED")
+    bad = post_run(host, world.tokens["alice"], run_body(fallbacks={"searchFailed": "retry"}))
+    assert bad.status_code == 422
+
+
 # --- 5. revoked between search and generation -------------------------------------------------
 
 

@@ -23,7 +23,9 @@ ReceiptOutcome: TypeAlias = Literal[
 # What a run does when an outcome happens (`Fallbacks`): fail with the outcome's error,
 # continue without that evidence, or answer with a fixed reply (`FixedAnswer`).
 FallbackAction: TypeAlias = Literal["fail", "continue"]
-RunOutcome: TypeAlias = Literal["no-evidence", "source-unavailable", "invalid-citation"]
+RunOutcome: TypeAlias = Literal[
+    "no-evidence", "search-failed", "source-unavailable", "invalid-citation", "answer-rejected"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +74,27 @@ class FixedAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Fallbacks:
-    """What a run does per outcome; each defaults to `fail`, as runs always did:
+    """What a run does per outcome; each defaults to what runs always did:
 
     - `no_evidence`: no authorized passage was found (`NO_RETRIEVAL_EVIDENCE`); `continue`
       generates (or completes) without evidence;
+    - `search_failed`: no passage was found *and* a search of the run did not answer: its
+      source or grant was not there (receipt outcome `unavailable`) or it failed (`failed`:
+      the store, the embedding). None (the default) treats it as `no_evidence`, as runs always
+      did; `fail` fails with that search's own error code; `continue` and an answer as usual;
     - `source_unavailable`: evidence was revoked before the result was recorded
       (`SOURCE_UNAVAILABLE`); `continue` records the result without the revoked passages;
     - `invalid_citation`: the host's citation check failed (`INVALID_CITATION`); `continue`
-      completes with the answer as it is and the failure in its citation report.
+      completes with the answer as it is and the failure in its citation report;
+    - `answer_rejected`: the application's verifier rejected the answer (`ANSWER_REJECTED`);
+      `continue` completes with the answer and `verification: "rejected"`.
     """
 
     no_evidence: FallbackAction | FixedAnswer = "fail"
     source_unavailable: FallbackAction | FixedAnswer = "fail"
     invalid_citation: FallbackAction | FixedAnswer = "fail"
+    search_failed: FallbackAction | FixedAnswer | None = None
+    answer_rejected: FallbackAction | FixedAnswer = "fail"
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +273,9 @@ class RunResult:
     fallbacks: Sequence[FallbackApplied] = ()
     # Its retrieval state (None for a run without retrieval, and in records made before).
     state: RetrievalState | None = None
-    # The application verifier's verdict on a completed run: "accepted" or "needs-review"
-    # (None when no verifier is wired, or the reply was a fixed fallback).
+    # The application verifier's verdict on a completed run: "accepted", "needs-review", or
+    # "rejected" when the run's `answer_rejected` fallback continued past a rejection (None
+    # when no verifier is wired, or the reply was a fixed fallback).
     verification: str | None = None
 
 

@@ -66,6 +66,10 @@ def run_request(body: wire.RunRequest) -> RunRequest:
             no_evidence=_action(body.fallbacks.no_evidence),
             source_unavailable=_action(body.fallbacks.source_unavailable),
             invalid_citation=_action(body.fallbacks.invalid_citation),
+            search_failed=None
+            if body.fallbacks.search_failed is None
+            else _action(body.fallbacks.search_failed),
+            answer_rejected=_action(body.fallbacks.answer_rejected),
         ),
         citations=None
         if body.citations is None

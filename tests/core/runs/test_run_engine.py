@@ -431,6 +431,21 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     assert request_fingerprint(bounded) != request_fingerprint(request)
     falling_back = dataclasses.replace(request, fallbacks=Fallbacks(no_evidence="continue"))
     assert request_fingerprint(falling_back) != request_fingerprint(request)
+    # A request with the first fallbacks hashes as before the later ones existed.
+    before_later = dataclasses.asdict(dataclasses.replace(falling_back, idle_timeout_ms=None))
+    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters"):
+        del before_later["retrieval"][name]
+    for name in ("citations", "max_tokens"):
+        del before_later[name]
+    for name in ("search_failed", "answer_rejected"):
+        del before_later["fallbacks"][name]
+    canonical = json.dumps(before_later, sort_keys=True, separators=(",", ":"), default=list)
+    assert request_fingerprint(falling_back) == hashlib.sha256(canonical.encode()).hexdigest()
+    for later in (Fallbacks(search_failed="fail"), Fallbacks(answer_rejected="continue")):
+        assert request_fingerprint(dataclasses.replace(request, fallbacks=later)) not in (
+            request_fingerprint(request),
+            request_fingerprint(falling_back),
+        )
 
 
 def test_max_tokens_covers_searches_and_model_calls_together(run_world: RunWorld) -> None:
@@ -901,3 +916,90 @@ def test_evidence_that_ages_past_max_age_before_recording_counts_as_unavailable(
     later[0] = 0.0
     no_bound = dataclasses.replace(request, retrieval=RunRetrieval(corpus="library"))
     assert engine.run(no_bound, ALICE).sources  # without maxAgeS, age never matters
+
+
+def test_a_search_that_did_not_answer_has_its_own_declared_fallback(
+    run_world: RunWorld,
+) -> None:
+    nowhere = RunRequest(
+        provider="local",
+        model="extractive",
+        input="How long does the battery last?",
+        retrieval=RunRetrieval(corpus="library", source_ids=("nowhere",)),
+    )
+    # Undeclared: handled as no evidence, as runs always were.
+    with pytest.raises(RetrievalError) as undeclared:
+        run_world.engine.run(nowhere, ALICE)
+    assert undeclared.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+    # Declared `fail`: the run fails with the search's own code, not "no evidence".
+    failing = replace(nowhere, fallbacks=Fallbacks(search_failed="fail"))
+    with pytest.raises(RetrievalError) as declared:
+        run_world.engine.run(failing, ALICE)
+    assert declared.value.code in (ErrorCode.SOURCE_UNAVAILABLE, ErrorCode.PERMISSION_DENIED)
+    # Declared answer: completed with the reply; the receipt says the source was not there.
+    events: list[RunEvent] = []
+    reply = FixedAnswer("The documents you named are not available.")
+    both = Fallbacks(no_evidence=FixedAnswer("Nothing matched."), search_failed=reply)
+    run_world.engine.execute(replace(nowhere, fallbacks=both), ALICE, events.append)
+    done = events[-1]
+    assert isinstance(done, RunCompleted), done
+    assert done.result.text == reply.text and done.result.sources == []
+    assert [(f.outcome, f.action) for f in done.result.fallbacks] == [("search-failed", "answer")]
+    assert [r.outcome for r in done.result.receipts] == ["unavailable"]
+    outcome_events = [e.context for e in events if isinstance(e, RunProgress)]
+    assert {"outcome": "search-failed", "action": "answer"} in outcome_events
+    # An empty result is not a failed search: the same declarations give the no-evidence reply.
+    run_world.acl.search = {}
+    empty = run_world.engine.run(_before(fallbacks=both), ALICE)
+    assert empty.text == "Nothing matched."
+    assert [(f.outcome, f.action) for f in empty.fallbacks] == [("no-evidence", "answer")]
+    assert [r.outcome for r in empty.receipts] == ["empty"]
+
+
+def test_a_failing_retriever_is_a_failed_search_with_its_code(run_world: RunWorld) -> None:
+    class Down:
+        def search(self, request: SearchRequest, context: RequestContext) -> SearchResult:
+            raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "the engine is down")
+
+    engine = RunEngine(
+        run_world.service, {"local": ExtractiveProvider()}, run_world.runs, retriever=Down()
+    )
+    with pytest.raises(RetrievalError) as failed:
+        engine.run(_before(fallbacks=Fallbacks(search_failed="fail")), ALICE)
+    assert failed.value.code is ErrorCode.STORE_UNAVAILABLE
+    went_on = engine.run(_before(fallbacks=Fallbacks(search_failed="continue")), ALICE)
+    assert [r.outcome for r in went_on.receipts] == ["failed"]
+    assert [(f.outcome, f.action) for f in went_on.fallbacks] == [("search-failed", "continue")]
+    assert went_on.sources == [] and went_on.text  # generated without evidence
+
+
+def test_a_rejected_answer_can_complete_as_rejected_or_with_a_fixed_reply(
+    run_world: RunWorld,
+) -> None:
+    judge = Judge("reject")
+    engine = RunEngine(
+        run_world.service, {"local": ExtractiveProvider()}, run_world.runs, verifier=judge
+    )
+    with pytest.raises(RetrievalError) as rejected:
+        engine.run(_before(), ALICE)
+    assert rejected.value.code is ErrorCode.ANSWER_REJECTED
+    kept = engine.run(
+        _before(fallbacks=Fallbacks(answer_rejected="continue"), citations=CitationPolicy()),
+        ALICE,
+    )
+    assert kept.verification == "rejected" and "[source:" in kept.text
+    assert kept.citations is not None and kept.citations.failure is None
+    assert [(f.outcome, f.action) for f in kept.fallbacks] == [("answer-rejected", "continue")]
+    record = run_world.runs.get(kept.run_id)
+    assert record is not None and record.result is not None
+    assert record.result.verification == "rejected"
+    reply = "An answer could not be confirmed; please ask a librarian."
+    replaced = engine.run(
+        _before(
+            fallbacks=Fallbacks(answer_rejected=FixedAnswer(reply)), citations=CitationPolicy()
+        ),
+        ALICE,
+    )
+    assert replaced.text == reply and replaced.verification is None
+    assert replaced.citations is None  # the fixed reply cites nothing
+    assert [(f.outcome, f.action) for f in replaced.fallbacks] == [("answer-rejected", "answer")]

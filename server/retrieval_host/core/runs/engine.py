@@ -42,6 +42,7 @@ from retrieval_host.core.runs_model import (
     CitationReport,
     FallbackAction,
     FallbackApplied,
+    Fallbacks,
     FixedAnswer,
     RunCompleted,
     RunEvent,
@@ -235,9 +236,7 @@ class RunEngine:
         if mode == "before" and spec is not None:
             retrieve(run, spec, spec.query or request.input)
             if not run.evidence:
-                fixed = _fallback(
-                    run, taken, "no-evidence", fallbacks.no_evidence, _no_evidence_before()
-                )
+                fixed = _without_evidence(run, taken, fallbacks, _no_evidence_before())
 
         tools = [SEARCH_TOOL] if mode == "tool" else []
         text: list[str] = []
@@ -267,7 +266,7 @@ class RunEngine:
                 raise step_budget_exhausted()
 
         if fixed is None and mode == "tool" and not run.evidence:
-            fixed = _fallback(run, taken, "no-evidence", fallbacks.no_evidence, _no_evidence_tool())
+            fixed = _without_evidence(run, taken, fallbacks, _no_evidence_tool())
         run.emit(RunProgress("recording", {"sources": len(run.evidence)}))
         if spec is not None and run.evidence:
             try:
@@ -296,7 +295,16 @@ class RunEngine:
                     report = CitationReport([], failure=error.reason)
         verification = None
         if self._verifier is not None and fixed is None:
-            verification = _verify(self._verifier, request, run, answer)
+            try:
+                verification = _verify(self._verifier, request, run, answer)
+            except RetrievalError as error:
+                if error.code is not ErrorCode.ANSWER_REJECTED:
+                    raise
+                replied = _fallback(run, taken, "answer-rejected", fallbacks.answer_rejected, error)
+                if replied is None:
+                    verification = "rejected"  # completed as it is, the verdict on record
+                else:
+                    answer, report = replied, None  # a fixed reply cites nothing
         result = replace(
             build_result(request, run, answer, report, taken), verification=verification
         )
@@ -348,6 +356,21 @@ def _fallback(
     taken.append(applied)
     run.emit(RunProgress("outcome", {"outcome": outcome, "action": applied.action}))
     return action.text if isinstance(action, FixedAnswer) else None
+
+
+def _without_evidence(
+    run: ActiveRun, taken: list[FallbackApplied], fallbacks: Fallbacks, error: RetrievalError
+) -> str | None:
+    """The fallback of a run that found no passage: `search_failed` when one of its searches
+    did not answer and the run declared it, else `no_evidence` (`error`)."""
+    failed = next((r for r in run.receipts if r.outcome in ("unavailable", "failed")), None)
+    if failed is None or fallbacks.search_failed is None:
+        return _fallback(run, taken, "no-evidence", fallbacks.no_evidence, error)
+    code = ErrorCode(failed.error_code or ErrorCode.INTERNAL.value)
+    search_error = RetrievalError(
+        code, f"Search {failed.sequence} of the run did not answer ({code.value}); no passage."
+    )
+    return _fallback(run, taken, "search-failed", fallbacks.search_failed, search_error)
 
 
 def _no_evidence_before() -> RetrievalError:

@@ -25,6 +25,13 @@ _ADDED_RETRIEVAL_DEFAULTS = {
 }
 
 
+# Fallbacks added after the first ones, at their defaults: left out like the fields above.
+_ADDED_FALLBACK_DEFAULTS: dict[str, object] = {"search_failed": None, "answer_rejected": "fail"}
+_ORIGINAL_FALLBACKS = {
+    k: v for k, v in asdict(Fallbacks()).items() if k not in _ADDED_FALLBACK_DEFAULTS
+}
+
+
 def request_fingerprint(request: RunRequest) -> str:
     """What makes two run requests 'the same' for an idempotency key (timeouts excluded).
 
@@ -34,8 +41,13 @@ def request_fingerprint(request: RunRequest) -> str:
     for added in ("citations", "max_tokens"):
         if body.get(added) is None:
             del body[added]  # added later: absent, as in the runs recorded before it
-    if body.get("fallbacks") == asdict(Fallbacks()):
-        del body["fallbacks"]
+    fallbacks = body.get("fallbacks")
+    if isinstance(fallbacks, dict):
+        for added, default in _ADDED_FALLBACK_DEFAULTS.items():
+            if fallbacks.get(added) == default:
+                del fallbacks[added]
+        if fallbacks == _ORIGINAL_FALLBACKS:
+            del body["fallbacks"]
     retrieval = body.get("retrieval")
     if isinstance(retrieval, dict):
         for name, default in _ADDED_RETRIEVAL_DEFAULTS.items():
