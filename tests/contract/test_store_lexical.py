@@ -296,11 +296,12 @@ def test_scores_of_named_passages_equal_what_the_searches_gave_them(store: Contr
     ranked = {h.chunk_id: h.score for h in lexical(store, grant, "virus cells", k=100)}
     dense = store.dense_scores("c1", "ns", everything, query, CancelToken())
     lexical_values = store.lexical_scores("c1", "ns", everything, terms, CancelToken())
-    np.testing.assert_allclose(dense, [h.score for h in everything], atol=1e-6)
+    assert None not in dense and None not in lexical_values
+    np.testing.assert_allclose(np.array(dense), np.array([h.score for h in everything]), atol=1e-6)
     # A passage holding no query term scores 0 (the search leaves it out).
     expected = [ranked.get(h.chunk_id, 0.0) for h in everything]
     assert 0.0 in expected and len(ranked) >= 3
-    np.testing.assert_allclose(lexical_values, expected, atol=1e-9)
+    np.testing.assert_allclose(np.array(lexical_values), np.array(expected), atol=1e-9)
 
 
 def test_a_passage_not_held_at_its_revision_scores_none(store: ContractStore) -> None:

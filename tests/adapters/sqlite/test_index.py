@@ -53,7 +53,8 @@ def test_many_replacements_keep_exactly_the_current_revisions(
     # Passages found by their row (and lexicon slot) after the compactions: a named passage
     # scores what the searches gave it.
     named = store.dense_scores("c1", "ns", hits, query, CancelToken())
-    np.testing.assert_allclose(named, [h.score for h in hits], atol=1e-6)
+    assert None not in named
+    np.testing.assert_allclose(np.array(named), np.array([h.score for h in hits]), atol=1e-6)
     terms = query_terms(hits[0].text)
     ranked = store.lexical_search("c1", "ns", allowed, terms, 10_000, CancelToken())
     assert ranked
