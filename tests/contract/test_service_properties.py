@@ -149,6 +149,8 @@ def test_search_returns_only_granted_namespace_sources_and_revisions(
         assert all(set(hit.scores) == {"lexical"} for hit in result.hits)
     if mode == "dense":
         assert all(set(hit.scores) == {"dense"} for hit in result.hits)
+    if mode == "hybrid":  # every fused hit scored in both modes (`core.fusion`)
+        assert all(set(hit.scores) == {"dense", "lexical"} for hit in result.hits)
     available = len(passages)
     assert len(result.hits) == min(limit, available)
     assert result.truncated == (available > limit)
