@@ -146,6 +146,9 @@ class RunRequest(_Request):
     # (`quota-exceeded`) and a model call is `INVALID_REQUEST` / `token-budget-exhausted`.
     max_tokens: Positive | None = None
     fallbacks: Fallbacks | None = None
+    # Attempts per model call: a rate limit, a server error, a dropped connection or a timeout
+    # is asked again (with a backoff) while nothing of that call's answer has streamed.
+    max_attempts: Annotated[int, Field(ge=1, le=5), BeforeValidator(_integral)] = 1
 
 
 class ManifestEntry(_Response):

@@ -20,7 +20,7 @@ import trustme
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
 from retrieval_host.core.run_ports import (
     GenerationEvent,
@@ -309,21 +309,23 @@ def test_sse_comments_are_not_progress_for_the_idle_timeout(
 
 
 @pytest.mark.parametrize(
-    ("mode", "reason", "shown"),
+    ("mode", "reason", "shown", "transient"),
     [
-        ("server-error", "http-error", "HTTP 500: The server had an error"),
-        ("rate-limited", "rate-limited", "(HTTP 429): Rate limit reached for gpt-4o-mini"),
-        ("malformed-chunk", "malformed-chunk", "not JSON"),
-        ("wrong-shape", "malformed-chunk", "choices are not a list"),
-        ("fail-mid-stream", "stream-ended-early", "closed mid-stream"),
-        ("no-done", "stream-ended-early", "ended before the answer was complete"),
-        ("drop-connection", "connection-failed", "could not reach"),
-        ("error-event", "stream-error", "The model overloaded"),
+        ("server-error", "http-error", "HTTP 500: The server had an error", True),
+        ("rate-limited", "rate-limited", "(HTTP 429): Rate limit reached for gpt-4o-mini", True),
+        ("malformed-chunk", "malformed-chunk", "not JSON", False),
+        ("wrong-shape", "malformed-chunk", "choices are not a list", False),
+        ("fail-mid-stream", "stream-ended-early", "closed mid-stream", True),
+        ("no-done", "stream-ended-early", "ended before the answer was complete", True),
+        ("drop-connection", "connection-failed", "could not reach", True),
+        ("error-event", "stream-error", "The model overloaded", True),
     ],
 )
 def test_each_failure_is_provider_failed_with_its_reason_after_exactly_one_request(
-    server: FakeOpenAI, make: Factory, mode: ChatMode, reason: str, shown: str
+    server: FakeOpenAI, make: Factory, mode: ChatMode, reason: str, shown: str, transient: bool
 ) -> None:
+    # The adapter never retries itself; a run that allows attempts asks again for the
+    # failures marked transient (`TransientError`), and only those.
     server.set_chat_mode(mode, chunks=2)
     events: list[GenerationEvent] = []
     with pytest.raises(RetrievalError) as info:
@@ -331,6 +333,7 @@ def test_each_failure_is_provider_failed_with_its_reason_after_exactly_one_reque
     error = info.value
     assert (error.code, error.reason) == (ErrorCode.PROVIDER_FAILED, reason)
     assert shown in error.detail
+    assert isinstance(error, TransientError) is transient
     assert server.chat_requests_count == 1
     assert_no_key(error)
     assert not any(isinstance(e, UsageReported) for e in events)
@@ -364,6 +367,7 @@ def test_a_wrong_key_is_an_http_error_that_does_not_show_it(
     wrong = "sk-wrong-" + "k" * 40
     error = failure(make(api_key=lambda: wrong))
     assert error.reason == "http-error" and "HTTP 401" in error.detail
+    assert not isinstance(error, TransientError)  # a wrong key would be wrong again
     assert wrong not in "".join(traceback.format_exception(error))
 
 

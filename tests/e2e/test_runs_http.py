@@ -314,6 +314,31 @@ def test_a_provider_failing_mid_stream_ends_the_stream_with_run_failed_and_a_pro
     assert response.status_code == 502 and problem_of(response)["code"] == "PROVIDER_FAILED"
 
 
+def test_a_run_asks_the_model_again_after_a_server_error_when_it_allows_attempts(
+    host: RunningHost, world: RunsWorld
+) -> None:
+    # One HTTP 503 (a real response of the fake's wire format), then normal answers.
+    world.fake.set_chat_mode("server-error", times=1)
+    before = world.fake.chat_requests_count
+    body = run_body(provider="fake", model="gpt-test", maxAttempts=2)
+    streamed = stream_run(host, world.tokens["alice"], body)
+    assert streamed.events[-1]["type"] == "run.completed", streamed.events[-1]
+    retries = [e for e in streamed.of_type("run.progress") if e["phase"] == "generation.retry"]
+    assert [(e["attempt"], e["reason"]) for e in retries] == [(2, "http-error")]
+    assert world.fake.chat_requests_count == before + 2
+    usage = streamed.events[-1]["result"]["usage"]["generation"]
+    assert usage["requests"] == 2
+    # Without attempts to spare (the default), the same failure ends the run.
+    world.fake.set_chat_mode("rate-limited", times=1)
+    failed = stream_run(host, world.tokens["alice"], run_body(provider="fake", model="gpt-test"))
+    problem = failed.events[-1]["problem"]
+    assert (problem["code"], problem["reason"]) == ("PROVIDER_FAILED", "rate-limited")
+    too_many = post_run(
+        host, world.tokens["alice"], run_body(provider="fake", model="gpt-test", maxAttempts=6)
+    )
+    assert too_many.status_code == 422
+
+
 # --- 2. heartbeats and the idle timeout -------------------------------------------------------
 
 

@@ -225,6 +225,7 @@ class FakeOpenAI:
         self._chat_chunks = 1
         self._chat_write_size: int | None = None
         self._chat_crlf = False
+        self._chat_times: int | None = None
         self._chat_number = 0
         self._script: deque[PlannedResponse] = deque()
         self._unstall = threading.Event()
@@ -260,18 +261,22 @@ class FakeOpenAI:
         chunks: int = 1,
         write_size: int | None = None,
         crlf: bool = False,
+        times: int | None = None,
     ) -> None:
-        """Misbehave as `mode` for every chat request after the first `after` ones.
+        """Misbehave as `mode` for every chat request after the first `after` ones; with
+        `times`, only for `times` requests after the next `after` (counted from now), then
+        answer normally again.
 
         `chunks`: the events sent before a stall, drop or bad chunk. `write_size`: send the body
         in writes of that many bytes (events split mid-line). `crlf`: end SSE lines with CRLF.
         """
         with self._lock:
             self._chat_mode = mode
-            self._chat_after = after
+            self._chat_after = after if times is None else self._chat_number + after
             self._chat_chunks = chunks
             self._chat_write_size = write_size
             self._chat_crlf = crlf
+            self._chat_times = times
             self._unstall.clear()
 
     def script_chat(self, responses: Iterable[PlannedResponse]) -> None:
@@ -351,6 +356,7 @@ class FakeOpenAI:
             self._mode, self._mode_after = "ok", 0
             self._chat_mode, self._chat_after, self._chat_chunks = "ok", 0, 1
             self._chat_write_size, self._chat_crlf = None, False
+            self._chat_times = None
             self._chat_number = 0
             self._script.clear()
             self._disconnects = 0
@@ -421,7 +427,11 @@ class FakeOpenAI:
         with self._lock:
             self._chat_number += 1
             number = self._chat_number
-            mode = self._chat_mode if number > self._chat_after else "ok"
+            times = self._chat_times
+            misbehaving = number > self._chat_after and (
+                times is None or number <= self._chat_after + times
+            )
+            mode = self._chat_mode if misbehaving else "ok"
             plan = self._script.popleft() if self._script else None
             return number, mode, plan
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from retrieval_host.adapters._openai_http import error_object, scrub
-from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.reasons import ProviderFailedReason
 from retrieval_host.core.run_ports import (
     GenerationEvent,
@@ -41,6 +41,11 @@ _EOL = re.compile(rb"\r\n|\n|\r")
 def provider_failed(detail: str, reason: ProviderFailedReason) -> RetrievalError:
     """A `PROVIDER_FAILED` error with its reason."""
     return RetrievalError(ErrorCode.PROVIDER_FAILED, detail, reason=reason)
+
+
+def provider_transient(detail: str, reason: ProviderFailedReason) -> TransientError:
+    """A `PROVIDER_FAILED` error a later attempt may not meet (see `TransientError`)."""
+    return TransientError(ErrorCode.PROVIDER_FAILED, detail, reason=reason)
 
 
 def malformed(detail: str) -> RetrievalError:
@@ -145,7 +150,7 @@ class ChatStream:
         if error:
             message = error.get("message")
             shown = scrub(message, key) if isinstance(message, str) else ""
-            raise provider_failed(
+            raise provider_transient(
                 f"the generation provider reported an error mid-stream: {shown or 'no message'}",
                 ProviderFailedReason.STREAM_ERROR,
             )
@@ -190,7 +195,7 @@ class ChatStream:
     def finish(self) -> Iterator[GenerationEvent]:
         """The events due at the end: the assembled tool calls, then the usage."""
         if not self.done and not self._finished:
-            raise provider_failed(
+            raise provider_transient(
                 "the generation provider's stream ended before the answer was complete.",
                 ProviderFailedReason.STREAM_ENDED_EARLY,
             )

@@ -46,6 +46,7 @@ from retrieval_host.adapters._openai_chat_stream import (
     SSEDecoder,
     malformed,
     provider_failed,
+    provider_transient,
 )
 from retrieval_host.adapters._openai_http import (
     ERROR_BODY_BYTES,
@@ -199,7 +200,7 @@ class OpenAIChatProvider:
                     watchdog.stop()
         except httpx.TimeoutException:
             watchdog.raise_if_tripped()
-            raise provider_failed(
+            raise provider_transient(
                 f"the generation provider did not answer within {self._client.timeout.read} s.",
                 ProviderFailedReason.TIMEOUT,
             ) from None
@@ -207,12 +208,12 @@ class OpenAIChatProvider:
             watchdog.raise_if_tripped()
             # The exception text can carry the URL; only its class name is safe to show.
             if started:
-                raise provider_failed(
+                raise provider_transient(
                     f"the connection to the generation provider closed mid-stream "
                     f"({type(exc).__name__}).",
                     ProviderFailedReason.STREAM_ENDED_EARLY,
                 ) from None
-            raise provider_failed(
+            raise provider_transient(
                 f"could not reach the generation provider ({type(exc).__name__}).",
                 ProviderFailedReason.CONNECTION_FAILED,
             ) from None
@@ -285,13 +286,15 @@ def _status_error(status: int, raw: bytes, key: str | None) -> RetrievalError:
     message = scrub(error_message(raw), key)
     suffix = f": {message}" if message else "."
     if status == 429:
-        return provider_failed(
+        return provider_transient(
             f"the generation provider is rate limiting (HTTP 429){suffix}",
             ProviderFailedReason.RATE_LIMITED,
         )
-    return provider_failed(
-        f"the generation provider answered HTTP {status}{suffix}", ProviderFailedReason.HTTP_ERROR
-    )
+    detail = f"the generation provider answered HTTP {status}{suffix}"
+    if status >= 500:  # a server error may pass
+        return provider_transient(detail, ProviderFailedReason.HTTP_ERROR)
+    # A client error (bad request, key, model) would come again.
+    return provider_failed(detail, ProviderFailedReason.HTTP_ERROR)
 
 
 def _json_too_large() -> RetrievalError:

@@ -34,6 +34,12 @@ class CancelToken:
     def idle_expired(self) -> bool:
         return self._idle is not None and time.monotonic() - self._last > self._idle
 
+    def wait(self, seconds: float) -> None:
+        """Wait up to `seconds`, returning at once when cancelled; then `check`."""
+        if seconds > 0:
+            self._event.wait(seconds)
+        self.check()
+
     def check(self) -> None:
         if self._event.is_set():
             raise RetrievalError(ErrorCode.CANCELLED, "The request was cancelled.")

@@ -125,6 +125,13 @@ class RetrievalError(Exception):
         return TITLES[self.code]
 
 
+class TransientError(RetrievalError):
+    """A failure a later attempt may not meet: a rate limit, a server error, a dropped
+    connection, a timeout. A provider raises it for such failures; a run that allows more
+    than one attempt per model call (`RunRequest.max_attempts`) asks again when the failed
+    attempt had streamed nothing. Everywhere else it is the `RetrievalError` it is."""
+
+
 def source_unavailable() -> RetrievalError:
     """The single public answer for a source that is missing *or* not authorized.
 

@@ -152,6 +152,10 @@ class RunRequest:
     max_tokens: int | None = None
     # What happens on each outcome (default: fail, as before).
     fallbacks: Fallbacks = Fallbacks()
+    # Attempts per model call: a provider failure that may pass (`TransientError`: a rate
+    # limit, a server error, a dropped connection) is asked again, with a backoff, while the
+    # failed attempt had streamed nothing. 1: never (as before).
+    max_attempts: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ def run_request(body: wire.RunRequest) -> RunRequest:
         idle_timeout_ms=body.idle_timeout_ms,
         max_generation_steps=body.max_generation_steps,
         max_tokens=body.max_tokens,
+        max_attempts=body.max_attempts,
         fallbacks=Fallbacks()
         if body.fallbacks is None
         else Fallbacks(

@@ -412,7 +412,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
     for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters"):
         del body["retrieval"][name]
-    for name in ("citations", "max_tokens", "fallbacks"):  # added after them, at the top
+    for name in ("citations", "max_tokens", "fallbacks", "max_attempts"):  # added at the top
         del body[name]
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     assert request_fingerprint(request) == hashlib.sha256(canonical.encode()).hexdigest()
@@ -431,11 +431,13 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     assert request_fingerprint(bounded) != request_fingerprint(request)
     falling_back = dataclasses.replace(request, fallbacks=Fallbacks(no_evidence="continue"))
     assert request_fingerprint(falling_back) != request_fingerprint(request)
+    retrying = dataclasses.replace(request, max_attempts=3)
+    assert request_fingerprint(retrying) != request_fingerprint(request)
     # A request with the first fallbacks hashes as before the later ones existed.
     before_later = dataclasses.asdict(dataclasses.replace(falling_back, idle_timeout_ms=None))
     for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters"):
         del before_later["retrieval"][name]
-    for name in ("citations", "max_tokens"):
+    for name in ("citations", "max_tokens", "max_attempts"):
         del before_later[name]
     for name in ("search_failed", "answer_rejected"):
         del before_later["fallbacks"][name]

@@ -81,8 +81,10 @@ class RunEngine:
         effects: Sequence[RetrievalEffect] = (),
         dedup_key: DedupKey = default_dedup_key,
         usage: UsageSink | None = None,
+        retry_backoff_s: float = 0.5,
     ) -> None:
         self._retrieval = retrieval
+        self._retry_backoff_s = retry_backoff_s
         self._usage = usage
         self._verifier = verifier
         self._context_policy = context_policy
@@ -257,6 +259,7 @@ class RunEngine:
                 rounds=rounds,
                 tools=tools,
                 fenced=mode == "before",
+                backoff_s=self._retry_backoff_s,
             )
             text.append(output.text)
             if not output.calls or mode != "tool" or spec is None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
-from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.core.run_ports import (
@@ -27,6 +27,9 @@ from retrieval_host.core.runs_model import GenerationUsage, RunDelta, RunProgres
 # or a note for the model).
 ToolRound: TypeAlias = tuple[Message, list[tuple[str, str | list[str]]]]
 
+# The longest wait between two attempts of one model call.
+MAX_BACKOFF_S: Final = 8.0
+
 
 @dataclass(frozen=True)
 class StepOutput:
@@ -43,8 +46,11 @@ def generate_step(
     rounds: Sequence[ToolRound],
     tools: Sequence[ToolSpec],
     fenced: bool,
+    backoff_s: float = 0.5,
 ) -> StepOutput:
-    """Ask the provider once, streaming its text as `run.delta` events.
+    """Ask the provider, streaming its text as `run.delta` events; ask again (up to the
+    request's `max_attempts`, waiting `backoff_s`, doubling, at most `MAX_BACKOFF_S`) after a
+    `TransientError` before anything of the answer streamed.
 
     The tool rounds so far are rendered again at every step, so a passage revoked since it
     was found is left out of what the model sees next.
@@ -62,30 +68,44 @@ def generate_step(
             for call_id, outcome in outcomes
         ]
     run.emit(RunProgress("generation", {"step": step, "provider": request.provider}))
-    calls: list[ToolCall] = []
-    text: list[str] = []
-    for event in provider.generate(
-        GenerationRequest(
-            model=request.model,
-            messages=messages,
-            tools=tools,
-            evidence=visible,
-            question=request.input,
-            step=step,
-        ),
-        run.context.cancel,
-    ):
-        run.context.cancel.check()
-        if isinstance(event, TextDelta):
-            if event.text:
-                text.append(event.text)
-                run.emit(RunDelta(event.text))
-        elif isinstance(event, ToolCallRequested):
-            calls.append(event.call)
-        elif isinstance(event, UsageReported):
-            run.generation += event.usage
-    run.generation += GenerationUsage(requests=1)
-    return StepOutput("".join(text), calls)
+    asked = GenerationRequest(
+        model=request.model,
+        messages=messages,
+        tools=tools,
+        evidence=visible,
+        question=request.input,
+        step=step,
+    )
+    for attempt in range(1, request.max_attempts + 1):
+        calls: list[ToolCall] = []
+        text: list[str] = []
+        try:
+            for event in provider.generate(asked, run.context.cancel):
+                run.context.cancel.check()
+                if isinstance(event, TextDelta):
+                    if event.text:
+                        text.append(event.text)
+                        run.emit(RunDelta(event.text))
+                elif isinstance(event, ToolCallRequested):
+                    calls.append(event.call)
+                elif isinstance(event, UsageReported):
+                    run.generation += event.usage
+        except TransientError as error:
+            run.generation += GenerationUsage(requests=1)  # the failed attempt was a request
+            if text or calls or attempt == request.max_attempts:
+                raise  # streamed bytes cannot be taken back; or no attempt is left
+            delay = min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            run.emit(
+                RunProgress(
+                    "generation.retry",
+                    {"step": step, "attempt": attempt + 1, "reason": error.reason, "wait": delay},
+                )
+            )
+            run.context.cancel.wait(delay)
+            continue
+        run.generation += GenerationUsage(requests=1)
+        return StepOutput("".join(text), calls)
+    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
 
 def step_budget_exhausted() -> RetrievalError:

@@ -32,6 +32,10 @@ _ORIGINAL_FALLBACKS = {
 }
 
 
+# The most attempts a run may allow per model call (`RunRequest.max_attempts`).
+MAX_ATTEMPTS = 5
+
+
 def request_fingerprint(request: RunRequest) -> str:
     """What makes two run requests 'the same' for an idempotency key (timeouts excluded).
 
@@ -41,6 +45,8 @@ def request_fingerprint(request: RunRequest) -> str:
     for added in ("citations", "max_tokens"):
         if body.get(added) is None:
             del body[added]  # added later: absent, as in the runs recorded before it
+    if body.get("max_attempts") == 1:
+        del body["max_attempts"]
     fallbacks = body.get("fallbacks")
     if isinstance(fallbacks, dict):
         for added, default in _ADDED_FALLBACK_DEFAULTS.items():
@@ -68,6 +74,10 @@ def check_run_request(request: RunRequest) -> None:
     if not 1 <= request.max_generation_steps <= MAX_GENERATION_STEPS:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, f"maxGenerationSteps must be in 1..{MAX_GENERATION_STEPS}."
+        )
+    if isinstance(request.max_attempts, bool) or not 1 <= request.max_attempts <= MAX_ATTEMPTS:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, f"maxAttempts must be in 1..{MAX_ATTEMPTS}."
         )
     if request.max_tokens is not None and (
         isinstance(request.max_tokens, bool) or request.max_tokens < 1

@@ -1,0 +1,142 @@
+"""A run's model call asked again after a failure that may pass (`RunRequest.max_attempts`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
+from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, TextDelta
+from retrieval_host.core.runs import RunEngine
+from retrieval_host.core.runs.generation import MAX_BACKOFF_S
+from retrieval_host.core.runs_model import (
+    RunCompleted,
+    RunDelta,
+    RunEvent,
+    RunFailed,
+    RunProgress,
+    RunRequest,
+    RunRetrieval,
+)
+from tests.support.run_engine import RunWorld
+
+ALICE = RequestContext("alice")
+ANSWER = "The battery lasts ten hours."
+
+
+def overloaded() -> TransientError:
+    return TransientError(ErrorCode.PROVIDER_FAILED, "HTTP 503.", reason="http-error")
+
+
+class Flaky:
+    """Fails its first calls with the given errors (after streaming `streamed` text, if any),
+    then answers."""
+
+    kind = "test"
+
+    def __init__(self, *failures: RetrievalError, streamed: str = "") -> None:
+        self.failures = list(failures)
+        self.streamed = streamed
+        self.calls = 0
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        self.calls += 1
+        if self.failures:
+            failure = self.failures.pop(0)
+            if self.streamed:
+                yield TextDelta(self.streamed)
+            raise failure
+        yield TextDelta(ANSWER)
+
+
+def request(max_attempts: int = 3) -> RunRequest:
+    return RunRequest(
+        provider="flaky",
+        model="m",
+        input="How long does the battery last?",
+        retrieval=RunRetrieval(corpus="library"),
+        max_attempts=max_attempts,
+    )
+
+
+def engine(world: RunWorld, provider: Flaky, backoff_s: float = 0.0) -> RunEngine:
+    return RunEngine(world.service, {"flaky": provider}, world.runs, retry_backoff_s=backoff_s)
+
+
+def test_a_failure_that_may_pass_is_asked_again_and_each_attempt_is_counted(
+    run_world: RunWorld,
+) -> None:
+    flaky = Flaky(overloaded(), overloaded())
+    events: list[RunEvent] = []
+    engine(run_world, flaky).execute(request(3), ALICE, events.append)
+    done = events[-1]
+    assert isinstance(done, RunCompleted), done
+    assert done.result.text == ANSWER and flaky.calls == 3
+    retries = [
+        e.context for e in events if isinstance(e, RunProgress) and e.phase.endswith("retry")
+    ]
+    assert [(r["step"], r["attempt"], r["reason"]) for r in retries] == [
+        (1, 2, "http-error"),
+        (1, 3, "http-error"),
+    ]
+    assert done.result.usage.generation.requests == 3  # the failed attempts were requests too
+    assert [e.text for e in events if isinstance(e, RunDelta)] == [ANSWER]
+
+
+def test_without_attempts_left_the_last_failure_ends_the_run(run_world: RunWorld) -> None:
+    once = Flaky(overloaded())
+    with pytest.raises(TransientError):
+        engine(run_world, once).run(request(1), ALICE)  # the default: one attempt, as before
+    assert once.calls == 1
+    spent = Flaky(overloaded(), overloaded(), overloaded())
+    with pytest.raises(RetrievalError) as error:
+        engine(run_world, spent).run(request(3), ALICE)
+    assert (error.value.code, error.value.reason) == (ErrorCode.PROVIDER_FAILED, "http-error")
+    assert spent.calls == 3
+
+
+def test_a_failure_that_would_come_again_is_not_retried(run_world: RunWorld) -> None:
+    bad_key = RetrievalError(ErrorCode.PROVIDER_FAILED, "HTTP 401.", reason="http-error")
+    flaky = Flaky(bad_key)
+    with pytest.raises(RetrievalError) as error:
+        engine(run_world, flaky).run(request(3), ALICE)
+    assert error.value is bad_key and flaky.calls == 1
+
+
+def test_an_attempt_that_streamed_text_is_never_asked_again(run_world: RunWorld) -> None:
+    flaky = Flaky(overloaded(), streamed="The batt")
+    events: list[RunEvent] = []
+    engine(run_world, flaky).execute(request(3), ALICE, events.append)
+    assert isinstance(events[-1], RunFailed) and flaky.calls == 1
+    assert [e.text for e in events if isinstance(e, RunDelta)] == ["The batt"]
+
+
+def test_a_cancel_during_the_backoff_ends_the_wait(run_world: RunWorld) -> None:
+    cancel = CancelToken()
+    context = RequestContext("alice", cancel)
+    events: list[RunEvent] = []
+
+    def sink(event: RunEvent) -> None:
+        events.append(event)
+        if isinstance(event, RunProgress) and event.phase == "generation.retry":
+            assert event.context["wait"] == MAX_BACKOFF_S  # 60 s asked, capped
+            cancel.cancel()  # the client goes away while the run waits
+
+    flaky = Flaky(overloaded())
+    engine(run_world, flaky, backoff_s=60.0).execute(request(2), context, sink)
+    failed = events[-1]
+    assert isinstance(failed, RunFailed) and failed.error.code is ErrorCode.CANCELLED
+    assert flaky.calls == 1
+
+
+@pytest.mark.parametrize("attempts", [0, 6, True])
+def test_max_attempts_outside_1_to_5_is_refused(run_world: RunWorld, attempts: int) -> None:
+    flaky = Flaky()
+    with pytest.raises(RetrievalError) as error:
+        engine(run_world, flaky).run(request(attempts), ALICE)
+    assert error.value.code is ErrorCode.INVALID_REQUEST and flaky.calls == 0
