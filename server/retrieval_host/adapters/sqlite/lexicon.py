@@ -34,7 +34,7 @@ segment keeps its captures.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -311,15 +311,13 @@ class Lexicon:
         return mask
 
 
-def score(
-    capture: LexicalCapture, terms: Sequence[str], bm25: Bm25, k: int, cancel: CancelToken
-) -> list[tuple[int, float]]:
-    """The top k (slot, BM25 score) of a capture, best first, equal scores by chunk id."""
-    allowed = capture.allowed
-    scores = np.zeros(capture.size, dtype=np.float64)
-    average = capture.total_length / capture.passages
-    # Terms in code point order, the order the PostgreSQL store sums them in: floating-point
-    # addition is not associative, and equal passages must score equal in both stores.
+def _weighted_postings(
+    capture: LexicalCapture, terms: Sequence[str], cancel: CancelToken
+) -> Iterator[tuple[Slots, Counts, float]]:
+    """Per query term held by the namespace: its postings and its weight (occurrences in the
+    query x idf). Terms in code point order, the order the PostgreSQL store sums them in:
+    floating-point addition is not associative, and equal passages must score equal in both
+    stores (and in `score` and `score_slots`)."""
     for term, count in sorted(Counter(terms).items()):
         cancel.check()
         found = capture.postings.get(term)
@@ -329,13 +327,23 @@ def score(
         df = int(np.count_nonzero(capture.live[slots]))
         if df == 0:
             continue
-        idf = Bm25.idf(df, capture.passages)
+        yield slots, tfs, count * Bm25.idf(df, capture.passages)
+
+
+def score(
+    capture: LexicalCapture, terms: Sequence[str], bm25: Bm25, k: int, cancel: CancelToken
+) -> list[tuple[int, float]]:
+    """The top k (slot, BM25 score) of a capture, best first, equal scores by chunk id."""
+    allowed = capture.allowed
+    scores = np.zeros(capture.size, dtype=np.float64)
+    average = capture.total_length / capture.passages
+    for slots, tfs, weight in _weighted_postings(capture, terms, cancel):
         mine = allowed[slots]
         hit = slots[mine]
         tf = tfs[mine].astype(np.float64)
         norm = bm25.k1 * (1.0 - bm25.b + bm25.b * capture.lengths[hit] / average)
         # A slot appears once per term: the fancy-indexed add touches each hit once.
-        scores[hit] += count * idf * (tf / (tf + norm))
+        scores[hit] += weight * (tf / (tf + norm))
         cancel.progress()
     matched = np.flatnonzero(scores > 0)
     if len(matched) > k:
@@ -357,6 +365,15 @@ def score_slots(
     scores = np.zeros(len(slots), dtype=np.float64)
     if not len(slots):
         return scores
+    average = capture.total_length / capture.passages
+    lengths = capture.lengths[slots]
+    for posted, tfs, weight in _weighted_postings(capture, terms, cancel):
+        at = np.minimum(np.searchsorted(posted, slots), len(posted) - 1)
+        hit = posted[at] == slots
+        tf = tfs[at[hit]].astype(np.float64)
+        norm = bm25.k1 * (1.0 - bm25.b + bm25.b * lengths[hit] / average)
+        scores[hit] += weight * (tf / (tf + norm))
+    return scores
     average = capture.total_length / capture.passages
     lengths = capture.lengths[slots]
     for term, count in sorted(Counter(terms).items()):
