@@ -35,7 +35,11 @@ class CancelToken:
         return self._idle is not None and time.monotonic() - self._last > self._idle
 
     def wait(self, seconds: float) -> None:
-        """Wait up to `seconds`, returning at once when cancelled; then `check`."""
+        """Wait up to `seconds` (a backoff), ending at once when cancelled and at the latest
+        when the inactivity timeout runs out (a wait is not progress); then `check`."""
+        if self._idle is not None:
+            left = self._idle - (time.monotonic() - self._last)
+            seconds = min(seconds, max(left, 0.0) + 0.001)
         if seconds > 0:
             self._event.wait(seconds)
         self.check()

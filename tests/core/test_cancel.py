@@ -1,0 +1,47 @@
+"""`CancelToken.wait`: a backoff that a cancel or the inactivity timeout ends early."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+
+
+def test_a_wait_ends_when_the_inactivity_timeout_runs_out() -> None:
+    token = CancelToken(idle_timeout_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(RetrievalError) as error:
+        token.wait(60.0)
+    assert error.value.code is ErrorCode.TIMEOUT
+    assert time.monotonic() - started < 30.0  # the deadline, not the minute asked for
+
+
+def test_a_wait_ends_when_cancelled_from_another_thread() -> None:
+    token = CancelToken()
+    waiting = threading.Event()
+    outcome: list[ErrorCode] = []
+
+    def wait() -> None:
+        waiting.set()
+        try:
+            token.wait(600.0)
+        except RetrievalError as error:
+            outcome.append(error.code)
+
+    worker = threading.Thread(target=wait)
+    worker.start()
+    assert waiting.wait(30.0)
+    token.cancel()
+    worker.join(30.0)
+    assert not worker.is_alive() and outcome == [ErrorCode.CANCELLED]
+
+
+def test_a_wait_without_a_cancel_or_deadline_returns() -> None:
+    token = CancelToken(idle_timeout_s=60.0)
+    token.wait(0.01)
+    token.wait(0.0)
+    assert not token.cancelled
