@@ -225,20 +225,7 @@ class Lexicon:
         if self.passages == 0:
             return None
         mask = self._allowed(allowed, filters)
-        if mask is None:
-            return None
-        postings = {term: found.view() for term in set(terms) if (found := self.postings.get(term))}
-        return LexicalCapture(
-            postings,
-            self.live,
-            self.lengths,
-            self.size,
-            self.passages,
-            self.total_length,
-            mask,
-            self.rows,
-            self.row_sources,
-        )
+        return None if mask is None else self._capture(terms, mask)
 
     def capture_passages(
         self, passages: Sequence[Candidate], terms: Sequence[str]
@@ -257,19 +244,23 @@ class Lexicon:
             return None, slots
         mask: Mask = np.zeros(self.size, dtype=np.bool_)
         mask[held] = True
+        return self._capture(terms, mask), slots
+
+    def _capture(self, terms: Sequence[str], allowed: Mask) -> LexicalCapture:
+        """The postings of `terms` and the namespace's arrays as they are now, ranking only
+        the `allowed` slots."""
         postings = {term: found.view() for term in set(terms) if (found := self.postings.get(term))}
-        capture = LexicalCapture(
+        return LexicalCapture(
             postings,
             self.live,
             self.lengths,
             self.size,
             self.passages,
             self.total_length,
-            mask,
+            allowed,
             self.rows,
             self.row_sources,
         )
-        return capture, slots
 
     def _chunk_id(self, slot: int) -> str:
         return self.rows[slot][0]
