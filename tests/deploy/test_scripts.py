@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import stat
@@ -14,8 +15,8 @@ from pathlib import Path
 import apsw
 import pytest
 
-from retrieval_host.settings import HostSettings, ListenSettings, TlsSettings
-from tests.support.deploy import DEPLOY
+from retrieval_host.settings import HostSettings, LimitSettings, ListenSettings, TlsSettings
+from tests.support.deploy import DEPLOY, k8s_object, yaml_documents
 from tests.support.host import RunningHost, TlsFiles, make_tls, serve_in_thread
 
 HEALTHCHECK = DEPLOY / "scripts" / "healthcheck.py"
@@ -161,3 +162,33 @@ def test_check_image_is_an_executable_bash_script_with_valid_syntax() -> None:
         ["bash", "-n", str(script)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_every_run_line_and_manifest_gives_the_host_the_stop_timeout_check_image_uses() -> None:
+    """check-image stops the container with CHECK_IMAGE_STOP_S (30 s) while an ingest is in
+    flight and requires exit 0 before it: every way of running the host must allow as much,
+    and more than the host's own shutdown grace (limits.shutdownGraceS)."""
+    text = (DEPLOY / "check-image").read_text(encoding="utf-8")
+    (stop_s,) = re.findall(r"STOP_S=\$\{CHECK_IMAGE_STOP_S:-(\d+)\}", text)
+    timeout = int(stop_s)
+    assert LimitSettings().shutdown_grace_s < timeout
+    readme = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    # The lines that start a host (detached or publishing its port), not one-off commands.
+    run_lines = [
+        line
+        for line in readme.splitlines()
+        if re.search(r"(docker|podman) run ", line) and re.search(r" (-d|-p) ", line)
+    ]
+    assert run_lines
+    for line in run_lines:
+        assert f"--stop-timeout {timeout}" in line, line
+    for path in sorted(DEPLOY.glob("compose*.yaml")):
+        compose = yaml_documents(path)[0]
+        for name, service in compose["services"].items():
+            if "build" in service or service.get("<<"):
+                assert service.get("stop_grace_period") == f"{timeout}s", (path.name, name)
+    for overlay in ("sqlite", "postgres"):
+        pod = k8s_object("Deployment", "retrieval-host", overlay)["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == timeout
+    unit = (DEPLOY / "systemd" / "retrieval-host.service").read_text(encoding="utf-8")
+    assert f"\nTimeoutStopSec={timeout}s\n" in unit

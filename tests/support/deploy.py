@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +26,48 @@ def yaml_documents(path: Path) -> list[dict[str, Any]]:
     return documents
 
 
-def k8s_objects() -> list[tuple[Path, dict[str, Any]]]:
-    """(file, object) for every Kubernetes object under deploy/k8s/."""
-    return [(path, doc) for path in sorted(K8S.glob("*.yaml")) for doc in yaml_documents(path)]
+OVERLAYS = K8S / "overlays"
 
 
-def k8s_object(kind: str, name: str) -> dict[str, Any]:
-    """The one object of this kind and name under deploy/k8s/."""
+def kubectl() -> str:
+    """kubectl, whose `kustomize` renders the overlays (scripts/test installs Debian's
+    kubernetes-client where no kubectl is present)."""
+    found = shutil.which("kubectl")
+    assert found is not None, "kubectl is installed by scripts/test"
+    return found
+
+
+@functools.cache
+def kustomize(directory: Path) -> tuple[dict[str, Any], ...]:
+    """The objects `kubectl kustomize` renders from a kustomization directory."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    documents = [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+    for document in documents:
+        assert isinstance(document, dict) and "kind" in document, document
+    return tuple(documents)
+
+
+def k8s_objects(overlay: str = "sqlite") -> list[tuple[Path, dict[str, Any]]]:
+    """(source, object) for every object an overlay renders, and the Secrets of the template
+    (base/secret.yaml) that the operator creates with kubectl."""
+    rendered = [(OVERLAYS / overlay, doc) for doc in kustomize(OVERLAYS / overlay)]
+    secrets = K8S / "base" / "secret.yaml"
+    return rendered + [(secrets, doc) for doc in yaml_documents(secrets)]
+
+
+def k8s_object(kind: str, name: str, overlay: str = "sqlite") -> dict[str, Any]:
+    """The one object of this kind and name an overlay renders (or the Secret template holds)."""
     found = [
-        doc for _, doc in k8s_objects() if doc["kind"] == kind and doc["metadata"]["name"] == name
+        doc
+        for _, doc in k8s_objects(overlay)
+        if doc["kind"] == kind and doc["metadata"]["name"] == name
     ]
     assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
     return found[0]
