@@ -151,17 +151,37 @@ def test_backup_of_a_missing_database_fails_and_writes_nothing(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
-def test_check_image_is_an_executable_bash_script_with_valid_syntax() -> None:
-    script = DEPLOY / "check-image"
+@pytest.mark.parametrize("name", ["check-image", "check-compose"])
+def test_the_check_scripts_are_executable_bash_with_valid_syntax(name: str) -> None:
+    script = DEPLOY / name
     assert os.access(script, os.X_OK)
     text = script.read_text(encoding="utf-8")
     assert text.startswith("#!/usr/bin/env bash\n")
     assert "\nset -euo pipefail\n" in text
-    assert "\ntrap cleanup EXIT\n" in text  # the container and volume go, whatever happens
-    result = subprocess.run(
-        ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+    assert "\ntrap cleanup EXIT\n" in text  # containers and volumes go, whatever happens
+    assert '\nsource "$REPO/deploy/lib/podman.sh"\n' in text
+    for path in (script, DEPLOY / "lib" / "podman.sh", DEPLOY / "pgvector" / "entrypoint.sh"):
+        result = subprocess.run(
+            ["bash", "-n", str(path)], capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, (path, result.stderr)
+
+
+def test_check_compose_brings_up_the_scale_out_file_it_documents() -> None:
+    text = (DEPLOY / "check-compose").read_text(encoding="utf-8")
+    compose = yaml_documents(DEPLOY / "compose.scale-out.yaml")[0]
+    assert "-f compose.scale-out.yaml" in text
+    # The stand-in database image is the compose file's default replaced, nothing else.
+    assert compose["services"]["postgres"]["image"] == "${PGVECTOR_IMAGE:-pgvector/pgvector:pg17}"
+    assert "PGVECTOR_IMAGE=$PGVECTOR_IMAGE podman-compose" in text
+    # The ports it checks are the ones the replicas publish.
+    published = sorted(
+        port.split(":")[1]
+        for service in compose["services"].values()
+        for port in service.get("ports", [])
     )
-    assert result.returncode == 0, result.stderr
+    assert published == ["8443", "8444"]
+    assert "for port in 8443 8444; do" in text
 
 
 def test_every_run_line_and_manifest_gives_the_host_the_stop_timeout_check_image_uses() -> None:
