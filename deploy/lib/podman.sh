@@ -9,22 +9,22 @@ BASE=debian:bookworm-slim
 
 # The tools (installed with apt-get when missing) and podman's settings.
 podman_setup() {
-missing=()
-for tool in podman runc debootstrap curl "$@"; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    log "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+    missing=()
+    for tool in podman runc debootstrap curl "$@"; do
+        command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        log "installing ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
 
-# podman's settings for this machine: storage under CACHE, cgroupfs, file events, runc.
-mkdir -p "$CACHE"
-printf '[storage]\ndriver="overlay"\ngraphroot="%s/storage"\nrunroot="%s/run"\n' \
-    "$CACHE" "$CACHE" >"$CACHE/storage.conf"
-nofile=$(ulimit -Hn)
-cat >"$CACHE/containers.conf" <<EOC
+    # podman's settings for this machine: storage under CACHE, cgroupfs, file events, runc.
+    mkdir -p "$CACHE"
+    printf '[storage]\ndriver="overlay"\ngraphroot="%s/storage"\nrunroot="%s/run"\n' \
+        "$CACHE" "$CACHE" >"$CACHE/storage.conf"
+    nofile=$(ulimit -Hn)
+    cat >"$CACHE/containers.conf" <<EOC
 [containers]
 default_ulimits=["nofile=${nofile}:${nofile}","nproc=32768:32768"]
 [engine]
@@ -32,7 +32,7 @@ cgroup_manager="cgroupfs"
 events_logger="file"
 runtime="runc"
 EOC
-export CONTAINERS_STORAGE_CONF=$CACHE/storage.conf CONTAINERS_CONF=$CACHE/containers.conf
+    export CONTAINERS_STORAGE_CONF=$CACHE/storage.conf CONTAINERS_CONF=$CACHE/containers.conf
 }
 
 # The Debian mirror apt uses here (deb822 .sources or one-line lists), for the release suite.
@@ -55,23 +55,23 @@ security_mirror() {
 }
 
 ensure_base_image() {
-# Made as Debian's official slim image is made (debuerreotype --slimify): documentation,
-# manual pages and translations excluded by a dpkg rule that later installs follow too, and no
-# apt lists or caches. A base from an earlier version of this script (not slim) is replaced.
-BASE_LABEL=retrieval-host.check-base=slim-1
-if podman image exists "$BASE" && [ "$(podman image inspect --format \
-    '{{index .Labels "retrieval-host.check-base"}}' "$BASE")" = "${BASE_LABEL#*=}" ]; then
-    log "base image $BASE: present (cache $CACHE)"
-else
-    mirror=$(debian_mirror)
-    log "base image $BASE: debootstrap --variant=minbase bookworm from $mirror"
-    rootfs=$CACHE/rootfs
-    rm -rf "$rootfs"
-    debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
-        || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
-    # The sources the official image carries (release, updates, security), on this mirror.
-    rm -f "$rootfs/etc/apt/sources.list"
-    cat >"$rootfs/etc/apt/sources.list.d/debian.sources" <<EOS
+    # Made as Debian's official slim image is made (debuerreotype --slimify): documentation,
+    # manual pages and translations excluded by a dpkg rule that later installs follow too, and no
+    # apt lists or caches. A base from an earlier version of this script (not slim) is replaced.
+    BASE_LABEL=retrieval-host.check-base=slim-1
+    if podman image exists "$BASE" && [ "$(podman image inspect --format \
+        '{{index .Labels "retrieval-host.check-base"}}' "$BASE")" = "${BASE_LABEL#*=}" ]; then
+        log "base image $BASE: present (cache $CACHE)"
+    else
+        mirror=$(debian_mirror)
+        log "base image $BASE: debootstrap --variant=minbase bookworm from $mirror"
+        rootfs=$CACHE/rootfs
+        rm -rf "$rootfs"
+        debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
+            || { tail -20 "$CACHE/debootstrap.log" >&2; die "debootstrap failed"; }
+        # The sources the official image carries (release, updates, security), on this mirror.
+        rm -f "$rootfs/etc/apt/sources.list"
+        cat >"$rootfs/etc/apt/sources.list.d/debian.sources" <<EOS
 Types: deb
 URIs: $mirror
 Suites: bookworm bookworm-updates
@@ -84,7 +84,7 @@ Suites: bookworm-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOS
-    cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'EOS'
+        cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'EOS'
 path-exclude /usr/share/doc/*
 path-include /usr/share/doc/*/copyright
 path-exclude /usr/share/groff/*
@@ -94,23 +94,23 @@ path-exclude /usr/share/lintian/overrides/*
 path-exclude /usr/share/locale/*
 path-exclude /usr/share/man/*
 EOS
-    find "$rootfs/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
-    find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
-    rm -rf "$rootfs"/usr/share/{groff,info,linda,lintian/overrides,locale,man}/*
-    rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/*.log \
-        "$rootfs"/var/log/apt/* "$rootfs"/var/cache/debconf/*-old
-    podman rmi -f "$BASE" >/dev/null 2>&1 || true
-    tar -C "$rootfs" -c . | podman import --quiet --change "LABEL $BASE_LABEL" - "$BASE" >/dev/null
-    rm -rf "$rootfs"
-fi
+        find "$rootfs/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
+        find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
+        rm -rf "$rootfs"/usr/share/{groff,info,linda,lintian/overrides,locale,man}/*
+        rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/*.log \
+            "$rootfs"/var/log/apt/* "$rootfs"/var/cache/debconf/*-old
+        podman rmi -f "$BASE" >/dev/null 2>&1 || true
+        tar -C "$rootfs" -c . | podman import --quiet --change "LABEL $BASE_LABEL" - "$BASE" >/dev/null
+        rm -rf "$rootfs"
+    fi
 }
 
 podman_build_args() {
-local work=$1
-if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
-    # Build time only: pip trusts the host's bundle (an intercepting proxy's CA, if any).
-    printf '[global]\ncert = /run/host-ca.crt\n' >"$work/pip.conf"
-    build_args+=(-v /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro
-        -v "$work/pip.conf:/etc/pip.conf:ro")
-fi
+    local work=$1
+    if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+        # Build time only: pip trusts the host's bundle (an intercepting proxy's CA, if any).
+        printf '[global]\ncert = /run/host-ca.crt\n' >"$work/pip.conf"
+        build_args+=(-v /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro
+            -v "$work/pip.conf:/etc/pip.conf:ro")
+    fi
 }
