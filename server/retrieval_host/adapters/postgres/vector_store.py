@@ -69,7 +69,7 @@ from retrieval_host.adapters.postgres.schema import (
     session_setup,
 )
 from retrieval_host.adapters.postgres.search import Matrix, PgSearchStats, Searcher
-from retrieval_host.core.cancel import CancelToken
+from retrieval_host.adapters.postgres.searching import PgSearch
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import (
     ErrorCode,
@@ -77,13 +77,10 @@ from retrieval_host.core.errors import (
     source_unavailable,
     store_read_only,
 )
-from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.ports import (
-    Candidate,
     CapacityLimits,
     StoredChunk,
     StoredSource,
-    Vectors,
 )
 from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
 
@@ -93,7 +90,7 @@ MIN_PGVECTOR_HNSW: Final = (0, 5, 0)
 MIN_PGVECTOR_ITERATIVE: Final = (0, 8, 0)
 
 
-class PgVectorStore(StoreBase, inspect.PgInspection):
+class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
     """The scale-out vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: every call borrows a pooled connection. Any number of instances, in any
@@ -509,93 +506,6 @@ class PgVectorStore(StoreBase, inspect.PgInspection):
                 (current[3], corpus),
             )
         return int(current[2])
-
-    # --- search ------------------------------------------------------------------------------
-
-    def search(
-        self,
-        corpus: str,
-        namespace: str,
-        allowed: Mapping[str, str],
-        query: Vectors,
-        k: int,
-        cancel: CancelToken,
-        filters: MetadataFilter | None = None,
-    ) -> list[Candidate]:
-        """Top-k cosine matches among the allowed revisions only, best first.
-
-        Rows outside `allowed` (or the namespace, or the filters) are excluded in SQL before
-        any distance is ranked. `cancel` is checked before each batch of `scan_batch_rows`
-        rows (before the index scan on the HNSW path). See `search.Searcher`.
-        """
-        descriptor = self._descriptor(corpus)
-        return self._searcher.search(
-            self._pool, descriptor, namespace, allowed, query, k, cancel, filters
-        )
-
-    def lexical_search(
-        self,
-        corpus: str,
-        namespace: str,
-        allowed: Mapping[str, str],
-        terms: Sequence[str],
-        k: int,
-        cancel: CancelToken,
-        filters: MetadataFilter | None = None,
-    ) -> list[Candidate]:
-        """Top-k BM25 matches among the allowed revisions only, best first (see the port).
-
-        The granted sources are selected in SQL before any passage is scored, as in `search`;
-        scoring and ranking run in SQL from the stored term statistics (`lexical`).
-        """
-        descriptor = self._descriptor(corpus)
-        if k <= 0 or not allowed or not terms:
-            return []
-        cancel.check()
-        with (
-            self._pool.connection() as conn,
-            translated("searching"),
-            transaction(conn, repeatable_read=True, read_only=True),
-        ):
-            return lexical.lexical_search(
-                conn, self._schema, descriptor, namespace, allowed, terms, k, cancel, filters
-            )
-
-    def dense_scores(
-        self,
-        corpus: str,
-        namespace: str,
-        passages: Sequence[Candidate],
-        query: Vectors,
-        cancel: CancelToken,
-    ) -> list[float | None]:
-        """Each passage's cosine with the query, from its stored vector (see the port)."""
-        descriptor = self._descriptor(corpus)
-        return self._searcher.dense_scores(
-            self._pool, descriptor, namespace, passages, query, cancel
-        )
-
-    def lexical_scores(
-        self,
-        corpus: str,
-        namespace: str,
-        passages: Sequence[Candidate],
-        terms: Sequence[str],
-        cancel: CancelToken,
-    ) -> list[float | None]:
-        """Each passage's BM25 score, from the stored term statistics (see the port)."""
-        descriptor = self._descriptor(corpus)
-        if not passages:
-            return []
-        cancel.check()
-        with (
-            self._pool.connection() as conn,
-            translated("searching"),
-            transaction(conn, repeatable_read=True, read_only=True),
-        ):
-            return lexical.lexical_scores(
-                conn, self._schema, descriptor, namespace, passages, terms
-            )
 
     # --- helpers -------------------------------------------------------------------------------
 

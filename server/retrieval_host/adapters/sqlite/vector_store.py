@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import apsw
@@ -54,8 +54,7 @@ from retrieval_host.adapters.sqlite.catalog import (
     store_descriptor,
 )
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
-from retrieval_host.adapters.sqlite.lexicon import score, score_slots
-from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scan, Scanner, query_unit
+from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scanner
 from retrieval_host.adapters.sqlite.schema import (
     immediate,
     one,
@@ -65,6 +64,7 @@ from retrieval_host.adapters.sqlite.schema import (
     translated,
     truncate_wal,
 )
+from retrieval_host.adapters.sqlite.searching import SqliteSearch
 from retrieval_host.adapters.sqlite.segment import CorpusState, Loaded, Revision
 from retrieval_host.adapters.sqlite.tables import (
     APPLICATION_ID,
@@ -75,17 +75,12 @@ from retrieval_host.adapters.sqlite.tables import (
     committed_generation,
     load_revision,
 )
-from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import RetrievalError, source_unavailable, store_read_only
-from retrieval_host.core.filters import MetadataFilter
-from retrieval_host.core.lexical import Bm25
 from retrieval_host.core.ports import (
-    Candidate,
     CapacityLimits,
     StoredChunk,
     StoredSource,
-    Vectors,
 )
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounters"]
@@ -93,7 +88,7 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounte
 _log = logging.getLogger(__name__)
 
 
-class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
+class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
     """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
@@ -378,160 +373,6 @@ class SqliteVectorStore(StoreBase, inspect.SqliteInspection):
             self._after_commit(state, before, generation, [], [(namespace, source_id)])
             truncate_wal(conn)
         return removed
-
-    # --- search ------------------------------------------------------------------------------
-
-    def search(
-        self,
-        corpus: str,
-        namespace: str,
-        allowed: Mapping[str, str],
-        query: Vectors,
-        k: int,
-        cancel: CancelToken,
-        filters: MetadataFilter | None = None,
-    ) -> list[Candidate]:
-        """Top-k cosine matches among the allowed revisions only, best first.
-
-        Rows outside `allowed` (or the namespace, or the filters) never enter the similarity
-        product. `cancel` is checked before each batch of at most `scan_batch_rows` rows.
-        """
-        state = self._state(corpus)
-        unit_query = query_unit(query, state.dimensions)
-        if k <= 0 or not allowed:
-            return []
-        self._ensure_fresh(state)
-        scan = self._capture(state, namespace, allowed, filters)
-        if scan is None:
-            return []
-        gathered = self._grants.rows(scan)
-        scored = scan if gathered is None else Scan.contiguous(gathered, scan.rows)
-        positions, scores = self._scanner.scan(scored, unit_query, k, cancel)
-        rows = scan.row_numbers(positions)
-        # Best first; equal scores in row order, so results are deterministic.
-        top = np.lexsort((rows, -scores))[:k]
-        results: list[Candidate] = []
-        for i in top:
-            row = scan.rows[int(rows[i])]
-            results.append(
-                Candidate(
-                    chunk_id=row.chunk_id,
-                    source_id=row.source.source_id,
-                    revision=row.source.revision,
-                    text=row.text.decode("utf-8"),
-                    location=row.location,
-                    document_sha256=row.source.document_sha256,
-                    score=min(1.0, max(-1.0, float(scores[i]))),
-                    metadata=row.source.metadata,
-                )
-            )
-        return results
-
-    def lexical_search(
-        self,
-        corpus: str,
-        namespace: str,
-        allowed: Mapping[str, str],
-        terms: Sequence[str],
-        k: int,
-        cancel: CancelToken,
-        filters: MetadataFilter | None = None,
-    ) -> list[Candidate]:
-        """Top-k BM25 matches among the allowed revisions only, best first (see the port).
-
-        Scored from the namespace's in-memory inverted index (`lexicon.Lexicon`): passages
-        outside `allowed` (or the filters) are masked out before any score is ranked.
-        `cancel` is checked before each query term's postings are scored.
-        """
-        state = self._state(corpus)
-        if k <= 0 or not allowed or not terms:
-            return []
-        self._ensure_fresh(state)
-        with self._cache_lock:
-            lexicon = state.lexicons.get(namespace)
-            capture = None if lexicon is None else lexicon.capture(allowed, terms, filters)
-        if capture is None:
-            return []
-        lexical = state.descriptor.lexical
-        ranked = score(capture, terms, Bm25(lexical.k1, lexical.b), k, cancel)
-        results: list[Candidate] = []
-        for slot, value in ranked:
-            chunk_id, text, location = capture.rows[slot]
-            source = capture.sources[slot]
-            results.append(
-                Candidate(
-                    chunk_id=chunk_id,
-                    source_id=source.source_id,
-                    revision=source.revision,
-                    text=text.decode("utf-8"),
-                    location=location,
-                    document_sha256=source.document_sha256,
-                    score=value,
-                    metadata=source.metadata,
-                )
-            )
-        return results
-
-    def dense_scores(
-        self,
-        corpus: str,
-        namespace: str,
-        passages: Sequence[Candidate],
-        query: Vectors,
-        cancel: CancelToken,
-    ) -> list[float | None]:
-        """Each passage's cosine with the query, from the in-memory segment (see the port)."""
-        state = self._state(corpus)
-        unit_query = query_unit(query, state.dimensions)
-        if not passages:
-            return []
-        cancel.check()
-        self._ensure_fresh(state)
-        with self._cache_lock:
-            segment = state.segments.get(namespace)
-            if segment is None:
-                return [None] * len(passages)
-            matrix, rows = segment.locate(passages)
-        held = [r for r in rows if r is not None]
-        values = iter((matrix[held] @ unit_query).tolist() if held else [])
-        return [None if r is None else min(1.0, max(-1.0, next(values))) for r in rows]
-
-    def lexical_scores(
-        self,
-        corpus: str,
-        namespace: str,
-        passages: Sequence[Candidate],
-        terms: Sequence[str],
-        cancel: CancelToken,
-    ) -> list[float | None]:
-        """Each passage's BM25 score, from the namespace's inverted index (see the port)."""
-        state = self._state(corpus)
-        if not passages:
-            return []
-        self._ensure_fresh(state)
-        with self._cache_lock:
-            lexicon = state.lexicons.get(namespace)
-            if lexicon is None:
-                return [None] * len(passages)
-            capture, slots = lexicon.capture_passages(passages, terms)
-        held = np.array([s for s in slots if s is not None], dtype=np.int64)
-        values: Iterator[float] = iter(())
-        if capture is not None:
-            lexical = state.descriptor.lexical
-            bm25 = Bm25(lexical.k1, lexical.b)
-            values = iter(score_slots(capture, held, terms, bm25, cancel).tolist())
-        return [None if s is None else next(values, 0.0) for s in slots]
-
-    def _capture(
-        self,
-        state: CorpusState,
-        namespace: str,
-        allowed: Mapping[str, str],
-        filters: MetadataFilter | None,
-    ) -> Scan | None:
-        with self._cache_lock:
-            segment = state.segments.get(namespace)
-            return None if segment is None else segment.capture(allowed, filters)
 
     # --- cache maintenance ---------------------------------------------------------------------
 

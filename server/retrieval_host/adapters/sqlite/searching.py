@@ -1,0 +1,185 @@
+"""The search methods of `SqliteVectorStore` (dense, lexical, and the scores of named
+passages), over its in-memory corpus state. Writes, loading and cache maintenance stay in
+`vector_store.py`; this mixin declares what it uses of them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from retrieval_host.adapters.sqlite.grant_cache import GrantCache
+from retrieval_host.adapters.sqlite.lexicon import score, score_slots
+from retrieval_host.adapters.sqlite.scan import Scan, Scanner, query_unit
+from retrieval_host.adapters.sqlite.segment import CorpusState
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.filters import MetadataFilter
+from retrieval_host.core.lexical import Bm25
+from retrieval_host.core.ports import Candidate, Vectors
+
+
+class SqliteSearch:
+    """Search over the cached corpus state; `SqliteVectorStore` provides the state."""
+
+    _cache_lock: threading.Lock
+    _scanner: Scanner
+    _grants: GrantCache
+
+    def _state(self, corpus: str) -> CorpusState:
+        raise NotImplementedError
+
+    def _ensure_fresh(self, state: CorpusState) -> None:
+        raise NotImplementedError
+
+    def search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        query: Vectors,
+        k: int,
+        cancel: CancelToken,
+        filters: MetadataFilter | None = None,
+    ) -> list[Candidate]:
+        """Top-k cosine matches among the allowed revisions only, best first.
+
+        Rows outside `allowed` (or the namespace, or the filters) never enter the similarity
+        product. `cancel` is checked before each batch of at most `scan_batch_rows` rows.
+        """
+        state = self._state(corpus)
+        unit_query = query_unit(query, state.dimensions)
+        if k <= 0 or not allowed:
+            return []
+        self._ensure_fresh(state)
+        scan = self._capture(state, namespace, allowed, filters)
+        if scan is None:
+            return []
+        gathered = self._grants.rows(scan)
+        scored = scan if gathered is None else Scan.contiguous(gathered, scan.rows)
+        positions, scores = self._scanner.scan(scored, unit_query, k, cancel)
+        rows = scan.row_numbers(positions)
+        # Best first; equal scores in row order, so results are deterministic.
+        top = np.lexsort((rows, -scores))[:k]
+        results: list[Candidate] = []
+        for i in top:
+            row = scan.rows[int(rows[i])]
+            results.append(
+                Candidate(
+                    chunk_id=row.chunk_id,
+                    source_id=row.source.source_id,
+                    revision=row.source.revision,
+                    text=row.text.decode("utf-8"),
+                    location=row.location,
+                    document_sha256=row.source.document_sha256,
+                    score=min(1.0, max(-1.0, float(scores[i]))),
+                    metadata=row.source.metadata,
+                )
+            )
+        return results
+
+    def lexical_search(
+        self,
+        corpus: str,
+        namespace: str,
+        allowed: Mapping[str, str],
+        terms: Sequence[str],
+        k: int,
+        cancel: CancelToken,
+        filters: MetadataFilter | None = None,
+    ) -> list[Candidate]:
+        """Top-k BM25 matches among the allowed revisions only, best first (see the port).
+
+        Scored from the namespace's in-memory inverted index (`lexicon.Lexicon`): passages
+        outside `allowed` (or the filters) are masked out before any score is ranked.
+        `cancel` is checked before each query term's postings are scored.
+        """
+        state = self._state(corpus)
+        if k <= 0 or not allowed or not terms:
+            return []
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            lexicon = state.lexicons.get(namespace)
+            capture = None if lexicon is None else lexicon.capture(allowed, terms, filters)
+        if capture is None:
+            return []
+        lexical = state.descriptor.lexical
+        ranked = score(capture, terms, Bm25(lexical.k1, lexical.b), k, cancel)
+        results: list[Candidate] = []
+        for slot, value in ranked:
+            chunk_id, text, location = capture.rows[slot]
+            source = capture.sources[slot]
+            results.append(
+                Candidate(
+                    chunk_id=chunk_id,
+                    source_id=source.source_id,
+                    revision=source.revision,
+                    text=text.decode("utf-8"),
+                    location=location,
+                    document_sha256=source.document_sha256,
+                    score=value,
+                    metadata=source.metadata,
+                )
+            )
+        return results
+
+    def dense_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        query: Vectors,
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """Each passage's cosine with the query, from the in-memory segment (see the port)."""
+        state = self._state(corpus)
+        unit_query = query_unit(query, state.dimensions)
+        if not passages:
+            return []
+        cancel.check()
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            if segment is None:
+                return [None] * len(passages)
+            matrix, rows = segment.locate(passages)
+        held = [r for r in rows if r is not None]
+        values = iter((matrix[held] @ unit_query).tolist() if held else [])
+        return [None if r is None else min(1.0, max(-1.0, next(values))) for r in rows]
+
+    def lexical_scores(
+        self,
+        corpus: str,
+        namespace: str,
+        passages: Sequence[Candidate],
+        terms: Sequence[str],
+        cancel: CancelToken,
+    ) -> list[float | None]:
+        """Each passage's BM25 score, from the namespace's inverted index (see the port)."""
+        state = self._state(corpus)
+        if not passages:
+            return []
+        self._ensure_fresh(state)
+        with self._cache_lock:
+            lexicon = state.lexicons.get(namespace)
+            if lexicon is None:
+                return [None] * len(passages)
+            capture, slots = lexicon.capture_passages(passages, terms)
+        held = np.array([s for s in slots if s is not None], dtype=np.int64)
+        values: Iterator[float] = iter(())
+        if capture is not None:
+            lexical = state.descriptor.lexical
+            bm25 = Bm25(lexical.k1, lexical.b)
+            values = iter(score_slots(capture, held, terms, bm25, cancel).tolist())
+        return [None if s is None else next(values, 0.0) for s in slots]
+
+    def _capture(
+        self,
+        state: CorpusState,
+        namespace: str,
+        allowed: Mapping[str, str],
+        filters: MetadataFilter | None,
+    ) -> Scan | None:
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            return None if segment is None else segment.capture(allowed, filters)
