@@ -30,7 +30,9 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Literal
@@ -43,6 +45,11 @@ from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.ingest.settings import media_type_for_path, too_large
 
 JOURNAL_VERSION: Final = 1
+# Files in flight at once. Each file's parsing (in a parse worker process), token counting,
+# embedding and commit follow one another; with several files in flight the embedding lanes
+# (one per core, shared by every call) always have a next batch, while other files parse or
+# commit. Four keep two lanes busy (`bench/ingest.py`); more only hold more parsed passages.
+DEFAULT_IN_FLIGHT: Final = 4
 
 # Failures that belong to one file: recorded, and the batch goes on with the next file.
 # Anything else (store down, embedding failing, no permission at all) stops the batch.
@@ -62,24 +69,26 @@ _PER_FILE: Final = frozenset(
 )
 
 
-class _IdleFile(CancelToken):
-    """One file's token: the batch's cancel, and an inactivity timeout of its own, so that a
-    file that stops making progress fails alone and the next one starts a fresh clock."""
+class _Linked(CancelToken):
+    """A token that is cancelled when its parent is, or on its own: the batch's (stopped by
+    the caller or by a failure that is not about one file) and each file's, which also has an
+    inactivity timeout of its own, so that a file that stops making progress fails alone and
+    the next one starts a fresh clock."""
 
-    def __init__(self, batch: CancelToken, idle_timeout_s: float) -> None:
+    def __init__(self, parent: CancelToken, idle_timeout_s: float | None = None) -> None:
         super().__init__(idle_timeout_s)
-        self._batch = batch
+        self._parent = parent
 
     @property
     def cancelled(self) -> bool:
-        return self._batch.cancelled or super().cancelled
+        return self._parent.cancelled or super().cancelled
 
     def progress(self) -> None:
-        self._batch.progress()
+        self._parent.progress()
         super().progress()
 
     def check(self) -> None:
-        self._batch.check()
+        self._parent.check()
         super().check()
 
 
@@ -134,8 +143,9 @@ def ingest_paths(
     root: Path | None = None,
     deadline_s: float | None = None,
     idle_timeout_s: float | None = None,
+    in_flight: int | None = None,
 ) -> BatchReport:
-    """Ingest `paths` into `corpus` one file at a time (see the module docstring).
+    """Ingest `paths` into `corpus`, `in_flight` files at a time (see the module docstring).
 
     `deadline_s` bounds each file's parsing and embedding (the host configuration's
     `limits.ingestDeadlineS`; None: the driver's own `ingest_deadline_s`); a file past it is
@@ -143,11 +153,13 @@ def ingest_paths(
     `idle_timeout_s` ends a file that makes no progress (parse, an embedding slice, the
     commit) for that long: it is recorded `failed` with `TIMEOUT` / `idle-timeout`, keeps its
     previous revision, and the batch goes on with the next file and a fresh clock.
-    `progress(done, total)` and `on_item(item)` are called after each file; the ingest of a
-    file reports its phases to `context.on_progress` (`Driver.ingest_context`). Raises
-    `JournalInUseError` when another run holds the journal. A cancel of `context` stops the batch
-    between files (or aborts the current one before it commits) and returns the report so far
-    with `cancelled=True`. Errors that are not about one file are raised.
+    `progress(done, total)` and `on_item(item)` are called on the caller's thread after each
+    file, in the order files finish; the ingest of a file reports its phases to
+    `context.on_progress` from the thread ingesting it (`Driver.ingest_context`). Raises
+    `JournalInUseError` when another run holds the journal. A cancel of `context` starts no
+    further file, aborts the files in flight before they commit, and returns the report of the
+    files that finished with `cancelled=True`. Errors that are not about one file stop the
+    batch the same way and are raised.
     """
     planned = [(path, source_id_for(path, root)) for path in paths]
     seen: dict[str, Path] = {}
@@ -161,29 +173,59 @@ def ingest_paths(
             )
         seen[source_id] = path
 
-    items: list[BatchItem] = []
     with _Journal(journal_path) as journal:
         done = _read_journal(journal_path, corpus)
-        for index, (path, source_id) in enumerate(planned):
-            if context.cancel.cancelled:
-                return BatchReport(tuple(items), cancelled=True)
-            scoped = (
-                context
-                if idle_timeout_s is None
-                else replace(context, cancel=_IdleFile(context.cancel, idle_timeout_s))
-            )
-            try:
-                item = _one(driver, corpus, path, source_id, scoped, done, journal, deadline_s)
-            except RetrievalError as exc:
-                if exc.code == ErrorCode.CANCELLED:
-                    return BatchReport(tuple(items), cancelled=True)
-                raise
-            items.append(item)
-            if progress is not None:
-                progress(index + 1, len(planned))
-            if on_item is not None:
-                on_item(item)
-    return BatchReport(tuple(items), cancelled=False)
+        batch = _Linked(context.cancel)
+
+        def one(path: Path, source_id: str) -> BatchItem:
+            token = _Linked(batch, idle_timeout_s)
+            scoped = replace(context, cancel=token)
+            return _one(driver, corpus, path, source_id, scoped, done, journal, deadline_s)
+
+        finished: dict[int, BatchItem] = {}
+        failure: BaseException | None = None
+        cancelled = False
+        width = max(1, in_flight if in_flight is not None else DEFAULT_IN_FLIGHT)
+        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="ingest-file") as pool:
+            running: dict[Future[BatchItem], int] = {}
+            queued = iter(enumerate(planned))
+            while True:
+                while len(running) < width and failure is None and not cancelled:
+                    if context.cancel.cancelled:
+                        cancelled = True
+                        break
+                    step = next(queued, None)
+                    if step is None:
+                        break
+                    index, (path, source_id) = step
+                    running[pool.submit(one, path, source_id)] = index
+                if not running:
+                    break
+                ended, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in sorted(ended, key=running.__getitem__):
+                    index = running.pop(future)
+                    try:
+                        item = future.result()
+                    except RetrievalError as exc:
+                        if exc.code == ErrorCode.CANCELLED and context.cancel.cancelled:
+                            cancelled = True
+                        elif failure is None:
+                            failure = exc
+                        batch.cancel()  # the files still in flight stop before their commit
+                        continue
+                    except BaseException as exc:
+                        failure = failure or exc
+                        batch.cancel()
+                        continue
+                    finished[index] = item
+                    if progress is not None:
+                        progress(len(finished), len(planned))
+                    if on_item is not None:
+                        on_item(item)
+        if failure is not None:
+            raise failure
+    items = tuple(finished[index] for index in sorted(finished))
+    return BatchReport(items, cancelled=cancelled)
 
 
 def _one(
@@ -288,6 +330,7 @@ class _Journal:
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._lock = threading.Lock()
 
     def __enter__(self) -> _Journal:
         created = not self._path.exists()
@@ -314,8 +357,9 @@ class _Journal:
 
     def append(self, entry: dict[str, object]) -> None:
         line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode("utf-8"))
-        os.fsync(self._fd)
+        with self._lock:  # files in flight finish on their own threads
+            os.write(self._fd, line.encode("utf-8"))
+            os.fsync(self._fd)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -162,7 +162,7 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
 
     `applicationOptions`: `aclFile` (a path relative to the config file), `corpora` (ids,
     default `["library"]`), `indexVersion` (default `passages-v1`), `embeddingThreads`
-    (default 1) and `reranker` (a `/rerank` endpoint every corpus reranks with,
+    (model runs at once, one core each; default the cores the host may use) and `reranker` (a `/rerank` endpoint every corpus reranks with,
     `settings.RerankerSettings`; default none). One local embedding model and one store
     (`store.sqlitePath` or `store.postgresDsn`) serve every corpus; the store is also the
     record of current revisions (`registryFile` of earlier versions is ignored, see the
@@ -173,8 +173,10 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     corpora = options.get("corpora", ["library"])
     if not isinstance(corpora, list) or not all(isinstance(c, str) for c in corpora):
         raise ValueError("applicationOptions.corpora must be a list of corpus ids")
-    threads = options.get("embeddingThreads", 1)
-    embedding = LocalEmbedding(threads=threads if isinstance(threads, int) else 1)
+    threads = options.get("embeddingThreads")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise SettingsError("applicationOptions.embeddingThreads must be a positive integer")
+    embedding = LocalEmbedding(threads=threads)
     store = build_vector_store(settings, environ)
     acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), store.current_revisions)
     chunking = ChunkingSettings().as_identity()

@@ -70,7 +70,7 @@ ASTRONOMY = (
 @pytest.fixture
 def truncating_tokenizer() -> Tokenizer:
     """The shipped tokenizer as it is configured on disk: it cuts at 128 tokens."""
-    return Tokenizer.from_file(str(embedding_local._tokenizer_path()))
+    return Tokenizer.from_file(str(embedding_local.pinned_tokenizer_path()))
 
 
 def embed(adapter: LocalEmbedding, *texts: str) -> npt.NDArray[np.float32]:
@@ -279,7 +279,7 @@ def test_refuses_tampered_weights_before_creating_a_session(
     tmp_path: Path, session_spy: _SessionSpy
 ) -> None:
     tampered = tmp_path / "model.onnx"
-    shutil.copyfile(embedding_local._model_path(), tampered)
+    shutil.copyfile(embedding_local.pinned_model_path(), tampered)
     with tampered.open("r+b") as f:
         f.seek(1_000_000)
         byte = f.read(1)
@@ -296,7 +296,7 @@ def test_refuses_tampered_weights_before_creating_a_session(
 def test_refuses_a_tampered_tokenizer_before_creating_a_session(
     tmp_path: Path, session_spy: _SessionSpy
 ) -> None:
-    original = embedding_local._tokenizer_path().read_text(encoding="utf-8")
+    original = embedding_local.pinned_tokenizer_path().read_text(encoding="utf-8")
     # Still a valid tokenizer, only one vocabulary entry renamed: the digest, not a parse
     # error, is what refuses it.
     assert '"fox":' in original
@@ -315,7 +315,7 @@ def test_an_identical_copy_of_the_weights_loads(
     tmp_path: Path, session_spy: _SessionSpy, local_embedding: LocalEmbedding
 ) -> None:
     copy = tmp_path / "model.onnx"
-    shutil.copyfile(embedding_local._model_path(), copy)
+    shutil.copyfile(embedding_local.pinned_model_path(), copy)
     adapter = LocalEmbedding(model_path=copy)
     assert session_spy.calls == 1
     np.testing.assert_allclose(

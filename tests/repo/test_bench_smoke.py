@@ -82,10 +82,21 @@ def test_ingest_runs_end_to_end_and_embeds_the_same_passages(tmp_path: Path) -> 
         for i in range(3)
     ]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
-    (result,) = ingest.run_ingest(docs=2, rounds=1, threads=1, corpus=corpus)
-    assert result.files == 2
-    assert result.passages >= 2
-    assert result.ingest_s > 0 and result.embed_s > 0
+    (result,), low, files, passages = ingest.run(docs=2, rounds=1, threads=1, corpus=corpus)
+    assert files == 2
+    assert passages >= 2
+    assert result.ours > 0 and len(result.direct) == 2 and result.best > 0
+    assert low >= ingest.TARGET_COSINE  # the ingest stored the direct model's vectors
+
+
+def test_ingest_memory_run_reports_peak_and_idle(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    records = [{"_id": f"d{i}", "title": "", "text": f"Cells divide {i}."} for i in range(3)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    memory = ingest.rss_child(3, 1, corpus)
+    assert memory["passages"] == 3
+    assert memory["peak_mb"] >= memory["idle_mb"] > 0
+    assert 0 < memory["data_mb"] < 0.01
 
 
 @pytest.fixture

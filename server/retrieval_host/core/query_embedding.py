@@ -51,7 +51,7 @@ __all__ = [
 DEFAULT_CACHE_ENTRIES: Final = 4096
 DEFAULT_MAX_BATCH: Final = 32
 DEFAULT_MAX_IN_FLIGHT: Final = 2
-DEFAULT_MAX_WAIT_S: Final = 0.002
+DEFAULT_MAX_WAIT_S: Final = 0.0
 # How often a waiting query looks at its caller's cancel token.
 _CANCEL_POLL_S: Final = 0.05
 
