@@ -162,9 +162,10 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
 
     `applicationOptions`: `aclFile` (a path relative to the config file), `corpora` (ids,
     default `["library"]`), `indexVersion` (default `passages-v1`), `embeddingThreads`
-    (model runs at once, one core each; default the cores the host may use) and `reranker` (a `/rerank` endpoint every corpus reranks with,
-    `settings.RerankerSettings`; default none). One local embedding model and one store
-    (`store.sqlitePath` or `store.postgresDsn`) serve every corpus; the store is also the
+    (model runs at once, one core each; default the cores the host may use) and `reranker`
+    (a `/rerank` endpoint every corpus reranks with, `settings.RerankerSettings`; default
+    none). One local embedding model and one store (`store.sqlitePath` or
+    `store.postgresDsn`) serve every corpus; the store is also the
     record of current revisions (`registryFile` of earlier versions is ignored, see the
     module doc).
     """

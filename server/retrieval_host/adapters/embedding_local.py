@@ -39,11 +39,14 @@ MODEL_NAME: Final = "all-MiniLM-L6-v2-int8"
 DIMENSIONS: Final = 384
 # The model was trained with 256-token inputs; the shipped tokenizer.json truncates at 128.
 MAX_TOKENS: Final = 256
-# Texts per model run. Runs of one thread each on token-length-sorted batches: measured on
-# SciFact abstracts (`bench/ingest.py` sweeps 1-32 per run and 1-2 runs at once), batches of
-# 4-8 were fastest and 32 the slowest (wider padding, activations out of cache); 8 keeps the
-# per-run overhead of a query-sized model low.
-DEFAULT_BATCH: Final = 8
+# What one model run holds: texts of similar token counts (sorted), at most `DEFAULT_BATCH` of
+# them and at most `DEFAULT_RUN_TOKENS` tokens once padded to the widest. Measured with the
+# model driven directly (`bench/ingest.py`'s sweep, SciFact passages of 100-256 tokens): one
+# passage per run was fastest and each doubling of the batch slower (padding, activations
+# that leave the cache); short texts (search queries of 10-40 tokens) run ~1.7x faster per
+# text in batches of 8 than alone (a run's fixed cost). A token budget gives both.
+DEFAULT_BATCH: Final = 32
+DEFAULT_RUN_TOKENS: Final = 256
 # Embedding calls of more tokens than this get a cancel watcher (a thread polling every
 # `WATCH_POLL_S`) and give the arena back when they end (below); a search's query batch (up
 # to 32 short questions) pays for neither: both cost ~0.5 ms per query, 12 % of embedding one.
@@ -175,6 +178,7 @@ class LocalEmbedding:
         provider_id: str = "local-minilm",
         threads: int | None = None,
         batch_size: int = DEFAULT_BATCH,
+        run_tokens: int = DEFAULT_RUN_TOKENS,
         model_path: Path | None = None,
         tokenizer_path: Path | None = None,
     ) -> None:
@@ -190,8 +194,8 @@ class LocalEmbedding:
         self._counter.no_padding()
         self._counter.no_truncation()
         lanes = usable_cores() if threads is None else threads
-        if lanes < 1 or batch_size < 1:
-            raise ValueError("threads and batch_size must be at least 1")
+        if lanes < 1 or batch_size < 1 or run_tokens < 1:
+            raise ValueError("threads, batch_size and run_tokens must be at least 1")
         options = ort.SessionOptions()
         # One thread per run; `lanes` runs at once (see the class docstring).
         options.intra_op_num_threads = 1
@@ -200,6 +204,7 @@ class LocalEmbedding:
             model, sess_options=options, providers=["CPUExecutionProvider"]
         )
         self._batch_size = batch_size
+        self._run_tokens = run_tokens
         self._lanes = lanes
         self._lane = threading.BoundedSemaphore(lanes)
         self._helpers = (
@@ -267,10 +272,14 @@ class LocalEmbedding:
         # Batches of similar token counts: a batch is padded to its longest text, and a run's
         # cost grows with that width (attention with its square).
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
-        batches = [
-            order[start : start + self._batch_size]
-            for start in range(0, len(order), self._batch_size)
-        ]
+        batches: list[list[int]] = []
+        for i in order:  # shortest first: each text is the widest of its batch so far
+            width = len(encodings[i].ids)
+            last = batches[-1] if batches else []
+            if 0 < len(last) < self._batch_size and (len(last) + 1) * width <= self._run_tokens:
+                last.append(i)
+            else:
+                batches.append([i])
         claims = iter(batches)
         claiming = threading.Lock()
         failed = threading.Event()
@@ -336,8 +345,9 @@ class LocalEmbedding:
             raise
         finally:
             self._lane.release()
-        weights = mask[:, :, None].astype(np.float32)
-        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        # Mean over each text's own tokens, as one product per row (the padding weighs 0).
+        weights = mask.astype(np.float32)[:, None, :]
+        pooled = np.matmul(weights, hidden)[:, 0, :] / np.maximum(weights.sum(axis=2), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         if not np.all(np.isfinite(pooled)) or np.any(norms == 0):
             raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "the local model gave no vector.")

@@ -71,22 +71,32 @@ def passage_contexts(
     source: SourceInfo,
     chunks: Sequence[ChunkInput],
     context: RequestContext,
-) -> list[str]:
+) -> tuple[list[str], list[int]]:
     """Each passage's context line (`core.passage_context`; all "" in a corpus without), its
     last parts dropped until the line and the passage fit the model's input together: a
-    passage's own text is never cut from its vector to make room for its title."""
+    passage's own text is never cut from its vector to make room for its title. Also the
+    indexes of the passages that do not fit even alone (they would be cut).
+
+    Each passage is counted once as it will be embedded (with its line, if any); only one
+    over the limit is counted again, with a shorter line, until it fits or has none.
+    """
     if context_of(chunking) == "none":
-        return [""] * len(chunks)
-    lines = [passage_context(source.title, c.section_path, c.text) for c in chunks]
+        lines = [""] * len(chunks)
+    else:
+        lines = [passage_context(source.title, c.section_path, c.text) for c in chunks]
     limit = embedding.max_input_tokens
-    pending = [i for i, line in enumerate(lines) if line]
+    pending = list(range(len(chunks)))
+    too_long: list[int] = []
     while pending:
         texts = [embedding_text(lines[i], chunks[i].text) for i in pending]
         over: list[int] = []
         for i, tokens in zip(pending, count_passages(embedding, texts, context), strict=True):
-            if tokens > limit:
+            if tokens <= limit:
+                continue
+            if lines[i]:
                 lines[i] = shorter(lines[i])
-                if lines[i]:
-                    over.append(i)
+                over.append(i)
+            else:
+                too_long.append(i)
         pending = over
-    return lines
+    return lines, sorted(too_long)

@@ -27,7 +27,7 @@ from retrieval_host.core.grants import (
     searchable,
     searchable_again,
 )
-from retrieval_host.core.indexing import count_passages, embed_passages, passage_contexts
+from retrieval_host.core.indexing import embed_passages, passage_contexts
 from retrieval_host.core.inspection import (
     DEFAULT_PAGE_LIMIT,
     CorpusSummary,
@@ -224,12 +224,9 @@ class RetrievalService:
             raise _content_differs()
 
         texts = [c.text for c in request.chunks]
-        counts = count_passages(corpus.embedding, texts, context)
-        too_long = [
-            c.id
-            for c, n in zip(request.chunks, counts, strict=True)
-            if n > corpus.embedding.max_input_tokens
-        ]
+        contexts, too_long = passage_contexts(
+            corpus.embedding, corpus.chunking, source, request.chunks, context
+        )
         if too_long:
             raise RetrievalError(
                 ErrorCode.INVALID_REQUEST,
@@ -237,10 +234,6 @@ class RetrievalService:
                 f"{corpus.embedding.max_input_tokens} tokens and would be cut; split them.",
                 reason=InvalidRequestReason.PASSAGE_TOO_LONG,
             )
-
-        contexts = passage_contexts(
-            corpus.embedding, corpus.chunking, source, request.chunks, context
-        )
         embedded = [embedding_text(x, t) for x, t in zip(contexts, texts, strict=True)]
         batch = embed_passages(corpus.embedding, embedded, corpus.id, context)
         context.cancel.check()
