@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -351,3 +353,91 @@ def write_golden() -> None:
 
 if __name__ == "__main__":
     write_golden()
+
+
+# --- lanes and batches ----------------------------------------------------------------------
+
+
+class _GatedSession:
+    """A session whose first `gate` runs wait for each other: proves that many run at once."""
+
+    def __init__(self, session: ort.InferenceSession, gate: int) -> None:
+        self.session = session
+        self.barrier = threading.Barrier(gate, timeout=60)
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.runs = 0
+        self.shapes: list[tuple[int, int]] = []
+
+    def run(self, names: Any, feeds: Any, run_options: ort.RunOptions) -> Any:
+        with self.lock:
+            self.running += 1
+            self.runs += 1
+            first = self.runs <= self.barrier.parties
+            self.most = max(self.most, self.running)
+            self.shapes.append(feeds["input_ids"].shape)
+        try:
+            if first:
+                self.barrier.wait()
+            return self.session.run(names, feeds, run_options=run_options)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_one_call_runs_on_every_lane_and_no_more() -> None:
+    lanes = LocalEmbedding(threads=2)
+    gated = _GatedSession(lanes._session, gate=2)
+    lanes._session = gated
+    # Two full passages: two runs of one each, which must be running together to pass the gate.
+    vectors = lanes.embed(LONG_PASSAGES[:2], CancelToken()).vectors
+    assert gated.most == 2
+    np.testing.assert_allclose(vectors, embed(lanes, *LONG_PASSAGES[:2]), rtol=0, atol=1e-6)
+
+
+def test_concurrent_calls_share_the_lanes() -> None:
+    lanes = LocalEmbedding(threads=2)
+    gated = _GatedSession(lanes._session, gate=2)
+    lanes._session = gated
+    calls = [LONG_PASSAGES[i : i + 4] for i in range(0, 16, 4)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda texts: lanes.embed(texts, CancelToken()), calls))
+    assert gated.runs == 16 and gated.most == 2  # four callers, never more than two runs
+    assert all(r.vectors.shape == (4, DIMENSIONS) for r in results)
+
+
+def test_batches_hold_similar_lengths_within_a_token_budget() -> None:
+    adapter = LocalEmbedding(threads=1, batch_size=32, run_tokens=256)
+    gated = _GatedSession(adapter._session, gate=1)
+    adapter._session = gated
+    questions = [f"Does harbour rule {n} apply to ferries?" for n in range(20)]
+    texts = [LONG_PASSAGES[0], *questions, LONG_PASSAGES[1]]
+    vectors = adapter.embed(texts, CancelToken()).vectors
+    # The questions (about a dozen tokens each) share runs; each long passage runs alone.
+    assert all(rows * width <= 256 for rows, width in gated.shapes)
+    assert sorted(rows for rows, width in gated.shapes if width > 64) == [1, 1]
+    assert sum(rows for rows, _ in gated.shapes) == len(texts)
+    assert len(gated.shapes) <= 4
+    # Batched or alone, padded or not: the same vectors.
+    alone = LocalEmbedding(threads=1, batch_size=1)
+    np.testing.assert_allclose(vectors, embed(alone, *texts), rtol=0, atol=1e-5)
+
+
+def test_a_cancel_stops_every_lane_and_frees_them() -> None:
+    lanes = LocalEmbedding(threads=2)
+    cancel = _CancelAfterFirstBatch()
+    with pytest.raises(RetrievalError) as info:
+        lanes.embed(LONG_PASSAGES, cancel)
+    assert info.value.code is ErrorCode.CANCELLED
+    # Both lanes are free again: a call after it runs on both at once.
+    gated = _GatedSession(lanes._session, gate=2)
+    lanes._session = gated
+    lanes.embed(LONG_PASSAGES[:2], CancelToken())
+    assert gated.most == 2
+
+
+@pytest.mark.parametrize("kwargs", [{"threads": 0}, {"batch_size": 0}, {"run_tokens": 0}])
+def test_refuses_a_shape_without_room(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        LocalEmbedding(**kwargs)

@@ -7,8 +7,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -16,6 +18,7 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.batch import DEFAULT_IN_FLIGHT, ingest_paths
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.driver import Driver
 from retrieval_host.serving.cli import main
 from tests.support import ingest_documents as docs
 from tests.support.ingest_driver import CORPUS, Host, context, dump_index, make_host, sources
@@ -284,3 +287,75 @@ def test_the_cli_batch_takes_its_deadline_from_the_host_configuration(
     out = capsys.readouterr().out
     assert out.count("DOCUMENT_TOO_COMPLEX deadline") == 3
     assert "0 indexed, 0 unchanged, 0 skipped, 3 failed" in out
+
+
+class _Counting:
+    """The driver as `ingest_paths` sees it, counting the files it ingests at once; the first
+    `gate` files wait for each other, so more than one in flight is proven, not hoped for."""
+
+    def __init__(self, driver: Driver, gate: int) -> None:
+        self.driver = driver
+        self.ingest_limits = driver.ingest_limits
+        self.barrier = threading.Barrier(gate, timeout=60)
+        self.lock = threading.Lock()
+        self.running = self.most = self.started = 0
+
+    def ingest_context(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            self.running += 1
+            self.started += 1
+            first = self.started <= self.barrier.parties
+            self.most = max(self.most, self.running)
+        try:
+            if first:
+                self.barrier.wait()
+            return self.driver.ingest_context(*args, **kwargs)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_files_in_flight_are_bounded_and_reported_in_file_order(
+    tmp_path: Path, host: Host, in_flight: int
+) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)
+    counting = _Counting(host.driver, gate=in_flight)
+    finished: list[str] = []
+    report = ingest_paths(
+        cast(Driver, counting), CORPUS, files, context(), journal_path=tmp_path / "j.jsonl",
+        root=root, in_flight=in_flight, on_item=lambda item: finished.append(item.source_id),
+    )  # fmt: skip
+    assert counting.most == in_flight
+    assert [i.source_id for i in report.items] == source_ids(root, files)
+    assert sorted(finished) == sorted(source_ids(root, files))
+    assert {i.status for i in report.items} == {"indexed"}
+    assert sorted(sources(host, source_ids(root, files))) == sorted(source_ids(root, files))
+
+
+class _StoreDown(_Counting):
+    def ingest_context(self, *args: Any, **kwargs: Any) -> Any:
+        request = args[0]
+        if request.source_id.endswith("ferries.md"):
+            raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "the store went away.")
+        return self.driver.ingest_context(*args, **kwargs)
+
+
+def test_a_failure_not_about_one_file_stops_the_files_in_flight_and_is_raised(
+    tmp_path: Path, host: Host
+) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)
+    journal = tmp_path / "j.jsonl"
+    with pytest.raises(RetrievalError) as info:
+        ingest_paths(
+            cast(Driver, _StoreDown(host.driver, gate=1)), CORPUS, files, context(),
+            journal_path=journal, root=root, in_flight=2,
+        )  # fmt: skip
+    assert info.value.code is ErrorCode.STORE_UNAVAILABLE
+    # No file started after the failure: at most the one beside it in flight committed.
+    stored = sources(host, source_ids(root, files))
+    assert len(stored) <= 2
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    assert {json.loads(line)["sourceId"] for line in lines} == set(stored)
