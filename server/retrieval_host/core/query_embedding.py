@@ -9,9 +9,10 @@ many arrive at once. `QueryEmbedder` sits between the service and an `EmbeddingA
   call and hands each its row; the others wait for their row, or for their turn to lead when
   a batch ends. One query alone pays the wait and nothing else; the default wait is none
   (queries gather anyway while two batches run; measured on the quickstart host together
-  with cheaper small calls, one client 92 -> 122 req/s and 16 clients 417 -> 520). Several batches run at once
-  (by default 2, one per core of a CPU model with one thread per call): one leader at a time
-  left the other cores idle, and measured slower than no batching at all.
+  with cheaper small calls, one client 92 -> 122 req/s and 16 clients 417 -> 520).
+  Several batches run at once (by default 2, one per core of a CPU model with one thread
+  per call): one leader at a time left the other cores idle, and measured slower than no
+  batching at all.
   A failed call fails every query of its batch with the same error. A query whose
   caller is cancelled while it waits leaves the batch without disturbing the others; the call
   itself sees a token that is cancelled once *every* caller of its batch is (for a query
