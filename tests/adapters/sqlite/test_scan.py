@@ -184,3 +184,29 @@ def test_each_searching_thread_checks_freshness_on_its_own_connection(
         with pytest.raises(RetrievalError) as caught:
             _ids(reader, [5], query, 1)
         assert caught.value.code is ErrorCode.STORE_UNAVAILABLE
+
+
+def test_more_hot_grants_than_the_budget_holds_are_not_copied_over_each_other(
+    tmp_path: Path, vectors: Matrix, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four scattered grants of 8 sources (2,560 bytes of rows each), a budget for two
+    # copies, searched in rotation: LRU alone would copy one grant per search and evict the
+    # next one to be searched. Admission keeps the first two copied and scores the others in
+    # place, with the same exact answers.
+    grants = [list(range(start, SOURCES, 7))[:8] for start in range(4)]
+    copies = 0
+    take = np.take
+
+    def counting_take(*args: Any, **kwargs: Any) -> Any:
+        nonlocal copies
+        copies += 1
+        return take(*args, **kwargs)
+
+    query = _unit(np.random.default_rng(3), 1)[0]
+    with _open(tmp_path / "small.db", vectors, grant_cache_bytes=2 * 2560 + 100) as small:
+        monkeypatch.setattr(np, "take", counting_take)
+        for _ in range(10):
+            for grant in grants:
+                assert _ids(small, grant, query) == _brute(vectors, grant, query, 5)
+        assert copies == 2
+        assert small._grants._bytes == 2 * 2560
