@@ -1,4 +1,4 @@
-"""Batch ingestion of many files, resumable after a crash, stoppable between files.
+"""Batch ingestion of many files, several in flight, resumable after a crash, stoppable.
 
 A caller of the Driver (like the CLI and the HTTP layer), so it sits above it, not in
 `ingest/`: the ingest helpers below the Driver never import it.
@@ -7,9 +7,12 @@ Each file is one source, ingested with `Driver.ingest_context`, so each lands at
 index only ever holds complete revisions. There is no staging area anywhere: a file's passages
 exist only inside the store's replacement transaction until it commits. So a batch that is
 cancelled (or killed) leaves exactly the files that had committed, nothing half-written.
+`in_flight` files (default `DEFAULT_IN_FLIGHT`) are ingested at once, each on a thread of its
+own, so that the embedding lanes always have work while other files parse or commit; they
+finish, commit and are journaled in whatever order they get there.
 
 The journal is a JSON-lines file, one line per finished file (`indexed`, `unchanged` or
-`failed`), each written and fsync'ed before the next file starts. A rerun reads it and skips
+`failed`), each written and fsync'ed as the file finishes. A rerun reads it and skips
 files recorded as `indexed` or `unchanged` for the same corpus, source id and file content
 (SHA-256 of the bytes); everything else is ingested again. A file interrupted mid-way was either
 not committed (it is indexed now) or committed without its journal line (the rerun gets
