@@ -67,6 +67,7 @@ def test_memory_measures_a_fresh_process_loading_the_store() -> None:
     assert result.vector_bytes == 1_000 * 384 * 4
     assert result.text_bytes > 0
     assert result.loaded_rss > result.baseline_rss
+    assert result.first_answer_s >= result.load_s > 0
 
 
 def test_memory_passages_are_split_at_sentence_ends() -> None:
