@@ -38,7 +38,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,10 +132,11 @@ class Recording:
         return batch
 
 
-def ingest_once(
+@contextmanager
+def ingested(
     paths: Sequence[Path], root: Path, embedding: LocalEmbedding | Recording, scratch: Path
-) -> tuple[float, int]:
-    """Ingest the files into a fresh store; (seconds, passages stored)."""
+) -> Iterator[tuple[float, int]]:
+    """Ingest the files into a fresh store; (seconds, passages stored), the store still open."""
     store = SqliteVectorStore.open(scratch / "store.sqlite")
     try:
         corpus = Corpus(
@@ -156,12 +158,20 @@ def ingest_once(
             root=root,
         )
         elapsed = time.perf_counter() - started
+        if report.count("indexed") != len(paths):
+            failed = [i for i in report.items if i.status != "indexed"][:3]
+            raise RuntimeError(f"ingest did not index every file: {failed}")
+        yield elapsed, sum(item.chunk_count or 0 for item in report.items)
     finally:
         store.close()
-    if report.count("indexed") != len(paths):
-        failed = [i for i in report.items if i.status != "indexed"][:3]
-        raise RuntimeError(f"ingest did not index every file: {failed}")
-    return elapsed, sum(item.chunk_count or 0 for item in report.items)
+
+
+def ingest_once(
+    paths: Sequence[Path], root: Path, embedding: LocalEmbedding | Recording, scratch: Path
+) -> tuple[float, int]:
+    """Ingest the files into a fresh store; (seconds, passages stored)."""
+    with ingested(paths, root, embedding, scratch) as result:
+        return result
 
 
 @dataclass(frozen=True)
@@ -343,33 +353,10 @@ def rss_child(docs: int, threads: int, corpus: Path) -> dict[str, float]:
         documents = work / "docs"
         documents.mkdir()
         paths = write_documents(corpus, documents, docs)
-        store = SqliteVectorStore.open(work / "store.sqlite")
-        try:
-            corpus_ = Corpus(
-                id=CORPUS,
-                version="bench-v1",
-                embedding=embedding,
-                store=store,
-                authorize=_index_anything,
-                chunking=ChunkingSettings().as_identity(),
-            )
-            driver = Driver(RetrievalService([corpus_]))
-            started = time.perf_counter()
-            report = ingest_paths(
-                driver,
-                CORPUS,
-                paths,
-                RequestContext(subject="bench"),
-                journal_path=work / "journal.jsonl",
-                root=documents,
-            )
-            seconds = time.perf_counter() - started
-            passages = sum(item.chunk_count or 0 for item in report.items)
-            idle = _status_mb("VmRSS")
+        with ingested(paths, documents, embedding, work) as (seconds, passages):
+            idle = _status_mb("VmRSS")  # the store still open, the model loaded
             peak = _status_mb("VmHWM")
-            text_bytes = sum(len(p.read_text(encoding="utf-8").encode("utf-8")) for p in paths)
-        finally:
-            store.close()
+        text_bytes = sum(len(p.read_text(encoding="utf-8").encode("utf-8")) for p in paths)
     return {
         "passages": passages,
         "seconds": seconds,
