@@ -17,17 +17,17 @@ and the posting appends; 2.9 against 1.6 ms per `replace_source`), small beside 
 The passages' term frequencies are stored with the vectors (`chunks.terms`, written in the
 same transaction), so the index is rebuilt at open without analyzing the text again.
 
-Layout. Each passage of a namespace takes a *slot* (revisions append their passages as
-consecutive slots, like the vector segment's rows). Per term, append-only posting arrays of
+Layout. A passage's *slot* is its row in the namespace's vector segment (`segment.Segment`,
+which owns the lexicon and changes both in one step). Per term, append-only posting arrays of
 slots and term frequencies; per slot, the passage length and whether it is live. A search
 captures, under the store's cache lock, views of the postings of its query terms, the live
-mask and the slot spans of the allowed revisions, then scores them without the lock: postings
-are only appended beyond what a capture saw, and the live mask is copied before each change
-(copy on write), so a captured view never changes under a search.
+mask and the mask of the allowed rows, then scores them without the lock: postings are only
+appended beyond what a capture saw, and the live mask is copied before each change (copy on
+write), so a captured view never changes under a search.
 
-Dead slots (replaced or deleted revisions) stay in the postings until they outnumber the live
-ones; then the namespace is compacted into new arrays. The allowed-slot mask of an unfiltered
-grant is kept (`GRANT_MASKS` per namespace) until the namespace changes, as the vector
+Dead slots (replaced or deleted revisions) stay in the postings until the segment compacts
+its rows; the postings are then renumbered into new arrays. The allowed-row mask of an
+unfiltered grant is kept (`GRANT_MASKS` per namespace) until the namespace changes, as the
 segment keeps its captures.
 """
 
@@ -36,26 +36,19 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from retrieval_host.adapters.sqlite.scan import Hashes, find_rows
+from retrieval_host.adapters.sqlite.rows import Blob, Rows
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.filters import MetadataFilter, matches
 from retrieval_host.core.lexical import Bm25
-from retrieval_host.core.models import Location
-
-if TYPE_CHECKING:
-    from retrieval_host.adapters.sqlite.segment import Loaded, Revision
-    from retrieval_host.core.ports import Candidate
 
 Slots = npt.NDArray[np.int64]
 Counts = npt.NDArray[np.int32]
 Mask = npt.NDArray[np.bool_]
 
-COMPACT_MIN_SLOTS: Final = 4096
 # Allowed-slot masks of recent unfiltered grants kept per namespace (an application searches
 # for one subject many times; walking a grant of thousands of sources costs milliseconds).
 GRANT_MASKS: Final = 16
@@ -89,217 +82,212 @@ class Postings:
         return self.slots[: self.count], self.tfs[: self.count]
 
 
-PassageRow = tuple[str, bytes, Location]  # chunk id, UTF-8 text, location
+# Bytes of each term kept in the fixed-width sorted key array of `BasePostings`.
+KEY_BYTES: Final = 16
 
 
-@dataclass(frozen=True, slots=True)
-class SourceSlots:
-    source: Revision
-    start: int
-    stop: int
+class BasePostings:
+    """Every term's postings as one read-only block (compressed sparse rows), as a snapshot
+    maps them from its file (`snapshot`): terms sorted by their UTF-8 bytes, found by a binary
+    search over fixed-width prefixes, so no per-term Python object is built at open."""
+
+    __slots__ = ("keys", "offsets", "slots", "terms", "tfs")
+
+    def __init__(
+        self,
+        terms: Blob,
+        keys: npt.NDArray[np.bytes_],
+        offsets: Slots,
+        slots: Slots,
+        tfs: Counts,
+    ) -> None:
+        self.terms, self.keys, self.offsets, self.slots, self.tfs = terms, keys, offsets, slots, tfs
+
+    @classmethod
+    def build(cls, postings: Mapping[str, tuple[Slots, Counts]]) -> BasePostings:
+        """The block of these postings (a snapshot's writer)."""
+        encoded = sorted((term.encode("utf-8"), term) for term in postings)
+        terms = Blob()
+        terms.extend([raw for raw, _ in encoded])
+        keys = np.array([raw[:KEY_BYTES] for raw, _ in encoded], dtype=f"S{KEY_BYTES}")
+        parts = [postings[term] for _, term in encoded]
+        counts = np.fromiter((len(slots) for slots, _ in parts), np.int64, len(parts))
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        slots = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
+        tfs = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int32)
+        return cls(terms, keys, offsets, slots.astype(np.int64), tfs.astype(np.int32))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def find(self, term: str) -> tuple[Slots, Counts] | None:
+        raw = term.encode("utf-8")
+        key = raw[:KEY_BYTES]
+        at = int(np.searchsorted(self.keys, key))
+        while at < len(self.keys) and self.keys[at] == key:
+            if len(raw) <= KEY_BYTES or self.terms.get(at) == raw:
+                low, high = int(self.offsets[at]), int(self.offsets[at + 1])
+                return self.slots[low:high], self.tfs[low:high]
+            at += 1
+        return None
+
+    def items(self) -> Iterator[tuple[str, tuple[Slots, Counts]]]:
+        data, ends = self.terms.arrays()
+        raw = data.tobytes()
+        start = 0
+        for i, end in enumerate(ends.tolist()):
+            low, high = int(self.offsets[i]), int(self.offsets[i + 1])
+            yield raw[start:end].decode("utf-8"), (self.slots[low:high], self.tfs[low:high])
+            start = end
 
 
 @dataclass(frozen=True, slots=True)
 class LexicalCapture:
     """What a lexical search took under the cache lock; scored afterwards without it."""
 
-    postings: dict[str, tuple[Slots, Counts]]
+    postings: dict[str, list[tuple[Slots, Counts]]]  # per term: the base's, then appended
     live: npt.NDArray[np.bool_]
     lengths: Counts
     size: int
     passages: int
     total_length: int
     allowed: npt.NDArray[np.bool_]  # the slots the search may rank
-    rows: list[PassageRow]
-    sources: list[Revision]
+    rows: Rows
 
 
 class Lexicon:
-    """One corpus namespace's inverted index (the caller holds the store's cache lock)."""
+    """One corpus namespace's inverted index, over its segment's rows (the segment calls it
+    under the store's cache lock)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: BasePostings | None = None) -> None:
+        self.base = base  # a snapshot's postings, read-only; then `postings`, appended since
         self.postings: dict[str, Postings] = {}
-        self.spans: dict[str, SourceSlots] = {}
-        self.rows: list[PassageRow] = []
-        self.row_sources: list[Revision] = []
         self.lengths: Counts = np.empty(0, dtype=np.int32)
-        self.hashes: Hashes = np.empty(0, dtype=np.int64)  # each slot's chunk id, hashed
-        self.live: npt.NDArray[np.bool_] = np.empty(0, dtype=np.bool_)
-        self.size = 0
+        self.live: Mask = np.empty(0, dtype=np.bool_)
         self.passages = 0
         self.total_length = 0
         self.masks: OrderedDict[tuple[int, str, str], tuple[dict[str, str], Mask]] = OrderedDict()
 
-    def apply(self, removed: Sequence[str], loaded: Sequence[Loaded]) -> None:
-        """Drop `removed` sources and put `loaded` revisions (replacing their sources)."""
+    def begin(self, capacity: int) -> None:
+        """Before a change: a new live mask (a search may hold the current one) of the
+        segment's capacity."""
         self.masks.clear()
-        needed = self.size + sum(len(item.rows) for item in loaded)
-        if needed > len(self.lengths):
-            # New slots are written beyond what any capture saw; growing makes a new array.
-            lengths = np.zeros(max(2 * needed, 64), dtype=np.int32)
-            lengths[: self.size] = self.lengths[: self.size]
-            self.lengths = lengths
-            hashes: Hashes = np.zeros(len(lengths), dtype=np.int64)
-            hashes[: self.size] = self.hashes[: self.size]
-            self.hashes = hashes
-        # Copy on write: a search may hold the current live mask.
-        live = np.zeros(len(self.lengths), dtype=np.bool_)
-        live[: self.size] = self.live[: self.size]
+        live = np.zeros(max(capacity, len(self.live)), dtype=np.bool_)
+        live[: len(self.live)] = self.live
         self.live = live
-        for source_id in removed:
-            self._drop(source_id)
-        for item in loaded:
-            self._drop(item.source.source_id)
+
+    def drop(self, start: int, stop: int) -> None:
+        self.live[start:stop] = False
+        self.passages -= stop - start
+        self.total_length -= int(self.lengths[start:stop].sum())
+
+    def add(self, start: int, terms: Sequence[Mapping[str, int]]) -> None:
+        """The term frequencies of rows `start`, `start + 1`, ... (new rows)."""
+        stop = start + len(terms)
+        if stop > len(self.lengths):
+            self.lengths = _grown(self.lengths, start, max(stop, len(self.live)))
+        if stop > len(self.live):
+            self.live = _grown(self.live, start, len(self.lengths))
         batch: dict[str, tuple[list[int], list[int]]] = {}
-        for item in loaded:
-            start = self.size
-            for (chunk_id, text, location), terms in zip(item.rows, item.terms, strict=True):
-                slot = self.size
-                self.size += 1
-                self.rows.append((chunk_id, text, location))
-                self.row_sources.append(item.source)
-                length = sum(terms.values())
-                self.lengths[slot] = length
-                self.hashes[slot] = hash(chunk_id)
-                self.live[slot] = True
-                self.total_length += length
-                self.passages += 1
-                for term, tf in terms.items():
-                    entry = batch.get(term)
-                    if entry is None:
-                        entry = batch[term] = ([], [])
-                    entry[0].append(slot)
-                    entry[1].append(tf)
-            self.spans[item.source.source_id] = SourceSlots(item.source, start, self.size)
+        for slot, row in enumerate(terms, start):
+            for term, tf in row.items():
+                entry = batch.get(term)
+                if entry is None:
+                    entry = batch[term] = ([], [])
+                entry[0].append(slot)
+                entry[1].append(tf)
+        lengths = np.fromiter((sum(row.values()) for row in terms), np.int32, len(terms))
+        self.lengths[start:stop] = lengths
+        self.live[start:stop] = True
+        self.total_length += int(lengths.sum())
+        self.passages += len(terms)
         for term, (slots, tfs) in batch.items():
             postings = self.postings.get(term)
             if postings is None:
                 postings = self.postings[term] = Postings()
             postings.extend(slots, tfs)
-        if self.size >= COMPACT_MIN_SLOTS and self.passages < self.size // 2:
-            self._compact()
 
-    def _drop(self, source_id: str) -> None:
-        span = self.spans.pop(source_id, None)
-        if span is None:
-            return
-        self.live[span.start : span.stop] = False
-        self.passages -= span.stop - span.start
-        self.total_length -= int(self.lengths[span.start : span.stop].sum())
-
-    def _compact(self) -> None:
-        live = self.live[: self.size]
-        remap = np.cumsum(live, dtype=np.int64) - 1
+    def compact(self, kept: Slots, size: int, capacity: int) -> None:
+        """The segment moved rows `kept` (ascending) to 0, 1, ...: renumber the postings."""
+        remap = np.full(size, -1, dtype=np.int64)
+        remap[kept] = np.arange(len(kept), dtype=np.int64)
         postings: dict[str, Postings] = {}
-        for term, old in self.postings.items():
-            slots, tfs = old.view()
-            keep = live[slots]
+        for term, slots, tfs in self._every_term():
+            moved = remap[slots]
+            keep = moved >= 0
             if not keep.any():
                 continue
             fresh = postings[term] = Postings()
-            fresh.slots, fresh.tfs = remap[slots[keep]], tfs[keep].copy()
+            fresh.slots, fresh.tfs = moved[keep], tfs[keep]
             fresh.count = len(fresh.slots)
-        kept = np.flatnonzero(live)
-        self.postings = postings
-        self.rows = [self.rows[i] for i in kept.tolist()]
-        self.row_sources = [self.row_sources[i] for i in kept.tolist()]
-        count = len(kept)
-        self.lengths = np.concatenate([self.lengths[kept], np.zeros(count, dtype=np.int32)])
-        self.hashes = np.concatenate([self.hashes[kept], np.zeros(count, dtype=np.int64)])
-        self.live = np.zeros(len(self.lengths), dtype=np.bool_)
-        self.live[:count] = True
-        self.spans = {
-            sid: SourceSlots(s.source, int(remap[s.start]), int(remap[s.start]) + s.stop - s.start)
-            for sid, s in self.spans.items()
-        }
-        self.size = count
+        self.base, self.postings = None, postings
+        lengths = np.zeros(capacity, dtype=np.int32)
+        lengths[: len(kept)] = self.lengths[kept]
+        self.lengths = lengths
+        self.live = np.zeros(capacity, dtype=np.bool_)
+        self.live[: len(kept)] = True
 
-    def capture(
-        self,
-        allowed: Mapping[str, str],
-        terms: Sequence[str],
-        filters: MetadataFilter | None,
-    ) -> LexicalCapture | None:
-        """What a search of these terms over the allowed revisions needs (the caller holds the
-        store's cache lock; the capture is then scored without it)."""
-        if self.passages == 0:
+    def _every_term(self) -> Iterator[tuple[str, Slots, Counts]]:
+        """Each term's postings, the base's and the appended ones joined (a compaction)."""
+        if self.base is not None:
+            for term, (slots, tfs) in self.base.items():
+                more = self.postings.get(term)
+                if more is not None:
+                    extra_slots, extra_tfs = more.view()
+                    slots = np.concatenate((slots, extra_slots))
+                    tfs = np.concatenate((tfs, extra_tfs))
+                yield term, slots, tfs
+        for term, postings in self.postings.items():
+            if self.base is None or self.base.find(term) is None:
+                yield term, *postings.view()
+
+    def postings_of(self, term: str) -> list[tuple[Slots, Counts]]:
+        """A term's postings as they are now: the base's, then those appended since."""
+        parts = []
+        if self.base is not None and (found := self.base.find(term)) is not None and len(found[0]):
+            parts.append(found)
+        appended = self.postings.get(term)
+        if appended is not None:
+            parts.append(appended.view())
+        return parts
+
+    def remembered(self, grant: dict[str, str]) -> Mask | None:
+        """The allowed-row mask of exactly this unfiltered grant, if kept."""
+        key = (len(grant), next(iter(grant)), next(reversed(grant)))
+        entry = self.masks.get(key)
+        # A dict comparison (C, no allocation) costs far less than walking the grant.
+        if entry is None or entry[0] != grant:
             return None
-        mask = self._allowed(allowed, filters)
-        return None if mask is None else self._capture(terms, mask)
+        self.masks.move_to_end(key)
+        return entry[1]
 
-    def capture_passages(
-        self, passages: Sequence[Candidate], terms: Sequence[str]
-    ) -> tuple[LexicalCapture | None, list[int | None]]:
-        """A capture that may rank only `passages` (those whose revision is the one held), and
-        each passage's slot (None: not held), for `lexical_scores` (under the cache lock)."""
-        spans: list[tuple[int, int] | None] = []
-        for p in passages:
-            span = self.spans.get(p.source_id)
-            current = span is not None and span.source.revision == p.revision
-            spans.append((span.start, span.stop) if current and span is not None else None)
-        ids = [p.chunk_id for p in passages]
-        slots = find_rows(self.hashes, spans, ids, self._chunk_id)
-        held = [s for s in slots if s is not None]
-        if self.passages == 0 or not held:
-            return None, slots
-        mask: Mask = np.zeros(self.size, dtype=np.bool_)
-        mask[held] = True
-        return self._capture(terms, mask), slots
+    def remember(self, grant: dict[str, str], mask: Mask) -> None:
+        key = (len(grant), next(iter(grant)), next(reversed(grant)))
+        self.masks[key] = (dict(grant), mask)
+        while len(self.masks) > GRANT_MASKS:
+            self.masks.popitem(last=False)
 
-    def _capture(self, terms: Sequence[str], allowed: Mask) -> LexicalCapture:
+    def capture(self, terms: Sequence[str], allowed: Mask, size: int, rows: Rows) -> LexicalCapture:
         """The postings of `terms` and the namespace's arrays as they are now, ranking only
-        the `allowed` slots."""
-        postings = {term: found.view() for term in set(terms) if (found := self.postings.get(term))}
+        the `allowed` rows."""
+        postings = {term: parts for term in set(terms) if (parts := self.postings_of(term))}
         return LexicalCapture(
             postings,
             self.live,
             self.lengths,
-            self.size,
+            size,
             self.passages,
             self.total_length,
             allowed,
-            self.rows,
-            self.row_sources,
+            rows,
         )
 
-    def _chunk_id(self, slot: int) -> str:
-        return self.rows[slot][0]
 
-    def _allowed(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Mask | None:
-        key = None
-        grant = allowed if isinstance(allowed, dict) and allowed and filters is None else None
-        if grant is not None:
-            key = (len(grant), next(iter(grant)), next(reversed(grant)))
-            entry = self.masks.get(key)
-            # A dict comparison (C, no allocation) costs far less than walking the grant.
-            if entry is not None and entry[0] == grant:
-                self.masks.move_to_end(key)
-                return entry[1]
-        # Walk the smaller side: the grant or the namespace's sources.
-        if len(allowed) <= len(self.spans):
-            get = self.spans.get
-            hits = [
-                span
-                for sid, revision in allowed.items()
-                if (span := get(sid)) is not None and span.source.revision == revision
-            ]
-        else:
-            granted = allowed.get
-            hits = [s for sid, s in self.spans.items() if granted(sid) == s.source.revision]
-        if filters is not None:
-            hits = [s for s in hits if matches(filters, s.source.metadata)]
-        if not hits:
-            return None
-        # Spans never overlap: +1 at each start, -1 at each stop, and a running sum.
-        edges = np.zeros(self.size + 1, dtype=np.int32)
-        edges[np.fromiter((s.start for s in hits), np.int64, len(hits))] += 1
-        np.subtract.at(edges, np.fromiter((s.stop for s in hits), np.int64, len(hits)), 1)
-        mask: Mask = np.cumsum(edges[:-1]) > 0
-        if key is not None and grant is not None:
-            self.masks[key] = (dict(grant), mask)
-            while len(self.masks) > GRANT_MASKS:
-                self.masks.popitem(last=False)
-        return mask
+def _grown(array: npt.NDArray[Any], size: int, capacity: int) -> npt.NDArray[Any]:
+    grown = np.zeros(max(capacity, 64), dtype=array.dtype)
+    grown[:size] = array[:size]
+    return grown
 
 
 def _weighted_postings(
@@ -311,14 +299,16 @@ def _weighted_postings(
     stores (and in `score` and `score_slots`)."""
     for term, count in sorted(Counter(terms).items()):
         cancel.check()
-        found = capture.postings.get(term)
-        if found is None:
+        parts = capture.postings.get(term)
+        if parts is None:
             continue
-        slots, tfs = found
-        df = int(np.count_nonzero(capture.live[slots]))
+        df = sum(int(np.count_nonzero(capture.live[slots])) for slots, _ in parts)
         if df == 0:
             continue
-        yield slots, tfs, count * Bm25.idf(df, capture.passages)
+        weight = count * Bm25.idf(df, capture.passages)
+        # A row is in one part only: each row still gets its terms' scores in term order.
+        for slots, tfs in parts:
+            yield slots, tfs, weight
 
 
 def score(
@@ -342,7 +332,7 @@ def score(
         matched = matched[scores[matched] >= kth]
     ranked = sorted(
         ((int(slot), float(scores[slot])) for slot in matched),
-        key=lambda item: (-item[1], capture.rows[item[0]][0]),
+        key=lambda item: (-item[1], capture.rows.chunk_id(item[0])),
     )
     return ranked[:k]
 
@@ -364,22 +354,4 @@ def score_slots(
         tf = tfs[at[hit]].astype(np.float64)
         norm = bm25.k1 * (1.0 - bm25.b + bm25.b * lengths[hit] / average)
         scores[hit] += weight * (tf / (tf + norm))
-    return scores
-    average = capture.total_length / capture.passages
-    lengths = capture.lengths[slots]
-    for term, count in sorted(Counter(terms).items()):
-        cancel.check()
-        found = capture.postings.get(term)
-        if found is None:
-            continue
-        posted, tfs = found
-        df = int(np.count_nonzero(capture.live[posted]))
-        if df == 0:
-            continue
-        idf = Bm25.idf(df, capture.passages)
-        at = np.minimum(np.searchsorted(posted, slots), len(posted) - 1)
-        hit = posted[at] == slots
-        tf = tfs[at[hit]].astype(np.float64)
-        norm = bm25.k1 * (1.0 - bm25.b + bm25.b * lengths[hit] / average)
-        scores[hit] += count * idf * (tf / (tf + norm))
     return scores

@@ -28,7 +28,7 @@ from retrieval_host.core.ports import Vectors
 from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
 
 if TYPE_CHECKING:
-    from retrieval_host.adapters.sqlite.segment import Row
+    from retrieval_host.adapters.sqlite.rows import Rows
 
 # Scans of fewer rows run on the caller's thread alone: handing work to another thread costs
 # tens of microseconds, and a host serving concurrent searches keeps every core busy anyway.
@@ -41,7 +41,7 @@ MIN_SHARED_BATCH_ROWS: Final = 4096
 
 Matrix = npt.NDArray[np.float32]
 Index = npt.NDArray[np.int64]
-Hashes = npt.NDArray[np.int64]  # chunk ids hashed with `hash` (stable within the process)
+Hashes = npt.NDArray[np.int64]  # chunk ids hashed with `rows.chunk_hash`
 # Adds to the store's counters (`CounterTally.add`).
 Count = Callable[..., None]
 
@@ -77,10 +77,11 @@ def find_rows(
     hashes: Hashes,
     spans: Sequence[tuple[int, int] | None],
     chunk_ids: Sequence[str],
+    hash_of: Callable[[str], int],
     chunk_id_at: Callable[[int], str],
 ) -> list[int | None]:
-    """For each chunk id, the row (or slot) in its span `(start, stop)` holding it, found by
-    its hash in `hashes` and checked with `chunk_id_at`; None when absent or the span is None.
+    """For each chunk id, the row in its span `(start, stop)` holding it, found by its hash
+    (`hash_of`) in `hashes` and checked with `chunk_id_at`; None when absent or the span is None.
     Vectorized over all the spans' rows at once (a passage's lookup costs no Python loop)."""
     found: list[int | None] = [None] * len(chunk_ids)
     held = [(i, span) for i, span in enumerate(spans) if span is not None]
@@ -92,7 +93,7 @@ def find_rows(
     owner = np.repeat(np.arange(len(at)), counts)
     first = np.cumsum(counts) - counts
     rows = starts[owner] + np.arange(len(owner)) - first[owner]
-    wanted = np.array([hash(chunk_ids[i]) for i in at], dtype=np.int64)
+    wanted = np.array([hash_of(chunk_ids[i]) for i in at], dtype=np.int64)
     for m in np.flatnonzero(hashes[rows] == wanted[owner]).tolist():
         i, row = at[int(owner[m])], int(rows[m])
         if found[i] is None and chunk_id_at(row) == chunk_ids[i]:
@@ -122,7 +123,7 @@ class Scan:
     """
 
     matrix: Matrix
-    rows: list[Row]
+    rows: Rows
     starts: Index
     offsets: Index
     # The same as Python ints: the per-run loop of a scan indexes them (NumPy scalars cost more).
@@ -130,7 +131,7 @@ class Scan:
     offset_list: list[int]
 
     @classmethod
-    def of(cls, matrix: Matrix, rows: list[Row], spans: list[tuple[int, int]]) -> Scan:
+    def of(cls, matrix: Matrix, rows: Rows, spans: list[tuple[int, int]]) -> Scan:
         spans.sort()
         if len(spans) > 256:
             starts, offsets = _runs(spans)
@@ -156,7 +157,7 @@ class Scan:
         )
 
     @classmethod
-    def contiguous(cls, matrix: Matrix, rows: list[Row]) -> Scan:
+    def contiguous(cls, matrix: Matrix, rows: Rows) -> Scan:
         """All of `matrix` as one run (a grant's rows gathered in scan order)."""
         total = len(matrix)
         return cls(

@@ -99,23 +99,23 @@ class SqliteSearch:
             return []
         self._ensure_fresh(state)
         with self._cache_lock:
-            lexicon = state.lexicons.get(namespace)
-            capture = None if lexicon is None else lexicon.capture(allowed, terms, filters)
+            segment = state.segments.get(namespace)
+            capture = None if segment is None else segment.lexical_capture(allowed, terms, filters)
         if capture is None:
             return []
         lexical = state.descriptor.lexical
         ranked = score(capture, terms, Bm25(lexical.k1, lexical.b), k, cancel)
         results: list[Candidate] = []
         for slot, value in ranked:
-            chunk_id, text, location = capture.rows[slot]
-            source = capture.sources[slot]
+            row = capture.rows[slot]
+            source = row.source
             results.append(
                 Candidate(
-                    chunk_id=chunk_id,
+                    chunk_id=row.chunk_id,
                     source_id=source.source_id,
                     revision=source.revision,
-                    text=text.decode("utf-8"),
-                    location=location,
+                    text=row.text.decode("utf-8"),
+                    location=row.location,
                     document_sha256=source.document_sha256,
                     score=value,
                     metadata=source.metadata,
@@ -161,10 +161,10 @@ class SqliteSearch:
             return []
         self._ensure_fresh(state)
         with self._cache_lock:
-            lexicon = state.lexicons.get(namespace)
-            if lexicon is None:
+            segment = state.segments.get(namespace)
+            if segment is None:
                 return [None] * len(passages)
-            capture, slots = lexicon.capture_passages(passages, terms)
+            capture, slots = segment.lexical_passages(passages, terms)
         held = np.array([s for s in slots if s is not None], dtype=np.int64)
         values: Iterator[float] = iter(())
         if capture is not None:

@@ -13,42 +13,27 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from dataclasses import dataclass
+from typing import Final, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
-from retrieval_host.adapters.sqlite.lexicon import Lexicon
-from retrieval_host.adapters.sqlite.scan import Hashes, Matrix, Scan, find_rows
+from retrieval_host.adapters.sqlite.lexicon import LexicalCapture, Lexicon
+from retrieval_host.adapters.sqlite.rows import Revision, Row, Rows, chunk_hash
+from retrieval_host.adapters.sqlite.scan import Hashes, Index, Matrix, Scan, find_rows
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.filters import MetadataFilter, matches
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate
 
+__all__ = ["CorpusState", "Loaded", "Revision", "Row", "Segment", "Span"]
+
 # Captures (a grant's rows) kept per namespace: at most this many grants, this many sources.
 CAPTURES: Final = 64
 CAPTURED_SOURCES: Final = 200_000
-
-
-@dataclass(frozen=True, slots=True)
-class Revision:
-    """One source revision as the in-memory index knows it (immutable: shared with searches)."""
-
-    source_id: str
-    revision: str
-    document_sha256: str
-    metadata: Mapping[str, Any]
-    generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    chunk_id: str
-    # UTF-8, decoded only for the k results: a str of non-ASCII text takes 2 or 4 bytes per
-    # character in memory, which would double the cache of a corpus with accented text.
-    text: bytes
-    location: Location
-    source: Revision
+# A segment of more rows than this is compacted when fewer than a quarter of them are live.
+COMPACT_MIN_ROWS: Final = 4096
 
 
 class Span(NamedTuple):
@@ -76,21 +61,24 @@ GrantKey = tuple[int, str, str]  # a grant's size, first and last source
 
 
 class Segment:
-    """One corpus namespace: an append-only matrix with contiguous rows per source revision.
+    """One corpus namespace: an append-only matrix with contiguous rows per source revision,
+    the passages' columns (`rows.Rows`) and the lexical index (`lexicon.Lexicon`), all
+    numbered by the same rows.
 
     Replacing a source appends its rows and drops the old span; the dead rows are only skipped
     (never scored: searches gather live spans) until the matrix is full, when the live rows are
-    compacted into a new array. Rows are never written twice in one array, so a search that
+    compacted into new arrays. Rows are never written twice in one array, so a search that
     captured an array and a span list keeps reading consistent data without a lock.
     """
 
     def __init__(self, dimensions: int) -> None:
         self.dimensions = dimensions
         self.matrix: Matrix = np.empty((0, dimensions), dtype=np.float32)
-        # Each row's chunk id hashed (`hash`, stable within the process): finds a passage's
-        # row among its source's rows without a Python loop (`locate`).
+        # Each row's chunk id hashed (`rows.chunk_hash`): finds a passage's row among its
+        # source's rows without a Python loop (`locate`).
         self.hashes: Hashes = np.empty(0, dtype=np.int64)
-        self.rows: list[Row] = []
+        self.rows = Rows()
+        self.lexicon = Lexicon()
         self.spans: dict[str, Span] = {}
         self.size = 0
         self.live = 0
@@ -122,85 +110,82 @@ class Segment:
     def _changed(self) -> None:
         self.captures.clear()
         self._captured_sources = 0
+        self.lexicon.masks.clear()
 
-    def remove(self, source_id: str) -> None:
-        span = self.spans.pop(source_id, None)
-        if span is not None:
-            self._changed()
-            self.live -= span.stop - span.start
-            if len(self.matrix) > 4096 and self.live < len(self.matrix) // 4:
-                self._compact(0)
-
-    def reserve(self, count: int) -> None:
-        """Room for `count` more rows in one allocation (a bulk load grows the matrix once).
-
-        Capacity beyond the rows written costs address space only: pages of a large array that
-        were never written are not resident.
-        """
-        if self.size + count > len(self.matrix):
-            self._compact(count)
-
-    def put(self, loaded: Loaded) -> None:
-        self.remove(loaded.source.source_id)
+    def apply(self, removed: Sequence[str], loaded: Sequence[Loaded]) -> None:
+        """Drop `removed` sources and put `loaded` revisions, replacing their sources (the
+        caller holds the store's cache lock)."""
         self._changed()
-        count = len(loaded.rows)
-        self.reserve(count)
+        self.lexicon.begin(len(self.matrix))
+        latest = {item.source.source_id: item for item in loaded}  # one revision per source
+        for source_id in (*removed, *latest):
+            span = self.spans.pop(source_id, None)
+            if span is not None:
+                self.live -= span.stop - span.start
+                self.lexicon.drop(span.start, span.stop)
+        count = sum(len(item.rows) for item in latest.values())
+        if self.size + count > len(self.matrix) or (
+            len(self.matrix) > COMPACT_MIN_ROWS and self.live < len(self.matrix) // 4
+        ):
+            self._compact(count)
         start = self.size
-        self.matrix[start : start + count] = loaded.unit_vectors
-        self.hashes[start : start + count] = [hash(cid) for cid, _, _ in loaded.rows]
-        self.rows.extend(Row(cid, text, loc, loaded.source) for cid, text, loc in loaded.rows)
-        self.spans[loaded.source.source_id] = Span(
-            loaded.source.revision, start, start + count, loaded.source
-        )
-        self.size += count
-        self.live += count
+        for item in latest.values():
+            n = len(item.rows)
+            self.matrix[start : start + n] = item.unit_vectors
+            self.spans[item.source.source_id] = Span(
+                item.source.revision, start, start + n, item.source
+            )
+            self.rows.append(item.source, item.rows)
+            start += n
+        self.hashes[self.size : start] = [
+            chunk_hash(cid) for item in latest.values() for cid, _, _ in item.rows
+        ]
+        self.lexicon.add(self.size, [terms for item in latest.values() for terms in item.terms])
+        self.live += start - self.size
+        self.size = start
 
     def _compact(self, extra: int) -> None:
+        """Move the live rows into new arrays with room for `extra` more (in row order, so
+        the lexicon's postings stay sorted)."""
         self._changed()
         capacity = max(2 * (self.live + extra), 256)
+        ordered = sorted(self.spans.items(), key=lambda item: item[1].start)
+        kept: Index = (
+            np.concatenate([np.arange(s.start, s.stop, dtype=np.int64) for _, s in ordered])
+            if ordered
+            else np.empty(0, np.int64)
+        )
         matrix = np.empty((capacity, self.dimensions), dtype=np.float32)
+        np.take(self.matrix, kept, axis=0, out=matrix[: len(kept)])
         hashes: Hashes = np.empty(capacity, dtype=np.int64)
-        rows: list[Row] = []
+        hashes[: len(kept)] = self.hashes[kept]
         spans: dict[str, Span] = {}
         at = 0
-        for source_id, span in self.spans.items():
+        for source_id, span in ordered:
             n = span.stop - span.start
-            matrix[at : at + n] = self.matrix[span.start : span.stop]
-            hashes[at : at + n] = self.hashes[span.start : span.stop]
-            rows.extend(self.rows[span.start : span.stop])
             spans[source_id] = span._replace(start=at, stop=at + n)
             at += n
-        self.matrix, self.rows, self.spans, self.size = matrix, rows, spans, at
-        self.hashes = hashes
+        self.lexicon.compact(kept, self.size, capacity)
+        self.rows = self.rows.gather(kept)
+        self.matrix, self.hashes, self.spans, self.size = matrix, hashes, spans, at
 
     def locate(self, passages: Sequence[Candidate]) -> tuple[Matrix, list[int | None]]:
         """The matrix and each passage's row in it (None: its revision is not the one
         held), for `dense_scores` (the caller holds the store's cache lock)."""
+        return self.matrix, self._find(passages)
+
+    def _find(self, passages: Sequence[Candidate]) -> list[int | None]:
         spans: list[tuple[int, int] | None] = []
         for p in passages:
             span = self.spans.get(p.source_id)
             current = span is not None and span.revision == p.revision
             spans.append((span.start, span.stop) if current and span is not None else None)
         ids = [p.chunk_id for p in passages]
-        found = find_rows(self.hashes, spans, ids, self._chunk_id)
-        return self.matrix, found
+        return find_rows(self.hashes, spans, ids, chunk_hash, self.rows.chunk_id)
 
-    def _chunk_id(self, row: int) -> str:
-        return self.rows[row].chunk_id
-
-    def capture(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Scan | None:
-        """The rows of the allowed revisions that match the filters (the caller holds the
-        store's cache lock; the scan is then scored without it)."""
-        # The same grant again (an application asks for one subject many times): its
-        # capture is kept until the segment changes. Not for filtered searches, nor for a
-        # grant much larger than the namespace (comparing it would cost more than the walk).
+    def _hits(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> list[Span]:
+        """The spans of the allowed revisions that match the filters."""
         index = self.spans
-        key = None
-        grant = allowed if isinstance(allowed, dict) else None
-        if filters is None and grant is not None and len(grant) <= 2 * len(index) + 64:
-            key, scan = self.captured(grant)
-            if scan is not None:
-                return scan
         # Walk the smaller side: the grant or the namespace's sources.
         if len(allowed) <= len(index):
             get = index.get
@@ -214,13 +199,68 @@ class Segment:
             hits = [span for sid, span in index.items() if granted(sid) == span.revision]
         if filters is not None:
             hits = [s for s in hits if matches(filters, s.source.metadata)]
-        spans = [(s.start, s.stop) for s in hits if s.stop > s.start]
+        return hits
+
+    def capture(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Scan | None:
+        """The rows of the allowed revisions that match the filters (the caller holds the
+        store's cache lock; the scan is then scored without it)."""
+        # The same grant again (an application asks for one subject many times): its
+        # capture is kept until the segment changes. Not for filtered searches, nor for a
+        # grant much larger than the namespace (comparing it would cost more than the walk).
+        key = None
+        grant = allowed if isinstance(allowed, dict) else None
+        if filters is None and grant is not None and len(grant) <= 2 * len(self.spans) + 64:
+            key, scan = self.captured(grant)
+            if scan is not None:
+                return scan
+        spans = [(s.start, s.stop) for s in self._hits(allowed, filters) if s.stop > s.start]
         if not spans:
             return None
         scan = Scan.of(self.matrix, self.rows, spans)
         if key is not None and grant is not None:
             self.remember(key, grant, scan)
         return scan
+
+    def lexical_capture(
+        self, allowed: Mapping[str, str], terms: Sequence[str], filters: MetadataFilter | None
+    ) -> LexicalCapture | None:
+        """What a lexical search of these terms over the allowed revisions needs (under the
+        store's cache lock; scored afterwards without it)."""
+        if self.lexicon.passages == 0:
+            return None
+        grant = allowed if isinstance(allowed, dict) and allowed and filters is None else None
+        mask = None if grant is None else self.lexicon.remembered(grant)
+        if mask is None:
+            hits = self._hits(allowed, filters)
+            if not hits:
+                return None
+            mask = _mask(hits, self.size)
+            if grant is not None:
+                self.lexicon.remember(grant, mask)
+        return self.lexicon.capture(terms, mask, self.size, self.rows)
+
+    def lexical_passages(
+        self, passages: Sequence[Candidate], terms: Sequence[str]
+    ) -> tuple[LexicalCapture | None, list[int | None]]:
+        """A capture that may rank only `passages` (those whose revision is the one held), and
+        each passage's row (None: not held), for `lexical_scores` (under the cache lock)."""
+        found = self._find(passages)
+        held = [s for s in found if s is not None]
+        if self.lexicon.passages == 0 or not held:
+            return None, found
+        mask: npt.NDArray[np.bool_] = np.zeros(self.size, dtype=np.bool_)
+        mask[held] = True
+        return self.lexicon.capture(terms, mask, self.size, self.rows), found
+
+
+def _mask(hits: Sequence[Span], size: int) -> npt.NDArray[np.bool_]:
+    """The rows of these spans as a mask (spans never overlap: +1 at each start, -1 at each
+    stop, and a running sum)."""
+    edges = np.zeros(size + 1, dtype=np.int32)
+    edges[np.fromiter((s.start for s in hits), np.int64, len(hits))] += 1
+    np.subtract.at(edges, np.fromiter((s.stop for s in hits), np.int64, len(hits)), 1)
+    mask: npt.NDArray[np.bool_] = np.cumsum(edges[:-1]) > 0
+    return mask
 
 
 @dataclass
@@ -229,38 +269,28 @@ class CorpusState:
     segments: dict[str, Segment]
     generations: dict[tuple[str, str], int]  # (namespace, source_id) -> generation loaded
     loaded_generation: int
-    lexicons: dict[str, Lexicon] = field(default_factory=dict)  # per namespace
+    unsnapshotted: int = 0  # rows put or sources removed since the last snapshot (or open)
 
     @property
     def dimensions(self) -> int:
         return self.descriptor.embedding.dimensions
 
     def apply(self, loaded: list[Loaded], removed: list[tuple[str, str]]) -> None:
-        """Drop removed sources, put loaded revisions (the caller holds the cache lock)."""
+        """Drop removed sources, put loaded revisions (the caller holds the cache lock); the
+        lexical index changes in the same step as the vectors."""
+        gone: dict[str, list[str]] = {}
+        put: dict[str, list[Loaded]] = {}
         for namespace, source_id in removed:
-            segment = self.segments.get(namespace)
-            if segment is not None:
-                segment.remove(source_id)
+            gone.setdefault(namespace, []).append(source_id)
             self.generations.pop((namespace, source_id), None)
-        incoming: dict[str, int] = {}
         for item in loaded:
-            incoming[item.namespace] = incoming.get(item.namespace, 0) + len(item.rows)
-        for namespace, count in incoming.items():
+            put.setdefault(item.namespace, []).append(item)
+        for namespace in {*gone, *put}:
             segment = self.segments.get(namespace)
             if segment is None:
+                if namespace not in put:
+                    continue
                 segment = self.segments[namespace] = Segment(self.dimensions)
-            segment.reserve(count)
+            segment.apply(gone.get(namespace, []), put.get(namespace, []))
         for item in loaded:
-            self.segments[item.namespace].put(item)
             self.generations[(item.namespace, item.source.source_id)] = item.source.generation
-        # The lexical index changes in the same step (under the same lock) as the vectors.
-        lexical: dict[str, tuple[list[str], list[Loaded]]] = {}
-        for namespace, source_id in removed:
-            lexical.setdefault(namespace, ([], []))[0].append(source_id)
-        for item in loaded:
-            lexical.setdefault(item.namespace, ([], []))[1].append(item)
-        for namespace, (gone, put) in lexical.items():
-            lexicon = self.lexicons.get(namespace)
-            if lexicon is None:
-                lexicon = self.lexicons[namespace] = Lexicon()
-            lexicon.apply(gone, put)

@@ -16,6 +16,11 @@ its rows (`grant_cache.GrantCache`). The in-memory index is updated in place aft
 own commits and reloaded per changed source when a per-corpus generation counter shows that
 another connection committed.
 
+Snapshots. The in-memory index of a corpus is also written to a file beside the database
+(`snapshot`), which a later open maps instead of reading every row from SQLite, and which the
+worker processes of one host share. SQLite stays the authority: an open keeps only the
+snapshot's sources that SQLite still holds as written, and loads what changed since.
+
 Concurrency. Writers are serialised by a process-wide lock per database file and, across
 processes, by SQLite's own locking (with a busy timeout). A search holds no lock while scoring.
 """
@@ -46,7 +51,7 @@ from retrieval_host.adapters._store_rules import (
     stored_source,
     terms_json,
 )
-from retrieval_host.adapters.sqlite import inspect
+from retrieval_host.adapters.sqlite import inspect, snapshot
 from retrieval_host.adapters.sqlite.catalog import (
     Readers,
     read_descriptor,
@@ -87,6 +92,10 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounte
 
 _log = logging.getLogger(__name__)
 
+# A snapshot is written in the background once this many rows (or a quarter of the corpus,
+# if more) changed since the last one.
+SNAPSHOT_MIN_CHANGES = 20_000
+
 
 class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
     """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
@@ -103,9 +112,15 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         scan_batch_rows: int,
         grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
         read_only: bool = False,
+        trusted_groups: frozenset[int] = frozenset(),
+        snapshots: bool = True,
     ) -> None:
         """Private: use `SqliteVectorStore.open(path)`, which checks and prepares the file."""
         self._read_only = read_only
+        self._trusted_groups = trusted_groups
+        self._snapshots = snapshots
+        self._snapshot_lock = threading.Lock()  # one snapshot written at a time
+        self._snapshot_writer: threading.Thread | None = None
         self._conn: apsw.Connection | None = connection
         self._path = path
         self._write_lock = path_lock(path)
@@ -127,6 +142,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         grant_cache_bytes: int = DEFAULT_GRANT_CACHE_BYTES,
         trusted_groups: frozenset[int] = frozenset(),
         read_only: bool = False,
+        snapshots: bool = True,
     ) -> SqliteVectorStore:
         """Open (creating if missing) the store at `path` after the private-location checks.
 
@@ -134,7 +150,9 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         `GrantCache`); 0 turns the cache off. `trusted_groups` may write to the store's
         directory and files (`files.own_groups()` on a volume provisioned for the host's
         group; see `adapters.sqlite.files`). `read_only` opens an existing store (a snapshot,
-        a copy) without writing anything to it: writes are `STORE_READ_ONLY`.
+        a copy) without writing anything to it: writes are `STORE_READ_ONLY`. `snapshots`:
+        map each corpus's index snapshot at open and write one when enough changed (see
+        `snapshot`; a read-only store maps them but never writes one).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
@@ -144,7 +162,9 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         if isinstance(grant_cache_bytes, bool) or grant_cache_bytes < 0:
             raise ValueError("grant_cache_bytes must be a non-negative integer")
         conn, database = open_database(path, IDENTITY, trusted_groups, read_only=read_only)
-        return cls(conn, database, scan_batch_rows, grant_cache_bytes, read_only)
+        return cls(
+            conn, database, scan_batch_rows, grant_cache_bytes, read_only, trusted_groups, snapshots
+        )
 
     @property
     def read_only(self) -> bool:
@@ -156,7 +176,15 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         return "overwritten"
 
     def close(self) -> None:
-        """Close the connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
+        """Write the snapshot of each corpus that changed since its last one, then close the
+        connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
+        writer = self._snapshot_writer
+        if writer is not None:
+            writer.join()
+        with self._cache_lock:
+            pending = [s for s in self._corpora.values() if s.unsnapshotted]
+        for state in pending:
+            self._write_snapshot(state)
         with self._db_lock:
             self._readers.close()
             if self._conn is not None:
@@ -198,9 +226,12 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
             state = self._corpora.get(descriptor.corpus_id)
             if state is None or state.descriptor != descriptor:
                 state = CorpusState(descriptor, {}, {}, -1)
+                if self._snapshots:
+                    self._adopt_snapshot(state)
                 with self._cache_lock:
                     self._corpora[descriptor.corpus_id] = state
             self._refresh(state)
+        self._snapshot_if_due(state)
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -414,6 +445,8 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
             with self._cache_lock:
                 state.apply(loaded, removed)
                 state.loaded_generation = generation
+                state.unsnapshotted += sum(len(item.rows) for item in loaded) + len(removed)
+            self._snapshot_if_due(state)
             return
         try:
             self._refresh(state)
@@ -462,6 +495,97 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         with self._cache_lock:
             state.apply(loaded, removed)
             state.loaded_generation = generation
+            state.unsnapshotted += sum(len(item.rows) for item in loaded) + len(removed)
+
+    # --- snapshots (`snapshot`) ------------------------------------------------------------------
+
+    def _adopt_snapshot(self, state: CorpusState) -> None:
+        """Start a new corpus state from its snapshot, keeping only the sources SQLite holds
+        exactly as written (the caller holds the db lock; `_refresh` then loads the rest)."""
+        descriptor = state.descriptor
+        path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
+        mapped = snapshot.read(
+            path,
+            descriptor.corpus_id,
+            descriptor.canonical_json(),
+            state.dimensions,
+            self._trusted_groups,
+        )
+        if mapped is None:
+            return
+        conn = self._connection()
+        with translated("reading the corpus's sources"):
+            listing = {
+                (str(ns), str(sid)): (str(rev), str(sha), int(gen), int(count), json.loads(meta))
+                for ns, sid, rev, sha, gen, count, meta in conn.execute(
+                    "SELECT namespace, source_id, revision, document_sha256, generation, "
+                    "chunk_count, metadata_json FROM sources WHERE corpus_id = ?",
+                    (descriptor.corpus_id,),
+                )
+            }
+        try:
+            adopted = list(snapshot.segments(mapped, state.dimensions, listing))
+        except snapshot.SnapshotUnusable as exc:
+            _log.warning("index snapshot %s not used: %s", path, exc)
+            return
+        for namespace, segment, kept in adopted:
+            state.segments[namespace] = segment
+            for source_id, generation in kept:
+                state.generations[(namespace, source_id)] = generation
+        _log.info(
+            "mapped the index snapshot of corpus %s (%d sources)",
+            descriptor.corpus_id,
+            len(state.generations),
+        )
+
+    def _snapshot_if_due(self, state: CorpusState) -> None:
+        """Write a snapshot on a background thread when enough rows changed since the last."""
+        if self._read_only or not self._snapshots:
+            return
+        with self._cache_lock:
+            size = sum(segment.size for segment in state.segments.values())
+            due = state.unsnapshotted >= max(SNAPSHOT_MIN_CHANGES, size // 4)
+        writer = self._snapshot_writer
+        if not due or (writer is not None and writer.is_alive()):
+            return
+        self._snapshot_writer = threading.Thread(
+            target=self._write_snapshot, args=(state,), name="store-snapshot", daemon=True
+        )
+        self._snapshot_writer.start()
+
+    def _write_snapshot(self, state: CorpusState) -> None:
+        """Write one corpus's snapshot (a failure is logged: the snapshot is only a cache)."""
+        if self._read_only or not self._snapshots:
+            return
+        corpus = state.descriptor.corpus_id
+        with self._snapshot_lock:
+            with self._cache_lock:
+                if self._corpora.get(corpus) is not state or state.loaded_generation < 0:
+                    return
+                images = [snapshot.image(ns, seg) for ns, seg in state.segments.items()]
+                generation, changed = state.loaded_generation, state.unsnapshotted
+            path = snapshot.snapshot_path(self._path, corpus)
+            try:
+                snapshot.remove_temporaries(path)
+                written = snapshot.write(
+                    path, corpus, state.descriptor.canonical_json(), generation, images
+                )
+            except OSError as exc:
+                _log.warning("could not write the index snapshot %s: %s", path, exc)
+                return
+            with self._cache_lock:
+                state.unsnapshotted = max(0, state.unsnapshotted - changed)
+            _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, written)
+
+    def checkpoint(self) -> None:
+        """Write the snapshot of every open corpus now (waiting for one being written)."""
+        writer = self._snapshot_writer
+        if writer is not None:
+            writer.join()
+        with self._cache_lock:
+            states = list(self._corpora.values())
+        for state in states:
+            self._write_snapshot(state)
 
     # --- helpers -------------------------------------------------------------------------------
 

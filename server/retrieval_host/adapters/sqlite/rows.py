@@ -1,0 +1,202 @@
+"""The passages of an in-memory corpus namespace, column by column.
+
+One Python object per passage (its chunk id, text, location and source) cost about 300 bytes
+besides the text, took most of the time of loading a large corpus, and could not be shared
+between worker processes. `Rows` keeps them in a few flat arrays instead (UTF-8 bytes with end
+offsets, integers), which a snapshot writes as they are and a later open maps from the file
+(`snapshot`), and builds a passage's `Row` only when a search returns it.
+
+Rows are appended beyond `size` and never rewritten, and a growing column is copied into a new
+array: a search that captured a `Rows` keeps reading consistent rows without a lock (a
+compaction builds a new `Rows`).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from retrieval_host.core.models import Location
+
+Bytes = npt.NDArray[np.uint8]
+Ends = npt.NDArray[np.int64]
+Ints = npt.NDArray[np.int32]
+
+# A location field that is None.
+NONE: Final = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """One source revision as the in-memory index knows it (immutable: shared with searches)."""
+
+    source_id: str
+    revision: str
+    document_sha256: str
+    metadata: Mapping[str, Any]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One passage, built from the columns when a search returns it."""
+
+    chunk_id: str
+    text: bytes  # UTF-8: decoded only for the results
+    location: Location
+    source: Revision
+
+
+def chunk_hash(chunk_id: str) -> int:
+    """A chunk id's hash, the same in every process (a snapshot stores them): finds a passage's
+    row without a Python loop; every match is checked against the chunk id itself."""
+    return zlib.crc32(chunk_id.encode("utf-8"))
+
+
+class Blob:
+    """Variable-length byte strings, appended: one byte array and each string's end offset."""
+
+    __slots__ = ("data", "ends", "size", "used")
+
+    def __init__(
+        self, data: Bytes | None = None, ends: Ends | None = None, size: int | None = None
+    ) -> None:
+        """Empty, or the first `size` strings (all of `ends` by default) of these arrays; the
+        arrays may be longer (room to append in place)."""
+        self.data: Bytes = np.empty(0, np.uint8) if data is None else data
+        self.ends: Ends = np.empty(0, np.int64) if ends is None else ends
+        self.size = len(self.ends) if size is None else size
+        self.used = int(self.ends[self.size - 1]) if self.size else 0
+
+    def get(self, i: int) -> bytes:
+        start = int(self.ends[i - 1]) if i else 0
+        return self.data[start : int(self.ends[i])].tobytes()
+
+    def extend(self, items: Sequence[bytes]) -> None:
+        joined = b"".join(items)
+        count = len(items)
+        if self.size + count > len(self.ends):
+            ends = np.empty(max(2 * (self.size + count), 64), np.int64)
+            ends[: self.size] = self.ends[: self.size]
+            self.ends = ends
+        if self.used + len(joined) > len(self.data):
+            data = np.empty(max(2 * (self.used + len(joined)), 1024), np.uint8)
+            data[: self.used] = self.data[: self.used]
+            self.data = data
+        self.data[self.used : self.used + len(joined)] = np.frombuffer(joined, np.uint8)
+        lengths = np.fromiter((len(b) for b in items), np.int64, count)
+        self.ends[self.size : self.size + count] = self.used + np.cumsum(lengths)
+        self.size += count
+        self.used += len(joined)
+
+    def gather(self, index: npt.NDArray[np.int64]) -> Blob:
+        """A new blob of the strings at `index`, in that order."""
+        ends = self.ends[: self.size]
+        starts = np.concatenate(([0], ends[:-1]))[index]
+        lengths = ends[index] - starts
+        new_ends = np.cumsum(lengths, dtype=np.int64)
+        total = int(new_ends[-1]) if len(new_ends) else 0
+        # Each string's bytes: its start plus 0 .. length - 1, in one vectorised pass.
+        owner = np.repeat(np.arange(len(index)), lengths)
+        offsets = np.arange(total, dtype=np.int64) - np.repeat(new_ends - lengths, lengths)
+        data = self.data[starts[owner] + offsets] if total else np.empty(0, np.uint8)
+        return Blob(data, new_ends)
+
+    def arrays(self) -> tuple[Bytes, Ends]:
+        return self.data[: self.used], self.ends[: self.size]
+
+
+class Rows:
+    """A namespace's passages by row: chunk ids, texts, locations and sources as columns."""
+
+    __slots__ = ("documents", "has_document", "ids", "locations", "source_of", "sources", "text")
+
+    def __init__(self) -> None:
+        """No rows (see `of` for rows held in arrays already)."""
+        self.ids = Blob()
+        self.text = Blob()
+        self.documents = Blob()  # document ids, b"" where None (`has_document`)
+        self.has_document: npt.NDArray[np.bool_] = np.empty(0, np.bool_)
+        self.locations: Ints = np.empty((0, 3), np.int32)  # page, start line, end line
+        self.source_of: Ints = np.empty(0, np.int32)  # index into `sources`
+        self.sources: list[Revision] = []
+
+    def __len__(self) -> int:
+        return self.ids.size
+
+    def __getitem__(self, i: int) -> Row:
+        page, start, end = self.locations[i].tolist()
+        location = Location(
+            None if page == NONE else page,
+            None if start == NONE else start,
+            None if end == NONE else end,
+            self.documents.get(i).decode("utf-8") if self.has_document[i] else None,
+        )
+        source = self.sources[int(self.source_of[i])]
+        return Row(self.chunk_id(i), self.text.get(i), location, source)
+
+    def chunk_id(self, i: int) -> str:
+        return self.ids.get(i).decode("utf-8")
+
+    def append(self, source: Revision, rows: Sequence[tuple[str, bytes, Location]]) -> None:
+        """One source revision's rows, at the end."""
+        size, count = len(self), len(rows)
+        if size + count > len(self.source_of):
+            capacity = max(2 * (size + count), 64)
+            self.source_of = _grown(self.source_of, size, (capacity,))
+            self.locations = _grown(self.locations, size, (capacity, 3))
+            self.has_document = _grown(self.has_document, size, (capacity,))
+        self.source_of[size : size + count] = len(self.sources)
+        self.sources.append(source)
+        self.locations[size : size + count] = [
+            [_field(loc.page), _field(loc.start_line), _field(loc.end_line)] for _, _, loc in rows
+        ]
+        self.has_document[size : size + count] = [loc.document_id is not None for _, _, loc in rows]
+        self.documents.extend([(loc.document_id or "").encode("utf-8") for _, _, loc in rows])
+        self.ids.extend([cid.encode("utf-8") for cid, _, _ in rows])
+        self.text.extend([text for _, text, _ in rows])
+
+    @classmethod
+    def of(
+        cls,
+        blobs: tuple[Blob, Blob, Blob],
+        has_document: npt.NDArray[np.bool_],
+        locations: Ints,
+        source_of: Ints,
+        sources: list[Revision],
+    ) -> Rows:
+        """Rows over existing columns (chunk ids, texts and document ids, then the rest)."""
+        rows = cls()
+        rows.ids, rows.text, rows.documents = blobs
+        rows.has_document, rows.locations, rows.source_of = has_document, locations, source_of
+        rows.sources = sources
+        return rows
+
+    def gather(self, index: npt.NDArray[np.int64]) -> Rows:
+        """New rows: these rows, in this order (a compaction)."""
+        fresh = Rows()
+        fresh.ids = self.ids.gather(index)
+        fresh.text = self.text.gather(index)
+        fresh.documents = self.documents.gather(index)
+        fresh.has_document = self.has_document[index]
+        fresh.locations = self.locations[index]
+        # Only the sources still referenced, renumbered.
+        used, inverse = np.unique(self.source_of[index], return_inverse=True)
+        fresh.source_of = inverse.astype(np.int32)
+        fresh.sources = [self.sources[i] for i in used.tolist()]
+        return fresh
+
+
+def _field(value: int | None) -> int:
+    return NONE if value is None else value
+
+
+def _grown(array: npt.NDArray[Any], size: int, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    grown = np.empty(shape, dtype=array.dtype)
+    grown[:size] = array[:size]
+    return grown
