@@ -1,0 +1,285 @@
+"""Index snapshots: a store maps the snapshot written by an earlier one, trusts only what SQLite
+still holds as written, and falls back to SQLite for anything it cannot use."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from retrieval_host.adapters.sqlite import SqliteVectorStore, vector_store
+from retrieval_host.adapters.sqlite.snapshot import snapshot_path
+from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.models import Location
+from retrieval_host.core.ports import CapacityLimits
+from tests.support.sqlite_store import descriptor, revision, unit_vectors
+
+LIMITS = CapacityLimits()
+WORDS = "cell virus protein gene tumour immune signal enzyme membrane receptor kinase".split()
+SNAPSHOT_LOG = "retrieval_host.adapters.sqlite"
+
+
+def texts(rng: np.random.Generator, count: int) -> list[str]:
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(3, 12)))) for _ in range(count)]
+
+
+def put(store: SqliteVectorStore, rng: np.random.Generator, sid: str, rev: str, count: int) -> None:
+    """One revision of `sid`, with varied locations (None fields, document ids)."""
+    previous = store.get_source("c1", "ns", sid)
+    source, chunks = revision(
+        sid, rev, unit_vectors(rng, count), texts=texts(rng, count), metadata={"rev": rev}
+    )
+    chunks = [
+        dataclasses.replace(
+            c,
+            location=Location(
+                page=None if i % 3 == 0 else i + 1,
+                start_line=i * 2 + 1,
+                end_line=None if i % 2 else i * 2 + 2,
+                document_id=None if i % 4 == 0 else f"doc-{sid}-{i}",
+            ),
+        )
+        for i, c in enumerate(chunks)
+    ]
+    store.replace_source(
+        "c1",
+        "ns",
+        source,
+        chunks,
+        expected_revision=None if previous is None else previous.revision,
+        limits=LIMITS,
+    )
+
+
+def fill(path: Path, seed: int = 1, sources: int = 12, snapshots: bool = True) -> None:
+    rng = np.random.default_rng(seed)
+    with SqliteVectorStore.open(path, snapshots=snapshots) as store:
+        store.open_corpus(descriptor("c1"))
+        for i in range(sources):
+            put(store, rng, f"s{i}", "r1", 1 + i % 5)
+
+
+def answers(store: SqliteVectorStore) -> dict[str, Any]:
+    """Everything a search can tell about the index, over every current source."""
+    allowed = store.current_revisions("c1", "ns")
+    rng = np.random.default_rng(99)
+    query = unit_vectors(rng, 1)[0]
+    terms = query_terms("virus protein kinase cell")
+    dense = store.search("c1", "ns", allowed, query, 1000, CancelToken())
+    lexical = store.lexical_search("c1", "ns", allowed, terms, 1000, CancelToken())
+    half = dict(sorted(allowed.items())[::2])
+    return {
+        "allowed": allowed,
+        "dense": [(h.chunk_id, h.revision, h.text, h.location, round(h.score, 6)) for h in dense],
+        "lexical": [(h.chunk_id, h.text, round(h.score, 9), h.metadata) for h in lexical],
+        "half": [h.chunk_id for h in store.search("c1", "ns", half, query, 5, CancelToken())],
+        "dense_scores": np.round(store.dense_scores("c1", "ns", dense, query, CancelToken()), 6),
+        "lexical_scores": store.lexical_scores("c1", "ns", lexical, terms, CancelToken()),
+    }
+
+
+def fresh_answers(path: Path) -> dict[str, Any]:
+    """What a store that reads SQLite alone answers."""
+    with SqliteVectorStore.open(path, snapshots=False) as store:
+        store.open_corpus(descriptor("c1"))
+        return answers(store)
+
+
+def open_mapped(path: Path, caplog: pytest.LogCaptureFixture, **options: Any) -> SqliteVectorStore:
+    """Open the store and its corpus, asserting that the snapshot was mapped."""
+    caplog.clear()
+    store = SqliteVectorStore.open(path, **options)
+    with caplog.at_level(logging.INFO, logger=SNAPSHOT_LOG):
+        store.open_corpus(descriptor("c1"))
+    assert "mapped the index snapshot" in caplog.text
+    return store
+
+
+def assert_same(left: dict[str, Any], right: dict[str, Any]) -> None:
+    for key in left:
+        if key == "dense_scores":
+            np.testing.assert_array_equal(left[key], right[key])
+        else:
+            assert left[key] == right[key], key
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    tmp_path.chmod(0o700)
+    return tmp_path / "store.db"
+
+
+def test_a_reopened_store_maps_its_snapshot_and_answers_the_same(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill(path)
+    snap = snapshot_path(path, "c1")
+    assert snap.exists()  # written at close
+    assert snap.stat().st_mode & 0o777 == 0o600
+    expected = fresh_answers(path)
+    assert expected["dense"] and expected["lexical"]
+    with open_mapped(path, caplog) as store:
+        assert_same(answers(store), expected)
+
+
+def test_changes_committed_after_the_snapshot_are_loaded_at_open(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill(path)
+    before = digest(snapshot_path(path, "c1"))
+    # Another writer that keeps no snapshot: replaces, deletes and adds sources.
+    rng = np.random.default_rng(7)
+    with SqliteVectorStore.open(path, snapshots=False) as other:
+        other.open_corpus(descriptor("c1"))
+        put(other, rng, "s1", "r2", 4)
+        other.delete_source("c1", "ns", "s2", "r1")
+        put(other, rng, "new", "r1", 3)
+    assert digest(snapshot_path(path, "c1")) == before
+    expected = fresh_answers(path)
+    with open_mapped(path, caplog) as store:
+        got = answers(store)
+    assert_same(got, expected)
+    assert got["allowed"]["s1"] == "r2" and "s2" not in got["allowed"] and "new" in got["allowed"]
+
+
+def test_a_snapshot_from_a_diverged_history_is_not_trusted_for_what_differs(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A backup is restored after the snapshot was written, and the restored store is written
+    # again: the same source at the same commit generation holds another revision.
+    fill(path, sources=3)
+    backup = path.with_name("backup.db")
+    shutil.copyfile(path, backup)
+    rng = np.random.default_rng(3)
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        put(store, rng, "s1", "from-the-lost-history", 2)  # the snapshot written at close
+    shutil.copyfile(backup, path)
+    with SqliteVectorStore.open(path, snapshots=False) as restored:
+        restored.open_corpus(descriptor("c1"))
+        put(restored, rng, "s1", "after-the-restore", 2)  # same generation, other revision
+    expected = fresh_answers(path)
+    with open_mapped(path, caplog) as store:
+        got = answers(store)
+    assert_same(got, expected)
+    assert got["allowed"]["s1"] == "after-the-restore"
+    assert all(rev != "from-the-lost-history" for _, rev, *_ in got["dense"])
+
+
+def _truncate(snap: Path) -> None:
+    with snap.open("r+b") as f:
+        f.truncate(snap.stat().st_size // 3)
+
+
+def _garbage(snap: Path) -> None:
+    snap.write_bytes(os.urandom(5000))
+
+
+def _other_header(snap: Path) -> None:
+    data = bytearray(snap.read_bytes())
+    at = data.index(b'"corpus":"c1"')
+    data[at : at + 13] = b'"corpus":"c2"'
+    snap.write_bytes(bytes(data))
+
+
+def _shared(snap: Path) -> None:
+    snap.chmod(0o666)
+
+
+def _link(snap: Path) -> None:
+    target = snap.with_name("elsewhere")
+    snap.rename(target)
+    snap.symlink_to(target)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [_truncate, _garbage, _other_header, _shared, _link],
+    ids=["truncated", "garbage", "other-corpus", "writable-by-others", "symlink"],
+)
+def test_an_unusable_snapshot_is_ignored_and_replaced(
+    path: Path, caplog: pytest.LogCaptureFixture, spoil: Any
+) -> None:
+    fill(path)
+    expected = fresh_answers(path)
+    snap = snapshot_path(path, "c1")
+    spoil(snap)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=SNAPSHOT_LOG):
+        store = SqliteVectorStore.open(path)
+        store.open_corpus(descriptor("c1"))
+    with store:
+        assert "index snapshot" in caplog.text and "not used" in caplog.text
+        assert "mapped the index snapshot" not in caplog.text
+        assert_same(answers(store), expected)
+    # The close wrote a good one in its place (a new file: never through a link).
+    assert not snap.is_symlink() and snap.stat().st_mode & 0o777 == 0o600
+    with open_mapped(path, caplog) as store:
+        assert_same(answers(store), expected)
+
+
+def test_rows_written_after_the_open_never_reach_the_mapped_file(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill(path)
+    snap = snapshot_path(path, "c1")
+    before = digest(snap)
+    rng = np.random.default_rng(11)
+    with open_mapped(path, caplog) as store:
+        for step in range(40):  # appends in place, then a compaction into private arrays
+            put(store, rng, f"s{step % 12}", f"r{step + 2}", 1 + step % 6)
+            if step == 5:
+                assert digest(snap) == before
+        assert digest(snap) == before
+        got = answers(store)
+    assert_same(got, fresh_answers(path))
+    assert digest(snap) != before  # the close wrote the new state
+    with open_mapped(path, caplog) as store:
+        assert_same(answers(store), got)
+
+
+def test_a_read_only_store_maps_a_snapshot_but_never_writes_one(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill(path, snapshots=False)
+    snap = snapshot_path(path, "c1")
+    assert not snap.exists()
+    with SqliteVectorStore.open(path, read_only=True) as store:
+        store.open_corpus(descriptor("c1"))
+        store.checkpoint()
+    assert not snap.exists()
+    fill(path, sources=4)  # a writer's close writes it
+    with open_mapped(path, caplog, read_only=True) as store:
+        assert_same(answers(store), fresh_answers(path))
+
+
+def test_a_store_without_a_snapshot_writes_one_in_the_background(
+    path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store written by the release before snapshots (the same database, no snapshot file)
+    # loads from SQLite, then writes its snapshot without waiting for a close.
+    fill(path, snapshots=False)
+    snap = snapshot_path(path, "c1")
+    monkeypatch.setattr(vector_store, "SNAPSHOT_MIN_CHANGES", 10)
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        deadline = time.monotonic() + 60
+        while not snap.exists():
+            assert time.monotonic() < deadline, "no snapshot was written"
+            time.sleep(0.01)
+        expected = answers(store)
+    with open_mapped(path, caplog) as store:
+        assert_same(answers(store), expected)
