@@ -8,13 +8,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from retrieval_host.adapters.sqlite import SqliteRunStore
+from retrieval_host.adapters.sqlite.snapshot import snapshot_path
 from retrieval_host.adapters.wiring import build_run_store, build_vector_store
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.settings import HostSettings, SettingsError, load_settings
+from tests.support.sqlite_store import descriptor, revision, unit_vectors
+
+LIMITS = CapacityLimits()
 
 REPO = Path(__file__).resolve().parents[1]
 HASH = "a" * 64
@@ -169,6 +175,25 @@ def test_trust_own_group_opens_both_sqlite_stores_on_a_group_volume(tmp_path: Pa
     assert isinstance(runs, SqliteRunStore)
     runs.close()
     assert (volume / "store.sqlite").exists() and (volume / "runs.db").exists()
+
+
+def test_index_snapshots_are_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    path = _write(tmp_path, _minimal(store={"sqlitePath": "store.sqlite"}))
+    for environ, written in (
+        ({}, True),
+        ({"RETRIEVAL_HOST_STORE__INDEX_SNAPSHOTS": "false"}, False),
+    ):
+        for leftover in tmp_path.glob("store.sqlite*"):
+            leftover.unlink()
+        settings = load_settings(path, environ)
+        assert settings.store.index_snapshots is written
+        store = build_vector_store(settings, {})
+        store.open_corpus(descriptor("c1"))
+        source, chunks = revision("a", "r1", unit_vectors(np.random.default_rng(1), 2))
+        store.replace_source("c1", "ns", source, chunks, expected_revision=None, limits=LIMITS)
+        store.close()
+        assert snapshot_path(tmp_path / "store.sqlite", "c1").exists() is written
 
 
 def test_tokens_can_come_from_a_mounted_file(tmp_path: Path) -> None:

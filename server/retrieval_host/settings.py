@@ -169,6 +169,10 @@ class StoreSettings(_Model):
     # and delete answer STORE_READ_ONLY, and discovery says so. Run records need a writable
     # `runs.sqlitePath` then.
     read_only: bool = False
+    # SQLite: keep each corpus's in-memory index in a snapshot file beside the database, mapped
+    # at start and shared by the worker processes (`adapters.sqlite.snapshot`). Off: every
+    # start reads the whole index from SQLite, and each worker holds its own copy.
+    index_snapshots: bool = True
 
     @model_validator(mode="after")
     def _one_store(self) -> StoreSettings:

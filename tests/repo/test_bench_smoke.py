@@ -62,12 +62,20 @@ def test_the_filtered_floor_reads_consecutive_sources_as_one_block() -> None:
     assert filtered._ranges([]) == []
 
 
-def test_memory_measures_a_fresh_process_loading_the_store() -> None:
+def test_memory_measures_fresh_processes_opening_the_store() -> None:
     result = memory.measure_memory(1_000, per_source=100, clusters=SMALL)
     assert result.vector_bytes == 1_000 * 384 * 4
     assert result.text_bytes > 0
-    assert result.loaded_rss > result.baseline_rss
-    assert result.first_answer_s >= result.load_s > 0
+    assert result.from_sqlite is not None
+    for opened in (result.mapped, result.from_sqlite):
+        assert opened.first_answer_s >= opened.open_s > 0
+        assert opened.loaded["Rss"] > opened.baseline["Rss"]
+    # The mapped index is file pages; the one loaded from SQLite is the process's own memory.
+    assert result.mapped.grew("File") >= 1_000 * 384 * 4
+    assert result.from_sqlite.grew("Anonymous") > result.mapped.grew("Anonymous")
+    assert [len(result.workers[n]) for n in (1, 2)] == [1, 2]
+    assert result.worker_total(2) > result.worker_total(1)
+    assert any("a second process adds" in line for line in result.lines())
 
 
 def test_memory_passages_are_split_at_sentence_ends() -> None:

@@ -52,6 +52,7 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
         settings.path(store.sqlite_path),
         trusted_groups=_trusted_groups(settings),
         read_only=store.read_only,
+        snapshots=store.index_snapshots,
     )
 
 

@@ -92,9 +92,25 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounte
 
 _log = logging.getLogger(__name__)
 
+# The first load of a corpus from SQLite is applied in batches of about this many rows.
+LOAD_BATCH_ROWS = 50_000
 # A snapshot is written in the background once this many rows (or a quarter of the corpus,
 # if more) changed since the last one.
 SNAPSHOT_MIN_CHANGES = 20_000
+
+
+def _batches(items: list[tuple[int, int]], rows: int) -> Iterator[list[tuple[int, int]]]:
+    """`(key, count)` items in consecutive batches of about `rows` counted rows each."""
+    batch: list[tuple[int, int]] = []
+    total = 0
+    for item in items:
+        batch.append(item)
+        total += item[1]
+        if total >= rows:
+            yield batch
+            batch, total = [], 0
+    if batch:
+        yield batch
 
 
 class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
@@ -483,19 +499,41 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
                 for key, (pk, gen, count) in listing.items()
                 if state.generations.get(key) != gen
             ]
-            # One staging array for all the loaded vectors, freed whole once they are copied
-            # into the index: thousands of small per-source arrays interleaved with the
-            # passages' long-lived strings would leave the heap fragmented, resident for good.
-            staging = np.empty((sum(c for _, c in changed), state.dimensions), dtype=np.float32)
-            loaded: list[Loaded] = []
-            at = 0
-            for pk, count in changed:
-                loaded.append(load_revision(conn, state.dimensions, pk, staging[at : at + count]))
-                at += count
+            # The first load of a corpus (no search can read it before `loaded_generation` is
+            # set, under this same lock) goes in batches: the passages' parsed term
+            # frequencies are transient, and all of them at once would leave the heap
+            # several times the size of the index. Later reloads apply in one step, so a
+            # search sees the cache before or after them.
+            batches = [changed]
+            if state.loaded_generation < 0:
+                batches = list(_batches(changed, LOAD_BATCH_ROWS))
+            for number, batch in enumerate(batches):
+                loaded = self._load_batch(conn, state.dimensions, batch)
+                gone = removed if number == 0 else []
+                with self._cache_lock:
+                    state.apply(loaded, gone)
+                    state.unsnapshotted += sum(len(item.rows) for item in loaded) + len(gone)
+                del loaded
+            if not batches:
+                with self._cache_lock:
+                    state.apply([], removed)
+                    state.unsnapshotted += len(removed)
         with self._cache_lock:
-            state.apply(loaded, removed)
             state.loaded_generation = generation
-            state.unsnapshotted += sum(len(item.rows) for item in loaded) + len(removed)
+
+    @staticmethod
+    def _load_batch(conn: apsw.Connection, dims: int, batch: list[tuple[int, int]]) -> list[Loaded]:
+        """These source revisions (primary key, passage count) read from SQLite."""
+        # One staging array for the batch's vectors, freed whole once they are copied into
+        # the index: thousands of small per-source arrays interleaved with the passages'
+        # long-lived objects would leave the heap fragmented, resident for good.
+        staging = np.empty((sum(c for _, c in batch), dims), dtype=np.float32)
+        loaded: list[Loaded] = []
+        at = 0
+        for pk, count in batch:
+            loaded.append(load_revision(conn, dims, pk, staging[at : at + count]))
+            at += count
+        return loaded
 
     # --- snapshots (`snapshot`) ------------------------------------------------------------------
 
