@@ -6,13 +6,18 @@ A store is filled with `--passages` passages: real text (SciFact abstracts from
 `../shared/data/scifact/corpus.jsonl`, split at sentence ends into passages of at most 1,000
 characters and reused in order until there are enough; synthetic words when the file is
 missing) with SYNTHETIC clustered 384-dim vectors (embedding 100k passages would take about 30
-minutes). A fresh Python process then records its resident set (VmRSS), opens the store (which
-loads every passage and vector into memory), runs one search, and records it again. The
-difference is compared with the raw bytes: 4 bytes per vector dimension plus the UTF-8 text.
+minutes); the writer's close leaves the index snapshot beside the database. A fresh Python
+process then records its memory, opens the store (which maps the snapshot), answers one search,
+searches every passage (dense and lexical), and records its memory again: the growth of its
+resident set (anonymous and file pages) is compared with the raw bytes, 4 bytes per vector
+dimension plus the UTF-8 text. For reference (by default below 1M passages), the same with
+snapshots off, the index read from SQLite. Then one and two such processes at once.
 
 Targets: resident memory per 100k passages at most 1.3x the raw vector and text bytes (issue
-8); with `--passages 1000000` or more, the first answer (open, load, one search) within 5 s
-(issue 17, item 4). Exits 1 when one is missed.
+8); with `--passages 1000000` or more (issue 17, item 4), the first answer (open, map, one
+search) within 5 s, and a second process mapping the same store adding at most 15 % to the
+memory of one (the sum of their proportional set sizes, each process having searched every
+passage). Exits 1 when one is missed.
 """
 
 from __future__ import annotations
@@ -259,7 +264,8 @@ def _workers(path: Path, count: int) -> list[dict[str, int]]:
         return [memory(child.pid) for child in children]
     finally:
         for child in children:
-            assert child.stdin is not None and child.stdout is not None
+            assert child.stdin is not None
+            assert child.stdout is not None
             child.stdin.close()
             child.wait()
             child.stdout.close()
@@ -326,12 +332,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(result.lines()))
     verdicts = Verdicts()
     verdicts.check("resident / raw vector+text bytes", result.ratio, TARGET_RATIO)
-    verdicts.check(
-        "a second worker process, share of one's memory (issue 17 item 4)",
-        result.extra_worker,
-        TARGET_EXTRA_WORKER,
-    )
     if args.passages >= COLD_START_PASSAGES:
+        verdicts.check(
+            f"a second worker process at {args.passages:,} passages, share of one's memory "
+            "(issue 17 item 4)",
+            result.extra_worker,
+            TARGET_EXTRA_WORKER,
+        )
         verdicts.check(
             f"cold start at {args.passages:,} passages: first answer, s (issue 17 item 4)",
             result.mapped.first_answer_s,

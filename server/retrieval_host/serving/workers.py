@@ -19,9 +19,11 @@ missing worker would silently serve at a fraction of its capacity). Workers run 
 session: a terminal's Ctrl-C reaches only the supervisor, which forwards it once.
 
 What is per worker: `limits.maxConcurrency` (the host accepts up to N times as many requests at
-once), the grant cache and the loaded index (memory grows with N), and metrics: `GET /metrics`
+once), the grant cache, the embedding model, and metrics: `GET /metrics`
 answers with the counters of the worker that took the connection, and the loopback metrics
-port of worker i is `metrics.port + i` (scrape all N).
+port of worker i is `metrics.port + i` (scrape all N). The SQLite store's index is shared:
+each worker maps the same index snapshot file (`adapters.sqlite.snapshot`), so the page cache
+holds one copy; only what a worker loads from SQLite after its start is its own.
 """
 
 from __future__ import annotations

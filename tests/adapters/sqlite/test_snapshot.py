@@ -283,3 +283,23 @@ def test_a_store_without_a_snapshot_writes_one_in_the_background(
         expected = answers(store)
     with open_mapped(path, caplog) as store:
         assert_same(answers(store), expected)
+
+
+def test_a_second_process_does_not_write_the_state_another_has_written(path: Path) -> None:
+    # Two workers of one host: both saw the same commits; the first to close writes the
+    # snapshot, the second finds it as recent as its own state and leaves it.
+    fill(path, sources=3)
+    snap = snapshot_path(path, "c1")
+    first = SqliteVectorStore.open(path)
+    second = SqliteVectorStore.open(path)
+    for store in (first, second):
+        store.open_corpus(descriptor("c1"))
+    put(first, np.random.default_rng(5), "late", "r1", 2)
+    assert "late" in second.current_revisions("c1", "ns")  # the second loaded the commit
+    first.close()
+    written = snap.stat().st_ino
+    second.close()
+    assert snap.stat().st_ino == written
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        assert_same(answers(store), fresh_answers(path))

@@ -336,6 +336,16 @@ def _read(
     return Snapshot(int(header["generation"]), namespaces)
 
 
+def written_generation(
+    path: Path, corpus: str, descriptor_json: str, dims: int, trusted_groups: frozenset[int]
+) -> int | None:
+    """The commit generation of the snapshot at `path`, if it is one an open would use."""
+    try:
+        return _read(path, corpus, descriptor_json, dims, trusted_groups).generation
+    except (SnapshotUnusable, RetrievalError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _view(
     mapped: mmap.mmap, offset: int, dtype: np.dtype[Any], shape: list[int]
 ) -> npt.NDArray[Any]:

@@ -591,8 +591,9 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         )
         self._snapshot_writer.start()
 
-    def _write_snapshot(self, state: CorpusState) -> None:
-        """Write one corpus's snapshot (a failure is logged: the snapshot is only a cache)."""
+    def _write_snapshot(self, state: CorpusState, force: bool = False) -> None:
+        """Write one corpus's snapshot unless one as recent is there already (`force`: in any
+        case). A failure is logged: the snapshot is only a cache."""
         if self._read_only or not self._snapshots:
             return
         corpus = state.descriptor.corpus_id
@@ -603,17 +604,24 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
                 images = [snapshot.image(ns, seg) for ns, seg in state.segments.items()]
                 generation, changed = state.loaded_generation, state.unsnapshotted
             path = snapshot.snapshot_path(self._path, corpus)
+            descriptor_json = state.descriptor.canonical_json()
+            written = snapshot.written_generation(
+                path, corpus, descriptor_json, state.dimensions, self._trusted_groups
+            )
+            if not force and written is not None and written >= generation:
+                # Another process (a worker of the same host) wrote this state already.
+                with self._cache_lock:
+                    state.unsnapshotted = max(0, state.unsnapshotted - changed)
+                return
             try:
                 snapshot.remove_temporaries(path)
-                written = snapshot.write(
-                    path, corpus, state.descriptor.canonical_json(), generation, images
-                )
+                size = snapshot.write(path, corpus, descriptor_json, generation, images)
             except OSError as exc:
                 _log.warning("could not write the index snapshot %s: %s", path, exc)
                 return
             with self._cache_lock:
                 state.unsnapshotted = max(0, state.unsnapshotted - changed)
-            _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, written)
+            _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, size)
 
     def checkpoint(self) -> None:
         """Write the snapshot of every open corpus now (waiting for one being written)."""
@@ -623,7 +631,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
         with self._cache_lock:
             states = list(self._corpora.values())
         for state in states:
-            self._write_snapshot(state)
+            self._write_snapshot(state, force=True)
 
     # --- helpers -------------------------------------------------------------------------------
 
