@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -303,3 +304,36 @@ def test_a_second_process_does_not_write_the_state_another_has_written(path: Pat
     with SqliteVectorStore.open(path) as store:
         store.open_corpus(descriptor("c1"))
         assert_same(answers(store), fresh_answers(path))
+
+
+def test_what_an_interrupted_write_left_is_ignored_and_removed(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill(path, sources=3)
+    snap = snapshot_path(path, "c1")
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    dead = snap.with_name(f"{snap.name}.{exited.pid}.1.tmp")  # its writer has exited
+    dead.write_bytes(b"half a snapshot")
+    ours = snap.with_name(f"{snap.name}.{os.getpid()}.7.tmp")  # a live writer's
+    ours.write_bytes(b"being written")
+    with open_mapped(path, caplog) as store:
+        put(store, np.random.default_rng(1), "s0", "r2", 2)
+    assert not dead.exists()
+    assert ours.exists()
+
+
+def test_a_namespace_emptied_before_the_snapshot_opens_empty_and_takes_new_rows(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fill(path, sources=3)
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        for sid in ("s0", "s1", "s2"):
+            store.delete_source("c1", "ns", sid, "r1")
+    with open_mapped(path, caplog) as store:
+        assert store.current_revisions("c1", "ns") == {}
+        put(store, np.random.default_rng(2), "again", "r1", 3)
+        got = answers(store)
+    assert_same(got, fresh_answers(path))
+    assert [h[0] for h in got["dense"]] and got["allowed"] == {"again": "r1"}

@@ -256,10 +256,24 @@ def _sync_directory(directory: Path) -> None:
 
 
 def remove_temporaries(path: Path) -> None:
-    """Remove what an interrupted write left (files named after the snapshot, `.tmp`)."""
+    """Remove what interrupted writes left (`<snapshot>.<pid>.<n>.tmp` of processes that are
+    gone; another live process may be writing its own)."""
     for leftover in path.parent.glob(f"{path.name}.*.tmp"):
+        pid = leftover.name[len(path.name) + 1 :].split(".", 1)[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
         with contextlib.suppress(OSError):
             leftover.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # --- reading ----------------------------------------------------------------------------------
