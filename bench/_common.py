@@ -28,7 +28,13 @@ from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
 from retrieval_host.core.models import Location
-from retrieval_host.core.ports import Candidate, CapacityLimits, StoredChunk, StoredSource
+from retrieval_host.core.ports import (
+    Candidate,
+    CapacityLimits,
+    StoredChunk,
+    StoredSource,
+    VectorStore,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DIMS = 384
@@ -95,7 +101,7 @@ def source_id(number: int) -> str:
 
 
 def fill(
-    store: SqliteVectorStore,
+    store: VectorStore,
     vectors: Matrix,
     per_source: int,
     *,

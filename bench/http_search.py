@@ -32,6 +32,10 @@ host's workers do.
   rotation as metadata filters (`sr $in [...]`, one field holding `source@revision`), plain
   HTTP;
 - Chroma, unfiltered: the same without the filter;
+- pgvector, 10 %, 16 grants and pgvector, all allowed (`--pgvector`, on by default): the same
+  host on the PostgreSQL + pgvector store (exact search, the store's default; a private
+  server started through `scripts/pg` unless `--pg-dsn` names one), filled with the same
+  passages, the same requests;
 - bare search: a raw ASGI app under uvicorn over TLS doing only the necessary work (parse,
   `SqliteVectorStore.search` with the same allowed set in a worker thread, the same JSON);
 - bare static: a raw ASGI app returning a prepared copy of one of the host's responses.
@@ -324,6 +328,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-chroma", action="store_true", help="skip the Chroma variants")
     parser.add_argument(
+        "--pgvector",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the host on the PostgreSQL + pgvector store (a private server started "
+        "through scripts/pg, as root, unless --pg-dsn names one)",
+    )
+    parser.add_argument("--pg-dsn", default=os.environ.get("RETRIEVAL_HOST_BENCH_PG_DSN"))
+    parser.add_argument(
         "--workers",
         type=int,
         default=usable_cores(),
@@ -433,8 +445,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             tls.client,
         )
 
+        hosts = [("host", host_port), ("host-uncached", uncached_port)]
+        pg_port = free_port()
+        if args.pgvector:
+            # The same host on the PostgreSQL store (exact search, as the store's default),
+            # filled with the same passages.
+            from bench.pgvector_hnsw import database
+            from retrieval_host.adapters.postgres import PgVectorStore
+
+            dsn = stack.enter_context(database(args.pg_dsn))
+            started = time.perf_counter()
+            with PgVectorStore.open(dsn) as pg_store:
+                pg_store.open_corpus(descriptor())
+                fill(pg_store, data.vectors, data.per_source, texts=data.texts)
+            print(f"pgvector store filled in {time.perf_counter() - started:.1f} s", flush=True)
+            secret = work / "pg.dsn"
+            secret.write_text(dsn)
+            secret.chmod(0o600)
+            on_pg = {
+                **config,
+                "listen": {"host": "127.0.0.1", "port": pg_port, "workers": args.workers},
+                "store": {"postgresDsn": {"file": "pg.dsn"}},
+            }
+            (work / "host-pg.json").write_text(json.dumps(on_pg))
+            hosts.append(("host-pg", pg_port))
+
         targets: dict[str, Target] = {}
-        for name, port in (("host", host_port), ("host-uncached", uncached_port)):
+        for name, port in hosts:
             serve = [sys.executable, "-m", "retrieval_host.serving.cli", "serve", "--config"]
             host = stack.enter_context(
                 running([*serve, str(work / f"{name}.json")], work / f"{name}.log", env)
@@ -445,11 +482,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         targets["ours, 10% allowed"] = ours("tenth")
         targets["ours, all allowed"] = ours("all")
         targets["ours, 10%, cache off"] = ours("tenth", uncached_port)
+        if args.pgvector:
+            targets["pgvector, 10%, 16 grants"] = Target(
+                "pgvector rotating", pg_port, rotating.requests, tls.client
+            )
+            targets["pgvector, all allowed"] = ours("all", pg_port)
 
         # Correctness first: every hit of the filtered token is inside its grant.
         allowed = set(data.tenth)
         sample = targets["ours, 10% allowed"]
         ours_answers = []
+        pg_agreement: list[float] = []
         for n in range(8):
             status, body = fetch_once(sample, sample.requests[n])
             if status != 200:
@@ -458,6 +501,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(ids) != LIMIT or any(i.split(":")[0] not in allowed for i in ids):
                 raise RuntimeError("the host returned a hit outside the grant")
             ours_answers.append(ids)
+            if args.pgvector:
+                pg_target = Target("pgvector, 10% allowed", pg_port, sample.requests, tls.client)
+                pg_status, pg_body = fetch_once(pg_target, sample.requests[n])
+                pg_ids = hit_ids(pg_body) if pg_status == 200 else []
+                if any(i.split(":")[0] not in allowed for i in pg_ids):
+                    raise RuntimeError("the pgvector host returned a hit outside the grant")
+                pg_agreement.append(len(set(pg_ids) & set(ids)) / LIMIT)
+        if pg_agreement:
+            print(
+                f"pgvector host: top {LIMIT} shared with the SQLite host's (both exact): "
+                f"{statistics.mean(pg_agreement):.3f}"
+            )
         (work / "static.json").write_bytes(fetch_once(sample, sample.requests[0])[1])
 
         bare_port, static_port = free_port(), free_port()
@@ -592,6 +647,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"for reference: bare static / ours = {result.ratio('bare static', ours_name):.2f}x "
         "(serving a prepared response, no search at all)"
     )
+    if "pgvector, 10%, 16 grants" in result.runs:
+        verdicts.note(
+            "for reference: pgvector (exact) / SQLite, 16 rotating 10% grants = "
+            f"{result.ratio('pgvector, 10%, 16 grants', 'ours, 10%, 16 grants'):.2f}x; every "
+            f"source allowed = {result.ratio('pgvector, all allowed', 'ours, all allowed'):.2f}x"
+        )
     verdicts.print()
     return verdicts.exit_code
 
