@@ -188,3 +188,43 @@ def test_a_schema_created_while_another_opener_checks_the_file_is_not_seen_half_
     finally:
         checker.close()
         creator.close()
+
+
+def test_a_store_of_the_previous_version_gets_the_index_of_passages_without_terms(
+    tmp_path: Path,
+) -> None:
+    # Version 3 (the previous release) is this schema without the partial index: every corpus
+    # open read every passage to find those without terms.
+    tmp_path.chmod(0o700)
+    path = tmp_path / "store.db"
+    v = unit_vectors(np.random.default_rng(3), 3)
+    with SqliteVectorStore.open(path, snapshots=False) as store:
+        store.open_corpus(descriptor("c1"))
+        source, chunks = revision("a", "r1", v)
+        store.replace_source(
+            "c1", "ns", source, chunks, expected_revision=None, limits=CapacityLimits()
+        )
+    raw = apsw.Connection(str(path))
+    raw.execute("DROP INDEX chunks_without_terms")
+    raw.execute("PRAGMA user_version=3")
+    raw.close()
+
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        hits = store.search("c1", "ns", {"a": "r1"}, v[1], 1, CancelToken())
+        assert [h.chunk_id for h in hits] == ["a:1"]
+    raw = apsw.Connection(str(path))
+    try:
+        assert raw.execute("PRAGMA user_version").fetchall() == [(SCHEMA_VERSION,)]
+        plan = " ".join(
+            str(row[-1])
+            for row in raw.execute(
+                "EXPLAIN QUERY PLAN SELECT rowid, text FROM chunks "
+                "WHERE corpus_id = ? AND terms IS NULL",
+                ("c1",),
+            )
+        )
+        assert "chunks_without_terms" in plan  # no scan of every passage
+        assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        raw.close()
