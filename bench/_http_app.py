@@ -7,7 +7,11 @@ product: the SQLite store, the retrieval service, the driver and the HTTPS host.
 
 `applicationOptions`: `queries` (a .npy file of query vectors, row i for `q{i}`) and `grants`
 (a JSON object: subject -> list of source ids it may search, all at revision `r1`);
-optionally `grantCacheBytes`, the SQLite store's grant cache budget (0 turns it off).
+optionally `grantCacheBytes`, the SQLite store's grant cache budget (0 turns it off), and
+`textQueries: true`: any other query text is embedded by the real local model (the product's
+adapter, 384 dimensions like the synthetic vectors). Its vectors are then searched among the
+synthetic ones: the ranking means nothing, the cost of a text query (embedding, micro-batching,
+the query-vector cache, the search) is real.
 """
 
 from __future__ import annotations
@@ -25,7 +29,13 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage
-from retrieval_host.core.ports import AuthorizationRequest, EmbeddingBatch, Grant, VectorStore
+from retrieval_host.core.ports import (
+    AuthorizationRequest,
+    EmbeddingAdapter,
+    EmbeddingBatch,
+    Grant,
+    VectorStore,
+)
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.settings import HostSettings
@@ -37,8 +47,9 @@ class QueryTable:
     Its descriptor is the synthetic corpus's, so the store accepts it.
     """
 
-    def __init__(self, vectors: Matrix) -> None:
+    def __init__(self, vectors: Matrix, model: EmbeddingAdapter | None = None) -> None:
         self._vectors = vectors
+        self._model = model  # embeds any other text (`textQueries`), else such text is refused
         self._descriptor = descriptor(vectors.shape[1]).embedding
 
     @property
@@ -54,14 +65,20 @@ class QueryTable:
 
     def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
         rows: list[int] = []
-        for text in texts:
+        other: list[int] = []
+        for at, text in enumerate(texts):
             number = int(text[1:]) if text[:1] == "q" and text[1:].isdigit() else -1
             if not 0 <= number < len(self._vectors):
-                raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "not a benchmark query.")
-            rows.append(number)
-        return EmbeddingBatch(
-            self._vectors[rows], EmbeddingUsage(requests=1, input_tokens=len(texts))
-        )
+                if self._model is None:
+                    raise RetrievalError(ErrorCode.EMBEDDING_FAILED, "not a benchmark query.")
+                other.append(at)
+            rows.append(max(number, 0))
+        vectors = self._vectors[rows]
+        if other:
+            assert self._model is not None
+            embedded = self._model.embed([texts[at] for at in other], cancel)
+            vectors[other] = embedded.vectors
+        return EmbeddingBatch(vectors, EmbeddingUsage(requests=1, input_tokens=len(texts)))
 
 
 class TableAuthorizer:
@@ -98,10 +115,15 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
         )
     else:
         store = build_vector_store(settings, environ or {})
+    model: EmbeddingAdapter | None = None
+    if options.get("textQueries") is True:
+        from retrieval_host.adapters.embedding_local import LocalEmbedding
+
+        model = LocalEmbedding()
     corpus = Corpus(
         id="bench",
         version="bench-v1",
-        embedding=QueryTable(vectors),
+        embedding=QueryTable(vectors, model),
         store=store,
         authorize=TableAuthorizer(grants),
     )

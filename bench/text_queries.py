@@ -61,7 +61,8 @@ class Host:
     token: str
 
 
-def _claims() -> list[str]:
+def load_claims() -> list[str]:
+    """SciFact's claims (real queries), or made-up questions when the data is missing."""
     if QUERIES.exists():
         lines = QUERIES.read_text(encoding="utf-8").splitlines()
         return [json.loads(line)["text"] for line in lines if line.strip()]
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     print(describe())
-    claims = _claims()
+    claims = load_claims()
     serial = iter(range(10**9))
 
     def unique(n: int) -> list[str]:
