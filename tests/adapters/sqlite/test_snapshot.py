@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from retrieval_host.adapters.sqlite import SqliteVectorStore, vector_store
+from retrieval_host.adapters.sqlite import SqliteVectorStore, snapshotting
 from retrieval_host.adapters.sqlite.snapshot import snapshot_path
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.lexical import query_terms
@@ -274,7 +274,7 @@ def test_a_store_without_a_snapshot_writes_one_in_the_background(
     # loads from SQLite, then writes its snapshot without waiting for a close.
     fill(path, snapshots=False)
     snap = snapshot_path(path, "c1")
-    monkeypatch.setattr(vector_store, "SNAPSHOT_MIN_CHANGES", 10)
+    monkeypatch.setattr(snapshotting, "SNAPSHOT_MIN_CHANGES", 10)
     with SqliteVectorStore.open(path) as store:
         store.open_corpus(descriptor("c1"))
         deadline = time.monotonic() + 60

@@ -17,9 +17,10 @@ own commits and reloaded per changed source when a per-corpus generation counter
 another connection committed.
 
 Snapshots. The in-memory index of a corpus is also written to a file beside the database
-(`snapshot`), which a later open maps instead of reading every row from SQLite, and which the
-worker processes of one host share. SQLite stays the authority: an open keeps only the
-snapshot's sources that SQLite still holds as written, and loads what changed since.
+(`snapshot`; written and adopted by `snapshotting`), which a later open maps instead of reading
+every row from SQLite, and which the worker processes of one host share. SQLite stays the
+authority: an open keeps only the snapshot's sources that SQLite still holds as written, and
+loads what changed since.
 
 Concurrency. Writers are serialised by a process-wide lock per database file and, across
 processes, by SQLite's own locking (with a busy timeout). A search holds no lock while scoring.
@@ -51,7 +52,7 @@ from retrieval_host.adapters._store_rules import (
     stored_source,
     terms_json,
 )
-from retrieval_host.adapters.sqlite import inspect, snapshot
+from retrieval_host.adapters.sqlite import inspect
 from retrieval_host.adapters.sqlite.catalog import (
     Readers,
     read_descriptor,
@@ -71,6 +72,7 @@ from retrieval_host.adapters.sqlite.schema import (
 )
 from retrieval_host.adapters.sqlite.searching import SqliteSearch
 from retrieval_host.adapters.sqlite.segment import CorpusState, Loaded, Revision
+from retrieval_host.adapters.sqlite.snapshotting import SqliteSnapshots
 from retrieval_host.adapters.sqlite.tables import (
     APPLICATION_ID,
     IDENTITY,
@@ -94,9 +96,6 @@ _log = logging.getLogger(__name__)
 
 # The first load of a corpus from SQLite is applied in batches of about this many rows.
 LOAD_BATCH_ROWS = 50_000
-# A snapshot is written in the background once this many rows (or a quarter of the corpus,
-# if more) changed since the last one.
-SNAPSHOT_MIN_CHANGES = 20_000
 
 
 def _batches(items: list[tuple[int, int]], rows: int) -> Iterator[list[tuple[int, int]]]:
@@ -113,7 +112,7 @@ def _batches(items: list[tuple[int, int]], rows: int) -> Iterator[list[tuple[int
         yield batch
 
 
-class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
+class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.SqliteInspection):
     """The embedded vector store (implements `core.ports.VectorStore`); create with `open()`.
 
     Thread-safe: the service calls it from a thread pool. One SQLite connection per instance,
@@ -534,104 +533,6 @@ class SqliteVectorStore(StoreBase, SqliteSearch, inspect.SqliteInspection):
             loaded.append(load_revision(conn, dims, pk, staging[at : at + count]))
             at += count
         return loaded
-
-    # --- snapshots (`snapshot`) ------------------------------------------------------------------
-
-    def _adopt_snapshot(self, state: CorpusState) -> None:
-        """Start a new corpus state from its snapshot, keeping only the sources SQLite holds
-        exactly as written (the caller holds the db lock; `_refresh` then loads the rest)."""
-        descriptor = state.descriptor
-        path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
-        mapped = snapshot.read(
-            path,
-            descriptor.corpus_id,
-            descriptor.canonical_json(),
-            state.dimensions,
-            self._trusted_groups,
-        )
-        if mapped is None:
-            return
-        conn = self._connection()
-        with translated("reading the corpus's sources"):
-            listing = {
-                (str(ns), str(sid)): (str(rev), str(sha), int(gen), int(count), json.loads(meta))
-                for ns, sid, rev, sha, gen, count, meta in conn.execute(
-                    "SELECT namespace, source_id, revision, document_sha256, generation, "
-                    "chunk_count, metadata_json FROM sources WHERE corpus_id = ?",
-                    (descriptor.corpus_id,),
-                )
-            }
-        try:
-            adopted = list(snapshot.segments(mapped, state.dimensions, listing))
-        except snapshot.SnapshotUnusable as exc:
-            _log.warning("index snapshot %s not used: %s", path, exc)
-            return
-        for namespace, segment, kept in adopted:
-            state.segments[namespace] = segment
-            for source_id, generation in kept:
-                state.generations[(namespace, source_id)] = generation
-        _log.info(
-            "mapped the index snapshot of corpus %s (%d sources)",
-            descriptor.corpus_id,
-            len(state.generations),
-        )
-
-    def _snapshot_if_due(self, state: CorpusState) -> None:
-        """Write a snapshot on a background thread when enough rows changed since the last."""
-        if self._read_only or not self._snapshots:
-            return
-        with self._cache_lock:
-            size = sum(segment.size for segment in state.segments.values())
-            due = state.unsnapshotted >= max(SNAPSHOT_MIN_CHANGES, size // 4)
-        writer = self._snapshot_writer
-        if not due or (writer is not None and writer.is_alive()):
-            return
-        self._snapshot_writer = threading.Thread(
-            target=self._write_snapshot, args=(state,), name="store-snapshot", daemon=True
-        )
-        self._snapshot_writer.start()
-
-    def _write_snapshot(self, state: CorpusState, force: bool = False) -> None:
-        """Write one corpus's snapshot unless one as recent is there already (`force`: in any
-        case). A failure is logged: the snapshot is only a cache."""
-        if self._read_only or not self._snapshots:
-            return
-        corpus = state.descriptor.corpus_id
-        with self._snapshot_lock:
-            with self._cache_lock:
-                if self._corpora.get(corpus) is not state or state.loaded_generation < 0:
-                    return
-                images = [snapshot.image(ns, seg) for ns, seg in state.segments.items()]
-                generation, changed = state.loaded_generation, state.unsnapshotted
-            path = snapshot.snapshot_path(self._path, corpus)
-            descriptor_json = state.descriptor.canonical_json()
-            written = snapshot.written_generation(
-                path, corpus, descriptor_json, state.dimensions, self._trusted_groups
-            )
-            if not force and written is not None and written >= generation:
-                # Another process (a worker of the same host) wrote this state already.
-                with self._cache_lock:
-                    state.unsnapshotted = max(0, state.unsnapshotted - changed)
-                return
-            try:
-                snapshot.remove_temporaries(path)
-                size = snapshot.write(path, corpus, descriptor_json, generation, images)
-            except OSError as exc:
-                _log.warning("could not write the index snapshot %s: %s", path, exc)
-                return
-            with self._cache_lock:
-                state.unsnapshotted = max(0, state.unsnapshotted - changed)
-            _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, size)
-
-    def checkpoint(self) -> None:
-        """Write the snapshot of every open corpus now (waiting for one being written)."""
-        writer = self._snapshot_writer
-        if writer is not None:
-            writer.join()
-        with self._cache_lock:
-            states = list(self._corpora.values())
-        for state in states:
-            self._write_snapshot(state, force=True)
 
     # --- helpers -------------------------------------------------------------------------------
 

@@ -1,0 +1,134 @@
+"""The snapshot methods of `SqliteVectorStore`: adopting a corpus's index snapshot at open and
+writing one when enough changed (the file format and its checks are in `snapshot`). Opening,
+loading and writes stay in `vector_store.py`; this mixin declares what it uses of them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+import apsw
+
+from retrieval_host.adapters.sqlite import snapshot
+from retrieval_host.adapters.sqlite.schema import translated
+from retrieval_host.adapters.sqlite.segment import CorpusState
+
+_log = logging.getLogger(__name__)
+
+# A snapshot is written in the background once this many rows (or a quarter of the corpus,
+# if more) changed since the last one.
+SNAPSHOT_MIN_CHANGES = 20_000
+
+
+class SqliteSnapshots:
+    """Index snapshots of the corpora; `SqliteVectorStore` provides the state and settings."""
+
+    _path: Path
+    _read_only: bool
+    _snapshots: bool
+    _trusted_groups: frozenset[int]
+    _snapshot_lock: threading.Lock
+    _snapshot_writer: threading.Thread | None
+    _cache_lock: threading.Lock
+    _corpora: dict[str, CorpusState]
+
+    def _connection(self) -> apsw.Connection:
+        raise NotImplementedError
+
+    def _adopt_snapshot(self, state: CorpusState) -> None:
+        """Start a new corpus state from its snapshot, keeping only the sources SQLite holds
+        exactly as written (the caller holds the db lock; `_refresh` then loads the rest)."""
+        descriptor = state.descriptor
+        path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
+        mapped = snapshot.read(
+            path,
+            descriptor.corpus_id,
+            descriptor.canonical_json(),
+            state.dimensions,
+            self._trusted_groups,
+        )
+        if mapped is None:
+            return
+        conn = self._connection()
+        with translated("reading the corpus's sources"):
+            listing = {
+                (str(ns), str(sid)): (str(rev), str(sha), int(gen), int(count), json.loads(meta))
+                for ns, sid, rev, sha, gen, count, meta in conn.execute(
+                    "SELECT namespace, source_id, revision, document_sha256, generation, "
+                    "chunk_count, metadata_json FROM sources WHERE corpus_id = ?",
+                    (descriptor.corpus_id,),
+                )
+            }
+        try:
+            adopted = list(snapshot.segments(mapped, state.dimensions, listing))
+        except snapshot.SnapshotUnusable as exc:
+            _log.warning("index snapshot %s not used: %s", path, exc)
+            return
+        for namespace, segment, kept in adopted:
+            state.segments[namespace] = segment
+            for source_id, generation in kept:
+                state.generations[(namespace, source_id)] = generation
+        _log.info(
+            "mapped the index snapshot of corpus %s (%d sources)",
+            descriptor.corpus_id,
+            len(state.generations),
+        )
+
+    def _snapshot_if_due(self, state: CorpusState) -> None:
+        """Write a snapshot on a background thread when enough rows changed since the last."""
+        if self._read_only or not self._snapshots:
+            return
+        with self._cache_lock:
+            size = sum(segment.size for segment in state.segments.values())
+            due = state.unsnapshotted >= max(SNAPSHOT_MIN_CHANGES, size // 4)
+        writer = self._snapshot_writer
+        if not due or (writer is not None and writer.is_alive()):
+            return
+        self._snapshot_writer = threading.Thread(
+            target=self._write_snapshot, args=(state,), name="store-snapshot", daemon=True
+        )
+        self._snapshot_writer.start()
+
+    def _write_snapshot(self, state: CorpusState, force: bool = False) -> None:
+        """Write one corpus's snapshot unless one as recent is there already (`force`: in any
+        case). A failure is logged: the snapshot is only a cache."""
+        if self._read_only or not self._snapshots:
+            return
+        corpus = state.descriptor.corpus_id
+        with self._snapshot_lock:
+            with self._cache_lock:
+                if self._corpora.get(corpus) is not state or state.loaded_generation < 0:
+                    return
+                images = [snapshot.image(ns, seg) for ns, seg in state.segments.items()]
+                generation, changed = state.loaded_generation, state.unsnapshotted
+            path = snapshot.snapshot_path(self._path, corpus)
+            descriptor_json = state.descriptor.canonical_json()
+            written = snapshot.written_generation(
+                path, corpus, descriptor_json, state.dimensions, self._trusted_groups
+            )
+            if not force and written is not None and written >= generation:
+                # Another process (a worker of the same host) wrote this state already.
+                with self._cache_lock:
+                    state.unsnapshotted = max(0, state.unsnapshotted - changed)
+                return
+            try:
+                snapshot.remove_temporaries(path)
+                size = snapshot.write(path, corpus, descriptor_json, generation, images)
+            except OSError as exc:
+                _log.warning("could not write the index snapshot %s: %s", path, exc)
+                return
+            with self._cache_lock:
+                state.unsnapshotted = max(0, state.unsnapshotted - changed)
+            _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, size)
+
+    def checkpoint(self) -> None:
+        """Write the snapshot of every open corpus now (waiting for one being written)."""
+        writer = self._snapshot_writer
+        if writer is not None:
+            writer.join()
+        with self._cache_lock:
+            states = list(self._corpora.values())
+        for state in states:
+            self._write_snapshot(state, force=True)
