@@ -56,7 +56,7 @@ ALIGN: Final = 4096
 SPARE_ROWS: Final = 1024
 SPARE_BYTES: Final = 1 << 20
 
-# The columns of a namespace, in file order: name -> (dtype, per-row shape, grows with rows).
+# A namespace's arrays with one entry (or row) per passage, in file order; then its byte blobs.
 _ROW_ARRAYS: Final = (
     "matrix",
     "hashes",
