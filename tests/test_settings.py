@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from retrieval_host.adapters.sqlite import SqliteRunStore
+from retrieval_host.adapters.sqlite import SqliteRunStore, SqliteVectorStore
+from retrieval_host.adapters.sqlite.approximate import DEFAULT_MIN_ROWS
 from retrieval_host.adapters.sqlite.snapshot import snapshot_path
 from retrieval_host.adapters.wiring import build_run_store, build_vector_store
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -194,6 +195,20 @@ def test_index_snapshots_are_on_by_default_and_can_be_turned_off(tmp_path: Path)
         store.replace_source("c1", "ns", source, chunks, expected_revision=None, limits=LIMITS)
         store.close()
         assert snapshot_path(tmp_path / "store.sqlite", "c1").exists() is written
+
+
+def test_approximate_search_threshold_reaches_the_store(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    path = _write(tmp_path, _minimal(store={"sqlitePath": "store.sqlite"}))
+    assert load_settings(path, {}).store.approximate_min_rows == DEFAULT_MIN_ROWS
+    for value in ("0", "5000"):
+        settings = load_settings(path, {"RETRIEVAL_HOST_STORE__APPROXIMATE_MIN_ROWS": value})
+        store = build_vector_store(settings, {})
+        assert isinstance(store, SqliteVectorStore)
+        assert store._approximate_min_rows == int(value)
+        store.close()
+    with pytest.raises(SettingsError, match="approximateMinRows"):
+        load_settings(path, {"RETRIEVAL_HOST_STORE__APPROXIMATE_MIN_ROWS": "-1"})
 
 
 def test_tokens_can_come_from_a_mounted_file(tmp_path: Path) -> None:

@@ -173,6 +173,10 @@ class StoreSettings(_Model):
     # at start and shared by the worker processes (`adapters.sqlite.snapshot`). Off: every
     # start reads the whole index from SQLite, and each worker holds its own copy.
     index_snapshots: bool = True
+    # SQLite: a search allowed every live passage of a namespace of at least this many ranks
+    # with an approximate graph, re-scored exactly (`adapters.sqlite.approximate`); any other
+    # search scans its allowed rows exactly. 0: every search scans.
+    approximate_min_rows: Annotated[int, Field(ge=0)] = 20_000
 
     @model_validator(mode="after")
     def _one_store(self) -> StoreSettings:

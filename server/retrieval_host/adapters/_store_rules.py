@@ -50,6 +50,7 @@ class StoreCounters:
     scan_batches: int = 0
     scans_cancelled: int = 0
     rows_scored: int = 0
+    approximate_searches: int = 0  # dense searches ranked by a graph (SQLite store)
 
 
 class CounterTally:
@@ -71,6 +72,7 @@ class CounterTally:
         scan_batches: int = 0,
         scans_cancelled: int = 0,
         rows_scored: int = 0,
+        approximate_searches: int = 0,
     ) -> None:
         with self._lock:
             c = self._counters
@@ -79,6 +81,7 @@ class CounterTally:
                 c.scan_batches + scan_batches,
                 c.scans_cancelled + scans_cancelled,
                 c.rows_scored + rows_scored,
+                c.approximate_searches + approximate_searches,
             )
 
 

@@ -53,6 +53,7 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
         trusted_groups=_trusted_groups(settings),
         read_only=store.read_only,
         snapshots=store.index_snapshots,
+        approximate_min_rows=store.approximate_min_rows,
     )
 
 

@@ -13,8 +13,9 @@ or collide on a family. Families (all prefixed `retrieval_host_`), with their la
 - `embedding_requests_total{operation, corpus}`, `embedding_input_tokens_total{...}`: the
   embedding usage that search, index, ingest and run results report;
 - `runs_total{outcome, code}`: each run's final event (completed, replayed, failed, cancelled);
-- `store_scans_started_total`, `store_scans_cancelled_total`, `store_rows_scored_total`: the
-  stores' own counters, summed over the distinct stores.
+- `store_scans_started_total`, `store_scans_cancelled_total`, `store_rows_scored_total`,
+  `store_approximate_searches_total`: the stores' own counters, summed over the distinct
+  stores.
 
 Embedding usage is counted from results: a run that fails after embedding its query is not
 counted (its usage is not reported on `run.failed`). `GET /metrics` is served before the
@@ -209,7 +210,9 @@ class HostMetrics:
         for reason, count in sorted(self._rejections().items()):
             rejections.add_metric([reason], count)
         yield rejections
-        totals = {"scans_started": 0, "scans_cancelled": 0, "rows_scored": 0}
+        totals = dict.fromkeys(
+            ("scans_started", "scans_cancelled", "rows_scored", "approximate_searches"), 0
+        )
         for store in self._stores:
             counters = getattr(store, "counters", None)
             for name in totals:
@@ -219,6 +222,7 @@ class HostMetrics:
             ("scans_started", "Vector scans the stores started."),
             ("scans_cancelled", "Vector scans the stores stopped because the request ended."),
             ("rows_scored", "Stored vectors the stores scored."),
+            ("approximate_searches", "Dense searches the stores ranked with a graph."),
         ):
             yield CounterMetricFamily(f"retrieval_host_store_{name}", help_text, value=totals[name])
 

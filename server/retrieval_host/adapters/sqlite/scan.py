@@ -175,6 +175,26 @@ class Scan:
             self.total, dtype=np.int64
         )
 
+    def holds(self, rows: Index) -> npt.NDArray[np.bool_]:
+        """Which of these matrix rows the scan holds (its runs are sorted and disjoint)."""
+        run = np.searchsorted(self.starts, rows, side="right") - 1
+        clipped = np.maximum(run, 0)
+        length = self.offsets[clipped + 1] - self.offsets[clipped]
+        held: npt.NDArray[np.bool_] = (run >= 0) & (rows < self.starts[clipped] + length)
+        return held
+
+    def after(self, row: int) -> Scan | None:
+        """The part of the scan at matrix rows from `row` on (None: nothing there)."""
+        stops = self.starts + np.diff(self.offsets)
+        first = int(np.searchsorted(stops, row, side="right"))
+        if first == len(stops):
+            return None
+        starts = self.starts[first:].copy()
+        starts[0] = max(int(starts[0]), row)
+        offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(stops[first:] - starts, out=offsets[1:])
+        return Scan(self.matrix, self.rows, starts, offsets, starts.tolist(), offsets.tolist())
+
     def row_numbers(self, positions: Index) -> Index:
         """The matrix rows at these scan positions."""
         run = np.searchsorted(self.offsets, positions, side="right") - 1
@@ -193,7 +213,7 @@ def _runs(spans: list[tuple[int, int]]) -> tuple[Index, Index]:
     return run_starts, offsets
 
 
-def _dot_rows(block: Matrix, query: Matrix, out: Matrix) -> None:
+def dot_rows(block: Matrix, query: Matrix, out: Matrix) -> None:
     """`out[i] = block[i] . query`, computed in the calling thread only.
 
     Not a matrix-vector product: OpenBLAS's sgemv hands every call above a few thousand
@@ -323,7 +343,7 @@ class ScanJob:
         while at < high:
             stop = min(offsets[run + 1], high)
             first = starts[run] + at - offsets[run]
-            _dot_rows(matrix[first : first + stop - at], query, out[at - low : stop - low])
+            dot_rows(matrix[first : first + stop - at], query, out[at - low : stop - low])
             at = stop
             run += 1
 

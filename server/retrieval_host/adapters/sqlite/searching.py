@@ -5,13 +5,15 @@ passages), over its in-memory corpus state. Writes, loading and cache maintenanc
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from retrieval_host.adapters._store_rules import CounterTally
+from retrieval_host.adapters.sqlite import approximate
 from retrieval_host.adapters.sqlite.grant_cache import GrantCache
 from retrieval_host.adapters.sqlite.lexicon import score, score_slots
-from retrieval_host.adapters.sqlite.scan import Scan, Scanner, query_unit
+from retrieval_host.adapters.sqlite.scan import Index, Matrix, Scan, Scanner, query_unit
 from retrieval_host.adapters.sqlite.segment import CorpusState
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import MetadataFilter
@@ -25,6 +27,9 @@ class SqliteSearch:
     _cache_lock: threading.Lock
     _scanner: Scanner
     _grants: GrantCache
+    _graphs: approximate.Builder
+    _approximate_min_rows: int
+    _counters: CounterTally
 
     def _state(self, corpus: str) -> CorpusState:
         raise NotImplementedError
@@ -52,13 +57,18 @@ class SqliteSearch:
         if k <= 0 or not allowed:
             return []
         self._ensure_fresh(state)
-        scan = self._capture(state, namespace, allowed, filters)
+        with self._cache_lock:
+            segment = state.segments.get(namespace)
+            scan = None if segment is None else segment.capture(allowed, filters)
+            plan = None
+            if segment is not None and scan is not None and filters is None:
+                plan = approximate.plan(segment, scan, self._approximate_min_rows, self._graphs)
         if scan is None:
             return []
-        gathered = self._grants.rows(scan)
-        scored = scan if gathered is None else Scan.contiguous(gathered, scan.rows)
-        positions, scores = self._scanner.scan(scored, unit_query, k, cancel)
-        rows = scan.row_numbers(positions)
+        if plan is None:
+            rows, scores = self._exact(scan, unit_query, k, cancel)
+        else:
+            rows, scores = self._approximate(plan, scan, unit_query, k, cancel)
         # Best first; equal scores in row order, so results are deterministic.
         top = np.lexsort((rows, -scores))[:k]
         results: list[Candidate] = []
@@ -77,6 +87,37 @@ class SqliteSearch:
                 )
             )
         return results
+
+    def _exact(
+        self, scan: Scan, query: Matrix, k: int, cancel: CancelToken
+    ) -> tuple[Index, Matrix]:
+        """Every captured row scored: (matrix rows, scores) of the best k of each thread."""
+        gathered = self._grants.rows(scan)
+        scored = scan if gathered is None else Scan.contiguous(gathered, scan.rows)
+        positions, scores = self._scanner.scan(scored, query, k, cancel)
+        return scan.row_numbers(positions), scores
+
+    def _approximate(
+        self, plan: approximate.Plan, scan: Scan, query: Matrix, k: int, cancel: CancelToken
+    ) -> tuple[Index, Matrix]:
+        """The graph's candidates re-scored, and the rows appended since its build scanned."""
+        cancel.check()
+        self._counters.add(approximate_searches=1)
+        rows, scores = approximate.search(plan, scan, query, k)
+        tail = scan.after(plan.graph.built)
+        if tail is None:
+            return rows, scores
+        positions, tail_scores = self._scanner.scan(tail, query, k, cancel)
+        tail_rows = tail.row_numbers(positions)
+        return np.concatenate((rows, tail_rows)), np.concatenate((scores, tail_scores))
+
+    def wait_for_graphs(self) -> None:
+        """Wait for the approximate search graph being built, if any (tests, benchmarks)."""
+        self._graphs.join()
+
+    def _under_cache_lock(self, action: Callable[[], None]) -> None:
+        with self._cache_lock:
+            action()
 
     def lexical_search(
         self,
@@ -172,14 +213,3 @@ class SqliteSearch:
             bm25 = Bm25(lexical.k1, lexical.b)
             values = iter(score_slots(capture, held, terms, bm25, cancel).tolist())
         return [None if s is None else next(values, 0.0) for s in slots]
-
-    def _capture(
-        self,
-        state: CorpusState,
-        namespace: str,
-        allowed: Mapping[str, str],
-        filters: MetadataFilter | None,
-    ) -> Scan | None:
-        with self._cache_lock:
-            segment = state.segments.get(namespace)
-            return None if segment is None else segment.capture(allowed, filters)

@@ -19,6 +19,7 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from retrieval_host.adapters.sqlite.approximate import Graph
 from retrieval_host.adapters.sqlite.lexicon import LexicalCapture, Lexicon
 from retrieval_host.adapters.sqlite.rows import Revision, Row, Rows, chunk_hash
 from retrieval_host.adapters.sqlite.scan import Hashes, Index, Matrix, Scan, find_rows
@@ -86,6 +87,18 @@ class Segment:
         # the grant and its capture; emptied by any change to the segment.
         self.captures: OrderedDict[GrantKey, tuple[dict[str, str], Scan]] = OrderedDict()
         self._captured_sources = 0
+        # The approximate search graph of this array's rows (`approximate`), and whether a
+        # build of one is under way.
+        self.graph: Graph | None = None
+        self.graph_requested = False
+
+    def adopt(self, graph: Graph) -> None:
+        """Use a graph built from rows of the current array (under the cache lock): its
+        members that died during the build count as dead."""
+        below = graph.built
+        live = sum(min(s.stop, below) - s.start for s in self.spans.values() if s.start < below)
+        graph.dead = graph.members - live
+        self.graph = graph
 
     def captured(self, allowed: dict[str, str]) -> tuple[GrantKey, Scan | None]:
         """The capture of exactly this grant, if remembered (and the grant's key)."""
@@ -123,6 +136,9 @@ class Segment:
             if span is not None:
                 self.live -= span.stop - span.start
                 self.lexicon.drop(span.start, span.stop)
+                graph = self.graph
+                if graph is not None and span.start < graph.built:
+                    graph.dead += min(span.stop, graph.built) - span.start
         count = sum(len(item.rows) for item in latest.values())
         if self.size + count > len(self.matrix) or (
             len(self.matrix) > COMPACT_MIN_ROWS and self.live < len(self.matrix) // 4
@@ -168,6 +184,7 @@ class Segment:
         self.lexicon.compact(kept, self.size, capacity)
         self.rows = self.rows.gather(kept)
         self.matrix, self.hashes, self.spans, self.size = matrix, hashes, spans, at
+        self.graph = None  # its keys were rows of the old array
 
     def locate(self, passages: Sequence[Candidate]) -> tuple[Matrix, list[int | None]]:
         """The matrix and each passage's row in it (None: its revision is not the one

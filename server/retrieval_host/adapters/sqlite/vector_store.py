@@ -53,6 +53,7 @@ from retrieval_host.adapters._store_rules import (
     terms_json,
 )
 from retrieval_host.adapters.sqlite import inspect
+from retrieval_host.adapters.sqlite.approximate import DEFAULT_MIN_ROWS, Builder
 from retrieval_host.adapters.sqlite.catalog import (
     Readers,
     read_descriptor,
@@ -60,7 +61,7 @@ from retrieval_host.adapters.sqlite.catalog import (
     store_descriptor,
 )
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
-from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scanner
+from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scanner, scan_threads
 from retrieval_host.adapters.sqlite.schema import (
     immediate,
     one,
@@ -129,6 +130,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         read_only: bool = False,
         trusted_groups: frozenset[int] = frozenset(),
         snapshots: bool = True,
+        approximate_min_rows: int = DEFAULT_MIN_ROWS,
     ) -> None:
         """Private: use `SqliteVectorStore.open(path)`, which checks and prepares the file."""
         self._read_only = read_only
@@ -145,6 +147,8 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         self._corpora: dict[str, CorpusState] = {}
         self._scanner = Scanner(scan_batch_rows, self._counters.add)
         self._grants = GrantCache(grant_cache_bytes)
+        self._approximate_min_rows = approximate_min_rows
+        self._graphs = Builder(self._under_cache_lock, max(1, scan_threads() - 1))
         # Per-thread read-only connections for the freshness check of every search.
         self._readers = Readers(path)
 
@@ -158,6 +162,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         trusted_groups: frozenset[int] = frozenset(),
         read_only: bool = False,
         snapshots: bool = True,
+        approximate_min_rows: int = DEFAULT_MIN_ROWS,
     ) -> SqliteVectorStore:
         """Open (creating if missing) the store at `path` after the private-location checks.
 
@@ -168,6 +173,8 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         a copy) without writing anything to it: writes are `STORE_READ_ONLY`. `snapshots`:
         map each corpus's index snapshot at open and write one when enough changed (see
         `snapshot`; a read-only store maps them but never writes one).
+        `approximate_min_rows`: a search allowed every live row of a namespace of at least
+        this many rows ranks with an approximate graph (`approximate`); 0 never does.
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
@@ -176,9 +183,18 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
             raise ValueError("scan_batch_rows must be a positive integer")
         if isinstance(grant_cache_bytes, bool) or grant_cache_bytes < 0:
             raise ValueError("grant_cache_bytes must be a non-negative integer")
+        if isinstance(approximate_min_rows, bool) or approximate_min_rows < 0:
+            raise ValueError("approximate_min_rows must be a non-negative integer")
         conn, database = open_database(path, IDENTITY, trusted_groups, read_only=read_only)
         return cls(
-            conn, database, scan_batch_rows, grant_cache_bytes, read_only, trusted_groups, snapshots
+            conn,
+            database,
+            scan_batch_rows,
+            grant_cache_bytes,
+            read_only,
+            trusted_groups,
+            snapshots,
+            approximate_min_rows,
         )
 
     @property
@@ -193,6 +209,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
     def close(self) -> None:
         """Write the snapshot of each corpus that changed since its last one, then close the
         connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
+        self._graphs.close()
         writer = self._snapshot_writer
         if writer is not None:
             writer.join()

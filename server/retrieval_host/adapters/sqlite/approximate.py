@@ -1,0 +1,200 @@
+"""Approximate dense search for the SQLite store: an HNSW graph (usearch) over a namespace's rows,
+used only when a search may see every live row of the namespace.
+
+Authorization filters before ranking, so a graph can only serve a search whose allowed set is
+the namespace's whole live set: then there is nothing to filter, and the graph ranks exactly the
+rows the search may see (a partial grant is always scanned exactly, which is fast for the sizes
+where filtering matters; see bench/README.md, "Every grant size"). The planner (`plan`) decides
+from the captured grant's row count.
+
+A graph is built in the background from one segment array (`Segment.matrix`), from the rows
+live when the build began, as int8 vectors (a quarter of the float32 size, and two to three
+times faster to search); each search asks it for `candidates(k)` rows and re-scores them
+exactly against the float32 rows, so the scores are the exact scan's. Rows appended after the
+build (the tail) are scanned exactly and merged; rows that died since the build (a source
+replaced or deleted) are counted by the segment and asked for in addition, then dropped by the
+same run check that bounds every result to the captured grant. When the tail and the dead rows
+grow past `STALE_FRACTION` of the graph, or a compaction replaces the array, a new graph is
+built and the exact scan serves meanwhile. The figures behind the constants are in
+bench/README.md ("Approximate search").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import numpy as np
+
+from retrieval_host.adapters.sqlite.scan import Index, Matrix, Scan, dot_rows
+
+if TYPE_CHECKING:
+    from retrieval_host.adapters.sqlite.segment import Segment
+
+_log = logging.getLogger("retrieval_host.store")
+
+# Namespaces of fewer live rows are always scanned exactly: at 20k rows a full scan costs about
+# a millisecond, and a graph would cost a build for little.
+DEFAULT_MIN_ROWS: Final = 20_000
+# Graph shape: neighbours per node, and the candidate lists while adding and searching.
+CONNECTIVITY: Final = 16
+EXPANSION_ADD: Final = 128
+EXPANSION_SEARCH: Final = 128
+# Candidates asked of the graph per result wanted, and at least: int8 distances only order
+# the candidates roughly; the exact re-scoring puts the top k right.
+OVERSAMPLE: Final = 4
+MIN_CANDIDATES: Final = 64
+# A graph whose tail plus dead rows exceed this fraction of its rows is rebuilt.
+STALE_FRACTION: Final = 0.25
+# Rows added per call while building: the builder checks for a close between calls.
+BUILD_BATCH_ROWS: Final = 16_384
+
+
+class Graph:
+    """An HNSW graph of the live rows below `built` of one segment array, keyed by row."""
+
+    def __init__(self, matrix: Matrix, built: int, members: int, index: object) -> None:
+        self.matrix = matrix  # the array the keys are rows of (a compaction makes a new one)
+        self.built = built
+        self.members = members
+        self.dead = 0  # members whose rows died since the build (`Segment.apply` counts them)
+        self._index = index
+
+    def stale(self, size: int) -> bool:
+        """Whether the rows changed since the build (appended or dead) call for a new graph."""
+        return self.dead + (size - self.built) > STALE_FRACTION * max(self.members, 1)
+
+    def nearest(self, query: Matrix, count: int) -> Index:
+        """The keys (rows) of about the `count` nearest members, by the int8 distances."""
+        matches = self._index.search(query, count, threads=1)  # type: ignore[attr-defined]
+        keys: Index = np.asarray(matches.keys, dtype=np.int64)
+        return keys[(keys >= 0) & (keys < self.built)]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """An approximate search decided under the cache lock: the graph, and how many of its
+    members had died then (asked for in addition, as they may rank and are then dropped)."""
+
+    graph: Graph
+    dead: int
+
+
+def plan(segment: Segment, scan: Scan, min_rows: int, builder: Builder) -> Plan | None:
+    """How to search a capture without filters (under the cache lock): with the segment's
+    graph when the capture is every live row of a namespace of at least `min_rows` (0: never),
+    else None (the exact scan). Asks for a graph when one is wanted and none is usable."""
+    if min_rows <= 0 or segment.live < min_rows or scan.total != segment.live:
+        return None
+    graph = segment.graph
+    usable = graph is not None and graph.matrix is segment.matrix
+    wanted = graph is None or not usable or graph.stale(segment.size)
+    if wanted and not segment.graph_requested:
+        builder.request(segment, scan)
+    if graph is None or not usable or graph.dead > graph.members // 2:
+        return None  # a graph this stale would ask for too many candidates: scan exactly
+    return Plan(graph, graph.dead)
+
+
+def candidates(k: int) -> int:
+    return max(MIN_CANDIDATES, OVERSAMPLE * k)
+
+
+def search(plan: Plan, scan: Scan, query: Matrix, k: int) -> tuple[Index, Matrix]:
+    """The graph's candidates that the scan holds, re-scored exactly: (rows, scores).
+
+    The scan is the whole live namespace; its tail (rows from `graph.built` on) is not in the
+    graph and is scored by the caller's exact scan.
+    """
+    graph = plan.graph
+    rows = graph.nearest(query, candidates(k) + plan.dead)
+    rows = rows[scan.holds(rows)]
+    scores: Matrix = np.empty(len(rows), dtype=np.float32)
+    if len(rows):
+        dot_rows(scan.matrix[rows], query, scores)
+    return rows, scores
+
+
+class Builder:
+    """Builds graphs on one background thread, one at a time (a store has one builder).
+
+    `request` is called under the store's cache lock with a segment and the scan of its whole
+    live set; the build reads only rows of that segment array, which are never rewritten, so it
+    runs without a lock and installs the graph with `install` (which takes the lock) unless the
+    segment compacted meanwhile.
+    """
+
+    def __init__(self, install: Callable[[Callable[[], None]], None], threads: int) -> None:
+        self._install = install
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failed = False  # a build failed: the exact scan serves from then on
+        self.built = 0  # graphs installed
+
+    def request(self, segment: Segment, scan: Scan) -> None:
+        """Build a graph of the scan's rows for `segment`, unless a build is running."""
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+            if self._closed or self._failed or running:
+                return
+            size = segment.size
+            rows = scan.row_index()
+            thread = threading.Thread(
+                target=self._build,
+                args=(segment, scan.matrix, size, rows),
+                name="store-graph",
+                daemon=True,
+            )
+            self._thread = thread
+            segment.graph_requested = True
+        thread.start()
+
+    def join(self) -> None:
+        """Wait for the running build, if any."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def close(self) -> None:
+        """Stop building (a running build stops at its next batch)."""
+        with self._lock:
+            self._closed = True
+        self.join()
+
+    def _build(self, segment: Segment, matrix: Matrix, size: int, rows: Index) -> None:
+        try:
+            from usearch.index import Index as UsearchIndex
+
+            index = UsearchIndex(
+                ndim=matrix.shape[1],
+                metric="ip",
+                dtype="i8",
+                connectivity=CONNECTIVITY,
+                expansion_add=EXPANSION_ADD,
+                expansion_search=EXPANSION_SEARCH,
+            )
+            for at in range(0, len(rows), BUILD_BATCH_ROWS):
+                with self._lock:
+                    if self._closed:
+                        return
+                batch = rows[at : at + BUILD_BATCH_ROWS]
+                index.add(batch.astype(np.uint64), matrix[batch], threads=self._threads)
+            graph = Graph(matrix, size, len(rows), index)
+
+            def put() -> None:
+                segment.graph_requested = False
+                if segment.matrix is matrix:
+                    segment.adopt(graph)
+
+            self._install(put)
+            self.built += 1
+        except Exception:  # a graph is only an accelerator: the exact scan keeps serving
+            _log.exception("building an approximate search graph failed; searches stay exact")
+            with self._lock:
+                self._failed = True
