@@ -4,6 +4,8 @@ leaked."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -278,3 +280,18 @@ def test_close_stops_a_build_in_progress(tmp_path: Path, monkeypatch: pytest.Mon
     closer.join(60)
     assert not closer.is_alive()
     assert store._graphs.built == 0
+
+
+def test_the_graph_library_loads_so_that_the_model_runtime_still_loads() -> None:
+    """usearch first, then onnxruntime, crashes the process: the store's loader prevents it."""
+    script = (
+        "from retrieval_host.adapters.sqlite.approximate import usearch_index\n"
+        "usearch_index()(ndim=8, metric='ip', dtype='i8')\n"
+        "import onnxruntime\n"
+        "print(onnxruntime.get_device())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "CPU"

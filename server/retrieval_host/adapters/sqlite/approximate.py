@@ -25,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -118,6 +118,17 @@ def search(plan: Plan, scan: Scan, query: Matrix, k: int) -> tuple[Index, Matrix
     return rows, scores
 
 
+def usearch_index() -> Any:
+    """usearch's `Index` class, loaded after onnxruntime: onnxruntime's extension module
+    crashes the process (SIGSEGV) when it is loaded after usearch's (usearch 2.26, onnxruntime
+    1.2x), and the host loads the local model's runtime only when a corpus uses it, possibly
+    after a graph was built. Loaded in this order, any later import of either is safe."""
+    import onnxruntime  # noqa: F401  # first, see above
+    from usearch.index import Index as UsearchIndex
+
+    return UsearchIndex
+
+
 class Builder:
     """Builds graphs on one background thread, one at a time (a store has one builder).
 
@@ -169,9 +180,7 @@ class Builder:
 
     def _build(self, segment: Segment, matrix: Matrix, size: int, rows: Index) -> None:
         try:
-            from usearch.index import Index as UsearchIndex
-
-            index = UsearchIndex(
+            index = usearch_index()(
                 ndim=matrix.shape[1],
                 metric="ip",
                 dtype="i8",
