@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor, EmbeddingDescriptor
 from retrieval_host.core.models import Location
@@ -151,12 +152,17 @@ def filled_store(
     *,
     texts: Sequence[str] | None = None,
     grant_cache_bytes: int | None = None,
+    approximate_min_rows: int = 0,
 ) -> Iterator[tuple[SqliteVectorStore, list[str]]]:
-    """A SQLite store in `directory` holding the vectors (closed afterwards)."""
-    store = (
-        SqliteVectorStore.open(directory / "store.sqlite")
-        if grant_cache_bytes is None
-        else SqliteVectorStore.open(directory / "store.sqlite", grant_cache_bytes=grant_cache_bytes)
+    """A SQLite store in `directory` holding the vectors (closed afterwards). Searches allowed
+    every source scan exactly unless `approximate_min_rows` is set: the scan benches measure
+    the scan, and a graph built in the background would take over in the middle of a run."""
+    store = SqliteVectorStore.open(
+        directory / "store.sqlite",
+        grant_cache_bytes=(
+            DEFAULT_GRANT_CACHE_BYTES if grant_cache_bytes is None else grant_cache_bytes
+        ),
+        approximate_min_rows=approximate_min_rows,
     )
     try:
         store.open_corpus(descriptor(vectors.shape[1]))
