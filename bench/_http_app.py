@@ -11,9 +11,10 @@ optionally `grantCacheBytes`, the SQLite store's grant cache budget (0 turns it 
 `textQueries: true`: any other query text is embedded by the real local model (the product's
 adapter, 384 dimensions like the synthetic vectors). Its vectors are then searched among the
 synthetic ones: the ranking means nothing, the cost of a text query (embedding, micro-batching,
-the query-vector cache, the search) is real. `graphFor: SUBJECT` builds the store's
+the query-vector cache, the search) is real. `graphFor: SUBJECT` gets the store's
 approximate search graph before the host serves, by searching once with that subject's grant
-(every source) and waiting for the build: what a host does after its first such search.
+(every source) and waiting: what a host does after its first such search (a worker maps the
+graph file another process wrote for the same snapshot, or builds and writes it).
 """
 
 from __future__ import annotations

@@ -453,8 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with SqliteVectorStore.open(work / "store.sqlite") as store:
             took = prebuild_graph(store, data.every, data.queries[0])
         print(
-            f"approximate search graph (every source allowed) built in {took:.1f} s; each host "
-            "worker builds its own before serving (applicationOptions.graphFor)",
+            f"approximate search graph (every source allowed) built in {took:.1f} s and written "
+            "beside the index snapshot; the host workers map it before serving "
+            "(applicationOptions.graphFor)",
             flush=True,
         )
         np.save(work / "queries.npy", data.queries)

@@ -4,6 +4,8 @@ leaked."""
 
 from __future__ import annotations
 
+import logging
+import os
 import subprocess
 import sys
 import threading
@@ -295,3 +297,125 @@ def test_the_graph_library_loads_so_that_the_model_runtime_still_loads() -> None
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "CPU"
+
+
+# --- graphs shared through a file beside the index snapshot -----------------------------------
+
+
+def snapshotted(path: Path) -> Namespace:
+    """A store at `path` whose index is a snapshot (written at the first store's close), with
+    the live revisions' vectors known to the returned (closed) namespace."""
+    with SqliteVectorStore.open(path, approximate_min_rows=MIN_ROWS) as store:
+        ns = Namespace(store)
+        ns.fill(np.random.default_rng(20), SOURCES)
+    return ns
+
+
+def reopened(path: Path, ns: Namespace, **options: Any) -> Namespace:
+    again = Namespace.__new__(Namespace)
+    again.store = SqliteVectorStore.open(path, approximate_min_rows=MIN_ROWS, **options)
+    again.live = ns.live
+    again.store.open_corpus(descriptor("c1", dimensions=DIM))
+    return again
+
+
+def graph_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.parent.iterdir() if "-graph-" in p.name)
+
+
+def test_stores_mapping_one_snapshot_share_one_graph_file(tmp_path: Path) -> None:
+    path = tmp_path / "g.db"
+    ns = snapshotted(path)
+    query = clustered(np.random.default_rng(21), 1)[0]
+    first, second = reopened(path, ns), reopened(path, ns)
+    try:
+        first.built(query)
+        assert (first.store._graphs.built, first.store._graphs.viewed) == (1, 0)
+        (written,) = graph_files(path)
+        assert written.stat().st_mode & 0o777 == 0o600
+        second.built(query)  # maps the file: no second build
+        assert (second.store._graphs.built, second.store._graphs.viewed) == (0, 1)
+        allowed = second.everything()
+        for q in clustered(np.random.default_rng(22), 10):
+            assert set(second.ids(allowed, q)) == set(second.exact(allowed, q))
+    finally:
+        first.store.close()
+        second.store.close()
+    assert graph_files(path) == [written]  # no lock or temporary left
+
+
+def test_a_graph_another_process_is_building_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live holder of the build lock: the store scans exactly and looks again later; a lock
+    whose holder is gone is taken over."""
+    monkeypatch.setattr(approximate, "SHARED_RETRY_S", 0.0)
+    path = tmp_path / "w.db"
+    ns = snapshotted(path)
+    query = clustered(np.random.default_rng(23), 1)[0]
+    ns = reopened(path, ns)
+    try:
+        allowed = ns.everything()  # loads the corpus (maps the snapshot)
+        origin = ns.store._corpora["c1"].segments["ns"].origin
+        assert origin is not None
+        lock = origin.path.with_name(origin.path.name + ".lock")
+        lock.write_text(str(os.getpid()))  # a live process (this one) builds it
+        assert set(ns.ids(allowed, query)) == set(ns.exact(allowed, query))
+        ns.store.wait_for_graphs()
+        assert ns.store._graphs.built == 0 and ns.approximate == 0
+        assert not origin.path.exists()
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        lock.write_text(gone.stdout.strip())  # its holder exited: taken over
+        # What interrupted writes left: removed only when their writer is gone.
+        dead = origin.path.with_name(f"{origin.path.name}.{gone.stdout.strip()}.tmp")
+        busy = origin.path.with_name(f"{origin.path.name}.{os.getppid()}.tmp")
+        dead.write_bytes(b"x")
+        busy.write_bytes(b"x")
+        ns.built(query)
+        assert ns.store._graphs.built == 1 and origin.path.exists() and not lock.exists()
+        assert not dead.exists() and busy.exists()
+    finally:
+        ns.store.close()
+
+
+def test_an_unusable_graph_file_is_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "u.db"
+    ns = snapshotted(path)
+    query = clustered(np.random.default_rng(24), 1)[0]
+    ns = reopened(path, ns)
+    try:
+        ns.everything()
+        origin = ns.store._corpora["c1"].segments["ns"].origin
+        assert origin is not None
+        origin.path.write_bytes(b"not a graph" * 100)
+        origin.path.chmod(0o600)
+        with caplog.at_level(logging.WARNING, logger="retrieval_host.store"):
+            ns.built(query)
+        assert "not used" in caplog.text
+        assert ns.store._graphs.built == 1
+        allowed = ns.everything()
+        assert set(ns.ids(allowed, query)) == set(ns.exact(allowed, query))
+    finally:
+        ns.store.close()
+    other = reopened(path, ns)  # the replacement is a good one
+    try:
+        other.built(query)
+        assert (other.store._graphs.built, other.store._graphs.viewed) == (0, 1)
+    finally:
+        other.store.close()
+
+
+def test_a_read_only_store_builds_its_own_graph_and_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    ns = snapshotted(path)
+    query = clustered(np.random.default_rng(25), 1)[0]
+    ns = reopened(path, ns, read_only=True)
+    try:
+        ns.built(query)
+        assert ns.store._graphs.built == 1
+        assert graph_files(path) == []
+    finally:
+        ns.store.close()

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from retrieval_host.adapters.sqlite import graph_file
+from retrieval_host.adapters.sqlite.graph_file import Origin
 from retrieval_host.adapters.sqlite.scan import Index, Matrix, Scan, dot_rows
 
 if TYPE_CHECKING:
@@ -51,6 +54,8 @@ MIN_CANDIDATES: Final = 64
 STALE_FRACTION: Final = 0.25
 # Rows added per call while building: the builder checks for a close between calls.
 BUILD_BATCH_ROWS: Final = 16_384
+# Seconds between two looks for a shared graph that another process is building.
+SHARED_RETRY_S: Final = 1.0
 
 
 class Graph:
@@ -92,7 +97,7 @@ def plan(segment: Segment, scan: Scan, min_rows: int, builder: Builder) -> Plan 
     graph = segment.graph
     usable = graph is not None and graph.matrix is segment.matrix
     wanted = graph is None or not usable or graph.stale(segment.size)
-    if wanted and not segment.graph_requested:
+    if wanted and not segment.graph_requested and time.monotonic() >= segment.graph_retry_at:
         builder.request(segment, scan)
     if graph is None or not usable or graph.dead > graph.members // 2:
         return None  # a graph this stale would ask for too many candidates: scan exactly
@@ -135,29 +140,38 @@ class Builder:
     `request` is called under the store's cache lock with a segment and the scan of its whole
     live set; the build reads only rows of that segment array, which are never rewritten, so it
     runs without a lock and installs the graph with `install` (which takes the lock) unless the
-    segment compacted meanwhile.
+    segment compacted meanwhile. A segment mapped from an index snapshot shares its first graph
+    with the other processes that mapped the same file (`graph_file`); later graphs (once a
+    quarter of it changed) are the process's own.
     """
 
-    def __init__(self, install: Callable[[Callable[[], None]], None], threads: int) -> None:
+    def __init__(
+        self, install: Callable[[Callable[[], None]], None], threads: int, writable: bool
+    ) -> None:
         self._install = install
         self._threads = threads
+        self._writable = writable  # may write shared graph files (not a read-only store)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failed = False  # a build failed: the exact scan serves from then on
-        self.built = 0  # graphs installed
+        self.built = 0  # graphs built by this process and installed
+        self.viewed = 0  # shared graph files mapped and installed
 
     def request(self, segment: Segment, scan: Scan) -> None:
-        """Build a graph of the scan's rows for `segment`, unless a build is running."""
+        """Build (or map) a graph of the scan's rows for `segment`, unless one is under way."""
         with self._lock:
             running = self._thread is not None and self._thread.is_alive()
             if self._closed or self._failed or running:
                 return
-            size = segment.size
-            rows = scan.row_index()
+            origin = segment.origin
+            if origin is not None and (
+                segment.graph is not None or origin.matrix is not segment.matrix
+            ):
+                origin = None
             thread = threading.Thread(
                 target=self._build,
-                args=(segment, scan.matrix, size, rows),
+                args=(segment, scan.matrix, segment.size, scan.row_index(), origin),
                 name="store-graph",
                 daemon=True,
             )
@@ -178,23 +192,21 @@ class Builder:
             self._closed = True
         self.join()
 
-    def _build(self, segment: Segment, matrix: Matrix, size: int, rows: Index) -> None:
+    def _build(
+        self, segment: Segment, matrix: Matrix, size: int, rows: Index, origin: Origin | None
+    ) -> None:
         try:
-            index = usearch_index()(
-                ndim=matrix.shape[1],
-                metric="ip",
-                dtype="i8",
-                connectivity=CONNECTIVITY,
-                expansion_add=EXPANSION_ADD,
-                expansion_search=EXPANSION_SEARCH,
-            )
-            for at in range(0, len(rows), BUILD_BATCH_ROWS):
-                with self._lock:
-                    if self._closed:
-                        return
-                batch = rows[at : at + BUILD_BATCH_ROWS]
-                index.add(batch.astype(np.uint64), matrix[batch], threads=self._threads)
-            graph = Graph(matrix, size, len(rows), index)
+            if origin is None:
+                index = self._add(matrix, rows)
+                graph = None if index is None else Graph(matrix, size, len(rows), index)
+            else:
+                graph = self._shared(origin, rows)
+                if graph is None:  # another process is building it: ask again later
+                    retry = time.monotonic() + SHARED_RETRY_S
+                    self._install(lambda: _retry(segment, retry))
+                    return
+            if graph is None:
+                return  # closed
 
             def put() -> None:
                 segment.graph_requested = False
@@ -202,8 +214,61 @@ class Builder:
                     segment.adopt(graph)
 
             self._install(put)
-            self.built += 1
         except Exception:  # a graph is only an accelerator: the exact scan keeps serving
             _log.exception("building an approximate search graph failed; searches stay exact")
             with self._lock:
                 self._failed = True
+
+    def _shared(self, origin: Origin, rows: Index) -> Graph | None:
+        """The snapshot's shared graph: mapped from its file, or built and written first (None:
+        another process holds the build lock, or the builder closed)."""
+        load = usearch_index().restore
+        index = graph_file.view(origin, load)
+        if index is None:
+            held = graph_file.lock(origin) if self._writable else None
+            if held is None and self._writable:
+                return None
+            try:
+                built = self._add(origin.matrix, rows[rows < origin.rows], count=False)
+                if built is None:
+                    return None
+                if held is None:  # read-only: this process's own graph
+                    self.built += 1
+                    return Graph(origin.matrix, origin.rows, len(built), built)
+                graph_file.write(origin, built)
+            finally:
+                if held is not None:
+                    held.unlink(missing_ok=True)
+            index = graph_file.view(origin, load)
+            if index is None:
+                raise RuntimeError("the graph file just written cannot be mapped")
+            self.built += 1
+        else:
+            self.viewed += 1
+        index.expansion_search = EXPANSION_SEARCH
+        return Graph(origin.matrix, origin.rows, len(index), index)
+
+    def _add(self, matrix: Matrix, rows: Index, count: bool = True) -> Any | None:
+        """A new graph of these rows (None: the builder closed meanwhile)."""
+        index = usearch_index()(
+            ndim=matrix.shape[1],
+            metric="ip",
+            dtype="i8",
+            connectivity=CONNECTIVITY,
+            expansion_add=EXPANSION_ADD,
+            expansion_search=EXPANSION_SEARCH,
+        )
+        for at in range(0, len(rows), BUILD_BATCH_ROWS):
+            with self._lock:
+                if self._closed:
+                    return None
+            batch = rows[at : at + BUILD_BATCH_ROWS]
+            index.add(batch.astype(np.uint64), matrix[batch], threads=self._threads)
+        if count:
+            self.built += 1
+        return index
+
+
+def _retry(segment: Segment, at: float) -> None:
+    segment.graph_requested = False
+    segment.graph_retry_at = at

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from retrieval_host.adapters.sqlite.approximate import Graph
 from retrieval_host.adapters.sqlite.lexicon import LexicalCapture, Lexicon
 from retrieval_host.adapters.sqlite.rows import Revision, Row, Rows, chunk_hash
 from retrieval_host.adapters.sqlite.scan import Hashes, Index, Matrix, Scan, find_rows
@@ -27,6 +26,10 @@ from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.filters import MetadataFilter, matches
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate
+
+if TYPE_CHECKING:
+    from retrieval_host.adapters.sqlite.approximate import Graph
+    from retrieval_host.adapters.sqlite.graph_file import Origin
 
 __all__ = ["CorpusState", "Loaded", "Revision", "Row", "Segment", "Span"]
 
@@ -91,6 +94,9 @@ class Segment:
         # build of one is under way.
         self.graph: Graph | None = None
         self.graph_requested = False
+        self.graph_retry_at = 0.0  # monotonic time: another process is building the shared one
+        # Set when the rows were mapped from an index snapshot: its graph file (`graph_file`).
+        self.origin: Origin | None = None
 
     def adopt(self, graph: Graph) -> None:
         """Use a graph built from rows of the current array (under the cache lock): its

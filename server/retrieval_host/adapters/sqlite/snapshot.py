@@ -260,13 +260,14 @@ def remove_temporaries(path: Path) -> None:
     gone; another live process may be writing its own)."""
     for leftover in path.parent.glob(f"{path.name}.*.tmp"):
         pid = leftover.name[len(path.name) + 1 :].split(".", 1)[0]
-        if pid.isdigit() and _alive(int(pid)):
+        if pid.isdigit() and alive(int(pid)):
             continue
         with contextlib.suppress(OSError):
             leftover.unlink()
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -289,6 +290,7 @@ class Snapshot:
 
     generation: int
     namespaces: dict[str, tuple[int, dict[str, npt.NDArray[Any]], list[SourceEntry]]]
+    identity: str  # this version of the file (device, inode, change time, size): a graph key
 
 
 def read(
@@ -347,7 +349,10 @@ def _read(
         if any(not 0 <= e.start <= e.stop <= size for e in sources):
             raise SnapshotUnusable("a source's rows lie outside the snapshot")
         namespaces[str(namespace)] = (size, arrays, sources)
-    return Snapshot(int(header["generation"]), namespaces)
+    identity = hashlib.sha256(
+        f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}".encode()
+    ).hexdigest()[:16]
+    return Snapshot(int(header["generation"]), namespaces, identity)
 
 
 def written_generation(

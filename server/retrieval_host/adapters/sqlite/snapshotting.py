@@ -11,7 +11,7 @@ from pathlib import Path
 
 import apsw
 
-from retrieval_host.adapters.sqlite import snapshot
+from retrieval_host.adapters.sqlite import graph_file, snapshot
 from retrieval_host.adapters.sqlite.schema import translated
 from retrieval_host.adapters.sqlite.segment import CorpusState
 
@@ -68,6 +68,12 @@ class SqliteSnapshots:
             return
         for namespace, segment, kept in adopted:
             state.segments[namespace] = segment
+            segment.origin = graph_file.Origin(
+                graph_file.graph_path(path, namespace, mapped.identity),
+                segment.size,
+                segment.matrix,
+                self._trusted_groups,
+            )
             for source_id, generation in kept:
                 state.generations[(namespace, source_id)] = generation
         _log.info(

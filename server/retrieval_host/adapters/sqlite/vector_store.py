@@ -148,7 +148,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         self._scanner = Scanner(scan_batch_rows, self._counters.add)
         self._grants = GrantCache(grant_cache_bytes)
         self._approximate_min_rows = approximate_min_rows
-        self._graphs = Builder(self._under_cache_lock, max(1, scan_threads() - 1))
+        self._graphs = Builder(self._under_cache_lock, max(1, scan_threads() - 1), not read_only)
         # Per-thread read-only connections for the freshness check of every search.
         self._readers = Readers(path)
 

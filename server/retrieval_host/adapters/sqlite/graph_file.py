@@ -1,0 +1,121 @@
+"""Approximate search graphs shared between processes through a file beside the index snapshot.
+
+Processes that mapped the same snapshot file (the host's workers) number its rows alike, so a
+graph of those rows serves them all: the first to need one builds it and writes it to
+`<snapshot>-graph-<sha256(namespace)[:16]>-<snapshot identity>`, the others map that file
+(usearch's `view`: shared pages, nothing copied) instead of building their own. A lock file
+(`O_EXCL`, holding the builder's pid) keeps a second process from building the same graph
+at the same time; one left by a process that is gone is taken over. The file is written as
+the snapshot is (0600, a temporary name, fsync, rename); files of other snapshot versions of
+the namespace are removed when a new one is written (a process still mapping one keeps its
+pages). A file that is missing, unsafe (a link, another owner, writable by others) or does not
+fit the snapshot is not used: the process builds its own graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retrieval_host.adapters.sqlite.files import check_store_file
+from retrieval_host.adapters.sqlite.scan import Matrix
+from retrieval_host.adapters.sqlite.snapshot import alive
+from retrieval_host.core.errors import RetrievalError
+
+_log = logging.getLogger("retrieval_host.store")
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """A segment whose rows were mapped from an index snapshot: the graph file its rows below
+    `rows` share, while the segment still reads that mapped array (`matrix`; a compaction
+    replaces it, and the segment then builds its graphs alone)."""
+
+    path: Path
+    rows: int
+    matrix: Matrix
+    trusted_groups: frozenset[int]
+
+
+def graph_path(snapshot: Path, namespace: str, identity: str) -> Path:
+    digest = hashlib.sha256(namespace.encode()).hexdigest()[:16]
+    return snapshot.with_name(f"{snapshot.name}-graph-{digest}-{identity}")
+
+
+def view(origin: Origin, load: Any) -> Any | None:
+    """The graph file mapped read-only (usearch `Index.restore(view=True)`), or None when it is
+    missing or unusable (logged)."""
+    path = origin.path
+    try:
+        check_store_file(path, "approximate search graph", origin.trusted_groups)
+        if not path.exists():
+            return None
+        index = load(str(path), view=True)
+        if index is None:
+            raise ValueError("not a usearch index")
+        keys = np.asarray(index.keys, dtype=np.uint64)
+        fits = index.ndim == origin.matrix.shape[1] and len(index) <= origin.rows
+        if not fits or (len(keys) and int(keys.max()) >= origin.rows):
+            raise ValueError("it does not fit the snapshot's rows")
+        return index
+    except (OSError, RuntimeError, ValueError, RetrievalError) as exc:
+        _log.warning("approximate search graph %s not used: %s", path, exc)
+        return None
+
+
+def lock(origin: Origin) -> Path | None:
+    """Take the build lock of this graph file (None: a live process holds it)."""
+    path = origin.path.with_name(origin.path.name + ".lock")
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text() or "0")
+            except (OSError, ValueError):
+                holder = 0
+            if holder and alive(holder):
+                return None
+            with contextlib.suppress(OSError):
+                path.unlink()  # left by a process that is gone
+            continue
+        with os.fdopen(fd, "w") as out:
+            out.write(str(os.getpid()))
+        return path
+    return None
+
+
+def write(origin: Origin, index: Any) -> None:
+    """Write the graph file (0600, temporary name, fsync, rename) and remove the namespace's
+    graph files of other snapshot versions."""
+    path = origin.path
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        index.save(str(temporary))
+        os.chmod(temporary, 0o600)
+        fd = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+    prefix = path.name.rsplit("-", 1)[0] + "-"
+    for other in path.parent.glob(f"{prefix}*"):
+        if other.name == path.name or other.name.endswith(".lock"):
+            continue
+        if other.name.endswith(".tmp"):  # `<graph>.<pid>.tmp`: only of a process that is gone
+            pid = other.name[:-4].rsplit(".", 1)[-1]
+            if not pid.isdigit() or alive(int(pid)):
+                continue
+        with contextlib.suppress(OSError):
+            other.unlink()
