@@ -26,14 +26,17 @@ host's workers do.
   grant is scored from the store's grant cache (a contiguous copy of its rows);
 - ours, 10 %, cache off: a second host on the same store with the grant cache off (what a
   grant searched for the first time, or one that does not fit the cache, costs);
-- ours, all allowed: the same host and the token that allows everything (for reference);
+- ours, all allowed: the same host and the token that allows everything: ranked by the
+  store's approximate graph (every live row allowed, no filter), which each host worker maps
+  before serving (`graphFor`; the bench process builds it first and prints the time), its
+  recall@8 against the exact answer checked on 64 queries;
 - Chroma, filtered: `chroma run` (chromadb from PyPI, in its own venv at /opt/chroma-venv,
   created here when missing), the same vectors and texts, the same 16 grants in the same
   rotation as metadata filters (`sr $in [...]`, one field holding `source@revision`), plain
   HTTP;
 - Chroma, unfiltered: the same without the filter;
 - ours and Chroma with 16 rotating grants of each of `--more-fractions` (default 1 % and
-  50 %), like for like, for item 3 of issue 17 (printed, not gated: that item is not done);
+  50 %), like for like, for item 3 of issue 17 (each must reach 2x Chroma);
 - pgvector, 10 %, 16 grants and pgvector, all allowed (`--pgvector`, on by default): the same
   host on the PostgreSQL + pgvector store (exact search, the store's default; a private
   server started through `scripts/pg` unless `--pg-dsn` names one), filled with the same
@@ -55,8 +58,9 @@ request (`query_embeddings`). The local model's cost per query is printed for re
 Targets, each a median of per-round ratios, like for like (issue 17 item 5): ours with the 16
 rotating grants >= 20x Chroma with the same filters; ours with every source allowed >= 2x
 Chroma unfiltered (issue 8 compared one cached 10 % grant with Chroma's unfiltered search:
-printed for reference); the host's overhead over the bare search endpoint (the same one
-grant for both) <= 1.3x.
+printed for reference), with recall@8 >= 0.99 against exact; ours >= 2x Chroma at each
+`--more-fractions` size too (issue 17 item 3); the host's overhead over the bare search
+endpoint (the same one grant for both) <= 1.3x.
 Exits 1 when a target is missed.
 """
 
@@ -110,6 +114,7 @@ DISTINCT_GRANTS = 16
 TEXTS_PER_CLIENT = 2_000
 TARGET_VS_CHROMA_FILTERED = 20.0
 TARGET_VS_CHROMA_UNFILTERED = 2.0
+TARGET_VS_CHROMA_ANY_GRANT = 2.0  # issue 17 item 3: at 1, 10, 50 and 100 %
 TARGET_OVERHEAD = 1.3
 TARGET_GRAPH_RECALL = 0.99
 
@@ -790,10 +795,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             at_most=False,
         )
         for more in data.sized:
-            verdicts.note(
-                f"item 3: ours / Chroma, 16 rotating {more:.0%} grants, req/s = "
-                f"{result.ratio(f'ours, {more:.0%}, 16 grants', f'chroma, {more:.0%}'):.2f}x "
-                "(the issue asks 2x at 1, 10, 50 and 100 %)"
+            verdicts.check(
+                f"ours / Chroma, 16 rotating {more:.0%} grants, req/s (issue 17 item 3)",
+                result.ratio(f"ours, {more:.0%}, 16 grants", f"chroma, {more:.0%}"),
+                TARGET_VS_CHROMA_ANY_GRANT,
+                at_most=False,
             )
         verdicts.note(
             "for reference: ours (one 10% grant, cached) / Chroma unfiltered = "
