@@ -6,8 +6,6 @@ digests are checked at load, so a tampered or substituted file refuses to run.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import importlib.metadata
 import importlib.resources
@@ -24,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
+from retrieval_host.adapters._memory import trim_heap
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -60,22 +59,6 @@ WATCH_POLL_S: Final = 0.05
 # uses when it ends (same calls: 278 -> 349 MiB). Tagging only the end of a call keeps the
 # regions for the call's later batches; a call of a query's size never grows the arena much.
 _SHRINK_ARENA: Final = ("memory.enable_memory_arena_shrinkage", "cpu:0")
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    # glibc keeps what the arena gave back (and the tokenizer's buffers) in its own free lists
-    # and per-thread pools: after 500 hostile uploads the host held 1.49x its starting RSS, of
-    # which malloc_trim returned all growth (in-process: 408 -> 283 MiB, below the start).
-    # Absent outside glibc (musl, macOS): then nothing is trimmed.
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim: Callable[[int], int] = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
-_MALLOC_TRIM: Final = _load_malloc_trim()
 
 
 @contextmanager
@@ -261,8 +244,7 @@ class LocalEmbedding:
             {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": ids * 0},
             run_options=shrink,
         )
-        if _MALLOC_TRIM is not None:
-            _MALLOC_TRIM(0)  # ctypes releases the GIL for the call
+        trim_heap()
 
     def _embed(
         self, encodings: Sequence[Encoding], cancel: CancelToken, options: ort.RunOptions

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from retrieval_host.adapters._memory import trim_heap
 from retrieval_host.adapters.sqlite import graph_file
 from retrieval_host.adapters.sqlite.graph_file import Origin
 from retrieval_host.adapters.sqlite.scan import Index, Matrix, Scan, dot_rows
@@ -214,6 +215,7 @@ class Builder:
                     segment.adopt(graph)
 
             self._install(put)
+            trim_heap()  # the build's batches and, for a shared graph, the built copy
         except Exception:  # a graph is only an accelerator: the exact scan keeps serving
             _log.exception("building an approximate search graph failed; searches stay exact")
             with self._lock:
