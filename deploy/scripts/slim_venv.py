@@ -38,12 +38,12 @@ UNUSED = (
     "hf-xet",
     "fsspec",
     "filelock",
-    "tqdm",
     "httpx2",
     "httpcore2",
     "truststore",
 )
-# Imported by uvicorn from a string at start (its loop, HTTP protocol and lifespan).
+# Imported by name at run time: by uvicorn from a string at start (its loop, HTTP protocol and
+# lifespan), and by the store when it first needs it.
 LOADED_BY_NAME = (
     "uvicorn.loops.auto",
     "uvicorn.loops.uvloop",
@@ -52,6 +52,9 @@ LOADED_BY_NAME = (
     "uvicorn.protocols.http.httptools_impl",
     "uvicorn.protocols.http.h11_impl",
     "uvicorn.lifespan.on",
+    # The SQLite store's approximate search graphs, loaded when the first one is built (after
+    # onnxruntime, which the host modules above import: see `approximate.usearch_index`).
+    "usearch.index",
 )
 
 
