@@ -116,7 +116,7 @@ def search(plan: Plan, scan: Scan, query: Matrix, k: int) -> tuple[Index, Matrix
     graph and is scored by the caller's exact scan.
     """
     graph = plan.graph
-    rows = graph.nearest(query, candidates(k) + plan.dead)
+    rows = graph.nearest(query, candidates(k) + max(plan.dead, 0))
     rows = rows[scan.holds(rows)]
     scores: Matrix = np.empty(len(rows), dtype=np.float32)
     if len(rows):
