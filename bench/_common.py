@@ -15,7 +15,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -200,18 +200,19 @@ def exact_top(vectors: Matrix, rows: npt.NDArray[np.int64], query: Matrix, k: in
 
 
 def recall_at_k(
-    found: Sequence[Candidate],
+    found: Iterable[str],
     truth: Sequence[int],
     vectors: Matrix,
     query: Matrix,
     per_source: int,
 ) -> float:
-    """Share of the true top k that was found; a near-tie (within 1e-6) counts as found."""
+    """Share of the true top k (rows) that the found chunk ids hold; a near-tie (within 1e-6)
+    counts as found."""
     if not truth:
         return 1.0
     q = query.astype(np.float64)
     kth = float(vectors[truth[-1]].astype(np.float64) @ q)
-    found_rows = {_row_of(c.chunk_id, per_source) for c in found}
+    found_rows = {_row_of(chunk_id, per_source) for chunk_id in found}
     hits = len(found_rows & set(truth))
     # A returned row scoring within rounding of the k-th true score is as good an answer.
     near = sum(

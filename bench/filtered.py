@@ -153,7 +153,7 @@ def run_filtered(
                 )
                 recall = min(
                     recall_at_k(
-                        search(store, allowed, q),
+                        (hit.chunk_id for hit in search(store, allowed, q)),
                         exact_top(vectors, allowed_rows, q, 10),
                         vectors,
                         q,

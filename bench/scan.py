@@ -106,7 +106,7 @@ def run_scan(
             every_row = np.arange(rows, dtype=np.int64)
             recall = min(
                 recall_at_k(
-                    search(store, allowed, q),
+                    (hit.chunk_id for hit in search(store, allowed, q)),
                     exact_top(vectors, every_row, q, 10),
                     vectors,
                     q,

@@ -202,12 +202,10 @@ class Builder:
                 graph = None if index is None else Graph(matrix, size, len(rows), index)
             else:
                 graph = self._shared(origin, rows)
-                if graph is None:  # another process is building it: ask again later
-                    retry = time.monotonic() + SHARED_RETRY_S
-                    self._install(lambda: _retry(segment, retry))
-                    return
-            if graph is None:
-                return  # closed
+            if graph is None:  # closed, or another process is building it: ask again later
+                retry = time.monotonic() + SHARED_RETRY_S
+                self._install(lambda: _retry(segment, retry))
+                return
 
             def put() -> None:
                 segment.graph_requested = False
@@ -223,34 +221,35 @@ class Builder:
 
     def _shared(self, origin: Origin, rows: Index) -> Graph | None:
         """The snapshot's shared graph: mapped from its file, or built and written first (None:
-        another process holds the build lock, or the builder closed)."""
+        another process holds the build lock, or the builder closed). A read-only store that
+        finds no file builds its own and writes nothing."""
         load = usearch_index().restore
+        members = rows[rows < origin.rows]
         index = graph_file.view(origin, load)
-        if index is None:
-            held = graph_file.lock(origin) if self._writable else None
-            if held is None and self._writable:
+        if index is not None:
+            self.viewed += 1
+        elif not self._writable:
+            index = self._add(origin.matrix, members)
+        else:
+            held = graph_file.lock(origin)
+            if held is None:
                 return None
             try:
-                built = self._add(origin.matrix, rows[rows < origin.rows], count=False)
+                built = self._add(origin.matrix, members)
                 if built is None:
                     return None
-                if held is None:  # read-only: this process's own graph
-                    self.built += 1
-                    return Graph(origin.matrix, origin.rows, len(built), built)
                 graph_file.write(origin, built)
             finally:
-                if held is not None:
-                    held.unlink(missing_ok=True)
+                held.unlink(missing_ok=True)
             index = graph_file.view(origin, load)
             if index is None:
                 raise RuntimeError("the graph file just written cannot be mapped")
-            self.built += 1
-        else:
-            self.viewed += 1
+        if index is None:
+            return None
         index.expansion_search = EXPANSION_SEARCH
         return Graph(origin.matrix, origin.rows, len(index), index)
 
-    def _add(self, matrix: Matrix, rows: Index, count: bool = True) -> Any | None:
+    def _add(self, matrix: Matrix, rows: Index) -> Any | None:
         """A new graph of these rows (None: the builder closed meanwhile)."""
         index = usearch_index()(
             ndim=matrix.shape[1],
@@ -266,8 +265,7 @@ class Builder:
                     return None
             batch = rows[at : at + BUILD_BATCH_ROWS]
             index.add(batch.astype(np.uint64), matrix[batch], threads=self._threads)
-        if count:
-            self.built += 1
+        self.built += 1
         return index
 
 

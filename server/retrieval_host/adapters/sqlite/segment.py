@@ -101,8 +101,7 @@ class Segment:
     def adopt(self, graph: Graph) -> None:
         """Use a graph built from rows of the current array (under the cache lock): its
         members that died during the build count as dead."""
-        below = graph.built
-        live = sum(min(s.stop, below) - s.start for s in self.spans.values() if s.start < below)
+        live = sum(_rows_below(s, graph.built) for s in self.spans.values())
         graph.dead = graph.members - live
         self.graph = graph
 
@@ -142,9 +141,8 @@ class Segment:
             if span is not None:
                 self.live -= span.stop - span.start
                 self.lexicon.drop(span.start, span.stop)
-                graph = self.graph
-                if graph is not None and span.start < graph.built:
-                    graph.dead += min(span.stop, graph.built) - span.start
+                if self.graph is not None:
+                    self.graph.dead += _rows_below(span, self.graph.built)
         count = sum(len(item.rows) for item in latest.values())
         if self.size + count > len(self.matrix) or (
             len(self.matrix) > COMPACT_MIN_ROWS and self.live < len(self.matrix) // 4
@@ -274,6 +272,11 @@ class Segment:
         mask: npt.NDArray[np.bool_] = np.zeros(self.size, dtype=np.bool_)
         mask[held] = True
         return self.lexicon.capture(terms, mask, self.size, self.rows), found
+
+
+def _rows_below(span: Span, row: int) -> int:
+    """How many of the span's rows lie below `row`."""
+    return max(0, min(span.stop, row) - span.start)
 
 
 def _mask(hits: Sequence[Span], size: int) -> npt.NDArray[np.bool_]:
