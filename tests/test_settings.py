@@ -18,6 +18,7 @@ from retrieval_host.adapters.sqlite.snapshot import snapshot_path
 from retrieval_host.adapters.wiring import build_run_store, build_vector_store
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits
+from retrieval_host.http.app import search_threads
 from retrieval_host.settings import HostSettings, SettingsError, load_settings
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
@@ -234,3 +235,15 @@ def test_tokens_can_come_from_a_mounted_file(tmp_path: Path) -> None:
         _write(tmp_path, _minimal()), {"RETRIEVAL_HOST_TOKENS_FILE": str(tmp_path / "mounted.json")}
     )
     assert [t.subject for t in overridden.tokens] == ["ops"]
+
+
+def test_search_threads_are_a_number_or_cores(tmp_path: Path) -> None:
+    path = _write(tmp_path, _minimal())
+    assert load_settings(path, {}).limits.search_threads is None  # searches share the pool
+    assert search_threads(None) is None
+    for value, threads in (("2", 2), ("cores", len(os.sched_getaffinity(0)))):
+        settings = load_settings(path, {"RETRIEVAL_HOST_LIMITS__SEARCH_THREADS": value})
+        assert search_threads(settings.limits.search_threads) == threads
+    for bad in ("0", "all"):
+        with pytest.raises(SettingsError, match="searchThreads"):
+            load_settings(path, {"RETRIEVAL_HOST_LIMITS__SEARCH_THREADS": bad})

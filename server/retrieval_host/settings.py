@@ -128,6 +128,12 @@ class LimitSettings(_Model):
     # local model embeds 5-20 passages a second on two busy cores: the default admits
     # documents of roughly 600-2,400 passages.
     ingest_deadline_s: Annotated[float, Field(gt=0, le=86_400)] = 120.0
+    # Threads that run searches, apart from the other request work (`http/policy.py`): "cores"
+    # (the cores the host process may use) or a number. For hosts whose searches are CPU work
+    # in this process (the local model, SQLite, an in-process authorizer, no hosted reranker):
+    # more threads than cores only contend. None: searches share the request threads, as a
+    # search that waits on a network service (PostgreSQL, a hosted model) should.
+    search_threads: Annotated[int, Field(ge=1, le=10_000)] | Literal["cores"] | None = None
 
 
 class RetrievalGrants(_Model):

@@ -18,6 +18,8 @@ from tests.support.host import (
     RunningHost,
     World,
     raw_connect,
+    serve_in_thread,
+    wait_until,
 )
 
 LIMIT = int(HOST_LIMITS["maxBodyBytes"])
@@ -257,3 +259,37 @@ def test_a_body_nobody_reads_cannot_keep_the_connection_open(running_host: Runni
         elapsed = time.monotonic() - started
     assert deadline <= elapsed < deadline + 2.0, elapsed
     assert protocol.body_timeouts == before + 1
+
+
+def test_searches_queue_for_their_own_threads_and_other_work_goes_on(
+    host_world: World,
+) -> None:
+    # `limits.searchThreads: 1`: three held searches, one running, two queued for the search
+    # thread, none holding a request thread: listing corpora (request threads) is answered.
+    settings = host_world.settings(limits={"maxConcurrency": 4, "searchThreads": 1})
+    gate = host_world.gate
+    gate.release.clear()
+    blocked = {"Authorization": f"Bearer {host_world.tokens['blocked']}"}
+    alice = {"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    with serve_in_thread(settings, host_world.driver, host_world.tls) as host:
+
+        def held_search() -> int:
+            with host.client() as client:
+                return client.post("/v1/retrieval/search", json=SEARCH, headers=blocked).status_code
+
+        with ThreadPoolExecutor(3) as pool, host.client() as client:
+            entered = gate.entered
+            try:
+                holders = [pool.submit(held_search) for _ in range(3)]
+                wait_until(lambda: host.app.counters.in_flight == 3, what="three searches in")
+                wait_until(lambda: gate.entered == entered + 1, what="the first search held")
+                listed = client.get("/v1/corpora", headers=alice)
+                searchers = [t for t in threading.enumerate() if t.name.startswith("search-work")]
+                held = gate.entered - entered
+            finally:
+                gate.release.set()
+            statuses = [h.result(timeout=30) for h in holders]
+    assert listed.status_code == 200, listed.text
+    assert len(searchers) == 1
+    assert held == 1  # the other two waited for the one search thread
+    assert statuses == [200] * 3

@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -57,6 +58,16 @@ def _version() -> str:
         return importlib.metadata.version("retrieval-host")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - source checkout
         return "0"
+
+
+def search_threads(setting: int | Literal["cores"] | None) -> int | None:
+    """`limits.searchThreads` as a number of threads ("cores": those this process may use)."""
+    if setting != "cores":
+        return setting
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
 
 
 class HostApp:
@@ -150,6 +161,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         max_concurrency=settings.limits.max_concurrency,
         metrics=metrics,
         shutdown=shutdown,
+        search_threads=search_threads(settings.limits.search_threads),
     )
     routes = Routes(settings, driver, policy, openapi, metrics=metrics)
     table = routes.routes()

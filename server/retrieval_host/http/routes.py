@@ -138,6 +138,7 @@ class Routes:
             request,
             context,
             lambda: driver.search_context(wire_retrieval.search_request(body), context),
+            search=True,
         )
         if self.metrics is not None:
             self.metrics.observe_search(result, body.corpus)

@@ -148,6 +148,8 @@ def prepare_state(
     grants = [CORPUS]
     config = {
         "listen": {"host": listen, "port": port},
+        # Every part of a search runs in this process: one search thread per core.
+        "limits": {"searchThreads": "cores"},
         "tls": {"certFile": certs.cert_file.name, "keyFile": certs.key_file.name},
         "tokens": [
             token_config_entry(
