@@ -330,11 +330,11 @@ def score(
     if len(matched) > k:
         kth = np.partition(scores[matched], len(matched) - k)[len(matched) - k]
         matched = matched[scores[matched] >= kth]
-    ranked = sorted(
-        ((int(slot), float(scores[slot])) for slot in matched),
-        key=lambda item: (-item[1], capture.rows.chunk_id(item[0])),
-    )
-    return ranked[:k]
+    held: list[int] = matched.tolist()
+    values: list[float] = scores[matched].tolist()
+    ids = capture.rows.ids.get_many(held)  # ties in chunk id order (UTF-8 sorts as str)
+    order = sorted(range(len(held)), key=lambda i: (-values[i], ids[i]))
+    return [(held[i], values[i]) for i in order[:k]]
 
 
 def score_slots(

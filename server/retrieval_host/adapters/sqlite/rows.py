@@ -77,6 +77,17 @@ class Blob:
         start = int(self.ends[i - 1]) if i else 0
         return self.data[start : int(self.ends[i])].tobytes()
 
+    def get_many(self, rows: Sequence[int]) -> list[bytes]:
+        """The strings at `rows`, in that order (what `get` gives, without its per-row numpy
+        scalar reads: a search reads ~100 rows)."""
+        if not rows:
+            return []
+        index = np.asarray(rows, dtype=np.int64)
+        ends = self.ends[index].tolist()
+        starts = np.where(index > 0, self.ends[index - 1], 0).tolist()
+        data = self.data.data  # a memoryview: slices without numpy's per-call cost
+        return [data[start:end].tobytes() for start, end in zip(starts, ends, strict=True)]
+
     def extend(self, items: Sequence[bytes]) -> None:
         joined = b"".join(items)
         count = len(items)
@@ -139,6 +150,39 @@ class Rows:
         )
         source = self.sources[int(self.source_of[i])]
         return Row(self.chunk_id(i), self.text.get(i), location, source)
+
+    def many(self, rows: Sequence[int]) -> list[Row]:
+        """The rows at `rows`, in that order (each what `self[i]` gives, read column by column
+        for all of them at once)."""
+        if not rows:
+            return []
+        index = np.asarray(rows, dtype=np.int64)
+        documented = self.has_document[index].tolist()
+        documents = iter(
+            self.documents.get_many([r for r, d in zip(rows, documented, strict=True) if d])
+        )
+        sources = self.sources
+        return [
+            Row(
+                chunk_id.decode("utf-8"),
+                text,
+                Location(
+                    None if page == NONE else page,
+                    None if start == NONE else start,
+                    None if end == NONE else end,
+                    next(documents).decode("utf-8") if has_document else None,
+                ),
+                sources[source],
+            )
+            for chunk_id, text, (page, start, end), has_document, source in zip(
+                self.ids.get_many(rows),
+                self.text.get_many(rows),
+                self.locations[index].tolist(),
+                documented,
+                self.source_of[index].tolist(),
+                strict=True,
+            )
+        ]
 
     def chunk_id(self, i: int) -> str:
         return self.ids.get(i).decode("utf-8")

@@ -13,6 +13,7 @@ from retrieval_host.adapters._store_rules import CounterTally
 from retrieval_host.adapters.sqlite import approximate
 from retrieval_host.adapters.sqlite.grant_cache import GrantCache
 from retrieval_host.adapters.sqlite.lexicon import score, score_slots
+from retrieval_host.adapters.sqlite.rows import Row
 from retrieval_host.adapters.sqlite.scan import Index, Matrix, Scan, Scanner, query_unit
 from retrieval_host.adapters.sqlite.segment import CorpusState
 from retrieval_host.core.cancel import CancelToken
@@ -71,22 +72,9 @@ class SqliteSearch:
             rows, scores = self._approximate(plan, scan, unit_query, k, cancel)
         # Best first; equal scores in row order, so results are deterministic.
         top = np.lexsort((rows, -scores))[:k]
-        results: list[Candidate] = []
-        for i in top:
-            row = scan.rows[int(rows[i])]
-            results.append(
-                Candidate(
-                    chunk_id=row.chunk_id,
-                    source_id=row.source.source_id,
-                    revision=row.source.revision,
-                    text=row.text.decode("utf-8"),
-                    location=row.location,
-                    document_sha256=row.source.document_sha256,
-                    score=min(1.0, max(-1.0, float(scores[i]))),
-                    metadata=row.source.metadata,
-                )
-            )
-        return results
+        found = scan.rows.many(rows[top].tolist())
+        values = np.clip(scores[top], -1.0, 1.0).tolist()
+        return [_candidate(row, value) for row, value in zip(found, values, strict=True)]
 
     def _exact(
         self, scan: Scan, query: Matrix, k: int, cancel: CancelToken
@@ -146,23 +134,8 @@ class SqliteSearch:
             return []
         lexical = state.descriptor.lexical
         ranked = score(capture, terms, Bm25(lexical.k1, lexical.b), k, cancel)
-        results: list[Candidate] = []
-        for slot, value in ranked:
-            row = capture.rows[slot]
-            source = row.source
-            results.append(
-                Candidate(
-                    chunk_id=row.chunk_id,
-                    source_id=source.source_id,
-                    revision=source.revision,
-                    text=row.text.decode("utf-8"),
-                    location=row.location,
-                    document_sha256=source.document_sha256,
-                    score=value,
-                    metadata=source.metadata,
-                )
-            )
-        return results
+        found = capture.rows.many([slot for slot, _ in ranked])
+        return [_candidate(row, value) for row, (_, value) in zip(found, ranked, strict=True)]
 
     def dense_scores(
         self,
@@ -213,3 +186,17 @@ class SqliteSearch:
             bm25 = Bm25(lexical.k1, lexical.b)
             values = iter(score_slots(capture, held, terms, bm25, cancel).tolist())
         return [None if s is None else next(values, 0.0) for s in slots]
+
+
+def _candidate(row: Row, score: float) -> Candidate:
+    source = row.source
+    return Candidate(
+        chunk_id=row.chunk_id,
+        source_id=source.source_id,
+        revision=source.revision,
+        text=row.text.decode("utf-8"),
+        location=row.location,
+        document_sha256=source.document_sha256,
+        score=score,
+        metadata=source.metadata,
+    )
