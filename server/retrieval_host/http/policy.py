@@ -1,5 +1,5 @@
 """The one request policy every route uses: authenticate, parse, the request context, and the
-one worker executor through which all request work leaves the event loop.
+worker executors through which all request work leaves the event loop.
 
 Authentication comes first (nothing about a request is examined for an unauthenticated
 caller); bodies are validated strictly by the wire model (only the documented camelCase names
@@ -157,7 +157,7 @@ class RequestPolicy:
             ),
         )
 
-    # --- the one worker executor -----------------------------------------------------------
+    # --- the worker executors --------------------------------------------------------------
 
     async def run(
         self,
