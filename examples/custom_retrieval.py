@@ -3,6 +3,8 @@
 built-in search (prepare, assert input, authorize, execute, assert result, effects) by
 `Driver.retrieve` (local model, SQLite)."""
 
+import atexit
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +100,7 @@ class CountBySource:
 
 
 state = Path(tempfile.mkdtemp(prefix="retrieval-custom-"))
+atexit.register(shutil.rmtree, state, ignore_errors=True)  # a demo: nothing kept
 store = SqliteVectorStore.open(state / "plant.db")
 service = RetrievalService([Corpus("plant", "passages-v1", LocalEmbedding(), store, authorize)])
 driver = Driver(service)

@@ -1,5 +1,7 @@
 """Index three sources with the local model into SQLite, search them, print every hit field."""
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,6 +23,7 @@ def authorize(request: AuthorizationRequest, context: RequestContext) -> Grant |
 
 
 state = Path(tempfile.mkdtemp(prefix="retrieval-example-"))
+atexit.register(shutil.rmtree, state, ignore_errors=True)  # a demo: nothing kept
 store = SqliteVectorStore.open(state / "library.db")
 service = RetrievalService([Corpus("library", "passages-v1", LocalEmbedding(), store, authorize)])
 context = RequestContext(subject="user-123")

@@ -2,6 +2,8 @@
 context policy and a verifier around the built-in lifecycle (local model, SQLite, the offline
 extractive provider)."""
 
+import atexit
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +78,7 @@ class CitesEnough:
 
 
 state = Path(tempfile.mkdtemp(prefix="retrieval-plugins-"))
+atexit.register(shutil.rmtree, state, ignore_errors=True)  # a demo: nothing kept
 store = SqliteVectorStore.open(state / "library.db")
 runs = SqliteRunStore.open(state / "runs.db")
 service = RetrievalService([Corpus("library", "passages-v1", LocalEmbedding(), store, authorize)])
