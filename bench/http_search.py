@@ -14,7 +14,8 @@ order every round:
 
 Processes: the host runs with `listen.workers` = `--workers` (default: the usable cores), the
 bare endpoints with as many processes, each listening on the port with SO_REUSEPORT as the
-host's workers do.
+host's workers do. The SQLite hosts set `limits.searchThreads: "cores"` (their searches are
+CPU work in the process); the pgvector host does not (its searches wait on PostgreSQL).
 
 - ours, 10 %, 16 grants (the headline, issue 17): the real host (`retrieval-host serve`,
   uvicorn over TLS, every middleware, token check, validation, the application's authorizer
@@ -480,7 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for subject, token in tokens.items()
             ],
             "store": {"sqlitePath": "store.sqlite"},
-            "limits": {"maxConcurrency": 64},
+            # Every part of these searches runs in the host (`limits.searchThreads`).
+            "limits": {"maxConcurrency": 64, "searchThreads": "cores"},
             "application": "bench._http_app:create_driver",
             "applicationOptions": {
                 "queries": "queries.npy",
@@ -555,6 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **config,
                 "listen": {"host": "127.0.0.1", "port": pg_port, "workers": args.workers},
                 "store": {"postgresDsn": {"file": "pg.dsn"}},
+                "limits": {"maxConcurrency": 64},  # searches wait on PostgreSQL
             }
             (work / "host-pg.json").write_text(json.dumps(on_pg))
             hosts.append(("host-pg", pg_port))
