@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.resources
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingBatch, Vectors
 from retrieval_host.core.reasons import EmbeddingFailedReason
+from retrieval_host.cpus import usable_cores
 
 MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 MODEL_BYTES: Final = 22_928_619
@@ -83,14 +83,6 @@ def _terminate_on_cancel(
     finally:
         stop.set()
         watcher.join()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), the default number of lanes."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
 
 
 def pinned_model_path() -> Path:

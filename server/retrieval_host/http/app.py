@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping
 from functools import cache
 from typing import Any, Literal
@@ -29,6 +28,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.cpus import usable_cores
 from retrieval_host.driver import Driver
 from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
 from retrieval_host.http.console import ConsoleRoutes
@@ -62,12 +62,7 @@ def _version() -> str:
 
 def search_threads(setting: int | Literal["cores"] | None) -> int | None:
     """`limits.searchThreads` as a number of threads ("cores": those this process may use)."""
-    if setting != "cores":
-        return setting
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
+    return usable_cores() if setting == "cores" else setting
 
 
 class HostApp:

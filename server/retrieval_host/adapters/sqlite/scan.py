@@ -12,7 +12,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import Vectors
 from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
+from retrieval_host.cpus import usable_cores
 
 if TYPE_CHECKING:
     from retrieval_host.adapters.sqlite.rows import Rows
@@ -226,13 +226,6 @@ def dot_rows(block: Matrix, query: Matrix, out: Matrix) -> None:
     np.vecdot(block, query, out=out)
 
 
-def scan_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
-
-
 class ScanJob:
     """One search's scan: batches of scan positions, claimed in order by one or more threads.
 
@@ -361,7 +354,7 @@ class Scanner:
     def __init__(self, batch: int, count: Count) -> None:
         self._batch = batch
         self._count = count
-        self._helpers = scan_threads() - 1
+        self._helpers = usable_cores() - 1
         self._pool_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False

@@ -61,7 +61,7 @@ from retrieval_host.adapters.sqlite.catalog import (
     store_descriptor,
 )
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
-from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scanner, scan_threads
+from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scanner
 from retrieval_host.adapters.sqlite.schema import (
     immediate,
     one,
@@ -90,6 +90,7 @@ from retrieval_host.core.ports import (
     StoredChunk,
     StoredSource,
 )
+from retrieval_host.cpus import usable_cores
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounters"]
 
@@ -148,7 +149,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         self._scanner = Scanner(scan_batch_rows, self._counters.add)
         self._grants = GrantCache(grant_cache_bytes)
         self._approximate_min_rows = approximate_min_rows
-        self._graphs = Builder(self._under_cache_lock, max(1, scan_threads() - 1), not read_only)
+        self._graphs = Builder(self._under_cache_lock, max(1, usable_cores() - 1), not read_only)
         # Per-thread read-only connections for the freshness check of every search.
         self._readers = Readers(path)
 
