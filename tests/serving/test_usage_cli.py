@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.host import wait_until
 from tests.support.quickstart import cli, free_port, serving
 
 RUN = {
@@ -36,6 +37,18 @@ def _usage(cwd: Path, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+def _records_once(cwd: Path, count: int) -> list[dict[str, Any]]:
+    """The usage records once at least `count` are committed (polled, not slept on)."""
+    seen: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        seen[:] = _usage(cwd, "--records")
+        return len(seen) >= count
+
+    wait_until(enough, timeout=60, what=f"{count} usage records")
+    return seen
+
+
 def test_searches_ingests_and_runs_are_metered_per_subject_and_shown_to_the_operator(
     tmp_path: Path,
 ) -> None:
@@ -43,8 +56,10 @@ def test_searches_ingests_and_runs_are_metered_per_subject_and_shown_to_the_oper
     command = [*cli(), "quickstart", "--state-dir", "state", "--port", str(port)]
     state = tmp_path / "state"
     with serving(command, tmp_path, state / "ca.pem", port):
-        # The quickstart itself ingested three samples and ran one question.
-        before = _usage(tmp_path, "--records")
+        # The quickstart itself ingested three samples and ran one question. Usage records are
+        # committed in groups by a background thread, within one commit of each answer: another
+        # process (this command) sees them once that commit is done.
+        before = _records_once(tmp_path, 5)
         assert {(r["operation"], r["kind"]) for r in before} == {
             ("ingest", "embedding"),
             ("run", "generation"),

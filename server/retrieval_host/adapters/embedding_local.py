@@ -46,6 +46,11 @@ MAX_TOKENS: Final = 256
 # text in batches of 8 than alone (a run's fixed cost). A token budget gives both.
 DEFAULT_BATCH: Final = 32
 DEFAULT_RUN_TOKENS: Final = 256
+# onnxruntime's basic graph optimizations (constant folding, redundant nodes) and not its extended
+# ones (fused attention, layer norm and GELU kernels, the default): on one thread per run these
+# measured 8-15 % faster (AMD EPYC, AVX2; a query alone 1.15x, queries in batches of 8 1.15x,
+# passages of 100-256 tokens 1.09x), with the same vectors (cosine >= 0.9999999999996).
+GRAPH_OPTIMIZATION: Final = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
 # Embedding calls of more tokens than this get a cancel watcher (a thread polling every
 # `WATCH_POLL_S`) and give the arena back when they end (below); a search's query batch (up
 # to 32 short questions) pays for neither: both cost ~0.5 ms per query, 12 % of embedding one.
@@ -175,6 +180,7 @@ class LocalEmbedding:
         # One thread per run; `lanes` runs at once (see the class docstring).
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
+        options.graph_optimization_level = GRAPH_OPTIMIZATION
         self._session = ort.InferenceSession(
             model, sess_options=options, providers=["CPUExecutionProvider"]
         )

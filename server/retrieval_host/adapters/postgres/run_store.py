@@ -38,6 +38,7 @@ from retrieval_host.adapters.postgres.schema import (
     ensure_schema_component,
     schema_sql,
 )
+from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
 from retrieval_host.core.run_ports import RunRecord, RunStatus
@@ -133,6 +134,8 @@ class PgRunStore:
         """Private: use `PgRunStore.open(dsn)`, which prepares the schema."""
         self._pool = pool
         self._schema = schema
+        # Usage records are committed in groups by one thread (`adapters.usage_writer`).
+        self._usage = UsageWriter(self._write_usage, name="usage-writer-postgres")
 
     @classmethod
     def open(
@@ -232,7 +235,12 @@ class PgRunStore:
         return run_record(row) if row is not None else None
 
     def record_usage(self, records: Sequence[UsageRecord]) -> None:
-        """`core.usage.UsageSink`: append the records; never raises (logs and drops)."""
+        """`core.usage.UsageSink`: queue the records for the next group commit (within one
+        commit of now); never raises (`adapters.usage_writer`)."""
+        self._usage.add(records)
+
+    def _write_usage(self, records: Sequence[UsageRecord]) -> None:
+        """One group of records in one transaction; logs and drops them on failure."""
         try:
             with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
                 cursor.executemany(
@@ -248,7 +256,9 @@ class PgRunStore:
     def read_usage(
         self, *, since: str | None = None, subject: str | None = None, limit: int = 10_000
     ) -> list[UsageRecord]:
-        """`core.usage.UsageLog`: records at or after `since`, of `subject`, oldest first."""
+        """`core.usage.UsageLog`: records at or after `since`, of `subject`, oldest first
+        (after this process's own records queued before the call are written)."""
+        self._usage.flush()
         with self._pool.connection() as conn, translated("reading usage"):
             rows = conn.execute(
                 self._sql(
@@ -261,7 +271,9 @@ class PgRunStore:
         return [usage_record(row) for row in rows]
 
     def close(self) -> None:
-        """Close the pool; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
+        """Write the queued usage records, close the pool; later calls raise
+        `STORE_UNAVAILABLE`. Idempotent."""
+        self._usage.close()
         self._pool.close()
 
     def _sql(self, template: str) -> sql.Composed:

@@ -27,6 +27,7 @@ from retrieval_host.adapters._store_rules import (
     usage_values,
 )
 from retrieval_host.adapters.sqlite.schema import Identity, open_database
+from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
 from retrieval_host.core.usage import UsageRecord
@@ -89,6 +90,8 @@ class SqliteRunStore:
         """Private: use `SqliteRunStore.open(path)`, which checks and prepares the file."""
         self._db = connection
         self._lock = threading.Lock()
+        # Usage records are committed in groups by one thread (`adapters.usage_writer`).
+        self._usage = UsageWriter(self._write_usage, name="usage-writer-sqlite")
 
     @classmethod
     def open(
@@ -140,7 +143,12 @@ class SqliteRunStore:
         return run_record(rows[0]) if rows else None
 
     def record_usage(self, records: Sequence[UsageRecord]) -> None:
-        """`core.usage.UsageSink`: append the records; never raises (logs and drops)."""
+        """`core.usage.UsageSink`: queue the records for the next group commit (within one
+        commit of now); never raises (`adapters.usage_writer`)."""
+        self._usage.add(records)
+
+    def _write_usage(self, records: Sequence[UsageRecord]) -> None:
+        """One group of records in one transaction; logs and drops them on failure."""
         try:
             with self._lock, self._db:
                 self._db.executemany(
@@ -154,7 +162,9 @@ class SqliteRunStore:
     def read_usage(
         self, *, since: str | None = None, subject: str | None = None, limit: int = 10_000
     ) -> list[UsageRecord]:
-        """`core.usage.UsageLog`: records at or after `since`, of `subject`, oldest first."""
+        """`core.usage.UsageLog`: records at or after `since`, of `subject`, oldest first
+        (after this process's own records queued before the call are written)."""
+        self._usage.flush()
         with self._lock:
             rows = self._db.execute(
                 f"SELECT {USAGE_COLUMNS} FROM usage"  # noqa: S608 - constant columns
@@ -164,5 +174,6 @@ class SqliteRunStore:
         return [usage_record(row) for row in rows]
 
     def close(self) -> None:
+        self._usage.close()  # writes what is queued first
         with self._lock:
             self._db.close()
