@@ -204,7 +204,7 @@ LONG_PASSAGES = [("harbour crane ferry tide mooring " * 60)[: 1200 + i] for i in
 def test_a_large_call_gives_the_arena_back_when_it_ends() -> None:
     # Two batches of 8 full-length passages grow onnxruntime's arena by ~140 MiB, which it
     # kept for good before the arena was shrunk at the end of a call.
-    fresh = LocalEmbedding(threads=1, batch_size=8)
+    fresh = LocalEmbedding(threads=1, batch_size=8, batch_width=MAX_TOKENS)
     fresh.embed(["warm up"], CancelToken())
     before = _rss_mib()
     fresh.embed(LONG_PASSAGES, CancelToken())
@@ -231,7 +231,7 @@ class _RecordingSession:
 
 
 def test_a_cancelled_large_call_gives_the_arena_back_too() -> None:
-    fresh = LocalEmbedding(threads=1, batch_size=8)
+    fresh = LocalEmbedding(threads=1, batch_size=8, batch_width=MAX_TOKENS)
     recording = _RecordingSession(fresh._session)
     fresh._session = recording
     fresh.embed(["a query"], CancelToken())
@@ -424,6 +424,22 @@ def test_batches_hold_similar_lengths_within_a_token_budget() -> None:
     np.testing.assert_allclose(vectors, embed(alone, *texts), rtol=0, atol=1e-5)
 
 
+def test_texts_wider_than_the_batch_width_run_alone() -> None:
+    # Passages of ~80 tokens: several fit the 256-token budget, but each runs alone by default
+    # (faster for passages end to end); with a wider batch width they share runs.
+    passages = [("harbour crane ferry tide mooring " * 20)[: 400 + i] for i in range(4)]
+    shapes = {}
+    for width in (64, MAX_TOKENS):
+        adapter = LocalEmbedding(threads=1, run_tokens=256, batch_width=width)
+        gated = _GatedSession(adapter._session, gate=1)
+        adapter._session = gated
+        adapter.embed(passages, CancelToken())
+        shapes[width] = sorted(rows for rows, _ in gated.shapes)
+        assert all(64 < w <= 128 for _, w in gated.shapes)
+    assert shapes[64] == [1, 1, 1, 1]
+    assert sum(shapes[MAX_TOKENS]) == 4 and max(shapes[MAX_TOKENS]) > 1
+
+
 def test_a_cancel_stops_every_lane_and_frees_them() -> None:
     lanes = LocalEmbedding(threads=2)
     cancel = _CancelAfterFirstBatch()
@@ -437,7 +453,9 @@ def test_a_cancel_stops_every_lane_and_frees_them() -> None:
     assert gated.most == 2
 
 
-@pytest.mark.parametrize("kwargs", [{"threads": 0}, {"batch_size": 0}, {"run_tokens": 0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"threads": 0}, {"batch_size": 0}, {"run_tokens": 0}, {"batch_width": 0}]
+)
 def test_refuses_a_shape_without_room(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         LocalEmbedding(**kwargs)
