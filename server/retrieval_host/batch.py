@@ -46,6 +46,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.validation import check_id
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.ingest.settings import media_type_for_path, too_large
+from retrieval_host.memory import trim_heap
 
 JOURNAL_VERSION: Final = 1
 # Files in flight at once. Each file's parsing (in a parse worker process), token counting,
@@ -227,6 +228,10 @@ def ingest_paths(
                         on_item(item)
         if failure is not None:
             raise failure
+    # The batch's parsing, commits and index updates left freed memory in the C heap: give it
+    # back to the system, so the host's RSS after a batch is what it holds (a 5,323-passage
+    # ingest: ~10-16 MiB of 400).
+    trim_heap()
     items = tuple(finished[index] for index in sorted(finished))
     return BatchReport(items, cancelled=cancelled)
 

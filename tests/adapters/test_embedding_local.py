@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 from retrieval_host.adapters import embedding_local
 from retrieval_host.adapters.embedding_local import (
     DIMENSIONS,
+    LARGE_CALL_TOKENS,
     MAX_TOKENS,
     MODEL_NAME,
     MODEL_SHA256,
@@ -230,6 +231,48 @@ class _RecordingSession:
         return self.session.run(names, feeds, run_options=run_options)
 
 
+def test_small_calls_give_the_arena_back_once_they_add_up_to_a_large_one() -> None:
+    # The files of a batch ingest: each call a passage or two, none large on its own.
+    fresh = LocalEmbedding(threads=1)
+    recording = _RecordingSession(fresh._session)
+    fresh._session = recording
+    passage = LONG_PASSAGES[0]
+    [tokens] = fresh.count_tokens([passage])
+    calls = LARGE_CALL_TOKENS // min(tokens, MAX_TOKENS)
+    for _ in range(calls):
+        fresh.embed([passage], CancelToken())
+    assert recording.shrinking_runs == 0  # not yet more than a large call's tokens
+    fresh.embed([passage], CancelToken())
+    assert recording.shrinking_runs == 1
+    fresh.embed([passage], CancelToken())
+    assert recording.shrinking_runs == 1  # counted again from the shrink
+
+
+def test_small_calls_wait_for_the_adapter_to_go_idle_before_shrinking() -> None:
+    lanes = LocalEmbedding(threads=2)
+    recording = _RecordingSession(lanes._session)
+    held = threading.Event()
+    running = threading.Event()
+
+    class Holding(_RecordingSession):
+        def run(self, names: Any, feeds: Any, run_options: ort.RunOptions) -> Any:
+            if feeds["input_ids"].shape[1] == 3:  # the held call: "[CLS] held [SEP]"
+                running.set()
+                assert held.wait(30)
+            return recording.run(names, feeds, run_options)
+
+    lanes._session = Holding(lanes._session)
+    lanes._unshrunk_tokens = LARGE_CALL_TOKENS  # as if small calls had added up already
+    waiting = threading.Thread(target=lambda: lanes.embed(["held"], CancelToken()))
+    waiting.start()
+    assert running.wait(30)
+    lanes.embed(["a query"], CancelToken())
+    assert recording.shrinking_runs == 0  # another call is still in flight
+    held.set()
+    waiting.join(30)
+    assert recording.shrinking_runs == 1  # the last one out shrinks
+
+
 def test_a_cancelled_large_call_gives_the_arena_back_too() -> None:
     fresh = LocalEmbedding(threads=1, batch_size=8, batch_width=MAX_TOKENS)
     recording = _RecordingSession(fresh._session)
@@ -403,7 +446,10 @@ def test_concurrent_calls_share_the_lanes() -> None:
     calls = [LONG_PASSAGES[i : i + 4] for i in range(0, 16, 4)]
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda texts: lanes.embed(texts, CancelToken()), calls))
-    assert gated.runs == 16 and gated.most == 2  # four callers, never more than two runs
+    # Four callers, never more than two runs; the last one out shrinks the arena (a run of
+    # [CLS] [SEP]: the calls added up to more than a large call's tokens).
+    passages = [s for s in gated.shapes if s != (1, 2)]
+    assert len(passages) == 16 and len(gated.shapes) == 17 and gated.most == 2
     assert all(r.vectors.shape == (4, DIMENSIONS) for r in results)
 
 

@@ -164,6 +164,20 @@ def test_a_rerun_after_completion_skips_everything(
         assert json.loads(line)["status"] == "indexed"
 
 
+def test_a_finished_batch_gives_freed_heap_back_once_after_its_last_file(
+    tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:2]
+    events: list[str] = []
+    monkeypatch.setattr("retrieval_host.batch.trim_heap", lambda: events.append("trim"))
+    ingest_paths(
+        host.driver, CORPUS, files, context(), journal_path=tmp_path / "journal.jsonl",
+        root=root, on_item=lambda item: events.append(item.status),
+    )  # fmt: skip
+    assert events == ["indexed", "indexed", "trim"]
+
+
 def test_a_changed_file_is_ingested_again_despite_the_journal(tmp_path: Path, host: Host) -> None:
     root = tmp_path / "docs"
     files = write_corpus(root)[:2]

@@ -21,7 +21,6 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
-from retrieval_host.adapters._memory import trim_heap
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -29,6 +28,7 @@ from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingBatch, Vectors
 from retrieval_host.core.reasons import EmbeddingFailedReason
 from retrieval_host.cpus import usable_cores
+from retrieval_host.memory import trim_heap
 
 MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 MODEL_BYTES: Final = 22_928_619
@@ -194,6 +194,10 @@ class LocalEmbedding:
         self._batch_size = batch_size
         self._run_tokens = run_tokens
         self._batch_width = batch_width
+        # Calls in flight, and tokens embedded since the arena was last shrunk (`embed`).
+        self._calls = threading.Lock()
+        self._in_flight = 0
+        self._unshrunk_tokens = 0
         self._lanes = lanes
         self._lane = threading.BoundedSemaphore(lanes)
         self._helpers = (
@@ -231,12 +235,27 @@ class LocalEmbedding:
         # text a watcher aborts the running batch (onnxruntime's `RunOptions.terminate`).
         options = ort.RunOptions()
         encodings = self._encoder.encode_batch(list(texts)) if texts else []
-        large = sum(len(e.ids) for e in encodings) > LARGE_CALL_TOKENS
+        tokens = sum(len(e.ids) for e in encodings)
+        large = tokens > LARGE_CALL_TOKENS
+        with self._calls:
+            self._in_flight += 1
         try:
             with _terminate_on_cancel(cancel, options, enabled=large):
                 return self._embed(encodings, cancel, options)
         finally:
-            if large:
+            # A large call shrinks the arena when it ends; small ones when the adapter goes
+            # idle with more than a large call's tokens embedded since the last shrink (the
+            # files of a batch ingest, each a few passages: their runs grew the arena by ~55
+            # MiB that a 5,323-passage ingest kept for good).
+            with self._calls:
+                self._in_flight -= 1
+                self._unshrunk_tokens += tokens
+                shrink = large or (
+                    self._in_flight == 0 and self._unshrunk_tokens > LARGE_CALL_TOKENS
+                )
+                if shrink:
+                    self._unshrunk_tokens = 0
+            if shrink:
                 self._shrink_arena()
 
     def _shrink_arena(self) -> None:

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from retrieval_host.adapters._memory import trim_heap
 from retrieval_host.adapters.sqlite import graph_file
 from retrieval_host.adapters.sqlite.graph_file import Origin
 from retrieval_host.adapters.sqlite.scan import Index, Matrix, Scan, dot_rows
+from retrieval_host.memory import trim_heap
 
 if TYPE_CHECKING:
     from retrieval_host.adapters.sqlite.segment import Segment
