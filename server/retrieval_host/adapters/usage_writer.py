@@ -3,8 +3,8 @@
 Every search that embeds its query, every ingest and every run ends with a usage record
 (`core.usage`). Written by the operation's own thread, each was one transaction: on SQLite an
 fsync'd commit that held one of the host's few search threads until the disk answered, and took
-a share of the interpreter lock for its statement. Measured on the quickstart host (2 cores,
-16 clients of unique text queries): 467 req/s with a commit per search, 504 with none.
+a share of the interpreter lock for its statement: 0.48 ms of wall time and 0.23 ms of CPU
+per record on this project's 2-core machine, against 0.018 ms to queue one here.
 
 A `UsageWriter` takes the records and returns at once; one background thread writes whatever
 has accumulated, in one call of the store's own write (one transaction), then the records that
