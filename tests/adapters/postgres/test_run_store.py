@@ -26,6 +26,7 @@ from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.usage import UsageRecord
 from retrieval_host.wire.run_storage import STORAGE_VERSION
 from retrieval_host.wire.runs import result_to_json
+from tests.support.host import wait_until
 from tests.support.run_records import OLD_RESULT, OLD_RESULT_JSON, a_result
 
 
@@ -255,6 +256,9 @@ def test_usage_records_are_kept_in_order_filtered_and_seen_by_every_replica(
     records = [_usage("2026-01-01T00:00:02Z", "bob", 5), _usage("2026-01-01T00:00:01Z", "alice", 3)]
     first.record_usage(records)
     second.record_usage([_usage("2026-01-01T00:00:03Z", "alice", 4)])
+    # Each replica commits its records in groups on its own thread: the other replica sees
+    # them within one commit (its own reads wait for its own queue).
+    wait_until(lambda: len(second.read_usage()) == 3, timeout=30, what="the first's records")
     assert [r.input_tokens for r in second.read_usage()] == [3, 5, 4]  # by time
     assert [r.input_tokens for r in first.read_usage(subject="alice")] == [3, 4]
     assert [r.subject for r in first.read_usage(since="2026-01-01T00:00:02Z")] == ["bob", "alice"]
