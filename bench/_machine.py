@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,55 @@ BLAS_ENVIRONMENT = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
 )
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds over an interval: this process's own, every process's on the machine (all
+    its cores, from /proc/stat), and the core-seconds the machine had (wall x cores)."""
+
+    process: float
+    machine: float
+    available: float
+
+    @property
+    def others(self) -> float:
+        """Other processes: a bench's helpers (parse workers) and anything else running."""
+        return max(self.machine - self.process, 0.0)
+
+    @property
+    def busy(self) -> float:
+        """The share of the machine's core-seconds spent."""
+        return self.machine / self.available if self.available else 0.0
+
+
+def _machine_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every core since boot; None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(f) for f in stat.readline().split()[1:9]]
+    except OSError:  # pragma: no cover - not on Linux
+        return None
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class CpuMeter:
+    """Started when made; `stop()` gives the `CpuUse` since (machine figures 0 off Linux)."""
+
+    def __init__(self) -> None:
+        self._times = os.times()
+        self._jiffies = _machine_jiffies()
+
+    def stop(self) -> CpuUse:
+        times = os.times()
+        process = (times.user - self._times.user) + (times.system - self._times.system)
+        jiffies = _machine_jiffies()
+        if jiffies is None or self._jiffies is None:
+            return CpuUse(process, 0.0, 0.0)
+        tick = os.sysconf("SC_CLK_TCK")
+        busy, total = (now - then for now, then in zip(jiffies, self._jiffies, strict=True))
+        return CpuUse(process, busy / tick, total / tick)
 
 
 def usable_cores() -> int:

@@ -25,7 +25,11 @@ Markdown file (`# title`, blank line, abstract); the first `--docs` of the file,
   ingest (store open, model loaded). Targets: peak <= 600 MB; idle <= 400 MB + 1.3x the data
   (vectors at 4 bytes per dimension plus UTF-8 passage text).
 
-Rounds interleave ours and the direct runs in a shuffled order. Exits 1 when a target is missed.
+Rounds interleave ours and the direct runs in a shuffled order, and each also counts the CPU it
+took, per passage: the best direct shape's (the model alone), and ours in its own process and in
+other processes (the parse workers; /proc/stat counts every process on the machine), with the
+share of the machine's cores that were busy: whether ours falls short for idle cores or for
+work beside the model. Exits 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from bench._common import REPO, Verdicts, private_directory
-from bench._machine import describe, usable_cores
+from bench._machine import CpuMeter, CpuUse, describe, usable_cores
 from retrieval_host.adapters.embedding_local import (
     MAX_TOKENS,
     LocalEmbedding,
@@ -287,6 +291,8 @@ def sweep(texts: Sequence[str], cores: int) -> list[tuple[float, Shape]]:
 class Round:
     ours: float  # passages/s, end to end
     direct: dict[str, float]  # passages/s of each finalist shape
+    ours_cpu: CpuUse
+    direct_cpu: dict[str, CpuUse]
 
     @property
     def best(self) -> float:
@@ -295,6 +301,10 @@ class Round:
     @property
     def ratio(self) -> float:
         return self.ours / self.best
+
+    @property
+    def best_cpu(self) -> CpuUse:
+        return self.direct_cpu[max(self.direct, key=lambda shape: self.direct[shape])]
 
 
 def run(
@@ -329,7 +339,9 @@ def run(
             order.shuffle(steps)
             ours = 0.0
             direct: dict[str, float] = {}
+            cpu: dict[str, CpuUse] = {}
             for step in steps:
+                meter = CpuMeter()
                 if step == "ours":
                     scratch = work / f"round-{number}"
                     scratch.mkdir(mode=0o700)
@@ -340,7 +352,9 @@ def run(
                     started = time.perf_counter()
                     model.embed(texts, shape.batch, shape.tokens)
                     direct[step] = len(texts) / (time.perf_counter() - started)
-            results.append(Round(ours, direct))
+                cpu[step] = meter.stop()
+            ours_cpu = cpu.pop("ours")
+            results.append(Round(ours, direct, ours_cpu, cpu))
             print(
                 f"  round {number + 1}: ours {ours:6.1f} passages/s, direct "
                 + ", ".join(f"{v:6.1f}" for v in direct.values())
@@ -348,6 +362,24 @@ def run(
                 flush=True,
             )
     return results, low, len(paths), passages
+
+
+def _cpu_lines(rounds: Sequence[Round], passages: int) -> str:
+    """Where the cores went, per passage (medians of the rounds): the model alone against
+    everything ours runs, in its process and in others (the parse workers)."""
+
+    def ms(values: Iterator[float]) -> float:
+        return statistics.median(values) * 1000 / passages
+
+    direct = ms(r.best_cpu.process for r in rounds)
+    process = ms(r.ours_cpu.process for r in rounds)
+    others = ms(r.ours_cpu.others for r in rounds)
+    busy = statistics.median(r.ours_cpu.busy for r in rounds)
+    return (
+        f"  CPU per passage (median): best direct {direct:.1f} ms; ours {process:.1f} ms in its "
+        f"process + {others:.1f} ms in others (parse workers, and anything else on the machine), "
+        f"the machine's cores {busy:.0%} busy"
+    )
 
 
 def _status_mb(field: str) -> float:
@@ -410,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  ours / best direct (median of per-round ratios): {ratio:.3f}\n"
         f"  lowest cosine, stored vs direct vectors: {low:.7f}"
     )
+    print(_cpu_lines(rounds, passages))
     verdicts = Verdicts()
     verdicts.check(
         "end-to-end ingest / best direct onnxruntime", ratio, TARGET_RATIO, at_most=False

@@ -96,6 +96,22 @@ def test_ingest_runs_end_to_end_and_embeds_the_same_passages(tmp_path: Path) -> 
     assert passages >= 2
     assert result.ours > 0 and len(result.direct) == 2 and result.best > 0
     assert low >= ingest.TARGET_COSINE  # the ingest stored the direct model's vectors
+    # Where the cores went: the model alone, ours in its process and in the parse workers.
+    assert result.best_cpu.process > 0 and result.ours_cpu.process > 0
+    assert result.ours_cpu.machine >= result.ours_cpu.others >= 0
+    assert 0 < result.ours_cpu.busy <= 1.01
+    assert "CPU per passage" in ingest._cpu_lines([result], passages)
+
+
+def test_the_cpu_meter_counts_this_process_and_the_machine() -> None:
+    meter = _machine.CpuMeter()
+    started = time.process_time()
+    while time.process_time() - started < 0.2:  # 0.2 s of CPU in this process
+        sum(range(10_000))
+    use = meter.stop()
+    assert use.process >= 0.19
+    assert use.machine >= 0.1  # every process on the machine, in 10 ms ticks
+    assert use.available >= use.machine and 0 < use.busy <= 1.01
 
 
 def test_ingest_memory_run_reports_peak_and_idle(tmp_path: Path) -> None:
