@@ -7,6 +7,7 @@ Fixtures of one directory stay in that directory's conftest; a host served over 
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,19 @@ import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from tests.support.run_engine import RunWorld, open_run_world
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_under_pytest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every temporary file of the session and of the processes it starts (TMPDIR) goes under
+    pytest's base directory, which pytest rotates: a host or writer that a test kills with
+    SIGKILL cannot remove its own (multiprocessing's `pymp-*` directory, with the parse
+    workers' forkserver socket, stayed in /tmp, ~3 per run)."""
+    base = tmp_path_factory.mktemp("tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(base))
+        patch.setattr(tempfile, "tempdir", None)  # recomputed from TMPDIR on next use
+        yield base
 
 
 @pytest.fixture(scope="session")
