@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import threading
 import time
@@ -182,8 +183,11 @@ def test_sigterm_ends_streams_with_a_final_event_and_exits_zero_within_the_grace
     finally:
         runs.close()
     assert record is not None and record.status == "cancelled"
-    cancelled = 1 if outcome.status_code == 200 else 2
-    assert f"shutdown cutoff: cancelling {cancelled} unfinished requests" in log
+    # The run, and the index unless it had answered: one that was committing when the cutoff
+    # came is cancelled too late to stop and still answers 200 (found under load).
+    logged = re.findall(r"shutdown cutoff: cancelling (\d+) unfinished requests", log)
+    assert len(logged) == 1, log[-4000:]
+    assert int(logged[0]) in ({1, 2} if outcome.status_code == 200 else {2}), logged
     assert "stopped; stores closed" in log
 
 
