@@ -184,7 +184,7 @@ def test_sigterm_ends_streams_with_a_final_event_and_exits_zero_within_the_grace
         runs.close()
     assert record is not None and record.status == "cancelled"
     # The run, and the index unless it had answered: one that was committing when the cutoff
-    # came is cancelled too late to stop and still answers 200 (found under load).
+    # came is cancelled too late to stop and still answers 200 (found by a fresh-clone run).
     logged = re.findall(r"shutdown cutoff: cancelling (\d+) unfinished requests", log)
     assert len(logged) == 1, log[-4000:]
     assert int(logged[0]) in ({1, 2} if outcome.status_code == 200 else {2}), logged

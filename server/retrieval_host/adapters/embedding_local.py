@@ -241,7 +241,7 @@ class LocalEmbedding:
             self._in_flight += 1
         try:
             with _terminate_on_cancel(cancel, options, enabled=large):
-                return self._embed(encodings, cancel, options)
+                return self._embed(encodings, tokens, cancel, options)
         finally:
             # A large call shrinks the arena when it ends; small ones when the adapter goes
             # idle with more than a large call's tokens embedded since the last shrink (the
@@ -272,10 +272,13 @@ class LocalEmbedding:
         trim_heap()
 
     def _embed(
-        self, encodings: Sequence[Encoding], cancel: CancelToken, options: ort.RunOptions
+        self,
+        encodings: Sequence[Encoding],
+        tokens: int,
+        cancel: CancelToken,
+        options: ort.RunOptions,
     ) -> EmbeddingBatch:
         out = np.empty((len(encodings), DIMENSIONS), dtype=np.float32)
-        tokens = sum(len(e.ids) for e in encodings)
         # Batches of similar token counts: a batch is padded to its longest text, and a run's
         # cost grows with that width (attention with its square).
         order = sorted(range(len(encodings)), key=lambda i: len(encodings[i].ids))
