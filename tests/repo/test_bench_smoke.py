@@ -96,10 +96,13 @@ def test_ingest_runs_end_to_end_and_embeds_the_same_passages(tmp_path: Path) -> 
     assert passages >= 2
     assert result.ours > 0 and len(result.direct) == 2 and result.best > 0
     assert low >= ingest.TARGET_COSINE  # the ingest stored the direct model's vectors
-    # Where the cores went: the model alone, ours in its process and in the parse workers.
-    assert result.best_cpu.process > 0 and result.ours_cpu.process > 0
+    # Where the cores went: the model alone, ours in its process and in the parse workers
+    # (at this size a few 10 ms clock ticks: `CpuMeter`'s own test asserts the amounts).
+    fastest = max(result.direct, key=lambda shape: result.direct[shape])
+    assert result.best_cpu is result.direct_cpu[fastest]
+    assert result.direct_cpu.keys() == result.direct.keys()
     assert result.ours_cpu.machine >= result.ours_cpu.others >= 0
-    assert 0 < result.ours_cpu.busy <= 1.01
+    assert 0 <= result.ours_cpu.busy <= 1.01
     assert "CPU per passage" in ingest._cpu_lines([result], passages)
 
 
