@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 import onnxruntime as ort
@@ -56,6 +56,9 @@ DEFAULT_BATCH_WIDTH: Final = 64
 # measured 8-15 % faster (AMD EPYC, AVX2; a query alone 1.15x, queries in batches of 8 1.15x,
 # passages of 100-256 tokens 1.09x), with the same vectors (cosine >= 0.9999999999996).
 GRAPH_OPTIMIZATION: Final = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+# `count_tokens` keeps the encodings of a call of at most this many texts for the `embed` that
+# follows (`core.indexing.COUNT_SLICE`: a file of up to that many passages is tokenized once).
+REUSE_COUNTED: Final = 256
 # Embedding calls of more tokens than this get a cancel watcher (a thread polling every
 # `WATCH_POLL_S`) and give the arena back when they end (below); a search's query batch (up
 # to 32 short questions) pays for neither: both cost ~0.5 ms per query, 12 % of embedding one.
@@ -180,6 +183,9 @@ class LocalEmbedding:
         self._counter = Tokenizer.from_str(tokenizer_json)
         self._counter.no_padding()
         self._counter.no_truncation()
+        # Each thread's last counted texts, their encodings kept for the `embed` that follows
+        # (`count_tokens`).
+        self._counted = threading.local()
         lanes = usable_cores() if threads is None else threads
         if lanes < 1 or batch_size < 1 or run_tokens < 1 or batch_width < 1:
             raise ValueError("threads, batch_size, run_tokens and batch_width must be at least 1")
@@ -223,7 +229,29 @@ class LocalEmbedding:
         return MAX_TOKENS
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        return [len(e.ids) for e in self._counter.encode_batch(list(texts))]
+        # An index counts a file's passages (with their context lines) and then embeds exactly
+        # those texts, on the same thread: the encodings of a call of up to `REUSE_COUNTED`
+        # texts are kept, per thread, until that thread's next count, and `embed` takes the
+        # ones that fit the model instead of tokenizing the same texts again. Only the ids are
+        # needed, so neither call computes offsets (`encode_batch_fast`).
+        encodings = self._counter.encode_batch_fast(list(texts))
+        self._counted.texts = (
+            {t: e for t, e in zip(texts, encodings, strict=True) if len(e.ids) <= MAX_TOKENS}
+            if len(encodings) <= REUSE_COUNTED
+            else {}
+        )
+        return [len(e.ids) for e in encodings]
+
+    def _encodings(self, texts: Sequence[str]) -> list[Encoding]:
+        """The texts' encodings, truncated to the model's input: those `count_tokens` just
+        made on this thread (each taken once), the others tokenized now."""
+        counted: dict[str, Encoding] = getattr(self._counted, "texts", {})
+        found = [counted.pop(t, None) for t in texts] if counted else [None] * len(texts)
+        missing = [t for t, e in zip(texts, found, strict=True) if e is None]
+        if not missing:
+            return cast(list[Encoding], found)
+        made = iter(self._encoder.encode_batch_fast(missing))
+        return [e if e is not None else next(made) for e in found]
 
     def portable_token_counter(self) -> TokenizerRecipe:
         """`count_tokens` as a recipe a parse worker process can build (same pinned file)."""
@@ -234,7 +262,7 @@ class LocalEmbedding:
         # too long to wait for a cancel between batches, so for more than a query's worth of
         # text a watcher aborts the running batch (onnxruntime's `RunOptions.terminate`).
         options = ort.RunOptions()
-        encodings = self._encoder.encode_batch(list(texts)) if texts else []
+        encodings = self._encodings(texts) if texts else []
         tokens = sum(len(e.ids) for e in encodings)
         large = tokens > LARGE_CALL_TOKENS
         with self._calls:
