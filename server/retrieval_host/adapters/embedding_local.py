@@ -141,7 +141,7 @@ class TokenizerRecipe:
         counter.no_truncation()
 
         def count_tokens(texts: Sequence[str]) -> list[int]:
-            return [len(e.ids) for e in counter.encode_batch(list(texts))]
+            return [len(e.ids) for e in counter.encode_batch_fast(list(texts))]
 
         return count_tokens
 
