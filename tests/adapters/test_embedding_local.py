@@ -186,6 +186,81 @@ def test_usage_counts_the_tokens_actually_read(local_embedding: LocalEmbedding) 
     assert batch.usage.input_tokens == 4 + MAX_TOKENS
 
 
+# --- texts counted, then embedded: tokenized once ------------------------------------------
+
+
+class _Tokenizing:
+    """The adapter's truncating tokenizer, recording the texts it is asked to tokenize."""
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner = inner
+        self.texts: list[str] = []
+
+    def encode_batch_fast(self, texts: list[str]) -> list[Any]:
+        self.texts += texts
+        return self.inner.encode_batch_fast(texts)
+
+
+@pytest.fixture
+def tokenizing(monkeypatch: pytest.MonkeyPatch) -> tuple[LocalEmbedding, _Tokenizing]:
+    adapter = LocalEmbedding(threads=1)
+    spy = _Tokenizing(adapter._encoder)
+    monkeypatch.setattr(adapter, "_encoder", spy)
+    return adapter, spy
+
+
+def test_texts_just_counted_embed_exactly_like_texts_never_counted(
+    local_embedding: LocalEmbedding,
+) -> None:
+    # One over the model's input: counted whole, embedded cut at 256 tokens.
+    texts = [GOLDEN_TEXTS["short"], " ".join([COOKING] * 4), GOLDEN_TEXTS["non_ascii"]]
+    never = ThreadPoolExecutor(1).submit(local_embedding.embed, texts, CancelToken()).result()
+    local_embedding.count_tokens(texts)
+    counted = local_embedding.embed(texts, CancelToken())
+    np.testing.assert_array_equal(counted.vectors, never.vectors)
+    assert counted.usage == never.usage
+    assert counted.usage.input_tokens == sum(
+        min(n, MAX_TOKENS) for n in local_embedding.count_tokens(texts)
+    )
+
+
+def test_embed_tokenizes_only_what_this_thread_did_not_just_count(
+    tokenizing: tuple[LocalEmbedding, _Tokenizing],
+) -> None:
+    adapter, spy = tokenizing
+    long_text = " ".join([COOKING] * 4)
+    texts = [GOLDEN_TEXTS["short"], long_text, GOLDEN_TEXTS["paragraph"]]
+    adapter.count_tokens(texts)
+    adapter.embed([*texts, ASTRONOMY], CancelToken())
+    # The one over the model's input is tokenized again, cut; the one never counted, too.
+    assert spy.texts == [long_text, ASTRONOMY]
+    # Each counted encoding serves one embed: the same texts again are tokenized again.
+    spy.texts.clear()
+    adapter.embed(texts, CancelToken())
+    assert spy.texts == texts
+
+
+def test_another_threads_count_is_not_reused(
+    tokenizing: tuple[LocalEmbedding, _Tokenizing],
+) -> None:
+    adapter, spy = tokenizing
+    texts = [GOLDEN_TEXTS["short"], GOLDEN_TEXTS["paragraph"]]
+    ThreadPoolExecutor(1).submit(adapter.count_tokens, texts).result()
+    adapter.embed(texts, CancelToken())
+    assert spy.texts == texts
+
+
+def test_a_count_of_more_than_a_slice_keeps_no_encodings(
+    tokenizing: tuple[LocalEmbedding, _Tokenizing],
+) -> None:
+    adapter, spy = tokenizing
+    texts = [f"passage number {i}" for i in range(embedding_local.REUSE_COUNTED + 1)]
+    adapter.count_tokens(texts[:2])
+    adapter.count_tokens(texts)  # replaces the last count, and keeps nothing itself
+    adapter.embed(texts[:2], CancelToken())
+    assert spy.texts == texts[:2]
+
+
 def test_a_cancelled_token_stops_before_inference(local_embedding: LocalEmbedding) -> None:
     token = CancelToken()
     token.cancel()
