@@ -112,7 +112,9 @@ def test_the_cpu_meter_counts_this_process_and_the_machine() -> None:
     while time.process_time() - started < 0.2:  # 0.2 s of CPU in this process
         sum(range(10_000))
     use = meter.stop()
-    assert use.process >= 0.19
+    # os.times counts 10 ms clock ticks, up to one behind the clock process_time reads
+    # (a run measured 0.18999999999999773).
+    assert use.process >= 0.18
     assert use.machine >= 0.1  # every process on the machine, in 10 ms ticks
     assert use.available >= use.machine and 0 < use.busy <= 1.01
 
