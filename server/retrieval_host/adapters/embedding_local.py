@@ -235,12 +235,13 @@ class LocalEmbedding:
         # ones that fit the model instead of tokenizing the same texts again. Only the ids are
         # needed, so neither call computes offsets (`encode_batch_fast`).
         encodings = self._counter.encode_batch_fast(list(texts))
+        counts = [len(e.ids) for e in encodings]
         self._counted.texts = (
-            {t: e for t, e in zip(texts, encodings, strict=True) if len(e.ids) <= MAX_TOKENS}
+            {t: e for t, e, n in zip(texts, encodings, counts, strict=True) if n <= MAX_TOKENS}
             if len(encodings) <= REUSE_COUNTED
             else {}
         )
-        return [len(e.ids) for e in encodings]
+        return counts
 
     def _encodings(self, texts: Sequence[str]) -> list[Encoding]:
         """The texts' encodings, truncated to the model's input: those `count_tokens` just
