@@ -214,7 +214,8 @@ def test_texts_just_counted_embed_exactly_like_texts_never_counted(
 ) -> None:
     # One over the model's input: counted whole, embedded cut at 256 tokens.
     texts = [GOLDEN_TEXTS["short"], " ".join([COOKING] * 4), GOLDEN_TEXTS["non_ascii"]]
-    never = ThreadPoolExecutor(1).submit(local_embedding.embed, texts, CancelToken()).result()
+    with ThreadPoolExecutor(1) as other:  # a thread that counted nothing
+        never = other.submit(local_embedding.embed, texts, CancelToken()).result()
     local_embedding.count_tokens(texts)
     counted = local_embedding.embed(texts, CancelToken())
     np.testing.assert_array_equal(counted.vectors, never.vectors)
@@ -245,7 +246,8 @@ def test_another_threads_count_is_not_reused(
 ) -> None:
     adapter, spy = tokenizing
     texts = [GOLDEN_TEXTS["short"], GOLDEN_TEXTS["paragraph"]]
-    ThreadPoolExecutor(1).submit(adapter.count_tokens, texts).result()
+    with ThreadPoolExecutor(1) as other:
+        other.submit(adapter.count_tokens, texts).result()
     adapter.embed(texts, CancelToken())
     assert spy.texts == texts
 
