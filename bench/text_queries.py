@@ -50,7 +50,7 @@ if __package__ in (None, ""):  # run as `python bench/text_queries.py`
 from bench._common import Verdicts
 from bench._loadgen import LoadResult, Target, fetch_once, request, run_load
 from bench._machine import describe, usable_cores
-from bench.ingest import Direct
+from bench.ingest import Direct, Shape
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERIES = ROOT.parent / "shared" / "data" / "scifact" / "queries.jsonl"
@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     figures: dict[tuple[str, str], list[LoadResult]] = {}
     ceiling: list[float] = []
-    direct = Direct(usable_cores(), 1, "basic")  # the local adapter's shape and optimizations
+    # The local adapter's shape, optimizations and graph (its attention's NaN guards removed).
+    direct = Direct(Shape(usable_cores(), 1, 1, graph="basic", unguarded=True))
     with (
         tempfile.TemporaryDirectory(prefix="rh-text-queries-") as work,
         _worktree(args.baseline) as tree,
