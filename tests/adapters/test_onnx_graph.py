@@ -139,3 +139,14 @@ def test_a_where_that_replaces_something_else_stays() -> None:
         ["picked"],
     )
     assert without_nan_guards(model) == (model, 0)
+
+
+def test_a_guard_of_anything_but_a_softmax_stays() -> None:
+    model = _graph([("Relu", ["scores"], ["p"]), *GUARDED[1:]], ["out"])
+    assert without_nan_guards(model) == (model, 0)
+
+
+def test_a_graph_with_subgraphs_is_left_as_it_is() -> None:
+    # A branch's nodes (an attribute, not read here) could read the guard's output by name.
+    model = _graph([*GUARDED, ("If", ["cond"], ["branch"])], ["out", "branch"])
+    assert without_nan_guards(model) == (model, 0)

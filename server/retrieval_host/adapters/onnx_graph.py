@@ -32,6 +32,7 @@ _FIELDS: Final = {
     "Model": (("graph", 7, "Graph", False),),
 }
 _PACKAGE: Final = "retrieval_host.onnx_subset"
+_SUBGRAPH_OPERATORS: Final = frozenset({"If", "Loop", "Scan"})
 
 
 def _message_classes() -> dict[str, Any]:
@@ -61,12 +62,16 @@ def _message_classes() -> dict[str, Any]:
 
 
 def without_nan_guards(model: bytes) -> tuple[bytes, int]:
-    """The model with each `Where(IsNaN(p), c, p)` replaced by `p`, and how many were.
+    """The model with each `Where(IsNaN(p), c, p)` where `p` is a softmax replaced by `p`, and
+    how many were.
 
     A guard is removed only when its `IsNaN` feeds nothing else and its output is not one of
-    the graph's outputs; the model's bytes are returned unchanged when none matches."""
+    the graph's outputs, and none in a graph with subgraphs (whose nodes may read the guard's
+    output); the model's bytes are returned unchanged when none matches."""
     parsed = _message_classes()["Model"].FromString(model)
     nodes = parsed.graph.node
+    if any(node.op_type in _SUBGRAPH_OPERATORS for node in nodes):
+        return model, 0
     consumers: dict[str, int] = {}
     for node in nodes:
         for name in node.input:
@@ -83,6 +88,8 @@ def without_nan_guards(model: bytes) -> tuple[bytes, int]:
             test is not None
             and nodes[test].op_type == "IsNaN"
             and list(nodes[test].input) == [node.input[2]]
+            and node.input[2] in producers
+            and nodes[producers[node.input[2]]].op_type == "Softmax"
             and consumers.get(node.input[0]) == 1
         ):
             replaced[node.output[0]] = node.input[2]
