@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.host import wait_until
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "client_usage.py"
@@ -26,12 +26,6 @@ def test_the_readme_example_is_the_example_file() -> None:
     match = re.search(r"<!-- snippet: client -->\n```python\n(.*?)```", readme, re.DOTALL)
     assert match is not None
     assert match.group(1) == EXAMPLE.read_text(encoding="utf-8")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ready(ca: Path, port: int) -> bool:
@@ -49,7 +43,7 @@ def _ready(ca: Path, port: int) -> bool:
 def test_the_readme_example_runs_against_the_quickstart_host(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("retrieval-host")
     cli = [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.serving.cli"]
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [*cli, "quickstart", "--state-dir", "state", "--port", str(port)],
         cwd=tmp_path,

@@ -35,7 +35,8 @@ from playwright.sync_api import (
 
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from tests.support.host import RunningHost
-from tests.support.quickstart import cli, free_port, serving
+from tests.support.ports import free_port
+from tests.support.quickstart import cli, serving
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "console"

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 from retrieval_host_client import validate_source_citations
-from tests.support.quickstart import cli, free_port, serving
+from tests.support.ports import free_port
+from tests.support.quickstart import cli, serving
 
 
 def _mode(path: Path) -> int:

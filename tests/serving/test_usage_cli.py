@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 
 from tests.support.host import wait_until
-from tests.support.quickstart import cli, free_port, serving
+from tests.support.ports import free_port
+from tests.support.quickstart import cli, serving
 
 RUN = {
     "provider": "local",

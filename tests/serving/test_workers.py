@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from tests.support.observability import (
     parse_metrics,
     total,
 )
+from tests.support.ports import free_ports
 
 
 def _children(pid: int) -> list[int]:
@@ -155,6 +157,42 @@ def test_the_host_is_ready_only_once_every_worker_accepts_on_both_listeners(
         assert _readiness(host).json()["checks"]["workers"] is True
         code, _ = host.terminate()
         assert code == 0, host.log_text()[-4000:]
+
+
+def test_a_worker_whose_metrics_port_is_taken_stops_the_host_saying_which(
+    tmp_path: Path,
+) -> None:
+    metrics_port = free_ports(2)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", metrics_port + 1))
+        squatter.listen()
+        with host_process(
+            tmp_path / "host",
+            subjects={"writer": []},
+            metrics_port=metrics_port,
+            workers=2,
+            wait_ready=False,
+        ) as host:
+            assert host.process.wait(timeout=90) == 1
+            log = host.log_text()
+    taken = f"127.0.0.1:{metrics_port + 1} (metrics.port + 1, worker 1's): Address already in use"
+    assert f"retrieval-host: cannot serve metrics on {taken}" in log, log[-4000:]
+    assert "worker" in log and "exited with 2; stopping the others" in log
+    assert "Traceback" not in log
+
+
+def test_a_single_host_whose_metrics_port_is_taken_exits_2(tmp_path: Path) -> None:
+    metrics_port = free_ports(1)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", metrics_port))
+        squatter.listen()
+        with host_process(
+            tmp_path / "host", subjects={"writer": []}, metrics_port=metrics_port, wait_ready=False
+        ) as host:
+            assert host.process.wait(timeout=90) == 2
+            log = host.log_text()
+    assert f"cannot serve metrics on 127.0.0.1:{metrics_port} (metrics.port)" in log, log[-4000:]
+    assert "Traceback" not in log
 
 
 def test_a_worker_that_dies_stops_the_host_with_an_error(tmp_path: Path) -> None:

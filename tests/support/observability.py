@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from tests.support.host import TlsFiles, make_tls, wait_until
+from tests.support.ports import free_port, free_ports
 
 CORPUS = "library"
 NAMESPACE = "ops"
@@ -43,12 +43,6 @@ def cli() -> list[str]:
     return (
         [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.serving.cli"]
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def parse_metrics(text: str) -> Samples:
@@ -148,7 +142,7 @@ def host_process(
     subjects: Mapping[str, Sequence[str]],
     providers: Mapping[str, dict[str, Any]] | None = None,
     limits: Mapping[str, Any] | None = None,
-    metrics_port: bool = False,
+    metrics_port: bool | int = False,
     environ: Mapping[str, str] | None = None,
     store: Mapping[str, Any] | None = None,
     shared: Path | None = None,
@@ -166,7 +160,8 @@ def host_process(
     (e.g. a PostgreSQL DSN), `shared` (the directory of the application's ACL and revision
     registry) and `tokens`. `application` may name a module in `directory`, and
     `application_options` adds to its options; with `wait_ready=False` the block starts as
-    soon as the process runs, ready or not.
+    soon as the process runs, ready or not. `metrics_port`: True serves metrics on free
+    loopback ports (worker i's at `metrics.port + i`), a number configures that port.
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     tls = make_tls(directory / "tls")
@@ -192,8 +187,14 @@ def host_process(
     app_dir = shared or directory
     if not (app_dir / "acl.json").exists():
         (app_dir / "acl.json").write_text(json.dumps(acl))
-    port = free_port()
-    loopback = free_port() if metrics_port else None
+    loopback: int | None
+    if metrics_port is True:
+        # One block: the HTTPS port, then worker i's metrics port at metrics.port + i.
+        port = free_ports(1 + workers)
+        loopback = port + 1
+    else:
+        port = free_port()
+        loopback = metrics_port or None
     config: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": port, "workers": workers},
         "tls": {"certFile": str(tls.cert_file), "keyFile": str(tls.key_file)},

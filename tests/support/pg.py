@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -29,6 +28,8 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+
+from tests.support.ports import free_port
 
 ENV_DSN = "RETRIEVAL_HOST_TEST_PG_DSN"
 REPO = Path(__file__).resolve().parents[2]
@@ -68,12 +69,6 @@ class PgServer:
 def connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
     """An autocommit connection for test assertions (fails fast: 5 s connect timeout)."""
     return psycopg.connect(dsn, autocommit=True, connect_timeout=5)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(dsn: str, timeout_s: float = 30.0) -> None:

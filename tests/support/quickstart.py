@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -23,12 +22,6 @@ def cli() -> list[str]:
     return (
         [str(script)] if script.exists() else [sys.executable, "-m", "retrieval_host.serving.cli"]
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def ready(ca: Path, port: int) -> bool:

@@ -30,7 +30,7 @@ from retrieval_host.http.app import HostApp, create_app
 from retrieval_host.http.logs import log_config
 from retrieval_host.serving.server_protocol import HeaderDeadlineProtocol
 from retrieval_host.serving.tls import server_context
-from retrieval_host.settings import HostSettings
+from retrieval_host.settings import HostSettings, SettingsError
 
 if TYPE_CHECKING:
     from retrieval_host.serving.workers import WorkerSeat
@@ -149,12 +149,19 @@ def loopback_metrics(
 ) -> Iterator[int | None]:
     """Serve the app's metrics without a token on 127.0.0.1:`metrics.port` + `offset` (the
     worker's index; plain HTTP, never another interface) while the block runs; yields the
-    port (None when not configured)."""
+    port (None when not configured). A port that cannot be bound (in use) is a
+    `SettingsError`: the host exits 2 and says which port, before it serves anything."""
     if settings.metrics.port is None or not isinstance(app, HostApp):
         yield None
         return
     port = settings.metrics.port + offset
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=app.metrics.registry)
+    try:
+        server, thread = start_http_server(port, addr="127.0.0.1", registry=app.metrics.registry)
+    except OSError as exc:
+        which = f"metrics.port + {offset}, worker {offset}'s" if offset else "metrics.port"
+        raise SettingsError(
+            f"cannot serve metrics on 127.0.0.1:{port} ({which}): {exc.strerror or exc}"
+        ) from exc
     logger.info("metrics on http://127.0.0.1:%d/metrics", port)
     try:
         yield port
