@@ -27,6 +27,11 @@ class Target:
     requests: Sequence[bytes]
     tls: ssl.SSLContext | None = None
     host: str = "127.0.0.1"
+    # False: client n sends requests n, n+1, n+2, ... (at any moment the clients hold
+    # consecutive requests, e.g. 16 different grants), so each request is sent by up to
+    # `clients` clients in turn. True: client n sends n, n + clients, n + 2 x clients, ...: no
+    # request is sent twice until the list wraps (unique queries must not hit a cache).
+    disjoint: bool = False
 
 
 @dataclass
@@ -109,6 +114,7 @@ async def fetch(target: Target, message: bytes) -> tuple[int, bytes]:
 async def _client(
     target: Target,
     offset: int,
+    clients: int,
     start: asyncio.Event,
     ready: list[int],
     warm_until: list[float],
@@ -125,6 +131,7 @@ async def _client(
     await start.wait()
     requests = target.requests
     count = len(requests)
+    step = clients if target.disjoint else 1
     i = offset
     try:
         while True:
@@ -132,7 +139,7 @@ async def _client(
             if sent >= stop_at[0]:
                 return
             writer.write(requests[i % count])
-            i += 1
+            i += step
             status, body = await read_response(reader)
             done = time.perf_counter()
             if sent < warm_until[0]:
@@ -157,7 +164,7 @@ async def _run(target: Target, clients: int, seconds: float, warmup: float) -> L
     warm_until = [0.0]
     stop_at = [0.0]
     tasks = [
-        asyncio.create_task(_client(target, n, start, ready, warm_until, stop_at, result))
+        asyncio.create_task(_client(target, n, clients, start, ready, warm_until, stop_at, result))
         for n in range(clients)
     ]
     while len(ready) < clients:

@@ -10,13 +10,15 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import uvicorn
 from bench import _machine, filtered, http_search, hybrid, ingest, memory, scan
-from bench._bare_app import render, static_app
+from bench._bare_app import Message, Receive, Scope, Send, render, static_app
 from bench._common import CORPUS, NAMESPACE, Clusters, descriptor, fill, source_id
 from bench._http_app import create_driver
 from bench._loadgen import Target, fetch_once, request, run_load
@@ -185,14 +187,13 @@ def test_the_bench_host_answers_only_inside_the_grant_and_the_bare_json_matches(
             corpus.store.close()
 
 
-def test_the_load_generator_counts_answers_from_a_real_server() -> None:
-    config = uvicorn.Config(
-        static_app(b'{"hits":[]}'), lifespan="off", log_level="warning", access_log=False
-    )
+@contextmanager
+def _serving(app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> Iterator[int]:
+    """`app` served by real uvicorn on a loopback port (yielded) while the block runs."""
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -200,6 +201,15 @@ def test_the_load_generator_counts_answers_from_a_real_server() -> None:
         while not server.started:
             assert time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.01)
+        yield int(sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def test_the_load_generator_counts_answers_from_a_real_server() -> None:
+    with _serving(static_app(b'{"hits":[]}')) as port:
         message = request("POST", "/", b"{}", {"Content-Type": "application/json"})
         target = Target("static", port, [message])
         assert fetch_once(target, message) == (200, b'{"hits":[]}')
@@ -207,10 +217,36 @@ def test_the_load_generator_counts_answers_from_a_real_server() -> None:
         assert result.ok > 0
         assert result.errors == 0
         assert result.rps > 0
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+
+
+@pytest.mark.parametrize("disjoint", [True, False])
+def test_disjoint_clients_never_send_one_request_twice(disjoint: bool) -> None:
+    """`bench/text_queries.py`'s unique queries: with overlapping clients (the default, for
+    rotating grants) client n's first request is client n-1's second, and a host with a
+    query cache answered most "unique" queries from it."""
+    received: list[bytes] = []
+
+    async def recording(scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        received.append(body)
+        await static_app(b"{}")(scope, _empty, send)
+
+    with _serving(recording) as port:
+        messages = [request("POST", "/", f"{n}".encode(), {}) for n in range(100_000)]
+        target = Target("recording", port, messages, disjoint=disjoint)
+        result = run_load(target, clients=4, seconds=0.5, warmup=0.05)
+    assert result.ok > 8
+    repeated = len(received) - len(set(received))
+    assert (repeated == 0) if disjoint else (repeated > 0), (disjoint, len(received), repeated)
+
+
+async def _empty() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 def test_the_http_bench_builds_chroma_requests_with_the_grant_as_a_filter() -> None:
