@@ -594,9 +594,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             serial = itertools.count()
 
             def texts(number: int) -> Target:
-                # Unique texts for each round, spaced so that no two clients send the same
-                # one: none is served from the query-vector cache (what `text_queries.py`
-                # measures too); the grants rotate as in the headline.
+                # Unique texts for each round, each sent by one client only (`disjoint`):
+                # none is served from the query-vector cache (what `text_queries.py` measures
+                # too). Client c sends texts c, c + clients, ...: its k-th carries grant
+                # c + k (mod 16), so the grants rotate as in the headline.
                 count = args.clients * TEXTS_PER_CLIENT
                 return Target(
                     f"ours text, round {number + 1}",
@@ -606,11 +607,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "POST",
                             "/v1/retrieval/search",
                             text_body(f"{claims[n % len(claims)]} (variant {next(serial)})"),
-                            headers(f"grant-{n % DISTINCT_GRANTS}"),
+                            headers(f"grant-{(n + n // args.clients) % DISTINCT_GRANTS}"),
                         )
                         for n in range(count)
                     ],
                     tls.client,
+                    disjoint=True,
                 )
 
             targets["ours, text, 16 grants"] = texts

@@ -9,7 +9,11 @@ many arrive at once. `QueryEmbedder` sits between the service and an `EmbeddingA
   call and hands each its row; the others wait for their row, or for their turn to lead when
   a batch ends. One query alone pays the wait and nothing else; the default wait is none
   (queries gather anyway while two batches run; measured on the quickstart host together
-  with cheaper small calls, one client 92 -> 122 req/s and 16 clients 417 -> 520).
+  with cheaper small calls, one client 92 -> 122 req/s and 16 clients 417 -> 520, the latter
+  on a load whose clients repeated each other's queries, mostly answered from the cache).
+  With unique queries on two cores the model's time per query hardly falls with the batch
+  (batches of ~5 padded to their longest query, the cores shared with the requests' Python):
+  see `bench/README.md`, session 19.
   Several batches run at once (by default 2, one per core of a CPU model with one thread
   per call): one leader at a time left the other cores idle, and measured slower than no
   batching at all.
