@@ -15,6 +15,7 @@ infos) as it was, so nothing else in the file changes.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -35,6 +36,7 @@ _PACKAGE: Final = "retrieval_host.onnx_subset"
 _SUBGRAPH_OPERATORS: Final = frozenset({"If", "Loop", "Scan"})
 
 
+@functools.cache  # one descriptor pool per process: built once, read-only after
 def _message_classes() -> dict[str, Any]:
     file = descriptor_pb2.FileDescriptorProto(
         name="retrieval_host/onnx_subset.proto", package=_PACKAGE, syntax="proto2"
