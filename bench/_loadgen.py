@@ -114,7 +114,7 @@ async def fetch(target: Target, message: bytes) -> tuple[int, bytes]:
 async def _client(
     target: Target,
     offset: int,
-    clients: int,
+    step: int,
     start: asyncio.Event,
     ready: list[int],
     warm_until: list[float],
@@ -131,7 +131,6 @@ async def _client(
     await start.wait()
     requests = target.requests
     count = len(requests)
-    step = clients if target.disjoint else 1
     i = offset
     try:
         while True:
@@ -163,8 +162,9 @@ async def _run(target: Target, clients: int, seconds: float, warmup: float) -> L
     ready: list[int] = []
     warm_until = [0.0]
     stop_at = [0.0]
+    step = clients if target.disjoint else 1
     tasks = [
-        asyncio.create_task(_client(target, n, clients, start, ready, warm_until, stop_at, result))
+        asyncio.create_task(_client(target, n, step, start, ready, warm_until, stop_at, result))
         for n in range(clients)
     ]
     while len(ready) < clients:
