@@ -458,6 +458,8 @@ class Problem(_Response):
 
 class ProtocolLimits(_Response):
     max_body_bytes: int
+    # The body of a JSON route (None: a host from before the limit, `maxBodyBytes` alone).
+    max_json_body_bytes: int | None = None
     max_concurrency: int
     header_timeout_s: float
     body_timeout_s: float

@@ -113,6 +113,11 @@ class LimitSettings(_Model):
     """Limits shared by every route. Timeouts are in seconds."""
 
     max_body_bytes: Annotated[int, Field(ge=1)] = 32 * 1024 * 1024
+    # The body of a JSON route (search, index, delete, runs; not a raw document to ingest),
+    # also bounded by `maxBodyBytes`. Parsing JSON costs memory per value, not per byte (up to
+    # ~50x the body for a body of empty objects): 8 MiB holds an index request of 10,000
+    # passages of ~800 characters, and bounds what one request can make the host hold.
+    max_json_body_bytes: Annotated[int, Field(ge=1)] = 8 * 1024 * 1024
     max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 16
     # Deadline from the connection (or the first byte of a keep-alive request) to the end of
     # the request headers. uvicorn has none of its own.

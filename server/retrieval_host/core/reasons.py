@@ -75,6 +75,9 @@ class InvalidRequestReason(StrEnum):
     DUPLICATE_PARAMETER = "duplicate-parameter"  # a query parameter appears twice (400)
     INVALID_UTF8 = "invalid-utf8"  # query parameters are not UTF-8 once decoded (400)
     DUPLICATE_AUTHORIZATION = "duplicate-authorization"  # two Authorization headers (400)
+    BAD_HTTP = "bad-http"  # the request is not valid HTTP/1.1 (400, from the server protocol)
+    JSON_DEPTH = "json-depth"  # a JSON body nests deeper than the parser follows (400)
+    HEADERS_TOO_LARGE = "headers-too-large"  # the request line and headers passed 64 KiB (431)
     HOST_NOT_ALLOWED = "host-not-allowed"  # the Host header is not one this host answers to
     ROUTE = "route"  # no such route (404) or method on it (405)
     INVALID_TEXT = "invalid-text"  # a text to embed is not valid Unicode (a lone surrogate)

@@ -2,7 +2,9 @@
 
 Pure ASGI, so it sees the body as the server delivers it, before any framework buffers it:
 
-- A `Content-Length` over the limit is refused before a byte of the body is read. Otherwise
+- A `Content-Length` over the limit (`maxBodyBytes`; `maxJsonBodyBytes` when smaller, for every
+  route but the raw document upload, whose JSON bodies are parsed) is refused before a byte of
+  the body is read. Otherwise
   (chunked bodies included) bytes are counted as they are handed to the application, in
   pieces of at most 64 KiB, and the request fails with `PAYLOAD_TOO_LARGE` as soon as the
   count passes the limit, so at most limit + 64 KiB are accepted. The response closes the
@@ -35,6 +37,8 @@ from retrieval_host.settings import LimitSettings
 # after at most `maxBodyBytes` + 64 KiB accepted, however much the server read in one go.
 BODY_PIECE_BYTES: Final = 64 * 1024
 EXEMPT_PATHS: Final = frozenset({"/healthz", "/readyz", "/v1/protocol", "/v1/openapi.json"})
+# Routes whose body is a raw document, bounded by `maxBodyBytes` alone.
+RAW_BODY_PATHS: Final = frozenset({"/v1/retrieval/ingest"})
 
 
 class RequestTimeout(RetrievalError):
@@ -93,6 +97,8 @@ class LimitsMiddleware:
             return
         request_id = request_id_of(scope)
         limit = self.limits.max_body_bytes
+        if scope["path"] not in RAW_BODY_PATHS:
+            limit = min(limit, self.limits.max_json_body_bytes)
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             self._record_too_large(0)

@@ -28,7 +28,9 @@ _STATUS_TEXT: Final = {
     "depth, a repeated query parameter, query parameters that are not UTF-8, two Authorization "
     "headers, a listing's `limit` outside 1..1000 or a cursor it did not return "
     "(`INVALID_REQUEST`; reason `duplicate-key`, `duplicate-parameter`, `invalid-utf8`, "
-    "`duplicate-authorization`, `page-limit`, `invalid-cursor`).",
+    "`duplicate-authorization`, `page-limit`, `invalid-cursor`), a JSON body nested too deeply "
+    "(`json-depth`), a Host header this host does not answer to (`host-not-allowed`), or a "
+    "request that is not valid HTTP/1.1 (`bad-http`).",
     401: "No valid bearer token, or a token in the query string (`UNAUTHENTICATED`).",
     403: "The token has no grant for this corpus, the corpus does not exist, or the Origin is "
     "not allowed (`PERMISSION_DENIED`).",
@@ -41,7 +43,9 @@ _STATUS_TEXT: Final = {
     "`CHUNK_ID_CONFLICT`, `DESCRIPTOR_MISMATCH`), or a write to a read-only store "
     "(`STORE_READ_ONLY`).",
     413: "The body or a corpus capacity is too large (`PAYLOAD_TOO_LARGE`, `CAPACITY_EXCEEDED`).",
-    415: "Unsupported Content-Type (`UNSUPPORTED_MEDIA_TYPE`).",
+    415: "Unsupported Content-Type or Content-Encoding (`UNSUPPORTED_MEDIA_TYPE`).",
+    431: "The request line and headers are larger than 64 KiB (`INVALID_REQUEST`, reason "
+    "`headers-too-large`).",
     422: (
         "The request or document is invalid (`INVALID_REQUEST`, `INVALID_DOCUMENT`), the "
         "document costs more work than allowed (`DOCUMENT_TOO_COMPLEX`), or a run's answer "
@@ -53,6 +57,9 @@ _STATUS_TEXT: Final = {
     "`STORE_UNAVAILABLE`).",
 }
 _PUBLIC_PROBLEMS: Final = (403, 408, 413, 500)
+# What any request may get before it reaches a route: the server protocol's answers (malformed
+# HTTP, headers too large or too slow), the Host check, the body limit.
+_ANY_REQUEST: Final = (400, 408, 413, 431)
 _RETRIEVAL_PROBLEMS: Final = (400, 401, 403, 404, 408, 409, 413, 415, 422, 500, 502, 503)
 
 
@@ -378,7 +385,7 @@ def build_openapi(
                 "content": {op.text_response or "application/json": {"schema": success_schema}},
             }
         }
-        for status in op.problems:
+        for status in sorted({*op.problems, *_ANY_REQUEST}):
             responses[str(status)] = problem(status, op.problem_texts.get(status))
         if op.path == "/readyz":
             responses["503"] = {

@@ -37,6 +37,7 @@ from starlette.types import Receive
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.http.auth import Principal, TokenAuthenticator
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.request_id import note_subject, request_id_of
@@ -128,7 +129,14 @@ class RequestPolicy:
             body = model.model_validate_json(raw, strict=True, by_alias=True, by_name=False)
         except ValidationError as exc:
             check_unique_keys(raw)  # a repeated key is the first thing wrong with a body
-            if any(e["type"] == "json_invalid" for e in exc.errors()):
+            invalid = [e for e in exc.errors() if e["type"] == "json_invalid"]
+            if any("recursion limit" in str(e.get("ctx", {}).get("error")) for e in invalid):
+                raise InvalidRequest(
+                    "The JSON document nests too deeply.",
+                    status=400,
+                    reason=InvalidRequestReason.JSON_DEPTH,
+                ) from None
+            if invalid:
                 raise InvalidRequest("The body is not valid JSON.", status=400) from None
             raise InvalidRequest(validation_detail(exc, "body")) from None
         if not key_names(model).rule_out_duplicates(raw):

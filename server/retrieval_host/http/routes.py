@@ -100,6 +100,7 @@ class Routes:
             capabilities=capabilities,
             limits=wire.ProtocolLimits(
                 max_body_bytes=limits.max_body_bytes,
+                max_json_body_bytes=min(limits.max_json_body_bytes, limits.max_body_bytes),
                 max_concurrency=limits.max_concurrency,
                 header_timeout_s=limits.header_timeout_s,
                 body_timeout_s=limits.body_timeout_s,

@@ -22,6 +22,7 @@ from urllib.parse import unquote_to_bytes
 from pydantic import BaseModel
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason
 
 __all__ = [
     "InvalidRequest",
@@ -158,6 +159,14 @@ def check_unique_keys(raw: bytes) -> None:
         raise InvalidRequest(
             "Each key of a JSON object may appear once.", status=400, reason="duplicate-key"
         ) from None
+    except RecursionError:
+        # Deeper than the interpreter's stack allows (~1,000 levels); the model's parser
+        # refuses past ~200 first, so this answers the same as it does.
+        raise InvalidRequest(
+            "The JSON document nests too deeply.",
+            status=400,
+            reason=InvalidRequestReason.JSON_DEPTH,
+        ) from None
     except ValueError:
         return  # not JSON (or not UTF-8): the model's own parser says so, with its status
 
@@ -166,8 +175,8 @@ class _DuplicateKey(Exception):
     pass
 
 
-def _unique_object(pairs: Sequence[tuple[str, object]]) -> dict[str, object]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
+def _unique_object(pairs: Sequence[tuple[str, object]]) -> None:
+    # Nothing is kept: only the check matters, and a dict per object would cost ~100 bytes
+    # for each (a body of empty objects would make several times its size in dicts).
+    if len({key for key, _ in pairs}) != len(pairs):
         raise _DuplicateKey
-    return result

@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with deadlines for the request headers and body.
+"""uvicorn's httptools protocol with deadlines for the request headers and body, a bound on
+the header bytes, and problem bodies for requests it cannot parse.
 
 uvicorn has no header timeout: a client that sends one header byte a second holds its
 connection (and a file descriptor) as long as it likes. This subclass arms a timer when the
@@ -11,24 +12,45 @@ The body deadline is enforced where the request runs (`limits.py`, which answers
 class only adds a backstop for bodies nobody reads (a route that answered without reading
 them): a message still incomplete shortly after the body deadline closes the connection.
 The TLS handshake itself is bounded by the event loop's handshake timeout (60 s).
+
+Neither uvicorn nor httptools bounds the size of a request's header section (only the request
+target is, at 64 KiB): httptools buffers a header value until its line ends, so one client
+could make the host hold megabytes of header per connection before any ASGI code runs. Here
+the bytes fed to the parser while a request's headers are incomplete are counted, and past
+`MAX_HEADER_BYTES` the client gets a 431 problem and the connection is closed (at most one
+transport read, up to 256 KiB, is taken beyond the bound). A request the parser refuses
+(malformed framing, a request target over its bound) gets a 400 problem body with a request
+id, as every other error does, instead of uvicorn's plain-text line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.http.limits import RequestTimeout
 from retrieval_host.http.request_id import new_request_id
+from retrieval_host.http.strict import InvalidRequest
 from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
 
 logger = logging.getLogger("retrieval_host.http")
 BODY_BACKSTOP_GRACE_S = 0.5
+# The request line and headers of one request, in bytes (nginx answers 400 past 32 KiB with its
+# defaults, h11 past 16 KiB): room for a long ingest query string (metadata) and many headers.
+MAX_HEADER_BYTES: Final = 64 * 1024
+
+_STATUS_LINES: Final = {
+    400: b"HTTP/1.1 400 Bad Request\r\n",
+    408: b"HTTP/1.1 408 Request Timeout\r\n",
+    431: b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
+}
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -39,6 +61,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     # Connections cut off, for tests and metrics.
     header_timeouts: ClassVar[int] = 0
     body_timeouts: ClassVar[int] = 0
+    headers_too_large: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -50,6 +73,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        # Bytes fed to the parser since the current request's headers began (None: complete).
+        self._head_bytes: int | None = 0
 
     @classmethod
     def with_timeouts(cls, header_s: float, body_s: float) -> type[HeaderDeadlineProtocol]:
@@ -62,6 +87,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
                 "body_timeout_s": body_s,
                 "header_timeouts": 0,
                 "body_timeouts": 0,
+                "headers_too_large": 0,
             },
         )
 
@@ -69,7 +95,38 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._arm_header_deadline()
 
+    def data_received(self, data: bytes) -> None:
+        counting = self._head_bytes is not None
+        super().data_received(data)
+        # Counted after feeding: the headers may have completed within this piece. Bytes that
+        # arrived after a request's headers were counted for the next (pipelined) request.
+        if counting and self._head_bytes is not None and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEADER_BYTES:
+                type(self).headers_too_large += 1
+                self._disarm_header_deadline()
+                self._send_problem(
+                    InvalidRequest(
+                        f"The request line and headers are larger than {MAX_HEADER_BYTES} bytes.",
+                        status=431,
+                        reason=InvalidRequestReason.HEADERS_TOO_LARGE,
+                    ),
+                    "request headers too large",
+                )
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to a request the parser refuses (its `msg` names no input).
+        self._send_problem(
+            InvalidRequest(
+                "The request is not valid HTTP/1.1.",
+                status=400,
+                reason=InvalidRequestReason.BAD_HTTP,
+            ),
+            "invalid HTTP request",
+        )
+
     def on_message_begin(self) -> None:
+        self._head_bytes = 0
         super().on_message_begin()
         # The first request's deadline runs from the connection; later keep-alive requests'
         # from their first byte (idle time before it is uvicorn's keep-alive timeout).
@@ -77,6 +134,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self._arm_header_deadline()
 
     def on_headers_complete(self) -> None:
+        self._head_bytes = None
         self._disarm_header_deadline()
         super().on_headers_complete()
         self._disarm_body_deadline()
@@ -120,15 +178,18 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         type(self).header_timeouts += 1
-        error = RequestTimeout()
+        self._send_problem(RequestTimeout(), "request headers not received in time")
+
+    def _send_problem(self, error: RetrievalError, message: str) -> None:
+        """Answer `error` as a problem (with a new request id) and close the connection."""
         request_id = new_request_id()
-        logger.info("request headers not received in time", extra={"request_id": request_id})
+        logger.info(message, extra={"request_id": request_id})
+        status = error.status
         body = encode_problem(
-            problem_body(error.code, error.detail, request_id, status=408, reason=error.reason)
+            problem_body(error.code, error.detail, request_id, status=status, reason=error.reason)
         )
         head = (
-            b"HTTP/1.1 408 Request Timeout\r\n"
-            b"content-type: " + PROBLEM_MEDIA_TYPE.encode("ascii") + b"\r\n"
+            _STATUS_LINES[status] + b"content-type: " + PROBLEM_MEDIA_TYPE.encode("ascii") + b"\r\n"
             b"content-length: " + str(len(body)).encode("ascii") + b"\r\n"
             b"x-request-id: " + request_id.encode("ascii") + b"\r\n"
             b"connection: close\r\n\r\n"
