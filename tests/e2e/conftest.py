@@ -12,6 +12,7 @@ from tests.support.host import RunningHost, World, build_world, serve_in_thread
 # Small limits so the tests reach them quickly (the defaults are for production).
 HOST_LIMITS = {
     "maxBodyBytes": 256 * 1024,
+    "maxJsonBodyBytes": 128 * 1024,
     "maxConcurrency": 2,
     "headerTimeoutS": 1.0,
     "bodyTimeoutS": 2.0,

@@ -1,0 +1,149 @@
+"""What the server protocol and the JSON parsing refuse, over real HTTPS: oversized header
+sections, requests that are not HTTP, JSON nested too deeply, JSON bodies over their limit."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+
+from retrieval_host.serving.server_protocol import MAX_HEADER_BYTES, HeaderDeadlineProtocol
+from tests.e2e.conftest import HOST_LIMITS
+from tests.support.host import CORPUS, RawResponse, RunningHost, World, raw_connect
+
+JSON_LIMIT = int(HOST_LIMITS["maxJsonBodyBytes"])
+
+
+def _request(host: RunningHost, data: bytes) -> tuple[RawResponse, bool]:
+    with raw_connect(host) as conn:
+        conn.sendall(data)
+        response = conn.read_response()
+        return response, conn.closed_by_server()
+
+
+def _assert_problem(response: RawResponse, status: int, reason: str | None) -> None:
+    assert response.status == status, response.body
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["status"] == status
+    assert body["code"] == "INVALID_REQUEST"
+    assert body["reason"] == reason
+    assert body["requestId"] == response.headers["x-request-id"]
+
+
+def test_a_header_section_over_the_bound_gets_431_and_the_connection_closes(
+    running_host: RunningHost,
+) -> None:
+    protocol = running_host.server.config.http_protocol_class
+    assert issubclass(protocol, HeaderDeadlineProtocol)
+    before = protocol.headers_too_large
+    with raw_connect(running_host) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        # One header value, in pieces, until the host answers (it would otherwise buffer the
+        # whole value). Past the bound the client waits for the answer before sending more,
+        # so the host has read everything sent and closes cleanly (no reset losing the reply).
+        sent = 0
+        while not conn.answered(timeout=5.0 if sent > MAX_HEADER_BYTES else 0.0):
+            assert sent < 4 * MAX_HEADER_BYTES, "the host read far past the bound"
+            conn.send_quietly(b"a" * 8192)
+            sent += 8192
+        response = conn.read_response()
+        closed = conn.closed_by_server()
+    _assert_problem(response, 431, "headers-too-large")
+    assert closed
+    assert protocol.headers_too_large == before + 1
+
+
+def test_many_headers_within_the_bound_are_served(running_host: RunningHost) -> None:
+    lines = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"b" * 900) for i in range(60))  # ~55 KiB
+    assert len(lines) < MAX_HEADER_BYTES - 1024
+    response, _ = _request(
+        running_host,
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines + b"Connection: close\r\n\r\n",
+    )
+    assert response.status == 200
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /v1/retrieval/search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"NOT-HTTP\r\n\r\n",
+    ],
+    ids=["length-and-chunked", "two-lengths", "garbage"],
+)
+def test_a_request_that_is_not_http_gets_a_problem_body_with_a_request_id(
+    running_host: RunningHost, request_bytes: bytes
+) -> None:
+    response, closed = _request(running_host, request_bytes)
+    _assert_problem(response, 400, "bad-http")
+    assert closed
+
+
+@pytest.mark.parametrize("depth", [300, 1_000, 20_000])
+def test_json_nested_too_deeply_is_400_not_a_failure_of_the_host(
+    running_host: RunningHost, host_world: World, depth: int
+) -> None:
+    body = f'{{"corpus":"{CORPUS}","query":"x","filters":{"[" * depth}{"]" * depth}}}'
+    assert len(body) < JSON_LIMIT
+    with running_host.client(
+        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    ) as client:
+        response = client.post(
+            "/v1/retrieval/search", content=body, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["reason"] == "json-depth"
+        # The host goes on serving.
+        assert client.post("/v1/retrieval/search", json={"corpus": CORPUS, "query": "x"}).is_success
+
+
+def test_a_metadata_parameter_nested_too_deeply_is_400(
+    running_host: RunningHost, host_world: World
+) -> None:
+    metadata = urllib.parse.quote("[" * 3_000 + "]" * 3_000)
+    with running_host.client(
+        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    ) as client:
+        response = client.post(
+            f"/v1/retrieval/ingest?corpus={CORPUS}&sourceId=deep&metadata={metadata}",
+            content=b"# Deep\n\ntext\n",
+            headers={"Content-Type": "text/markdown"},
+        )
+    assert response.status_code == 400, response.text
+    assert response.json()["reason"] == "json-depth"
+
+
+def test_json_routes_take_bodies_up_to_max_json_body_bytes_and_ingest_up_to_max_body_bytes(
+    running_host: RunningHost, host_world: World
+) -> None:
+    assert int(HOST_LIMITS["maxBodyBytes"]) > JSON_LIMIT
+    head = f'{{"corpus":"{CORPUS}","query":"x"'
+    within = head + " " * (JSON_LIMIT - len(head) - 1) + "}"  # exactly the limit
+    assert len(within) == JSON_LIMIT
+    over = head + " " * (JSON_LIMIT - len(head)) + "}"  # one byte more
+    with running_host.client(
+        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    ) as client:
+        protocol = client.get("/v1/protocol").json()
+        assert protocol["limits"]["maxJsonBodyBytes"] == JSON_LIMIT
+        headers = {"Content-Type": "application/json"}
+        assert client.post("/v1/retrieval/search", content=within, headers=headers).is_success
+        refused = client.post("/v1/retrieval/search", content=over, headers=headers)
+        assert refused.status_code == 413
+        assert refused.json()["code"] == "PAYLOAD_TOO_LARGE"
+        assert str(JSON_LIMIT) in refused.json()["detail"]
+        # A raw document over the JSON limit (and within maxBodyBytes) is ingested.
+        document = b"# Large\n\n" + b"A line of the large note.\n" * (JSON_LIMIT // 25 + 100)
+        assert JSON_LIMIT < len(document) < int(HOST_LIMITS["maxBodyBytes"])
+        ingested = client.post(
+            f"/v1/retrieval/ingest?corpus={CORPUS}&sourceId=large-note",
+            content=document,
+            headers={"Content-Type": "text/markdown"},
+        )
+        assert ingested.is_success, ingested.text
+        assert json.loads(ingested.text)["status"] in {"indexed", "unchanged"}
