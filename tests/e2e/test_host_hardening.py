@@ -147,3 +147,64 @@ def test_json_routes_take_bodies_up_to_max_json_body_bytes_and_ingest_up_to_max_
         )
         assert ingested.is_success, ingested.text
         assert json.loads(ingested.text)["status"] in {"indexed", "unchanged"}
+
+
+@pytest.mark.parametrize("path", ["/v1/protocol", "/healthz", "/v1/openapi.json"])
+def test_a_token_in_the_query_string_is_refused_on_public_routes_too(
+    running_host: RunningHost, host_world: World, path: str
+) -> None:
+    token = host_world.tokens["alice"]
+    with running_host.client() as client:
+        assert client.get(path).status_code == 200
+        for query in (f"access_token={token}", f"q=Bearer%20{token}", "token=anything"):
+            response = client.get(f"{path}?{query}")
+            assert response.status_code == 401, (path, query)
+            assert response.json()["reason"] == "token-in-query"
+            assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_a_content_coding_is_refused_and_two_content_types_are_ambiguous(
+    running_host: RunningHost, host_world: World
+) -> None:
+    body = json.dumps({"corpus": CORPUS, "query": "How do I rotate a token?", "limit": 1})
+    auth = {"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    with running_host.client(headers=auth) as client:
+        for coding in ("gzip", "br", "identity, gzip"):
+            refused = client.post(
+                "/v1/retrieval/search",
+                content=body,
+                headers={"Content-Type": "application/json", "Content-Encoding": coding},
+            )
+            assert refused.status_code == 415, coding
+            assert refused.json()["code"] == "UNSUPPORTED_MEDIA_TYPE"
+        plain = client.post(
+            "/v1/retrieval/search",
+            content=body,
+            headers={"Content-Type": "application/json", "Content-Encoding": "identity"},
+        )
+        assert plain.status_code == 200
+        doubled = client.post(
+            "/v1/retrieval/search",
+            content=body,
+            headers=[("Content-Type", "application/json"), ("Content-Type", "text/plain")],
+        )
+        assert doubled.status_code == 400
+        assert doubled.json()["reason"] == "duplicate-header"
+
+
+def test_every_answer_says_no_store_and_nosniff(
+    running_host: RunningHost, host_world: World
+) -> None:
+    auth = {"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    with running_host.client(headers=auth) as client:
+        answers = [
+            client.post("/v1/retrieval/search", json={"corpus": CORPUS, "query": "token"}),
+            client.get("/v1/protocol"),
+            client.get("/v1/corpora"),
+            client.post("/v1/retrieval/search", json={"corpus": CORPUS}),  # a 422 problem
+            client.get("/no-such-route"),
+        ]
+    for response in answers:
+        assert response.headers["cache-control"] == "no-store", response.url
+        assert response.headers["x-content-type-options"] == "nosniff", response.url
+    assert [r.status_code for r in answers] == [200, 200, 200, 422, 404]

@@ -75,6 +75,7 @@ class InvalidRequestReason(StrEnum):
     DUPLICATE_PARAMETER = "duplicate-parameter"  # a query parameter appears twice (400)
     INVALID_UTF8 = "invalid-utf8"  # query parameters are not UTF-8 once decoded (400)
     DUPLICATE_AUTHORIZATION = "duplicate-authorization"  # two Authorization headers (400)
+    DUPLICATE_HEADER = "duplicate-header"  # two Content-Type headers (400)
     BAD_HTTP = "bad-http"  # the request is not valid HTTP/1.1 (400, from the server protocol)
     JSON_DEPTH = "json-depth"  # a JSON body nests deeper than the parser follows (400)
     HEADERS_TOO_LARGE = "headers-too-large"  # the request line and headers passed 64 KiB (431)

@@ -6,9 +6,11 @@ The stack, outermost first, all pure ASGI:
 2. `RequestObserver` — request metrics and the access log line, by route template;
 3. `AllowedHostsMiddleware` — the optional Host allow-list (`allowedHosts`);
 4. `OriginMiddleware` — the Origin allow-list (and CORS headers for listed origins);
-5. `MetricsEndpoint` — `GET /metrics` (metrics grant), before the concurrency limit;
-6. `LimitsMiddleware` — body size and deadline, host-wide concurrency;
-7. Starlette routing (never a redirect: see `create_app`), with one exception handler family
+5. `HygieneMiddleware` — no token in any query string, no content coding, one Content-Type;
+   `no-store` and `nosniff` on every response;
+6. `MetricsEndpoint` — `GET /metrics` (metrics grant), before the concurrency limit;
+7. `LimitsMiddleware` — body size and deadline, host-wide concurrency;
+8. Starlette routing (never a redirect: see `create_app`), with one exception handler family
    rendering `application/problem+json`.
 """
 
@@ -33,6 +35,7 @@ from retrieval_host.driver import Driver
 from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
 from retrieval_host.http.console import ConsoleRoutes
 from retrieval_host.http.hosts import AllowedHostsMiddleware
+from retrieval_host.http.hygiene import HygieneMiddleware
 from retrieval_host.http.limits import LimitCounters, LimitsMiddleware
 from retrieval_host.http.metrics import HostMetrics, MetricsEndpoint, RequestObserver
 from retrieval_host.http.openapi import build_openapi
@@ -151,8 +154,9 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
 
     metrics = HostMetrics()
     shutdown = Shutdown(settings.limits.shutdown_grace_s)
+    authenticator = TokenAuthenticator(settings.tokens)
     policy = RequestPolicy(
-        TokenAuthenticator(settings.tokens),
+        authenticator,
         max_concurrency=settings.limits.max_concurrency,
         metrics=metrics,
         shutdown=shutdown,
@@ -196,7 +200,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
     starlette.router.redirect_slashes = False
     limits = LimitsMiddleware(starlette, settings.limits)
     origins = OriginMiddleware(
-        MetricsEndpoint(limits, metrics, settings.tokens),
+        HygieneMiddleware(MetricsEndpoint(limits, metrics, settings.tokens), authenticator),
         settings.allowed_origins,
         same_origin=settings.console.enabled,
     )

@@ -88,7 +88,7 @@ class TokenAuthenticator:
 
     def authenticate(self, authorization: str | None, query_string: bytes) -> Principal:
         """The principal of a request, or `UNAUTHENTICATED`."""
-        if query_string and self._token_in_query(query_string):
+        if query_string and self.token_in_query(query_string):
             raise RetrievalError(
                 ErrorCode.UNAUTHENTICATED,
                 "Tokens in the query string are refused; send Authorization: Bearer.",
@@ -105,7 +105,9 @@ class TokenAuthenticator:
             raise RetrievalError(ErrorCode.UNAUTHENTICATED, "The bearer token is not valid.")
         return principal
 
-    def _token_in_query(self, query_string: bytes) -> bool:
+    def token_in_query(self, query_string: bytes) -> bool:
+        """Whether the query string carries a credential: a credential parameter name, or a
+        configured token anywhere in a name or value."""
         for is_name, text in _query_texts(query_string):
             stripped = text.strip()
             if is_name and stripped.lower() in QUERY_CREDENTIAL_NAMES:

@@ -29,7 +29,8 @@ _STATUS_TEXT: Final = {
     "headers, a listing's `limit` outside 1..1000 or a cursor it did not return "
     "(`INVALID_REQUEST`; reason `duplicate-key`, `duplicate-parameter`, `invalid-utf8`, "
     "`duplicate-authorization`, `page-limit`, `invalid-cursor`), a JSON body nested too deeply "
-    "(`json-depth`), a Host header this host does not answer to (`host-not-allowed`), or a "
+    "(`json-depth`), two Content-Type headers (`duplicate-header`), a Host header this host "
+    "does not answer to (`host-not-allowed`), or a "
     "request that is not valid HTTP/1.1 (`bad-http`).",
     401: "No valid bearer token, or a token in the query string (`UNAUTHENTICATED`).",
     403: "The token has no grant for this corpus, the corpus does not exist, or the Origin is "
@@ -58,8 +59,9 @@ _STATUS_TEXT: Final = {
 }
 _PUBLIC_PROBLEMS: Final = (403, 408, 413, 500)
 # What any request may get before it reaches a route: the server protocol's answers (malformed
-# HTTP, headers too large or too slow), the Host check, the body limit.
-_ANY_REQUEST: Final = (400, 408, 413, 431)
+# HTTP, headers too large or too slow), the Host check, the request rules (a token in the query
+# string, a content coding, two Content-Types: `hygiene`), the body limit.
+_ANY_REQUEST: Final = (400, 401, 408, 413, 415, 431)
 _RETRIEVAL_PROBLEMS: Final = (400, 401, 403, 404, 408, 409, 413, 415, 422, 500, 502, 503)
 
 
