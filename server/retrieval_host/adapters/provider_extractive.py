@@ -68,8 +68,10 @@ class ExtractiveProvider:
         self, request: GenerationRequest, cancel: CancelToken
     ) -> Iterator[GenerationEvent]:
         cancel.check()
-        if not request.evidence and any(t.name == "search_context" for t in request.tools):
-            # Tool mode, first step: ask for the one search the question implies.
+        searchable = any(t.name == "search_context" for t in request.tools)
+        if not request.evidence and searchable and request.step == 1:
+            # Tool mode, first step: ask for the one search the question implies (once: the
+            # same question again would find the same nothing).
             arguments = json.dumps({"query": request.question})
             yield ToolCallRequested(ToolCall(f"call_{request.step}", "search_context", arguments))
             return

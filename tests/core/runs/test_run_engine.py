@@ -216,6 +216,78 @@ def test_tool_mode_honours_the_quota_and_deduplicates_queries(run_world: RunWorl
     validate_source_citations(result.text, [s.id for s in result.sources], require_citation=True)
 
 
+@pytest.mark.parametrize("provider", ["extractive", "always-searching"])
+def test_a_tool_run_that_finds_nothing_fails_with_no_evidence_not_the_step_budget(
+    run_world: RunWorld, provider: str
+) -> None:
+    class AlwaysSearching:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            # A model that keeps asking for a search, whatever the answers.
+            yield ToolCallRequested(
+                ToolCall(f"c{request.step}", "search_context", json.dumps({"query": "none"}))
+            )
+
+    engine = (
+        run_world.engine
+        if provider == "extractive"
+        else run_world.with_provider("local", AlwaysSearching())
+    )
+    request = RunRequest(
+        provider="local",
+        model="extractive",
+        input="How long does the battery last?",
+        retrieval=RunRetrieval(corpus="library", mode="tool", filters={"kind": "no-such-kind"}),
+        max_generation_steps=4,
+    )
+    with pytest.raises(RetrievalError) as caught:
+        engine.run(request, ALICE)
+    assert caught.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+
+
+def test_a_model_still_asking_at_the_budget_with_evidence_in_hand_is_the_step_budget(
+    run_world: RunWorld,
+) -> None:
+    class AlwaysSearching:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            yield ToolCallRequested(
+                ToolCall(f"c{request.step}", "search_context", json.dumps({"query": "battery"}))
+            )
+
+    engine = run_world.with_provider("local", AlwaysSearching())
+    request = RunRequest(
+        provider="local",
+        model="m",
+        input="q",
+        retrieval=RunRetrieval(corpus="library", mode="tool"),
+        max_generation_steps=2,
+    )
+    with pytest.raises(RetrievalError) as caught:
+        engine.run(request, ALICE)
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    assert caught.value.reason == "step-budget-exhausted"
+
+
+def test_tool_mode_needs_at_least_one_query(run_world: RunWorld) -> None:
+    request = RunRequest(
+        provider="local",
+        model="extractive",
+        input="How long does the battery last?",
+        retrieval=RunRetrieval(corpus="library", mode="tool", max_queries=0),
+    )
+    with pytest.raises(RetrievalError) as caught:
+        run_world.engine.run(request, ALICE)
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    assert "maxQueries" in caught.value.detail
+
+
 class AsksThreeTimes:
     kind = "test"
 

@@ -266,7 +266,9 @@ class RunEngine:
                 break
             rounds.append(answer_tool_calls(run, spec, output))
             if step == request.max_generation_steps:
-                raise step_budget_exhausted()
+                if run.evidence:
+                    raise step_budget_exhausted()
+                break  # still searching and nothing found: no evidence (below), not the budget
 
         if fixed is None and mode == "tool" and not run.evidence:
             fixed = _without_evidence(run, taken, fallbacks, _no_evidence_tool())

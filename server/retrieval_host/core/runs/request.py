@@ -90,6 +90,11 @@ def check_run_request(request: RunRequest) -> None:
     r = request.retrieval
     if r is not None and not 0 <= r.max_queries <= 16:
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxQueries must be in 0..16.")
+    if r is not None and r.mode == "tool" and r.max_queries == 0:
+        # The model's only way to evidence is a search: none allowed can only end without any.
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, "maxQueries must be at least 1 in tool mode."
+        )
     if r is not None and not 0 <= r.max_rerank_calls <= MAX_RERANK_CALLS:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, f"maxRerankCalls must be in 0..{MAX_RERANK_CALLS}."
