@@ -13,9 +13,40 @@ from retrieval_host.http.shutdown import Shutdown
 
 
 def wants_stream(request: Request) -> bool:
-    """Whether the request's `Accept` names `text/event-stream`."""
-    accept = request.headers.get("accept", "")
-    return any(part.split(";")[0].strip() == "text/event-stream" for part in accept.split(","))
+    """Whether the request's `Accept` prefers `text/event-stream` to the JSON answer.
+
+    Media types compare case-insensitively and each range's `q` counts (RFC 9110 12.5.1):
+    the stream is sent when `text/event-stream` is named with a `q` above 0 and no range that
+    JSON matches (`application/json`, `application/*`, `*/*`) has a higher one. So
+    `text/event-stream;q=0` means JSON, and `*/*` alone means JSON (the stream must be asked
+    for by name).
+    """
+    stream = json = 0.0
+    for media, q in _ranges(request.headers.get("accept", "")):
+        if media == "text/event-stream":
+            stream = max(stream, q)
+        elif media in ("application/json", "application/*", "*/*"):
+            json = max(json, q)
+    return stream > 0 and stream >= json
+
+
+def _ranges(accept: str) -> list[tuple[str, float]]:
+    """Each media range of an `Accept` value, lower-cased, with its weight (1 when absent or
+    unreadable: a malformed weight is not a refusal)."""
+    ranges = []
+    for part in accept.split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = min(max(float(value.strip()), 0.0), 1.0)
+                except ValueError:
+                    q = 1.0
+        if media:
+            ranges.append((media.lower(), q))
+    return ranges
 
 
 def event_stream(
