@@ -275,6 +275,14 @@ class RerankFailedReason(StrEnum):
     NON_FINITE_SCORE = "non-finite-score"  # a relevance score that is NaN or infinite
 
 
+class ContextReplayUnavailableReason(StrEnum):
+    """Reasons of `CONTEXT_REPLAY_UNAVAILABLE` (409): why a reused idempotency key has no
+    result to replay."""
+
+    IN_PROGRESS = "in-progress"  # the key's run has not finished (ask again once it has)
+    NOT_COMPLETED = "not-completed"  # the key's run failed or was cancelled (use a new key)
+
+
 REASONS: Final[Mapping[ErrorCode, type[StrEnum]]] = {
     ErrorCode.UNAUTHENTICATED: UnauthenticatedReason,
     ErrorCode.PERMISSION_DENIED: PermissionDeniedReason,
@@ -287,6 +295,7 @@ REASONS: Final[Mapping[ErrorCode, type[StrEnum]]] = {
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: UnsupportedMediaTypeReason,
     ErrorCode.PAYLOAD_TOO_LARGE: PayloadTooLargeReason,
     ErrorCode.CAPACITY_EXCEEDED: CapacityExceededReason,
+    ErrorCode.CONTEXT_REPLAY_UNAVAILABLE: ContextReplayUnavailableReason,
     ErrorCode.CANCELLED: CancelledReason,
     ErrorCode.TIMEOUT: TimeoutReason,
     ErrorCode.HOST_BUSY: HostBusyReason,

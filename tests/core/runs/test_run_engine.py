@@ -421,6 +421,14 @@ def test_an_interrupted_run_refuses_replay(run_world: RunWorld) -> None:
     with pytest.raises(RetrievalError) as info:
         run_world.engine.run(request, ALICE)
     assert info.value.code is ErrorCode.CONTEXT_REPLAY_UNAVAILABLE
+    # Not finished: the caller is told to wait for it, not to run it again under a new key.
+    assert info.value.reason == "in-progress"
+    assert "run_x" in info.value.detail
+    run_world.runs.finish("run_x", "failed", ErrorCode.PROVIDER_FAILED.value)
+    with pytest.raises(RetrievalError) as failed:
+        run_world.engine.run(request, ALICE)
+    assert failed.value.code is ErrorCode.CONTEXT_REPLAY_UNAVAILABLE
+    assert failed.value.reason == "not-completed"
 
 
 def test_get_run_is_for_the_same_subject_only(run_world: RunWorld) -> None:

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.reasons import InvalidRequestReason
+from retrieval_host.core.reasons import ContextReplayUnavailableReason, InvalidRequestReason
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs.evidence import reauthorize_manifest
 from retrieval_host.core.runs.state import EventSink
@@ -30,11 +30,21 @@ def replay(
             "this idempotencyKey was used for a different run request.",
             reason=InvalidRequestReason.IDEMPOTENCY_KEY_REUSED,
         )
+    if existing.status == "running":
+        # Running still (or its host stopped before it ended): running it again would do
+        # the work twice, which is what the key exists to prevent.
+        raise RetrievalError(
+            ErrorCode.CONTEXT_REPLAY_UNAVAILABLE,
+            f"the run with this idempotencyKey ({existing.run_id}) has not finished; ask "
+            "again once GET /v1/runs/{id} shows it completed to receive its result.",
+            reason=ContextReplayUnavailableReason.IN_PROGRESS,
+        )
     if existing.status != "completed" or existing.result is None:
         raise RetrievalError(
             ErrorCode.CONTEXT_REPLAY_UNAVAILABLE,
             "the run with this idempotencyKey did not complete, so it has no complete "
             "evidence snapshot to replay; reconcile it and use a new key.",
+            reason=ContextReplayUnavailableReason.NOT_COMPLETED,
         )
     reauthorize_manifest(retrieval, existing.result, context)
     emit(RunStarted(existing.run_id, existing.created_at))
