@@ -153,6 +153,29 @@ def test_a_missing_message_id_becomes_a_content_digest(count_tokens: TokenCounte
     assert again.chunks[0].location.document_id == document_id
 
 
+def test_messages_of_one_thread_never_cite_alike(count_tokens: TokenCounter) -> None:
+    resent = docs.message("The quay reopens Monday.\n", message_id="<dup@example.org>")
+    thread = docs.mbox(
+        docs.message("First, with the id.\n", message_id="<dup@example.org>"),
+        resent,
+        docs.message("No id at all.\n", message_id=None),
+        docs.message("No id at all.\n", message_id=None),  # byte-identical to the one before
+    )
+    prepared: PreparedDocument = prepare(thread, count_tokens, "application/mbox")
+    ids = [c.location.document_id for c in prepared.chunks]
+    assert ids[:2] == ["<dup@example.org>", "<dup@example.org>#2"]
+    assert ids[2] is not None and ids[2].startswith("<sha256:")
+    assert ids[3] == f"{ids[2]}#2"
+    listed = [m["messageId"] for m in prepared.source.metadata["messages"]]
+    assert listed == ids  # the console finds each passage's own message
+
+
+def test_comments_around_a_message_id_are_not_part_of_it(count_tokens: TokenCounter) -> None:
+    raw = docs.message("Hi.\n", message_id="(sent by a relay) <cfws@example.org> (trailing)")
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert prepared.chunks[0].location.document_id == "<cfws@example.org>"
+
+
 def test_an_eml_may_start_with_an_mbox_envelope_line(count_tokens: TokenCounter) -> None:
     raw = b"From someone@example.org Mon Jan  1 10:00:00 2024\n" + docs.message("Hi.\n")
     prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")

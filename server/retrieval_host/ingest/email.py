@@ -1,8 +1,10 @@
 """E-mail: one `.eml` message or an mbox thread as a single versioned source.
 
 Each message is parsed with the standard library (`email.policy.default`); its body text is
-one segment whose passages carry the Message-ID as `location.documentId` (a missing or unusable
-Message-ID becomes `<sha256:HEX>` of the message's bytes, so it is deterministic). Line numbers
+one segment whose passages carry the Message-ID as `location.documentId` (the `<...>` id, without
+the comments RFC 5322 allows around it; a missing or unusable Message-ID becomes `<sha256:HEX>`
+of the message's bytes, so it is deterministic; the n-th message of a document with an id
+already used gets `ID#n`, so no two messages cite alike). Line numbers
 count the lines of that message's extracted body text: its readable text parts, joined by a
 blank line. Per part, text/plain is preferred; in `multipart/alternative` the HTML version is
 used only when there is no plain one, turned into text with BeautifulSoup (scripts, styles and
@@ -74,6 +76,7 @@ _SKIP_TAGS: Final = frozenset("head script style template noscript iframe object
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_MSG_ID = re.compile(r"<[^<>\s]+>")
 
 
 def extract_email(
@@ -89,11 +92,12 @@ def extract_email(
     segments: list[Segment] = []
     bodies: list[str] = []
     infos: list[dict[str, JSONValue]] = []
+    taken: dict[str, int] = {}
     for raw in raws:
         if cancel is not None:
             cancel.check()
         message = _parse(raw, limits)
-        message_id = _message_id(message, raw)
+        message_id = _unique(_message_id(message, raw), taken)
         texts: list[str] = []
         attachments: list[dict[str, JSONValue]] = []
         _collect(message, texts, attachments, html_budget, top=True)
@@ -415,9 +419,22 @@ def _message_id(message: Message, raw: bytes) -> str:
     value = _header(message, "Message-ID")
     if value is not None:
         value = clip(value, 998)
+        # RFC 5322 allows comments and folding around the id: `(sent by x) <id@host>`.
+        bracketed = _MSG_ID.findall(value)
+        if len(bracketed) == 1:
+            return str(bracketed[0])
         if value and " " not in value:
             return value
     return "<sha256:" + hashlib.sha256(raw).hexdigest() + ">"
+
+
+def _unique(message_id: str, taken: dict[str, int]) -> str:
+    """The id, or for its n-th use in the document (n >= 2) `id#n`: two messages of one thread
+    with one Message-ID (a resent message, a broken mailer, two identical messages without an
+    id) must not cite alike."""
+    uses = taken.get(message_id, 0) + 1
+    taken[message_id] = uses
+    return message_id if uses == 1 else f"{message_id}#{uses}"
 
 
 def _header(message: Message, name: str) -> str | None:
