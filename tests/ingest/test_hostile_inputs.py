@@ -27,7 +27,7 @@ PDF, EML, MBOX, MD = "application/pdf", "message/rfc822", "application/mbox", "t
 TOO_LARGE, INVALID = "PAYLOAD_TOO_LARGE", "INVALID_DOCUMENT"
 
 CASES: list[tuple[str, Callable[[], bytes], str, str, str | None]] = [
-    ("flate-bomb", docs.flate_bomb_pdf, PDF, TOO_LARGE, "pdf-resource-limit"),
+    ("flate-bomb", docs.flate_bomb_pdf, PDF, "DOCUMENT_TOO_COMPLEX", "pdf-content-stream"),
     ("circular-xref", docs.circular_xref_pdf, PDF, INVALID, "pdf-malformed"),
     ("cyclic-page-tree", docs.cyclic_page_tree_pdf, PDF, INVALID, "pdf-malformed"),
     ("10000-pages", lambda: docs.many_pages_pdf(10_000), PDF, TOO_LARGE, "pages"),

@@ -191,19 +191,33 @@ def _check_content_streams(
             cancel.check()
         page_bytes = 0
         page_ops = 0
-        for data in _page_streams(page):
+        streams = _page_streams(page)
+        while True:
+            try:
+                data = next(streams, None)
+            except LimitReachedError as exc:
+                # One stream decodes past `MAX_STREAM_OUTPUT` (pypdf stops it): a page whose
+                # content is too large, like several streams adding up past the limit.
+                raise _content_too_large(limits) from exc
+            if data is None:
+                break
             page_bytes += len(data)
             if page_bytes > limits.max_content_stream_bytes:
-                raise too_complex(
-                    DocumentTooComplexReason.PDF_CONTENT_STREAM,
-                    f"a page's content is larger than {limits.max_content_stream_bytes} bytes.",
-                )
+                raise _content_too_large(limits)
             page_ops += _count_operators(data, limits.max_page_operators - page_ops + 1)
             if page_ops > limits.max_page_operators:
                 raise _too_many_operators(f"a page has more than {limits.max_page_operators}")
         document += page_ops
         if document > limits.max_document_operators:
             raise _too_many_operators(f"the PDF has more than {limits.max_document_operators}")
+
+
+def _content_too_large(limits: IngestLimits) -> RetrievalError:
+    return too_complex(
+        DocumentTooComplexReason.PDF_CONTENT_STREAM,
+        f"a page's content is larger than "
+        f"{min(limits.max_content_stream_bytes, MAX_STREAM_OUTPUT)} bytes.",
+    )
 
 
 def _too_many_operators(what: str) -> RetrievalError:
