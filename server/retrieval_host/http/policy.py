@@ -28,7 +28,7 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message as EmailMessage
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -48,17 +48,36 @@ from retrieval_host.http.strict import (
     check_unique_keys,
     key_names,
 )
+from retrieval_host_client import models as wire
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
+# What each pattern of the wire models means, said in words: pydantic's message quotes the
+# regular expression, which tells a caller little.
+_PATTERN_WORDS: Final = {
+    wire.IDENTIFIER_PATTERN: "must be an identifier: 1-256 characters, no control character, "
+    "no leading or trailing whitespace, and not `*` alone",
+    wire.TEXT_PATTERN: "must not contain the NUL character",
+    wire.NOT_BLANK: "must contain a character that is not whitespace, and no NUL",
+    r"^[0-9a-f]{64}$": "must be 64 lowercase hexadecimal digits (a SHA-256)",
+    "^[0-9a-f]+$": "must be lowercase hexadecimal digits",
+    r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$": "must start with a letter or digit and hold only letters, "
+    "digits and . _ : / -",
+}
+
+
 def validation_detail(exc: ValidationError, where: str) -> str:
     """Locations and messages only: echoing input values could reflect secrets or passages."""
     parts = []
-    for error in exc.errors(include_input=False, include_url=False, include_context=False)[:5]:
+    for error in exc.errors(include_input=False, include_url=False)[:5]:
         loc = ".".join(str(p) for p in error["loc"])
-        parts.append(f"{where}{'.' + loc if loc else ''}: {error['msg']}")
+        message = error["msg"]
+        if error["type"] == "string_pattern_mismatch":
+            pattern = str(error.get("ctx", {}).get("pattern", ""))
+            message = _PATTERN_WORDS.get(pattern, "has a character or form that is not allowed")
+        parts.append(f"{where}{'.' + loc if loc else ''}: {message}")
     more = exc.error_count() - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
