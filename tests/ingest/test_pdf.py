@@ -121,6 +121,24 @@ def test_an_unreadable_pdf_is_malformed(data: bytes, count_tokens: TokenCounter)
     assert caught.value.reason == "pdf-malformed"
 
 
+def test_a_page_whose_content_is_not_a_stream_refuses_the_document(
+    count_tokens: TokenCounter,
+) -> None:
+    # A damaged object (its `stream` keyword spoiled) reads as a dictionary: pypdf would give
+    # the page no text, and the document would replace the previous revision a page short.
+    good = docs.text_pdf(PAGES)
+    assert good.count(b"stream") >= 2
+    damaged = good.replace(b"stream", b"streax", 2)
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(damaged, "application/pdf", source_id="x", token_counter=count_tokens)
+    assert caught.value.code == ErrorCode.INVALID_DOCUMENT
+    assert caught.value.reason == "pdf-malformed"
+    assert "page 1" in caught.value.detail
+    # The same document undamaged reads, every page.
+    prepared = prepare_document(good, "application/pdf", source_id="x", token_counter=count_tokens)
+    assert {c.location.page for c in prepared.chunks} == {1, 2, 3}
+
+
 def test_a_repairable_self_referencing_xref_still_reads(count_tokens: TokenCounter) -> None:
     prepared = prepare_document(
         docs.self_referencing_xref_pdf(),

@@ -33,7 +33,7 @@ from typing import Any, Final
 import pypdf
 from pypdf import PageObject, PasswordType
 from pypdf.errors import LimitReachedError
-from pypdf.generic import StreamObject
+from pypdf.generic import ArrayObject, NullObject, StreamObject
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
@@ -186,9 +186,10 @@ def _check_content_streams(
     and the ingest deadline bound what the estimate misses).
     """
     document = 0
-    for page in pages:
+    for number, page in enumerate(pages, start=1):
         if cancel is not None:
             cancel.check()
+        _check_contents_object(page, number)
         page_bytes = 0
         page_ops = 0
         streams = _page_streams(page)
@@ -222,6 +223,24 @@ def _content_too_large(limits: IngestLimits) -> RetrievalError:
 
 def _too_many_operators(what: str) -> RetrievalError:
     return too_complex(DocumentTooComplexReason.PDF_OPERATORS, f"{what} content-stream operators.")
+
+
+def _check_contents_object(page: PageObject, number: int) -> None:
+    """Refuse a page whose `/Contents` is there but is not content (a stream, or an array of
+    streams): pypdf would read it as an empty page, and the document would replace the
+    previous revision one page short, with nothing to tell that page from a blank one."""
+    reference = page.get("/Contents")
+    if reference is None:
+        return  # a page without content: blank
+    contents = reference.get_object()
+    parts = contents if isinstance(contents, ArrayObject) else [contents]
+    if isinstance(contents, NullObject) or all(
+        isinstance(part.get_object(), StreamObject) for part in parts
+    ):
+        return
+    raise invalid_document(
+        InvalidDocumentReason.PDF_MALFORMED, f"the content of page {number} could not be read."
+    )
 
 
 def _page_streams(page: PageObject) -> Iterator[bytes]:
