@@ -22,6 +22,7 @@ from pydantic import (
     JsonValue,
     StringConstraints,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -304,13 +305,25 @@ class DeleteRequest(_Request):
 # --- responses ------------------------------------------------------------------------------
 
 
-class Location(_Response):
-    """Where a passage came from: page, line range and, in a thread, the message id."""
+# A score as received: a number, never NaN or infinite (a host never sends one).
+Score = Annotated[float, Field(allow_inf_nan=False)]
 
-    page: int | None = None
-    start_line: int | None = None
-    end_line: int | None = None
+
+class Location(_Response):
+    """Where a passage came from: page, line range and, in a thread, the message id. Pages
+    and lines count from 1, and a range never ends before it starts."""
+
+    page: Annotated[int, Field(ge=1)] | None = None
+    start_line: Annotated[int, Field(ge=1)] | None = None
+    end_line: Annotated[int, Field(ge=1)] | None = None
     document_id: str | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Location:
+        start, end = self.start_line, self.end_line
+        if start is not None and end is not None and end < start:
+            raise ValueError("a location's endLine is before its startLine")
+        return self
 
 
 class SourceRef(_Response):
@@ -333,9 +346,9 @@ class HitScores(_Response):
     `rerank` the reranker's relevance score (None: that ranking did not find it, or did not
     run)."""
 
-    dense: float | None = None
-    lexical: float | None = None
-    rerank: float | None = None
+    dense: Score | None = None
+    lexical: Score | None = None
+    rerank: Score | None = None
 
 
 class Hit(_Response):
@@ -348,7 +361,7 @@ class Hit(_Response):
     location: Location
     text: str
     document_sha256: str
-    score: float
+    score: Score
     retrieved_at: str
     scope: Scope
     scores: HitScores = Field(default_factory=HitScores)

@@ -18,6 +18,7 @@ from retrieval_host_client.models import (
     Problem,
     QueryText,
     RerankUsage,
+    Score,
     SourceRef,
     _integral,
     _Request,
@@ -165,7 +166,7 @@ class RawHit(_Response):
     """One hit of a run's search as the search returned it."""
 
     chunk_id: str
-    score: float
+    score: Score
 
 
 class Receipt(_Response):

@@ -190,8 +190,19 @@ def _search(hits: list[dict[str, Any]]) -> dict[str, Any]:
         (http_response(200, b"{not json"), "not a valid SearchResponse"),
         (_json(200, _search([_hit("a"), _hit("a")])), "returned twice"),
         (_json(200, _search([_hit("a", source="other")])), "not asked for"),
+        (
+            http_response(
+                200, json.dumps(_search([{**_hit("a"), "score": float("nan")}])).encode()
+            ),
+            "not a valid SearchResponse",
+        ),
+        (
+            _json(200, _search([{**_hit("a"), "location": {"startLine": 9, "endLine": 3}}])),
+            "not a valid SearchResponse",
+        ),
+        (_json(200, _search([{**_hit("a"), "location": {"page": 0}}])), "not a valid"),
     ],
-    ids=["malformed", "duplicate-hit", "unasked-source"],
+    ids=["malformed", "duplicate-hit", "unasked-source", "nan-score", "inverted-lines", "page-0"],
 )
 def test_a_search_answer_that_breaks_the_protocol_raises(
     connect: Connect, client_world: World, answer: bytes, message: str

@@ -17,7 +17,10 @@ _hits = st.builds(
     core.Hit,
     chunk_id=_text,
     source=st.builds(core.SourceRef, _text, _text),
-    location=st.builds(core.Location, _lines, _lines, _lines, st.none() | _text),
+    # What the host stores (`core.validation`): a line range never ends before it starts.
+    location=st.builds(core.Location, _lines, _lines, _lines, st.none() | _text).filter(
+        lambda loc: loc.start_line is None or loc.end_line is None or loc.end_line >= loc.start_line
+    ),
     text=st.text(max_size=200),
     document_sha256=_text,
     score=st.floats(min_value=-1.0, max_value=1.0),
