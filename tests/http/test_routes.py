@@ -178,6 +178,14 @@ async def test_ingest_query_parameters_are_strict_and_the_grant_comes_first(
         headers={**_auth(http_world), **markdown},
     )
     _problem(missing, 422, "INVALID_REQUEST")
+    for idle in ("-5", "0"):
+        negative = await client.post(
+            f"/v1/retrieval/ingest?corpus={CORPUS}&sourceId=x&idleTimeoutMs={idle}",
+            content=b"# x\n\ntext\n",
+            headers={**_auth(http_world), **markdown},
+        )
+        _problem(negative, 422, "INVALID_REQUEST")
+        assert "greater than or equal to 1" in negative.json()["detail"], negative.json()
     # No grant: refused before the body's type is even looked at.
     denied = await client.post(
         f"/v1/retrieval/ingest?corpus={CORPUS}&sourceId=x",

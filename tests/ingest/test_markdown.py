@@ -139,9 +139,13 @@ def test_crlf_and_lf_files_are_the_same_revision(count_tokens: TokenCounter) -> 
     assert lf.source.revision.startswith("sha256:")
 
 
-def test_markdown_must_be_utf8(count_tokens: TokenCounter) -> None:
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16", "utf-16-be"])
+def test_markdown_must_be_utf8(count_tokens: TokenCounter, encoding: str) -> None:
+    data = "# Café\n\nCrème brûlée.\n".encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data
     with pytest.raises(RetrievalError) as caught:
-        prepare("# Café\n\nCrème brûlée.\n".encode("latin-1"), count_tokens)
+        prepare(data, count_tokens)
     assert caught.value.code == ErrorCode.INVALID_DOCUMENT
     assert caught.value.reason == "markdown-not-utf8"
 

@@ -53,6 +53,7 @@ def test_long_text_splits_at_paragraphs_with_exact_ranges(count_tokens: TokenCou
     ("data", "reason"),
     [
         ("café".encode("latin-1"), "text-not-utf8"),
+        ("café\nnoir\n".encode("utf-16"), "text-not-utf8"),  # with its byte-order mark
         (b"text\x00with a NUL", "content-type-mismatch"),
         (b"%PDF-1.7\n", "content-type-mismatch"),
         (b" \n\t\n", "empty-document"),

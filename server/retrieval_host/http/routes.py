@@ -327,7 +327,7 @@ class Routes:
         if "metadata" in params:
             check_unique_keys(params["metadata"].encode("utf-8"))
         idle = params.get("idleTimeoutMs")
-        if isinstance(idle, str) and re.fullmatch(r"[1-9][0-9]{0,15}", idle):
+        if isinstance(idle, str) and re.fullmatch(r"-?[0-9]{1,16}", idle):
             params["idleTimeoutMs"] = int(idle)  # the one integer of the query string
         try:
             return wire.IngestParams.model_validate(

@@ -17,6 +17,9 @@ _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 # (sections, messages) get most of it; the rest is for scalar fields.
 LIST_BUDGET_BYTES: Final = 11_000
 FIELD_CHARS: Final = 300
+# The byte-order marks of UTF-16 (little-, then big-endian): text, though not the UTF-8 that
+# Markdown and plain text must be.
+UTF16_BOMS: Final = (b"\xff\xfe", b"\xfe\xff")
 
 
 def normalize_text(text: str) -> str:

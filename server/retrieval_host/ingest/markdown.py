@@ -27,7 +27,14 @@ from typing import Final
 
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason
-from retrieval_host.ingest._text import FIELD_CHARS, bounded, clip, json_size, normalize_text
+from retrieval_host.ingest._text import (
+    FIELD_CHARS,
+    UTF16_BOMS,
+    bounded,
+    clip,
+    json_size,
+    normalize_text,
+)
 from retrieval_host.ingest.chunking import Block, Extracted, Segment
 from retrieval_host.ingest.settings import MARKDOWN, invalid_document
 
@@ -50,6 +57,12 @@ class _Section:
 
 def extract_markdown(data: bytes, title: str | None) -> Extracted:
     """Decode and section a Markdown file (see the module docstring for the rules)."""
+    if data.startswith(UTF16_BOMS):
+        # Text, in another encoding than the one required: say what to do about it.
+        raise invalid_document(
+            InvalidDocumentReason.MARKDOWN_NOT_UTF8,
+            "Markdown must be UTF-8 (this file is UTF-16); convert the file first.",
+        )
     if b"\x00" in data or data.lstrip().startswith(b"%PDF-"):
         raise invalid_document(
             InvalidDocumentReason.CONTENT_TYPE_MISMATCH,

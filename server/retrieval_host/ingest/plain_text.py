@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason
-from retrieval_host.ingest._text import clip, normalize_text
+from retrieval_host.ingest._text import UTF16_BOMS, clip, normalize_text
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
 from retrieval_host.ingest.settings import TEXT, invalid_document
 
@@ -21,6 +21,12 @@ def extract_plain_text(data: bytes, title: str | None) -> Extracted:
     """Decode a plain-text file into one segment of numbered lines (see the module docstring).
 
     The default title is the first non-blank line, as a reader would name the file."""
+    if data.startswith(UTF16_BOMS):
+        # Text, in another encoding than the one required: say what to do about it.
+        raise invalid_document(
+            InvalidDocumentReason.TEXT_NOT_UTF8,
+            "Plain text must be UTF-8 (this file is UTF-16); convert the file first.",
+        )
     if b"\x00" in data or data.lstrip().startswith(b"%PDF-"):
         raise invalid_document(
             InvalidDocumentReason.CONTENT_TYPE_MISMATCH,
