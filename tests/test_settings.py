@@ -247,3 +247,21 @@ def test_search_threads_are_a_number_or_cores(tmp_path: Path) -> None:
     for bad in ("0", "all"):
         with pytest.raises(SettingsError, match="searchThreads"):
             load_settings(path, {"RETRIEVAL_HOST_LIMITS__SEARCH_THREADS": bad})
+
+
+def test_providers_without_an_application_are_reported_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from retrieval_host.serving.factory import build_driver
+
+    with_providers = load_settings(
+        _write(tmp_path, _minimal(providers={"local": {"kind": "extractive"}})), {}
+    )
+    with caplog.at_level("WARNING", logger="retrieval_host.serving"):
+        assert build_driver(with_providers, {}) is None
+    assert "no application is configured" in caplog.text
+    caplog.clear()
+    bare = load_settings(_write(tmp_path, _minimal()), {})
+    with caplog.at_level("WARNING", logger="retrieval_host.serving"):
+        assert build_driver(bare, {}) is None
+    assert caplog.text == ""  # discovery only, as asked: nothing to warn about

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from retrieval_host.driver import Driver
 from retrieval_host.settings import HostSettings, SettingsError
+
+_log = logging.getLogger("retrieval_host.serving")
 
 
 @contextlib.contextmanager
@@ -48,6 +51,13 @@ def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver |
     so secrets named in the configuration can be resolved; nothing else reads os.environ)."""
     factory = load_factory(settings)
     if factory is None:
+        if settings.providers:
+            # The application factory builds the driver that runs use: without one the host
+            # serves discovery only, whatever else the file configures.
+            _log.warning(
+                "no application is configured: providers and runs are ignored and the host "
+                "serves discovery only (/v1/protocol lists no capabilities); set `application`"
+            )
         return None
     driver = factory(settings, environ)
     if not isinstance(driver, Driver):
