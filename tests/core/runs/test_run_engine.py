@@ -216,25 +216,29 @@ def test_tool_mode_honours_the_quota_and_deduplicates_queries(run_world: RunWorl
     validate_source_citations(result.text, [s.id for s in result.sources], require_citation=True)
 
 
+class AlwaysSearching:
+    """A model that asks for the same search at every step, whatever the answers."""
+
+    kind = "test"
+
+    def __init__(self, query: str) -> None:
+        self.query = query
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        arguments = json.dumps({"query": self.query})
+        yield ToolCallRequested(ToolCall(f"c{request.step}", "search_context", arguments))
+
+
 @pytest.mark.parametrize("provider", ["extractive", "always-searching"])
 def test_a_tool_run_that_finds_nothing_fails_with_no_evidence_not_the_step_budget(
     run_world: RunWorld, provider: str
 ) -> None:
-    class AlwaysSearching:
-        kind = "test"
-
-        def generate(
-            self, request: GenerationRequest, cancel: CancelToken
-        ) -> Iterator[GenerationEvent]:
-            # A model that keeps asking for a search, whatever the answers.
-            yield ToolCallRequested(
-                ToolCall(f"c{request.step}", "search_context", json.dumps({"query": "none"}))
-            )
-
     engine = (
         run_world.engine
         if provider == "extractive"
-        else run_world.with_provider("local", AlwaysSearching())
+        else run_world.with_provider("local", AlwaysSearching("none"))
     )
     request = RunRequest(
         provider="local",
@@ -251,17 +255,7 @@ def test_a_tool_run_that_finds_nothing_fails_with_no_evidence_not_the_step_budge
 def test_a_model_still_asking_at_the_budget_with_evidence_in_hand_is_the_step_budget(
     run_world: RunWorld,
 ) -> None:
-    class AlwaysSearching:
-        kind = "test"
-
-        def generate(
-            self, request: GenerationRequest, cancel: CancelToken
-        ) -> Iterator[GenerationEvent]:
-            yield ToolCallRequested(
-                ToolCall(f"c{request.step}", "search_context", json.dumps({"query": "battery"}))
-            )
-
-    engine = run_world.with_provider("local", AlwaysSearching())
+    engine = run_world.with_provider("local", AlwaysSearching("battery"))
     request = RunRequest(
         provider="local",
         model="m",
