@@ -23,8 +23,15 @@ from before it reads the journal until it ends, and a second run on the same jou
 refused with `JournalInUseError` before it does anything. The lock goes with the process.
 
 Source ids: the path relative to `root` with `/` separators when `root` is given (keeps ids
-unique across directories), else the file name. Two files mapping to one id are refused before
-anything is ingested.
+unique across directories), else the file name. A file named twice is ingested once; two
+different files mapping to one id, or a file outside `root`, are refused before anything is
+ingested.
+
+A cancel (the caller's token, or a `KeyboardInterrupt` reaching the waiting thread) starts no
+further file and cancels the token of every file in flight, so each stops at its next cancel
+check (the parse worker is killed, embedding stops between slices) and none commits after it,
+unless it was already committing. The report then lists those files `cancelled`
+(`reason="in-flight"`), and the files never started `cancelled` (`reason="not-started"`).
 """
 
 from __future__ import annotations
@@ -96,17 +103,27 @@ class _Linked(CancelToken):
         super().check()
 
 
-Status = Literal["indexed", "unchanged", "skipped", "failed"]
+Status = Literal["indexed", "unchanged", "skipped", "failed", "cancelled"]
+# The reasons of `cancelled` items: stopped before its commit, or never started.
+IN_FLIGHT: Final = "in-flight"
+NOT_STARTED: Final = "not-started"
 
 
-class JournalInUseError(Exception):
+class JournalError(Exception):
+    """The journal cannot be used: its folder is missing, it cannot be opened, or another run
+    holds it (`JournalInUseError`)."""
+
+
+class JournalInUseError(JournalError):
     """Another batch holds the journal: two runs on one journal would repeat each other's work
     and interleave their lines."""
 
 
 @dataclass(frozen=True)
 class BatchItem:
-    """What happened to one file. `skipped` means the journal already recorded it done."""
+    """What happened to one file. `skipped` means the journal already recorded it done;
+    `cancelled` that the batch was cancelled before the file committed (`reason`: `in-flight`,
+    stopped before its commit, or `not-started`); a rerun ingests it."""
 
     path: str
     source_id: str
@@ -119,7 +136,8 @@ class BatchItem:
 
 @dataclass(frozen=True)
 class BatchReport:
-    """The outcome of `ingest_paths`, in file order; `cancelled` if it stopped early."""
+    """The outcome of `ingest_paths`, one item per file in file order; `cancelled` if it
+    stopped early (its unfinished files are then items with the status `cancelled`)."""
 
     items: tuple[BatchItem, ...]
     cancelled: bool
@@ -129,10 +147,28 @@ class BatchReport:
 
 
 def source_id_for(path: Path, root: Path | None) -> str:
-    """The source id of a file: its path under `root` (POSIX separators), else its name."""
+    """The source id of a file: its path under `root` (POSIX separators), else its name.
+
+    The path under `root` as written when it is one (a file found by walking `root`, or a link
+    in it, keeps the name it has there), else after resolving both; a file that is under
+    `root` neither way is refused (`INVALID_REQUEST` / `outside-root`)."""
     if root is None:
         return path.name
-    return path.resolve().relative_to(root.resolve()).as_posix()
+    try:
+        relative = path.relative_to(root)
+    except ValueError:
+        pass
+    else:
+        if ".." not in relative.parts:
+            return relative.as_posix()
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            f"{path} is not under the root {root}, so it has no source id there.",
+            reason="outside-root",
+        ) from None
 
 
 def ingest_paths(
@@ -159,24 +195,17 @@ def ingest_paths(
     previous revision, and the batch goes on with the next file and a fresh clock.
     `progress(done, total)` and `on_item(item)` are called on the caller's thread after each
     file, in the order files finish; the ingest of a file reports its phases to
-    `context.on_progress` from the thread ingesting it (`Driver.ingest_context`). Raises
-    `JournalInUseError` when another run holds the journal. A cancel of `context` starts no
-    further file, aborts the files in flight before they commit, and returns the report of the
-    files that finished with `cancelled=True`. Errors that are not about one file stop the
-    batch the same way and are raised.
+    `context.on_progress` from the thread ingesting it (`Driver.ingest_context`); a file
+    stopped by a cancel is reported to both too, with the status `cancelled`. Raises
+    `JournalInUseError` when another run holds the journal, `JournalError` when it cannot be
+    opened (a missing folder), and `INVALID_REQUEST` (`duplicate-source-id`, `outside-root`)
+    before anything is ingested when the paths cannot have one source id each. A cancel of
+    `context` starts no further file, aborts the files in flight before they commit, and
+    returns the report with `cancelled=True`; a `KeyboardInterrupt` in the calling thread
+    aborts them the same way and is raised once they have stopped. Errors that are not about
+    one file stop the batch the same way and are raised.
     """
-    planned = [(path, source_id_for(path, root)) for path in paths]
-    seen: dict[str, Path] = {}
-    for path, source_id in planned:
-        check_id("source id", source_id)
-        if source_id in seen:
-            raise RetrievalError(
-                ErrorCode.INVALID_REQUEST,
-                f"two files map to source id {source_id!r}; pass a root directory.",
-                reason="duplicate-source-id",
-            )
-        seen[source_id] = path
-
+    planned = _plan(paths, root)
     with _Journal(journal_path) as journal:
         done = _read_journal(journal_path, corpus)
         batch = _Linked(context.cancel)
@@ -193,47 +222,85 @@ def ingest_paths(
         with ThreadPoolExecutor(max_workers=width, thread_name_prefix="ingest-file") as pool:
             running: dict[Future[BatchItem], int] = {}
             queued = iter(enumerate(planned))
-            while True:
-                while len(running) < width and failure is None and not cancelled:
-                    if context.cancel.cancelled:
-                        cancelled = True
-                        break
-                    step = next(queued, None)
-                    if step is None:
-                        break
-                    index, (path, source_id) = step
-                    running[pool.submit(one, path, source_id)] = index
-                if not running:
-                    break
-                ended, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in sorted(ended, key=running.__getitem__):
-                    index = running.pop(future)
-                    try:
-                        item = future.result()
-                    except RetrievalError as exc:
-                        if exc.code == ErrorCode.CANCELLED and context.cancel.cancelled:
+            try:
+                while True:
+                    while len(running) < width and failure is None and not cancelled:
+                        if context.cancel.cancelled:
                             cancelled = True
-                        elif failure is None:
-                            failure = exc
-                        batch.cancel()  # the files still in flight stop before their commit
-                        continue
-                    except BaseException as exc:
-                        failure = failure or exc
-                        batch.cancel()
-                        continue
-                    finished[index] = item
-                    if progress is not None:
-                        progress(len(finished), len(planned))
-                    if on_item is not None:
-                        on_item(item)
+                            break
+                        step = next(queued, None)
+                        if step is None:
+                            break
+                        index, (path, source_id) = step
+                        running[pool.submit(one, path, source_id)] = index
+                    if not running:
+                        break
+                    ended, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in sorted(ended, key=running.__getitem__):
+                        index = running.pop(future)
+                        try:
+                            item = future.result()
+                        except RetrievalError as exc:
+                            batch.cancel()  # the files still in flight stop before their commit
+                            if exc.code == ErrorCode.CANCELLED and context.cancel.cancelled:
+                                cancelled = True
+                                path, source_id = planned[index]
+                                item = BatchItem(
+                                    str(path), source_id, "cancelled", reason=IN_FLIGHT
+                                )
+                            else:
+                                failure = failure or exc
+                                continue
+                        except BaseException as exc:
+                            failure = failure or exc
+                            batch.cancel()
+                            continue
+                        finished[index] = item
+                        if progress is not None:
+                            progress(len(finished), len(planned))
+                        if on_item is not None:
+                            on_item(item)
+            except BaseException:
+                # A KeyboardInterrupt (or a failing callback) in this thread: leaving the pool
+                # waits for the files in flight, so stop them first (before their commit).
+                batch.cancel()
+                raise
         if failure is not None:
             raise failure
     # The batch's parsing, commits and index updates left freed memory in the C heap: give it
     # back to the system, so the host's RSS after a batch is what it holds (a 5,323-passage
     # ingest: ~10-16 MiB of 400).
     trim_heap()
-    items = tuple(finished[index] for index in sorted(finished))
+    items = tuple(
+        finished.get(index) or BatchItem(str(path), source_id, "cancelled", reason=NOT_STARTED)
+        for index, (path, source_id) in enumerate(planned)
+    )
     return BatchReport(items, cancelled=cancelled)
+
+
+def _plan(paths: Sequence[Path], root: Path | None) -> list[tuple[Path, str]]:
+    """(path, source id) per file, a file named twice (the same file, once resolved) once;
+    two different files with one source id are refused."""
+    planned: list[tuple[Path, str]] = []
+    seen_files: set[Path] = set()
+    seen_ids: dict[str, Path] = {}
+    for path in paths:
+        resolved = path.resolve()
+        if resolved in seen_files:
+            continue
+        seen_files.add(resolved)
+        source_id = source_id_for(path, root)
+        check_id("source id", source_id)
+        if source_id in seen_ids:
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST,
+                f"two files map to source id {source_id!r} ({seen_ids[source_id]} and {path}); "
+                "pass a `root` above both, so that source ids are paths under it.",
+                reason="duplicate-source-id",
+            )
+        seen_ids[source_id] = path
+        planned.append((path, source_id))
+    return planned
 
 
 def _one(
@@ -342,7 +409,16 @@ class _Journal:
 
     def __enter__(self) -> _Journal:
         created = not self._path.exists()
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except FileNotFoundError:
+            raise JournalError(
+                f"the journal's folder {self._path.parent} does not exist."
+            ) from None
+        except OSError as exc:
+            raise JournalError(
+                f"the journal {self._path} cannot be opened: {exc.strerror}."
+            ) from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

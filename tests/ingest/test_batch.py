@@ -1,4 +1,5 @@
-"""Batch ingestion: journal, resume after SIGKILL without duplicates, cancel between files."""
+"""Batch ingestion: journal, resume after SIGKILL without duplicates, cancel between files and
+of the files in flight (also by KeyboardInterrupt), one ingest per file named twice."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, cast
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.batch import DEFAULT_IN_FLIGHT, ingest_paths
+from retrieval_host.batch import DEFAULT_IN_FLIGHT, JournalError, ingest_paths
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.driver import Driver
@@ -201,11 +202,17 @@ def test_a_cancelled_batch_stops_between_files_with_only_whole_files_indexed(
     )  # fmt: skip
     assert report.cancelled
     # No file starts after the cancel; the other file in flight stops before its commit,
-    # unless already past it: the report names exactly what the store holds.
-    assert {i.status for i in report.items} == {"indexed"}
-    assert len(report.items) in (1, 2)
+    # unless already past it: the report names exactly what the store holds, and lists every
+    # other file `cancelled` (stopped in flight, or never started).
+    assert [i.source_id for i in report.items] == ids
+    indexed = [i.source_id for i in report.items if i.status == "indexed"]
+    assert len(indexed) in (1, 2)
+    cancelled = [i for i in report.items if i.status == "cancelled"]
+    assert len(indexed) + len(cancelled) == len(files)
+    assert [i.reason for i in cancelled].count("in-flight") == 2 - len(indexed)
+    assert [i.reason for i in cancelled].count("not-started") == len(files) - 2
     stored = sources(host, ids)
-    assert sorted(stored) == sorted(i.source_id for i in report.items)
+    assert sorted(stored) == sorted(indexed)
     total = sum(count for _, count, _ in stored.values())
     assert len(dump_index(host, ids)) == total  # complete, nothing partial
 
@@ -245,6 +252,46 @@ def test_two_files_with_one_source_id_are_refused_up_front(tmp_path: Path, host:
         ingest_paths(host.driver, CORPUS, [a, b], context(), journal_path=tmp_path / "j.jsonl")
     assert caught.value.code == ErrorCode.INVALID_REQUEST
     assert caught.value.reason == "duplicate-source-id"
+    assert host.embedding.embed_calls == 0
+
+
+def test_a_file_named_twice_is_ingested_once(tmp_path: Path, host: Host) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:1]
+    report = ingest_paths(
+        host.driver, CORPUS, [files[0], root / "guides" / ".." / "guides" / files[0].name],
+        context(), journal_path=tmp_path / "j.jsonl", root=root,
+    )  # fmt: skip
+    assert [(i.source_id, i.status) for i in report.items] == [("guides/ferries.md", "indexed")]
+
+
+def test_a_file_outside_the_root_is_refused_up_front(tmp_path: Path, host: Host) -> None:
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:1]
+    outside = tmp_path / "outside.md"
+    outside.write_text("# Outside\n\nText.\n")
+    (root / "link.md").symlink_to(outside)
+    with pytest.raises(RetrievalError) as caught:
+        ingest_paths(
+            host.driver, CORPUS, [files[0], outside], context(),
+            journal_path=tmp_path / "j.jsonl", root=root,
+        )  # fmt: skip
+    assert caught.value.reason == "outside-root"
+    assert host.embedding.embed_calls == 0
+    # A link under the root keeps its own name there (the caller named it).
+    report = ingest_paths(
+        host.driver, CORPUS, [root / "link.md"], context(), journal_path=tmp_path / "j.jsonl",
+        root=root,
+    )  # fmt: skip
+    assert [(i.source_id, i.status) for i in report.items] == [("link.md", "indexed")]
+
+
+def test_a_missing_journal_folder_is_a_journal_error(tmp_path: Path, host: Host) -> None:
+    files = write_corpus(tmp_path / "docs")[:1]
+    with pytest.raises(JournalError, match="does not exist"):
+        ingest_paths(
+            host.driver, CORPUS, files, context(), journal_path=tmp_path / "none" / "j.jsonl"
+        )
     assert host.embedding.embed_calls == 0
 
 
@@ -373,3 +420,54 @@ def test_a_failure_not_about_one_file_stops_the_files_in_flight_and_is_raised(
     assert len(stored) <= 2
     lines = journal.read_text().splitlines() if journal.exists() else []
     assert {json.loads(line)["sourceId"] for line in lines} == set(stored)
+
+
+class _HoldAllButFirst(_Counting):
+    """Every file after the first waits in its ingest, checking its cancel token as the real
+    work does, until the batch cancels it (or 30 s pass: then it says so)."""
+
+    cancelled = 0
+
+    def ingest_context(self, *args: Any, **kwargs: Any) -> Any:
+        request, ctx = args[0], args[1]
+        with self.lock:
+            self.started += 1
+            first = self.started == 1
+        if first:
+            return self.driver.ingest_context(*args, **kwargs)
+        self.barrier.wait()  # all held files are in flight before the first one finishes
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                ctx.cancel.wait(0.01)  # raises CANCELLED once the batch is cancelled
+            except RetrievalError:
+                with self.lock:
+                    self.cancelled += 1
+                raise
+        raise AssertionError(f"{request.source_id} was never cancelled")
+
+
+def test_a_keyboard_interrupt_stops_the_files_in_flight_before_it_is_raised(
+    tmp_path: Path, host: Host
+) -> None:
+    # Without a signal handler of its own, Ctrl-C raises KeyboardInterrupt in the thread that
+    # waits for the files: leaving the pool must not wait for them to finish and commit.
+    root = tmp_path / "docs"
+    files = write_corpus(root)
+    journal = tmp_path / "j.jsonl"
+    holding = _HoldAllButFirst(host.driver, gate=3)  # two held files and the interrupt
+
+    def interrupt(item: object) -> None:
+        holding.barrier.wait()
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest_paths(
+            cast(Driver, holding), CORPUS, files, context(), journal_path=journal, root=root,
+            in_flight=3, on_item=interrupt,
+        )  # fmt: skip
+    assert holding.cancelled == 2
+    # Only the file that was let through: no other started, the held ones did not commit.
+    done = completed_ids(journal)
+    assert len(done) == 1
+    assert set(sources(host, source_ids(root, files))) == done

@@ -1,5 +1,7 @@
-"""`retrieval-host ingest`: set-aside files with their reasons, "no such file", the locked
-journal, and progress bars on a terminal (rich) with a passage count per file."""
+"""`retrieval-host ingest`: set-aside files with their reasons (links in a folder too), "no such
+file" and the other mistakes as one line and exit 2, the locked journal, progress bars on a
+terminal (rich) with a passage count per file, and Ctrl-C: the files in flight stop before
+their commit, the counts are printed, exit 130, and a rerun resumes."""
 
 from __future__ import annotations
 
@@ -8,7 +10,12 @@ import fcntl
 import io
 import json
 import os
+import select
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +23,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from retrieval_host.batch import BatchItem
-from retrieval_host.serving.ingest_cli import _Bars, run_ingest
+from retrieval_host.serving.cli import main
+from retrieval_host.serving.ingest_cli import _Bars, plan_files, run_ingest
+from tests.support.ingest_cli_child import HOLD
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "server" / "retrieval_host" / "samples"
@@ -169,3 +178,211 @@ def test_a_file_without_progress_within_the_idle_timeout_fails_alone_and_a_rerun
     refused = io.StringIO()
     assert run_ingest(args, environ, io.StringIO(), refused) == 2
     assert "--idle-timeout-ms must be a positive number" in refused.getvalue()
+
+
+def _argv(config: Path, journal: Path, *paths: Path, corpus: str = "library") -> list[str]:
+    return [
+        "ingest", *map(str, paths), "--config", str(config), "--corpus", corpus,
+        "--subject", "ops", "--journal", str(journal),
+    ]  # fmt: skip
+
+
+def test_links_in_a_folder_are_listed_with_their_reason_and_the_other_files_ingested(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, environ = setup
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not part of the folder\n")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "note.md").write_text("# Note\n\nThe ferry leaves at nine.\n")
+    (folder / "out.txt").symlink_to(outside / "secret.txt")
+    (folder / "again.md").symlink_to("note.md")
+    (folder / "dir").symlink_to(outside, target_is_directory=True)
+    (folder / "gone.md").symlink_to("nowhere.md")
+    journal = tmp_path / "j.jsonl"
+    assert main(_argv(config, journal, folder), environ=environ) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("indexed   note.md  1 passages")
+    assert f"skipped   {folder / 'out.txt'}  a link to a file outside the folder" in lines
+    assert f"skipped   {folder / 'dir'}  a link to a folder outside the folder" in lines
+    assert f"skipped   {folder / 'gone.md'}  a broken link" in lines
+    assert (
+        f"skipped   {folder / 'again.md'}  a link to note.md in the folder (links are not followed)"
+        in lines
+    )
+    assert lines[-1].startswith("1 indexed, 0 unchanged, 4 skipped, 0 failed")
+    assert [json.loads(line)["sourceId"] for line in journal.read_text().splitlines()] == [
+        "note.md"
+    ]
+
+
+def test_a_file_named_twice_is_planned_once_and_a_named_link_is_taken() -> None:
+    note = SAMPLES / "operator-guide.md"
+    plan = plan_files([note, Path(os.path.relpath(note)), SAMPLES])
+    assert plan.files.count(note) == 1
+    assert len(plan.files) == len({path.resolve() for path in plan.files})
+    assert plan.root is None  # several paths: source ids are file names
+
+
+@pytest.mark.parametrize("mistake", ["corpus", "subject", "one-id", "journal-folder"])
+def test_ordinary_mistakes_are_one_line_and_exit_2_before_anything_is_ingested(
+    setup: tuple[Path, dict[str, str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mistake: str,
+) -> None:
+    config, environ = setup
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "doc.md").write_text(f"# Doc {name}\n\nText {name}.\n")
+    journal = tmp_path / "j.jsonl"
+    argv = _argv(config, journal, tmp_path / "a")
+    expected = {
+        "corpus": "retrieval-host: this host has no corpus 'nope' (its corpora: library)",
+        "subject": "retrieval-host: subject 'nobody' may not index into corpus 'library' "
+        "(PERMISSION_DENIED: This operation is not permitted.)",
+        "one-id": f"retrieval-host: {tmp_path / 'a' / 'doc.md'} and {tmp_path / 'b' / 'doc.md'} "
+        "would both be source id 'doc.md'",
+        "journal-folder": f"retrieval-host: the journal's folder {tmp_path / 'no-such-dir'} "
+        "does not exist",
+    }[mistake]
+    if mistake == "corpus":
+        argv = _argv(config, journal, tmp_path / "a", corpus="nope")
+    elif mistake == "subject":
+        argv[argv.index("ops")] = "nobody"
+    elif mistake == "one-id":
+        argv = _argv(config, journal, tmp_path / "a", tmp_path / "b")
+    else:
+        argv = _argv(config, tmp_path / "no-such-dir" / "j.jsonl", tmp_path / "a")
+    assert main(argv, environ=environ) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(expected), captured.err
+    assert len(captured.err.splitlines()) == 1  # one line, no traceback
+    assert "Traceback" not in captured.out
+    assert not journal.exists() or journal.read_text() == ""
+
+
+def _folder_with_held_files(root: Path) -> Path:
+    """Two files that index at once, then six whose embedding the child holds (`HOLD`)."""
+    folder = root / "docs"
+    folder.mkdir()
+    for n in (1, 2):
+        (folder / f"a{n}.md").write_text(f"# Quick {n}\n\nThe ferry {n} leaves at nine.\n")
+    for n in range(1, 7):
+        (folder / f"h{n}.md").write_text(f"# Held {n}\n\nThe crane {n} is {HOLD}.\n")
+    return folder
+
+
+def _start_held(
+    config: Path, environ: dict[str, str], journal: Path, folder: Path, mode: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    read_fd, write_fd = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.ingest_cli_child", str(write_fd), mode,
+         *_argv(config, journal, folder)],
+        cwd=REPO, env={**os.environ, **environ}, pass_fds=(write_fd,),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    os.close(write_fd)
+    return child, read_fd
+
+
+def _read_until(fd: int, wanted: bytes, count: int, child: subprocess.Popen[bytes]) -> None:
+    """Block on `fd` (a pipe) until `wanted` was read `count` times: an event, not a poll."""
+    seen = b""
+    deadline = time.monotonic() + 180  # the child loads the model and indexes two files
+    while seen.count(wanted) < count:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if ready else b""
+        if not chunk:
+            child.kill()
+            _, err = child.communicate()
+            pytest.fail(f"no {wanted!r} x{count} (read {seen!r}): {err.decode()[-3000:]}")
+        seen += chunk
+
+
+def _journaled(journal: Path) -> list[tuple[str, str]]:
+    lines = journal.read_text().splitlines()
+    return sorted((json.loads(line)["sourceId"], json.loads(line)["status"]) for line in lines)
+
+
+def _resume(
+    config: Path, environ: dict[str, str], journal: Path, folder: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> list[str]:  # fmt: skip
+    """A rerun of the journal, without holds: what the first run committed is `skipped`; a
+    file that committed without its journal line would come back `unchanged`."""
+    assert main(_argv(config, journal, folder), environ=environ) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_ctrl_c_stops_the_files_in_flight_before_their_commit_reports_and_resumes(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, environ = setup
+    folder = _folder_with_held_files(tmp_path)
+    journal = tmp_path / "j.jsonl"
+    child, held = _start_held(config, environ, journal, folder, "cancellable")
+    try:
+        # Four files in flight (the default), all held: a1 and a2 are done (journaled before
+        # h3 and h4 could start), h1-h4 are embedding.
+        _read_until(held, b"held\n", 4, child)
+        assert _journaled(journal) == [("a1.md", "indexed"), ("a2.md", "indexed")]
+        child.send_signal(signal.SIGINT)
+        # Before the fix the held files never heard of the interrupt: this timed out.
+        out, err = child.communicate(timeout=60)
+    finally:
+        os.close(held)
+        child.kill()
+    assert child.returncode == 130, err.decode()[-3000:]
+    lines = out.decode().splitlines()
+    assert sorted(lines[:2]) == ["indexed   a1.md  1 passages", "indexed   a2.md  1 passages"]
+    assert sorted(lines[2:6]) == [
+        f"cancelled h{n}.md  stopped before its commit" for n in range(1, 5)
+    ]
+    assert lines[6:] == [
+        f"2 indexed, 0 unchanged, 0 skipped, 0 failed, 6 cancelled (journal: {journal})"
+    ]
+    assert err.decode().splitlines() == [
+        "retrieval-host: cancelling: no further file starts and the files in flight stop "
+        "before their commit (Ctrl-C again quits at once)",
+        f"retrieval-host: cancelled: 4 files stopped before their commit, 2 not started; "
+        f"rerun with the journal {journal} to resume",
+    ]
+    assert _journaled(journal) == [("a1.md", "indexed"), ("a2.md", "indexed")]
+    rerun = _resume(config, environ, journal, folder, capsys)
+    assert rerun[-1].startswith("6 indexed, 0 unchanged, 2 skipped, 0 failed"), rerun
+
+
+def test_a_second_ctrl_c_quits_at_once_when_the_files_in_flight_do_not_stop(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, environ = setup
+    folder = _folder_with_held_files(tmp_path)
+    journal = tmp_path / "j.jsonl"
+    child, held = _start_held(config, environ, journal, folder, "stuck")
+    assert child.stderr is not None
+    try:
+        _read_until(held, b"held\n", 4, child)
+        child.send_signal(signal.SIGINT)
+        _read_until(child.stderr.fileno(), b"retrieval-host: cancelling", 1, child)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        os.close(held)
+        child.kill()
+    assert child.returncode == 130
+    # What finished before the interrupts was printed before the quit.
+    assert sorted(out.decode().splitlines()) == [
+        "indexed   a1.md  1 passages",
+        "indexed   a2.md  1 passages",
+    ]
+    assert err.decode().endswith("retrieval-host: interrupted again: quitting at once\n")
+    assert "Traceback" not in err.decode()
+    assert _journaled(journal) == [("a1.md", "indexed"), ("a2.md", "indexed")]
+    rerun = _resume(config, environ, journal, folder, capsys)
+    assert rerun[-1].startswith("6 indexed, 0 unchanged, 2 skipped, 0 failed"), rerun

@@ -2,21 +2,35 @@
 
 Before anything is indexed: a path that does not exist is an error ("no such file", exit 2),
 and files the host cannot ingest are set aside with their reason (an unsupported type, a file
-larger than `limits.maxBytes`). On a terminal, a progress bar (rich) follows the files and the
+larger than `limits.maxBytes`, a link inside a folder: links there are not followed). A file
+named twice is taken once. Mistakes are one `retrieval-host: ...` line and exit 2, before any
+file is ingested: two files with one source id, a journal whose folder does not exist or that
+another run holds (`batch.JournalInUseError`), a corpus the host does not have, a subject that
+may not index into it. On a terminal, a progress bar (rich) follows the files and the
 passages of the current one (parsed, then embedded); otherwise one line per file is printed as
 it finishes. Either way each finished file gets a status line, the set-aside files are listed
-with their reasons, and a last line counts everything. The journal is locked for the run
-(`batch.JournalInUseError`): a second run on it is refused.
+with their reasons, and a last line counts everything.
+
+Ctrl-C (SIGINT) cancels the batch: no further file starts, the files in flight stop at their
+next cancel check before their commit, and the command says so, prints its counts and exits
+130 (resume with the same journal). A second Ctrl-C quits at once.
+
+Exit codes: 0 every file done, 1 some file failed, 2 the command could not run or stopped (its
+line on stderr), 130 cancelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 from rich.console import Console
@@ -29,9 +43,18 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from retrieval_host.batch import BatchItem, JournalInUseError, ingest_paths
+from retrieval_host.batch import (
+    IN_FLIGHT,
+    NOT_STARTED,
+    BatchItem,
+    BatchReport,
+    JournalError,
+    ingest_paths,
+    source_id_for,
+)
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import JSONValue
 from retrieval_host.ingest import media_type_for_path
 from retrieval_host.serving.factory import build_driver, close_driver
@@ -50,16 +73,31 @@ class FilePlan:
 
 
 def plan_files(paths: Sequence[Path]) -> FilePlan:
-    """Directories are searched recursively; every file gets a place in the plan."""
+    """Directories are searched recursively; every file gets a place in the plan.
+
+    In a directory, links are not followed: a link to a file outside it would bring in a file
+    the folder does not hold, and one to a file inside it would index that file twice (under
+    two source ids). Each is set aside with what it points at. A path named on the command
+    line is taken as given, link or not. A file reached twice (named twice, or named and in a
+    folder named too) is planned once."""
     files: list[Path] = []
     set_aside: list[tuple[Path, str]] = []
     missing: list[Path] = []
+    given: dict[Path, Path] = {}
     for path in paths:
         if not path.exists():
             missing.append(path)
-            continue
-        candidates = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        else:
+            given.setdefault(path.resolve(), path)
+    seen: set[Path] = set()
+    for path in given.values():
+        candidates, links = _walk(path) if path.is_dir() else ([path], [])
+        set_aside.extend(links)
         for candidate in candidates:
+            resolved = candidate.resolve()
+            if resolved in seen:
+                continue
+            seen.add(resolved)
             try:
                 media_type_for_path(candidate)
             except RetrievalError:
@@ -67,8 +105,53 @@ def plan_files(paths: Sequence[Path]) -> FilePlan:
                 set_aside.append((candidate, f"unsupported type ({suffix})"))
                 continue
             files.append(candidate)
-    root = paths[0] if len(paths) == 1 and paths[0].is_dir() else None
+    unique = list(given.values())
+    root = unique[0] if len(unique) == 1 and unique[0].is_dir() and not missing else None
     return FilePlan(files, set_aside, missing, root)
+
+
+def _walk(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The regular files under `folder`, in path order, and its links with their reasons."""
+    files: list[Path] = []
+    links: list[tuple[Path, str]] = []
+    top = folder.resolve()
+    # followlinks=False: a link to a folder is listed among the folders, not entered.
+    for directory, folders, names in os.walk(folder):
+        here = Path(directory)
+        for name in (*folders, *names):
+            entry = here / name
+            if entry.is_symlink():
+                links.append((entry, _link_reason(entry, top)))
+            elif name in names and entry.is_file():  # not a FIFO, socket or device
+                files.append(entry)
+    return sorted(files), sorted(links)
+
+
+def _link_reason(link: Path, top: Path) -> str:
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling, or a loop
+        return "a broken link"
+    kind = "folder" if target.is_dir() else "file"
+    if not target.is_relative_to(top):
+        return f"a link to a {kind} outside the folder"
+    inside = target.relative_to(top).as_posix()
+    return f"a link to {inside} in the folder (links are not followed)"
+
+
+def _duplicate_ids(files: Sequence[Path], root: Path | None) -> str | None:
+    """Why the files cannot each have their own source id, or None."""
+    seen: dict[str, Path] = {}
+    for path in files:
+        source_id = source_id_for(path, root)
+        if source_id in seen:
+            return (
+                f"{seen[source_id]} and {path} would both be source id {source_id!r}: with "
+                "several paths a file's source id is its name; give the one folder that holds "
+                "both (source ids are then paths under it), or ingest them in separate runs."
+            )
+        seen[source_id] = path
+    return None
 
 
 def too_large(files: Sequence[Path], max_bytes: int) -> list[tuple[Path, str]]:
@@ -85,6 +168,8 @@ def item_line(item: BatchItem) -> str:
     detail = f"{item.chunk_count} passages" if item.chunk_count is not None else ""
     if item.status == "skipped":
         detail = "done in an earlier run (journal)"
+    elif item.status == "cancelled":
+        detail = "stopped before its commit" if item.reason == IN_FLIGHT else "not started"
     if item.error_code is not None:
         detail = f"{item.error_code} {item.reason or ''}".strip()
     return f"{item.status:<9} {item.source_id}  {detail}".rstrip()
@@ -93,8 +178,12 @@ def item_line(item: BatchItem) -> str:
 class _Lines:
     """No terminal: one line per file as it finishes."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, err: TextIO) -> None:
         self._out = out
+        self._err = err
+
+    def note(self, message: str) -> None:
+        print(message, file=self._err, flush=True)
 
     def passages(self, phase: str, done: int, total: int | None) -> None:
         pass
@@ -111,6 +200,9 @@ class _Bars:
         self._files = progress.add_task("files", total=files)
         self._passages: TaskID = progress.add_task("passages", total=None, visible=False)
 
+    def note(self, message: str) -> None:
+        self._progress.console.print(message, highlight=False, markup=False)
+
     def passages(self, phase: str, done: int, total: int | None) -> None:
         label = {"parse": "parsing", "embed": "embedding"}.get(phase, phase)
         self._progress.update(
@@ -126,7 +218,7 @@ class _Bars:
 @contextmanager
 def _display(files: int, out: TextIO, err: TextIO) -> Iterator[_Lines | _Bars]:
     if not err.isatty():
-        yield _Lines(out)
+        yield _Lines(out, err)
         return
     columns = (
         TextColumn("{task.description:<10}"),
@@ -144,6 +236,53 @@ def _list_set_aside(set_aside: Sequence[tuple[Path, str]], out: TextIO) -> None:
 
 
 _PHASES = {"ingest.parse": "parse", "index.embedding": "embed", "index.commit": "commit"}
+
+
+@contextmanager
+def _interrupt_cancels(
+    cancel: CancelToken, note: Callable[[str], None], out: TextIO, err: TextIO
+) -> Iterator[None]:
+    """While the batch runs, Ctrl-C (SIGINT) cancels it instead of raising KeyboardInterrupt:
+    raised in the waiting thread, that would leave the thread pool, which waits for the files
+    in flight to finish and commit (9-20 s, silently). A second Ctrl-C quits at once: every
+    journal line and every commit is atomic, so a rerun of the journal resumes as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; an embedding caller keeps its own
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if cancel.cancelled:
+            out.flush()
+            err.write("\nretrieval-host: interrupted again: quitting at once\n")
+            err.flush()
+            os._exit(130)
+        cancel.cancel()
+        note(
+            "retrieval-host: cancelling: no further file starts and the files in flight stop "
+            "before their commit (Ctrl-C again quits at once)"
+        )
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stopped(exc: RetrievalError, args: argparse.Namespace, journal: Path) -> str:
+    if exc.code is ErrorCode.PERMISSION_DENIED:
+        return f"subject {args.subject!r} may not index into corpus {args.corpus!r} ({exc})"
+    return f"the batch stopped: {exc} (rerun with the journal {journal} to resume)"
+
+
+def _summary(report: BatchReport, set_aside: int, journal: Path) -> str:
+    counts = [
+        f"{report.count(status) + (set_aside if status == 'skipped' else 0)} {status}"
+        for status in ("indexed", "unchanged", "skipped", "failed")
+    ]
+    if report.cancelled:
+        counts.append(f"{report.count('cancelled')} cancelled")
+    return f"{', '.join(counts)} (journal: {journal})"
 
 
 def run_ingest(
@@ -169,13 +308,29 @@ def run_ingest(
         print("retrieval-host: no PDF, Markdown, text, HTML or e-mail file to ingest", file=err)
         return 2
     journal = args.journal or Path(f".retrieval-host-ingest-{args.corpus}.jsonl")
+    if not journal.parent.is_dir():
+        print(f"retrieval-host: the journal's folder {journal.parent} does not exist", file=err)
+        return 2
+    clash = _duplicate_ids(plan.files, plan.root)
+    if clash is not None:
+        print(f"retrieval-host: {clash}", file=err)
+        return 2
     driver = build_driver(settings, environ)
     if driver is None:
         raise SettingsError("ingest needs an application (the factory that builds the corpora)")
-    set_aside = plan.set_aside + too_large(plan.files, driver.ingest_limits.max_bytes)
-    excluded = {path for path, _ in set_aside}
-    files = [path for path in plan.files if path not in excluded]
     try:
+        corpora = driver.retrieval.corpora
+        if args.corpus not in corpora:
+            print(
+                f"retrieval-host: this host has no corpus {args.corpus!r} "
+                f"(its corpora: {', '.join(sorted(corpora)) or 'none'})",
+                file=err,
+            )
+            return 2
+        set_aside = plan.set_aside + too_large(plan.files, driver.ingest_limits.max_bytes)
+        excluded = {path for path, _ in set_aside}
+        files = [path for path in plan.files if path not in excluded]
+        cancel = CancelToken()
         with _display(len(files), out, err) as display:
 
             def on_progress(phase: str, details: Mapping[str, JSONValue]) -> None:
@@ -185,26 +340,35 @@ def run_ingest(
                     count = done if isinstance(done, int) else (total or 0)
                     display.passages(name, count, total)
 
-            report = ingest_paths(
-                driver,
-                args.corpus,
-                files,
-                RequestContext(subject=args.subject, on_progress=on_progress),
-                journal_path=journal,
-                on_item=display.finished,
-                root=plan.root,
-                deadline_s=settings.limits.ingest_deadline_s,
-                idle_timeout_s=None if idle_ms is None else idle_ms / 1000,
-            )
-    except JournalInUseError as exc:
+            with _interrupt_cancels(cancel, display.note, out, err):
+                report = ingest_paths(
+                    driver,
+                    args.corpus,
+                    files,
+                    RequestContext(subject=args.subject, cancel=cancel, on_progress=on_progress),
+                    journal_path=journal,
+                    on_item=display.finished,
+                    root=plan.root,
+                    deadline_s=settings.limits.ingest_deadline_s,
+                    idle_timeout_s=None if idle_ms is None else idle_ms / 1000,
+                )
+    except JournalError as exc:
         print(f"retrieval-host: {exc}", file=err)
+        return 2
+    except RetrievalError as exc:
+        print(f"retrieval-host: {_stopped(exc, args, journal)}", file=err)
         return 2
     finally:
         close_driver(driver)
     _list_set_aside(set_aside, out)
-    counts = ", ".join(
-        f"{report.count(status) + (len(set_aside) if status == 'skipped' else 0)} {status}"
-        for status in ("indexed", "unchanged", "skipped", "failed")
-    )
-    print(f"{counts} (journal: {journal})", file=out)
-    return 1 if report.count("failed") or report.cancelled else 0
+    print(_summary(report, len(set_aside), journal), file=out)
+    if report.cancelled:
+        stopped = sum(1 for item in report.items if item.reason == IN_FLIGHT)
+        unstarted = sum(1 for item in report.items if item.reason == NOT_STARTED)
+        print(
+            f"retrieval-host: cancelled: {stopped} files stopped before their commit, "
+            f"{unstarted} not started; rerun with the journal {journal} to resume",
+            file=err,
+        )
+        return 130
+    return 1 if report.count("failed") else 0
