@@ -50,6 +50,7 @@ from typing import Final, Literal
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.core.validation import check_id
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.ingest.settings import media_type_for_path, too_large
@@ -167,7 +168,7 @@ def source_id_for(path: Path, root: Path | None) -> str:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST,
             f"{path} is not under the root {root}, so it has no source id there.",
-            reason="outside-root",
+            reason=InvalidRequestReason.OUTSIDE_ROOT,
         ) from None
 
 

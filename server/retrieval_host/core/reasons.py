@@ -89,6 +89,7 @@ class InvalidRequestReason(StrEnum):
     CHUNKING_SETTINGS = "chunking-settings"  # chunking settings out of range or malformed
     CHUNKING_EXCEEDS_MODEL = "chunking-exceeds-model"  # chunks longer than the model reads
     DUPLICATE_SOURCE_ID = "duplicate-source-id"  # two files of a batch map to one source id
+    OUTSIDE_ROOT = "outside-root"  # a batch file that is not under the batch's root
     UNREADABLE = "unreadable"  # a batch file could not be read (reported per file, not raised)
     EMBEDDING_CONFIG = "embedding-config"  # the OpenAI-compatible embedding config is invalid
     PROVIDER_CONFIG = "provider-config"  # the OpenAI-compatible provider config is invalid
