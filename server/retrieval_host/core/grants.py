@@ -3,6 +3,8 @@ refuse what it does not grant, and ask again after reading (see `RetrievalServic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.errors import RetrievalError, permission_denied, source_unavailable
@@ -13,6 +15,7 @@ __all__ = [
     "authorize",
     "authorize_or_none",
     "denied",
+    "overtaken",
     "require_index_grant",
     "searchable",
     "searchable_again",
@@ -67,3 +70,15 @@ def searchable_again(
     if recheck is None or recheck.namespace != grant.namespace:
         return None
     return searchable(recheck)
+
+
+def overtaken(granted: Mapping[str, str], current: Mapping[str, str]) -> dict[str, str]:
+    """The granted sources (source id -> granted revision) that `current` (the store's
+    committed revisions, or a later grant) holds at another revision: replaced by a commit
+    after the grant was read, so a read at the granted revision finds nothing of them. A
+    source absent from `current` (deleted, no longer granted) is not overtaken: it is gone."""
+    return {
+        sid: revision
+        for sid, revision in granted.items()
+        if (now := current.get(sid)) is not None and now != revision
+    }
