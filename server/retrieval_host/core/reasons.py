@@ -20,6 +20,7 @@ __all__ = [
     "REASONS",
     "CancelledReason",
     "CapacityExceededReason",
+    "ContextReplayUnavailableReason",
     "DescriptorMismatchReason",
     "DocumentTooComplexReason",
     "EmbeddingFailedReason",
