@@ -279,3 +279,33 @@ def test_a_ranking_policy_swapped_in_has_the_last_word_on_the_order(
     book.grants["search"] = Grant("team", {"a": "r1"})
     hits = service.search_context(SearchRequest("docs", "otters rocks", limit=5), ctx()).hits
     assert [h.source.id for h in hits] == ["a"]
+
+
+def test_a_source_the_caller_may_not_read_never_moves_lexical_or_hybrid_scores(
+    setup: Setup,
+) -> None:
+    # The black-box finding: BM25 statistics over the whole namespace made a readable
+    # passage's score drop when an unreadable source holding the query's words was added,
+    # and come back when it was deleted (an oracle for words the caller may not read).
+    otters = [f"Otters {word} near the kelp." for word in ("sleep", "swim", "eat", "play")]
+    setup.service.index_context(index_request("a", "r1", [*PASSAGES["a"], *otters]), ctx())
+    setup.service.index_context(index_request("b", "r1"), ctx())
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+
+    def scores() -> list[object]:
+        seen: list[object] = []
+        for mode in ("lexical", "hybrid"):
+            request = SearchRequest("docs", "otters rocks tools", limit=3, mode=mode)
+            hits = setup.service.search_context(request, ctx()).hits
+            seen.append([(h.chunk_id, h.score, dict(h.scores)) for h in hits])
+        return seen
+
+    before = scores()
+    assert all(hits for hits in before)
+    setup.book.grants["index"] = Grant("team", {"hidden": ANY_REVISION})
+    hidden = ["Otters, otters: rocks and tools.", "Sea otters with rocks, otters with tools."]
+    setup.service.index_context(index_request("hidden", "r1", hidden), ctx())
+    assert scores() == before
+    setup.book.grants["delete"] = Grant("team", {"hidden": "r1"})
+    setup.service.delete_context(DeleteRequest("docs", "hidden", "r1"), ctx())
+    assert scores() == before

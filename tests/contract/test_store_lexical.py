@@ -1,14 +1,16 @@
 """The lexical half of the store contract (`VectorStore.lexical_search`), over every adapter.
 
-Scores are compared with a BM25 written out here (the Lucene variant bm25s uses), whose
-statistics are those of the namespace's current revisions; both stores must match it, so they
-also match each other.
+Scores are compared with a BM25 written out by hand (the Lucene variant bm25s uses,
+`tests.support.lexical_reference`), whose statistics are those of the passages the search may
+rank (the allowed revisions matching the filters); both stores must match it, and each other
+bit for bit.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +18,10 @@ import pytest
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import LexicalDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.filters import parse_filter
+from retrieval_host.core.filters import MetadataFilter, parse_filter
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.ports import Candidate, CapacityLimits
-from tests.contract.conftest import ContractStore, StoreHarness
+from tests.contract.conftest import STORE_KINDS, ContractStore, StoreHarness, _open_store
 from tests.support.lexical_reference import reference
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
@@ -295,7 +297,7 @@ def test_scores_of_named_passages_equal_what_the_searches_gave_them(store: Contr
     assert len(everything) == sum(len(t) for t in DOCS.values())
     ranked = {h.chunk_id: h.score for h in lexical(store, grant, "virus cells", k=100)}
     dense = store.dense_scores("c1", "ns", everything, query, CancelToken())
-    lexical_values = store.lexical_scores("c1", "ns", everything, terms, CancelToken())
+    lexical_values = store.lexical_scores("c1", "ns", grant, everything, terms, CancelToken())
     assert None not in dense and None not in lexical_values
     np.testing.assert_allclose(np.array(dense), np.array([h.score for h in everything]), atol=1e-6)
     # A passage holding no query term scores 0 (the search leaves it out).
@@ -313,14 +315,188 @@ def test_a_passage_not_held_at_its_revision_scores_none(store: ContractStore) ->
     named = [*hits, elsewhere]
     dense = store.dense_scores("c1", "ns", named, query, CancelToken())
     lexical_values = store.lexical_scores(
-        "c1", "ns", named, query_terms("heart cells"), CancelToken()
+        "c1", "ns", {**grant, "heart": "r2"}, named, query_terms("heart cells"), CancelToken()
     )
     for values in (dense, lexical_values):
         gone = [h.source_id == "heart" for h in hits] + [True]
         assert [v is None for v in values] == gone
     # Another namespace holds none of them.
     assert store.dense_scores("c1", "other", hits, query, CancelToken()) == [None] * len(hits)
-    assert store.lexical_scores("c1", "other", hits, query_terms("cells"), CancelToken()) == [
-        None
-    ] * len(hits)
+    assert store.lexical_scores(
+        "c1", "other", grant, hits, query_terms("cells"), CancelToken()
+    ) == [None] * len(hits)
     assert store.dense_scores("c1", "ns", [], query, CancelToken()) == []
+
+
+# --- statistics over the grant (no oracle for unreadable passages) ------------------------------
+
+HIDDEN = ["Virus cells: a virus infects cells, and cells shed virus.", "Virus virus cells."]
+
+
+def hybrid_lexical(
+    store: ContractStore,
+    allowed: dict[str, str],
+    query: str,
+    filters: MetadataFilter | None = None,
+) -> dict[str, float | None]:
+    """What hybrid fusion's lexical component gives every passage the dense search over this
+    grant finds: `lexical_scores`, with the grant and filters of the request."""
+    vector = unit_vectors(np.random.default_rng(7), 1)[0]
+    dense = store.search("c1", "ns", allowed, vector, 100, CancelToken(), filters)
+    values = store.lexical_scores(
+        "c1", "ns", allowed, dense, query_terms(query), CancelToken(), filters
+    )
+    return {h.chunk_id: v for h, v in zip(dense, values, strict=True)}
+
+
+Observed = tuple[list[tuple[str, float]], dict[str, float | None]]
+
+
+def observed(store: ContractStore, allowed: dict[str, str], query: str) -> Observed:
+    """The caller's lexical hits (chunk id, score) and hybrid's lexical component."""
+    return (
+        [(h.chunk_id, h.score) for h in lexical(store, allowed, query)],
+        hybrid_lexical(store, allowed, query),
+    )
+
+
+@pytest.mark.parametrize("query", ["virus cells", "cells", "influenza virus"])
+def test_a_source_the_caller_may_not_read_never_moves_its_scores(
+    store: ContractStore, query: str
+) -> None:
+    grant = load(store)
+    mine = {"cells": "r1", "virus": "r1"}
+    before = observed(store, mine, query)
+    assert before[0]  # the caller's own passages match
+    assert_ranked(lexical(store, mine, query), reference(DOCS, set(mine), query))
+
+    # A source it may not read, in the same namespace, full of the query's words.
+    put(store, "hidden", "r1", HIDDEN)
+    # Exactly equal, not close: the scores carry no trace of the hidden passages.
+    assert observed(store, mine, query) == before
+    # Whoever may read it sees its effect: the test could fail.
+    everything = {**grant, "hidden": "r1"}
+    with_hidden = lexical(store, everything, query)
+    assert "hidden:0" in {h.chunk_id for h in with_hidden}
+    assert_ranked(with_hidden, reference({**DOCS, "hidden": HIDDEN}, set(everything), query))
+
+    # A new revision of it, then its delete, change nothing either.
+    put(store, "hidden", "r2", HIDDEN[:1] * 5, expected="r1")
+    assert observed(store, mine, query) == before
+    store.delete_source("c1", "ns", "hidden", "r2")
+    assert observed(store, mine, query) == before
+
+
+def test_a_source_the_filters_leave_out_never_moves_the_scores(store: ContractStore) -> None:
+    put(store, "cells", "r1", DOCS["cells"], metadata={"lang": "en"})
+    put(store, "virus", "r1", DOCS["virus"], metadata={"lang": "en"})
+    grant = {"cells": "r1", "virus": "r1", "hidden": "r1"}
+    english = parse_filter({"lang": "en"})
+
+    def seen() -> Observed:
+        hits = lexical(store, grant, "virus cells", filters=english)
+        return [(h.chunk_id, h.score) for h in hits], hybrid_lexical(
+            store, grant, "virus cells", english
+        )
+
+    before = seen()
+    put(store, "hidden", "r1", HIDDEN, metadata={"lang": "de"})
+    assert seen() == before
+    docs = {"cells": DOCS["cells"], "virus": DOCS["virus"]}
+    hits = lexical(store, grant, "virus cells", filters=english)
+    assert_ranked(hits, reference(docs, set(docs), "virus cells"))
+
+
+@pytest.mark.parametrize(
+    ("query", "pinned"),
+    [
+        (
+            "virus cells",
+            [
+                ("virus:0", 0.7256949886584005),
+                ("virus:2", 0.46863864692997054),
+                ("virus:1", 0.44066022024758417),
+                ("cells:0", 0.39247213158496713),
+                ("cells:1", 0.39247213158496713),
+                ("heart:0", 0.28941858395551395),
+            ],
+        ),
+        ("blood blood heart", [("heart:0", 2.01221230039388), ("heart:1", 1.240032846274713)]),
+    ],
+)
+def test_a_full_grant_scores_exactly_as_before(
+    store: ContractStore, query: str, pinned: list[tuple[str, float]]
+) -> None:
+    # The scores both stores gave before statistics followed the grant (main at bde8536),
+    # bit for bit: with the whole namespace granted, the grant's statistics are the
+    # namespace's, so retrieval quality on a full grant is unchanged.
+    grant = load(store)
+    assert [(h.chunk_id, h.score) for h in lexical(store, grant, query)] == pinned
+    scores = hybrid_lexical(store, grant, query)
+    assert {cid: v for cid, v in scores.items() if v} == dict(pinned)
+
+
+def test_scores_of_named_passages_follow_the_grant_and_filters(store: ContractStore) -> None:
+    put(store, "cells", "r1", DOCS["cells"], metadata={"lang": "en"})
+    put(store, "heart", "r1", DOCS["heart"], metadata={"lang": "de"})
+    put(store, "virus", "r1", DOCS["virus"], metadata={"lang": "en"})
+    put(store, "hidden", "r1", HIDDEN, metadata={"lang": "en"})
+    everything = {"cells": "r1", "heart": "r1", "virus": "r1", "hidden": "r1"}
+    vector = unit_vectors(np.random.default_rng(7), 1)[0]
+    named = store.search("c1", "ns", everything, vector, 100, CancelToken())
+    terms = query_terms("virus cells heart")
+    for allowed, filters in [
+        ({"cells": "r1", "virus": "r1"}, None),
+        ({"cells": "r1", "heart": "r1", "virus": "r1"}, parse_filter({"lang": "en"})),
+        ({"heart": "r1"}, None),
+        (everything, None),
+    ]:
+        ranked = {
+            h.chunk_id: h.score
+            for h in store.lexical_search("c1", "ns", allowed, terms, 100, CancelToken(), filters)
+        }
+        values = store.lexical_scores("c1", "ns", allowed, named, terms, CancelToken(), filters)
+        rankable = {
+            h.chunk_id
+            for h in store.search("c1", "ns", allowed, vector, 100, CancelToken(), filters)
+        }
+        # The search's own score, bit for bit; 0.0 for a rankable passage without a query
+        # term; None for a passage that search could not rank (outside the grant or filters).
+        assert values == [
+            (ranked.get(h.chunk_id, 0.0) if h.chunk_id in rankable else None) for h in named
+        ]
+    assert store.lexical_scores("c1", "ns", {}, named, terms, CancelToken()) == [None] * len(named)
+
+
+def test_both_stores_give_bit_equal_scores_under_any_grant(tmp_path: Path) -> None:
+    stores = {kind: _open_store(kind, tmp_path / kind, 8192) for kind in STORE_KINDS}
+    try:
+        answers = {}
+        for kind, store in stores.items():
+            store.open_corpus(descriptor("c1"))
+            everything = load(store)
+            put(store, "hidden", "r1", HIDDEN, metadata={"lang": "de"})
+            everything["hidden"] = "r1"
+            vector = unit_vectors(np.random.default_rng(7), 1)[0]
+            named = store.search("c1", "ns", everything, vector, 100, CancelToken())
+            seen = []
+            for allowed, filters in [
+                (everything, None),
+                ({"cells": "r1", "virus": "r1"}, None),
+                ({"heart": "r1", "hidden": "r1"}, None),
+                (everything, parse_filter({"lang": "de"})),
+            ]:
+                for query in ("virus cells", "blood heart cells", "virus virus cell"):
+                    terms = query_terms(query)
+                    hits = store.lexical_search(
+                        "c1", "ns", allowed, terms, 100, CancelToken(), filters
+                    )
+                    values = store.lexical_scores(
+                        "c1", "ns", allowed, named, terms, CancelToken(), filters
+                    )
+                    seen.append(([(h.chunk_id, h.score) for h in hits], values))
+            answers[kind] = seen
+        assert answers["sqlite"] == answers["pgvector"]
+    finally:
+        for store in stores.values():
+            store.close()

@@ -5,7 +5,8 @@ current revision, metadata filter). Equality with it means nothing outside the g
 *and* filtering happened before ranking (k results still come from the allowed rows).
 
 The same holds for the lexical search, against a reference BM25 written here whose statistics
-(N, df, average length) are those of the namespace's current revisions.
+(N, df, average length) are those of the passages the search may rank (the allowed current
+revisions matching the filter), never the rest of the namespace.
 """
 
 from __future__ import annotations
@@ -180,11 +181,14 @@ def reference_bm25(
     k1: float,
     b: float,
 ) -> list[tuple[float, str]]:
-    """BM25 (the Lucene variant bm25s uses) by hand, statistics over the namespace."""
+    """BM25 (the Lucene variant bm25s uses) by hand, statistics over the passages it ranks:
+    the namespace's allowed current revisions that pass the filter."""
     passages = {
         f"{namespace}/{sid}/{rev}/{i}": (sid, term_frequencies(text))
-        for (ns, sid), (rev, _, _) in current.items()
+        for (ns, sid), (rev, _, tier) in current.items()
         if ns == namespace
+        and allowed.get(sid) == rev
+        and (tier_filter is None or tier == tier_filter)
         for i, text in enumerate(texts[(ns, sid)])
     }
     if not passages:
@@ -193,12 +197,7 @@ def reference_bm25(
     average = sum(sum(tf.values()) for _, tf in passages.values()) / n
     df = Counter(term for _, tf in passages.values() for term in tf)
     ranked: list[tuple[float, str]] = []
-    for chunk_id, (sid, tf) in passages.items():
-        rev = current[(namespace, sid)][0]
-        if allowed.get(sid) != rev:
-            continue
-        if tier_filter is not None and current[(namespace, sid)][2] != tier_filter:
-            continue
+    for chunk_id, (_, tf) in passages.items():
         length = sum(tf.values())
         score = 0.0
         for term, count in sorted(Counter(query).items()):

@@ -16,10 +16,12 @@ def reference(
     k1: float = 0.9,
     b: float = 0.4,
 ) -> list[tuple[str, float]]:
-    """(chunk id, score) best first, statistics over every passage of `namespace_docs`."""
+    """(chunk id, score) best first, statistics (N, average length, df) over the passages of
+    the `allowed` sources only: what the search may rank, never the rest of the namespace."""
     passages = {
         f"{sid}:{i}": term_frequencies(text)
         for sid, texts in namespace_docs.items()
+        if sid in allowed
         for i, text in enumerate(texts)
     }
     n = len(passages)
@@ -27,8 +29,6 @@ def reference(
     df = Counter(term for tf in passages.values() for term in tf)
     scored = []
     for chunk_id, tf in passages.items():
-        if chunk_id.split(":")[0] not in allowed:
-            continue
         length = sum(tf.values())
         score = sum(
             count

@@ -13,9 +13,12 @@ Scoring is BM25 in the variant bm25s calls "lucene": for each query term occurre
     idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)),
 
 with `tf` the term's count in the passage, `dl` the passage's term count (after stop words),
-and `N`, `df`, `avgdl` taken over the current revisions of *one corpus namespace* (see
-`VectorStore.lexical_search` for what that leaves observable). A term repeated in the query
-counts once per occurrence, as in bm25s.
+and `N`, `df`, `avgdl` taken over exactly the passages the search may rank: the allowed
+revisions of one corpus namespace that match the request's filters (`VectorStore.lexical_search`).
+Statistics over the whole namespace would let a caller see, in the scores of its own passages,
+whether its query words occur in sources it may not read. With the whole namespace granted they
+are the namespace's statistics. A term repeated in the query counts once per occurrence, as in
+bm25s.
 """
 
 from __future__ import annotations

@@ -276,11 +276,14 @@ class VectorStore(Protocol):
         BM25 values (>= 0, unbounded), comparable only within one query.
 
         Term statistics (passage count N, average passage length, document frequency df) are
-        those of the corpus namespace's current revisions, with the corpus's `k1` and `b`.
-        What that leaves observable: a caller granted part of a namespace learns, through the
-        scores of passages it may read, how common its query terms are among the namespace's
-        other passages (df and N include sources it may not read). Nothing crosses namespaces,
-        and no text, id or count of an unreadable passage is returned.
+        taken over exactly the passages this search may rank: the allowed revisions in the
+        namespace that match `filters`, with the corpus's `k1` and `b`. So a passage's score
+        depends only on passages its caller may read: adding, changing or deleting a source
+        outside `allowed` (or outside the filters) never moves it, and scores tell nothing of
+        what unreadable passages contain. (The price: the same passage can score differently
+        under two grants; scores were never comparable across queries, now not across grants.)
+        With every current revision of the namespace allowed, these are the namespace's
+        statistics.
         """
         ...
 
@@ -303,12 +306,18 @@ class VectorStore(Protocol):
         self,
         corpus: str,
         namespace: str,
+        allowed: Mapping[str, str],
         passages: Sequence[Candidate],
         terms: Sequence[str],
         cancel: CancelToken,
+        filters: MetadataFilter | None = None,
     ) -> list[float | None]:
-        """The BM25 score `lexical_search` gives each of `passages` for `terms` (the same
-        statistics; 0.0 when no term matches), in their order; None as in `dense_scores`."""
+        """The BM25 score `lexical_search(corpus, namespace, allowed, terms, k, cancel,
+        filters)` gives each of `passages` (the statistics of that search's passages, read in
+        one snapshot with the scores; 0.0 when no term matches), in their order. None for a
+        passage that search could not rank: its source is no longer stored at the
+        candidate's revision in the namespace, or it is not an allowed revision matching
+        `filters`. Hybrid fusion passes the grant and filters of its own searches."""
         ...
 
     @property

@@ -69,7 +69,10 @@ def rank(
             values = store.dense_scores(corpus.id, namespace, no_dense, vector, context.cancel)
             completed["dense"] = _known(no_dense, values)
         if no_lexical:
-            values = store.lexical_scores(corpus.id, namespace, no_lexical, terms, context.cancel)
+            # The grant and filters of the lexical search: its statistics, not the namespace's.
+            values = store.lexical_scores(
+                corpus.id, namespace, allowed, no_lexical, terms, context.cancel, where
+            )
             completed["lexical"] = _known(no_lexical, values)
         context.cancel.progress()
     return fuse(dense, lexical, corpus.fusion, completed, wanted), usage

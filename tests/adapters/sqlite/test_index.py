@@ -59,7 +59,7 @@ def test_many_replacements_keep_exactly_the_current_revisions(
     ranked = store.lexical_search("c1", "ns", allowed, terms, 10_000, CancelToken())
     assert ranked
     by_id = {h.chunk_id: h.score for h in ranked}
-    lexical = store.lexical_scores("c1", "ns", hits, terms, CancelToken())
+    lexical = store.lexical_scores("c1", "ns", allowed, hits, terms, CancelToken())
     assert lexical == [by_id.get(h.chunk_id, 0.0) for h in hits]
 
     # A fresh store reading the same file agrees.

@@ -87,7 +87,7 @@ def answers(store: SqliteVectorStore) -> dict[str, Any]:
             None if s is None else round(s, 6)
             for s in store.dense_scores("c1", "ns", dense, query, CancelToken())
         ],
-        "lexical_scores": store.lexical_scores("c1", "ns", lexical, terms, CancelToken()),
+        "lexical_scores": store.lexical_scores("c1", "ns", allowed, lexical, terms, CancelToken()),
     }
 
 

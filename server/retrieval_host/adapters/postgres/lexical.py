@@ -1,21 +1,28 @@
 """The PostgreSQL store's lexical index: BM25 from stored term statistics, ranked in SQL.
 
 The same BM25 as the SQLite store (`core.lexical`), so the two stores rank identically rather
-than approximately (PostgreSQL's own `ts_rank` is not BM25 and has no per-namespace
-statistics). Tables (schema version 2, see `schema`): `chunk_terms` holds each passage's terms
-and counts, `chunks.term_count` its length, and `lexical_spaces` one row per corpus namespace
-with its passage count and total length.
+than approximately (PostgreSQL's own `ts_rank` is not BM25 and has no per-grant statistics).
+Tables (schema version 2, see `schema`): `chunk_terms` holds each passage's terms and counts,
+`chunks.term_count` its length, and `lexical_spaces` one row per corpus namespace (the key of
+its postings) with its passage count and total length.
 
 Writes. `replace_source` and `delete_source` change all three in their own transaction, so a
 reader sees one whole revision, lexical and dense alike. Document frequencies are not kept as
-counters (every writer of a namespace would then lock the rows of its common terms): a search
-counts them from the `chunk_terms` primary key, an index-only count over the postings of its
-query terms in that namespace.
+counters (every writer of a namespace would then lock the rows of its common terms).
 
 Search, in one REPEATABLE READ snapshot: the granted sources are selected exactly as for the
-vector search (`search.granted_sources`), the namespace's N and average length read from its
-`lexical_spaces` row, df counted per query term, idf computed in Python, and the passages of
-the granted sources scored and ranked in SQL (equal scores in chunk id order, byte order).
+vector search (`search.granted_sources`: the allowed revisions matching the filters); N, the
+total length and df per query term are counted over those sources' passages only (never the
+namespace's: a score must not move when a source the caller may not read is added or deleted,
+`VectorStore.lexical_search`); idf is computed in Python, and the passages of the granted
+sources scored and ranked in SQL (equal scores in chunk id order, byte order).
+
+Counting the statistics reads passage rows, so it is done on the smaller side (`_statistics`):
+over the granted passages, or as the namespace's `lexical_spaces` counts minus those of its
+other sources' passages. A full grant reads no passage row for them; a grant of half a
+namespace reads half of it (measured here: counting 100k passage rows' lengths takes about
+30 ms, a df count joins each posting of the query terms to its passage). Per-source totals
+kept in `sources` would make this O(sources), at the price of a schema version.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from psycopg import sql
@@ -168,15 +176,18 @@ def backfill(conn: Connection, schema: str, stored_version: int) -> None:
     )
 
 
-def _weights(
-    conn: Connection, schema: str, corpus: str, namespace: str, terms: Sequence[str]
-) -> tuple[int, float, list[tuple[str, float]]] | None:
-    """The namespace's lexical space id, average passage length, and each query term with
-    its weight (occurrences x idf); None when nothing can match."""
-    counts = Counter(t for t in terms if "\x00" not in t)
-    if not counts:
-        return None
-    stats = conn.execute(
+@dataclass(frozen=True, slots=True)
+class _Space:
+    """A namespace's `lexical_spaces` row: its postings' key and its passage and term counts
+    (kept by every writer in its own transaction, so they agree with the rows of a snapshot)."""
+
+    pk: int
+    passages: int
+    total_terms: int
+
+
+def _space(conn: Connection, schema: str, corpus: str, namespace: str) -> _Space | None:
+    row = conn.execute(
         schema_sql(
             schema,
             "SELECT id, passages, total_terms FROM {s}.lexical_spaces "
@@ -184,24 +195,94 @@ def _weights(
         ),
         (corpus, namespace),
     ).fetchone()
-    if stats is None or int(stats[1]) == 0:
+    return None if row is None else _Space(int(row[0]), int(row[1]), int(row[2]))
+
+
+# N and the total length, and df per query term, over the passages of the granted sources.
+_GRANTED_TOTALS: Final = (
+    "SELECT count(term_count), COALESCE(sum(term_count), 0) FROM {s}.chunks "
+    "WHERE source_pk = ANY(%s::bigint[])"
+)
+_GRANTED_DF: Final = (
+    "SELECT t.term, count(*) FROM {s}.chunk_terms t JOIN {s}.chunks c ON c.id = t.chunk_pk "
+    "WHERE t.space_pk = %s AND t.term = ANY(%s::text[]) AND c.source_pk = ANY(%s::bigint[]) "
+    "GROUP BY t.term"
+)
+# The same over the namespace's *other* sources (not granted, or filtered out), subtracted from
+# the namespace's counts when the grant holds most of the namespace.
+_REST: Final = (
+    "FROM {s}.sources s JOIN {s}.chunks c ON c.source_pk = s.id "
+    "WHERE s.corpus_id = %s AND s.namespace = %s AND NOT (s.id = ANY(%s::bigint[]))"
+)
+_REST_TOTALS: Final = "SELECT count(c.term_count), COALESCE(sum(c.term_count), 0) " + _REST
+_REST_DF: Final = (
+    "SELECT t.term, count(*) FROM {s}.sources s JOIN {s}.chunks c ON c.source_pk = s.id "
+    "JOIN {s}.chunk_terms t ON t.space_pk = %s AND t.term = ANY(%s::text[]) "
+    "AND t.chunk_pk = c.id "
+    "WHERE s.corpus_id = %s AND s.namespace = %s AND NOT (s.id = ANY(%s::bigint[])) "
+    "GROUP BY t.term"
+)
+_SPACE_DF: Final = (
+    "SELECT term, count(*) FROM {s}.chunk_terms WHERE space_pk = %s AND term = ANY(%s::text[]) "
+    "GROUP BY term"
+)
+
+
+def _statistics(
+    conn: Connection,
+    schema: str,
+    corpus: str,
+    namespace: str,
+    space: _Space,
+    sources: Sequence[tuple[int, int]],
+    query: list[str],
+) -> tuple[int, int, dict[str, int]]:
+    """(N, total length, df per query term) over the passages of `sources` exactly.
+
+    Counted on the smaller side: over the granted passages, or, when they are most of the
+    namespace, as the namespace's counts minus those of its other passages (a full grant then
+    reads no passage row; counting 100k granted rows directly costs about 30 ms)."""
+    granted = pk_array(pk for pk, _ in sources)
+
+    def run(template: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        return conn.execute(schema_sql(schema, template), params, prepare=False).fetchall()
+
+    if 2 * sum(count for _, count in sources) <= space.passages:
+        [(passages, total)] = run(_GRANTED_TOTALS, (granted,))
+        df = {str(t): int(n) for t, n in run(_GRANTED_DF, (space.pk, query, granted))}
+        return int(passages), int(total), df
+    rest = (corpus, namespace, granted)
+    [(rest_passages, rest_total)] = run(_REST_TOTALS, rest)
+    df = {str(t): int(n) for t, n in run(_SPACE_DF, (space.pk, query))}
+    for term, n in run(_REST_DF, (space.pk, query, *rest)):
+        df[str(term)] -= int(n)
+    passages = space.passages - int(rest_passages)
+    return passages, space.total_terms - int(rest_total), df
+
+
+def _weights(
+    conn: Connection,
+    schema: str,
+    corpus: str,
+    namespace: str,
+    space: _Space,
+    sources: Sequence[tuple[int, int]],
+    terms: Sequence[str],
+) -> tuple[int, float, list[tuple[str, float]]] | None:
+    """The lexical space id, the average passage length, and each query term with its
+    weight (occurrences x idf), N, the lengths and df counted over the passages of `sources`
+    only (the granted revisions: what the search may rank); None when nothing can match."""
+    counts = Counter(t for t in terms if "\x00" not in t)
+    if not counts or not sources:
         return None
-    space_pk, passages, average = int(stats[0]), int(stats[1]), int(stats[2]) / int(stats[1])
     query = list(counts)
-    df = {
-        str(term): int(n)
-        for term, n in conn.execute(
-            schema_sql(
-                schema,
-                "SELECT term, count(*) FROM {s}.chunk_terms "
-                "WHERE space_pk = %s AND term = ANY(%s::text[]) GROUP BY term",
-            ),
-            (space_pk, query),
-            prepare=False,
-        )
-    }
+    passages, total, df = _statistics(conn, schema, corpus, namespace, space, sources, query)
+    if passages <= 0:
+        return None
+    # Python's int / int, as the SQLite store divides: the same (correctly rounded) float.
+    average = total / passages
     weighted = [(t, counts[t] * Bm25.idf(df[t], passages)) for t in query if df.get(t)]
-    return (space_pk, average, weighted) if weighted else None
+    return (space.pk, average, weighted) if weighted else None
 
 
 # The BM25 sum of one passage over the query terms it holds. The same operations, in the same
@@ -254,11 +335,12 @@ def lexical_search(
     pairs = searchable_grant(corpus, namespace, allowed)
     if k <= 0 or not pairs:
         return []
-    weights = _weights(conn, schema, corpus, namespace, terms)
-    if weights is None:
+    space = _space(conn, schema, corpus, namespace)
+    if space is None:
         return []
     sources = granted_sources(conn, schema, corpus, namespace, pairs, filters)
-    if not sources:
+    weights = _weights(conn, schema, corpus, namespace, space, sources, terms)
+    if weights is None:
         return []
     cancel.check()
     rows: list[tuple[Any, ...]] = conn.execute(
@@ -298,25 +380,55 @@ def lexical_scores(
     schema: str,
     descriptor: CorpusDescriptor,
     namespace: str,
+    allowed: Mapping[str, str],
     passages: Sequence[Candidate],
     terms: Sequence[str],
+    filters: MetadataFilter | None,
 ) -> list[float | None]:
-    """`PgVectorStore.lexical_scores` on a connection already in a read-only snapshot."""
-    held = held_passages(conn, schema, descriptor.corpus_id, namespace, passages)
-    weights = _weights(conn, schema, descriptor.corpus_id, namespace, terms)
+    """`PgVectorStore.lexical_scores` on a connection already in a read-only snapshot: the
+    statistics `lexical_search` takes for the same grant and filters."""
+    corpus = descriptor.corpus_id
+    nothing: list[float | None] = [None] * len(passages)
+    held = held_passages(conn, schema, corpus, namespace, passages)
+    pairs = searchable_grant(corpus, namespace, allowed)
+    space = _space(conn, schema, corpus, namespace) if held and pairs else None
+    if space is None:
+        return nothing
+    sources = granted_sources(conn, schema, corpus, namespace, pairs, filters)
+    if not sources:
+        return nothing
+    granted = pk_array(pk for pk, _ in sources)
+    wanted = pk_array(pk for pk, _ in held.values())
+    # The held passages that search could rank (an allowed revision matching the filters).
+    rankable = {
+        int(pk)
+        for (pk,) in conn.execute(
+            schema_sql(
+                schema,
+                "SELECT id FROM {s}.chunks "
+                "WHERE id = ANY(%s::bigint[]) AND source_pk = ANY(%s::bigint[])",
+            ),
+            (wanted, granted),
+            prepare=False,
+        )
+    }
+    weights = _weights(conn, schema, corpus, namespace, space, sources, terms) if rankable else None
     found: dict[int, float] = {}
-    if held and weights is not None:
+    if weights is not None:
         found = {
             int(pk): float(value)
             for pk, value in conn.execute(
                 _bm25_sql(
                     schema, "{bm25} WHERE t.chunk_pk = ANY(%s::bigint[]) GROUP BY t.chunk_pk"
                 ),
-                (*_bm25_params(descriptor, *weights), pk_array(pk for pk, _ in held.values())),
+                (
+                    *_bm25_params(descriptor, *weights),
+                    pk_array(pk for pk in rankable),
+                ),
                 prepare=False,
             )
         }
     return [
-        None if (row := held.get(i)) is None else found.get(row[0], 0.0)
+        None if (row := held.get(i)) is None or row[0] not in rankable else found.get(row[0], 0.0)
         for i in range(len(passages))
     ]

@@ -92,11 +92,14 @@ class PgSearch:
         self,
         corpus: str,
         namespace: str,
+        allowed: Mapping[str, str],
         passages: Sequence[Candidate],
         terms: Sequence[str],
         cancel: CancelToken,
+        filters: MetadataFilter | None = None,
     ) -> list[float | None]:
-        """Each passage's BM25 score, from the stored term statistics (see the port)."""
+        """Each passage's BM25 score, from the stored term statistics of the passages
+        `lexical_search` would rank for this grant and these filters (see the port)."""
         descriptor = self._descriptor(corpus)
         if not passages:
             return []
@@ -107,5 +110,5 @@ class PgSearch:
             transaction(conn, repeatable_read=True, read_only=True),
         ):
             return lexical.lexical_scores(
-                conn, self._schema, descriptor, namespace, passages, terms
+                conn, self._schema, descriptor, namespace, allowed, passages, terms, filters
             )

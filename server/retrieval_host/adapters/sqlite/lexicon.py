@@ -20,15 +20,23 @@ same transaction), so the index is rebuilt at open without analyzing the text ag
 Layout. A passage's *slot* is its row in the namespace's vector segment (`segment.Segment`,
 which owns the lexicon and changes both in one step). Per term, append-only posting arrays of
 slots and term frequencies; per slot, the passage length and whether it is live. A search
-captures, under the store's cache lock, views of the postings of its query terms, the live
-mask and the mask of the allowed rows, then scores them without the lock: postings are only
-appended beyond what a capture saw, and the live mask is copied before each change (copy on
-write), so a captured view never changes under a search.
+captures, under the store's cache lock, views of the postings of its query terms and the mask
+of the rows it may rank (live, allowed, matching the filters) with that set's BM25 statistics
+(`Granted`), then scores them without the lock: postings are only appended beyond what a
+capture saw, and the live mask is copied before each change (copy on write), so a captured
+view never changes under a search.
+
+Statistics. N, the total length and each query term's df are counted over the rows the search
+may rank, never over the whole namespace: a passage's score must not depend on passages its
+caller may not read (else adding or deleting an unreadable source that holds the query's words
+moves the readable passages' scores, an oracle for what the unreadable ones contain). df is
+counted from the term's postings under the mask; N and the total length cost one pass over the
+mask (100k rows: about 0.1 ms), so they are kept with the mask of an unfiltered grant.
 
 Dead slots (replaced or deleted revisions) stay in the postings until the segment compacts
 its rows; the postings are then renumbered into new arrays. The allowed-row mask of an
-unfiltered grant is kept (`GRANT_MASKS` per namespace) until the namespace changes, as the
-segment keeps its captures.
+unfiltered grant and its statistics are kept (`GRANT_MASKS` per namespace) until the
+namespace changes, as the segment keeps its captures.
 """
 
 from __future__ import annotations
@@ -143,17 +151,28 @@ class BasePostings:
 
 
 @dataclass(frozen=True, slots=True)
+class Granted:
+    """The rows one search may rank (live, allowed, matching its filters) and their BM25
+    statistics: N and the sum of their lengths (the average length is their quotient)."""
+
+    mask: Mask  # over the segment's first `len(mask)` rows
+    passages: int
+    total_length: int
+
+
+@dataclass(frozen=True, slots=True)
 class LexicalCapture:
     """What a lexical search took under the cache lock; scored afterwards without it."""
 
     postings: dict[str, list[tuple[Slots, Counts]]]  # per term: the base's, then appended
-    live: npt.NDArray[np.bool_]
     lengths: Counts
     size: int
-    passages: int
-    total_length: int
-    allowed: npt.NDArray[np.bool_]  # the slots the search may rank
+    granted: Granted  # the rows the search may rank, and the statistics it scores with
     rows: Rows
+
+    @property
+    def allowed(self) -> Mask:
+        return self.granted.mask
 
 
 class Lexicon:
@@ -167,7 +186,9 @@ class Lexicon:
         self.live: Mask = np.empty(0, dtype=np.bool_)
         self.passages = 0
         self.total_length = 0
-        self.masks: OrderedDict[tuple[int, str, str], tuple[dict[str, str], Mask]] = OrderedDict()
+        self.masks: OrderedDict[tuple[int, str, str], tuple[dict[str, str], Granted]] = (
+            OrderedDict()
+        )
 
     def begin(self, capacity: int) -> None:
         """Before a change: a new live mask (a search may hold the current one) of the
@@ -252,8 +273,17 @@ class Lexicon:
             parts.append(appended.view())
         return parts
 
-    def remembered(self, grant: dict[str, str]) -> Mask | None:
-        """The allowed-row mask of exactly this unfiltered grant, if kept."""
+    def granted(self, allowed: Mask) -> Granted:
+        """The live rows among `allowed` (a mask over the first `len(allowed)` rows) and their
+        statistics."""
+        size = len(allowed)
+        mask: Mask = allowed & self.live[:size]
+        passages = int(np.count_nonzero(mask))
+        total = int(self.lengths[:size].sum(dtype=np.int64, where=mask))
+        return Granted(mask, passages, total)
+
+    def remembered(self, grant: dict[str, str]) -> Granted | None:
+        """The rows and statistics of exactly this unfiltered grant, if kept."""
         key = (len(grant), next(iter(grant)), next(reversed(grant)))
         entry = self.masks.get(key)
         # A dict comparison (C, no allocation) costs far less than walking the grant.
@@ -262,26 +292,19 @@ class Lexicon:
         self.masks.move_to_end(key)
         return entry[1]
 
-    def remember(self, grant: dict[str, str], mask: Mask) -> None:
+    def remember(self, grant: dict[str, str], granted: Granted) -> None:
         key = (len(grant), next(iter(grant)), next(reversed(grant)))
-        self.masks[key] = (dict(grant), mask)
+        self.masks[key] = (dict(grant), granted)
         while len(self.masks) > GRANT_MASKS:
             self.masks.popitem(last=False)
 
-    def capture(self, terms: Sequence[str], allowed: Mask, size: int, rows: Rows) -> LexicalCapture:
-        """The postings of `terms` and the namespace's arrays as they are now, ranking only
-        the `allowed` rows."""
+    def capture(
+        self, terms: Sequence[str], granted: Granted, size: int, rows: Rows
+    ) -> LexicalCapture:
+        """The postings of `terms` and the namespace's arrays as they are now, ranking (and
+        counting statistics over) only the `granted` rows."""
         postings = {term: parts for term in set(terms) if (parts := self.postings_of(term))}
-        return LexicalCapture(
-            postings,
-            self.live,
-            self.lengths,
-            size,
-            self.passages,
-            self.total_length,
-            allowed,
-            rows,
-        )
+        return LexicalCapture(postings, self.lengths, size, granted, rows)
 
 
 def _grown(array: npt.NDArray[Any], size: int, capacity: int) -> npt.NDArray[Any]:
@@ -293,35 +316,40 @@ def _grown(array: npt.NDArray[Any], size: int, capacity: int) -> npt.NDArray[Any
 def _weighted_postings(
     capture: LexicalCapture, terms: Sequence[str], cancel: CancelToken
 ) -> Iterator[tuple[Slots, Counts, float]]:
-    """Per query term held by the namespace: its postings and its weight (occurrences in the
-    query x idf). Terms in code point order, the order the PostgreSQL store sums them in:
+    """Per query term held by the rows the capture may rank: its postings among those rows
+    (ascending slots) and its weight (occurrences in the query x idf, df and N counted over
+    those rows only). Terms in code point order, the order the PostgreSQL store sums them in:
     floating-point addition is not associative, and equal passages must score equal in both
     stores (and in `score` and `score_slots`)."""
+    allowed = capture.allowed
     for term, count in sorted(Counter(terms).items()):
         cancel.check()
         parts = capture.postings.get(term)
         if parts is None:
             continue
-        df = sum(int(np.count_nonzero(capture.live[slots])) for slots, _ in parts)
+        mine = [(slots[m], tfs[m]) for slots, tfs in parts if (m := allowed[slots]).any()]
+        df = sum(len(slots) for slots, _ in mine)
         if df == 0:
             continue
-        weight = count * Bm25.idf(df, capture.passages)
+        weight = count * Bm25.idf(df, capture.granted.passages)
         # A row is in one part only: each row still gets its terms' scores in term order.
-        for slots, tfs in parts:
+        for slots, tfs in mine:
             yield slots, tfs, weight
+
+
+def _average_length(capture: LexicalCapture) -> float:
+    granted = capture.granted
+    return granted.total_length / granted.passages
 
 
 def score(
     capture: LexicalCapture, terms: Sequence[str], bm25: Bm25, k: int, cancel: CancelToken
 ) -> list[tuple[int, float]]:
     """The top k (slot, BM25 score) of a capture, best first, equal scores by chunk id."""
-    allowed = capture.allowed
     scores = np.zeros(capture.size, dtype=np.float64)
-    average = capture.total_length / capture.passages
-    for slots, tfs, weight in _weighted_postings(capture, terms, cancel):
-        mine = allowed[slots]
-        hit = slots[mine]
-        tf = tfs[mine].astype(np.float64)
+    average = _average_length(capture)
+    for hit, tfs, weight in _weighted_postings(capture, terms, cancel):
+        tf = tfs.astype(np.float64)
         norm = bm25.k1 * (1.0 - bm25.b + bm25.b * capture.lengths[hit] / average)
         # A slot appears once per term: the fancy-indexed add touches each hit once.
         scores[hit] += weight * (tf / (tf + norm))
@@ -346,7 +374,7 @@ def score_slots(
     scores = np.zeros(len(slots), dtype=np.float64)
     if not len(slots):
         return scores
-    average = capture.total_length / capture.passages
+    average = _average_length(capture)
     lengths = capture.lengths[slots]
     for posted, tfs, weight in _weighted_postings(capture, terms, cancel):
         at = np.minimum(np.searchsorted(posted, slots), len(posted) - 1)

@@ -165,11 +165,14 @@ class SqliteSearch:
         self,
         corpus: str,
         namespace: str,
+        allowed: Mapping[str, str],
         passages: Sequence[Candidate],
         terms: Sequence[str],
         cancel: CancelToken,
+        filters: MetadataFilter | None = None,
     ) -> list[float | None]:
-        """Each passage's BM25 score, from the namespace's inverted index (see the port)."""
+        """Each passage's BM25 score, from the namespace's inverted index, with the
+        statistics `lexical_search` takes for this grant and these filters (see the port)."""
         state = self._state(corpus)
         if not passages:
             return []
@@ -178,7 +181,7 @@ class SqliteSearch:
             segment = state.segments.get(namespace)
             if segment is None:
                 return [None] * len(passages)
-            capture, slots = segment.lexical_passages(passages, terms)
+            capture, slots = segment.lexical_passages(allowed, filters, passages, terms)
         held = np.array([s for s in slots if s is not None], dtype=np.int64)
         values: Iterator[float] = iter(())
         if capture is not None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from retrieval_host.adapters.sqlite.lexicon import LexicalCapture, Lexicon
+from retrieval_host.adapters.sqlite.lexicon import Granted, LexicalCapture, Lexicon
 from retrieval_host.adapters.sqlite.rows import Revision, Row, Rows, chunk_hash
 from retrieval_host.adapters.sqlite.scan import Hashes, Index, Matrix, Scan, find_rows
 from retrieval_host.core.descriptor import CorpusDescriptor
@@ -247,31 +247,47 @@ class Segment:
     ) -> LexicalCapture | None:
         """What a lexical search of these terms over the allowed revisions needs (under the
         store's cache lock; scored afterwards without it)."""
-        if self.lexicon.passages == 0:
+        granted = self._granted(allowed, filters)
+        if granted is None:
             return None
-        grant = allowed if isinstance(allowed, dict) and allowed and filters is None else None
-        mask = None if grant is None else self.lexicon.remembered(grant)
-        if mask is None:
+        return self.lexicon.capture(terms, granted, self.size, self.rows)
+
+    def lexical_passages(
+        self,
+        allowed: Mapping[str, str],
+        filters: MetadataFilter | None,
+        passages: Sequence[Candidate],
+        terms: Sequence[str],
+    ) -> tuple[LexicalCapture | None, list[int | None]]:
+        """The capture `lexical_capture` takes for this grant and these filters (the same
+        rows, so the same statistics), and each passage's row (None: not held at its
+        revision, or not among the rows that search may rank), for `lexical_scores` (under
+        the cache lock)."""
+        found = self._find(passages)
+        granted = None if not any(s is not None for s in found) else self._granted(allowed, filters)
+        if granted is None:
+            return None, [None] * len(found)
+        mask = granted.mask
+        rankable = [s if s is not None and mask[s] else None for s in found]
+        return self.lexicon.capture(terms, granted, self.size, self.rows), rankable
+
+    def _granted(
+        self, allowed: Mapping[str, str], filters: MetadataFilter | None
+    ) -> Granted | None:
+        """The rows a lexical search may rank, with their statistics; None when there are
+        none. An unfiltered grant's are kept until the segment changes."""
+        if self.lexicon.passages == 0 or not allowed:
+            return None
+        grant = allowed if isinstance(allowed, dict) and filters is None else None
+        granted = None if grant is None else self.lexicon.remembered(grant)
+        if granted is None:
             hits = self._hits(allowed, filters)
             if not hits:
                 return None
-            mask = _mask(hits, self.size)
+            granted = self.lexicon.granted(_mask(hits, self.size))
             if grant is not None:
-                self.lexicon.remember(grant, mask)
-        return self.lexicon.capture(terms, mask, self.size, self.rows)
-
-    def lexical_passages(
-        self, passages: Sequence[Candidate], terms: Sequence[str]
-    ) -> tuple[LexicalCapture | None, list[int | None]]:
-        """A capture that may rank only `passages` (those whose revision is the one held), and
-        each passage's row (None: not held), for `lexical_scores` (under the cache lock)."""
-        found = self._find(passages)
-        held = [s for s in found if s is not None]
-        if self.lexicon.passages == 0 or not held:
-            return None, found
-        mask: npt.NDArray[np.bool_] = np.zeros(self.size, dtype=np.bool_)
-        mask[held] = True
-        return self.lexicon.capture(terms, mask, self.size, self.rows), found
+                self.lexicon.remember(grant, granted)
+        return granted if granted.passages else None
 
 
 def _rows_below(span: Span, row: int) -> int:
