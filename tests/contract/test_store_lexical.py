@@ -500,3 +500,16 @@ def test_both_stores_give_bit_equal_scores_under_any_grant(tmp_path: Path) -> No
     finally:
         for store in stores.values():
             store.close()
+
+
+def test_a_repeated_grant_sees_the_statistics_of_its_sources_as_they_change(
+    store: ContractStore,
+) -> None:
+    # The SQLite store keeps a grant's statistics with its rows: a write must drop them.
+    put(store, "cells", "r1", DOCS["cells"])
+    grant = {"cells": "r1", "virus": "r1"}  # "virus" is not stored yet
+    assert_ranked(lexical(store, grant, "cells"), reference(DOCS, {"cells"}, "cells"))
+    put(store, "virus", "r1", DOCS["virus"])
+    assert_ranked(lexical(store, grant, "cells"), reference(DOCS, set(grant), "cells"))
+    store.delete_source("c1", "ns", "virus", "r1")
+    assert_ranked(lexical(store, grant, "cells"), reference(DOCS, {"cells"}, "cells"))
