@@ -17,17 +17,17 @@ namespace's: a score must not move when a source the caller may not read is adde
 `VectorStore.lexical_search`); idf is computed in Python, and the passages of the granted
 sources scored and ranked in SQL (equal scores in chunk id order, byte order).
 
-Counting the statistics reads passage rows, so it is done on the smaller side (`_statistics`):
-over the granted passages, or as the namespace's `lexical_spaces` counts minus those of its
-other sources' passages. A full grant reads no passage row for them; a grant of half a
-namespace reads half of it (measured here: counting 100k passage rows' lengths takes about
-30 ms, a df count joins each posting of the query terms to its passage). Per-source totals
-kept in `sources` would make this O(sources), at the price of a schema version.
+Counting df joins each posting of the query terms to its passage, so it is done on the smaller
+side (`_statistics`): over the granted passages, or as the namespace's count minus that of its
+other sources' passages. N and the total length are sums of per-revision totals kept in memory
+(`SourceTotals`: a revision's passages never change), read once per revision from its passage
+rows. No schema change; per-revision totals stored in `sources` would spare that first read.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -198,23 +198,68 @@ def _space(conn: Connection, schema: str, corpus: str, namespace: str) -> _Space
     return None if row is None else _Space(int(row[0]), int(row[1]), int(row[2]))
 
 
-# N and the total length, and df per query term, over the passages of the granted sources.
-_GRANTED_TOTALS: Final = (
-    "SELECT count(term_count), COALESCE(sum(term_count), 0) FROM {s}.chunks "
-    "WHERE source_pk = ANY(%s::bigint[])"
-)
+# Bounds `SourceTotals`: two integers per source revision; past this many, it starts over.
+SOURCE_TOTALS: Final = 1_000_000
+
+
+class SourceTotals:
+    """Per stored source revision (its `sources.id`): its analyzed passages and their total
+    length, kept in memory by one store instance.
+
+    Exact forever once read: a revision's passages are written with its `sources` row, in one
+    transaction, and never changed (a new revision, or a delete, removes the row and its
+    passages; `sources.id` is an identity, never reused). So a grant's N and total length cost
+    one dictionary read per source after the first search, instead of reading every granted
+    passage row (100k of them: about 30 ms here, more with wide vectors)."""
+
+    def __init__(self, limit: int = SOURCE_TOTALS) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._totals: dict[int, tuple[int, int]] = {}
+
+    def sum(self, conn: Connection, schema: str, pks: Sequence[int]) -> tuple[int, int]:
+        """(passages, total length) over the revisions `pks`, all visible in the snapshot of
+        `conn` (those not yet known are read from it, in one statement)."""
+        with self._lock:
+            known = [self._totals.get(pk) for pk in pks]
+        missing = [pk for pk, totals in zip(pks, known, strict=True) if totals is None]
+        read: dict[int, tuple[int, int]] = {}
+        if missing:
+            read = {pk: (0, 0) for pk in missing}  # a revision without analyzed passages
+            for pk, passages, total in conn.execute(
+                schema_sql(
+                    schema,
+                    "SELECT source_pk, count(term_count), COALESCE(sum(term_count), 0) "
+                    "FROM {s}.chunks WHERE source_pk = ANY(%s::bigint[]) GROUP BY source_pk",
+                ),
+                (pk_array(missing),),
+                prepare=False,
+            ):
+                read[int(pk)] = (int(passages), int(total))
+            with self._lock:
+                if len(self._totals) + len(read) > self._limit:
+                    self._totals.clear()
+                self._totals.update(read)
+        passages = total = 0
+        for pk, totals in zip(pks, known, strict=True):
+            n, length = totals if totals is not None else read[pk]
+            passages += n
+            total += length
+        return passages, total
+
+
+# df per query term over the passages of the granted sources.
 _GRANTED_DF: Final = (
     "SELECT t.term, count(*) FROM {s}.chunk_terms t JOIN {s}.chunks c ON c.id = t.chunk_pk "
     "WHERE t.space_pk = %s AND t.term = ANY(%s::text[]) AND c.source_pk = ANY(%s::bigint[]) "
     "GROUP BY t.term"
 )
-# The same over the namespace's *other* sources (not granted, or filtered out), subtracted from
-# the namespace's counts when the grant holds most of the namespace.
-_REST: Final = (
-    "FROM {s}.sources s JOIN {s}.chunks c ON c.source_pk = s.id "
-    "WHERE s.corpus_id = %s AND s.namespace = %s AND NOT (s.id = ANY(%s::bigint[]))"
+# The namespace's *other* sources (not granted, or filtered out), and df over their passages,
+# subtracted from the namespace's counts when the grant holds most of the namespace.
+_REST_SOURCES: Final = (
+    "SELECT id FROM {s}.sources "
+    "WHERE corpus_id = %s AND namespace = %s AND NOT (id = ANY(%s::bigint[]))"
 )
-_REST_TOTALS: Final = "SELECT count(c.term_count), COALESCE(sum(c.term_count), 0) " + _REST
 _REST_DF: Final = (
     "SELECT t.term, count(*) FROM {s}.sources s JOIN {s}.chunks c ON c.source_pk = s.id "
     "JOIN {s}.chunk_terms t ON t.space_pk = %s AND t.term = ANY(%s::text[]) "
@@ -231,6 +276,7 @@ _SPACE_DF: Final = (
 def _statistics(
     conn: Connection,
     schema: str,
+    totals: SourceTotals,
     corpus: str,
     namespace: str,
     space: _Space,
@@ -239,30 +285,34 @@ def _statistics(
 ) -> tuple[int, int, dict[str, int]]:
     """(N, total length, df per query term) over the passages of `sources` exactly.
 
-    Counted on the smaller side: over the granted passages, or, when they are most of the
-    namespace, as the namespace's counts minus those of its other passages (a full grant then
-    reads no passage row; counting 100k granted rows directly costs about 30 ms)."""
-    granted = pk_array(pk for pk, _ in sources)
+    df is counted on the smaller side: over the granted passages' postings, or, when they are
+    most of the namespace, as the namespace's count minus that of its other passages (a full
+    grant then joins no posting to its passage). N and the total length come from `totals`,
+    on the same side."""
+    pks = [pk for pk, _ in sources]
+    granted = pk_array(pks)
 
     def run(template: str, params: tuple[object, ...]) -> list[tuple[Any, ...]]:
         return conn.execute(schema_sql(schema, template), params, prepare=False).fetchall()
 
     if 2 * sum(count for _, count in sources) <= space.passages:
-        [(passages, total)] = run(_GRANTED_TOTALS, (granted,))
+        passages, total = totals.sum(conn, schema, pks)
         df = {str(t): int(n) for t, n in run(_GRANTED_DF, (space.pk, query, granted))}
-        return int(passages), int(total), df
+        return passages, total, df
     rest = (corpus, namespace, granted)
-    [(rest_passages, rest_total)] = run(_REST_TOTALS, rest)
+    others = [int(pk) for (pk,) in run(_REST_SOURCES, rest)]
+    rest_passages, rest_total = totals.sum(conn, schema, others) if others else (0, 0)
     df = {str(t): int(n) for t, n in run(_SPACE_DF, (space.pk, query))}
-    for term, n in run(_REST_DF, (space.pk, query, *rest)):
-        df[str(term)] -= int(n)
-    passages = space.passages - int(rest_passages)
-    return passages, space.total_terms - int(rest_total), df
+    if others:
+        for term, n in run(_REST_DF, (space.pk, query, *rest)):
+            df[str(term)] -= int(n)
+    return space.passages - rest_passages, space.total_terms - rest_total, df
 
 
 def _weights(
     conn: Connection,
     schema: str,
+    totals: SourceTotals,
     corpus: str,
     namespace: str,
     space: _Space,
@@ -276,7 +326,9 @@ def _weights(
     if not counts or not sources:
         return None
     query = list(counts)
-    passages, total, df = _statistics(conn, schema, corpus, namespace, space, sources, query)
+    passages, total, df = _statistics(
+        conn, schema, totals, corpus, namespace, space, sources, query
+    )
     if passages <= 0:
         return None
     # Python's int / int, as the SQLite store divides: the same (correctly rounded) float.
@@ -322,6 +374,7 @@ def _bm25_params(
 def lexical_search(
     conn: Connection,
     schema: str,
+    totals: SourceTotals,
     descriptor: CorpusDescriptor,
     namespace: str,
     allowed: Mapping[str, str],
@@ -339,7 +392,7 @@ def lexical_search(
     if space is None:
         return []
     sources = granted_sources(conn, schema, corpus, namespace, pairs, filters)
-    weights = _weights(conn, schema, corpus, namespace, space, sources, terms)
+    weights = _weights(conn, schema, totals, corpus, namespace, space, sources, terms)
     if weights is None:
         return []
     cancel.check()
@@ -378,6 +431,7 @@ def lexical_search(
 def lexical_scores(
     conn: Connection,
     schema: str,
+    totals: SourceTotals,
     descriptor: CorpusDescriptor,
     namespace: str,
     allowed: Mapping[str, str],
@@ -397,22 +451,14 @@ def lexical_scores(
     sources = granted_sources(conn, schema, corpus, namespace, pairs, filters)
     if not sources:
         return nothing
-    granted = pk_array(pk for pk, _ in sources)
-    wanted = pk_array(pk for pk, _ in held.values())
-    # The held passages that search could rank (an allowed revision matching the filters).
-    rankable = {
-        int(pk)
-        for (pk,) in conn.execute(
-            schema_sql(
-                schema,
-                "SELECT id FROM {s}.chunks "
-                "WHERE id = ANY(%s::bigint[]) AND source_pk = ANY(%s::bigint[])",
-            ),
-            (wanted, granted),
-            prepare=False,
-        )
-    }
-    weights = _weights(conn, schema, corpus, namespace, space, sources, terms) if rankable else None
+    # The held passages that search could rank (of an allowed revision matching the filters).
+    granted = {pk for pk, _ in sources}
+    rankable = {int(chunk) for chunk, source in held.values() if int(source) in granted}
+    weights = (
+        _weights(conn, schema, totals, corpus, namespace, space, sources, terms)
+        if rankable
+        else None
+    )
     found: dict[int, float] = {}
     if weights is not None:
         found = {

@@ -358,8 +358,8 @@ def held_passages(
     *,
     vectors: bool = False,
 ) -> dict[int, tuple[int, Any]]:
-    """Position in `passages` -> (chunk pk, its stored vector when `vectors`, else None), for
-    the passages stored in the namespace at their candidate's revision."""
+    """Position in `passages` -> (chunk pk, its stored vector when `vectors`, else its source
+    revision's pk), for the passages stored in the namespace at their candidate's revision."""
     if "\x00" in namespace + corpus:
         return {}
     wanted = [
@@ -376,7 +376,7 @@ def held_passages(
             "JOIN {s}.chunks c ON c.corpus_id = %s AND c.namespace = %s AND c.chunk_id = a.chunk "
             "JOIN {s}.sources s ON s.id = c.source_pk AND s.source_id = a.source "
             "AND s.revision = a.revision"
-        ).format(s=sql.Identifier(schema), v=sql.SQL("c.embedding" if vectors else "NULL")),
+        ).format(s=sql.Identifier(schema), v=sql.SQL("c.embedding" if vectors else "c.source_pk")),
         (json.dumps(wanted), corpus, namespace),
         binary=vectors,
         prepare=False,

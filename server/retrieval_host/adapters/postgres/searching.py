@@ -21,6 +21,7 @@ class PgSearch:
     _pool: ConnectionPool
     _schema: str
     _searcher: Searcher
+    _source_totals: lexical.SourceTotals
 
     def _descriptor(self, corpus: str) -> CorpusDescriptor:
         raise NotImplementedError
@@ -71,7 +72,16 @@ class PgSearch:
             transaction(conn, repeatable_read=True, read_only=True),
         ):
             return lexical.lexical_search(
-                conn, self._schema, descriptor, namespace, allowed, terms, k, cancel, filters
+                conn,
+                self._schema,
+                self._source_totals,
+                descriptor,
+                namespace,
+                allowed,
+                terms,
+                k,
+                cancel,
+                filters,
             )
 
     def dense_scores(
@@ -110,5 +120,13 @@ class PgSearch:
             transaction(conn, repeatable_read=True, read_only=True),
         ):
             return lexical.lexical_scores(
-                conn, self._schema, descriptor, namespace, allowed, passages, terms, filters
+                conn,
+                self._schema,
+                self._source_totals,
+                descriptor,
+                namespace,
+                allowed,
+                passages,
+                terms,
+                filters,
             )

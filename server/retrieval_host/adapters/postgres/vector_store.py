@@ -114,6 +114,8 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
         self._corpora: dict[str, CorpusDescriptor] = {}
         self._counters = searcher.counters
         self._searcher = searcher
+        # Each source revision's lexical totals (BM25's N and length over a grant).
+        self._source_totals = lexical.SourceTotals()
 
     @classmethod
     def open(
