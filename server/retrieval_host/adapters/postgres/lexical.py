@@ -248,24 +248,17 @@ class SourceTotals:
         return passages, total
 
 
-# df per query term over the passages of the granted sources.
-_GRANTED_DF: Final = (
+# df per query term over the passages of some sources (the granted ones, or the others).
+_SOURCES_DF: Final = (
     "SELECT t.term, count(*) FROM {s}.chunk_terms t JOIN {s}.chunks c ON c.id = t.chunk_pk "
     "WHERE t.space_pk = %s AND t.term = ANY(%s::text[]) AND c.source_pk = ANY(%s::bigint[]) "
     "GROUP BY t.term"
 )
-# The namespace's *other* sources (not granted, or filtered out), and df over their passages,
-# subtracted from the namespace's counts when the grant holds most of the namespace.
+# The namespace's *other* sources (not granted, or filtered out): subtracted from the
+# namespace's counts when the grant holds most of the namespace.
 _REST_SOURCES: Final = (
     "SELECT id FROM {s}.sources "
     "WHERE corpus_id = %s AND namespace = %s AND NOT (id = ANY(%s::bigint[]))"
-)
-_REST_DF: Final = (
-    "SELECT t.term, count(*) FROM {s}.sources s JOIN {s}.chunks c ON c.source_pk = s.id "
-    "JOIN {s}.chunk_terms t ON t.space_pk = %s AND t.term = ANY(%s::text[]) "
-    "AND t.chunk_pk = c.id "
-    "WHERE s.corpus_id = %s AND s.namespace = %s AND NOT (s.id = ANY(%s::bigint[])) "
-    "GROUP BY t.term"
 )
 _SPACE_DF: Final = (
     "SELECT term, count(*) FROM {s}.chunk_terms WHERE space_pk = %s AND term = ANY(%s::text[]) "
@@ -297,15 +290,15 @@ def _statistics(
 
     if 2 * sum(count for _, count in sources) <= space.passages:
         passages, total = totals.sum(conn, schema, pks)
-        df = {str(t): int(n) for t, n in run(_GRANTED_DF, (space.pk, query, granted))}
+        df = {str(t): int(n) for t, n in run(_SOURCES_DF, (space.pk, query, granted))}
         return passages, total, df
-    rest = (corpus, namespace, granted)
-    others = [int(pk) for (pk,) in run(_REST_SOURCES, rest)]
-    rest_passages, rest_total = totals.sum(conn, schema, others) if others else (0, 0)
+    others = [int(pk) for (pk,) in run(_REST_SOURCES, (corpus, namespace, granted))]
     df = {str(t): int(n) for t, n in run(_SPACE_DF, (space.pk, query))}
-    if others:
-        for term, n in run(_REST_DF, (space.pk, query, *rest)):
-            df[str(term)] -= int(n)
+    if not others:
+        return space.passages, space.total_terms, df
+    rest_passages, rest_total = totals.sum(conn, schema, others)
+    for term, n in run(_SOURCES_DF, (space.pk, query, pk_array(others))):
+        df[str(term)] -= int(n)
     return space.passages - rest_passages, space.total_terms - rest_total, df
 
 
