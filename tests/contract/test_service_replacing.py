@@ -27,6 +27,7 @@ from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.grants import GRANT_ATTEMPTS
 from retrieval_host.core.models import (
     ChunkInput,
     DeleteRequest,
@@ -42,7 +43,6 @@ from retrieval_host.core.models import (
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant, VectorStore
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import RunRequest, RunRetrieval
-from retrieval_host.core.search import GRANT_ATTEMPTS
 from retrieval_host.core.service import Corpus, RetrievalService
 from tests.contract.conftest import StoreHarness
 
@@ -353,3 +353,95 @@ def test_a_run_retrieving_before_generation_during_a_replacement_grounds_on_one_
         runs.close()
     assert result.status == "completed"
     assert sorted((e.source_id, e.revision) for e in result.sources) == [("a", "r2")] * 2
+
+
+# --- the inspection reads: one source, and the listing ----------------------------------
+
+
+def listed(world: World) -> list[tuple[str, str]]:
+    page = world.service.list_sources(CORPUS, world.context())
+    return [(s.id, s.revision) for s in page.sources]
+
+
+def test_a_source_replaced_after_its_grant_is_inspected_at_the_new_revision(
+    world: World,
+) -> None:
+    world.acl.after = world.replace_at(1, "a", "r2")
+    detail = world.service.get_source(CORPUS, "a", world.context())
+    assert detail.source.revision == "r2"
+    assert [p.chunk_id for p in detail.passages] == ["a-r2-0", "a-r2-1"]
+    assert world.acl.searches == 3  # the grant, the grant again, the check after the read
+
+    world.acl.searches, world.acl.after = 0, world.replace_at(1, "a", "r3")
+    assert listed(world) == [("a", "r3"), ("b", "r1")]
+    assert world.acl.searches == 4
+
+
+def test_a_source_replaced_after_it_was_read_is_inspected_at_the_new_revision(
+    world: World,
+) -> None:
+    # The read found r1; the check after it grants r2 only.
+    world.acl.before = world.replace_at(2, "a", "r2")
+    detail = world.service.get_source(CORPUS, "a", world.context())
+    assert (detail.source.revision, len(detail.passages)) == ("r2", 2)
+    assert world.acl.searches == 4
+
+    world.acl.searches, world.acl.before = 0, world.replace_at(2, "a", "r3")
+    assert listed(world) == [("a", "r3"), ("b", "r1")]
+    assert world.acl.searches == 4
+
+
+def test_a_source_deleted_while_it_is_inspected_is_unavailable_without_asking_again(
+    world: World,
+) -> None:
+    def delete(n: int) -> None:
+        if n == 1:
+            world.writer.run(
+                lambda: world.writing.delete_context(
+                    DeleteRequest(CORPUS, "a", "r1"), RequestContext("writer")
+                )
+            )
+
+    world.acl.after = delete
+    with pytest.raises(RetrievalError) as excinfo:
+        world.service.get_source(CORPUS, "a", world.context())
+    assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    assert world.acl.searches == 1
+    assert listed(world) == [("b", "r1")]
+    assert world.acl.searches == 3
+
+
+def test_replacements_that_never_stop_end_an_inspection_after_three_reads(
+    world: World,
+) -> None:
+    revisions = (f"r{n}" for n in itertools.count(2))
+
+    def replace_every_time(n: int) -> None:
+        revision = next(revisions)
+        world.writer.run(lambda: world.index("a", revision))
+
+    world.acl.after = replace_every_time
+    with pytest.raises(RetrievalError) as excinfo:
+        world.service.get_source(CORPUS, "a", world.context())
+    assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    assert world.acl.searches == GRANT_ATTEMPTS
+
+    world.acl.searches = 0
+    # What one attempt gives: the source left out, never a revision the last check did not
+    # grant.
+    assert listed(world) == [("b", "r1")]
+    assert world.acl.searches == 2 * GRANT_ATTEMPTS
+
+
+def test_an_authorizer_that_keeps_granting_a_replaced_revision_is_not_asked_for_ever(
+    world: World,
+) -> None:
+    world.index("a", "r2")
+    world.acl.pinned = {"a": "r1"}
+    with pytest.raises(RetrievalError) as excinfo:
+        world.service.get_source(CORPUS, "a", world.context())
+    assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    assert world.acl.searches == 2
+    world.acl.searches = 0
+    assert listed(world) == [("b", "r1")]
+    assert world.acl.searches == 4

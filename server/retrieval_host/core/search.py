@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Final
 
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
@@ -35,7 +34,14 @@ from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.errors import source_unavailable
 from retrieval_host.core.filters import MetadataFilter, parse_filter
 from retrieval_host.core.freshness import fresh_revisions
-from retrieval_host.core.grants import authorize, authorize_or_none, overtaken, searchable
+from retrieval_host.core.grants import (
+    GRANT_ATTEMPTS,
+    ask_again,
+    authorize,
+    authorize_or_none,
+    overtaken,
+    searchable,
+)
 from retrieval_host.core.models import (
     EmbeddingUsage,
     Hit,
@@ -50,12 +56,6 @@ from retrieval_host.core.query_embedding import QueryEmbedder
 from retrieval_host.core.ranking import apply_policy, rank
 from retrieval_host.core.rerank import rerank_candidates, wants_rerank
 from retrieval_host.core.validation import check_search_request
-
-# Authorizations before a read that one search makes at most while commits keep replacing the
-# revisions it was granted (module docstring). One writer replacing a source overtook 22-41 of
-# ~1,200 concurrent searches (a black-box report): a second read is overtaken only if another
-# commit lands inside its own window, and three bound a search under a writer that never stops.
-GRANT_ATTEMPTS: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ class CorpusSearch:
                         raise source_unavailable()  # missing looks exactly like unauthorized
                     stored[sid] = source.revision
                 stale = overtaken(granted, stored)
-                if _ask_again(stale, previous, attempt):
+                if ask_again(stale, previous, attempt):
                     previous, attempt = stale, attempt + 1
                     context.cancel.check()
                     continue
@@ -151,7 +151,7 @@ class CorpusSearch:
                 # With authorization, before ranking: a stale revision is never scored.
                 indexed = corpus.store.indexed_at(corpus.id, grant.namespace, allowed.keys())
                 stale = overtaken(granted, {sid: found[0] for sid, found in indexed.items()})
-                if _ask_again(stale, previous, attempt):
+                if ask_again(stale, previous, attempt):
                     previous, attempt = stale, attempt + 1
                     context.cancel.check()
                     continue
@@ -256,14 +256,6 @@ class CorpusSearch:
         return SearchResult(
             kept, truncated, grant.retrieved_at, grant.scope, found.usage, rerank_usage
         )
-
-
-def _ask_again(stale: Mapping[str, str], previous: Mapping[str, str], attempt: int) -> bool:
-    """Whether read number `attempt`, whose grant the store overtook in `stale` (source id ->
-    granted revision), authorizes again: not past `GRANT_ATTEMPTS`, and not when the last
-    attempt found exactly these revisions overtaken too (the authorizer grants them whatever
-    the store holds, and would again)."""
-    return bool(stale) and attempt < GRANT_ATTEMPTS and stale != previous
 
 
 def _indexed_at(

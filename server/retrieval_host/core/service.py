@@ -31,17 +31,11 @@ from retrieval_host.core.indexing import embed_passages, passage_contexts
 from retrieval_host.core.inspection import (
     DEFAULT_PAGE_LIMIT,
     CorpusSummary,
-    Cursor,
     Passage,
     SourceDetail,
     SourceFilter,
     SourcePage,
-    SourceSummary,
     check_page_limit,
-    decode_cursor,
-    encode_cursor,
-    source_page,
-    sources_cursor,
 )
 from retrieval_host.core.lifecycle import run_retrieval
 from retrieval_host.core.models import (
@@ -74,6 +68,7 @@ from retrieval_host.core.reasons import (
 )
 from retrieval_host.core.rerank import wants_rerank
 from retrieval_host.core.search import CorpusSearch
+from retrieval_host.core.source_reads import read_source, read_sources
 from retrieval_host.core.validation import check_id, check_index_request
 
 # `Corpus` and `CommitEvent` live in `core.corpus`; importing them from here keeps working.
@@ -378,24 +373,7 @@ class RetrievalService:
         last page). `INVALID_REQUEST`: `limit` outside 1..1000 (`page-limit`), a cursor this
         listing did not return (`invalid-cursor`)."""
         check_page_limit(limit)
-        corpus = self.corpus(corpus_id)
-        grant = authorize(corpus, "search", None, context)
-        after = (
-            str(decode_cursor(cursor, "sources", corpus.id).after) if cursor is not None else None
-        )
-        context.cancel.check()
-        allowed = searchable(grant)
-        page, resume = source_page(
-            lambda start, n: corpus.store.list_sources(
-                corpus.id, grant.namespace, allowed, after=start, limit=n
-            ),
-            where or SourceFilter(),
-            after,
-            limit,
-        )
-        still = searchable_again(corpus, None, grant, context) or {}
-        visible = [r for r in page if still.get(r.id) == r.revision]
-        return SourcePage(visible, sources_cursor(corpus.id, resume))
+        return read_sources(self.corpus(corpus_id), context, where or SourceFilter(), cursor, limit)
 
     def get_source(
         self,
@@ -412,35 +390,7 @@ class RetrievalService:
         `SOURCE_CONFLICT` (`revision-changed`): start again without it."""
         check_page_limit(limit)
         check_id("source id", source_id)
-        corpus = self.corpus(corpus_id)
-        summary, grant = self._visible_source(corpus, source_id, context)
-        after: int | None = None
-        if cursor is not None:
-            position = decode_cursor(cursor, "passages", corpus.id, source_id)
-            if position.revision != summary.revision:
-                raise RetrievalError(
-                    ErrorCode.SOURCE_CONFLICT,
-                    "the source changed revision since this cursor was returned; list its "
-                    "passages again without a cursor.",
-                    reason=SourceConflictReason.REVISION_CHANGED,
-                )
-            after = int(position.after)
-        context.cancel.check()
-        rows = corpus.store.list_passages(
-            corpus.id, grant.namespace, source_id, summary.revision, after=after, limit=limit + 1
-        )
-        still = searchable_again(corpus, (source_id,), grant, context) or {}
-        if still.get(source_id) != summary.revision:
-            raise source_unavailable()
-        page, more = rows[:limit], len(rows) > limit
-        next_cursor = (
-            encode_cursor(
-                Cursor("passages", corpus.id, page[-1].ordinal, source_id, summary.revision)
-            )
-            if more and page
-            else None
-        )
-        return SourceDetail(summary, page, next_cursor)
+        return read_source(self.corpus(corpus_id), source_id, context, cursor, limit)
 
     def get_passage(self, corpus_id: str, chunk_id: str, context: RequestContext) -> Passage:
         """The passage with that chunk id as a search hit shows it, authorized now: the read
@@ -466,21 +416,6 @@ class RetrievalService:
             Scope(corpus.id, corpus.version, grant.namespace),
             stored.metadata,
         )
-
-    def _visible_source(
-        self, corpus: Corpus, source_id: str, context: RequestContext
-    ) -> tuple[SourceSummary, Grant]:
-        grant = authorize(corpus, "search", (source_id,), context)
-        revision = searchable(grant).get(source_id)
-        if revision is None:
-            raise source_unavailable()
-        context.cancel.check()
-        rows = corpus.store.list_sources(
-            corpus.id, grant.namespace, {source_id: revision}, after=None, limit=1
-        )
-        if not rows or rows[0].id != source_id:
-            raise source_unavailable()  # missing looks exactly like unauthorized
-        return rows[0], grant
 
 
 def _notify(
