@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import quopri
 from typing import Any
 
 import pytest
@@ -111,13 +112,51 @@ def test_plain_text_is_preferred_and_html_is_turned_into_text(
     prepared: PreparedDocument = prepare(thread(), count_tokens, "application/mbox")
     by_id = {c.location.document_id: c.text for c in prepared.chunks}
     assert by_id["<m2@example.org>"] == "Plain: the east quay is closed on Sunday."
+    # The HTML is one line, so its visible text is one line.
     html_text = by_id["<m4@example.org>"]
-    assert html_text == (
-        "The east quay is closed on Sunday.\n\nMoor west instead.\n\nPay at the office."
-    )
+    assert html_text == "The east quay is closed on Sunday. Moor west instead. Pay at the office."
     everything = "\n".join(by_id.values())
     for hidden in ("never indexed", "color: red", "ignored title", "a comment"):
         assert hidden not in everything
+
+
+MULTILINE_HTML = """<html><head><style>p { color: red }</style></head><body>
+<p>Great result on the import latency.</p>
+<ul><li>p50 is down.</li><li>p99 too.</li></ul>
+
+<p>Thanks,<br>
+Bob</p>
+</body></html>
+"""
+
+
+@pytest.mark.parametrize("encoding", ["8bit", "quoted-printable", "base64"])
+def test_an_html_only_message_is_cited_by_the_lines_of_its_html(
+    count_tokens: TokenCounter, encoding: str
+) -> None:
+    # A black-box tester found the passage of an HTML-only message cited by the lines of the
+    # converted text: one `<ul>` line became three, so the citation pointed at the wrong lines.
+    body = MULTILINE_HTML.encode()
+    if encoding == "base64":
+        body = base64.encodebytes(body)
+    elif encoding == "quoted-printable":
+        body = quopri.encodestring(body)
+    raw = docs.message(
+        body,
+        message_id="<html@example.org>",
+        content_type="text/html; charset=utf-8",
+        extra_headers=[f"Content-Transfer-Encoding: {encoding}"],
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    [chunk] = prepared.chunks
+    assert (chunk.location.start_line, chunk.location.end_line) == (2, 6)
+    html_lines = MULTILINE_HTML.split("\n")
+    for number, line in enumerate(chunk.text.split("\n"), chunk.location.start_line):
+        cited = html_lines[number - 1]
+        assert all(word in cited for word in line.split()), (number, line, cited)
+    assert chunk.text == (
+        "Great result on the import latency.\np50 is down. p99 too.\n\nThanks,\nBob"
+    )
 
 
 def test_attachments_are_listed_and_never_parsed(count_tokens: TokenCounter) -> None:

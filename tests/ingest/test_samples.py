@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -105,3 +106,17 @@ def test_sample_locations_point_into_the_files(sample_host: Host) -> None:
         SearchRequest(CORPUS, "footer gives every article a new revision", limit=1), context()
     ).hits[0]
     assert thread.location.document_id == "<import-latency-2@example.com>"
+    # An HTML-only message is cited by the lines of its HTML body: each passage line is the
+    # text of the body line it cites, without its tags and scripts (white space aside).
+    runbook = sample_host.driver.search_context(
+        SearchRequest(CORPUS, "boilerplate belongs in templates runbook", limit=1), context()
+    ).hits[0]
+    assert runbook.location.document_id == "<import-latency-4@example.com>"
+    raw = (SAMPLES / "reindex-thread.mbox").read_text().split("\n")
+    body = raw[raw.index("Message-ID: <import-latency-4@example.com>") :]
+    body = body[body.index("") + 1 :]
+    start = runbook.location.start_line
+    assert start == 2  # line 1 is the <head> and its style: no visible text
+    for number, line in enumerate(runbook.text.split("\n"), start):
+        visible = re.sub(r"<script>.*</script>|<[^>]*>|\s", "", body[number - 1])
+        assert line.replace(" ", "") == visible, number

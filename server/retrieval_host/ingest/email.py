@@ -7,8 +7,10 @@ of the message's bytes, so it is deterministic; the n-th message of a document w
 already used gets `ID#n`, so no two messages cite alike). Line numbers
 count the lines of that message's extracted body text: its readable text parts, joined by a
 blank line. Per part, text/plain is preferred; in `multipart/alternative` the HTML version is
-used only when there is no plain one, turned into text with BeautifulSoup (scripts, styles and
-comments dropped, block elements on their own lines). Charsets are decoded with replacement; an
+used only when there is no plain one, and it is read as an HTML file is (`ingest.html`): line n
+of its text is what a reader sees on line n of the decoded HTML part (scripts, styles and
+comments dropped; blank where a line has no visible text), so a citation of an HTML-only message
+points at the lines of its HTML. Charsets are decoded with replacement; an
 unknown or non-text charset is read as UTF-8 with replacement. Nothing ever raises on bad bytes.
 
 Attachments (any part marked `Content-Disposition: attachment`, any other part with a filename
@@ -37,13 +39,11 @@ import hashlib
 import logging
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from email import policy
 from email.message import EmailMessage, Message
 from email.parser import BytesParser
 from typing import Final, TypeVar
-
-from bs4 import BeautifulSoup
-from bs4.element import CData, NavigableString, Tag
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
@@ -51,6 +51,7 @@ from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
 from retrieval_host.ingest._text import bounded, clip, normalize_text
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
+from retrieval_host.ingest.html import visible_lines
 from retrieval_host.ingest.settings import (
     MBOX,
     IngestLimits,
@@ -68,12 +69,6 @@ _HEADER_LINE: Final = re.compile(rb"^[!-9;-~]+[ \t]*:")
 _HEADER_END: Final = re.compile(rb"\r?\n\r?\n")
 _BOUNDARY: Final = re.compile(rb'boundary\s*=\s*(?:"([^"\r\n]{1,200})"|([^\s;"]{1,200}))', re.I)
 _DASH_LINE: Final = re.compile(rb"^--([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
-_BLOCK_TAGS: Final = frozenset(
-    "address article aside blockquote br dd div dl dt figcaption figure footer form h1 h2 h3 "
-    "h4 h5 h6 header hr li main nav ol p pre section table td th tr ul".split()
-)
-_SKIP_TAGS: Final = frozenset("head script style template noscript iframe object svg".split())
-
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _MSG_ID = re.compile(r"<[^<>\s]+>")
@@ -88,7 +83,7 @@ def extract_email(
 ) -> Extracted:
     """Extract a message or a thread (see the module docstring for the rules and bounds)."""
     raws = _split_mbox(data, limits) if media_type == MBOX else [_single(data)]
-    html_budget = [MAX_HTML_BYTES]
+    html = _HtmlBudget(MAX_HTML_BYTES, limits.max_html_elements, cancel)
     segments: list[Segment] = []
     bodies: list[str] = []
     infos: list[dict[str, JSONValue]] = []
@@ -100,7 +95,7 @@ def extract_email(
         message_id = _unique(_message_id(message, raw), taken)
         texts: list[str] = []
         attachments: list[dict[str, JSONValue]] = []
-        _collect(message, texts, attachments, html_budget, top=True)
+        _collect(message, texts, attachments, html, top=True)
         body = "\n\n".join(t for t in texts if t.strip())
         bodies.append(body)
         info = _message_info(message, message_id, attachments)
@@ -263,11 +258,20 @@ def _header_too_large(limits: IngestLimits) -> RetrievalError:
 # --- content ---------------------------------------------------------------------------------
 
 
+@dataclass
+class _HtmlBudget:
+    """What the HTML bodies of one document may still cost: bytes in all, elements each."""
+
+    bytes_left: int
+    max_elements: int
+    cancel: CancelToken | None
+
+
 def _collect(
     part: Message,
     texts: list[str],
     attachments: list[dict[str, JSONValue]],
-    html_budget: list[int],
+    html: _HtmlBudget,
     *,
     top: bool = False,
 ) -> None:
@@ -284,10 +288,10 @@ def _collect(
         if content_type == "multipart/alternative":
             chosen = _pick_alternative(children)
             if chosen is not None:
-                _collect(chosen, texts, attachments, html_budget)
+                _collect(chosen, texts, attachments, html)
             return
         for child in children:
-            _collect(child, texts, attachments, html_budget)
+            _collect(child, texts, attachments, html)
         return
     disposition = _safe(part.get_content_disposition)
     filename = _safe(part.get_filename)
@@ -305,13 +309,13 @@ def _collect(
     payload = _payload(part)
     text = _decode(payload, _safe(part.get_content_charset))
     if content_type == "text/html":
-        html_budget[0] -= len(payload)
-        if html_budget[0] < 0:
+        html.bytes_left -= len(payload)
+        if html.bytes_left < 0:
             raise too_large(
                 PayloadTooLargeReason.HTML_BYTES,
                 f"the document has more than {MAX_HTML_BYTES} bytes of HTML.",
             )
-        text = html_to_text(text)
+        text = visible_lines(normalize_text(text), html.max_elements, html.cancel)
     texts.append(normalize_text(text))
 
 
@@ -382,37 +386,6 @@ def _decode(payload: bytes, charset: str | None) -> str:
         return payload.decode(name, errors="replace")
     except Exception:  # a codec that fails anyway (some are stricter than "replace")
         return payload.decode("utf-8", errors="replace")
-
-
-def html_to_text(html: str) -> str:
-    """Readable text of an HTML body: no scripts, styles or comments; blocks on their own lines.
-
-    The tree is walked with an explicit stack, so deeply nested markup cannot exhaust the
-    interpreter's recursion limit.
-    """
-    # A leading tag keeps BeautifulSoup from guessing that short markup is a file name or URL,
-    # or that an XML prolog means XML (both only warn, but warnings are not for documents).
-    soup = BeautifulSoup("<html>\n" + html, "html.parser")
-    out: list[str] = []
-    stack: list[tuple[object, bool]] = [(soup, False)]
-    while stack:
-        node, closing = stack.pop()
-        if closing:
-            out.append("\n")
-        elif isinstance(node, NavigableString):
-            if type(node) in (NavigableString, CData):
-                out.append(str(node))
-        elif isinstance(node, Tag) and node.name not in _SKIP_TAGS:
-            if node.name in _BLOCK_TAGS:
-                out.append("\n")
-                stack.append((node, True))
-            stack.extend((child, False) for child in reversed(node.contents))
-    lines = [" ".join(line.split()) for line in "".join(out).split("\n")]
-    text: list[str] = []
-    for line in lines:
-        if line or (text and text[-1]):
-            text.append(line)
-    return "\n".join(text).strip("\n")
 
 
 def _message_id(message: Message, raw: bytes) -> str:

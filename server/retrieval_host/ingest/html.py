@@ -83,25 +83,11 @@ def extract_html(
 ) -> Extracted:
     """Decode, tokenize and section an HTML document (see the module docstring)."""
     source = normalize_text(_decode(data))
-    reader = _Reader(limits.max_html_elements)
-    for start in range(0, len(source), FEED_CHARS):
-        if cancel is not None:
-            cancel.check()
-        reader.feed(source[start : start + FEED_CHARS])
-    reader.close()
-    line_count = source.count("\n") + (0 if source.endswith("\n") or not source else 1)
-
-    sections = _merge_heading_only(reader.sections)
+    reader, sections = _read(source, limits.max_html_elements, cancel)
+    line_count = _line_count(source)
     segments: list[Segment] = []
     section_meta: list[dict[str, JSONValue]] = []
-    visible: dict[int, list[str]] = {}
-    for section in sections:
-        lines = {n: _line_text(section, n) for n in sorted(section.pieces)}
-        lines = {n: text for n, text in lines.items() if text}
-        if not lines:
-            continue
-        for n, text in lines.items():
-            visible.setdefault(n, []).append(text)
+    for section, lines in sections:
         first, last = min(lines), max(lines)
         numbers = range(first, last + 1)
         segments.append(
@@ -122,12 +108,50 @@ def extract_html(
     if truncated:
         metadata["sectionsTruncated"] = True
     if title is None:
-        h1 = next((s.path[0] for s in sections if s.level == 1 and s.path), "")
+        h1 = next((s.path[0] for s, _ in sections if s.level == 1 and s.path), "")
         title = clip(reader.title_text(), 1024) or h1
     # The visible text line by line as in the source: a change that moves a cited line
     # changes the digest, and with it the revision.
-    text = "\n".join(" ".join(visible.get(n, ())) for n in range(1, line_count + 1))
-    return Extracted(tuple(segments), text, title, metadata)
+    return Extracted(tuple(segments), _visible_text(sections, line_count), title, metadata)
+
+
+def visible_lines(source: str, max_elements: int, cancel: CancelToken | None = None) -> str:
+    """The visible text of the HTML `source` (decoded, LF line ends) line by line, by the rules
+    of the module docstring: line n is the text a reader sees on source line n, blank where
+    there is none. An HTML e-mail body is cited by these lines, so by its own."""
+    _, sections = _read(source, max_elements, cancel)
+    return _visible_text(sections, _line_count(source))
+
+
+def _read(
+    source: str, max_elements: int, cancel: CancelToken | None
+) -> tuple[_Reader, list[tuple[_Section, dict[int, str]]]]:
+    """The tokenizer run over `source`, and its sections with their visible lines (line
+    number -> text; sections without any left out)."""
+    reader = _Reader(max_elements)
+    for start in range(0, len(source), FEED_CHARS):
+        if cancel is not None:
+            cancel.check()
+        reader.feed(source[start : start + FEED_CHARS])
+    reader.close()
+    sections = []
+    for section in _merge_heading_only(reader.sections):
+        lines = {n: text for n in sorted(section.pieces) if (text := _line_text(section, n))}
+        if lines:
+            sections.append((section, lines))
+    return reader, sections
+
+
+def _line_count(source: str) -> int:
+    return source.count("\n") + (0 if source.endswith("\n") or not source else 1)
+
+
+def _visible_text(sections: list[tuple[_Section, dict[int, str]]], line_count: int) -> str:
+    visible: dict[int, list[str]] = {}
+    for _, lines in sections:
+        for n, text in lines.items():
+            visible.setdefault(n, []).append(text)
+    return "\n".join(" ".join(visible.get(n, ())) for n in range(1, line_count + 1))
 
 
 def _decode(data: bytes) -> str:
