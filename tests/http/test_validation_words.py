@@ -24,3 +24,27 @@ def test_pattern_refusals_read_as_words(body: bytes, expected: str) -> None:
     detail = validation_detail(caught.value, "body")
     assert detail.startswith(expected), detail
     assert "^" not in detail and "\\x" not in detail
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        (
+            '[{"id":"c1","text":"t","location":{"page":0}}]',
+            "body.chunks.0.location.page: Input should be greater than or equal to 1",
+        ),
+        (
+            '[{"id":"c1","text":"t","extra":1}]',
+            "body.chunks.0.extra: Extra inputs are not permitted",
+        ),
+        ("[]", "body.chunks: Tuple should have at least 1 item after validation, not 0"),
+    ],
+)
+def test_a_failing_chunk_is_not_also_called_missing(chunks: str, expected: str) -> None:
+    # pydantic counts only the valid items against a minimum length, so one bad chunk also
+    # read "Tuple should have at least 1 item after validation, not 0" (a black-box report).
+    body = '{"corpus":"c","source":{"id":"a","revision":"1"},"chunks":' + chunks + "}"
+    with pytest.raises(ValidationError) as caught:
+        wire.IndexRequest.model_validate_json(body, strict=True, by_alias=True, by_name=False)
+    detail = validation_detail(caught.value, "body")
+    assert detail == expected

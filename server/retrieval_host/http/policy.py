@@ -69,16 +69,31 @@ _PATTERN_WORDS: Final = {
 
 
 def validation_detail(exc: ValidationError, where: str) -> str:
-    """Locations and messages only: echoing input values could reflect secrets or passages."""
+    """Locations and messages only: echoing input values could reflect secrets or passages.
+
+    A list whose items fail is also "too short after validation" when it has a minimum length
+    (pydantic counts only the valid items): that second error is false, and left out."""
+    errors = exc.errors(include_input=False, include_url=False)
+    failing = [tuple(e["loc"]) for e in errors]
+    errors = [
+        e
+        for e in errors
+        if not (
+            e["type"] == "too_short"
+            and any(
+                len(f) > len(e["loc"]) and f[: len(e["loc"])] == tuple(e["loc"]) for f in failing
+            )
+        )
+    ]
     parts = []
-    for error in exc.errors(include_input=False, include_url=False)[:5]:
+    for error in errors[:5]:
         loc = ".".join(str(p) for p in error["loc"])
         message = error["msg"]
         if error["type"] == "string_pattern_mismatch":
             pattern = str(error.get("ctx", {}).get("pattern", ""))
             message = _PATTERN_WORDS.get(pattern, "has a character or form that is not allowed")
         parts.append(f"{where}{'.' + loc if loc else ''}: {message}")
-    more = exc.error_count() - len(parts)
+    more = len(errors) - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
