@@ -202,7 +202,7 @@ def _child(path: Path, dims: int, snapshots: bool, hold: bool) -> None:
     stay alive (the parent measures) until stdin closes."""
     from retrieval_host.adapters.sqlite import SqliteVectorStore
     from retrieval_host.core.cancel import CancelToken
-    from retrieval_host.core.lexical import query_terms
+    from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
 
     gc.collect()
     before = memory(os.getpid())
@@ -217,7 +217,9 @@ def _child(path: Path, dims: int, snapshots: bool, hold: bool) -> None:
     first_answer_s = time.perf_counter() - started
     every = store.current_revisions(CORPUS, NAMESPACE)
     store.search(CORPUS, NAMESPACE, every, query, 10, CancelToken())
-    terms = query_terms("the cells of the immune system express protein in patients with cancer")
+    terms = query_terms(
+        "the cells of the immune system express protein in patients with cancer", DEFAULT_ANALYZER
+    )
     store.lexical_search(CORPUS, NAMESPACE, every, terms, 10, CancelToken())
     gc.collect()
     report = {

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
-from retrieval_host.core.lexical import query_terms, term_frequencies
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms, term_frequencies
 from retrieval_host.core.models import (
     ChunkInput,
     IndexRequest,
@@ -143,9 +143,9 @@ def test_search_returns_only_granted_namespace_sources_and_revisions(
         for text in _texts(namespace, sid, *indexed.current[(namespace, sid)])
     ]
     if mode == "lexical":  # only passages sharing a term with the query are ranked
-        terms = set(query_terms(query))
-        passages = [p for p in passages if terms & set(term_frequencies(p))]
-        assert all(terms & set(term_frequencies(hit.text)) for hit in result.hits)
+        terms = set(query_terms(query, DEFAULT_ANALYZER))
+        passages = [p for p in passages if terms & set(term_frequencies(p, DEFAULT_ANALYZER))]
+        assert all(terms & set(term_frequencies(hit.text, DEFAULT_ANALYZER)) for hit in result.hits)
         assert all(set(hit.scores) == {"lexical"} for hit in result.hits)
     if mode == "dense":
         assert all(set(hit.scores) == {"dense"} for hit in result.hits)

@@ -14,8 +14,9 @@ from psycopg import sql
 from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
 from retrieval_host.adapters.sqlite.tables import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.descriptor import LexicalDescriptor
 from retrieval_host.core.inspection import SourceTotals
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, query_terms
 from retrieval_host.core.models import Location
 from tests.contract.conftest import ContractStore, StoreHarness
 from tests.contract.test_store_contract import LIMITS, put
@@ -175,7 +176,8 @@ def test_a_store_of_an_earlier_schema_migrates_at_open(harness: StoreHarness, ve
     _previous_store(harness, version)
 
     store = harness.open()
-    store.open_corpus(descriptor("c1"))
+    # What the service opens it with: the stored corpus's analyzer (`stored_lexical`).
+    store.open_corpus(replace(descriptor("c1"), lexical=LexicalDescriptor(ANALYZER_EN_SNOWBALL_1)))
     assert _stored_version(harness) == CURRENT_VERSION[harness.kind]
     [listed] = store.list_sources("c1", "ns", {"old": "r1"}, after=None, limit=9)
     assert (listed.id, listed.chunk_count, listed.media_type, listed.indexed_at) == (
@@ -185,7 +187,9 @@ def test_a_store_of_an_earlier_schema_migrates_at_open(harness: StoreHarness, ve
         None,
     )
     # The lexical index of the earlier store survives (or is built from the stored text).
-    hits = store.lexical_search("c1", "ns", {"old": "r1"}, query_terms("passage"), 5, CancelToken())
+    hits = store.lexical_search(
+        "c1", "ns", {"old": "r1"}, query_terms("passage", ANALYZER_EN_SNOWBALL_1), 5, CancelToken()
+    )
     assert sorted(h.chunk_id for h in hits) == ["old:0", "old:1"]
     source, chunks = revision("new", "r1", rows(1, 3))
     typed = replace(source, media_type="application/pdf", indexed_at="2026-12-02T00:00:00.000Z")

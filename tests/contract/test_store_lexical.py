@@ -19,7 +19,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import LexicalDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.filters import MetadataFilter, parse_filter
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
 from retrieval_host.core.ports import Candidate, CapacityLimits
 from tests.contract.conftest import STORE_KINDS, ContractStore, StoreHarness, _open_store
 from tests.support.lexical_reference import reference
@@ -76,7 +76,7 @@ def lexical(
         corpus,
         namespace,
         allowed,
-        query_terms(query),
+        query_terms(query, DEFAULT_ANALYZER),
         k,
         CancelToken(),
         **kwargs,  # type: ignore[arg-type]
@@ -244,7 +244,7 @@ def test_a_cancelled_lexical_search_raises_cancelled(store: ContractStore) -> No
     token = CancelToken()
     token.cancel()
     with pytest.raises(RetrievalError) as excinfo:
-        store.lexical_search("c1", "ns", grant, query_terms("virus"), 5, token)
+        store.lexical_search("c1", "ns", grant, query_terms("virus", DEFAULT_ANALYZER), 5, token)
     assert excinfo.value.code is ErrorCode.CANCELLED
 
 
@@ -291,7 +291,7 @@ def test_stored_descriptor_is_what_the_first_open_stored(harness: StoreHarness) 
 
 def test_scores_of_named_passages_equal_what_the_searches_gave_them(store: ContractStore) -> None:
     grant = load(store)
-    terms = query_terms("virus cells")
+    terms = query_terms("virus cells", DEFAULT_ANALYZER)
     query = unit_vectors(np.random.default_rng(7), 1)[0]
     everything = store.search("c1", "ns", grant, query, 100, CancelToken())
     assert len(everything) == sum(len(t) for t in DOCS.values())
@@ -315,7 +315,12 @@ def test_a_passage_not_held_at_its_revision_scores_none(store: ContractStore) ->
     named = [*hits, elsewhere]
     dense = store.dense_scores("c1", "ns", named, query, CancelToken())
     lexical_values = store.lexical_scores(
-        "c1", "ns", {**grant, "heart": "r2"}, named, query_terms("heart cells"), CancelToken()
+        "c1",
+        "ns",
+        {**grant, "heart": "r2"},
+        named,
+        query_terms("heart cells", DEFAULT_ANALYZER),
+        CancelToken(),
     )
     for values in (dense, lexical_values):
         gone = [h.source_id == "heart" for h in hits] + [True]
@@ -323,7 +328,7 @@ def test_a_passage_not_held_at_its_revision_scores_none(store: ContractStore) ->
     # Another namespace holds none of them.
     assert store.dense_scores("c1", "other", hits, query, CancelToken()) == [None] * len(hits)
     assert store.lexical_scores(
-        "c1", "other", grant, hits, query_terms("cells"), CancelToken()
+        "c1", "other", grant, hits, query_terms("cells", DEFAULT_ANALYZER), CancelToken()
     ) == [None] * len(hits)
     assert store.dense_scores("c1", "ns", [], query, CancelToken()) == []
 
@@ -344,7 +349,7 @@ def hybrid_lexical(
     vector = unit_vectors(np.random.default_rng(7), 1)[0]
     dense = store.search("c1", "ns", allowed, vector, 100, CancelToken(), filters)
     values = store.lexical_scores(
-        "c1", "ns", allowed, dense, query_terms(query), CancelToken(), filters
+        "c1", "ns", allowed, dense, query_terms(query, DEFAULT_ANALYZER), CancelToken(), filters
     )
     return {h.chunk_id: v for h, v in zip(dense, values, strict=True)}
 
@@ -444,7 +449,7 @@ def test_scores_of_named_passages_follow_the_grant_and_filters(store: ContractSt
     everything = {"cells": "r1", "heart": "r1", "virus": "r1", "hidden": "r1"}
     vector = unit_vectors(np.random.default_rng(7), 1)[0]
     named = store.search("c1", "ns", everything, vector, 100, CancelToken())
-    terms = query_terms("virus cells heart")
+    terms = query_terms("virus cells heart", DEFAULT_ANALYZER)
     for allowed, filters in [
         ({"cells": "r1", "virus": "r1"}, None),
         ({"cells": "r1", "heart": "r1", "virus": "r1"}, parse_filter({"lang": "en"})),
@@ -487,7 +492,7 @@ def test_both_stores_give_bit_equal_scores_under_any_grant(tmp_path: Path) -> No
                 (everything, parse_filter({"lang": "de"})),
             ]:
                 for query in ("virus cells", "blood heart cells", "virus virus cell"):
-                    terms = query_terms(query)
+                    terms = query_terms(query, DEFAULT_ANALYZER)
                     hits = store.lexical_search(
                         "c1", "ns", allowed, terms, 100, CancelToken(), filters
                     )

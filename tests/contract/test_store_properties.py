@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import parse_filter
-from retrieval_host.core.lexical import term_frequencies
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, term_frequencies
 from retrieval_host.core.ports import CapacityLimits
 from tests.contract.conftest import STORE_KINDS, ContractStore, _open_store
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
@@ -184,7 +184,7 @@ def reference_bm25(
     """BM25 (the Lucene variant bm25s uses) by hand, statistics over the passages it ranks:
     the namespace's allowed current revisions that pass the filter."""
     passages = {
-        f"{namespace}/{sid}/{rev}/{i}": (sid, term_frequencies(text))
+        f"{namespace}/{sid}/{rev}/{i}": (sid, term_frequencies(text, DEFAULT_ANALYZER))
         for (ns, sid), (rev, _, tier) in current.items()
         if ns == namespace
         and allowed.get(sid) == rev

@@ -8,7 +8,7 @@ import pytest
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
 from retrieval_host.core.ports import CapacityLimits
 from tests.contract.conftest import StoreHarness
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
@@ -32,7 +32,7 @@ def test_a_read_only_store_serves_the_committed_index_and_refuses_writes(
     hits = reader.search("c1", "ns", {"doc": "r1"}, vectors[1], 1, CancelToken())
     assert [h.chunk_id for h in hits] == ["doc:1"]
     lexical = reader.lexical_search(
-        "c1", "ns", {"doc": "r1"}, query_terms("alpha"), 3, CancelToken()
+        "c1", "ns", {"doc": "r1"}, query_terms("alpha", DEFAULT_ANALYZER), 3, CancelToken()
     )
     assert [h.chunk_id for h in lexical] == ["doc:0"]
 

@@ -12,6 +12,7 @@ ALLOWED_ROOTS = {
     "__future__", "collections", "dataclasses", "datetime", "decimal", "enum", "hashlib", "json",
     "math", "operator",
     "re", "secrets", "threading", "time", "typing", "numpy", "retrieval_host", "Stemmer",
+    "unicodedata",
 }  # fmt: skip
 FORBIDDEN_ROOTS = {
     "starlette", "fastapi", "uvicorn", "httpx", "requests", "urllib", "http", "socket", "ssl",

@@ -10,6 +10,7 @@ from retrieval_host.core.descriptor import (
     EmbeddingDescriptor,
     LexicalDescriptor,
     check_label,
+    stored_lexical,
 )
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 
@@ -81,18 +82,26 @@ def _corpus(**lexical: object) -> CorpusDescriptor:
     )
 
 
-def test_a_descriptor_stored_before_the_lexical_field_takes_its_default() -> None:
-    current = _corpus()
+def test_a_descriptor_stored_before_the_lexical_field_takes_the_first_analyzer() -> None:
+    current = _corpus(analyzer="en-snowball-1")
     stored = json.loads(current.canonical_json())
     del stored["lexical"]  # what the release before the lexical index wrote
     old_json = json.dumps(stored)
     assert current.mismatch(old_json) == []
-    assert _corpus(k1=1.2).mismatch(old_json) == ["lexical.k1"]
+    assert stored_lexical(old_json) == LexicalDescriptor("en-snowball-1", 0.9, 0.4)
+    assert _corpus(analyzer="en-snowball-1", k1=1.2).mismatch(old_json) == ["lexical.k1"]
+    # A new corpus gets the newest analyzer; an old one is never silently re-analyzed.
+    assert _corpus().mismatch(old_json) == ["lexical.analyzer"]
+
+
+def test_a_stored_lexical_identity_is_read_back_whole() -> None:
+    stored = _corpus(analyzer="en-snowball-1", k1=1.5, b=0.5).canonical_json()
+    assert stored_lexical(stored) == LexicalDescriptor("en-snowball-1", 1.5, 0.5)
 
 
 def test_lexical_parameters_are_part_of_the_identity() -> None:
     stored = _corpus().canonical_json()
-    assert json.loads(stored)["lexical"] == {"analyzer": "en-snowball-1", "k1": 0.9, "b": 0.4}
+    assert json.loads(stored)["lexical"] == {"analyzer": "en-snowball-2", "k1": 0.9, "b": 0.4}
     assert _corpus(b=0.75).mismatch(stored) == ["lexical.b"]
     assert _corpus(k1=0.9, b=0.4).mismatch(stored) == []
 

@@ -149,9 +149,10 @@ def test_an_html_only_message_is_cited_by_the_lines_of_its_html(
     )
     prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
     [chunk] = prepared.chunks
-    assert (chunk.location.start_line, chunk.location.end_line) == (2, 6)
+    start, end = chunk.location.start_line, chunk.location.end_line
+    assert (start, end) == (2, 6) and start is not None
     html_lines = MULTILINE_HTML.split("\n")
-    for number, line in enumerate(chunk.text.split("\n"), chunk.location.start_line):
+    for number, line in enumerate(chunk.text.split("\n"), start):
         cited = html_lines[number - 1]
         assert all(word in cited for word in line.split()), (number, line, cited)
     assert chunk.text == (

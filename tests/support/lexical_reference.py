@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from retrieval_host.core.lexical import query_terms, term_frequencies
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms, term_frequencies
 
 
 def reference(
@@ -19,7 +19,7 @@ def reference(
     """(chunk id, score) best first, statistics (N, average length, df) over the passages of
     the `allowed` sources only: what the search may rank, never the rest of the namespace."""
     passages = {
-        f"{sid}:{i}": term_frequencies(text)
+        f"{sid}:{i}": term_frequencies(text, DEFAULT_ANALYZER)
         for sid, texts in namespace_docs.items()
         if sid in allowed
         for i, text in enumerate(texts)
@@ -35,7 +35,7 @@ def reference(
             * math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
             * tf[t]
             / (tf[t] + k1 * (1 - b + b * length / average))
-            for t, count in Counter(query_terms(query)).items()
+            for t, count in Counter(query_terms(query, DEFAULT_ANALYZER)).items()
             if t in tf
         )
         if score > 0:

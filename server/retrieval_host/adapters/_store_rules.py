@@ -219,7 +219,7 @@ class Replacement:
 
 
 def checked_replacement(
-    dims: int, source: StoredSource, chunks: Sequence[StoredChunk]
+    dims: int, analyzer: str, source: StoredSource, chunks: Sequence[StoredChunk]
 ) -> Replacement:
     """The checks every store makes of a revision; `INVALID_REQUEST` for the first failing."""
     if source.chunk_count != len(chunks):
@@ -238,7 +238,7 @@ def checked_replacement(
     metadata_json = json.dumps(
         source.metadata, sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
-    terms = [term_frequencies(lexical_text(c.context, c.text)) for c in chunks]
+    terms = [term_frequencies(lexical_text(c.context, c.text), analyzer) for c in chunks]
     return Replacement(chunk_ids, raw, unit, metadata_json, payload, terms)
 
 

@@ -57,8 +57,10 @@ class Corpus:
     # exception here surfaces to the caller, but the mutation stands; retrying confirms it.
     on_committed: Callable[[CommitEvent], None] | None = None
 
-    # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses.
-    lexical: LexicalDescriptor = field(default_factory=LexicalDescriptor)
+    # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses. None:
+    # the stored corpus's, or `LexicalDescriptor()` for a new corpus (the service opens the
+    # corpus with it resolved).
+    lexical: LexicalDescriptor | None = None
     fusion: FusionSettings = field(default_factory=FusionSettings)
     # The model that reorders a search's authorized top candidates (`core.rerank`), pinned in
     # the descriptor like the embedding; None: searches are not reranked.
@@ -68,12 +70,17 @@ class Corpus:
     ranking_policy: RankingPolicy | None = None
 
     @property
+    def analyzer(self) -> str:
+        """The lexical analyzer of its passages and queries (`core.lexical`)."""
+        return (self.lexical or LexicalDescriptor()).analyzer
+
+    @property
     def descriptor(self) -> CorpusDescriptor:
         return CorpusDescriptor(
             self.id,
             self.version,
             self.embedding.descriptor,
             self.chunking,
-            self.lexical,
+            self.lexical or LexicalDescriptor(),
             self.reranker.descriptor if self.reranker is not None else None,
         )

@@ -3,8 +3,8 @@ its passages are analyzed and ranked lexically, and which model reranks its resu
 
 Stored with the corpus and compared at open, before any embedding call; nothing is converted.
 A descriptor stored before a field existed takes that field's default when compared
-(`STORED_DEFAULTS`): corpora made before the lexical index have `LexicalDescriptor()`, those
-made before reranking have no reranker.
+(`STORED_DEFAULTS`): corpora made before the lexical index have analyzer `en-snowball-1`
+with the default k1 and b, those made before reranking have no reranker.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, ANALYZERS
+from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, ANALYZERS, DEFAULT_ANALYZER
 from retrieval_host.core.models import JSONScalar
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -70,10 +70,12 @@ class EmbeddingDescriptor:
 class LexicalDescriptor:
     """How passages are analyzed and ranked lexically (BM25): see `core.lexical`.
 
-    The defaults are bm25s's settings, measured on SciFact in issue 15 (nDCG@10 0.695).
+    k1 and b are bm25s's settings, measured on SciFact in issue 15 (nDCG@10 0.695). The
+    analyzer's default is the newest (`core.lexical.DEFAULT_ANALYZER`): a corpus created
+    before it keeps the one it was built with (`stored_lexical`).
     """
 
-    analyzer: str = ANALYZER_EN_SNOWBALL_1
+    analyzer: str = DEFAULT_ANALYZER
     k1: float = 0.9
     b: float = 0.4
 
@@ -144,11 +146,23 @@ class CorpusDescriptor:
         return diffs
 
 
-# Fields added after corpora were first stored, with the value an older corpus has.
+# Fields added after corpora were first stored, with the value an older corpus has: the
+# lexical index came with analyzer `en-snowball-1`.
 STORED_DEFAULTS: Mapping[str, object] = {
-    "lexical": asdict(LexicalDescriptor()),
+    "lexical": asdict(LexicalDescriptor(ANALYZER_EN_SNOWBALL_1)),
     "reranking": None,
 }
+
+
+def stored_lexical(stored_json: str) -> LexicalDescriptor:
+    """The lexical identity of a stored descriptor (`STORED_DEFAULTS`' in one stored without)."""
+    stored = {**STORED_DEFAULTS, **json.loads(stored_json)}
+    lexical = stored.get("lexical")
+    if not isinstance(lexical, dict):
+        raise RetrievalError(ErrorCode.DESCRIPTOR_MISMATCH, "the stored descriptor is not valid.")
+    return LexicalDescriptor(
+        str(lexical.get("analyzer")), float(lexical.get("k1", 0.9)), float(lexical.get("b", 0.4))
+    )
 
 
 def stored_chunking(stored_json: str) -> Mapping[str, JSONScalar]:

@@ -1,11 +1,28 @@
-"""Lexical retrieval, the pure part: the analyzer and the BM25 formula both stores use.
+"""Lexical retrieval, the pure part: the analyzers and the BM25 formula both stores use.
 
 Analyzer `en-snowball-1` (the one bm25s uses for English, so the figures of issue 15 carry
 over): lowercase; tokens are runs of two or more word characters (`(?u)\\b\\w\\w+\\b`, as
 bm25s and scikit-learn); bm25s's English stop words are dropped; the rest is stemmed with the
-Snowball English stemmer (PyStemmer). Passages and queries go through the same analyzer. A
-change to any step is a new analyzer name: the name is part of the corpus descriptor, and the
-stores keep term frequencies computed by it.
+Snowball English stemmer (PyStemmer).
+
+Analyzer `en-snowball-2`, the default of corpora created since (one created before keeps the
+analyzer it was built with, its descriptor says which): the same, after folding the text so
+that what reads alike matches alike, and with CJK text cut into words a query can hit:
+- NFKC (compatibility forms: full-width letters, ligatures, superscripts), then case folding
+  (`ß` is `ss`), then invisible format characters removed (soft hyphen, zero-width space and
+  joiners, word joiner, BOM, bidi controls: `pass\u200bword` is `password`), then Latin,
+  Greek and Cyrillic diacritics removed (`Résumé`, its decomposed NFD spelling and `resume`
+  are one term; `İstanbul` is `istanbul`). Text that is ASCII only is just lowercased: on it
+  both analyzers give the same terms.
+- A run of Han, Hiragana, Katakana or Hangul characters gives its overlapping pairs of
+  characters (`天気予報` is `天気 気予 予報`; a lone character is itself), as Lucene's CJK
+  bigrams do; such scripts do not separate words with spaces, and a run is otherwise one
+  token that only the whole run finds.
+Symbols (emoji) are not words in either analyzer.
+
+Passages and queries go through the same analyzer. A change to any step is a new analyzer
+name: the name is part of the corpus descriptor, and the stores keep term frequencies computed
+by it.
 
 Scoring is BM25 in the variant bm25s calls "lucene": for each query term occurrence,
 
@@ -26,6 +43,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,9 +52,28 @@ from typing import Final
 import Stemmer
 
 ANALYZER_EN_SNOWBALL_1: Final = "en-snowball-1"
-ANALYZERS: Final = frozenset({ANALYZER_EN_SNOWBALL_1})
+ANALYZER_EN_SNOWBALL_2: Final = "en-snowball-2"
+ANALYZERS: Final = frozenset({ANALYZER_EN_SNOWBALL_1, ANALYZER_EN_SNOWBALL_2})
+# What a corpus created now is analyzed with.
+DEFAULT_ANALYZER: Final = ANALYZER_EN_SNOWBALL_2
 
 _TOKEN: Final = re.compile(r"(?u)\b\w\w+\b")
+_WORD: Final = re.compile(r"(?u)\w+")
+# Default-ignorable format characters a reader does not see: soft hyphen, combining grapheme
+# joiner, Arabic letter mark, Mongolian and variation selectors, zero-width space and joiners,
+# directional marks and controls, word joiner and invisible operators, BOM.
+_INVISIBLE: Final = re.compile(
+    "[\u00ad\u034f\u061c\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufe00-\ufe0f\ufeff]"
+)
+# The combining diacritical marks of Latin, Greek and Cyrillic (what NFD splits off accented
+# letters); the combining signs of other scripts are letters' parts there, and kept.
+_DIACRITICS: Final = re.compile("[\u0300-\u036f]")
+_CJK_CLASS: Final = (
+    "\u1100-\u11ff\u3040-\u309f\u30a0-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff"
+    "\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uf900-\ufaff\U00020000-\U0003134f"
+)
+_CJK: Final = re.compile(f"[{_CJK_CLASS}]")
+_CJK_OR_NOT: Final = re.compile(f"[{_CJK_CLASS}]+|[^{_CJK_CLASS}]+")
 # bm25s's `STOPWORDS_EN` (bm25s 0.2, `bm25s/stopwords.py`), copied as data: the analyzer must
 # not change when that package does.
 STOP_WORDS_EN: Final = frozenset(
@@ -58,21 +95,57 @@ def _stemmer() -> Stemmer.Stemmer:
     return stemmer
 
 
-def analyze(text: str) -> list[str]:
-    """The terms of `text`, in order, repeated as often as they occur."""
-    tokens = [t for t in _TOKEN.findall(text.lower()) if t not in STOP_WORDS_EN]
+def analyze(text: str, analyzer: str) -> list[str]:
+    """The terms of `text` by `analyzer`, in order, repeated as often as they occur."""
+    if analyzer == ANALYZER_EN_SNOWBALL_1:
+        words = _TOKEN.findall(text.lower())
+    elif analyzer == ANALYZER_EN_SNOWBALL_2:
+        words = _words(fold(text))
+    else:
+        raise ValueError(f"unknown lexical analyzer {analyzer!r}")
+    tokens = [t for t in words if t not in STOP_WORDS_EN]
     stems: list[str] = _stemmer().stemWords(tokens)
     return stems
 
 
-def term_frequencies(text: str) -> dict[str, int]:
+def fold(text: str) -> str:
+    """`en-snowball-2`'s folding (module docstring): compatibility forms, case, invisible
+    characters and Latin, Greek and Cyrillic diacritics."""
+    if text.isascii():
+        return text.lower()
+    text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text).casefold())
+    return unicodedata.normalize("NFC", _DIACRITICS.sub("", unicodedata.normalize("NFD", text)))
+
+
+def _words(folded: str) -> list[str]:
+    """Runs of two or more word characters; CJK runs as overlapping pairs (module docstring)."""
+    if folded.isascii():
+        return _TOKEN.findall(folded)
+    words: list[str] = []
+    for run in _WORD.findall(folded):
+        if not _CJK.search(run):
+            if len(run) > 1:
+                words.append(run)
+            continue
+        for part in _CJK_OR_NOT.findall(run):
+            if not _CJK.match(part):
+                if len(part) > 1:
+                    words.append(part)
+            elif len(part) == 1:
+                words.append(part)
+            else:
+                words.extend(part[i : i + 2] for i in range(len(part) - 1))
+    return words
+
+
+def term_frequencies(text: str, analyzer: str) -> dict[str, int]:
     """Term -> count in `text` (a new dict); the passage's length is the sum of the counts."""
-    return dict(Counter(analyze(text)))
+    return dict(Counter(analyze(text, analyzer)))
 
 
-def query_terms(text: str) -> list[str]:
+def query_terms(text: str, analyzer: str) -> list[str]:
     """The analyzed terms of a query (what `VectorStore.lexical_search` takes)."""
-    return analyze(text)
+    return analyze(text, analyzer)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ def rank(
     # Hybrid takes more candidates from each ranking than it returns: fusion reorders them.
     depth = max(wanted, corpus.fusion.candidates) if request.mode == "hybrid" else wanted
     context.cancel.check()
-    store, terms = corpus.store, query_terms(request.query)
+    store, terms = corpus.store, query_terms(request.query, corpus.analyzer)
     vector = None
     if request.mode != "lexical":
         context.report("retrieval.embedding", corpus=corpus.id, inputs=1)

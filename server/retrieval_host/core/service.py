@@ -9,8 +9,10 @@ from typing import Literal
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import CommitEvent, Corpus, utc_now
 from retrieval_host.core.descriptor import (
+    LexicalDescriptor,
     check_label,
     stored_chunking,
+    stored_lexical,
 )
 from retrieval_host.core.errors import (
     ErrorCode,
@@ -104,10 +106,14 @@ class RetrievalService:
             check_label("corpus id", corpus.id)
             if corpus.id in self._corpora:
                 raise RetrievalError(ErrorCode.INVALID_REQUEST, f"duplicate corpus {corpus.id!r}")
-            # A chunking setting the configuration leaves unset takes the stored corpus's.
+            # A chunking or lexical setting the configuration leaves unset takes the stored
+            # corpus's.
             stored = corpus.store.stored_descriptor(corpus.id)
             chunking = stored_chunking(stored) if stored is not None else None
             corpus = replace(corpus, chunking=resolve_chunking(corpus.chunking, chunking))
+            if corpus.lexical is None:
+                lexical = stored_lexical(stored) if stored is not None else LexicalDescriptor()
+                corpus = replace(corpus, lexical=lexical)
             # Checked here, before anything can embed: an incompatible descriptor never gets
             # as far as spending an embedding request.
             corpus.store.open_corpus(corpus.descriptor)

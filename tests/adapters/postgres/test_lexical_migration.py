@@ -4,19 +4,24 @@ re-embedding, and then ranks exactly as a store written by this release."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from psycopg import sql
 
 from retrieval_host.adapters.postgres import PgVectorStore
 from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.lexical import analyze, query_terms
+from retrieval_host.core.descriptor import LexicalDescriptor
+from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, analyze, query_terms
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.lexical_reference import reference
 from tests.support.pg import connect
 from tests.support.previous_vector_store import old_vectors, pg_v1_schema
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
+# What the service opens an old corpus with: its stored analyzer (`stored_lexical`).
+OPENED = replace(descriptor("c1"), lexical=LexicalDescriptor(ANALYZER_EN_SNOWBALL_1))
 OLD = {
     ("ns", "cells"): ["Stem cells divide.", "Cell division needs cyclins."],
     ("ns", "virus"): ["A virus replicates inside cells.", "Vaccines prime immunity."],
@@ -30,10 +35,12 @@ def test_a_schema_of_the_previous_release_gets_its_lexical_index_at_open(
 ) -> None:
     pg_v1_schema(pg_dsn, pg_schema, descriptor("c1"), OLD)
     with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
-        store.open_corpus(descriptor("c1"))  # the old descriptor takes the lexical default
+        store.open_corpus(OPENED)  # the old descriptor takes the first analyzer
         grant = {"cells": "r1", "virus": "r1"}
         for query in ("cells virus", "division"):
-            hits = store.lexical_search("c1", "ns", grant, query_terms(query), 10, CancelToken())
+            hits = store.lexical_search(
+                "c1", "ns", grant, query_terms(query, ANALYZER_EN_SNOWBALL_1), 10, CancelToken()
+            )
             expected = reference(NS_DOCS, set(grant), query)
             assert [(h.chunk_id, round(h.score, 9)) for h in hits] == [
                 (c, round(s, 9)) for c, s in expected
@@ -53,7 +60,9 @@ def test_a_schema_of_the_previous_release_gets_its_lexical_index_at_open(
         assert store.delete_source("c1", "other", "flood", "r1") == 5
         docs = {**NS_DOCS, "virus": ["Influenza spreads in winter."]}
         grant = {"cells": "r1", "virus": "r2"}
-        hits = store.lexical_search("c1", "ns", grant, query_terms("cells"), 10, CancelToken())
+        hits = store.lexical_search(
+            "c1", "ns", grant, query_terms("cells", ANALYZER_EN_SNOWBALL_1), 10, CancelToken()
+        )
         assert [(h.chunk_id, round(h.score, 9)) for h in hits] == [
             (c, round(s, 9)) for c, s in reference(docs, set(grant), "cells")
         ]
@@ -75,12 +84,19 @@ def test_a_schema_of_the_previous_release_gets_its_lexical_index_at_open(
                 "SELECT namespace, passages, total_terms FROM {}.lexical_spaces ORDER BY namespace"
             ).format(s)
         ).fetchall()
-        terms = sum(len(analyze(t)) for texts in docs.values() for t in texts)
+        terms = sum(
+            len(analyze(t, ANALYZER_EN_SNOWBALL_1)) for texts in docs.values() for t in texts
+        )
         assert spaces == [("ns", 3, terms), ("other", 0, 0)]
     # A second open finds the current version and changes nothing.
     with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
-        store.open_corpus(descriptor("c1"))
+        store.open_corpus(OPENED)
         hits = store.lexical_search(
-            "c1", "ns", {"virus": "r2"}, query_terms("influenza"), 3, CancelToken()
+            "c1",
+            "ns",
+            {"virus": "r2"},
+            query_terms("influenza", ANALYZER_EN_SNOWBALL_1),
+            3,
+            CancelToken(),
         )
         assert [h.chunk_id for h in hits] == ["virus:0"]

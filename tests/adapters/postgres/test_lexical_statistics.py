@@ -16,7 +16,7 @@ import pytest
 from retrieval_host.adapters.postgres import PgVectorStore
 from retrieval_host.adapters.postgres.lexical import SourceTotals
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.lexical_reference import reference
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
@@ -47,7 +47,9 @@ def put(store: PgVectorStore, sid: str, rev: str, texts: list[str], expected: st
 
 
 def ranked(store: PgVectorStore, allowed: dict[str, str], query: str) -> list[tuple[str, float]]:
-    hits = store.lexical_search("c1", "ns", allowed, query_terms(query), 100, CancelToken())
+    hits = store.lexical_search(
+        "c1", "ns", allowed, query_terms(query, DEFAULT_ANALYZER), 100, CancelToken()
+    )
     return [(h.chunk_id, h.score) for h in hits]
 
 

@@ -12,7 +12,7 @@ from retrieval_host.adapters._store_rules import StoreCounters
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
 from retrieval_host.core.ports import CapacityLimits, StoredChunk
 from tests.support.sqlite_store import DIM, descriptor, revision, revision_text, unit_vectors
 
@@ -55,7 +55,7 @@ def test_many_replacements_keep_exactly_the_current_revisions(
     named = store.dense_scores("c1", "ns", hits, query, CancelToken())
     assert None not in named
     np.testing.assert_allclose(np.array(named), np.array([h.score for h in hits]), atol=1e-6)
-    terms = query_terms(hits[0].text)
+    terms = query_terms(hits[0].text, DEFAULT_ANALYZER)
     ranked = store.lexical_search("c1", "ns", allowed, terms, 10_000, CancelToken())
     assert ranked
     by_id = {h.chunk_id: h.score for h in ranked}

@@ -4,6 +4,7 @@ re-embedding."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import apsw
@@ -12,12 +13,15 @@ import numpy as np
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.adapters.sqlite.tables import SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.descriptor import LexicalDescriptor
+from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, query_terms
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.lexical_reference import reference
 from tests.support.previous_vector_store import old_vectors, sqlite_v1_database
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
+# What the service opens an old corpus with: its stored analyzer (`stored_lexical`).
+OPENED = replace(descriptor("c1"), lexical=LexicalDescriptor(ANALYZER_EN_SNOWBALL_1))
 OLD = {
     ("ns", "cells"): ["Stem cells divide.", "Cell division needs cyclins."],
     ("ns", "virus"): ["A virus replicates inside cells.", "Vaccines prime immunity."],
@@ -32,10 +36,12 @@ def test_a_store_of_the_previous_release_gets_its_lexical_index_at_open(tmp_path
     sqlite_v1_database(path, descriptor("c1"), OLD)
 
     with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))  # the old descriptor takes the lexical default
+        store.open_corpus(OPENED)  # the old descriptor takes the first analyzer
         grant = {"cells": "r1", "virus": "r1"}
         for query in ("cells virus", "division"):
-            hits = store.lexical_search("c1", "ns", grant, query_terms(query), 10, CancelToken())
+            hits = store.lexical_search(
+                "c1", "ns", grant, query_terms(query, ANALYZER_EN_SNOWBALL_1), 10, CancelToken()
+            )
             expected = reference(NS_DOCS, set(grant), query)
             assert [(h.chunk_id, round(h.score, 9)) for h in hits] == [
                 (c, round(s, 9)) for c, s in expected
@@ -55,7 +61,12 @@ def test_a_store_of_the_previous_release_gets_its_lexical_index_at_open(tmp_path
         )
         docs = {**NS_DOCS, "virus": ["Influenza spreads in winter."]}
         hits = store.lexical_search(
-            "c1", "ns", {"cells": "r1", "virus": "r2"}, query_terms("cells"), 10, CancelToken()
+            "c1",
+            "ns",
+            {"cells": "r1", "virus": "r2"},
+            query_terms("cells", ANALYZER_EN_SNOWBALL_1),
+            10,
+            CancelToken(),
         )
         assert [h.chunk_id for h in hits] == [c for c, _ in reference(docs, {"cells"}, "cells")]
 
@@ -68,9 +79,14 @@ def test_a_store_of_the_previous_release_gets_its_lexical_index_at_open(tmp_path
         raw.close()
     # Opening the migrated file again changes nothing and finds the same index.
     with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))
+        store.open_corpus(OPENED)
         hits = store.lexical_search(
-            "c1", "other", {"flood": "r1"}, query_terms("virus"), 2, CancelToken()
+            "c1",
+            "other",
+            {"flood": "r1"},
+            query_terms("virus", ANALYZER_EN_SNOWBALL_1),
+            2,
+            CancelToken(),
         )
         assert [h.chunk_id for h in hits] == ["flood:0", "flood:1"]
 
@@ -90,8 +106,13 @@ def test_passages_without_stored_terms_are_analyzed_at_load(tmp_path: Path) -> N
     finally:
         raw.close()
     with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))
+        store.open_corpus(OPENED)
         hits = store.lexical_search(
-            "c1", "ns", {"virus": "r1"}, query_terms("virus"), 5, CancelToken()
+            "c1",
+            "ns",
+            {"virus": "r1"},
+            query_terms("virus", ANALYZER_EN_SNOWBALL_1),
+            5,
+            CancelToken(),
         )
         assert [h.chunk_id for h in hits] == ["virus:0"]

@@ -19,7 +19,7 @@ import pytest
 from retrieval_host.adapters.sqlite import SqliteVectorStore, snapshotting
 from retrieval_host.adapters.sqlite.snapshot import snapshot_path
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.lexical import query_terms
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
@@ -74,7 +74,7 @@ def answers(store: SqliteVectorStore) -> dict[str, Any]:
     allowed = store.current_revisions("c1", "ns")
     rng = np.random.default_rng(99)
     query = unit_vectors(rng, 1)[0]
-    terms = query_terms("virus protein kinase cell")
+    terms = query_terms("virus protein kinase cell", DEFAULT_ANALYZER)
     dense = store.search("c1", "ns", allowed, query, 1000, CancelToken())
     lexical = store.lexical_search("c1", "ns", allowed, terms, 1000, CancelToken())
     half = dict(sorted(allowed.items())[::2])

@@ -46,7 +46,7 @@ from retrieval_host.adapters.postgres.search import (
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.filters import MetadataFilter
-from retrieval_host.core.lexical import Bm25, term_frequencies
+from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, Bm25, term_frequencies
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate
 
@@ -155,7 +155,7 @@ def backfill(conn: Connection, schema: str, stored_version: int) -> None:
         key = (str(corpus), str(namespace))
         if key not in spaces:
             spaces[key] = space(conn, schema, *key)
-        terms = term_frequencies(str(text))
+        terms = term_frequencies(str(text), ANALYZER_EN_SNOWBALL_1)  # schema 1 predates others
         batch.setdefault(spaces[key], []).append((int(pk), terms))
         lengths.append((sum(terms.values()), int(pk)))
     for space_pk, passages in batch.items():

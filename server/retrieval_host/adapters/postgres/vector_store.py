@@ -310,7 +310,9 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
         if self._read_only:
             raise store_read_only(corpus)
         descriptor = self._descriptor(corpus)
-        checked = checked_replacement(descriptor.embedding.dimensions, source, chunks)
+        checked = checked_replacement(
+            descriptor.embedding.dimensions, descriptor.lexical.analyzer, source, chunks
+        )
         chunk_ids, metadata_json, payload = (
             checked.chunk_ids,
             checked.metadata_json,

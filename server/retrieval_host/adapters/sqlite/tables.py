@@ -20,7 +20,7 @@ from retrieval_host.adapters.sqlite.scan import Matrix, check_stored
 from retrieval_host.adapters.sqlite.schema import Identity, one, translated
 from retrieval_host.adapters.sqlite.segment import Loaded, Revision
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.lexical import term_frequencies
+from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, term_frequencies
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.core.reasons import StoreUnavailableReason
@@ -181,7 +181,9 @@ def load_revision(conn: apsw.Connection, dims: int, source_pk: int, out: Matrix)
         out /= check_stored(out)  # our own staging rows, normalised in place
     rows = tuple((str(c[0]), bytes(c[1]), Location(c[2], c[3], c[4], c[5])) for c in chunks)
     terms = tuple(
-        term_frequencies(bytes(c[1]).decode("utf-8")) if c[7] is None else json.loads(str(c[7]))
+        term_frequencies(bytes(c[1]).decode("utf-8"), ANALYZER_EN_SNOWBALL_1)
+        if c[7] is None
+        else json.loads(str(c[7]))
         for c in chunks
     )
     return Loaded(
@@ -202,6 +204,9 @@ def backfill_terms(conn: apsw.Connection, corpus: str) -> int:
     ).fetchall()
     conn.executemany(
         "UPDATE chunks SET terms = ? WHERE rowid = ?",
-        [(terms_json(term_frequencies(str(text))), rowid) for rowid, text in pending],
+        [
+            (terms_json(term_frequencies(str(text), ANALYZER_EN_SNOWBALL_1)), rowid)
+            for rowid, text in pending
+        ],
     )
     return len(pending)

@@ -331,7 +331,9 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         if self._read_only:
             raise store_read_only(corpus)
         state = self._state(corpus)
-        checked = checked_replacement(state.dimensions, source, chunks)
+        checked = checked_replacement(
+            state.dimensions, state.descriptor.lexical.analyzer, source, chunks
+        )
         blobs = [row.astype("<f4").tobytes() for row in checked.raw]
         key = (corpus, namespace, source.source_id)
 

@@ -1,0 +1,132 @@
+"""Which lexical analyzer a corpus gets, and what `en-snowball-2` matches that the first did not.
+
+A black-box tester found lexical search blind to Unicode: a word in decomposed (NFD) form never
+matched its composed (NFC) spelling, `ß` not `ss`, `İstanbul` not `istanbul`, full-width
+letters, ligatures and words broken by a soft hyphen not their plain form, and Chinese or
+Japanese text only by whole runs. A new corpus is analyzed by `en-snowball-2`, which folds all of
+these; a corpus built before it keeps `en-snowball-1`, whose stored term frequencies its
+queries must keep matching. Over each store adapter, through the service.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import CorpusDescriptor, LexicalDescriptor
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, ANALYZER_EN_SNOWBALL_2
+from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SearchRequest, SourceInfo
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.service import Corpus, RetrievalService
+from tests.contract.conftest import StoreHarness
+from tests.support.pg import schema_for, shared_dsn
+from tests.support.previous_vector_store import pg_v2_schema, sqlite_v2_database
+
+CORPUS = "docs"
+NAMESPACE = "ns"
+TEXTS = {
+    "nfd": unicodedata.normalize("NFD", "Le résumé du café de Zürich."),
+    "strasse": "Die Hauptstraße ist gesperrt.",
+    "istanbul": "İSTANBUL liegt am Bosporus.",
+    "fullwidth": "ＦＵＬＬＷＩＤＴＨ letters and the ﬁsh ligature.",
+    "hyphen": "A soft\u00adware update with pass\u200bword rules.",
+    "cjk": "東京都の天気予報は明日は晴れです。",
+}
+
+
+def grant_all(request: AuthorizationRequest, context: RequestContext) -> Grant:
+    if request.operation == "search":
+        return Grant(NAMESPACE, {sid: "r1" for sid in request.source_ids or [*TEXTS, "plain"]})
+    return Grant(NAMESPACE, {sid: ANY_REVISION for sid in request.source_ids or ()})
+
+
+def service(harness: StoreHarness, embedding: LocalEmbedding, **corpus: object) -> RetrievalService:
+    store = harness.open()
+    return RetrievalService(
+        [Corpus(CORPUS, "passages-v1", embedding, store, grant_all, **corpus)]  # type: ignore[arg-type]
+    )
+
+
+def found(svc: RetrievalService, query: str) -> list[str]:
+    result = svc.search_context(
+        SearchRequest(CORPUS, query, mode="lexical", limit=10), RequestContext("reader")
+    )
+    return sorted({hit.source.id for hit in result.hits})
+
+
+@pytest.fixture
+def new_corpus(harness: StoreHarness, local_embedding: LocalEmbedding) -> RetrievalService:
+    svc = service(harness, local_embedding)
+    for source_id, text in TEXTS.items():
+        svc.index_context(
+            IndexRequest(
+                CORPUS,
+                SourceInfo(source_id, "r1", title=source_id),
+                [ChunkInput(f"{source_id}-0", text, Location(start_line=1))],
+            ),
+            RequestContext("writer"),
+        )
+    return svc
+
+
+def test_a_new_corpus_is_analyzed_by_the_newest_analyzer(new_corpus: RetrievalService) -> None:
+    corpus = new_corpus.corpora[CORPUS]
+    assert corpus.analyzer == ANALYZER_EN_SNOWBALL_2
+    assert corpus.descriptor.lexical == LexicalDescriptor(ANALYZER_EN_SNOWBALL_2)
+
+
+@pytest.mark.parametrize(
+    ("query", "source_id"),
+    [
+        ("résumé café zürich", "nfd"),  # composed query, decomposed text
+        ("resume cafe zurich", "nfd"),
+        (unicodedata.normalize("NFD", "RÉSUMÉ"), "nfd"),
+        ("HAUPTSTRASSE", "strasse"),
+        ("istanbul", "istanbul"),
+        ("fullwidth fish", "fullwidth"),
+        ("software password", "hyphen"),
+        ("天気", "cjk"),
+        ("明日の天気", "cjk"),
+    ],
+)
+def test_what_reads_alike_matches_alike(
+    new_corpus: RetrievalService, query: str, source_id: str
+) -> None:
+    assert found(new_corpus, query) == [source_id]
+
+
+def _previous_release_store(harness: StoreHarness, embedding: LocalEmbedding) -> None:
+    """The store as the release before `en-snowball-2` left it: its descriptor says no analyzer
+    (`en-snowball-1` by default), its passages' terms analyzed by that one."""
+    described = CorpusDescriptor(CORPUS, "passages-v1", embedding.descriptor)
+    corpus = {(NAMESPACE, "nfd"): [TEXTS["nfd"]], (NAMESPACE, "plain"): ["The cafe in Zurich."]}
+    if harness.kind == "sqlite":
+        harness.location.chmod(0o700)
+        sqlite_v2_database(harness.location / "store.db", described, corpus)
+    else:
+        pg_v2_schema(shared_dsn(), schema_for(harness.location), described, corpus)
+
+
+def test_a_corpus_built_before_keeps_its_analyzer_and_its_matches(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    _previous_release_store(harness, local_embedding)
+    svc = service(harness, local_embedding)
+    assert svc.corpora[CORPUS].analyzer == ANALYZER_EN_SNOWBALL_1
+    # Its stored terms are the first analyzer's (the decomposed text lost its accented words).
+    assert found(svc, "cafe zurich") == ["nfd", "plain"]
+    assert found(svc, "zu rich") == ["nfd"]
+
+
+def test_a_corpus_built_before_is_not_reopened_with_another_analyzer(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    _previous_release_store(harness, local_embedding)
+    with pytest.raises(RetrievalError) as excinfo:
+        service(harness, local_embedding, lexical=LexicalDescriptor(ANALYZER_EN_SNOWBALL_2))
+    assert excinfo.value.code is ErrorCode.DESCRIPTOR_MISMATCH
+    assert "lexical.analyzer" in str(excinfo.value)
