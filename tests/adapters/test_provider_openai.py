@@ -3,6 +3,7 @@ alone and under the RunEngine with the real SQLite stores and the real local emb
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
 import ssl
@@ -473,6 +474,51 @@ def test_cancel_from_another_thread_stops_a_stalled_stream_promptly(
     server: FakeOpenAI, make: Factory
 ) -> None:
     _cancel_a_stalled_stream(server, make())
+
+
+class _CloseDelimitedStream(http.server.BaseHTTPRequestHandler):
+    """A compatible server that ends its SSE body by closing the connection (no length, no
+    chunking, as HTTP/1.0 servers and some proxies do): one delta, then silence until the
+    client hangs up."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        delta = {"choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": None}]}
+        self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
+        self.wfile.flush()
+        self.connection.recv(1)  # blocks until the client shuts its side or closes
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_cancel_that_ends_a_close_delimited_stream_is_a_cancel_not_a_provider_failure() -> None:
+    # A black-box tester stopped a host (SIGTERM) during a run streamed by such a server: the
+    # watchdog shut the cancelled call's socket, which a close-delimited body reads as its end,
+    # and the run failed PROVIDER_FAILED `stream-ended-early` instead of CANCELLED `shutdown`.
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CloseDelimitedStream)
+    serving = threading.Thread(target=httpd.serve_forever, daemon=True)
+    serving.start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        with OpenAIChatProvider(base_url=base, api_key=None) as provider:
+            cancel = CancelToken()
+            events = provider.generate(request(), cancel)
+            first = next(events)
+            assert isinstance(first, TextDelta) and first.text == "word "
+            cancel.cancel()
+            with pytest.raises(RetrievalError) as info:
+                list(events)
+            assert info.value.code is ErrorCode.CANCELLED
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_tls_with_a_ca_bundle_path_streams_and_cancels(tmp_path: Path) -> None:

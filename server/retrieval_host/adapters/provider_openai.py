@@ -246,6 +246,10 @@ class OpenAIChatProvider:
             yield from stream.data(data, key)
             if stream.done:
                 return
+        # The watchdog shuts a cancelled call's socket down, and a body that ends when the
+        # connection closes (no length, no chunking) reads that as its end: a cancel, not a
+        # stream the provider ended early.
+        cancel.check()
 
 
 # --- the wire format of messages and tools ---------------------------------------------------

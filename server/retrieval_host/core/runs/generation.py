@@ -90,8 +90,15 @@ def generate_step(
                     calls.append(event.call)
                 elif isinstance(event, UsageReported):
                     run.generation += event.usage
-        except TransientError as error:
-            run.generation += GenerationUsage(requests=1)  # the failed attempt was a request
+        except RetrievalError as error:
+            transient = isinstance(error, TransientError)
+            if transient:
+                run.generation += GenerationUsage(requests=1)  # the failed attempt was a request
+            # A run cancelled meanwhile (a disconnect, the host's shutdown) ends as cancelled,
+            # whatever the provider's cut-off call looked like to its adapter.
+            run.context.cancel.check()
+            if not transient:
+                raise
             if text or calls or attempt == request.max_attempts:
                 raise  # streamed bytes cannot be taken back; or no attempt is left
             delay = min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
