@@ -23,7 +23,7 @@ from retrieval_host.core.models import (
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import RetrievalService
 from retrieval_host.example_acl import FileAcl, acl_file_content, create_driver
-from retrieval_host.settings import HostSettings, load_settings
+from retrieval_host.settings import HostSettings, SettingsError, load_settings
 
 
 class StoreRevisions:
@@ -110,11 +110,14 @@ def test_editing_the_acl_file_revokes_access_without_a_restart(
     assert bob is not None and dict(bob.sources) == {"handbook": "r2", "minutes": "r7"}
 
 
-def test_a_malformed_acl_is_an_error_not_a_grant(tmp_path: Path, registry: StoreRevisions) -> None:
+def test_a_malformed_acl_is_an_error_at_load_and_no_grant_after(
+    tmp_path: Path, registry: StoreRevisions
+) -> None:
     (tmp_path / "acl.json").write_text(json.dumps({"subjects": {"alice": {"search": ["*"]}}}))
     acl = FileAcl(tmp_path / "acl.json", registry)
-    with pytest.raises(ValueError, match="namespace"):
-        _ask(acl, "search")
+    with pytest.raises(SettingsError, match="needs a namespace"):
+        acl.load()
+    assert _ask(acl, "search") is None  # fails closed
 
 
 def _example_host(tmp_path: Path) -> HostSettings:

@@ -44,6 +44,7 @@ ACL file:
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -64,6 +65,8 @@ from retrieval_host.ingest import ChunkingSettings
 from retrieval_host.settings import HostSettings, RerankerSettings, SettingsError
 
 ALL_SOURCES: Final = "*"
+
+_log = logging.getLogger(__name__)
 
 
 CurrentRevisions = Callable[[str, str, Collection[str] | None], Mapping[str, str]]
@@ -109,14 +112,37 @@ class FileAcl:
         self._stamp: tuple[int, int] | None = None
         self._subjects: dict[str, SubjectAccess] = {}
 
-    def _access(self, subject: str) -> SubjectAccess | None:
+    def load(self) -> None:
+        """Read the file now: `SettingsError` (one line) when it cannot be read or parsed. The
+        factory calls it, so a host never starts with an ACL it cannot use."""
+        try:
+            self._read()
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise SettingsError(f"applicationOptions.aclFile {self.path}: {reason}") from None
+
+    def _read(self) -> dict[str, SubjectAccess]:
         st = self.path.stat()
         stamp = (st.st_mtime_ns, st.st_size)
         with self._lock:
             if stamp != self._stamp:
                 self._subjects = _parse_acl(json.loads(self.path.read_text(encoding="utf-8")))
                 self._stamp = stamp
-            return self._subjects.get(subject)
+            return self._subjects
+
+    def _access(self, subject: str) -> SubjectAccess | None:
+        """The subject's entry; nobody's while the file cannot be read or parsed (an edit with
+        a mistake in it must not leave the previous grants standing: it fails closed)."""
+        try:
+            subjects = self._read()
+        except (OSError, ValueError) as exc:
+            _log.error(
+                "the ACL file %s cannot be used, every request is denied: %s", self.path, exc
+            )
+            with self._lock:
+                self._stamp, self._subjects = None, {}
+            return None
+        return subjects.get(subject)
 
     def authorize(self, request: AuthorizationRequest, context: RequestContext) -> Grant | None:
         """Grant what `context.subject` may touch for this operation; None denies."""
@@ -180,6 +206,11 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     embedding = LocalEmbedding(threads=threads)
     store = build_vector_store(settings, environ)
     acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), store.current_revisions)
+    try:
+        acl.load()
+    except SettingsError:
+        store.close()
+        raise
     chunking = ChunkingSettings().as_identity()
     reranker_options = options.get("reranker")
     reranker: HttpReranker | None = None

@@ -9,6 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import trustme
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -169,3 +170,91 @@ def test_a_folder_walk_picks_up_text_and_html_and_sets_aside_unknown_types(
         ("g.png", "unsupported type (.png)"),
     ]
     assert plan.missing == []
+
+
+@pytest.fixture
+def tls_config(
+    example_config: tuple[Path, dict[str, str]],
+) -> tuple[Path, dict[str, str], dict[str, object]]:
+    """The example host file with a real certificate and key, and its settings as a dict."""
+    config, environ = example_config
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    tls = config.parent / "tls"
+    tls.mkdir()
+    leaf.cert_chain_pems[0].write_to_path(str(tls / "server.pem"))
+    leaf.private_key_pem.write_to_path(str(tls / "server-key.pem"))
+    return config, environ, json.loads(config.read_text())
+
+
+def _serve_error(
+    config: Path,
+    environ: dict[str, str],
+    body: dict[str, object],
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    config.write_text(json.dumps(body))
+    assert main(["serve", "--config", str(config)], environ=environ) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    [line] = [line for line in error.splitlines() if line.startswith("retrieval-host: ")]
+    return line
+
+
+def test_serve_refuses_a_missing_or_mismatched_certificate_in_one_line(
+    tls_config: tuple[Path, dict[str, str], dict[str, object]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A black-box tester got a traceback ending in a FileNotFoundError that named no file, or
+    # "PEM lib", after the stores had been opened.
+    config, environ, body = tls_config
+    missing = {**body, "tls": {"certFile": "tls/nope.pem", "keyFile": "tls/server-key.pem"}}
+    line = _serve_error(config, environ, missing, capsys)
+    assert "tls.certFile" in line and "nope.pem" in line and "No such file" in line
+    other = trustme.CA().issue_cert("127.0.0.1")
+    other.private_key_pem.write_to_path(str(config.parent / "tls" / "other-key.pem"))
+    mismatched = {**body, "tls": {"certFile": "tls/server.pem", "keyFile": "tls/other-key.pem"}}
+    line = _serve_error(config, environ, mismatched, capsys)
+    assert "server.pem" in line and "other-key.pem" in line and "private key" in line
+
+
+def test_serve_refuses_an_application_it_cannot_build_in_one_line(
+    tls_config: tuple[Path, dict[str, str], dict[str, object]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config, environ, body = tls_config
+    line = _serve_error(config, environ, {**body, "application": "nosuch_app:create"}, capsys)
+    assert "no module named 'nosuch_app'" in line
+    # A missing ACL file: the host started, said it was ready, and answered 500 to everything.
+    no_acl = {**environ, "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps({"aclFile": "no.json"})}
+    line = _serve_error(config, no_acl, body, capsys)
+    assert "aclFile" in line and "no.json" in line and "No such file" in line
+    (config.parent / "bad.json").write_text('{"subjects": ')
+    bad_acl = {**environ, "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps({"aclFile": "bad.json"})}
+    assert "bad.json" in _serve_error(config, bad_acl, body, capsys)
+    # A store that refuses to open: its reason, without the traceback around it.
+    store_dir = Path(environ["RETRIEVAL_HOST_STORE__SQLITE_PATH"]).parent
+    store_dir.mkdir(mode=0o700, exist_ok=True)
+    store_dir.chmod(0o777)
+    line = _serve_error(config, environ, body, capsys)
+    assert "UNSAFE_STORE" in line and "writable by group or others" in line
+
+
+def test_an_acl_file_broken_after_start_denies_everyone_until_it_is_fixed(
+    example_config: tuple[Path, dict[str, str]],
+) -> None:
+    config, environ = example_config
+    settings = load_settings(config, environ)
+    driver = build_driver(settings, environ)
+    assert driver is not None
+    acl = config.parent / "acl.example.json"
+    good = acl.read_text()
+    alice = RequestContext(subject="alice")
+    try:
+        assert driver.retrieval.list_corpora(alice) != []
+        acl.write_text(good + "}")  # an edit with a mistake must not leave old grants standing
+        assert driver.retrieval.list_corpora(alice) == []
+        acl.write_text(good + " ")
+        assert driver.retrieval.list_corpora(alice) != []
+    finally:
+        close_driver(driver)

@@ -49,6 +49,17 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         from retrieval_host.serving.workers import supervise
 
         return supervise(args.config, settings, environ)
+    if settings.tls is not None:
+        # Before the application opens its stores: a certificate that cannot be used is one
+        # line and exit 2, with nothing opened.
+        from retrieval_host.serving.tls import server_context
+
+        password = settings.tls_key_password(environ)
+        server_context(
+            settings.tls.cert_file,
+            settings.tls.key_file,
+            password.get_secret_value() if password is not None else None,
+        )
     driver = build_driver(settings, environ)
     try:
         run_server(settings, driver, environ, worker=worker)

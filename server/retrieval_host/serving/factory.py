@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.driver import Driver
 from retrieval_host.settings import HostSettings, SettingsError
 
@@ -39,7 +40,15 @@ def load_factory(
         return None
     module_name, _, attribute = settings.application.partition(":")
     with _importable(settings.config_dir):
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module_name.startswith(exc.name):
+                raise  # the application's module exists; an import inside it failed
+            raise SettingsError(
+                f"application {settings.application}: no module named {exc.name!r} "
+                "(next to the configuration file or installed)"
+            ) from None
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise SettingsError(f"application {settings.application} is not a callable")
@@ -59,7 +68,12 @@ def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver |
                 "serves discovery only (/v1/protocol lists no capabilities); set `application`"
             )
         return None
-    driver = factory(settings, environ)
+    try:
+        driver = factory(settings, environ)
+    except RetrievalError as exc:
+        # A store that refuses to open (unsafe permissions, unreachable, a descriptor that
+        # does not match): the reason in one line, not a traceback around it.
+        raise SettingsError(f"application {settings.application}: {exc}") from None
     if not isinstance(driver, Driver):
         raise SettingsError(f"application {settings.application} did not return a Driver")
     return driver

@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from retrieval_host.settings import SettingsError
+
 TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
 
 
@@ -33,7 +35,20 @@ def server_context(cert_file: Path, key_file: Path, password: str | None = None)
     if hasattr(ssl, "OP_NO_RENEGOTIATION"):
         context.options |= ssl.OP_NO_RENEGOTIATION
     context.set_alpn_protocols(["http/1.1"])
-    context.load_cert_chain(str(cert_file), str(key_file), password=password)
+    for name, path in (("certFile", cert_file), ("keyFile", key_file)):
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise SettingsError(f"tls.{name}: cannot read {path}: {exc.strerror}") from None
+    try:
+        context.load_cert_chain(str(cert_file), str(key_file), password=password)
+    except ssl.SSLError as exc:
+        raise SettingsError(
+            f"tls: {cert_file} and {key_file} are not a PEM certificate chain and its private "
+            f"key{' (decrypted with keyPassword)' if password is not None else ''}: "
+            f"{exc.reason or exc}"
+        ) from None
     return context
 
 
