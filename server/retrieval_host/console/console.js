@@ -484,7 +484,7 @@ function renderHits(target, body, result) {
   target.replaceChildren();
   append(target, [
     h("h2", {}, `${result.hits.length} hit(s), ${body.mode}`),
-    result.truncated ? h("p", { class: "notice", id: "truncated" }, "truncated: the byte budget cut the results.") : null,
+    result.truncated ? h("p", { class: "notice", id: "truncated" }, "truncated: more passages matched than the limit or the byte budget let through.") : null,
     h("ol", { class: "hits" }, result.hits.map((hit, i) => h(
       "li",
       { class: "hit" },

@@ -44,7 +44,8 @@ ASSETS: Final = {
 
 
 class ConsoleRoutes:
-    """`GET /console` (a redirect to `/console/`), `/console/` and its assets."""
+    """`GET /console` and `/console/` (the page: its assets are named by absolute paths, so
+    either spelling loads them, and the host never redirects) and its assets."""
 
     def __init__(self) -> None:
         package = resources.files("retrieval_host.console")
@@ -52,14 +53,10 @@ class ConsoleRoutes:
 
     def routes(self) -> list[Route]:
         return [
-            Route("/console", self.redirect, methods=["GET"]),
+            Route("/console", self.index, methods=["GET"]),
             Route("/console/", self.index, methods=["GET"]),
             Route("/console/{name}", self.asset, methods=["GET"]),
         ]
-
-    async def redirect(self, request: Request) -> Response:
-        # A path-only Location: never built from the request's Host header.
-        return Response(status_code=308, headers={**SECURITY_HEADERS, "Location": "/console/"})
 
     async def index(self, request: Request) -> Response:
         return self._file("index.html")
