@@ -158,6 +158,28 @@ class World:
 
         return hook
 
+    def delete_at(self, call: int, source_id: str, revision: str) -> Hook:
+        """A hook that has the writer delete the source's `revision` at search call `call`."""
+
+        def hook(n: int) -> None:
+            if n == call:
+                request = DeleteRequest(CORPUS, source_id, revision)
+                self.writer.run(
+                    lambda: self.writing.delete_context(request, RequestContext("writer"))
+                )
+
+        return hook
+
+    def replace_every_time(self, source_id: str) -> Hook:
+        """A hook that has the writer commit a new revision of the source at every call."""
+        revisions = (f"r{n}" for n in itertools.count(2))
+
+        def hook(n: int) -> None:
+            revision = next(revisions)
+            self.writer.run(lambda: self.index(source_id, revision))
+
+        return hook
+
     def search(
         self,
         source_ids: Sequence[str] | None = None,
@@ -269,15 +291,7 @@ def test_a_source_replaced_after_the_check_after_the_read_answers_the_old_revisi
 def test_a_source_deleted_after_its_grant_is_still_unavailable_without_asking_again(
     world: World,
 ) -> None:
-    def delete(n: int) -> None:
-        if n == 1:
-            world.writer.run(
-                lambda: world.writing.delete_context(
-                    DeleteRequest(CORPUS, "a", "r1"), RequestContext("writer")
-                )
-            )
-
-    world.acl.after = delete
+    world.acl.after = world.delete_at(1, "a", "r1")
     with pytest.raises(RetrievalError) as excinfo:
         world.search(["a"])
     assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
@@ -307,13 +321,7 @@ def test_an_authorizer_that_keeps_granting_a_replaced_revision_is_asked_once_mor
 def test_replacements_that_never_stop_end_the_search_after_three_reads(
     world: World, source_ids: list[str] | None
 ) -> None:
-    revisions = (f"r{n}" for n in itertools.count(2))
-
-    def replace_every_time(n: int) -> None:
-        revision = next(revisions)
-        world.writer.run(lambda: world.index("a", revision))
-
-    world.acl.after = replace_every_time
+    world.acl.after = world.replace_every_time("a")
     if source_ids is None:
         result = world.search()
         # What one attempt gives: the source left out, never a revision the last check did
@@ -394,15 +402,7 @@ def test_a_source_replaced_after_it_was_read_is_inspected_at_the_new_revision(
 def test_a_source_deleted_while_it_is_inspected_is_unavailable_without_asking_again(
     world: World,
 ) -> None:
-    def delete(n: int) -> None:
-        if n == 1:
-            world.writer.run(
-                lambda: world.writing.delete_context(
-                    DeleteRequest(CORPUS, "a", "r1"), RequestContext("writer")
-                )
-            )
-
-    world.acl.after = delete
+    world.acl.after = world.delete_at(1, "a", "r1")
     with pytest.raises(RetrievalError) as excinfo:
         world.service.get_source(CORPUS, "a", world.context())
     assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
@@ -414,13 +414,7 @@ def test_a_source_deleted_while_it_is_inspected_is_unavailable_without_asking_ag
 def test_replacements_that_never_stop_end_an_inspection_after_three_reads(
     world: World,
 ) -> None:
-    revisions = (f"r{n}" for n in itertools.count(2))
-
-    def replace_every_time(n: int) -> None:
-        revision = next(revisions)
-        world.writer.run(lambda: world.index("a", revision))
-
-    world.acl.after = replace_every_time
+    world.acl.after = world.replace_every_time("a")
     with pytest.raises(RetrievalError) as excinfo:
         world.service.get_source(CORPUS, "a", world.context())
     assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
