@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging.config
 import shutil
 from importlib.metadata import version
 from pathlib import Path
@@ -174,9 +175,14 @@ def test_a_folder_walk_picks_up_text_and_html_and_sets_aside_unknown_types(
 
 @pytest.fixture
 def tls_config(
-    example_config: tuple[Path, dict[str, str]],
+    example_config: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Path, dict[str, str], dict[str, object]]:
-    """The example host file with a real certificate and key, and its settings as a dict."""
+    """The example host file with a real certificate and key, and its settings as a dict.
+
+    `serve` configures logging for the process (handlers on the stderr of the moment, here
+    pytest's capture, closed after the test): left in place, a later test's background log
+    line would fail to write. These tests read only the printed error line."""
+    monkeypatch.setattr(logging.config, "dictConfig", lambda config: None)
     config, environ = example_config
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")

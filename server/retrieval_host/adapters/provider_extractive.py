@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 
 from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.evidence import defang
 from retrieval_host.core.run_ports import (
     EvidencePassage,
     GenerationEvent,
@@ -38,7 +39,7 @@ def _terms(text: str) -> set[str]:
 
 def _sentences(passage: EvidencePassage) -> list[str]:
     # A quoted sentence must not smuggle a citation marker of its own into the answer.
-    text = passage.text.replace("[source:", "(source:")
+    text = defang(passage.text)
     sentences: list[str] = []
     # Lines of one paragraph form one text (documents wrap sentences across lines); Markdown
     # headings and code fences are structure, not sentences to quote.

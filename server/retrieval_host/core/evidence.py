@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Final
 
 from retrieval_host.core.run_ports import EvidencePassage
 
@@ -15,6 +17,18 @@ SYSTEM_INSTRUCTIONS = (
     "example [source:ID]. Use only the handles you were given. If the passages do not "
     "answer the question, say so."
 )
+
+
+# A handle marker written by a document: `[source:` in any case or spacing. Inside the fence a
+# passage (or a title) holding one could present its own text under another passage's handle
+# (a black-box tester made a run's answer cite a real handle for an injected sentence).
+_MARKER: Final = re.compile(r"\[(\s*source\s*:)", re.IGNORECASE)
+
+
+def defang(text: str) -> str:
+    """Untrusted text with every handle marker turned into `(source:`, which cites nothing:
+    only the host writes `[source:ID]` in what a model reads."""
+    return _MARKER.sub(r"(\1", text)
 
 
 def neutralize(text: str, delimiter: str) -> str:
@@ -34,7 +48,7 @@ def _describe(p: EvidencePassage) -> str:
     if p.location.document_id is not None:
         where.append(f"message {p.location.document_id}")
     suffix = f" ({', '.join(where)})" if where else ""
-    return f"[source:{p.handle}] {p.title or p.source_id}{suffix}"
+    return f"[source:{p.handle}] {defang(p.title or p.source_id)}{suffix}"
 
 
 def fence(passages: Sequence[EvidencePassage], delimiter: str) -> str:
@@ -46,7 +60,7 @@ def fence(passages: Sequence[EvidencePassage], delimiter: str) -> str:
     ]
     for p in passages:
         lines.append(neutralize(_describe(p), delimiter))
-        lines.append(neutralize(p.text, delimiter))
+        lines.append(neutralize(defang(p.text), delimiter))
         lines.append("")
     lines.append(f"END-{delimiter}")
     return "\n".join(lines)
