@@ -567,6 +567,30 @@ def _fenced(text: str, needle: str) -> bool:
     return True
 
 
+def test_a_tool_call_in_a_run_that_offered_no_tool_fails_instead_of_an_empty_answer(
+    run_world: RunWorld, server: FakeOpenAI, make: Factory
+) -> None:
+    # A black-box tester's provider answered a `before` run with a tool call and no text: the
+    # run was recorded completed with an empty answer.
+    server.script_chat(
+        [PlannedResponse(tool_calls=[PlannedToolCall("search_context", '{"query": "x"}')])]
+    )
+    engine = run_world.with_provider("openai", make())
+    before = RunRequest(
+        provider="openai",
+        model=MODEL,
+        input="How long does the battery last?",
+        retrieval=RunRetrieval(corpus="library", mode="before"),
+    )
+    with pytest.raises(RetrievalError) as info:
+        engine.run(before, ALICE)
+    assert (info.value.code, info.value.reason) == (
+        ErrorCode.PROVIDER_FAILED,
+        "unoffered-tool-call",
+    )
+    assert "tools" not in server.chat_requests[0].json
+
+
 def test_tool_mode_five_searches_under_a_quota_of_two_then_a_cited_answer(
     run_world: RunWorld, server: FakeOpenAI, make: Factory
 ) -> None:

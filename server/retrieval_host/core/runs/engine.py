@@ -26,6 +26,7 @@ from retrieval_host.core.runs.generation import (
     generate_step,
     step_budget_exhausted,
     token_budget_exhausted,
+    unoffered_tool_call,
 )
 from retrieval_host.core.runs.replay import replay
 from retrieval_host.core.runs.request import check_run_request, request_fingerprint
@@ -262,7 +263,11 @@ class RunEngine:
                 backoff_s=self._retry_backoff_s,
             )
             text.append(output.text)
-            if not output.calls or mode != "tool" or spec is None:
+            if output.calls and (mode != "tool" or spec is None):
+                # No tool was offered: the answer is not all there (often it is nothing but
+                # the call), and recording it as completed would pass it off as one.
+                raise unoffered_tool_call()
+            if not output.calls or spec is None:
                 break
             rounds.append(answer_tool_calls(run, spec, output))
             if step == request.max_generation_steps:

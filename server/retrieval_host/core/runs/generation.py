@@ -8,7 +8,7 @@ from typing import Final, TypeAlias
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
-from retrieval_host.core.reasons import InvalidRequestReason
+from retrieval_host.core.reasons import InvalidRequestReason, ProviderFailedReason
 from retrieval_host.core.run_ports import (
     GenerationProvider,
     GenerationRequest,
@@ -113,6 +113,16 @@ def generate_step(
         run.generation += GenerationUsage(requests=1)
         return StepOutput("".join(text), calls)
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
+def unoffered_tool_call() -> RetrievalError:
+    """The model asked for a tool although the run offered none (mode `before`, or no
+    retrieval): a provider that does not follow the request, not an answer."""
+    return RetrievalError(
+        ErrorCode.PROVIDER_FAILED,
+        "The model asked for a tool the run did not offer, instead of answering.",
+        reason=ProviderFailedReason.UNOFFERED_TOOL_CALL,
+    )
 
 
 def step_budget_exhausted() -> RetrievalError:
