@@ -3,6 +3,7 @@ alone and under the RunEngine with the real SQLite stores and the real local emb
 
 from __future__ import annotations
 
+import datetime
 import http.server
 import json
 import socket
@@ -18,7 +19,7 @@ import httpx
 import pytest
 import trustme
 
-from retrieval_host.adapters.provider_openai import OpenAIChatProvider
+from retrieval_host.adapters.provider_openai import OpenAIChatProvider, retry_after_seconds
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
@@ -335,9 +336,31 @@ def test_each_failure_is_provider_failed_with_its_reason_after_exactly_one_reque
     assert (error.code, error.reason) == (ErrorCode.PROVIDER_FAILED, reason)
     assert shown in error.detail
     assert isinstance(error, TransientError) is transient
+    if isinstance(error, TransientError):
+        assert error.retry_after_s == (1.0 if mode == "rate-limited" else None)
     assert server.chat_requests_count == 1
     assert_no_key(error)
     assert not any(isinstance(e, UsageReported) for e in events)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        (None, None),
+        ("2", 2.0),
+        (" 120 ", 120.0),
+        ("Wed, 21 Oct 2015 07:28:10 GMT", 10.0),  # 10 s after `now`
+        ("Wed, 21 Oct 2015 07:27:00 GMT", 0.0),  # in the past
+        ("soon", None),
+        ("-1", None),
+        ("1.5", None),  # delay-seconds are whole
+    ],
+)
+def test_retry_after_is_read_as_seconds_or_a_date(
+    header: str | None, seconds: float | None
+) -> None:
+    now = datetime.datetime(2015, 10, 21, 7, 28, 0, tzinfo=datetime.UTC).timestamp()
+    assert retry_after_seconds(header, now) == seconds
 
 
 def test_the_http_error_message_is_bounded(server: FakeOpenAI, make: Factory) -> None:

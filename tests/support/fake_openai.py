@@ -26,6 +26,7 @@ with `set_chat_mode` (stall, drop mid-stream, malformed chunk, 500, 429, ...).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import hashlib
 import http.client
@@ -840,13 +841,15 @@ def _chat_completions(server: FakeOpenAI, request: RecordedRequest, _: int) -> R
     if mode == "server-error-echo-key":
         return openai_error(500, f"internal failure for key {bearer}", type_="server_error")
     if mode == "rate-limited":
-        return openai_error(
+        limited = openai_error(
             429,
             "Rate limit reached for gpt-4o-mini in organization org-fake on tokens per min "
             "(TPM): Limit 200000, Used 200000, Requested 512. Please try again in 153ms.",
             type_="tokens",
             code="rate_limit_exceeded",
         )
+        # OpenAI sends how long to wait (whole seconds) beside the message.
+        return dataclasses.replace(limited, headers={**limited.headers, "Retry-After": "1"})
     body = request.json
     invalid = _check_chat_body(body)
     if invalid is not None:

@@ -33,9 +33,11 @@ count as progress: SSE comments (a proxy's keep-alives) do not keep an idle run 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -223,7 +225,7 @@ class OpenAIChatProvider:
     ) -> Iterator[GenerationEvent]:
         if resp.status_code != 200:
             raw = read_capped(resp, ERROR_BODY_BYTES, truncate=True)
-            raise _status_error(resp.status_code, raw, key)
+            raise _status_error(resp.status_code, raw, key, resp.headers.get("retry-after"))
         media_type = resp.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type == "application/json":
             raw = read_capped(
@@ -286,19 +288,43 @@ def _tool(t: ToolSpec) -> dict[str, Any]:
     }
 
 
-def _status_error(status: int, raw: bytes, key: str | None) -> RetrievalError:
+def _status_error(
+    status: int, raw: bytes, key: str | None, retry_after: str | None = None
+) -> RetrievalError:
     message = scrub(error_message(raw), key)
     suffix = f": {message}" if message else "."
     if status == 429:
-        return provider_transient(
+        error = provider_transient(
             f"the generation provider is rate limiting (HTTP 429){suffix}",
             ProviderFailedReason.RATE_LIMITED,
         )
+        error.retry_after_s = retry_after_seconds(retry_after)
+        return error
     detail = f"the generation provider answered HTTP {status}{suffix}"
     if status >= 500:  # a server error may pass
-        return provider_transient(detail, ProviderFailedReason.HTTP_ERROR)
+        error = provider_transient(detail, ProviderFailedReason.HTTP_ERROR)
+        error.retry_after_s = retry_after_seconds(retry_after)
+        return error
     # A client error (bad request, key, model) would come again.
     return provider_failed(detail, ProviderFailedReason.HTTP_ERROR)
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """A `Retry-After` header in seconds from now (RFC 9110 §10.2.3: delay-seconds or an
+    HTTP date); None when absent or unreadable, 0 for a date in the past."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None  # RFC 9110 dates are GMT; one without a zone is not one
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
 
 
 def _json_too_large() -> RetrievalError:

@@ -129,7 +129,12 @@ class TransientError(RetrievalError):
     """A failure a later attempt may not meet: a rate limit, a server error, a dropped
     connection, a timeout. A provider raises it for such failures; a run that allows more
     than one attempt per model call (`RunRequest.max_attempts`) asks again when the failed
-    attempt had streamed nothing. Everywhere else it is the `RetrievalError` it is."""
+    attempt had streamed nothing. Everywhere else it is the `RetrievalError` it is.
+
+    `retry_after_s`: how long the service asked to be left alone (its `Retry-After`), when it
+    said so; a retry waits at least that long, or is not made when that is too long."""
+
+    retry_after_s: float | None = None
 
 
 def source_unavailable() -> RetrievalError:

@@ -134,6 +134,30 @@ def test_a_cancel_during_the_backoff_ends_the_wait(run_world: RunWorld) -> None:
     assert flaky.calls == 1
 
 
+def rate_limited(retry_after_s: float) -> TransientError:
+    error = TransientError(ErrorCode.PROVIDER_FAILED, "HTTP 429.", reason="rate-limited")
+    error.retry_after_s = retry_after_s
+    return error
+
+
+def test_a_retry_waits_at_least_what_the_service_asked(run_world: RunWorld) -> None:
+    flaky = Flaky(rate_limited(0.2))
+    events: list[RunEvent] = []
+    engine(run_world, flaky, backoff_s=0.01).execute(request(2), ALICE, events.append)
+    assert isinstance(events[-1], RunCompleted) and flaky.calls == 2
+    [retry] = [e for e in events if isinstance(e, RunProgress) and e.phase == "generation.retry"]
+    assert retry.context["wait"] == 0.2
+
+
+def test_a_service_that_asks_for_longer_than_a_run_waits_is_not_asked_again(
+    run_world: RunWorld,
+) -> None:
+    flaky = Flaky(rate_limited(MAX_BACKOFF_S + 1))
+    with pytest.raises(TransientError) as error:
+        engine(run_world, flaky).run(request(3), ALICE)
+    assert error.value.reason == "rate-limited" and flaky.calls == 1
+
+
 @pytest.mark.parametrize("attempts", [0, 6, True])
 def test_max_attempts_outside_1_to_5_is_refused(run_world: RunWorld, attempts: int) -> None:
     flaky = Flaky()

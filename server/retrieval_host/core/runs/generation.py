@@ -49,7 +49,8 @@ def generate_step(
     backoff_s: float = 0.5,
 ) -> StepOutput:
     """Ask the provider, streaming its text as `run.delta` events; ask again (up to the
-    request's `max_attempts`, waiting `backoff_s`, doubling, at most `MAX_BACKOFF_S`) after a
+    request's `max_attempts`, waiting `backoff_s`, doubling, at most `MAX_BACKOFF_S`; at least
+    the service's `Retry-After`, and no retry when that asks for longer) after a
     `TransientError` before anything of the answer streamed.
 
     The tool rounds so far are rendered again at every step, so a passage revoked since it
@@ -102,6 +103,11 @@ def generate_step(
             if text or calls or attempt == request.max_attempts:
                 raise  # streamed bytes cannot be taken back; or no attempt is left
             delay = min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            wanted = error.retry_after_s if isinstance(error, TransientError) else None
+            if wanted is not None:
+                if wanted > MAX_BACKOFF_S:
+                    raise  # longer than a run waits: the caller decides when to try again
+                delay = max(delay, wanted)  # the service's own word, within the host's bound
             run.emit(
                 RunProgress(
                     "generation.retry",
