@@ -40,6 +40,7 @@ __all__ = [
     "PermissionDeniedError",
     "ProtocolError",
     "ProviderFailedError",
+    "RefusedCitationError",
     "RequestCancelledError",
     "RerankFailedError",
     "RetrievalHostConnectionError",
@@ -73,9 +74,20 @@ class RetrievalHostError(Exception):
 
 
 class InvalidCitationError(RetrievalHostError, ValueError):
-    """A `[source:ID]` marker is malformed or unknown, or a required citation is absent."""
+    """A `[source:ID]` marker is malformed or unknown, or a required citation is absent.
+
+    Raised by `validate_source_citations` on the client side; the host's own refusal of a
+    run's citations is `RefusedCitationError`, a subclass, so one `except InvalidCitationError`
+    catches both. `reason` is the host's sub-code: `malformed-marker`, `unknown-source`,
+    `no-citation` (and, from the host only, `quote-not-in-passage`)."""
 
     code = "INVALID_CITATION"
+    reason: str | None = None
+
+    def __init__(self, message: str, *, code: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message, code=code)
+        if reason is not None:
+            self.reason = reason
 
 
 # --- connection branch ------------------------------------------------------------------------
@@ -150,6 +162,11 @@ class APIStatusError(RetrievalHostError):
 class InvalidRequestError(APIStatusError):
     """The request was refused for its shape or content (`INVALID_REQUEST`, `INVALID_CITATION`;
     also any other 400/422)."""
+
+
+class RefusedCitationError(InvalidRequestError, InvalidCitationError):
+    """The host refused a run's answer in its citation check (`INVALID_CITATION`, 422): an
+    `InvalidRequestError` with its status and problem, and an `InvalidCitationError`."""
 
 
 class InvalidDocumentError(InvalidRequestError):
@@ -269,7 +286,7 @@ _CODE_CLASSES: Final[Mapping[str, type[APIStatusError]]] = {
     "DESCRIPTOR_MISMATCH": DescriptorMismatchError,
     "CONTEXT_REPLAY_UNAVAILABLE": ContextReplayUnavailableError,
     "INVALID_REQUEST": InvalidRequestError,
-    "INVALID_CITATION": InvalidRequestError,
+    "INVALID_CITATION": RefusedCitationError,
     "ANSWER_REJECTED": InvalidRequestError,
     "INVALID_DOCUMENT": InvalidDocumentError,
     "DOCUMENT_TOO_COMPLEX": DocumentTooComplexError,
