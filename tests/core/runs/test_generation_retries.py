@@ -158,6 +158,22 @@ def test_a_service_that_asks_for_longer_than_a_run_waits_is_not_asked_again(
     assert error.value.reason == "rate-limited" and flaky.calls == 1
 
 
+def test_a_failed_run_records_what_it_spent_before_it_failed(run_world: RunWorld) -> None:
+    # A provider bills the attempts it answered, and the run's search embedded its query:
+    # a failed run left no usage record (a black-box tester's note).
+    flaky = Flaky(overloaded(), overloaded())
+    metered = RunEngine(run_world.service, {"flaky": flaky}, run_world.runs, usage=run_world.runs)
+    events: list[RunEvent] = []
+    metered.execute(request(2), ALICE, events.append)
+    failed = events[-1]
+    assert isinstance(failed, RunFailed) and failed.error.reason == "http-error"
+    records = run_world.runs.read_usage(subject="alice")
+    assert {(r.kind, r.requests, r.run_id) for r in records} == {
+        ("generation", 2, failed.run_id),
+        ("embedding", 1, failed.run_id),
+    }
+
+
 @pytest.mark.parametrize("attempts", [0, 6, True])
 def test_max_attempts_outside_1_to_5_is_refused(run_world: RunWorld, attempts: int) -> None:
     flaky = Flaky()

@@ -53,6 +53,7 @@ from retrieval_host.core.runs_model import (
     RunRequest,
     RunResult,
     RunStarted,
+    RunUsage,
 )
 from retrieval_host.core.service import RetrievalService, utc_now
 from retrieval_host.core.usage import UsageSink, run_records
@@ -210,10 +211,13 @@ class RunEngine:
         except RetrievalError as error:
             cancelled = error.code is ErrorCode.CANCELLED
             self._store.finish(run.run_id, "cancelled" if cancelled else "failed", error.code.value)
+            # What it spent before it failed was spent (a provider bills a cut-off stream).
+            self._meter(request, provider, run, self._clock())
             emit(RunFailed(run.run_id, error))
             return
         except Exception:
             self._store.finish(run.run_id, "failed", ErrorCode.INTERNAL.value)
+            self._meter(request, provider, run, self._clock())
             emit(RunFailed(run.run_id, RetrievalError(ErrorCode.INTERNAL, "Internal error.")))
             raise
         emit(RunCompleted(result))
@@ -319,13 +323,14 @@ class RunEngine:
             build_result(request, run, answer, report, taken), verification=verification
         )
         self._store.complete(run.run_id, result)
-        self._meter(request, provider, run, result)
+        self._meter(request, provider, run, result.completed_at or result.created_at)
         return result
 
     def _meter(
-        self, request: RunRequest, provider: GenerationProvider, run: ActiveRun, result: RunResult
+        self, request: RunRequest, provider: GenerationProvider, run: ActiveRun, at: str
     ) -> None:
-        """The completed run's usage records, to the sink (a replay never gets here)."""
+        """The run's usage records as of `at`, to the sink: what a completed run spent, or a
+        failed or cancelled one before it ended (a replay never gets here)."""
         if self._usage is None:
             return
         spec = request.retrieval
@@ -335,13 +340,13 @@ class RunEngine:
             else None
         )
         records = run_records(
-            result.completed_at or result.created_at,
+            at,
             run.context.subject,
-            result.run_id,
-            result.provider,
+            run.run_id,
+            request.provider,
             getattr(provider, "account_id", None),
-            result.model,
-            result.usage,
+            request.model,
+            RunUsage(run.generation, run.embedding, run.rerank),
             None if corpus is None else corpus.id,
             None if corpus is None else corpus.embedding.descriptor,
             None if corpus is None or corpus.reranker is None else corpus.reranker.descriptor,
