@@ -33,7 +33,17 @@ def test_an_unknown_id_is_refused_without_repair() -> None:
 
 @pytest.mark.parametrize(
     "marker",
-    ["[source:]", "[source: c-1]", "[source:c-1", "[Source:c-1]", "[SOURCE:c-1]", "[source:c 1]"],
+    [
+        "[source:]",
+        "[source: c-1]",
+        "[source:c-1",
+        "[Source:c-1]",
+        "[SOURCE:c-1]",
+        "[source:c 1]",
+        "[ source:c-1]",  # spaced: a typo is refused, never skipped as plain text
+        "[source :c-1]",
+        "[\tSource\n:c-1]",
+    ],
 )
 def test_malformed_markers_are_refused(marker: str) -> None:
     with pytest.raises(InvalidCitationError, match="malformed") as info:

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 
 from retrieval_host_client._errors import InvalidCitationError
 
-# Any literal "[source:" opens a marker, whatever surrounds it (quotes, code blocks included).
-_OPEN = re.compile(r"\[source:", re.IGNORECASE)
+# Any "[source:" opens a marker, whatever surrounds it (quotes, code blocks included), in any
+# case and with spaces around `source` (`[ source:x]` is a malformed marker, not plain text).
+_OPEN = re.compile(r"\[\s*source\s*:", re.IGNORECASE)
 _WELL_FORMED = re.compile(r"\[source:([^\[\]\s]+)\]")
 
 
