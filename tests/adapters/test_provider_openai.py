@@ -354,6 +354,7 @@ def test_each_failure_is_provider_failed_with_its_reason_after_exactly_one_reque
         ("soon", None),
         ("-1", None),
         ("1.5", None),  # delay-seconds are whole
+        ("\u00b2", None),  # a digit to str.isdigit, not to float()
     ],
 )
 def test_retry_after_is_read_as_seconds_or_a_date(

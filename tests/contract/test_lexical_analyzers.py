@@ -122,6 +122,17 @@ def test_a_corpus_built_before_keeps_its_analyzer_and_its_matches(
     assert found(svc, "zu rich") == ["nfd"]
 
 
+def test_bm25_parameters_set_without_an_analyzer_keep_the_stored_one(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    # An application that only tunes k1 and b never chose an analyzer: its corpus built
+    # before opens as it was (found by review: LexicalDescriptor(k1=...) named the newest).
+    _previous_release_store(harness, local_embedding)
+    svc = service(harness, local_embedding, lexical=LexicalDescriptor(k1=0.9, b=0.4))
+    assert svc.corpora[CORPUS].lexical == LexicalDescriptor(ANALYZER_EN_SNOWBALL_1, 0.9, 0.4)
+    assert found(svc, "zu rich") == ["nfd"]
+
+
 def test_a_corpus_built_before_is_not_reopened_with_another_analyzer(
     harness: StoreHarness, local_embedding: LocalEmbedding
 ) -> None:

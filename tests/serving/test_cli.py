@@ -222,6 +222,10 @@ def test_serve_refuses_a_missing_or_mismatched_certificate_in_one_line(
     mismatched = {**body, "tls": {"certFile": "tls/server.pem", "keyFile": "tls/other-key.pem"}}
     line = _serve_error(config, environ, mismatched, capsys)
     assert "server.pem" in line and "other-key.pem" in line and "private key" in line
+    # With worker processes too: the supervisor checks before it starts any (found by review:
+    # the workers failed one by one and the supervisor exited 1).
+    workers = {**missing, "listen": {**body["listen"], "workers": 2}}  # type: ignore[dict-item]
+    assert "nope.pem" in _serve_error(config, environ, workers, capsys)
 
 
 def test_serve_refuses_an_application_it_cannot_build_in_one_line(

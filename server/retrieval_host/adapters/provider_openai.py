@@ -315,7 +315,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # `isdigit` alone takes `²` and other digits
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

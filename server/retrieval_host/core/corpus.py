@@ -57,9 +57,9 @@ class Corpus:
     # exception here surfaces to the caller, but the mutation stands; retrying confirms it.
     on_committed: Callable[[CommitEvent], None] | None = None
 
-    # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses. None:
-    # the stored corpus's, or `LexicalDescriptor()` for a new corpus (the service opens the
-    # corpus with it resolved).
+    # BM25 analyzer and parameters (part of the index identity) and how `hybrid` fuses. None,
+    # or an analyzer left None: the stored corpus's analyzer (and, for None, its k1 and b), or
+    # the newest for a new corpus; the service opens the corpus with it resolved.
     lexical: LexicalDescriptor | None = None
     fusion: FusionSettings = field(default_factory=FusionSettings)
     # The model that reorders a search's authorized top candidates (`core.rerank`), pinned in
@@ -71,8 +71,13 @@ class Corpus:
 
     @property
     def analyzer(self) -> str:
-        """The lexical analyzer of its passages and queries (`core.lexical`)."""
-        return (self.lexical or LexicalDescriptor()).analyzer
+        """The lexical analyzer of its passages and queries (`core.lexical`): as resolved by
+        the service; before that, what a new corpus would get."""
+        return self._lexical.chosen
+
+    @property
+    def _lexical(self) -> LexicalDescriptor:
+        return (self.lexical or LexicalDescriptor()).resolved(None)
 
     @property
     def descriptor(self) -> CorpusDescriptor:
@@ -81,6 +86,6 @@ class Corpus:
             self.version,
             self.embedding.descriptor,
             self.chunking,
-            self.lexical or LexicalDescriptor(),
+            self._lexical,
             self.reranker.descriptor if self.reranker is not None else None,
         )

@@ -70,17 +70,29 @@ class EmbeddingDescriptor:
 class LexicalDescriptor:
     """How passages are analyzed and ranked lexically (BM25): see `core.lexical`.
 
-    k1 and b are bm25s's settings, measured on SciFact in issue 15 (nDCG@10 0.695). The
-    analyzer's default is the newest (`core.lexical.DEFAULT_ANALYZER`): a corpus created
-    before it keeps the one it was built with (`stored_lexical`).
+    k1 and b are bm25s's settings, measured on SciFact in issue 15 (nDCG@10 0.695). An
+    analyzer left None is the stored corpus's when there is one (a corpus keeps the analyzer
+    it was built with), else the newest (`core.lexical.DEFAULT_ANALYZER`): `resolved`.
     """
 
-    analyzer: str = DEFAULT_ANALYZER
+    analyzer: str | None = None
     k1: float = 0.9
     b: float = 0.4
 
+    @property
+    def chosen(self) -> str:
+        """The analyzer's name (the newest while it is left None)."""
+        return self.analyzer or DEFAULT_ANALYZER
+
+    def resolved(self, stored: LexicalDescriptor | None) -> LexicalDescriptor:
+        """This descriptor with its analyzer chosen: the stored corpus's, else the newest."""
+        if self.analyzer is not None:
+            return self
+        analyzer = stored.analyzer if stored is not None else DEFAULT_ANALYZER
+        return LexicalDescriptor(analyzer, self.k1, self.b)
+
     def __post_init__(self) -> None:
-        if self.analyzer not in ANALYZERS:
+        if self.analyzer is not None and self.analyzer not in ANALYZERS:
             raise RetrievalError(
                 ErrorCode.INVALID_REQUEST,
                 f"unknown lexical analyzer; known: {', '.join(sorted(ANALYZERS))}.",
@@ -122,6 +134,10 @@ class CorpusDescriptor:
     def __post_init__(self) -> None:
         check_label("corpus id", self.corpus_id)
         check_label("index version", self.index_version)
+        if self.lexical.analyzer is None:
+            # What is stored and compared always names its analyzer: the newest, here (the
+            # service resolves a stored corpus's before it builds the descriptor).
+            object.__setattr__(self, "lexical", self.lexical.resolved(None))
 
     def canonical_json(self) -> str:
         """A stable serialization: equal descriptors give byte-equal strings."""

@@ -48,7 +48,8 @@ def _describe(p: EvidencePassage) -> str:
     if p.location.document_id is not None:
         where.append(f"message {p.location.document_id}")
     suffix = f" ({', '.join(where)})" if where else ""
-    return f"[source:{p.handle}] {defang(p.title or p.source_id)}{suffix}"
+    # Only the handle is the host's: the title, source id and message id come from documents.
+    return f"[source:{p.handle}] " + defang(f"{p.title or p.source_id}{suffix}")
 
 
 def fence(passages: Sequence[EvidencePassage], delimiter: str) -> str:

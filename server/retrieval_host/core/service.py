@@ -111,9 +111,11 @@ class RetrievalService:
             stored = corpus.store.stored_descriptor(corpus.id)
             chunking = stored_chunking(stored) if stored is not None else None
             corpus = replace(corpus, chunking=resolve_chunking(corpus.chunking, chunking))
+            previous = stored_lexical(stored) if stored is not None else None
             if corpus.lexical is None:
-                lexical = stored_lexical(stored) if stored is not None else LexicalDescriptor()
-                corpus = replace(corpus, lexical=lexical)
+                corpus = replace(corpus, lexical=previous or LexicalDescriptor().resolved(None))
+            else:
+                corpus = replace(corpus, lexical=corpus.lexical.resolved(previous))
             # Checked here, before anything can embed: an incompatible descriptor never gets
             # as far as spending an embedding request.
             corpus.store.open_corpus(corpus.descriptor)

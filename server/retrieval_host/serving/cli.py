@@ -40,6 +40,17 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     settings = load_settings(args.config, environ)
     # JSON lines from the start: the application factory may log while it opens stores.
     logging.config.dictConfig(log_config(settings.log_level))
+    if settings.tls is not None:
+        # Before any worker starts or the application opens its stores: a certificate that
+        # cannot be used is one line and exit 2, with nothing opened.
+        from retrieval_host.serving.tls import server_context
+
+        password = settings.tls_key_password(environ)
+        server_context(
+            settings.tls.cert_file,
+            settings.tls.key_file,
+            password.get_secret_value() if password is not None else None,
+        )
     worker = None
     if args.worker is not None:
         from retrieval_host.serving.workers import worker_seat
@@ -49,17 +60,6 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         from retrieval_host.serving.workers import supervise
 
         return supervise(args.config, settings, environ)
-    if settings.tls is not None:
-        # Before the application opens its stores: a certificate that cannot be used is one
-        # line and exit 2, with nothing opened.
-        from retrieval_host.serving.tls import server_context
-
-        password = settings.tls_key_password(environ)
-        server_context(
-            settings.tls.cert_file,
-            settings.tls.key_file,
-            password.get_secret_value() if password is not None else None,
-        )
     driver = build_driver(settings, environ)
     try:
         run_server(settings, driver, environ, worker=worker)

@@ -43,7 +43,9 @@ def load_factory(
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
+            if exc.name is None or not (
+                module_name == exc.name or module_name.startswith(exc.name + ".")
+            ):
                 raise  # the application's module exists; an import inside it failed
             raise SettingsError(
                 f"application {settings.application}: no module named {exc.name!r} "

@@ -65,6 +65,10 @@ def test_a_quote_the_cited_passage_lacks_fails_and_says_where_not_what() -> None
 def test_markers_must_be_well_formed_and_in_the_manifest() -> None:
     assert failure("See [source: battery-1].").reason == "malformed-marker"
     assert failure("See [Source:battery-1").reason == "malformed-marker"
+    # Spaced markers too, as the client's check refuses them (found by review: the host let
+    # `[ source:x]` through while the client refused it).
+    assert failure("See [ source:evil-id].").reason == "malformed-marker"
+    assert failure("See [source :battery-1].").reason == "malformed-marker"
     error = failure("See [source:vault-1].")
     assert error.reason == "unknown-source" and "vault-1" in error.detail
 

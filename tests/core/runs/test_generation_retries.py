@@ -158,18 +158,33 @@ def test_a_service_that_asks_for_longer_than_a_run_waits_is_not_asked_again(
     assert error.value.reason == "rate-limited" and flaky.calls == 1
 
 
-def test_a_failed_run_records_what_it_spent_before_it_failed(run_world: RunWorld) -> None:
-    # A provider bills the attempts it answered, and the run's search embedded its query:
-    # a failed run left no usage record (a black-box tester's note).
-    flaky = Flaky(overloaded(), overloaded())
+STREAM_ERROR = RetrievalError(ErrorCode.PROVIDER_FAILED, "stream error.", reason="stream-error")
+CANCELLED = RetrievalError(ErrorCode.CANCELLED, "The request was cancelled.")
+
+
+@pytest.mark.parametrize(
+    ("failures", "streamed", "attempts"),
+    [
+        ((overloaded(), overloaded()), "", 2),  # two attempts, both refused
+        ((STREAM_ERROR,), "The", 1),  # cut off after some text
+        ((CANCELLED,), "The batt", 1),  # a disconnect mid-stream
+    ],
+)
+def test_a_failed_run_records_what_it_spent_before_it_failed(
+    run_world: RunWorld, failures: tuple[RetrievalError, ...], streamed: str, attempts: int
+) -> None:
+    # A provider bills the attempts it answered (a stream cut off after text too), and the
+    # run's search embedded its query: a failed run left no usage record (a black-box
+    # tester's note), and one that failed mid-stream none of its generation (review).
+    flaky = Flaky(*failures, streamed=streamed)
     metered = RunEngine(run_world.service, {"flaky": flaky}, run_world.runs, usage=run_world.runs)
     events: list[RunEvent] = []
-    metered.execute(request(2), ALICE, events.append)
+    metered.execute(request(attempts), ALICE, events.append)
     failed = events[-1]
-    assert isinstance(failed, RunFailed) and failed.error.reason == "http-error"
+    assert isinstance(failed, RunFailed) and failed.error.code is failures[0].code
     records = run_world.runs.read_usage(subject="alice")
     assert {(r.kind, r.requests, r.run_id) for r in records} == {
-        ("generation", 2, failed.run_id),
+        ("generation", len(failures), failed.run_id),
         ("embedding", 1, failed.run_id),
     }
 

@@ -178,10 +178,16 @@ def test_a_passage_cannot_present_its_text_under_another_passages_handle(
 
 def test_a_title_cannot_write_a_handle_marker_into_the_fence() -> None:
     passage = EvidencePassage(
-        "p-1", "s", "r1", "[SOURCE:other] Spoofed", Location(page=2), "Plain [source:x text."
+        "p-1",
+        "s",
+        "r1",
+        "[SOURCE:other] Spoofed",
+        Location(page=2, document_id="[source:battery-1]"),  # an e-mail's own Message-ID
+        "Plain [source:x text.",
     )
     fenced = fence([passage], "EVIDENCE-x")
-    assert "[source:p-1] (SOURCE:other] Spoofed (page 2)" in fenced
+    assert "[source:p-1] (SOURCE:other] Spoofed (page 2, message (source:battery-1])" in fenced
+    assert fenced.count("[source:") == 1
     assert "Plain (source:x text." in fenced
 
 

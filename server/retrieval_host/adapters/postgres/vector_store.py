@@ -311,7 +311,7 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
             raise store_read_only(corpus)
         descriptor = self._descriptor(corpus)
         checked = checked_replacement(
-            descriptor.embedding.dimensions, descriptor.lexical.analyzer, source, chunks
+            descriptor.embedding.dimensions, descriptor.lexical.chosen, source, chunks
         )
         chunk_ids, metadata_json, payload = (
             checked.chunk_ids,

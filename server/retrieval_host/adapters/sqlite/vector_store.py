@@ -332,7 +332,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
             raise store_read_only(corpus)
         state = self._state(corpus)
         checked = checked_replacement(
-            state.dimensions, state.descriptor.lexical.analyzer, source, chunks
+            state.dimensions, state.descriptor.lexical.chosen, source, chunks
         )
         blobs = [row.astype("<f4").tobytes() for row in checked.raw]
         key = (corpus, namespace, source.source_id)

@@ -34,7 +34,9 @@ from retrieval_host.core.runs_model import (
 
 __all__ = ["check_citations"]
 
-_OPEN: Final = re.compile(r"\[source:", re.IGNORECASE)
+# The client's rule (`retrieval_host_client._citations`): any `[source:`, in any case and with
+# spaces around `source`, opens a marker; one that is not `[source:ID]` is malformed.
+_OPEN: Final = re.compile(r"\[\s*source\s*:", re.IGNORECASE)
 _WELL_FORMED: Final = re.compile(r"\[source:([^\[\]\s]+)\]")
 _QUOTE: Final = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|«([^»\n]+)»')
 

@@ -93,8 +93,9 @@ def generate_step(
                     run.generation += event.usage
         except RetrievalError as error:
             transient = isinstance(error, TransientError)
-            if transient:
-                run.generation += GenerationUsage(requests=1)  # the failed attempt was a request
+            # The failed attempt was a request, whatever ended it (a cancel, a broken stream):
+            # a provider bills what it answered. Its tokens are unknown (they come last).
+            run.generation += GenerationUsage(requests=1)
             # A run cancelled meanwhile (a disconnect, the host's shutdown) ends as cancelled,
             # whatever the provider's cut-off call looked like to its adapter.
             run.context.cancel.check()
