@@ -157,10 +157,13 @@ def _wait(
     stopping: Callable[[], bool],
     stop_all: Callable[[int, FrameType | None], None],
 ) -> int:
-    """Reap workers as they exit; the first one to exit unasked stops the rest."""
+    """Reap workers as they exit; the first one to exit unasked stops the rest. The exit code:
+    0, or 2 when that first worker refused its configuration (exit 2, its one line already on
+    stderr: an ACL file or store it cannot open), else 1."""
     codes: dict[int, int] = {}
     by_pid = {worker.pid: worker for worker in workers}
     failed = False
+    first: int | None = None  # the exit code of the first worker that exited unasked
     while len(codes) < len(workers):
         pid, status = os.waitpid(-1, 0)  # retried after a signal handler (PEP 475)
         worker = by_pid.get(pid)
@@ -171,9 +174,12 @@ def _wait(
         if not stopping():
             logger.error("worker %d exited with %d; stopping the others", pid, code)
             failed = True
+            first = code if first is None else first
             stop_all(signal.SIGTERM, None)
         elif code != 0:
             failed = True
+    if first == 2:
+        return 2
     return 1 if failed else 0
 
 
