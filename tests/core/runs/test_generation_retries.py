@@ -195,3 +195,29 @@ def test_max_attempts_outside_1_to_5_is_refused(run_world: RunWorld, attempts: i
     with pytest.raises(RetrievalError) as error:
         engine(run_world, flaky).run(request(attempts), ALICE)
     assert error.value.code is ErrorCode.INVALID_REQUEST and flaky.calls == 0
+
+
+class StoreGoesAway(Flaky):
+    """Answers, but the run store closes while it does (a database going away mid-run)."""
+
+    def __init__(self, world: RunWorld) -> None:
+        super().__init__()
+        self.world = world
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        self.world.runs.close()
+        yield from super().generate(request, cancel)
+
+
+def test_a_run_whose_end_cannot_be_recorded_fails_with_the_stores_error(
+    run_world: RunWorld,
+) -> None:
+    # A black-box tester stopped PostgreSQL under runs: recording the run's end failed while
+    # its failure was being handled, and the second error escaped as a 500 INTERNAL.
+    events: list[RunEvent] = []
+    engine(run_world, StoreGoesAway(run_world)).execute(request(1), ALICE, events.append)
+    failed = events[-1]
+    assert isinstance(failed, RunFailed), failed
+    assert (failed.error.code, failed.error.reason) == (ErrorCode.STORE_UNAVAILABLE, "closed")

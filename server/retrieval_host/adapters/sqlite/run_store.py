@@ -26,7 +26,7 @@ from retrieval_host.adapters._store_rules import (
     usage_record,
     usage_values,
 )
-from retrieval_host.adapters.sqlite.schema import Identity, open_database
+from retrieval_host.adapters.sqlite.schema import Identity, open_database, translated
 from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.run_ports import RunRecord, RunStatus
 from retrieval_host.core.runs_model import RunResult
@@ -107,7 +107,7 @@ class SqliteRunStore:
         return cls(connection)
 
     def begin(self, record: RunRecord) -> RunRecord | None:
-        with self._lock, self._db:
+        with self._lock, translated("recording a run"), self._db:
             self._db.execute(
                 f"INSERT INTO runs ({RUN_INSERT_COLUMNS})"  # noqa: S608 - constant columns
                 " VALUES (?, ?, ?, ?, 'running', ?, ?, ?)"
@@ -123,14 +123,14 @@ class SqliteRunStore:
         return run_record(rows[0])
 
     def complete(self, run_id: str, result: RunResult) -> None:
-        with self._lock, self._db:
+        with self._lock, translated("recording a run"), self._db:
             self._db.execute(
                 "UPDATE runs SET status = 'completed', result_json = ? WHERE run_id = ?",
                 (run_result_json(result), run_id),
             )
 
     def finish(self, run_id: str, status: RunStatus, error_code: str) -> None:
-        with self._lock, self._db:
+        with self._lock, translated("finishing a run"), self._db:
             self._db.execute(
                 "UPDATE runs SET status = ?, error_code = ?"
                 " WHERE run_id = ? AND status = 'running'",
@@ -138,7 +138,7 @@ class SqliteRunStore:
             )
 
     def get(self, run_id: str) -> RunRecord | None:
-        with self._lock:
+        with self._lock, translated("reading a run"):
             rows = self._db.execute(_SELECT + " WHERE run_id = ?", (run_id,)).fetchall()
         return run_record(rows[0]) if rows else None
 
@@ -165,7 +165,7 @@ class SqliteRunStore:
         """`core.usage.UsageLog`: records at or after `since`, of `subject`, oldest first
         (after this process's own records queued before the call are written)."""
         self._usage.flush()
-        with self._lock:
+        with self._lock, translated("reading usage"):
             rows = self._db.execute(
                 f"SELECT {USAGE_COLUMNS} FROM usage"  # noqa: S608 - constant columns
                 " WHERE at >= ? AND (? IS NULL OR subject = ?) ORDER BY at, id LIMIT ?",

@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import apsw
 
-from retrieval_host.adapters._store_rules import busy, translating
+from retrieval_host.adapters._store_rules import busy, closed, translating
 from retrieval_host.adapters.sqlite.files import check_sidecars, prepare_database_path
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReason
@@ -87,6 +87,8 @@ def store_error(action: str, exc: apsw.Error) -> RetrievalError:
     # attached as the cause for the log.
     if isinstance(exc, apsw.BusyError | apsw.LockedError):
         return busy(action)
+    if isinstance(exc, apsw.ConnectionClosedError):
+        return closed()
     if isinstance(exc, apsw.NotADBError):
         return RetrievalError(
             ErrorCode.UNSAFE_STORE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
@@ -210,13 +211,21 @@ class RunEngine:
             result = self._run(request, provider, run)
         except RetrievalError as error:
             cancelled = error.code is ErrorCode.CANCELLED
-            self._store.finish(run.run_id, "cancelled" if cancelled else "failed", error.code.value)
+            try:
+                self._store.finish(
+                    run.run_id, "cancelled" if cancelled else "failed", error.code.value
+                )
+            except RetrievalError as unrecorded:
+                # The store failed too (it was what failed the run, often): the caller learns
+                # that its run's end is not recorded, a typed STORE_UNAVAILABLE, not a 500.
+                error = unrecorded
             # What it spent before it failed was spent (a provider bills a cut-off stream).
             self._meter(request, provider, run, self._clock())
             emit(RunFailed(run.run_id, error))
             return
         except Exception:
-            self._store.finish(run.run_id, "failed", ErrorCode.INTERNAL.value)
+            with contextlib.suppress(RetrievalError):  # the bug is what the log must show
+                self._store.finish(run.run_id, "failed", ErrorCode.INTERNAL.value)
             self._meter(request, provider, run, self._clock())
             emit(RunFailed(run.run_id, RetrievalError(ErrorCode.INTERNAL, "Internal error.")))
             raise
