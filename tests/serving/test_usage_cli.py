@@ -133,3 +133,32 @@ def test_searches_ingests_and_runs_are_metered_per_subject_and_shown_to_the_oper
     assert any(
         line.split()[:4] == ["quickstart", "library", "search", "embedding"] for line in table
     )
+
+
+def test_since_is_an_instant_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    # A black-box tester found --since compared as text: offsets ignored, `...T00:23Z` leaving
+    # out records of 00:23:xx, lower case matching nothing, and garbage an empty report.
+    from retrieval_host.core.corpus import utc_now
+    from retrieval_host.serving.usage_cli import _instant
+
+    assert _instant("2026-12-05T00:24:53-05:00") == "2026-12-05T05:24:53.000Z"
+    assert _instant("2026-12-05T00:24:53+02:00") == "2026-12-04T22:24:53.000Z"
+    assert _instant("2026-12-05t00:23z") == "2026-12-05T00:23:00.000Z"
+    assert _instant("2026-12-05") == "2026-12-05T00:00:00.000Z"
+    at = "2026-12-05T00:23:17.404Z"  # as records write it
+    assert len(at) == len(utc_now()) and at[-1] == utc_now()[-1] == "Z"
+    assert at >= _instant("2026-12-05T00:23Z") and at < _instant("2026-12-05T00:24Z")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "host.json").write_text(json.dumps({"listen": {"port": 8443}, "behindProxy": True}))
+    for bad in (["--since", "yesterday"], ["--since", "2026-12-01T00:00:00"], ["--limit", "-1"]):
+        done = subprocess.run(
+            [*cli(), "usage", "--config", "state/host.json", *bad],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, (bad, done.stderr)
+        assert "Traceback" not in done.stderr and done.stdout == ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import json
 import sys
 from collections.abc import Mapping
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from retrieval_host.adapters.wiring import build_run_store
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.usage import UsageRecord, summarize
-from retrieval_host.settings import load_settings
+from retrieval_host.settings import SettingsError, load_settings
 
 _HEADER = (
     "subject",
@@ -40,20 +42,62 @@ _HEADER = (
 def add_command(commands: Any) -> None:
     usage = commands.add_parser("usage", help="what each subject spent on which models")
     usage.add_argument("--config", required=True, type=Path, help="host configuration JSON")
-    usage.add_argument("--since", help="only records at or after this RFC 3339 time (UTC)")
+    usage.add_argument(
+        "--since",
+        type=_instant,
+        help="only records at or after this time: RFC 3339 (2026-12-01T00:00:00Z, an offset "
+        "such as +02:00 is converted to UTC) or a date (2026-12-01, midnight UTC)",
+    )
     usage.add_argument("--subject", help="only this subject's records")
     usage.add_argument("--records", action="store_true", help="each record, not the sums")
     usage.add_argument("--json", action="store_true", help="one JSON object per line")
-    usage.add_argument("--limit", type=int, default=100_000, help="records read at most")
+    usage.add_argument(
+        "--limit", type=_positive, default=100_000, help="records read at most (1 or more)"
+    )
+
+
+def _instant(text: str) -> str:
+    """`--since` as the records write their time (`2026-12-01T00:00:00.000Z`, UTC): records
+    are compared as that text, so the argument is converted, never compared as written (an
+    offset, `Z` without seconds, lower case). A time without an offset is refused: it could be
+    any zone."""
+    value = text.strip()
+    try:
+        if len(value) == 10:  # a date alone: midnight UTC
+            when = dt.datetime.fromisoformat(value).replace(tzinfo=dt.UTC)
+        else:
+            when = dt.datetime.fromisoformat(value.upper())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an RFC 3339 time (2026-12-01T00:00:00Z) or a date (2026-12-01)"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no offset: add Z for UTC (2026-12-01T00:00:00Z) or +HH:MM"
+        )
+    return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO = sys.stdout) -> int:
     settings = load_settings(args.config, environ)
-    store = build_run_store(settings, environ)
     try:
-        records = store.read_usage(since=args.since, subject=args.subject, limit=args.limit)
-    finally:
-        store.close()
+        store = build_run_store(settings, environ)
+        try:
+            records = store.read_usage(since=args.since, subject=args.subject, limit=args.limit)
+        finally:
+            store.close()
+    except RetrievalError as error:
+        raise SettingsError(f"cannot read the usage records: {error}") from None
     if args.records:
         rows = [dataclasses.asdict(r) for r in records]
     else:
