@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging.config
 import shutil
+import socket
 from importlib.metadata import version
 from pathlib import Path
 
@@ -268,3 +269,32 @@ def test_an_acl_file_broken_after_start_denies_everyone_until_it_is_fixed(
         assert driver.retrieval.list_corpora(alice) != []
     finally:
         close_driver(driver)
+
+
+@pytest.mark.parametrize("port", ["70000", "0", "https"])
+def test_quickstart_refuses_a_port_before_writing_anything(
+    tmp_path: Path, port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A black-box tester's `--port 70000` was written into host.json, then refused by the
+    # configuration: `serve` failed until quickstart ran again; `--port 0` printed `:0` URLs.
+    state = tmp_path / "state"
+    with pytest.raises(SystemExit) as exited:
+        main(["quickstart", "--state-dir", str(state), "--port", port, "--no-serve"])
+    assert exited.value.code == 2
+    assert "is not a port number (1-65535)" in capsys.readouterr().err
+    assert not state.exists()
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(
+    tls_config: tuple[Path, dict[str, str], dict[str, object]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # uvicorn logged the bind error and exited 3 (a black-box report).
+    config, environ, body = tls_config
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        listen = {"host": "127.0.0.1", "port": port}
+        line = _serve_error(config, environ, {**body, "listen": listen}, capsys)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -75,5 +77,30 @@ def test_errors_are_one_line_without_a_traceback(
     assert "RETRIEVAL_HOST_URL" in capsys.readouterr().err
     assert main(["corpora", "--url", host.base_url], environ={}) == 2
     assert "RETRIEVAL_HOST_TOKEN" in capsys.readouterr().err
-    argv = ["sources", "list", CORPUS, "--page-size", "5000", "--ca-bundle", ca]
-    assert main(argv, environ=_env(world, "admin", host)) == 2
+    # Argument mistakes are argparse's usage errors (exit 2); from a black-box probe: a page
+    # size out of range was a pydantic dump, a missing CA file a FileNotFoundError traceback.
+    for size in ("5000", "0"):
+        with pytest.raises(SystemExit) as exited:
+            main(["sources", "list", CORPUS, "--page-size", size, "--ca-bundle", ca])
+        assert exited.value.code == 2
+        assert "1..1000" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["corpora", "--ca-bundle", "/nonexistent.pem"])
+    assert exited.value.code == 2
+    refused = capsys.readouterr().err
+    assert "cannot read /nonexistent.pem" in refused and "Traceback" not in refused
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `retrieval-host sources list ... | head -1` ended in a BrokenPipeError traceback.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    broken = os.fdopen(write_end, "w", buffering=1)  # line-buffered: print writes at once
+    monkeypatch.setattr(sys, "stdout", broken)
+    try:
+        assert main(["token", "new", "--subject", "s", "--search", "library"]) == 141
+    finally:
+        monkeypatch.undo()
+        broken.close()

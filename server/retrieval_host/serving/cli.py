@@ -33,6 +33,18 @@ from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
 
 
+def _tcp_port(text: str) -> int:
+    """A port to listen on, checked before anything is written (a black-box tester's
+    `--port 70000` was written into host.json before the configuration refused it)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
+
+
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from retrieval_host.http.logs import log_config
     from retrieval_host.serving.server import run_server
@@ -176,7 +188,9 @@ def _parser() -> argparse.ArgumentParser:
         help="where certificates, token, config and index live (default: ./state, or /state "
         "with --container)",
     )
-    quick.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    quick.add_argument(
+        "--port", type=_tcp_port, default=8443, help="HTTPS port, 1-65535 (default 8443)"
+    )
     quick.add_argument(
         "--no-serve", action="store_true", help="prepare and index, print the commands, exit"
     )
@@ -230,6 +244,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader left (`| head`): no traceback. Python would report the failed flush of
+        # stdout at exit, so stdout becomes /dev/null first. 141 is what a shell reports for a
+        # command ended by SIGPIPE.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -36,7 +36,10 @@ def add_commands(commands: Any) -> None:
     )
     listing.add_argument("corpus")
     listing.add_argument(
-        "--page-size", type=int, default=None, help="sources per request (1-1000; default 100)"
+        "--page-size",
+        type=_page_size,
+        default=None,
+        help="sources per request (1-1000; default 100)",
     )
     _connection_options(listing)
     show = sources_commands.add_parser("show", help="one source and all its passages")
@@ -48,9 +51,31 @@ def add_commands(commands: Any) -> None:
 def _connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help=f"the host's https:// address (default: ${URL_ENV})")
     parser.add_argument(
-        "--ca-bundle", type=Path, help="a PEM file to trust (e.g. the quickstart's ca.pem)"
+        "--ca-bundle",
+        type=_readable,
+        help="a PEM file to trust (e.g. the quickstart's ca.pem)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def _page_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number in 1..1000")
+    return value
+
+
+def _readable(text: str) -> Path:
+    path = Path(text)
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {exc.strerror}") from None
+    return path
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

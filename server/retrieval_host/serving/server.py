@@ -171,6 +171,19 @@ def loopback_metrics(
         thread.join(timeout=5)
 
 
+def check_listen_address(host: str, port: int) -> None:
+    """`SettingsError` (one line, exit 2) when the host's address cannot be bound (in use,
+    not an address of this machine); uvicorn would log it and exit 3. Bound the way uvicorn
+    binds (`SO_REUSEADDR`), then released for it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
 def serve(
     settings: HostSettings,
     app: object,
@@ -185,6 +198,7 @@ def serve(
     config = uvicorn_config(settings, app, environ, log_config=log_config)
     host_app = app if isinstance(app, HostApp) else None
     if worker is None:
+        check_listen_address(settings.listen.host, settings.listen.port)
         server = HostServer(config, host_app)
         with loopback_metrics(settings, app):
             server.run()
