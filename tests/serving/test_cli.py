@@ -298,3 +298,17 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(
         listen = {"host": "127.0.0.1", "port": port}
         line = _serve_error(config, environ, {**body, "listen": listen}, capsys)
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+
+
+def test_quickstart_on_a_port_in_use_says_so_before_indexing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = str(squatter.getsockname()[1])
+        assert main(["quickstart", "--state-dir", str(state), "--port", port]) == 2
+    error = capsys.readouterr().err
+    assert f"retrieval-host: cannot listen on 127.0.0.1:{port}: Address already in use" in error
+    assert not state.exists()  # nothing prepared, nothing indexed

@@ -41,7 +41,7 @@ from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.example_acl import acl_file_content
 from retrieval_host.ingest import media_type_for_path
 from retrieval_host.serving.factory import build_driver, close_driver
-from retrieval_host.serving.server import run_server
+from retrieval_host.serving.server import check_listen_address, run_server
 from retrieval_host.serving.tls import DEFAULT_HOSTS, ensure_local_certificates
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
@@ -285,10 +285,13 @@ def quickstart(
         state_dir = CONTAINER_STATE if container else Path("state")
     state_dir = state_dir.expanduser().absolute()
     new_token_made = not (state_dir / "token").exists()
+    listen = "0.0.0.0" if container else "127.0.0.1"  # noqa: S104 - inside a container
+    if serve:
+        check_listen_address(listen, port)  # before any indexing: a port in use is one line
     host_file = prepare_state(
         state_dir,
         port,
-        listen="0.0.0.0" if container else "127.0.0.1",  # noqa: S104 - inside a container
+        listen=listen,
         names=tls_names(environ, names) if container else DEFAULT_HOSTS,
     )
     samples = _samples(state_dir)
