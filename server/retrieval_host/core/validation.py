@@ -53,12 +53,31 @@ def check_text(kind: str, value: str) -> None:
 
 
 def check_metadata(metadata: Metadata) -> None:
+    """Any JSON object within `MAX_METADATA_BYTES`, with no NUL in any key or string (the
+    PostgreSQL store cannot keep one in `jsonb`, and no filter could name it)."""
     try:
         encoded = json.dumps(metadata, allow_nan=False, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise _invalid("metadata must be JSON (finite numbers, string keys).") from exc
     if len(encoded.encode("utf-8")) > MAX_METADATA_BYTES:
         raise _invalid(f"metadata must be at most {MAX_METADATA_BYTES} bytes as JSON.")
+    if _holds_nul(metadata):
+        raise _invalid("metadata keys and strings must not contain the NUL character.")
+
+
+def _holds_nul(value: object) -> bool:
+    stack = [value]  # a stack, not recursion: json.dumps above has bounded the depth anyway
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 MAX_USER_METADATA_KEYS = 16
