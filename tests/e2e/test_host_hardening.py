@@ -4,6 +4,7 @@ sections, requests that are not HTTP, JSON nested too deeply, JSON bodies over t
 from __future__ import annotations
 
 import json
+import logging
 import urllib.parse
 
 import pytest
@@ -63,6 +64,32 @@ def test_many_headers_within_the_bound_are_served(running_host: RunningHost) -> 
         b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + lines + b"Connection: close\r\n\r\n",
     )
     assert response.status == 200
+
+
+@pytest.mark.parametrize("size", [MAX_HEADER_BYTES + 2_000, 100_000, 150_000])
+def test_a_header_section_over_the_bound_sent_at_once_gets_431(
+    running_host: RunningHost, size: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A black-box tester's 66-160 KB header sections were served when they arrived within one
+    # transport read: the streaming count only looked after the headers had completed.
+    caplog.set_level(logging.INFO, logger="retrieval_host.access")
+    protocol = running_host.server.config.http_protocol_class
+    assert issubclass(protocol, HeaderDeadlineProtocol)
+    before = protocol.headers_too_large
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+    padding = b"a" * (size - len(head) - 4)
+    response, closed = _request(running_host, head + padding + b"\r\n\r\n")
+    _assert_problem(response, 431, "headers-too-large")
+    assert closed
+    assert protocol.headers_too_large == before + 1
+    # Its access line, as every request has (a black-box tester found none for 431 and 400).
+    request_id = response.headers["x-request-id"]
+    lines = [
+        r
+        for r in caplog.records
+        if r.name == "retrieval_host.access" and getattr(r, "request_id", None) == request_id
+    ]
+    assert [getattr(r, "fields", {}).get("status") for r in lines] == [431]
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,10 @@ target is, at 64 KiB): httptools buffers a header value until its line ends, so 
 could make the host hold megabytes of header per connection before any ASGI code runs. Here
 the bytes fed to the parser while a request's headers are incomplete are counted, and past
 `MAX_HEADER_BYTES` the client gets a 431 problem and the connection is closed (at most one
-transport read, up to 256 KiB, is taken beyond the bound). A request the parser refuses
+transport read, up to 256 KiB, is taken beyond the bound). Because a whole header section can
+arrive within one such read (a black-box tester's 66-160 KB headers were served), the parsed
+request line and headers are also measured when they are complete, and a section over the
+bound is refused there, before the application sees the request. A request the parser refuses
 (malformed framing, a request target over its bound) gets a 400 problem body with a request
 id, as every other error does, instead of uvicorn's plain-text line.
 """
@@ -36,6 +39,7 @@ from uvicorn.server import ServerState
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.http.limits import RequestTimeout
+from retrieval_host.http.logs import log_access
 from retrieval_host.http.request_id import new_request_id
 from retrieval_host.http.strict import InvalidRequest
 from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
@@ -51,6 +55,16 @@ _STATUS_LINES: Final = {
     408: b"HTTP/1.1 408 Request Timeout\r\n",
     431: b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
 }
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop a request whose header section is too large."""
+
+
+def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """The request line and header lines as sent, less optional white space: `GET url
+    HTTP/1.1`, each `name: value`, their line ends and the blank line."""
+    return len(url) + 16 + sum(len(name) + len(value) + 4 for name, value in headers) + 2
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -75,6 +89,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         # Bytes fed to the parser since the current request's headers began (None: complete).
         self._head_bytes: int | None = 0
+        self._oversized_head = False  # the complete header section measured over the bound
 
     @classmethod
     def with_timeouts(cls, header_s: float, body_s: float) -> type[HeaderDeadlineProtocol]:
@@ -103,19 +118,25 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if counting and self._head_bytes is not None and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEADER_BYTES:
-                type(self).headers_too_large += 1
-                self._disarm_header_deadline()
-                self._send_problem(
-                    InvalidRequest(
-                        f"The request line and headers are larger than {MAX_HEADER_BYTES} bytes.",
-                        status=431,
-                        reason=InvalidRequestReason.HEADERS_TOO_LARGE,
-                    ),
-                    "request headers too large",
-                )
+                self._refuse_oversized_head()
+
+    def _refuse_oversized_head(self) -> None:
+        type(self).headers_too_large += 1
+        self._disarm_header_deadline()
+        self._send_problem(
+            InvalidRequest(
+                f"The request line and headers are larger than {MAX_HEADER_BYTES} bytes.",
+                status=431,
+                reason=InvalidRequestReason.HEADERS_TOO_LARGE,
+            ),
+            "request headers too large",
+        )
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a request the parser refuses (its `msg` names no input).
+        if self._oversized_head:
+            self._refuse_oversized_head()
+            return
         self._send_problem(
             InvalidRequest(
                 "The request is not valid HTTP/1.1.",
@@ -134,6 +155,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self._arm_header_deadline()
 
     def on_headers_complete(self) -> None:
+        if self._head_bytes is not None and _head_size(self.url, self.headers) > MAX_HEADER_BYTES:
+            self._oversized_head = True
+            # httptools turns this into an HttpParserError; uvicorn then calls
+            # send_400_response, which answers the 431.
+            raise _HeadTooLarge
         self._head_bytes = None
         self._disarm_header_deadline()
         super().on_headers_complete()
@@ -196,3 +222,14 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         )
         self.transport.write(head + body)
         self.transport.close()
+        # The access line every request gets (the application never saw this one).
+        log_access(
+            request_id=request_id,
+            method="OTHER",
+            route="-",
+            status=status,
+            duration_s=0.0,
+            response_bytes=len(head) + len(body),
+            subject=None,
+            client=self.client[0] if self.client else None,
+        )
