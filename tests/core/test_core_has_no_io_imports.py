@@ -9,7 +9,7 @@ import retrieval_host.core
 
 CORE = Path(retrieval_host.core.__file__).parent
 ALLOWED_ROOTS = {
-    "__future__", "collections", "dataclasses", "datetime", "decimal", "enum", "hashlib", "json",
+    "__future__", "collections", "contextlib", "dataclasses", "datetime", "decimal", "enum", "hashlib", "json",
     "math", "operator",
     "re", "secrets", "threading", "time", "typing", "numpy", "retrieval_host", "Stemmer",
     "unicodedata",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
@@ -223,10 +224,8 @@ class RunEngine:
             emit(RunFailed(run.run_id, error))
             return
         except Exception:
-            try:
+            with contextlib.suppress(RetrievalError):  # the bug is what the log must show
                 self._store.finish(run.run_id, "failed", ErrorCode.INTERNAL.value)
-            except RetrievalError:
-                pass  # the bug is what the log must show, not the store's failure
             self._meter(request, provider, run, self._clock())
             emit(RunFailed(run.run_id, RetrievalError(ErrorCode.INTERNAL, "Internal error.")))
             raise
