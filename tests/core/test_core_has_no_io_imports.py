@@ -9,8 +9,8 @@ import retrieval_host.core
 
 CORE = Path(retrieval_host.core.__file__).parent
 ALLOWED_ROOTS = {
-    "__future__", "collections", "contextlib", "dataclasses", "datetime", "decimal", "enum", "hashlib", "json",
-    "math", "operator",
+    "__future__", "collections", "contextlib", "dataclasses", "datetime", "decimal", "enum",
+    "hashlib", "json", "math", "operator",
     "re", "secrets", "threading", "time", "typing", "numpy", "retrieval_host", "Stemmer",
     "unicodedata",
 }  # fmt: skip
