@@ -118,6 +118,13 @@ class LimitSettings(_Model):
     # ~50x the body for a body of empty objects): 8 MiB holds an index request of 10,000
     # passages of ~800 characters, and bounds what one request can make the host hold.
     max_json_body_bytes: Annotated[int, Field(ge=1)] = 8 * 1024 * 1024
+    # Raw document bytes all ingest uploads in flight may hold together (each upload counts
+    # its Content-Length, or its bytes as they arrive): past it an upload is answered
+    # HOST_BUSY at once. A document costs several times its size while it is parsed, so the
+    # concurrency limit alone let 16 uploads of 31 MiB take a host past 1.5 GB (a black-box
+    # test). At least `maxBodyBytes` (a smaller value is raised to it): one upload of the
+    # largest size is always admitted alone.
+    max_ingest_bytes_in_flight: Annotated[int, Field(ge=1)] = 64 * 1024 * 1024
     max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 16
     # Deadline from the connection (or the first byte of a keep-alive request) to the end of
     # the request headers. uvicorn has none of its own.

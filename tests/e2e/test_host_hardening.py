@@ -11,7 +11,15 @@ import pytest
 
 from retrieval_host.serving.server_protocol import MAX_HEADER_BYTES, HeaderDeadlineProtocol
 from tests.e2e.conftest import HOST_LIMITS
-from tests.support.host import CORPUS, RawResponse, RunningHost, World, raw_connect
+from tests.support.host import (
+    CORPUS,
+    RawResponse,
+    RunningHost,
+    World,
+    raw_connect,
+    serve_in_thread,
+    wait_until,
+)
 
 JSON_LIMIT = int(HOST_LIMITS["maxJsonBodyBytes"])
 
@@ -237,3 +245,64 @@ def test_every_answer_says_no_store_and_nosniff(
         assert response.headers["cache-control"] == "no-store", response.url
         assert response.headers["x-content-type-options"] == "nosniff", response.url
     assert [r.status_code for r in answers] == [200, 200, 200, 422, 404]
+
+
+BUDGET_LIMITS = {"maxBodyBytes": 4096, "maxIngestBytesInFlight": 6000, "maxConcurrency": 4}
+
+
+def _upload_head(world: World, source_id: str, length: int | None) -> bytes:
+    framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (
+        f"POST /v1/retrieval/ingest?corpus={CORPUS}&sourceId={source_id} HTTP/1.1\r\n"
+        "Host: 127.0.0.1\r\n"
+        f"Authorization: Bearer {world.tokens['admin']}\r\n"
+        "Content-Type: text/markdown\r\n"
+        f"{framing}\r\nConnection: close\r\n\r\n"
+    ).encode("ascii")
+
+
+def _note(size: int) -> bytes:
+    text = b"# Budget\n\n" + b"The pump is checked every morning.\n" * (size // 35 + 1)
+    return text[:size]
+
+
+def test_uploads_in_flight_share_a_budget_of_bytes(host_world: World) -> None:
+    # A black-box tester's 16 uploads of 31 MiB each, within maxBodyBytes and maxConcurrency,
+    # took the host past the 1.5 GB its own Kubernetes manifest allows.
+    settings = host_world.settings(limits=BUDGET_LIMITS)
+    with serve_in_thread(settings, host_world.driver, host_world.tls) as host:
+        counters = host.app.counters
+        with raw_connect(host) as holding:
+            # An upload whose body has not come yet already holds its declared bytes.
+            holding.sendall(_upload_head(host_world, "held", 4000))
+            wait_until(lambda: counters.ingest_bytes == 4000, what="the first upload's bytes")
+            with raw_connect(host) as second:
+                second.sendall(_upload_head(host_world, "second", 4000) + _note(4000))
+                refused = second.read_response()
+                assert second.closed_by_server()
+            assert refused.status == 503, refused.body
+            assert (refused.json()["code"], refused.json()["reason"]) == (
+                "HOST_BUSY",
+                "ingest-bytes",
+            )
+            assert refused.headers["retry-after"] == "1"
+            # One that fits beside it is served: a budget, not a lock.
+            with raw_connect(host) as small:
+                small.sendall(_upload_head(host_world, "small", 1500) + _note(1500))
+                assert small.read_response().status == 200
+            # Without a length, bytes count as they arrive: 2,500 more do not fit.
+            with raw_connect(host) as chunked:
+                chunk = _note(2500)
+                chunked.sendall(
+                    _upload_head(host_world, "chunked", None)
+                    + f"{len(chunk):x}\r\n".encode()
+                    + chunk
+                    + b"\r\n"
+                )
+                late = chunked.read_response()
+            assert late.status == 503 and late.json()["reason"] == "ingest-bytes"
+        # The first client left: its bytes are free again.
+        wait_until(lambda: counters.ingest_bytes == 0, what="the held bytes to be released")
+        with raw_connect(host) as again:
+            again.sendall(_upload_head(host_world, "second", 4000) + _note(4000))
+            assert again.read_response().status == 200

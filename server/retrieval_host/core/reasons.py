@@ -177,6 +177,7 @@ class HostBusyReason(StrEnum):
     """Reasons of `HOST_BUSY` (503)."""
 
     BUSY = "busy"  # the host is at its concurrency limit
+    INGEST_BYTES = "ingest-bytes"  # uploads in flight hold the host's budget of document bytes
 
 
 class UnsafeStoreReason(StrEnum):

@@ -14,9 +14,14 @@ Pure ASGI, so it sees the body as the server delivers it, before any framework b
   closed). The header deadline lives in the server protocol (`serving/server_protocol.py`): no ASGI
   code runs before the headers are complete.
 - At most `maxConcurrency` requests are in flight; one more is answered `HOST_BUSY` (503) at
-  once, never queued. Probes and discovery (`/healthz`, `/readyz`, `/v1/protocol`,
-  `/v1/openapi.json`) are exempt: they are cheap, hold no worker, and must answer while the
-  host is saturated (a busy host is alive, and a client must still be able to discover it).
+  once, never queued. Raw document uploads also share a budget of bytes
+  (`maxIngestBytesInFlight`, at least `maxBodyBytes`): an upload whose Content-Length would
+  pass it is answered `HOST_BUSY` (reason `ingest-bytes`) before its body is read, and one
+  without a length is counted as it arrives and refused (connection closed) the moment it
+  would; its bytes stay counted until its ingest has answered. Probes and discovery
+  (`/healthz`, `/readyz`, `/v1/protocol`, `/v1/openapi.json`) are exempt: they are cheap, hold
+  no worker, and must answer while the host is saturated (a busy host is alive, and a client
+  must still be able to discover it).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Final
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import HostBusyReason
 from retrieval_host.http.problems import send_problem
 from retrieval_host.http.request_id import request_id_of
 from retrieval_host.settings import LimitSettings
@@ -70,11 +76,20 @@ def host_busy() -> RetrievalError:
     )
 
 
+def ingest_bytes_busy(budget: int) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.HOST_BUSY,
+        f"Uploads in flight already hold the host's budget of {budget} bytes; retry later.",
+        reason=HostBusyReason.INGEST_BYTES,
+    )
+
+
 @dataclass
 class LimitCounters:
     """What the limits did, for tests and metrics (event-loop owned: no locking needed)."""
 
     in_flight: int = 0
+    ingest_bytes: int = 0  # raw document bytes the uploads in flight hold
     busy_rejections: int = 0
     too_large_rejections: int = 0
     body_timeouts: int = 0
@@ -106,6 +121,8 @@ class LimitsMiddleware:
             return
 
         exempt = scope["path"] in EXEMPT_PATHS
+        upload = scope["path"] in RAW_BODY_PATHS
+        reserved = (declared or 0) if upload else 0
         if not exempt:
             if self.counters.in_flight >= self.limits.max_concurrency:
                 self.counters.busy_rejections += 1
@@ -113,14 +130,32 @@ class LimitsMiddleware:
                     send, host_busy(), request_id, extra_headers=[(b"retry-after", b"1")]
                 )
                 return
+            if reserved and self.counters.ingest_bytes + reserved > self._ingest_budget:
+                self.counters.busy_rejections += 1
+                await send_problem(
+                    send,
+                    ingest_bytes_busy(self._ingest_budget),
+                    request_id,
+                    extra_headers=[(b"retry-after", b"1"), _CLOSE],
+                )
+                return
             self.counters.in_flight += 1
+            self.counters.ingest_bytes += reserved
+        reserve = [reserved]  # what this request holds of the ingest budget
         try:
-            await self._limited(scope, receive, send, limit)
+            await self._limited(scope, receive, send, limit, reserve if upload else None)
         finally:
             if not exempt:
                 self.counters.in_flight -= 1
+                self.counters.ingest_bytes -= reserve[0]
 
-    async def _limited(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    @property
+    def _ingest_budget(self) -> int:
+        return max(self.limits.max_ingest_bytes_in_flight, self.limits.max_body_bytes)
+
+    async def _limited(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, reserve: list[int] | None
+    ) -> None:
         deadline = time.monotonic() + self.limits.body_timeout_s
         received = 0
         body_done = False
@@ -160,6 +195,15 @@ class LimitsMiddleware:
                     close_connection = True
                     self._record_too_large(received)
                     raise payload_too_large(limit)
+                if reserve is not None and received > reserve[0]:
+                    # An upload without a length (or longer than it said): counted as it comes.
+                    more = received - reserve[0]
+                    if self.counters.ingest_bytes + more > self._ingest_budget:
+                        close_connection = True
+                        self.counters.busy_rejections += 1
+                        raise ingest_bytes_busy(self._ingest_budget)
+                    self.counters.ingest_bytes += more
+                    reserve[0] = received
                 body_done = not message.get("more_body", False)
             else:
                 body_done = True
