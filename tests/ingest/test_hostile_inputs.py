@@ -30,6 +30,9 @@ CASES: list[tuple[str, Callable[[], bytes], str, str, str | None]] = [
     ("flate-bomb", docs.flate_bomb_pdf, PDF, "DOCUMENT_TOO_COMPLEX", "pdf-content-stream"),
     ("circular-xref", docs.circular_xref_pdf, PDF, INVALID, "pdf-malformed"),
     ("cyclic-page-tree", docs.cyclic_page_tree_pdf, PDF, INVALID, "pdf-malformed"),
+    # A one-page file was refused as "more than 2000 pages" (a black-box report).
+    ("page-tree-1000-deep", lambda: docs.deep_page_tree_pdf(1000), PDF, INVALID, "pdf-malformed"),
+    ("array-1000-deep", lambda: docs.deep_array_pdf(1000), PDF, INVALID, "pdf-malformed"),
     ("10000-pages", lambda: docs.many_pages_pdf(10_000), PDF, TOO_LARGE, "pages"),
     ("10000-pages-count-lies", lambda: docs.many_pages_pdf(10_000, declared=1), PDF, TOO_LARGE,
      "pages"),

@@ -182,6 +182,31 @@ def cyclic_page_tree_pdf() -> bytes:
     )
 
 
+def deep_page_tree_pdf(depth: int) -> bytes:
+    """One page under `depth` nested /Pages nodes (pypdf reads at most 100 levels)."""
+    objects: dict[int, bytes] = {1: _CATALOG, 4: _stream(_HELLO), 5: _FONT}
+    for level in range(depth):
+        number = 2 if level == 0 else 10 + level
+        kid = 10 + level + 1 if level + 1 < depth else 3
+        objects[number] = b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % kid
+    objects[3] = _page(4, parent=10 + depth - 1 if depth > 1 else 2)
+    return assemble_pdf(objects)
+
+
+def deep_array_pdf(depth: int) -> bytes:
+    """A one-page PDF whose catalog also holds an array nested `depth` deep."""
+    catalog = b"<< /Type /Catalog /Pages 2 0 R /X " + b"[" * depth + b"]" * depth + b" >>"
+    return assemble_pdf(
+        {
+            1: catalog,
+            2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            3: _page(4),
+            4: _stream(_HELLO),
+            5: _FONT,
+        }
+    )
+
+
 def many_pages_pdf(pages: int, *, declared: int | None = None) -> bytes:
     """`pages` pages sharing one content stream; `/Count` says `declared` (default: truth)."""
     kids = b" ".join(b"%d 0 R" % (10 + i) for i in range(pages))

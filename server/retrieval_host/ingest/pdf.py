@@ -132,7 +132,14 @@ def _extract(
         pages = reader.pages
         count = len(pages)
     except LimitReachedError as exc:
-        raise _too_many_pages(limits) from exc
+        if "entry limit" in str(exc):  # pypdf's bound on page tree entries: too many pages
+            raise _too_many_pages(limits) from exc
+        # A page tree that refers to itself or nests past pypdf's depth bound: a one-page
+        # file was refused as "more than 2000 pages" (a black-box report).
+        raise invalid_document(
+            InvalidDocumentReason.PDF_MALFORMED,
+            "the PDF's page tree could not be read: it refers to itself or nests too deeply.",
+        ) from exc
     if count > limits.max_pages:
         raise _too_many_pages(limits)
     if count == 0:
