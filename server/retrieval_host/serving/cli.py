@@ -27,22 +27,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from retrieval_host.serving import inspect_cli, usage_cli
+from retrieval_host.serving._args import whole_number
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.ingest_cli import run_ingest
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
-
-
-def _tcp_port(text: str) -> int:
-    """A port to listen on, checked before anything is written (a black-box tester's
-    `--port 70000` was written into host.json before the configuration refused it)."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return port
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -189,7 +178,12 @@ def _parser() -> argparse.ArgumentParser:
         "with --container)",
     )
     quick.add_argument(
-        "--port", type=_tcp_port, default=8443, help="HTTPS port, 1-65535 (default 8443)"
+        "--port",
+        # Checked before anything is written (a black-box tester's `--port 70000` was written
+        # into host.json before the configuration refused it).
+        type=whole_number(1, 65535, "a port number (1-65535)"),
+        default=8443,
+        help="HTTPS port, 1-65535 (default 8443)",
     )
     quick.add_argument(
         "--no-serve", action="store_true", help="prepare and index, print the commands, exit"

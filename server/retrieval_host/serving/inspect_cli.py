@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from retrieval_host.serving._args import whole_number
 from retrieval_host_client import TOKEN_ENV, Client, RetrievalHostError
 
 URL_ENV = "RETRIEVAL_HOST_URL"
@@ -37,7 +38,7 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("corpus")
     listing.add_argument(
         "--page-size",
-        type=_page_size,
+        type=whole_number(1, 1000, "a whole number in 1..1000"),
         default=None,
         help="sources per request (1-1000; default 100)",
     )
@@ -56,16 +57,6 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
         help="a PEM file to trust (e.g. the quickstart's ca.pem)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-
-
-def _page_size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number in 1..1000")
-    return value
 
 
 def _readable(text: str) -> Path:

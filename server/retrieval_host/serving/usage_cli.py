@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from retrieval_host.adapters.wiring import build_run_store
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.usage import UsageRecord, summarize
+from retrieval_host.serving._args import whole_number
 from retrieval_host.settings import SettingsError, load_settings
 
 _HEADER = (
@@ -52,7 +53,10 @@ def add_command(commands: Any) -> None:
     usage.add_argument("--records", action="store_true", help="each record, not the sums")
     usage.add_argument("--json", action="store_true", help="one JSON object per line")
     usage.add_argument(
-        "--limit", type=_positive, default=100_000, help="records read at most (1 or more)"
+        "--limit",
+        type=whole_number(1, None, "a positive whole number"),
+        default=100_000,
+        help="records read at most (1 or more)",
     )
 
 
@@ -76,16 +80,6 @@ def _instant(text: str) -> str:
             f"{text!r} has no offset: add Z for UTC (2026-12-01T00:00:00Z) or +HH:MM"
         )
     return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return value
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO = sys.stdout) -> int:
