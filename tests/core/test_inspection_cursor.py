@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 
 import pytest
@@ -108,3 +109,13 @@ def test_a_filter_value_is_bounded() -> None:
         SourceFilter(title="")
     with pytest.raises(RetrievalError):
         SourceFilter(media_type="x" * 257)
+
+
+def test_the_title_filter_ignores_case_accents_and_unicode_spelling() -> None:
+    # A black-box tester's title stored in NFD was not found by its NFC spelling, and `ß` by
+    # `SS` only by accident of case folding.
+    nfd = unicodedata.normalize("NFD", "Résumé der Hauptstraße")
+    source = SourceSummary("s1", "r", nfd, {}, 1, 1)
+    for wanted in ("résumé", "RESUME", "hauptstrasse", unicodedata.normalize("NFD", "RÉSUMÉ")):
+        assert SourceFilter(title=wanted).keeps(source), wanted
+    assert not SourceFilter(title="resumes").keeps(source)

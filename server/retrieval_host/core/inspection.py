@@ -24,6 +24,7 @@ from typing import Final, Literal
 
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.lexical import fold
 from retrieval_host.core.models import Location, Metadata, Scope, SourceRef
 from retrieval_host.core.reasons import InvalidRequestReason
 
@@ -102,7 +103,10 @@ class SourceFilter:
         return self.title is None and self.media_type is None
 
     def keeps(self, source: SourceSummary) -> bool:
-        if self.title is not None and self.title.casefold() not in source.title.casefold():
+        # Folded as the lexical analyzer folds (`core.lexical.fold`): case, compatibility
+        # forms, accents and either Unicode spelling of a letter (a black-box tester's title
+        # stored in NFD was not found by its NFC spelling).
+        if self.title is not None and fold(self.title) not in fold(source.title):
             return False
         return self.media_type is None or (source.media_type or "") == self.media_type.lower()
 
