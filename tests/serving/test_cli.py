@@ -7,6 +7,7 @@ import json
 import logging.config
 import shutil
 import socket
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import trustme
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import SearchRequest
-from retrieval_host.driver import IngestRequest
+from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.serving.cli import main
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.ingest_cli import plan_files
@@ -72,33 +73,37 @@ def example_config(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return tmp_path / "host.example.json", environ
 
 
-def test_the_example_application_builds_a_working_driver(
-    example_config: tuple[Path, dict[str, str]],
-) -> None:
+@pytest.fixture
+def example_driver(example_config: tuple[Path, dict[str, str]]) -> Iterator[Driver]:
+    """The example application's driver over `example_config`, closed afterwards."""
     config, environ = example_config
-    settings = load_settings(config, environ)
-    driver = build_driver(settings, environ)
+    driver = build_driver(load_settings(config, environ), environ)
     assert driver is not None
     try:
-        alice = RequestContext(subject="alice")
-        result = driver.ingest_context(
-            IngestRequest(
-                "library", "handbook", "text/markdown", (SAMPLES / "operator-guide.md").read_bytes()
-            ),
-            alice,
-        )
-        assert result.status == "indexed"
-        store = driver.retrieval.corpus("library").store  # the record of current revisions
-        assert store.current_revisions("library", "team-a") == {"handbook": result.source.revision}
-        found = driver.search_context(SearchRequest("library", "rotate a token", limit=1), alice)
-        assert found.hits[0].source.id == "handbook"
-        with pytest.raises(RetrievalError) as denied:  # the example ACL: no such grant
-            driver.ingest_context(
-                IngestRequest("library", "other", "text/markdown", b"# x\n\ny\n"), alice
-            )
-        assert denied.value.code == ErrorCode.SOURCE_UNAVAILABLE
+        yield driver
     finally:
         close_driver(driver)
+
+
+def test_the_example_application_builds_a_working_driver(example_driver: Driver) -> None:
+    driver = example_driver
+    alice = RequestContext(subject="alice")
+    result = driver.ingest_context(
+        IngestRequest(
+            "library", "handbook", "text/markdown", (SAMPLES / "operator-guide.md").read_bytes()
+        ),
+        alice,
+    )
+    assert result.status == "indexed"
+    store = driver.retrieval.corpus("library").store  # the record of current revisions
+    assert store.current_revisions("library", "team-a") == {"handbook": result.source.revision}
+    found = driver.search_context(SearchRequest("library", "rotate a token", limit=1), alice)
+    assert found.hits[0].source.id == "handbook"
+    with pytest.raises(RetrievalError) as denied:  # the example ACL: no such grant
+        driver.ingest_context(
+            IngestRequest("library", "other", "text/markdown", b"# x\n\ny\n"), alice
+        )
+    assert denied.value.code == ErrorCode.SOURCE_UNAVAILABLE
 
 
 def test_ingest_indexes_a_folder_and_resumes_from_its_journal(
@@ -252,23 +257,16 @@ def test_serve_refuses_an_application_it_cannot_build_in_one_line(
 
 
 def test_an_acl_file_broken_after_start_denies_everyone_until_it_is_fixed(
-    example_config: tuple[Path, dict[str, str]],
+    example_config: tuple[Path, dict[str, str]], example_driver: Driver
 ) -> None:
-    config, environ = example_config
-    settings = load_settings(config, environ)
-    driver = build_driver(settings, environ)
-    assert driver is not None
-    acl = config.parent / "acl.example.json"
+    acl = example_config[0].parent / "acl.example.json"
     good = acl.read_text()
     alice = RequestContext(subject="alice")
-    try:
-        assert driver.retrieval.list_corpora(alice) != []
-        acl.write_text(good + "}")  # an edit with a mistake must not leave old grants standing
-        assert driver.retrieval.list_corpora(alice) == []
-        acl.write_text(good + " ")
-        assert driver.retrieval.list_corpora(alice) != []
-    finally:
-        close_driver(driver)
+    assert example_driver.retrieval.list_corpora(alice) != []
+    acl.write_text(good + "}")  # an edit with a mistake must not leave old grants standing
+    assert example_driver.retrieval.list_corpora(alice) == []
+    acl.write_text(good + " ")
+    assert example_driver.retrieval.list_corpora(alice) != []
 
 
 @pytest.mark.parametrize("port", ["70000", "0", "https"])
