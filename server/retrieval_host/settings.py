@@ -126,6 +126,11 @@ class LimitSettings(_Model):
     # largest size is always admitted alone.
     max_ingest_bytes_in_flight: Annotated[int, Field(ge=1)] = 64 * 1024 * 1024
     max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 16
+    # Requests one subject may have in flight (of `maxConcurrency`; a larger value is lowered
+    # to it): past it that subject's next request is answered HOST_BUSY (reason
+    # `subject-busy`) while other subjects keep the rest. None: no share, one subject may take
+    # every slot (a client holding 16 slow uploads or streams locks every other out).
+    max_concurrency_per_subject: Annotated[int, Field(ge=1, le=10_000)] | None = None
     # Deadline from the connection (or the first byte of a keep-alive request) to the end of
     # the request headers. uvicorn has none of its own.
     header_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0

@@ -7,6 +7,7 @@ import json
 import logging
 import urllib.parse
 
+import httpx
 import pytest
 
 from retrieval_host.serving.server_protocol import MAX_HEADER_BYTES, HeaderDeadlineProtocol
@@ -260,12 +261,14 @@ def test_every_answer_says_no_store_and_nosniff(
 BUDGET_LIMITS = {"maxBodyBytes": 4096, "maxIngestBytesInFlight": 6000, "maxConcurrency": 4}
 
 
-def _upload_head(world: World, source_id: str, length: int | None) -> bytes:
+def _upload_head(
+    world: World, source_id: str, length: int | None, *, token: str = "admin"
+) -> bytes:
     framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
     return (
         f"POST /v1/retrieval/ingest?corpus={CORPUS}&sourceId={source_id} HTTP/1.1\r\n"
         "Host: 127.0.0.1\r\n"
-        f"Authorization: Bearer {world.tokens['admin']}\r\n"
+        f"Authorization: Bearer {world.tokens[token]}\r\n"
         "Content-Type: text/markdown\r\n"
         f"{framing}\r\nConnection: close\r\n\r\n"
     ).encode("ascii")
@@ -316,3 +319,55 @@ def test_uploads_in_flight_share_a_budget_of_bytes(host_world: World) -> None:
         with raw_connect(host) as again:
             again.sendall(_upload_head(host_world, "second", 4000) + _note(4000))
             assert again.read_response().status == 200
+
+
+SHARE_LIMITS = {"maxConcurrency": 4, "maxConcurrencyPerSubject": 2}
+
+
+def _search(host: RunningHost, world: World, token: str) -> httpx.Response:
+    with host.client() as client:
+        return client.post(
+            "/v1/retrieval/search",
+            json={"corpus": CORPUS, "query": "pump"},
+            headers={"Authorization": f"Bearer {world.tokens[token]}"},
+        )
+
+
+def test_one_subject_holds_at_most_its_share_of_the_concurrency_limit(host_world: World) -> None:
+    # A black-box tester's 16 uploads sending their bodies two bytes a second held every slot
+    # for 60 s: every other caller got HOST_BUSY.
+    settings = host_world.settings(limits=SHARE_LIMITS)
+    with serve_in_thread(settings, host_world.driver, host_world.tls) as host:
+        shares = host.app.shares
+        with raw_connect(host) as first, raw_connect(host) as second:
+            # Two uploads from `alice` whose bodies never come hold her share.
+            first.sendall(_upload_head(host_world, "slow-1", 4000, token="alice"))
+            second.sendall(_upload_head(host_world, "slow-2", 4000, token="alice"))
+            wait_until(lambda: shares.held.get("alice") == 2, what="alice's two slow uploads")
+            refused = _search(host, host_world, "alice")
+            assert refused.status_code == 503, refused.text
+            assert (refused.json()["code"], refused.json()["reason"]) == (
+                "HOST_BUSY",
+                "subject-busy",
+            )
+            assert refused.headers["retry-after"] == "1"
+            # The ghost token is also `alice`: a subject's share, not a token's.
+            assert _search(host, host_world, "ghost").json()["reason"] == "subject-busy"
+            # Other subjects keep the rest of the slots.
+            assert _search(host, host_world, "admin").status_code == 200
+            assert shares.rejections == 2
+        # The uploads' clients left: alice's share is free again.
+        wait_until(lambda: not shares.held, what="alice's share to be released")
+        assert _search(host, host_world, "alice").status_code == 200
+        assert host.app.counters.in_flight == 0
+        exposition = host.app.metrics.render().decode()
+        assert 'retrieval_host_limit_rejections_total{reason="subject-busy"} 2.0' in exposition
+
+
+def test_a_share_larger_than_the_limit_is_the_limit(host_world: World) -> None:
+    settings = host_world.settings(limits={"maxConcurrency": 3, "maxConcurrencyPerSubject": 8})
+    with serve_in_thread(settings, host_world.driver, host_world.tls) as host:
+        assert host.app.shares.share == 3
+    unlimited = host_world.settings(limits={"maxConcurrency": 3})
+    with serve_in_thread(unlimited, host_world.driver, host_world.tls) as host:
+        assert host.app.shares.share is None

@@ -178,6 +178,7 @@ class HostBusyReason(StrEnum):
 
     BUSY = "busy"  # the host is at its concurrency limit
     INGEST_BYTES = "ingest-bytes"  # uploads in flight hold the host's budget of document bytes
+    SUBJECT = "subject-busy"  # the caller's subject holds its share of the concurrency limit
 
 
 class UnsafeStoreReason(StrEnum):

@@ -36,7 +36,7 @@ from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
 from retrieval_host.http.console import ConsoleRoutes
 from retrieval_host.http.hosts import AllowedHostsMiddleware
 from retrieval_host.http.hygiene import HygieneMiddleware
-from retrieval_host.http.limits import LimitCounters, LimitsMiddleware
+from retrieval_host.http.limits import LimitCounters, LimitsMiddleware, SubjectShares
 from retrieval_host.http.metrics import HostMetrics, MetricsEndpoint, RequestObserver
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.origin import OriginMiddleware
@@ -97,6 +97,10 @@ class HostApp:
         return self._limits.counters
 
     @property
+    def shares(self) -> SubjectShares:
+        return self._limits.shares
+
+    @property
     def origin_rejections(self) -> int:
         return self._origins.rejected
 
@@ -106,9 +110,11 @@ async def _retrieval_error(request: Request, exc: Exception) -> Response:
     request_id = request_id_of(request.scope)
     if exc.status >= 500:
         logger.warning("%s: %s", exc.code.value, exc.detail, extra={"request_id": request_id})
-    headers = (
-        {"WWW-Authenticate": WWW_AUTHENTICATE} if exc.code is ErrorCode.UNAUTHENTICATED else None
-    )
+    headers: dict[str, str] | None = None
+    if exc.code is ErrorCode.UNAUTHENTICATED:
+        headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
+    elif exc.code is ErrorCode.HOST_BUSY:
+        headers = {"Retry-After": "1"}  # as the limits middleware's own refusals say
     return problem_response(exc, request_id, headers=headers)
 
 
@@ -155,12 +161,14 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
     metrics = HostMetrics()
     shutdown = Shutdown(settings.limits.shutdown_grace_s)
     authenticator = TokenAuthenticator(settings.tokens)
+    shares = SubjectShares(settings.limits)
     policy = RequestPolicy(
         authenticator,
         max_concurrency=settings.limits.max_concurrency,
         metrics=metrics,
         shutdown=shutdown,
         search_threads=search_threads(settings.limits.search_threads),
+        shares=shares,
     )
     routes = Routes(settings, driver, policy, openapi, metrics=metrics)
     table = routes.routes()
@@ -198,7 +206,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
     # Starlette answers `/path/` with a 307 to `/path` built from the request's Host header:
     # an unauthenticated redirect anywhere. Every route has one spelling; others are 404.
     starlette.router.redirect_slashes = False
-    limits = LimitsMiddleware(starlette, settings.limits)
+    limits = LimitsMiddleware(starlette, settings.limits, shares)
     origins = OriginMiddleware(
         HygieneMiddleware(MetricsEndpoint(limits, metrics, settings.tokens), authenticator),
         settings.allowed_origins,
@@ -211,6 +219,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         limit=settings.limits.max_concurrency,
         rejections=lambda: {
             "busy": counters.busy_rejections,
+            "subject-busy": shares.rejections,
             "body-too-large": counters.too_large_rejections,
             "body-timeout": counters.body_timeouts,
             "origin": origins.rejected,

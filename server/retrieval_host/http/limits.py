@@ -22,12 +22,18 @@ Pure ASGI, so it sees the body as the server delivers it, before any framework b
   (`/healthz`, `/readyz`, `/v1/protocol`, `/v1/openapi.json`) are exempt: they are cheap, hold
   no worker, and must answer while the host is saturated (a busy host is alive, and a client
   must still be able to discover it).
+- With `maxConcurrencyPerSubject`, one subject may hold at most that many of the slots: the
+  request policy claims a share when it has authenticated the caller (`SubjectShares`), and
+  the subject's next request is answered `HOST_BUSY` (reason `subject-busy`) until one of its
+  own ends. The share is released with the slot, when the response (a run's stream included)
+  has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Final
 
@@ -84,6 +90,55 @@ def ingest_bytes_busy(budget: int) -> RetrievalError:
     )
 
 
+def subject_busy(share: int) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.HOST_BUSY,
+        f"This subject already has {share} requests in flight, its share of the host's "
+        "concurrency limit; retry when one has ended.",
+        reason=HostBusyReason.SUBJECT,
+    )
+
+
+# The scope key of a request's share holder: a list the limits middleware puts in before the
+# application runs, and the policy appends the subject to (a holder, so a copied scope shares it).
+_SHARE_KEY: Final = "retrieval_host.concurrency_share"
+
+
+class SubjectShares:
+    """How many slots each subject holds, against `maxConcurrencyPerSubject` (event-loop
+    owned, like the counters). `claim` is the request policy's, once it knows the subject;
+    `release` the limits middleware's, when the request's slot is given back."""
+
+    def __init__(self, limits: LimitSettings) -> None:
+        per_subject = limits.max_concurrency_per_subject
+        self.share = None if per_subject is None else min(per_subject, limits.max_concurrency)
+        self.held: Counter[str] = Counter()
+        self.rejections = 0
+
+    def open(self, scope: Scope) -> None:
+        """Make room for the request's share (before the application runs)."""
+        scope[_SHARE_KEY] = []
+
+    def claim(self, scope: Scope, subject: str) -> None:
+        """Count this request for `subject`, or raise `HOST_BUSY` (`subject-busy`)."""
+        holder = scope.get(_SHARE_KEY)
+        if self.share is None or not isinstance(holder, list) or holder:
+            return  # no share configured, a route exempt from the limit, or claimed already
+        if self.held[subject] >= self.share:
+            self.rejections += 1
+            raise subject_busy(self.share)
+        self.held[subject] += 1
+        holder.append(subject)
+
+    def release(self, scope: Scope) -> None:
+        holder = scope.get(_SHARE_KEY)
+        if isinstance(holder, list) and holder:
+            subject = holder.pop()
+            self.held[subject] -= 1
+            if self.held[subject] <= 0:
+                del self.held[subject]
+
+
 @dataclass
 class LimitCounters:
     """What the limits did, for tests and metrics (event-loop owned: no locking needed)."""
@@ -101,10 +156,13 @@ class LimitCounters:
 class LimitsMiddleware:
     """Pure ASGI enforcement of `LimitSettings` (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, limits: LimitSettings) -> None:
+    def __init__(
+        self, app: ASGIApp, limits: LimitSettings, shares: SubjectShares | None = None
+    ) -> None:
         self.app = app
         self.limits = limits
         self.counters = LimitCounters()
+        self.shares = shares if shares is not None else SubjectShares(limits)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -141,6 +199,7 @@ class LimitsMiddleware:
                 return
             self.counters.in_flight += 1
             self.counters.ingest_bytes += reserved
+            self.shares.open(scope)
         reserve = [reserved]  # what this request holds of the ingest budget
         try:
             await self._limited(scope, receive, send, limit, reserve if upload else None)
@@ -148,6 +207,7 @@ class LimitsMiddleware:
             if not exempt:
                 self.counters.in_flight -= 1
                 self.counters.ingest_bytes -= reserve[0]
+                self.shares.release(scope)
 
     @property
     def _ingest_budget(self) -> int:

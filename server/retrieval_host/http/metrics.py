@@ -7,7 +7,8 @@ or collide on a family. Families (all prefixed `retrieval_host_`), with their la
 - `http_request_duration_seconds{route}`: histogram, to the end of the response (a run
   stream's whole duration);
 - `concurrency_in_use`, `concurrency_limit`: gauges of the host-wide concurrency limit;
-- `limit_rejections_total{reason}`: busy, body-too-large, body-timeout, origin;
+- `limit_rejections_total{reason}`: busy, subject-busy, body-too-large, body-timeout, origin,
+  host;
 - `search_scan_duration_seconds{corpus}`: histogram of the store scan of each search (also
   the searches inside runs);
 - `embedding_requests_total{operation, corpus}`, `embedding_input_tokens_total{...}`: the

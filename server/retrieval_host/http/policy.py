@@ -39,6 +39,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.http.auth import Principal, TokenAuthenticator
+from retrieval_host.http.limits import SubjectShares
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.request_id import note_subject, request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
@@ -137,12 +138,14 @@ class RequestPolicy:
         metrics: HostMetrics | None = None,
         shutdown: Shutdown | None = None,
         search_threads: int | None = None,
+        shares: SubjectShares | None = None,
     ) -> None:
         if search_threads is not None and search_threads < 1:
             raise ValueError("search_threads must be at least 1")
         self.authenticator = authenticator
         self.metrics = metrics
         self.shutdown = shutdown
+        self.shares = shares
         self._threads = max_concurrency + 1
         self._search_threads = search_threads
         self._workers: ThreadPoolExecutor | None = None
@@ -155,6 +158,8 @@ class RequestPolicy:
             authorization_header(request.scope["headers"]), request.scope.get("query_string", b"")
         )
         note_subject(request.scope, principal.subject)
+        if self.shares is not None:
+            self.shares.claim(request.scope, principal.subject)
         return principal
 
     async def parse_json(self, request: Request, model: type[M]) -> M:
