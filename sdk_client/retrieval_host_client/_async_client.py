@@ -331,10 +331,15 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         A missing and an unauthorized source both raise `SourceUnavailableError`."""
         return await self._send(self._get_source(corpus, source_id, limit=limit, cursor=cursor))
 
-    async def get_passage(self, corpus: str, chunk_id: str) -> PassageResponse:
-        """One passage as a search hit shows it, authorized now: open a saved citation. A
-        changed revision, a revoked grant and a missing passage raise `SourceUnavailableError`."""
-        return await self._send(self._get_passage(corpus, chunk_id))
+    async def get_passage(
+        self, corpus: str, chunk_id: str, *, revision: str | None = None
+    ) -> PassageResponse:
+        """One passage as a search hit shows it, authorized now: open a saved citation.
+        `revision` is the citation's (its manifest entry's or hit's): a new revision of the
+        source that reuses the chunk id is then refused too. A changed revision (of a chunk id
+        the host issued, or pinned by `revision`), a revoked grant and a missing passage raise
+        `SourceUnavailableError`."""
+        return await self._send(self._get_passage(corpus, chunk_id, revision))
 
 
 async def _chunks(read: Callable[[int], bytes]) -> AsyncIterator[bytes]:

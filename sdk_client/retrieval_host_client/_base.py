@@ -44,6 +44,7 @@ from retrieval_host_client.models import (
     IndexResponse,
     IngestParams,
     PageParams,
+    PassageParams,
     PassageResponse,
     ProtocolInfo,
     SearchRequest,
@@ -404,7 +405,7 @@ class BaseClient(Generic[H]):
             raise ValueError("run_id must not be empty")
         return Call(
             "GET",
-            "/v1/runs/" + quote(run_id, safe=""),
+            "/v1/runs/" + _segment(run_id),
             parser(RunRecord, check_run_record(run_id)),
         )
 
@@ -444,18 +445,26 @@ class BaseClient(Generic[H]):
             params=_page(limit, cursor),
         )
 
-    def _get_passage(self, corpus: str, chunk_id: str) -> Call[PassageResponse]:
+    def _get_passage(
+        self, corpus: str, chunk_id: str, revision: str | None
+    ) -> Call[PassageResponse]:
+        pinned = PassageParams(revision=revision).revision  # checked before anything is sent
         return Call(
             "GET",
             f"/v1/corpora/{_segment(corpus)}/passages/{_segment(chunk_id)}",
-            parser(PassageResponse, check_passage(corpus, chunk_id)),
+            parser(PassageResponse, check_passage(corpus, chunk_id, pinned)),
+            params=None if pinned is None else {"revision": pinned},
         )
 
 
 def _segment(value: str) -> str:
-    """One path segment: every reserved character escaped (a source id may hold `/`)."""
+    """One path segment: every reserved character escaped (a source id may hold `/`), and the
+    ids `.` and `..` as `%2E`: left as they are, URL resolution removes them as dot segments
+    and the request reaches another route."""
     if not value:
         raise ValueError("corpus, source and chunk ids must not be empty")
+    if value in (".", ".."):
+        return "%2E" * len(value)
     return quote(value, safe="")
 
 

@@ -50,11 +50,17 @@ class RunStream:
 
     Iteration ends after `run.completed` or `run.failed` (a failed run is an event, not an
     exception; `until_done()` turns it into the typed error). Heartbeats are not events.
+    Leaving a `for` loop early keeps the stream open: iterating again, or `until_done()`,
+    goes on from the next event (leaving the `with` block closes it, and the host cancels the
+    run).
     """
 
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
+        self._chunks = response.iter_bytes()
         self._reader = RunEventReader()
+        self._pending: list[RunEvent] = []
+        self._ended = False
 
     @property
     def run_id(self) -> str | None:
@@ -66,18 +72,26 @@ class RunStream:
         """The completed result, once `run.completed` has been read."""
         return self._reader.result
 
-    def __iter__(self) -> Iterator[RunEvent]:
-        reader = self._reader
-        if reader.finished:
-            return
-        try:
-            for chunk in self._response.iter_bytes():
-                yield from reader.feed(chunk)
-                if reader.finished:
-                    return
-        except httpx.RequestError as exc:
-            raise transport_error(exc) from exc
-        reader.end()
+    def __iter__(self) -> RunStream:
+        # The stream is its own iterator (not a generator per loop): a generator left by
+        # `break` is closed when it is collected, and it would close the response with it.
+        return self
+
+    def __next__(self) -> RunEvent:
+        while not self._pending:
+            if self._ended or self._reader.finished:
+                raise StopIteration
+            try:
+                chunk = next(self._chunks)
+            except StopIteration:
+                self._ended = True
+                self._reader.end()
+                raise
+            except httpx.RequestError as exc:
+                self._ended = True
+                raise transport_error(exc) from exc
+            self._pending.extend(self._reader.feed(chunk))
+        return self._pending.pop(0)
 
     def until_done(self) -> RunResult:
         """Read the remaining events; return the result or raise the failed run's error."""
@@ -320,7 +334,12 @@ class Client(BaseClient[httpx.Client]):
         A missing and an unauthorized source both raise `SourceUnavailableError`."""
         return self._send(self._get_source(corpus, source_id, limit=limit, cursor=cursor))
 
-    def get_passage(self, corpus: str, chunk_id: str) -> PassageResponse:
-        """One passage as a search hit shows it, authorized now: open a saved citation. A
-        changed revision, a revoked grant and a missing passage raise `SourceUnavailableError`."""
-        return self._send(self._get_passage(corpus, chunk_id))
+    def get_passage(
+        self, corpus: str, chunk_id: str, *, revision: str | None = None
+    ) -> PassageResponse:
+        """One passage as a search hit shows it, authorized now: open a saved citation.
+        `revision` is the citation's (its manifest entry's or hit's): a new revision of the
+        source that reuses the chunk id is then refused too. A changed revision (of a chunk id
+        the host issued, or pinned by `revision`), a revoked grant and a missing passage raise
+        `SourceUnavailableError`."""
+        return self._send(self._get_passage(corpus, chunk_id, revision))

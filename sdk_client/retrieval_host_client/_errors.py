@@ -132,7 +132,9 @@ class APIStatusError(RetrievalHostError):
 
     `code` is the problem's stable code (switch on it, never on `title` or `detail`); for an
     error body that is not a problem document it is `HTTP_<status>`. `problem` is the parsed
-    `application/problem+json` body, or None when there was none.
+    `application/problem+json` body, or None when there was none. `retry_after` is the
+    answer's `Retry-After` in seconds (the host sends one with `HOST_BUSY`), or None: the
+    client never retries on its own, so this is the caller's hint for when to.
     """
 
     code = "HTTP_ERROR"
@@ -146,12 +148,14 @@ class APIStatusError(RetrievalHostError):
         request_id: str | None = None,
         reason: str | None = None,
         problem: Problem | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, code=code if code is not None else f"HTTP_{status}")
         self.status = status
         self.request_id = request_id
         self.reason = reason
         self.problem = problem
+        self.retry_after = retry_after
 
     @property
     def detail(self) -> str | None:
@@ -327,7 +331,9 @@ def _status_class(status: int) -> type[APIStatusError]:
     return InternalServerError if status >= 500 else APIStatusError
 
 
-def error_from_problem(problem: Problem, *, status: int | None = None) -> APIStatusError:
+def error_from_problem(
+    problem: Problem, *, status: int | None = None, retry_after: float | None = None
+) -> APIStatusError:
     """The typed error for a problem document (a response body or a `run.failed` event)."""
     effective = status if status is not None else problem.status
     cls = _CODE_CLASSES.get(problem.code) or _status_class(effective)
@@ -339,13 +345,19 @@ def error_from_problem(problem: Problem, *, status: int | None = None) -> APISta
         request_id=problem.request_id,
         reason=problem.reason,
         problem=problem,
+        retry_after=retry_after,
     )
 
 
-def error_from_status(status: int, *, request_id: str | None = None) -> APIStatusError:
+def error_from_status(
+    status: int, *, request_id: str | None = None, retry_after: float | None = None
+) -> APIStatusError:
     """The typed error for an error response whose body is not a problem document."""
     cls = _status_class(status)
     suffix = f" [request {request_id}]" if request_id else ""
     return cls(
-        f"HTTP {status} without a problem document{suffix}", status=status, request_id=request_id
+        f"HTTP {status} without a problem document{suffix}",
+        status=status,
+        request_id=request_id,
+        retry_after=retry_after,
     )

@@ -9,7 +9,9 @@ side (`_base`) picks the parser and check of each call; the shells feed the byte
 
 from __future__ import annotations
 
+import email.utils
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias, TypeVar
 
 import httpx
@@ -85,6 +87,7 @@ def raise_for_status(status: int, headers: httpx.Headers, body: bytes) -> None:
 
 def error_for(status: int, headers: httpx.Headers, body: bytes) -> APIStatusError:
     """The typed error of a non-2xx answer."""
+    retry_after = _retry_after(headers.get("retry-after"))
     media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type in ("application/problem+json", "application/json"):
         try:
@@ -92,8 +95,27 @@ def error_for(status: int, headers: httpx.Headers, body: bytes) -> APIStatusErro
         except ValidationError:
             pass
         else:
-            return error_from_problem(problem, status=status)
-    return error_from_status(status, request_id=headers.get("x-request-id"))
+            return error_from_problem(problem, status=status, retry_after=retry_after)
+    return error_from_status(
+        status, request_id=headers.get("x-request-id"), retry_after=retry_after
+    )
+
+
+def _retry_after(value: str | None) -> float | None:
+    """`Retry-After` in seconds: delay-seconds, or an HTTP date (seconds from now, at least 0);
+    None when absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def parser(
@@ -217,12 +239,16 @@ def check_source(source_id: str, cursor: str | None) -> Callable[[SourceResponse
     return check
 
 
-def check_passage(corpus: str, chunk_id: str) -> Callable[[PassageResponse], PassageResponse]:
-    """The answer is the asked passage, in the asked corpus."""
+def check_passage(
+    corpus: str, chunk_id: str, revision: str | None = None
+) -> Callable[[PassageResponse], PassageResponse]:
+    """The answer is the asked passage, in the asked corpus (at the asked revision)."""
 
     def check(response: PassageResponse) -> PassageResponse:
         if response.chunk_id != chunk_id or response.scope.corpus != corpus:
             raise ProtocolError("the host answered for another passage than asked")
+        if revision is not None and response.source.revision != revision:
+            raise ProtocolError("the host answered with another revision than asked")
         return response
 
     return check
@@ -359,7 +385,9 @@ def transport_error(exc: httpx.RequestError) -> RetrievalHostError:
     connection branch for transport failures, `ProtocolError` for an undecodable body."""
     if not isinstance(exc, httpx.TransportError):
         return ProtocolError(f"the host's answer could not be read: {type(exc).__name__}")
-    sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    # Nothing left the client when it could not connect, or waited in vain for a pooled
+    # connection.
+    sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
     if isinstance(exc, httpx.TimeoutException):
         return RetrievalHostTimeoutError(
             f"timed out: {type(exc).__name__} ({exc})", request_sent=sent

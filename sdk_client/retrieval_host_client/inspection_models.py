@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
 
 from retrieval_host_client.models import (
     Location,
+    Revision,
     Scope,
     SourceRef,
     _integral,
@@ -28,6 +29,7 @@ __all__ = [
     "PageLimit",
     "PageParams",
     "PassageListing",
+    "PassageParams",
     "PassageResponse",
     "SourceListParams",
     "SourceListing",
@@ -51,6 +53,15 @@ class PageParams(_Request):
 
     limit: PageLimit | None = None
     cursor: PageCursor | None = None
+
+
+class PassageParams(_Request):
+    """The query parameters of `GET /v1/corpora/{corpus}/passages/{chunkId}`: `revision`, the
+    revision the citation was made from (a manifest entry's or a hit's): a passage whose
+    source is now at another revision is then `SOURCE_UNAVAILABLE`, even when the new
+    revision reuses the chunk id."""
+
+    revision: Revision | None = None
 
 
 class SourceListParams(PageParams):

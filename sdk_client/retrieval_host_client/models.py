@@ -49,6 +49,7 @@ __all__ = [
     "LocationInput",
     "PageParams",
     "PassageListing",
+    "PassageParams",
     "PassageResponse",
     "Problem",
     "ProtocolAuth",
@@ -84,6 +85,15 @@ IDENTIFIER_PATTERN = (
 )
 Identifier = Annotated[
     str, StringConstraints(min_length=1, max_length=256, pattern=IDENTIFIER_PATTERN)
+]
+# A chunk id is also the handle a model cites as `[source:ID]`, which ends at whitespace or a
+# bracket: the identifier rule without whitespace, `[` or `]` (core's `check_chunk_id`).
+CHUNK_ID_PATTERN = (
+    f"^(?:[^{_CONTROL}{_SPACE}*\\[\\]][^{_CONTROL}{_SPACE}\\[\\]]*"
+    f"|\\*[^{_CONTROL}{_SPACE}\\[\\]]+)$"
+)
+ChunkIdentifier = Annotated[
+    str, StringConstraints(min_length=1, max_length=256, pattern=CHUNK_ID_PATTERN)
 ]
 # Revisions follow the identifier rule (`*` would read as "any revision" in an index grant).
 Revision = Identifier
@@ -239,9 +249,9 @@ class SourceInput(_Request):
 
 
 class ChunkInput(_Request):
-    """A prepared passage with the id the application gives it."""
+    """A prepared passage with the id the application gives it (its citation handle)."""
 
-    id: Identifier
+    id: ChunkIdentifier
     text: PassageText
     location: LocationInput = Field(default_factory=LocationInput)
 
@@ -514,6 +524,7 @@ from retrieval_host_client.inspection_models import (  # noqa: E402
     EmbeddingLabels,
     PageParams,
     PassageListing,
+    PassageParams,
     PassageResponse,
     SourceListing,
     SourceResponse,

@@ -14,13 +14,17 @@ finish, commit and are journaled in whatever order they get there.
 The journal is a JSON-lines file, one line per finished file (`indexed`, `unchanged` or
 `failed`), each written and fsync'ed as the file finishes. A rerun reads it and skips
 files recorded as `indexed` or `unchanged` for the same corpus, source id and file content
-(SHA-256 of the bytes); everything else is ingested again. A file interrupted mid-way was either
-not committed (it is indexed now) or committed without its journal line (the rerun gets
-`unchanged`, without embedding): revisions are content digests and replacement is atomic, so
-nothing is ever duplicated. A torn last journal line (a crash during the write) is ignored.
-One journal belongs to one batch at a time: a run holds an exclusive lock on it (`flock`)
-from before it reads the journal until it ends, and a second run on the same journal is
-refused with `JournalInUseError` before it does anything. The lock goes with the process.
+(SHA-256 of the bytes) that the store still holds at the journaled revision (in the namespace
+the batch's subject indexes into); everything else is ingested again. The journal says what a
+run did, not what this store holds: reused against another store (a new database, a restored
+backup, a corpus rebuilt for a new analyzer) its files are ingested, not skipped. A file
+interrupted mid-way was either not committed (it is indexed now) or committed without its
+journal line (the rerun gets `unchanged`, without embedding): revisions are content digests
+and replacement is atomic, so nothing is ever duplicated. A torn last journal line (a crash
+during the write) is ignored. One journal belongs to one batch at a time: a run holds an
+exclusive lock on it (`flock`) from before it reads the journal until it ends, and a second
+run on the same journal is refused with `JournalInUseError` before it does anything. The lock
+goes with the process.
 
 Source ids: the path relative to `root` with `/` separators when `root` is given (keeps ids
 unique across directories), else the file name. A file named twice is ingested once; two
@@ -50,6 +54,7 @@ from typing import Final, Literal
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.grants import authorize_or_none
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.core.validation import check_id
 from retrieval_host.driver import Driver, IngestRequest
@@ -111,8 +116,8 @@ NOT_STARTED: Final = "not-started"
 
 
 class JournalError(Exception):
-    """The journal cannot be used: its folder is missing, it cannot be opened, or another run
-    holds it (`JournalInUseError`)."""
+    """The journal cannot be used: its folder is missing, it cannot be opened or written (a
+    full disk), or another run holds it (`JournalInUseError`)."""
 
 
 class JournalInUseError(JournalError):
@@ -310,7 +315,7 @@ def _one(
     path: Path,
     source_id: str,
     context: RequestContext,
-    done: set[tuple[str, str]],
+    done: dict[tuple[str, str], str],
     journal: _Journal,
     deadline_s: float | None,
 ) -> BatchItem:
@@ -327,7 +332,8 @@ def _one(
             journal, corpus, name, source_id, None, ErrorCode.INVALID_REQUEST.value, "unreadable"
         )
     file_sha256 = hashlib.sha256(data).hexdigest()
-    if (source_id, file_sha256) in done:
+    journaled = done.get((source_id, file_sha256))
+    if journaled is not None and _holds(driver, corpus, source_id, journaled, context):
         return BatchItem(name, source_id, "skipped")
     try:
         result = driver.ingest_context(
@@ -350,6 +356,18 @@ def _one(
         }
     )
     return BatchItem(name, source_id, result.status, result.source.revision, result.chunk_count)
+
+
+def _holds(
+    driver: Driver, corpus_id: str, source_id: str, revision: str, context: RequestContext
+) -> bool:
+    """Whether the store holds `source_id` at `revision` now, where the subject indexes it."""
+    corpus = driver.retrieval.corpus(corpus_id)
+    grant = authorize_or_none(corpus, "index", (source_id,), context)
+    if grant is None:
+        return False  # the ingest answers the refusal
+    stored = corpus.store.get_source(corpus.id, grant.namespace, source_id)
+    return stored is not None and stored.revision == revision
 
 
 def _failed(
@@ -377,13 +395,13 @@ def _failed(
     return BatchItem(name, source_id, "failed", error_code=code, reason=reason)
 
 
-def _read_journal(path: Path, corpus: str) -> set[tuple[str, str]]:
-    """(source id, file SHA-256) of files recorded done for `corpus`."""
+def _read_journal(path: Path, corpus: str) -> dict[tuple[str, str], str]:
+    """(source id, file SHA-256) -> revision, of files recorded done for `corpus`."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        return set()
-    done: set[tuple[str, str]] = set()
+        return {}
+    done: dict[tuple[str, str], str] = {}
     for line in text.splitlines():
         try:
             entry = json.loads(line)
@@ -396,8 +414,9 @@ def _read_journal(path: Path, corpus: str) -> set[tuple[str, str]]:
             and entry.get("status") in ("indexed", "unchanged")
             and isinstance(entry.get("sourceId"), str)
             and isinstance(entry.get("fileSha256"), str)
+            and isinstance(entry.get("revision"), str)
         ):
-            done.add((entry["sourceId"], entry["fileSha256"]))
+            done[(entry["sourceId"], entry["fileSha256"])] = entry["revision"]
     return done
 
 
@@ -441,10 +460,18 @@ class _Journal:
         os.close(self._fd)
 
     def append(self, entry: dict[str, object]) -> None:
+        """Write one line durably; `JournalError` when it cannot be (a full disk): the batch
+        stops there, and a rerun finds the file's commit (`unchanged`, no embedding)."""
         line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
         with self._lock:  # files in flight finish on their own threads
-            os.write(self._fd, line.encode("utf-8"))
-            os.fsync(self._fd)
+            try:
+                os.write(self._fd, line.encode("utf-8"))
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise JournalError(
+                    f"the journal {self._path} could not be written: {exc.strerror} (the batch "
+                    "stopped; rerun with the journal once it can be written to resume)"
+                ) from None
 
 
 def _fsync_dir(directory: Path) -> None:

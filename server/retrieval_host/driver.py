@@ -350,9 +350,17 @@ class Driver:
         """One visible source with a page of its passages (`SOURCE_UNAVAILABLE` otherwise)."""
         return self.retrieval.get_source(corpus, source_id, context, limit=limit, cursor=cursor)
 
-    def get_passage(self, corpus: str, chunk_id: str, context: RequestContext) -> Passage:
-        """The passage behind a citation, authorized at read (`SOURCE_UNAVAILABLE` otherwise)."""
-        return self.retrieval.get_passage(corpus, chunk_id, context)
+    def get_passage(
+        self,
+        corpus: str,
+        chunk_id: str,
+        context: RequestContext,
+        *,
+        revision: str | None = None,
+    ) -> Passage:
+        """The passage behind a citation, authorized at read, at the citation's `revision`
+        when given (`SOURCE_UNAVAILABLE` otherwise)."""
+        return self.retrieval.get_passage(corpus, chunk_id, context, revision=revision)
 
     def ingest_context(
         self,

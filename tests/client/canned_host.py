@@ -189,9 +189,11 @@ def http_response(
     content_type: str = "application/json",
     close: bool = False,
     reason: str = "X",
+    headers: dict[str, str] | None = None,
 ) -> bytes:
     """Response bytes with a Content-Length (or, when `close`, ended by closing)."""
     head = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}"]
+    head += [f"{name}: {value}" for name, value in (headers or {}).items()]
     if close:
         head.append("Connection: close")
     else:

@@ -106,7 +106,9 @@ class ClientApi(Protocol):
         self, corpus: str, source_id: str, *, limit: int | None = None, cursor: str | None = None
     ) -> SourceResponse: ...
 
-    def get_passage(self, corpus: str, chunk_id: str) -> PassageResponse: ...
+    def get_passage(
+        self, corpus: str, chunk_id: str, *, revision: str | None = None
+    ) -> PassageResponse: ...
 
     def close(self) -> None: ...
 
@@ -234,8 +236,12 @@ class PortalClient:
         )
         return self._portal.call(call)
 
-    def get_passage(self, corpus: str, chunk_id: str) -> PassageResponse:
-        return self._portal.call(self.client.get_passage, corpus, chunk_id)
+    def get_passage(
+        self, corpus: str, chunk_id: str, *, revision: str | None = None
+    ) -> PassageResponse:
+        return self._portal.call(
+            functools.partial(self.client.get_passage, revision=revision), corpus, chunk_id
+        )
 
     def close(self) -> None:
         self._portal.call(self.client.aclose)

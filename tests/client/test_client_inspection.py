@@ -113,3 +113,56 @@ def test_a_source_listing_keeps_what_its_title_and_media_type_filters_say(
         list(api.list_sources(CORPUS, title="x" * 257))
     for key in titles:
         api.delete_context(corpus=CORPUS, source_id=prefix + key, revision="v1")
+
+
+@pytest.mark.parametrize("dots", [".", ".."])
+def test_ids_that_are_dot_segments_reach_their_source_and_passage(
+    api: ClientApi, dots: str
+) -> None:
+    # A black-box test: `.` and `..` are legal ids, indexed and listed, but URL resolution
+    # removed them from the path and the client reached another route.
+    api.index_context(
+        IndexRequest(
+            corpus=CORPUS,
+            source=SourceInput(id=dots, revision="v1", title="Dots"),
+            chunks=(ChunkInput(id=dots, text="The dotted source says hello."),),
+        )
+    )
+    try:
+        shown = api.get_source(CORPUS, dots)
+        assert shown.source.id == dots
+        assert [p.chunk_id for p in shown.passages] == [dots]
+        assert api.get_passage(CORPUS, dots).text == "The dotted source says hello."
+    finally:
+        api.delete_context(corpus=CORPUS, source_id=dots, revision="v1")
+    with pytest.raises(SourceUnavailableError):
+        api.get_source(CORPUS, dots)
+
+
+def test_a_citation_pinned_to_its_revision_refuses_a_reused_chunk_id(
+    api: ClientApi, mode: str
+) -> None:
+    # A black-box test: a saved citation opened another revision's text when the new
+    # revision of a prepared source reused the chunk id.
+    source, chunk = f"pinned-{mode}", f"pinned-{mode}-c1"
+
+    def index(revision: str, text: str) -> None:
+        api.index_context(
+            IndexRequest(
+                corpus=CORPUS,
+                source=SourceInput(id=source, revision=revision),
+                chunks=(ChunkInput(id=chunk, text=text),),
+            )
+        )
+
+    index("r1", "The dosage is 10 mg daily.")
+    try:
+        cited = api.get_passage(CORPUS, chunk, revision="r1")
+        assert (cited.source.revision, cited.text) == ("r1", "The dosage is 10 mg daily.")
+        index("r2", "The dosage is 500 mg daily.")
+        with pytest.raises(SourceUnavailableError):
+            api.get_passage(CORPUS, chunk, revision="r1")
+        assert api.get_passage(CORPUS, chunk).text == "The dosage is 500 mg daily."
+        assert api.get_passage(CORPUS, chunk, revision="r2").source.revision == "r2"
+    finally:
+        api.delete_context(corpus=CORPUS, source_id=source, revision="r2")

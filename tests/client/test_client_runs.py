@@ -11,6 +11,7 @@ import pytest
 
 from retrieval_host_client import (
     AsyncClient,
+    Client,
     NoRetrievalEvidenceError,
     PermissionDeniedError,
     RunCompletedEvent,
@@ -101,6 +102,33 @@ def test_another_subjects_run_is_unavailable(connect: Connect) -> None:
         connect("alice").get_run(result.run_id)
     with pytest.raises(SourceUnavailableError):
         connect("admin").get_run("run_does_not_exist")
+    # An id holding `/` is a missing run too, not a missing route (a black-box test).
+    with pytest.raises(SourceUnavailableError):
+        connect("admin").get_run("../../v1/protocol")
+
+
+def test_leaving_a_sync_loop_early_keeps_the_stream_for_until_done(
+    client_host: RunningHost, client_world: World
+) -> None:
+    # A black-box test: `break`, then `until_done()` raised httpx's StreamConsumed and the
+    # host had cancelled the run (the async client went on, as the README's pattern expects).
+    token = client_world.tokens["admin"]
+    with (
+        Client(client_host.base_url, token=token, ca_bundle=client_world.tls.ca_file) as client,
+        client.stream_run(GROUNDED) as stream,
+    ):
+        seen = []
+        for event in stream:
+            seen.append(event)
+            break
+        assert isinstance(seen[0], RunStartedEvent)
+        following = next(iter(stream))  # iterating again goes on from the next event
+        assert not isinstance(following, RunStartedEvent)
+        result = stream.until_done()
+        assert list(stream) == []  # nothing after the end
+    assert "[source:" in result.text and result.run_id == stream.run_id
+    with Client(client_host.base_url, token=token, ca_bundle=client_world.tls.ca_file) as again:
+        assert again.get_run(result.run_id).status == "completed"
 
 
 def _stalling_request() -> RunRequest:

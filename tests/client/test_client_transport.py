@@ -6,11 +6,14 @@ request whole before it answers, drops the connection or stays silent.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import socket
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 
 from retrieval_host_client import (
@@ -24,6 +27,7 @@ from retrieval_host_client import (
     ServiceUnavailableError,
     UpstreamError,
 )
+from retrieval_host_client._responses import transport_error
 from tests.client.canned_host import DROP, SILENT, Action, Received, canned_host, http_response
 from tests.client.conftest import Connect
 from tests.client.modes import ClientApi
@@ -48,7 +52,7 @@ def _json(status: int, doc: object, **kwargs: Any) -> bytes:
     return http_response(status, json.dumps(doc).encode(), **kwargs)
 
 
-def _problem(status: int, code: str) -> bytes:
+def _problem(status: int, code: str, headers: dict[str, str] | None = None) -> bytes:
     doc = {
         "type": "urn:x",
         "title": "t",
@@ -57,7 +61,7 @@ def _problem(status: int, code: str) -> bytes:
         "detail": "d",
         "requestId": "0" * 32,
     }
-    return _json(status, doc, content_type="application/problem+json")
+    return _json(status, doc, content_type="application/problem+json", headers=headers)
 
 
 def _drop_mutations(request: Received) -> Action:
@@ -307,3 +311,48 @@ def test_a_run_result_with_a_manifest_entry_of_no_returned_hit_raises(
         if method == "get_run":
             with pytest.raises(ProtocolError, match="asked for run"):
                 api.get_run("run_2")
+
+
+def _in_30_s() -> bytes:
+    # Made when the test runs: a date fixed at collection would have passed by then.
+    when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    return _problem(503, "HOST_BUSY", {"Retry-After": when})
+
+
+@pytest.mark.parametrize(
+    ("answer", "low", "high"),
+    [
+        (lambda: _problem(503, "HOST_BUSY", {"Retry-After": "7"}), 7.0, 7.0),
+        (lambda: http_response(503, b"busy", content_type="text/plain",
+                               headers={"Retry-After": "2"}), 2.0, 2.0),
+        (_in_30_s, 20.0, 30.0),
+        (lambda: _problem(503, "HOST_BUSY", {"Retry-After": "soon"}), None, None),
+        (lambda: _problem(503, "HOST_BUSY"), None, None),
+    ],
+    ids=["seconds", "bare-status", "http-date", "unreadable", "absent"],
+)  # fmt: skip
+def test_retry_after_reaches_the_caller(
+    connect: Connect,
+    client_world: World,
+    answer: Callable[[], bytes],
+    low: float | None,
+    high: float | None,
+) -> None:
+    # A black-box test: the host's Retry-After was lost, and the client never retries itself.
+    response = answer()
+    with (
+        canned_host(client_world.tls, lambda request: response) as host,
+        pytest.raises(APIStatusError) as caught,
+    ):
+        connect(base_url=host.base_url).search_context(corpus=CORPUS, query="q")
+    waited = caught.value.retry_after
+    if low is None:
+        assert waited is None
+    else:
+        assert waited is not None and low <= waited <= (high or low)
+
+
+def test_a_pool_wait_that_expires_says_nothing_was_sent() -> None:
+    error = transport_error(httpx.PoolTimeout("no connection free"))
+    assert isinstance(error, RetrievalHostTimeoutError)
+    assert error.request_sent is False

@@ -335,6 +335,30 @@ def test_replacements_that_never_stop_end_the_search_after_three_reads(
         assert world.checks() == ["before-read"] * GRANT_ATTEMPTS
 
 
+@pytest.mark.parametrize("source_ids", [None, ["a"]])
+def test_a_named_source_overtaken_after_every_read_is_unavailable_not_empty(
+    world: World, source_ids: list[str] | None
+) -> None:
+    # A black-box test: at extreme write rates a run naming its source reported "nothing
+    # matched" (receipt `empty`) for a source that was granted and matching all along.
+    revisions = (f"r{n}" for n in itertools.count(2))
+
+    def replace_during_each_read(n: int) -> None:
+        if n % 2 == 0:  # the check after each read
+            revision = next(revisions)
+            world.writer.run(lambda: world.index("a", revision))
+
+    world.acl.before = replace_during_each_read
+    if source_ids is None:
+        result = world.search()
+        assert passages(result.hits, "a") == []  # left out of a search over the whole grant
+    else:
+        with pytest.raises(RetrievalError) as excinfo:
+            world.search(source_ids)
+        assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    assert world.checks() == ["before-read", "after-read"] * GRANT_ATTEMPTS
+
+
 # --- a run's search -------------------------------------------------------------------------
 
 

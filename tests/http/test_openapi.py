@@ -215,10 +215,9 @@ def test_inspection_routes_document_their_path_and_page_parameters(
         ("query", "limit"),
         ("query", "cursor"),
     }
-    assert set(parameters("/v1/corpora/{corpus}/passages/{chunkId}")) == {
-        ("path", "corpus"),
-        ("path", "chunkId"),
-    }
+    passage = parameters("/v1/corpora/{corpus}/passages/{chunkId}")
+    assert set(passage) == {("path", "corpus"), ("path", "chunkId"), ("query", "revision")}
+    assert not passage[("query", "revision")]["required"]
     success = document["paths"]["/v1/corpora/{corpus}/passages/{chunkId}"]["get"]["responses"]
     schema = _resolve(document, success["200"]["content"]["application/json"]["schema"])
     assert set(schema["properties"]) >= {"chunkId", "text", "location", "source", "scope"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.validation import check_chunk_id
 from retrieval_host.http.policy import validation_detail
 from retrieval_host_client import models as wire
 
@@ -48,3 +50,19 @@ def test_a_failing_chunk_is_not_also_called_missing(chunks: str, expected: str) 
         wire.IndexRequest.model_validate_json(body, strict=True, by_alias=True, by_name=False)
     detail = validation_detail(caught.value, "body")
     assert detail == expected
+
+
+@pytest.mark.parametrize("chunk_id", ["kite]tail", "kite tail", "kite[x", "a\u00a0b", "*"])
+def test_a_chunk_id_that_cannot_be_cited_is_refused(chunk_id: str) -> None:
+    # A black-box test: these ids were indexed, and every answer citing them failed the host's
+    # own citation check (a marker `[source:ID]` ends at whitespace or a bracket).
+    chunk = wire.ChunkInput.model_validate({"id": "kite:tail/é.1", "text": "t"})
+    assert chunk.id == "kite:tail/é.1"
+    body = {"corpus": "c", "source": {"id": "a", "revision": "1"}}
+    with pytest.raises(ValidationError) as caught:
+        wire.IndexRequest.model_validate({**body, "chunks": [{"id": chunk_id, "text": "t"}]})
+    detail = validation_detail(caught.value, "body")
+    assert detail.startswith("body.chunks.0.id: must be a citation handle"), detail
+    with pytest.raises(RetrievalError) as refused:
+        check_chunk_id(chunk_id)
+    assert refused.value.code is ErrorCode.INVALID_REQUEST

@@ -3,7 +3,9 @@ of the files in flight (also by KeyboardInterrupt), one ingest per file named tw
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -22,7 +24,15 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.driver import Driver
 from retrieval_host.serving.cli import main
 from tests.support import ingest_documents as docs
-from tests.support.ingest_driver import CORPUS, Host, context, dump_index, make_host, sources
+from tests.support.ingest_driver import (
+    CORPUS,
+    NAMESPACE,
+    Host,
+    context,
+    dump_index,
+    make_host,
+    sources,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TOPICS = ["ferries", "cranes", "moorings", "lighthouses", "tides", "customs"]
@@ -163,6 +173,34 @@ def test_a_rerun_after_completion_skips_everything(
     assert host.embedding.embed_calls == calls
     for line in journal.read_text().splitlines()[:3]:
         assert json.loads(line)["status"] == "indexed"
+
+
+def test_a_journal_reused_against_another_store_ingests_instead_of_skipping(
+    tmp_path: Path, host: Host, local_embedding: LocalEmbedding
+) -> None:
+    # A black-box test: rerunning a journal against a new store (a new database, a restored
+    # backup, a corpus rebuilt for a new analyzer) skipped every file, said `0 indexed` and
+    # exited 0, leaving the new store empty.
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:3]
+    journal = tmp_path / "journal.jsonl"
+    ingest_paths(host.driver, CORPUS, files, context(), journal_path=journal, root=root)
+    other = make_host(tmp_path / "other" / "index.db", local_embedding)
+    try:
+        moved = ingest_paths(
+            other.driver, CORPUS, files, context(), journal_path=journal, root=root
+        )
+        assert [i.status for i in moved.items] == ["indexed"] * 3
+        ids = source_ids(root, files)
+        assert sources(other, ids) == sources(host, ids) and len(sources(host, ids)) == 3
+        # A source deleted from the first store since is ingested again too; the rest skip.
+        first = moved.items[0]
+        assert first.revision is not None
+        host.store.delete_source(CORPUS, NAMESPACE, first.source_id, first.revision)
+        again = ingest_paths(host.driver, CORPUS, files, context(), journal_path=journal, root=root)
+        assert [i.status for i in again.items] == ["indexed", "skipped", "skipped"]
+    finally:
+        other.store.close()
 
 
 def test_a_finished_batch_gives_freed_heap_back_once_after_its_last_file(
@@ -471,3 +509,32 @@ def test_a_keyboard_interrupt_stops_the_files_in_flight_before_it_is_raised(
     done = completed_ids(journal)
     assert len(done) == 1
     assert set(sources(host, source_ids(root, files))) == done
+
+
+def test_a_journal_that_cannot_be_written_stops_the_batch_with_a_journal_error(
+    tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A black-box test: a journal on a full disk ended the command with a raw traceback.
+    root = tmp_path / "docs"
+    files = write_corpus(root)[:2]
+    journal = tmp_path / "full" / "j.jsonl"
+    journal.parent.mkdir()
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(journal):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(JournalError) as info:
+        ingest_paths(
+            host.driver, CORPUS, files, context(), journal_path=journal, root=root, in_flight=1
+        )
+    monkeypatch.undo()
+    assert "could not be written: No space left on device" in str(info.value)
+    # The file whose line failed had committed; a rerun with a working journal finds it.
+    report = ingest_paths(
+        host.driver, CORPUS, files, context(), journal_path=tmp_path / "j.jsonl", root=root
+    )
+    assert [i.status for i in report.items] == ["unchanged", "indexed"]

@@ -315,3 +315,94 @@ def test_inline_text_parts_with_a_file_name_are_body_text(count_tokens: TokenCou
         {"filename": "log.txt", "contentType": "text/plain", "size": 26}
     ]
     assert {chunk.location.document_id for chunk in prepared.chunks} == {"<m5@example.org>"}
+
+
+def empty_plain_alternative() -> bytes:
+    return (
+        b"From: Dan <dan@example.org>\r\nSubject: Tapir\r\n"
+        b"Message-ID: <emptyalt@example.org>\r\nMIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/alternative; boundary="alt"\r\n\r\n'
+        b"--alt\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n \r\n"
+        b"--alt\r\nContent-Type: text/html; charset=utf-8\r\n\r\n"
+        b"<p>Only the HTML alternative has text: tapir indigo.</p>\r\n"
+        b"--alt--\r\n"
+    )
+
+
+def test_an_empty_plain_alternative_does_not_hide_the_html(count_tokens: TokenCounter) -> None:
+    # A black-box test: the message alone was refused as empty, and in a thread it was
+    # listed but had no passage, while every mail reader shows the HTML.
+    alone: PreparedDocument = prepare(empty_plain_alternative(), count_tokens, "message/rfc822")
+    assert [c.text for c in alone.chunks] == ["Only the HTML alternative has text: tapir indigo."]
+    thread = docs.mbox(docs.message("First.\n"), empty_plain_alternative())
+    prepared: PreparedDocument = prepare(thread, count_tokens, "application/mbox")
+    by_id = {c.location.document_id: c.text for c in prepared.chunks}
+    assert "tapir indigo" in by_id["<emptyalt@example.org>"]
+    # A plain alternative with text is still the one read.
+    plain: PreparedDocument = prepare(alternative_message(), count_tokens, "message/rfc822")
+    assert [c.text for c in plain.chunks] == ["Plain: the east quay is closed on Sunday."]
+
+
+def test_a_body_line_starting_with_from_does_not_split_an_mbox(
+    count_tokens: TokenCounter,
+) -> None:
+    # A black-box test: "From here..." in a body split the message in two, lost the rest of
+    # its body and invented an empty message.
+    body = (
+        "Third message body with a line\n"
+        "From here it continues, no envelope.\n"
+        "\n"
+        "From 9:00 to 17:00 the office is open.\n"
+        "Last line.\n"
+    )
+    data = docs.mbox(
+        docs.message("First.\n", message_id="<a@x>"),
+        docs.message(body, message_id="<b@x>"),
+        docs.message("Fourth.\n", message_id="<c@x>"),
+    )
+    prepared: PreparedDocument = prepare(data, count_tokens, "application/mbox")
+    assert prepared.source.metadata["messageCount"] == 3
+    texts = {c.location.document_id: c.text for c in prepared.chunks}
+    assert list(texts) == ["<a@x>", "<b@x>", "<c@x>"]
+    assert texts["<b@x>"] == body.rstrip("\n")
+    # Envelopes in other shapes writers use still split: an RFC 2822 date, CRLF line ends.
+    crlf = (
+        b"From alice@example.org Fri, 8 Jul 2011 12:08:34 +0000\r\n"
+        + docs.message("One.\n", message_id="<d@x>")
+        + b"\r\n\r\nFrom - Sat Jan 03 10:11:12 2015\r\n"
+        + docs.message("Two.\n", message_id="<e@x>")
+    )
+    split: PreparedDocument = prepare(crlf, count_tokens, "application/mbox")
+    assert [c.location.document_id for c in split.chunks] == ["<d@x>", "<e@x>"]
+
+
+def forwarding_message(disposition: str) -> bytes:
+    return (
+        b"From: Eve <eve@example.org>\r\nSubject: Fwd: Gecko\r\n"
+        b"Message-ID: <fwd@example.org>\r\nMIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/mixed; boundary="mix"\r\n\r\n'
+        b"--mix\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nSee below.\r\n"
+        b"--mix\r\nContent-Type: message/rfc822\r\n" + disposition.encode() + b"\r\n"
+        b"From: Finn <finn@example.org>\r\nSubject: Gecko\r\nMessage-ID: <inner@example.org>\r\n"
+        b"Content-Type: text/plain; charset=utf-8\r\n\r\n"
+        b"The gecko eats pistachio.\r\n"
+        b"--mix--\r\n"
+    )
+
+
+def test_a_message_forwarded_inline_is_body_text(count_tokens: TokenCounter) -> None:
+    # A black-box test: an inline forwarded message was listed as an attachment, its text lost.
+    inline: PreparedDocument = prepare(forwarding_message(""), count_tokens, "message/rfc822")
+    assert [c.text for c in inline.chunks] == ["See below.\n\nThe gecko eats pistachio."]
+    messages: Any = inline.source.metadata["messages"]
+    assert messages[0]["attachments"] == []
+    attached: PreparedDocument = prepare(
+        forwarding_message('Content-Disposition: attachment; filename="gecko.eml"\r\n'),
+        count_tokens,
+        "message/rfc822",
+    )
+    assert [c.text for c in attached.chunks] == ["See below."]
+    listed: Any = attached.source.metadata["messages"]
+    assert listed[0]["attachments"] == [
+        {"filename": "gecko.eml", "contentType": "message/rfc822", "size": None}
+    ]

@@ -97,6 +97,60 @@ def test_front_matter_is_metadata_and_never_a_passage(count_tokens: TokenCounter
     assert min(c.location.start_line or 0 for c in prepared.chunks) == 5
 
 
+@pytest.mark.parametrize(
+    "block",
+    [
+        "\nThe maximum inlet pressure is 6 bar.\n",  # prose between two rules
+        "- maximum inlet pressure\n- 6 bar\n",  # a list alone
+        "title: Pumps\nThe maximum inlet pressure is 6 bar.\n",  # a key, then prose
+    ],
+)
+def test_a_leading_rule_around_text_is_not_front_matter(
+    block: str, count_tokens: TokenCounter
+) -> None:
+    # A black-box test: a file opening with a `---` rule lost everything up to the next one
+    # (in one file 160 of 167 lines), and the ingest said `indexed`.
+    data = f"---\n{block}---\n## Changes\n\n- Faster start-up.\n"
+    prepared = prepare(data.encode(), count_tokens)
+    assert "frontMatter" not in prepared.source.metadata
+    text = "\n".join(c.text for c in prepared.chunks)
+    assert "maximum inlet pressure" in text
+    assert min(c.location.start_line or 0 for c in prepared.chunks) == 1
+
+
+def test_front_matter_may_hold_comments_lists_and_nested_values(
+    count_tokens: TokenCounter,
+) -> None:
+    data = b"---\n# a comment\ntitle: Pumps\ntags:\n  - a\n- b\nowner:\n  name: ops\n---\nBody.\n"
+    prepared = prepare(data, count_tokens)
+    assert prepared.source.metadata["frontMatter"] == {"title": "Pumps", "tags": "", "owner": ""}
+    assert [(c.location.start_line, c.text) for c in prepared.chunks] == [(10, "Body.")]
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        "- item",
+        "1. item",
+        "> quoted: rail thyme",
+        "| a | b |\n|---|---|\n| 1 | 2 |",
+        "a | b\n--|--",
+    ],
+)
+def test_an_underline_after_a_list_quote_or_table_is_no_heading(
+    block: str, count_tokens: TokenCounter
+) -> None:
+    # CommonMark: a setext underline makes a heading of a paragraph only; a black-box test
+    # found `- item` in a heading path.
+    data = f"# Top\n\n{block}\n---\n\nAfter the rule.\n"
+    prepared = prepare(data.encode(), count_tokens)
+    sections: Any = prepared.source.metadata["sections"]
+    assert [s["headings"] for s in sections] == [["Top"]]
+    # A paragraph's underline still makes a heading.
+    heading = prepare(b"# Top\n\nPlain words\n---\n\nBody.\n", count_tokens)
+    assert section_of(heading, 6) == ["Top", "Plain words"]
+
+
 def test_a_code_fence_that_fits_stays_whole(count_tokens: TokenCounter) -> None:
     prepared = prepare(GUIDE.encode(), count_tokens, max_tokens=40, overlap_tokens=0)
     fence = "```sh\npump --start\npump --litres 40\n\npump --stop\n```"

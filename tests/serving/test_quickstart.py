@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from retrieval_host.serving.quickstart import prepare_state
+from retrieval_host.settings import load_settings
 from retrieval_host_client import validate_source_citations
 from tests.support.ports import free_port
 from tests.support.quickstart import cli, serving
@@ -180,3 +183,27 @@ def test_container_mode_serves_every_interface_with_the_operators_names(tmp_path
     assert "TOKEN=" not in again.stdout
     assert (state / "token").read_text().strip() == token
     assert "unchanged" in again.stdout
+
+
+def test_a_rerun_keeps_the_edited_configuration_and_moves_only_its_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A black-box test: a rerun rewrote host.json, silently dropping tokens and limits the
+    # operator had added, while the README says a rerun reuses everything.
+    state = tmp_path / "state"
+    host_file = prepare_state(state, 18001)
+    config = json.loads(host_file.read_text())
+    config["limits"]["maxConcurrency"] = 3
+    config["tokens"].append({**config["tokens"][0], "subject": "added", "sha256": "0" * 64})
+    host_file.write_text(json.dumps(config))
+    again = json.loads(prepare_state(state, 18002).read_text())
+    assert again["listen"] == {"host": "127.0.0.1", "port": 18002}
+    assert again["limits"]["maxConcurrency"] == 3
+    assert [t["subject"] for t in again["tokens"]] == [config["tokens"][0]["subject"], "added"]
+    load_settings(host_file, {})  # still a valid configuration
+    # One that is not a JSON object is kept aside, never lost.
+    host_file.write_text("{not json")
+    fresh = json.loads(prepare_state(state, 18003).read_text())
+    assert (state / "host.json.bak").read_text() == "{not json"
+    assert fresh["listen"]["port"] == 18003 and len(fresh["tokens"]) == 1
+    assert "moved it to host.json.bak" in capsys.readouterr().err

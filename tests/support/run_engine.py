@@ -41,6 +41,7 @@ class Acl:
     search: dict[str, str] = field(default_factory=dict)
     calls: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    namespace: str = "ns"  # alice's, as the application places her now
 
     def __call__(self, request: AuthorizationRequest, context: RequestContext) -> Grant | None:
         with self.lock:
@@ -48,8 +49,8 @@ class Acl:
             if context.subject != "alice":
                 return None
             if request.operation == "index":
-                return Grant("ns", {s: ANY_REVISION for s in DOCS})
-            return Grant("ns", dict(self.search))
+                return Grant(self.namespace, {s: ANY_REVISION for s in DOCS})
+            return Grant(self.namespace, dict(self.search))
 
 
 class CountingProvider:

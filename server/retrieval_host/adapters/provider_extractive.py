@@ -83,6 +83,12 @@ class ExtractiveProvider:
                 overlap = len(question & _terms(sentence))
                 ranked.append((-overlap, p_index, s_index, sentence, passage.handle))
         ranked.sort()
+        # Neighbouring passages share their boundary sentences (the chunker's overlap): a
+        # sentence is quoted once, under the passage that ranked it first.
+        unique: dict[str, tuple[int, int, int, str, str]] = {}
+        for entry in ranked:
+            unique.setdefault(" ".join(entry[3].split()).casefold(), entry)
+        ranked = list(unique.values())
         chosen = [r for r in ranked if r[0] < 0][: self._max] or ranked[:1]
         # Keep the chosen sentences in document order, so the answer reads naturally.
         chosen.sort(key=lambda r: (r[1], r[2]))

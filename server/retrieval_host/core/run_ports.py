@@ -44,6 +44,9 @@ class EvidencePassage:
     title: str
     location: Location
     text: str
+    # The namespace its search read it in: re-authorized against the caller's namespace too
+    # (another namespace may hold a source of the same id at the same revision).
+    namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)

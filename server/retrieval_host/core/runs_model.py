@@ -270,6 +270,9 @@ class RunResult:
     artifact: OutputArtifact | None = None
     # The corpus the evidence came from (needed to re-authorize it on replay).
     corpus: str | None = None
+    # The namespace it was read in (None for a run without evidence, and in records made
+    # before it was kept): a replay re-authorizes it there only.
+    namespace: str | None = None
     replayed: bool = False
     # The host's citation check, when the request asked for one.
     citations: CitationReport | None = None

@@ -18,7 +18,9 @@ after-read grant holds a granted source at another revision (`core.grants.overta
 search authorizes and reads again, whole: at most `GRANT_ATTEMPTS` authorizations before a
 read in all, and stopping early when the authorizer grants the same overtaken revisions again
 (it does not follow the store; asking more would not help). Then the answer is what one
-attempt gives. A deleted or revoked source is not retried. The passages returned are always
+attempt gives, except that a search naming its sources (`sourceIds`) whose last read was
+overtaken too answers `SOURCE_UNAVAILABLE` rather than leave a named source out as if nothing
+in it matched. A deleted or revoked source is not retried. The passages returned are always
 those of the last read, checked against the grant asked after it: never a revision it does not
 name, never two revisions of one source.
 """
@@ -214,6 +216,15 @@ class CorpusSearch:
             found = replace(found, usage=spent + found.usage)
             context.cancel.check()
         candidates = found.candidates
+        if (
+            prepared.source_ids is not None
+            and recheck is not None
+            and recheck.namespace == grant.namespace
+            and overtaken(grant.granted, searchable(recheck))
+        ):
+            # The last read was overtaken too: a named source would be left out as if nothing
+            # in it matched. Say it was unavailable instead (asking again may find it).
+            raise source_unavailable()
         if recheck is None or recheck.namespace != grant.namespace:
             candidates = []
         else:

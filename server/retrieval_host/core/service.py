@@ -400,16 +400,29 @@ class RetrievalService:
         check_id("source id", source_id)
         return read_source(self.corpus(corpus_id), source_id, context, cursor, limit)
 
-    def get_passage(self, corpus_id: str, chunk_id: str, context: RequestContext) -> Passage:
+    def get_passage(
+        self,
+        corpus_id: str,
+        chunk_id: str,
+        context: RequestContext,
+        *,
+        revision: str | None = None,
+    ) -> Passage:
         """The passage with that chunk id as a search hit shows it, authorized now: the read
         behind a saved citation. A missing passage, one of a revision that is no longer
-        current or no longer granted, give the one `SOURCE_UNAVAILABLE`."""
+        current or no longer granted, give the one `SOURCE_UNAVAILABLE`; so does one whose
+        source is no longer at `revision` (the citation's), when it is given: a new revision
+        may reuse a chunk id for other text."""
         check_id("chunk id", chunk_id)
+        if revision is not None:
+            check_id("revision", revision)
         corpus = self.corpus(corpus_id)
         grant = authorize(corpus, "search", None, context)
         context.cancel.check()
         stored = corpus.store.read_passage(corpus.id, grant.namespace, chunk_id)
         if stored is None or searchable(grant).get(stored.source_id) != stored.revision:
+            raise source_unavailable()
+        if revision is not None and stored.revision != revision:
             raise source_unavailable()
         still = searchable_again(corpus, (stored.source_id,), grant, context) or {}
         if still.get(stored.source_id) != stored.revision:

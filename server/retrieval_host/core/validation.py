@@ -45,6 +45,22 @@ def check_id(kind: str, value: str) -> None:
         raise _invalid(f"'{WILDCARD}' is a wildcard of grants, not a {kind}.")
 
 
+# What a citation marker `[source:ID]` cannot hold: the chunk id is the passage's handle.
+_NOT_IN_HANDLES = re.compile(r"[\s\[\]]")
+
+
+def check_chunk_id(value: str) -> None:
+    """The identifier rule, and no whitespace, `[` or `]`: a chunk id is the handle a model
+    cites as `[source:ID]`, and a marker ends at the first of them (the wire schema's
+    `CHUNK_ID_PATTERN`). Checked where passages are indexed; stored ids are read as they are."""
+    check_id("chunk id", value)
+    if _NOT_IN_HANDLES.search(value):
+        raise _invalid(
+            "a chunk id is the passage's citation handle [source:ID]: it must not contain "
+            "whitespace, '[' or ']'."
+        )
+
+
 def check_text(kind: str, value: str) -> None:
     """The text rule (passages, queries, titles, document ids, filter values): any character
     but NUL, which PostgreSQL text and jsonb cannot hold (the wire schema's `TEXT_PATTERN`)."""
@@ -126,7 +142,7 @@ def check_chunks(chunks: Sequence[ChunkInput]) -> None:
         raise _invalid("a source revision needs at least one passage.")
     seen: set[str] = set()
     for chunk in chunks:
-        check_id("chunk id", chunk.id)
+        check_chunk_id(chunk.id)
         if chunk.id in seen:
             raise _invalid("chunk ids must be unique within a source.")
         seen.add(chunk.id)

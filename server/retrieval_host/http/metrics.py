@@ -26,6 +26,7 @@ concurrency limit (a saturated host must still be observable) and is not counted
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -256,6 +257,9 @@ class ScanTimer:
 # --- ASGI ----------------------------------------------------------------------------------------
 
 
+_CONVERTOR: Final = re.compile(r":[a-z]+\}")
+
+
 def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
     """The path template of the route this request is for (`unmatched` when none is): a
     bounded label, and nothing a client typed into the URL."""
@@ -265,7 +269,8 @@ def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
         match, _ = route.matches(scope)
         if match is not Match.NONE:
             path = getattr(route, "path", None)
-            return path if isinstance(path, str) else UNMATCHED_ROUTE
+            # `{run_id:path}` is `{run_id}` to an operator: the convertor is routing detail.
+            return _CONVERTOR.sub("}", path) if isinstance(path, str) else UNMATCHED_ROUTE
     return UNMATCHED_ROUTE
 
 

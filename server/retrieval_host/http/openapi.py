@@ -253,10 +253,12 @@ def _inspection_operations() -> list[_Operation]:
             "get",
             "getPassage",
             "One passage as a search hit shows it, authorized at read: navigate a saved "
-            "citation (a changed revision or a revoked grant is the 404 of a missing one).",
+            "citation (a changed revision or a revoked grant is the 404 of a missing one; "
+            "`revision`, the citation's, also refuses a new revision that reuses the chunk id).",
             wire.PassageResponse,
             secured=True,
             problems=(400, 401, 403, 404, 408, 422, 500, 503),
+            query=wire.PassageParams,
             path_params=(corpus, ("chunkId", _ID_SEGMENT)),
         ),
     ]

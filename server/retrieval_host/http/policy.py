@@ -60,6 +60,8 @@ T = TypeVar("T")
 _PATTERN_WORDS: Final = {
     wire.IDENTIFIER_PATTERN: "must be an identifier: 1-256 characters, no control character, "
     "no leading or trailing whitespace, and not `*` alone",
+    wire.CHUNK_ID_PATTERN: "must be a citation handle: 1-256 characters, no whitespace, "
+    "control character, `[` or `]`, and not `*` alone",
     wire.TEXT_PATTERN: "must not contain the NUL character",
     wire.NOT_BLANK: "must contain a character that is not whitespace, and no NUL",
     r"^[0-9a-f]{64}$": "must be 64 lowercase hexadecimal digits (a SHA-256)",

@@ -274,10 +274,19 @@ class Routes:
     async def get_passage(self, request: Request) -> Response:
         principal = self.policy.authenticate(request)
         corpus, chunk_id = request.path_params["corpus"], request.path_params["chunkId"]
+        query = utf8_query_params(request.scope.get("query_string", b""))
+        try:
+            params = wire.PassageParams.model_validate(
+                dict(query), strict=True, by_alias=True, by_name=False
+            )
+        except ValidationError as exc:
+            raise InvalidRequest(validation_detail(exc, "query")) from None
         context = self._context(principal, "search", corpus, request)
         driver = self._driver()
         result = await self.policy.run(
-            request, context, lambda: driver.get_passage(corpus, chunk_id, context)
+            request,
+            context,
+            lambda: driver.get_passage(corpus, chunk_id, context, revision=params.revision),
         )
         return _model_response(wire_retrieval.passage_response(result))
 

@@ -79,7 +79,9 @@ class RunRoutes:
     def routes(self) -> list[Route]:
         return [
             Route("/v1/runs", self.create, methods=["POST"]),
-            Route("/v1/runs/{run_id}", self.get, methods=["GET"]),
+            # `path`: a run id holding `/` (never one the host issued) is a missing run, not
+            # a missing route.
+            Route("/v1/runs/{run_id:path}", self.get, methods=["GET"]),
         ]
 
     async def create(self, request: Request) -> Response:

@@ -6,17 +6,19 @@ the comments RFC 5322 allows around it; a missing or unusable Message-ID becomes
 of the message's bytes, so it is deterministic; the n-th message of a document with an id
 already used gets `ID#n`, so no two messages cite alike). Line numbers
 count the lines of that message's extracted body text: its readable text parts, joined by a
-blank line. Per part, text/plain is preferred; in `multipart/alternative` the HTML version is
-used only when there is no plain one, and it is read as an HTML file is (`ingest.html`): line n
-of its text is what a reader sees on line n of the decoded HTML part (scripts, styles and
-comments dropped; blank where a line has no visible text), so a citation of an HTML-only message
-points at the lines of its HTML. Charsets are decoded with replacement; an
+blank line. Per part, text/plain is preferred; in `multipart/alternative` the HTML version
+is used only when there is no plain one with text, and it is read as an HTML file is
+(`ingest.html`): line n of its text is what a reader sees on line n of the decoded HTML part
+(scripts, styles and comments dropped; blank where a line has no visible text), so a citation
+of an HTML-only message points at the lines of its HTML. Charsets are decoded with replacement; an
 unknown or non-text charset is read as UTF-8 with replacement. Nothing ever raises on bad bytes.
 
 Attachments (any part marked `Content-Disposition: attachment`, any other part with a filename
 except inline text/plain, which is body text, any part that is not text/plain or text/html,
-attached messages) are listed in metadata by file name, content
-type and decoded size. They are never parsed, decoded for content or executed.
+messages attached as files) are listed in metadata by file name, content type and decoded
+size. They are never parsed, decoded for content or executed. A message forwarded inline (a
+`message/rfc822` part neither marked `attachment` nor named) is read as body text: its text
+parts follow the others, as a mail reader shows them.
 
 Source metadata: `messageCount` and `messages`, a list in thread order of `{messageId, from,
 date, subject, attachments}` (header values as written, decoded, cut to 300 characters; at most
@@ -28,8 +30,11 @@ header section of any part (`header-bytes`, checked before parsing for the top l
 parts per message (`mime-parts`, estimated from boundary lines before parsing, then counted
 exactly), MIME nesting (`mime-depth`), HTML to convert per document (`html-bytes`).
 
-The mbox is split on lines starting with `From ` (mboxo/mboxrd); quoted `>From ` body lines are
-kept as written.
+The mbox is split on its envelope lines (mboxo/mboxrd): the first line, and each later line
+that starts with `From `, follows a blank line and carries a date (a time `hh:mm` and a year),
+as writers put them (`From sender@example.org Mon Jan  1 10:00:00 2024`). A body line that
+starts with `From ` but is not one (mid-paragraph, or without a date: "From here on...") stays
+body text of its message; quoted `>From ` body lines are kept as written.
 """
 
 from __future__ import annotations
@@ -64,7 +69,13 @@ from retrieval_host.ingest.settings import (
 MAX_HTML_BYTES: Final = 4 * MiB
 MAX_ATTACHMENTS_LISTED: Final = 20
 
-_ENVELOPE: Final = re.compile(rb"^From [^\n]*\n", re.MULTILINE)
+# A later envelope: after a blank line, `From `, a sender, then a date with a time and a year.
+_ENVELOPE: Final = re.compile(
+    rb"(?:\A|(?<=\n\n)|(?<=\n\r\n))From \S+[ \t][^\n]*?"
+    rb"(?:\d{1,2}:\d{2}[^\n]*?\b(?:19|20)\d{2}\b|\b(?:19|20)\d{2}\b[^\n]*?\d{1,2}:\d{2})"
+    rb"[^\n]*\n",
+)
+_FIRST_ENVELOPE: Final = re.compile(rb"\AFrom [^\n]*\n")
 _HEADER_LINE: Final = re.compile(rb"^[!-9;-~]+[ \t]*:")
 _HEADER_END: Final = re.compile(rb"\r?\n\r?\n")
 _BOUNDARY: Final = re.compile(rb'boundary\s*=\s*(?:"([^"\r\n]{1,200})"|([^\s;"]{1,200}))', re.I)
@@ -149,7 +160,9 @@ def _split_mbox(data: bytes, limits: IngestLimits) -> list[bytes]:
             InvalidDocumentReason.CONTENT_TYPE_MISMATCH, "an mbox must start with a 'From ' line."
         )
     starts: list[tuple[int, int]] = []
-    for match in _ENVELOPE.finditer(data):
+    first = _FIRST_ENVELOPE.match(data)  # the first line is the envelope, whatever its shape
+    later = _ENVELOPE.finditer(data, first.end()) if first is not None else iter(())
+    for match in [first, *later] if first is not None else []:
         if len(starts) >= limits.max_messages:
             raise too_large(
                 PayloadTooLargeReason.MESSAGES,
@@ -283,12 +296,24 @@ def _collect(
     if part.is_multipart():
         children = list(_children(part))
         if content_type.startswith("message/") and not top:
-            attachments.append(_attachment(part, content_type))
+            # A forwarded message shown inline is body text, as a mail reader shows it; one
+            # marked `attachment` (or named) is listed like any other attachment.
+            disposition = _safe(part.get_content_disposition)
+            if disposition == "attachment" or _safe(part.get_filename) is not None:
+                attachments.append(_attachment(part, content_type))
+                return
+            for child in children:
+                _collect(child, texts, attachments, html)
             return
         if content_type == "multipart/alternative":
-            chosen = _pick_alternative(children)
-            if chosen is not None:
-                _collect(chosen, texts, attachments, html)
+            # The preferred alternative that has text: an empty text/plain beside the HTML
+            # (some mailers send one) must not hide the HTML a reader sees.
+            for chosen in _alternatives(children):
+                found: list[str] = []
+                _collect(chosen, found, attachments, html)
+                if any(t.strip() for t in found):
+                    texts.extend(found)
+                    break
             return
         for child in children:
             _collect(child, texts, attachments, html)
@@ -325,15 +350,17 @@ def _children(part: Message) -> Iterator[Message]:
         yield from (child for child in payload if isinstance(child, Message))
 
 
-def _pick_alternative(children: list[Message]) -> Message | None:
-    """text/plain first, then HTML, then the richest (last) structured alternative."""
+def _alternatives(children: list[Message]) -> list[Message]:
+    """The alternatives in the order they are tried: text/plain, then HTML, then the
+    structured ones, richest (last) first."""
     types = [_content_type(c) for c in children]
+    ordered: list[Message] = []
     for wanted in ("text/plain", "text/html"):
         for child, content_type in zip(children, types, strict=True):
             if content_type == wanted and _safe(child.get_filename) is None:
-                return child
+                ordered.append(child)
     structured = [c for c, t in zip(children, types, strict=True) if t.startswith("multipart/")]
-    return structured[-1] if structured else None
+    return ordered + structured[::-1]
 
 
 def _attachment(part: Message, content_type: str) -> dict[str, JSONValue]:

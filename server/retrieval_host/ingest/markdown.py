@@ -14,9 +14,13 @@ The heading paths are kept in source metadata as `sections`: a list of
 `{"headings": [...], "startLine": a, "endLine": b}` in file order (a passage belongs to the
 section whose range holds its `startLine`); a list rather than a per-chunk map because it is
 smaller and serves any location. If it would not fit the metadata budget it is cut short and
-`sectionsTruncated` is true. Front matter (`---` ... `---` or `...` at the very top) is read as
-flat `key: value` lines into `frontMatter` (strings; no YAML evaluation, nested values kept as
-their text) and is not part of any passage.
+`sectionsTruncated` is true. Front matter (`---` ... `---` or `...` at the very top, shaped as a
+YAML mapping: a `key:` line first, then only such lines, comments, list items and indented
+lines) is read as flat `key: value` lines into `frontMatter` (strings; no YAML evaluation,
+nested values kept as their text) and is not part of any passage; a leading `---` block of
+any other shape is a thematic break and its text is indexed. A setext underline (`---`,
+`===`) makes a heading only of a paragraph: after a list item, a block quote or a table it is
+a thematic break (CommonMark; GitHub's tables).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ _FENCE: Final = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _ATX: Final = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _SETEXT: Final = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _FRONT_KEY: Final = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_ .-]{0,63}?)[ \t]*:(?:[ \t]+(.*))?$")
+# Lines that make the block they are in something other than a paragraph: a list item, a
+# block quote, a table row or a table's delimiter row.
+_NOT_PARAGRAPH: Final = re.compile(
+    r"^ {0,3}(?:[-*+](?:[ \t]|$)|\d{1,9}[.)](?:[ \t]|$)|>|\|)"
+    r"|^[ \t]*:?-+:?[ \t]*\|[ \t]*:?-+:?"
+)
 _FRONT_MATTER_MAX_LINES: Final = 200
 _FRONT_MATTER_MAX_KEYS: Final = 64
 _FRONT_MATTER_BUDGET: Final = 3000
@@ -130,6 +140,8 @@ def _front_matter(lines: list[str]) -> tuple[dict[str, JSONValue], int]:
             break
     if end is None:
         return {}, 0  # an unclosed `---` is a thematic break, not front matter
+    if not _looks_like_front_matter(lines[1:end]):
+        return {}, 0  # prose between two rules is text, not metadata
     front: dict[str, JSONValue] = {}
     for line in lines[1:end]:
         match = _FRONT_KEY.match(line)
@@ -141,6 +153,25 @@ def _front_matter(lines: list[str]) -> tuple[dict[str, JSONValue], int]:
             break
         front[key] = value
     return front, end + 1
+
+
+def _looks_like_front_matter(block: list[str]) -> bool:
+    """A YAML mapping's shape: its first entry is a `key:` line, and every other line is one
+    too, a comment, a list item or an indented continuation. Anything else (a paragraph, a
+    list alone) means the leading `---` was a thematic break."""
+    content = [line for line in block if line.strip() and not line.lstrip().startswith("#")]
+    if not content or _FRONT_KEY.match(content[0]) is None:
+        return False
+    return all(
+        _FRONT_KEY.match(line) is not None or line[:1] in (" ", "\t") or line.startswith("- ")
+        for line in content
+    )
+
+
+def _is_paragraph(block: list[str]) -> bool:
+    """Whether lines that precede a setext underline are a paragraph: a list item, a block
+    quote or a table before `---` or `===` is no heading (CommonMark, GitHub's tables)."""
+    return not any(_NOT_PARAGRAPH.match(line) for line in block)
 
 
 def _unquote(value: str) -> str:
@@ -195,7 +226,7 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
             i += 1
             continue
         setext = _SETEXT.match(line)
-        if setext and paragraph is not None:
+        if setext and paragraph is not None and _is_paragraph(lines[paragraph:i]):
             first = paragraph
             paragraph = None
             text = " ".join(part.strip() for part in lines[first:i])

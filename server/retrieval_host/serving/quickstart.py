@@ -5,14 +5,15 @@ Everything lives in one state directory (default `./state`, mode 0700):
     ca.pem, ca-key.pem        a local CA (trust ca.pem in clients; the key never leaves)
     server.pem, server-key.pem  the server certificate for 127.0.0.1 and localhost
     token                     the demo bearer token (0600); host.json keeps only its hash
-    host.json                 the host configuration (rewritten each run: the port may change)
+    host.json                 the host configuration (made once and kept, edits included;
+                              each run sets only its listen address)
     acl.json                  the example application's ACL
     store/retrieval.sqlite    the index (local embedding model, SQLite); also the record of
                               each source's current revision, which the ACL's grants follow
     samples/, my-note.md      the sample documents and a note for the ingest example
 
-Running it again reuses the certificates, token, ACL and index; the samples come back
-`unchanged` without any embedding work.
+Running it again reuses the certificates, token, ACL, host configuration and index; the
+samples come back `unchanged` without any embedding work.
 
 `--container` is the same host for a container image's default command
 (`docker run -p 8443:8443 -v rh-state:/state IMAGE`): state in `/state`, listening on every
@@ -29,9 +30,10 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import RetrievalError
@@ -169,8 +171,42 @@ def prepare_state(
         "console": {"enabled": True},
     }
     host_file = state_dir / "host.json"
+    kept = _kept_configuration(host_file)
+    if kept is not None:
+        # A configuration written before, perhaps edited since (tokens added, limits, a
+        # PostgreSQL store): kept whole, only its listen address follows this command.
+        listening = kept.get("listen")
+        kept["listen"] = {
+            **(listening if isinstance(listening, dict) else {}),
+            "host": listen,
+            "port": port,
+        }
+        config = kept
     host_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return host_file
+
+
+def _kept_configuration(host_file: Path) -> dict[str, Any] | None:
+    """The existing `host.json` as an object, or None when there is none. One that is not a
+    JSON object is moved aside to `host.json.bak` (said on stderr), never lost."""
+    try:
+        text = host_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        loaded = json.loads(text)
+    except ValueError:
+        loaded = None
+    if isinstance(loaded, dict):
+        return loaded
+    backup = host_file.with_name(host_file.name + ".bak")
+    os.replace(host_file, backup)
+    print(
+        f"retrieval-host quickstart: {host_file.name} was not a JSON object; moved it to "
+        f"{backup.name} and wrote a new one",
+        file=sys.stderr,
+    )
+    return None
 
 
 def index_samples(driver: Driver, samples: list[Path]) -> None:

@@ -10,10 +10,10 @@ of `RunResult` under their core (snake_case) names:
 
 `usage.rerank`, `citations` (the host's citation check: `[{"id", "quotes": [{"text",
 "found"}]}]` or null), `citation_failure`, `fallbacks` (`[{"outcome", "action"}]`), `state`,
-`verification` and the receipts' `raw_query`, `success`, `extensions` and `effect_error` were
-added to version 2 without a
-bump: a record written before them has none and reads as no reranking, no check, no
-fallback, no state and no verdict, and a host that predates them ignores the keys.
+`verification`, `namespace` (where the evidence was read) and the receipts' `raw_query`,
+`success`, `extensions` and `effect_error` were added to version 2 without a bump: a record
+written before them has none and reads as no reranking, no check, no fallback, no state, no
+verdict and no namespace, and a host that predates them ignores the keys.
 
 Version 1 has no version field: the previous release stored the public wire JSON of the
 result (`wire.runs.result_to_json` as it was then: camelCase, locations without their unset
@@ -127,6 +127,7 @@ def encode_result(result: RunResult) -> str:
             "source_ids": list(artifact.source_ids),
         },
         "corpus": result.corpus,
+        "namespace": result.namespace,
         "created_at": result.created_at,
         "completed_at": result.completed_at,
         "replayed": result.replayed,
@@ -224,6 +225,7 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
         if artifact is None
         else OutputArtifact(artifact["name"], artifact["media_type"], list(artifact["source_ids"])),
         corpus=body["corpus"],
+        namespace=body.get("namespace"),
         replayed=bool(body["replayed"]),
         citations=_citations(body.get("citations"), body.get("citation_failure")),
         fallbacks=tuple(

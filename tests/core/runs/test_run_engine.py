@@ -42,6 +42,7 @@ from retrieval_host.core.run_ports import (
     VerifierDecision,
 )
 from retrieval_host.core.runs import RunEngine
+from retrieval_host.core.runs.evidence import reauthorize_manifest
 from retrieval_host.core.runs_model import (
     CitationPolicy,
     Fallbacks,
@@ -174,6 +175,51 @@ def test_a_passage_cannot_present_its_text_under_another_passages_handle(
     assert sorted(markers) == ["battery-1", "planted-2"]  # each header once, by the host
     assert "(source:battery-1] Battery (page 1, lines 1-2)" in prompt
     assert "( Source : solar-1]" in prompt
+
+
+def test_evidence_and_the_manifest_carry_each_source_title(run_world: RunWorld) -> None:
+    # A black-box test: every manifest title was "" and the model saw source ids, not titles.
+    result = run_world.engine.run(_before("How long does the battery last?"), ALICE)
+    titles = {s.source_id: s.title for s in result.sources}
+    assert titles and all(title == source.title() for source, title in titles.items())
+    prompt = run_world.provider.requests[0].messages[-1].content
+    for entry in result.sources:
+        assert f"[source:{entry.id}] {entry.title} (page 1, lines 1-2)" in prompt
+
+
+def test_a_subject_moved_to_another_namespace_cannot_read_its_old_runs(
+    run_world: RunWorld,
+) -> None:
+    # A black-box test: after the application moved a subject to another namespace holding a
+    # source of the same id at the same revision, its old run and the replay of its key still
+    # answered with the first namespace's text.
+    first = run_world.engine.run(_before(idempotency_key="moving"), ALICE)
+    assert {s.source_id for s in first.sources} >= {"battery"}
+    assert run_world.engine.get_run(first.run_id, ALICE).result == first
+    run_world.acl.namespace = "elsewhere"
+    for source_id in DOCS:
+        run_world.service.index_context(
+            IndexRequest(
+                "library",
+                SourceInfo(source_id, "r1", title="Other"),
+                [ChunkInput(f"{source_id}-other", "Another team's text.", Location(page=1))],
+            ),
+            ALICE,
+        )
+    assert run_world.acl.search == {s: "r1" for s in DOCS}  # same ids, same revisions
+    with pytest.raises(RetrievalError) as read:
+        run_world.engine.get_run(first.run_id, ALICE)
+    assert read.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    with pytest.raises(RetrievalError) as replayed:
+        run_world.engine.run(_before(idempotency_key="moving"), ALICE)
+    assert replayed.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    # A record made before namespaces were kept: its passages must be found where it reads.
+    legacy = dataclasses.replace(first, namespace=None)
+    with pytest.raises(RetrievalError):
+        reauthorize_manifest(run_world.service, legacy, ALICE)
+    run_world.acl.namespace = "ns"
+    reauthorize_manifest(run_world.service, legacy, ALICE)
+    assert run_world.engine.get_run(first.run_id, ALICE).result == first
 
 
 def test_a_title_cannot_write_a_handle_marker_into_the_fence() -> None:

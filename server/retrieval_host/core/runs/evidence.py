@@ -52,7 +52,12 @@ def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
         corpus = run.service.corpus(spec.corpus)
         indexed = corpus.store.indexed_at(corpus.id, grant.namespace, allowed.keys())
         allowed = fresh_revisions(allowed, indexed, run.clock(), spec.max_age_s)
-    revoked = [h for h, p in run.evidence.items() if allowed.get(p.source_id) != p.revision]
+    namespace = grant.namespace if grant is not None else None
+    revoked = [
+        h
+        for h, p in run.evidence.items()
+        if p.namespace != namespace or allowed.get(p.source_id) != p.revision
+    ]
     if revoked and not drop:
         raise source_unavailable()
     for handle in revoked:
@@ -63,13 +68,32 @@ def reauthorize_manifest(
     retrieval: RetrievalService | None, result: RunResult, context: RequestContext
 ) -> None:
     """`SOURCE_UNAVAILABLE` unless every passage of a recorded result is still readable at
-    its recorded revision."""
+    its recorded revision, in the namespace it was read in.
+
+    A subject the application moved to another namespace may hold there a source of the same
+    id at the same revision: the namespace decides. Records made before the namespace was kept
+    have none; for those each cited passage must be found in the caller's namespace now, as
+    the same source at the same revision."""
     if not result.sources:
         return
     if retrieval is None or result.corpus is None:
         raise source_unavailable()
     ids = sorted({e.source_id for e in result.sources})
     grant = retrieval.current_grant(result.corpus, ids, context)
-    allowed = dict(grant.sources) if grant is not None else {}
+    if grant is None:
+        raise source_unavailable()
+    allowed = dict(grant.sources)
     if any(allowed.get(e.source_id) != e.revision for e in result.sources):
         raise source_unavailable()
+    if result.namespace is not None:
+        if result.namespace != grant.namespace:
+            raise source_unavailable()
+        return
+    store = retrieval.corpus(result.corpus).store
+    for entry in result.sources:
+        stored = store.read_passage(result.corpus, grant.namespace, entry.id)
+        if stored is None or (stored.source_id, stored.revision) != (
+            entry.source_id,
+            entry.revision,
+        ):
+            raise source_unavailable()

@@ -55,6 +55,7 @@ def build_result(
         completed_at=run.clock(),
         artifact=artifact,
         corpus=spec.corpus if spec is not None and manifest else None,
+        namespace=_namespace(run) if manifest else None,
         citations=citations,
         fallbacks=tuple(fallbacks),
         state=None
@@ -71,3 +72,10 @@ def build_result(
 def cited_ids(text: str) -> list[str]:
     """The `[source:ID]` handles of a text, first mention first."""
     return list(dict.fromkeys(re.findall(r"\[source:([^\[\]\s]+)\]", text)))
+
+
+def _namespace(run: ActiveRun) -> str | None:
+    """The namespace the cited evidence was read in (one: evidence of another namespace is
+    dropped or fails the run when re-authorized before recording)."""
+    namespaces = {p.namespace for p in run.cited_evidence().values()}
+    return namespaces.pop() if len(namespaces) == 1 else None

@@ -196,9 +196,17 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     new, _ = apply_byte_budget(new, remaining)
     # count successes and sources
     run.successes += 1
+    titles = _titles(service, spec.corpus, new)
     for hit in new:
+        title = titles.get((hit.scope.namespace, hit.source.id, hit.source.revision), "")
         run.evidence[hit.chunk_id] = EvidencePassage(
-            hit.chunk_id, hit.source.id, hit.source.revision, "", hit.location, hit.text
+            hit.chunk_id,
+            hit.source.id,
+            hit.source.revision,
+            title,
+            hit.location,
+            hit.text,
+            hit.scope.namespace,
         )
         run.context_bytes += len(hit.text.encode("utf-8"))
     # effects: the application's, in order, after the success; a failure stops the rest
@@ -206,6 +214,21 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     done = receipt("ok", ids, raw=result.hits, append=False)
     extensions, effect_error = _effects(run, done, result.hits)
     return receipt("ok", ids, extensions=extensions, effect_error=effect_error, raw=result.hits)
+
+
+def _titles(
+    service: RetrievalService, corpus_id: str, hits: Sequence[Hit]
+) -> dict[tuple[str, str, str], str]:
+    """(namespace, source id, revision) -> the revision's title, for the sources of `hits`
+    (already authorized): one read per source. A source replaced since the search has no
+    title here; its passages are shown under their source id."""
+    store = service.corpus(corpus_id).store
+    titles: dict[tuple[str, str, str], str] = {}
+    for namespace, source_id in dict.fromkeys((h.scope.namespace, h.source.id) for h in hits):
+        stored = store.get_source(corpus_id, namespace, source_id)
+        if stored is not None and stored.title:
+            titles[(namespace, source_id, stored.revision)] = stored.title
+    return titles
 
 
 def _effects(
