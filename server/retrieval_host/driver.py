@@ -244,11 +244,14 @@ class Driver:
         return list({id(c.store): c.store for c in self.retrieval.corpora.values()}.values())
 
     def stores_answer(self) -> bool:
-        """Whether every corpus's store still answers a read (the readiness check). The
-        factory opened the stores and loaded the models before the host started."""
+        """Whether every corpus's store still answers a read (the readiness check), through
+        the connections searches read with too (`indexed_at`: SQLite's per-thread readers;
+        a damaged database file failed every search while the main connection still read).
+        The factory opened the stores and loaded the models before the host started."""
         try:
             for corpus in self.retrieval.corpora.values():
                 corpus.store.get_source(corpus.id, "readyz", "readyz")
+                corpus.store.indexed_at(corpus.id, "readyz", ("readyz",))
         except Exception:
             return False
         return True

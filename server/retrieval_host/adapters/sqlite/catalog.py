@@ -12,7 +12,7 @@ from pathlib import Path
 import apsw
 
 from retrieval_host.adapters._store_rules import check_descriptor
-from retrieval_host.adapters.sqlite.schema import BUSY_TIMEOUT_MS
+from retrieval_host.adapters.sqlite.schema import BUSY_TIMEOUT_MS, read_only_target
 from retrieval_host.adapters.sqlite.tables import backfill_terms
 from retrieval_host.core.descriptor import CorpusDescriptor
 
@@ -55,10 +55,11 @@ def read_indexed_at(
     return {str(s): (str(r), None if t is None else str(t)) for s, r, t in rows}
 
 
-def open_reader(path: Path) -> apsw.Connection:
-    """A read-only connection to the store at `path`, set up as the store's own."""
-    flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
-    conn = apsw.Connection(str(path), flags=flags)
+def open_reader(path: Path, *, immutable: bool = False) -> apsw.Connection:
+    """A read-only connection to the store at `path`, set up as the store's own (`immutable`:
+    a read-only store on a volume that cannot be written, `schema.opens_immutable`)."""
+    name, flags = read_only_target(path, immutable=immutable)
+    conn = apsw.Connection(name, flags=flags)
     try:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         conn.execute("PRAGMA trusted_schema=OFF")
@@ -73,8 +74,9 @@ class Readers:
     """Per-thread read-only connections to one store file (opened on first use by each
     thread), closed all together with the store."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, immutable: bool = False) -> None:
         self._path = path
+        self._immutable = immutable
         self._local = threading.local()
         self._lock = threading.Lock()
         self._opened: list[apsw.Connection] = []
@@ -94,7 +96,7 @@ class Readers:
         with self._lock:
             if self._closed:
                 return None
-            conn = open_reader(self._path)
+            conn = open_reader(self._path, immutable=self._immutable)
             self._opened.append(conn)
         self._local.conn = conn
         return conn

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import apsw
 
@@ -130,11 +131,11 @@ def open_database(
             reason=StoreUnavailableReason.MISSING_STORE,
         )
     database = prepare_database_path(path, trusted_groups)
-    flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
+    name, flags = str(database), apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
     if read_only:
-        flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
+        name, flags = read_only_target(database, immutable=opens_immutable(database, True))
     with translated("opening the store"):
-        conn = apsw.Connection(str(database), flags=flags)
+        conn = apsw.Connection(name, flags=flags)
     try:
         with translated("opening the store"):
             conn.set_busy_timeout(BUSY_TIMEOUT_MS)
@@ -161,6 +162,37 @@ def open_database(
         conn.close()
         raise
     return conn, database
+
+
+def opens_immutable(database: Path, read_only: bool) -> bool:
+    """Whether a store opened read-only is opened as an immutable file: when its folder
+    cannot be written (a read-only volume, a snapshot mount), SQLite cannot make the
+    shared-memory file a WAL database needs, and refused to open it at all. A write-ahead log
+    still holding commits (a copy taken while a host wrote) is refused: an immutable file is
+    read without it."""
+    if not read_only or os.access(database.parent, os.W_OK):
+        return False
+    wal = database.with_name(database.name + "-wal")
+    try:
+        pending = wal.stat().st_size
+    except FileNotFoundError:
+        pending = 0
+    if pending:
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            "the read-only store has a write-ahead log with commits not yet in the database "
+            "file; copy the store after its host stopped (or open it writable once).",
+            reason=StoreUnavailableReason.SQLITE_ERROR,
+        )
+    return True
+
+
+def read_only_target(database: Path, *, immutable: bool) -> tuple[str, int]:
+    """The name and flags SQLite opens a read-only connection to `database` with."""
+    flags = apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_NOFOLLOW
+    if not immutable:
+        return str(database), flags
+    return f"file:{quote(str(database))}?immutable=1", flags | apsw.SQLITE_OPEN_URI
 
 
 def one(cursor: apsw.Cursor) -> tuple[Any, ...]:

@@ -1,0 +1,58 @@
+"""A database file truncated, replaced or removed under a running host: every write and the
+readiness probe refuse, rather than acknowledge writes no reader or restart would see."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.driver import IngestRequest
+from tests.support.ingest_driver import CORPUS, NAMESPACE, context, make_host
+
+
+def _truncate(db: Path) -> None:
+    os.truncate(db, 0)
+
+
+def _replace_with_a_copy(db: Path) -> None:
+    copy = db.with_name("copy.db")
+    shutil.copyfile(db, copy)
+    os.replace(copy, db)
+
+
+def _remove(db: Path) -> None:
+    db.unlink()
+
+
+@pytest.mark.parametrize("damage", [_truncate, _replace_with_a_copy, _remove])
+def test_a_damaged_database_file_refuses_writes_and_readiness(
+    tmp_path: Path, local_embedding: LocalEmbedding, damage: Callable[[Path], None]
+) -> None:
+    # A black-box test truncated the file under a running host: searches failed, but ingests
+    # were answered `indexed`, /readyz said ready, and the restart found none of them.
+    directory = tmp_path / "store"
+    directory.mkdir(mode=0o700)
+    db = directory / "index.db"
+    host = make_host(db, local_embedding)
+    try:
+        note = IngestRequest(CORPUS, "a", "text/markdown", b"# A\n\nThe pump runs at dawn.\n")
+        host.driver.ingest_context(note, context())
+        assert host.driver.stores_answer()
+        damage(db)
+        assert not host.driver.stores_answer()
+        later = IngestRequest(CORPUS, "b", "text/markdown", b"# B\n\nThe gate shuts at dusk.\n")
+        with pytest.raises(RetrievalError) as refused:
+            host.driver.ingest_context(later, context())
+        assert refused.value.code is ErrorCode.STORE_UNAVAILABLE
+        assert "restart the host on an intact file" in refused.value.detail
+        stored = host.store.get_source  # reads refuse too, rather than answer from a cache
+        with pytest.raises(RetrievalError):
+            stored(CORPUS, NAMESPACE, "a")
+    finally:
+        host.store.close()
