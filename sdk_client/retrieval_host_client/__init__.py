@@ -49,6 +49,7 @@ from retrieval_host_client._errors import (
     UnsupportedMediaTypeError,
     UpstreamError,
 )
+from retrieval_host_client._responses import retry_after_seconds
 from retrieval_host_client._sse import ServerSentEvent, SSEDecoder
 from retrieval_host_client.models import (
     ChunkInput,
@@ -182,5 +183,6 @@ __all__ = [
     "StoreUnavailableError",
     "UnsupportedMediaTypeError",
     "UpstreamError",
+    "retry_after_seconds",
     "validate_source_citations",
 ]

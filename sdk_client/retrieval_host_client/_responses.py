@@ -10,8 +10,8 @@ side (`_base`) picks the parser and check of each call; the shells feed the byte
 from __future__ import annotations
 
 import email.utils
+import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any, Final, TypeAlias, TypeVar
 
 import httpx
@@ -66,6 +66,7 @@ __all__ = [
     "is_event_stream",
     "parser",
     "raise_for_status",
+    "retry_after_seconds",
     "stream_error",
     "transport_error",
 ]
@@ -87,7 +88,7 @@ def raise_for_status(status: int, headers: httpx.Headers, body: bytes) -> None:
 
 def error_for(status: int, headers: httpx.Headers, body: bytes) -> APIStatusError:
     """The typed error of a non-2xx answer."""
-    retry_after = _retry_after(headers.get("retry-after"))
+    retry_after = retry_after_seconds(headers.get("retry-after"))
     media_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type in ("application/problem+json", "application/json"):
         try:
@@ -101,21 +102,23 @@ def error_for(status: int, headers: httpx.Headers, body: bytes) -> APIStatusErro
     )
 
 
-def _retry_after(value: str | None) -> float | None:
-    """`Retry-After` in seconds: delay-seconds, or an HTTP date (seconds from now, at least 0);
-    None when absent or unreadable."""
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """A `Retry-After` header in seconds from now (RFC 9110 §10.2.3: delay-seconds or an
+    HTTP date); None when absent or unreadable, 0 for a date in the past. `now`: seconds
+    since the epoch (default: the clock)."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # `isdigit` alone takes `²` and other digits
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+        return None  # RFC 9110 dates are GMT; one without a zone is not one
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
 
 
 def parser(

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import trustme
 
-from retrieval_host.adapters.provider_openai import OpenAIChatProvider, retry_after_seconds
+from retrieval_host.adapters.provider_openai import OpenAIChatProvider
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
@@ -41,7 +41,7 @@ from retrieval_host.core.runs_model import (
     RunRequest,
     RunRetrieval,
 )
-from retrieval_host_client import validate_source_citations
+from retrieval_host_client import retry_after_seconds, validate_source_citations
 from tests.support.fake_openai import (
     CHAT_MODEL_SUFFIX,
     DEFAULT_API_KEY,

@@ -33,11 +33,9 @@ count as progress: SSE comments (a proxy's keep-alives) do not keep an idle run 
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -66,6 +64,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason, ProviderFailedReason
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, Message, ToolSpec
+from retrieval_host_client import retry_after_seconds
 
 __all__ = ["OpenAIChatProvider"]
 
@@ -307,24 +306,6 @@ def _status_error(
         return error
     # A client error (bad request, key, model) would come again.
     return provider_failed(detail, ProviderFailedReason.HTTP_ERROR)
-
-
-def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """A `Retry-After` header in seconds from now (RFC 9110 §10.2.3: delay-seconds or an
-    HTTP date); None when absent or unreadable, 0 for a date in the past."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():  # `isdigit` alone takes `²` and other digits
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None  # RFC 9110 dates are GMT; one without a zone is not one
-    current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
 
 
 def _json_too_large() -> RetrievalError:
