@@ -344,6 +344,13 @@ class BaseClient(Generic[H]):
             metadata=None if metadata is None else json.dumps(dict(metadata), allow_nan=False),
             idle_timeout_ms=idle_timeout_ms,
         )
+        if not isinstance(document, str | os.PathLike | bytes | bytearray | memoryview) and not (
+            callable(getattr(document, "read", None))
+        ):
+            raise TypeError(
+                "document must be a path, bytes or a binary file object, not "
+                f"{type(document).__name__}"
+            )
         upload = Upload(document, _media_type(document, media_type))
         return Call(
             "POST",

@@ -96,6 +96,12 @@ def test_search_refuses_unknown_fields_before_sending(api: ClientApi) -> None:
         api.search_context({"corpus": CORPUS, "query": QUESTION}, limit=2)
 
 
+def test_a_document_of_another_type_is_a_type_error_before_sending(api: ClientApi) -> None:
+    # A black-box test: an int reached the upload and raised AttributeError ('read').
+    with pytest.raises(TypeError, match="path, bytes or a binary file object, not int"):
+        api.ingest_context(5, corpus=CORPUS, source_id="n", media_type="text/markdown")  # type: ignore[arg-type]
+
+
 def test_index_then_unchanged_then_conflict(api: ClientApi, mode: str) -> None:
     source_id = f"{mode}-prepared"
     request = IndexRequest(

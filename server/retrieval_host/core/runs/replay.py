@@ -36,7 +36,8 @@ def replay(
         raise RetrievalError(
             ErrorCode.CONTEXT_REPLAY_UNAVAILABLE,
             f"the run with this idempotencyKey ({existing.run_id}) has not finished; ask "
-            "again once GET /v1/runs/{id} shows it completed to receive its result.",
+            "again once GET /v1/runs/{id} shows it completed to receive its result. A run "
+            "whose host stopped before it ended stays running: send it with a new key.",
             reason=ContextReplayUnavailableReason.IN_PROGRESS,
         )
     if existing.status != "completed" or existing.result is None:
