@@ -464,8 +464,10 @@ class _Journal:
         stops there, and a rerun finds the file's commit (`unchanged`, no embedding)."""
         line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
         with self._lock:  # files in flight finish on their own threads
+            data = line.encode("utf-8")
             try:
-                os.write(self._fd, line.encode("utf-8"))
+                while data:  # a full disk can take part of a line and refuse the rest
+                    data = data[os.write(self._fd, data) :]
                 os.fsync(self._fd)
             except OSError as exc:
                 raise JournalError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import quopri
+import threading
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.validation import MAX_METADATA_BYTES
 from retrieval_host.ingest import IngestLimits, PreparedDocument, prepare_document
+from retrieval_host.ingest.email import _envelopes
 from tests.ingest.conftest import TokenCounter
 from tests.support import ingest_documents as docs
 
@@ -405,4 +407,35 @@ def test_a_message_forwarded_inline_is_body_text(count_tokens: TokenCounter) -> 
     listed: Any = attached.source.metadata["messages"]
     assert listed[0]["attachments"] == [
         {"filename": "gecko.eml", "contentType": "message/rfc822", "size": None}
+    ]
+
+
+def test_envelopes_are_found_in_time_linear_in_the_line() -> None:
+    # A review: the envelope pattern backtracked (an 8 KB `From ` line of times and years
+    # without a newline took 2.9 s, 16 KB 34 s); a worker would burn the ingest deadline.
+    line = b"From a@x " + b"10:00 2024 " * 20_000  # 220 KB, no final newline
+    data = b"From a@x Mon Jan  1 10:00:00 2024\nSubject: s\n\nBody.\n\n" + line
+    done = threading.Event()
+    found: list[list[tuple[int, int]]] = []
+
+    def split() -> None:
+        found.append(list(_envelopes(data)))
+        done.set()
+
+    threading.Thread(target=split, daemon=True).start()
+    assert done.wait(timeout=30), "the envelope search did not finish"
+    assert len(found[0]) == 1  # the long line has no newline: not an envelope line
+
+
+def test_an_mbox_without_blank_lines_splits_on_ctime_envelopes(
+    count_tokens: TokenCounter,
+) -> None:
+    data = (
+        b"From a@x Mon Jan  1 10:00:00 2024\nMessage-ID: <a@x>\n\nOne.\n"
+        b"From b@x Tue Jan  2 11:30:00 2024\nMessage-ID: <b@x>\n\nTwo.\n"
+    )
+    prepared: PreparedDocument = prepare(data, count_tokens, "application/mbox")
+    assert [(c.location.document_id, c.text) for c in prepared.chunks] == [
+        ("<a@x>", "One."),
+        ("<b@x>", "Two."),
     ]

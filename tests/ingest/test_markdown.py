@@ -103,6 +103,8 @@ def test_front_matter_is_metadata_and_never_a_passage(count_tokens: TokenCounter
         "\nThe maximum inlet pressure is 6 bar.\n",  # prose between two rules
         "- maximum inlet pressure\n- 6 bar\n",  # a list alone
         "title: Pumps\nThe maximum inlet pressure is 6 bar.\n",  # a key, then prose
+        # Headings (YAML comments) and prose holding colons: a verifier's 167-line file.
+        "## Step 0\n\nCheck the maximum inlet pressure: 6 bar.\n\n## Step 1\n\nDo it: now.\n",
     ],
 )
 def test_a_leading_rule_around_text_is_not_front_matter(
@@ -121,10 +123,21 @@ def test_a_leading_rule_around_text_is_not_front_matter(
 def test_front_matter_may_hold_comments_lists_and_nested_values(
     count_tokens: TokenCounter,
 ) -> None:
-    data = b"---\n# a comment\ntitle: Pumps\ntags:\n  - a\n- b\nowner:\n  name: ops\n---\nBody.\n"
+    data = (
+        b"---\n# a comment\ntitle: Pumps\ntags:\n  - a\n- b\n-\nowner:\n  name: ops\n"
+        b'og:image: pump.png\n$schema: page\n"quoted key": 1\n---\nBody.\n'
+    )
     prepared = prepare(data, count_tokens)
     assert prepared.source.metadata["frontMatter"] == {"title": "Pumps", "tags": "", "owner": ""}
-    assert [(c.location.start_line, c.text) for c in prepared.chunks] == [(10, "Body.")]
+    assert [(c.location.start_line, c.text) for c in prepared.chunks] == [(14, "Body.")]
+
+
+def test_prose_between_two_rules_is_text_not_a_heading(count_tokens: TokenCounter) -> None:
+    # A review: the opening rule began a paragraph that the closing one made a heading.
+    prepared = prepare(b"---\n\nProse between rules.\n\n---\n\nAfter.\n", count_tokens)
+    sections: Any = prepared.source.metadata["sections"]
+    assert [s["headings"] for s in sections] == [[]]
+    assert "Prose between rules." in prepared.chunks[0].text
 
 
 @pytest.mark.parametrize(
@@ -146,9 +159,9 @@ def test_an_underline_after_a_list_quote_or_table_is_no_heading(
     prepared = prepare(data.encode(), count_tokens)
     sections: Any = prepared.source.metadata["sections"]
     assert [s["headings"] for s in sections] == [["Top"]]
-    # A paragraph's underline still makes a heading.
-    heading = prepare(b"# Top\n\nPlain words\n---\n\nBody.\n", count_tokens)
-    assert section_of(heading, 6) == ["Top", "Plain words"]
+    # A paragraph's underline still makes a heading, a later `2.` line going on with it.
+    heading = prepare(b"# Top\n\nPlain words\n2. more\n---\n\nBody.\n", count_tokens)
+    assert section_of(heading, 7) == ["Top", "Plain words 2. more"]
 
 
 def test_a_code_fence_that_fits_stays_whole(count_tokens: TokenCounter) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -207,3 +208,13 @@ def test_a_rerun_keeps_the_edited_configuration_and_moves_only_its_port(
     assert (state / "host.json.bak").read_text() == "{not json"
     assert fresh["listen"]["port"] == 18003 and len(fresh["tokens"]) == 1
     assert "moved it to host.json.bak" in capsys.readouterr().err
+    # A removed token file: the new token replaces the demo entry, the others stay (a review:
+    # the old hash stayed, and every printed command got 401).
+    config = json.loads(host_file.read_text())
+    config["tokens"].append({**config["tokens"][0], "subject": "added", "sha256": "1" * 64})
+    host_file.write_text(json.dumps(config))
+    (state / "token").unlink()
+    renewed = json.loads(prepare_state(state, 18004).read_text())
+    token = (state / "token").read_text().strip()
+    assert [t["subject"] for t in renewed["tokens"]] == [config["tokens"][0]["subject"], "added"]
+    assert renewed["tokens"][0]["sha256"] == hashlib.sha256(token.encode()).hexdigest()

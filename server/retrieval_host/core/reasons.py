@@ -213,7 +213,7 @@ class StoreUnavailableReason(StrEnum):
     CORPUS_NOT_OPEN = "corpus-not-open"  # the corpus has not been opened on this store
     CORPUS_MISSING = "corpus-missing"  # the corpus disappeared from the database
     MISSING_DIRECTORY = "missing-directory"  # the store's directory does not exist
-    MISSING_STORE = "missing-store"  # no store at the path to open read-only
+    MISSING_STORE = "missing-store"  # no store to open read-only, or only its WAL left
     SQLITE_ERROR = "sqlite-error"  # SQLite failed
     JOURNAL_MODE = "journal-mode"  # SQLite could not switch to WAL mode
     PRAGMA = "pragma"  # SQLite could not set a required PRAGMA

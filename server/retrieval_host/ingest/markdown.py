@@ -16,9 +16,10 @@ section whose range holds its `startLine`); a list rather than a per-chunk map b
 smaller and serves any location. If it would not fit the metadata budget it is cut short and
 `sectionsTruncated` is true. Front matter (`---` ... `---` or `...` at the very top, shaped as a
 YAML mapping: a `key:` line first, then only such lines, comments, list items and indented
-lines) is read as flat `key: value` lines into `frontMatter` (strings; no YAML evaluation,
-nested values kept as their text) and is not part of any passage; a leading `---` block of
-any other shape is a thematic break and its text is indexed. A setext underline (`---`,
+lines, every key a name without spaces) is read as flat `key: value` lines into
+`frontMatter` (strings; no YAML evaluation, nested values kept as their text) and is not
+part of any passage; a leading `---` block of any other shape is a thematic break and its text
+is indexed. A setext underline (`---`,
 `===`) makes a heading only of a paragraph: after a list item, a block quote or a table it is
 a thematic break (CommonMark; GitHub's tables).
 """
@@ -51,6 +52,15 @@ _FRONT_KEY: Final = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_ .-]{0,63}?)[ \t]*:(?:
 _NOT_PARAGRAPH: Final = re.compile(
     r"^ {0,3}(?:[-*+](?:[ \t]|$)|\d{1,9}[.)](?:[ \t]|$)|>|\|)"
     r"|^[ \t]*:?-+:?[ \t]*\|[ \t]*:?-+:?"
+)
+# A front matter key in the shape test: YAML's plain or quoted key without spaces (`og:image`,
+# `$schema`, `título`), then `:` and a space or the end ("Do thing 1 carefully: now." is
+# prose, though `_FRONT_KEY` would read it).
+_SHAPED_KEY: Final = re.compile(r"""^(?:[^\s#\-"'][^\s]*?|"[^"\n]*"|'[^'\n]*')[ \t]*:(?:[ \t]|$)""")
+# A thematic break: three or more of one of `-`, `*`, `_` (spaces between allowed).
+_BREAK: Final = re.compile(r"^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$")
+_INTERRUPTS: Final = re.compile(
+    r"^ {0,3}(?:[-*+](?:[ \t]|$)|1[.)](?:[ \t]|$)|>|\|)|^[ \t]*:?-+:?[ \t]*\|[ \t]*:?-+:?"
 )
 _FRONT_MATTER_MAX_LINES: Final = 200
 _FRONT_MATTER_MAX_KEYS: Final = 64
@@ -160,18 +170,25 @@ def _looks_like_front_matter(block: list[str]) -> bool:
     too, a comment, a list item or an indented continuation. Anything else (a paragraph, a
     list alone) means the leading `---` was a thematic break."""
     content = [line for line in block if line.strip() and not line.lstrip().startswith("#")]
-    if not content or _FRONT_KEY.match(content[0]) is None:
+    if not content or _SHAPED_KEY.match(content[0]) is None:
         return False
     return all(
-        _FRONT_KEY.match(line) is not None or line[:1] in (" ", "\t") or line.startswith("- ")
+        _SHAPED_KEY.match(line) is not None
+        or line[:1] in (" ", "\t")
+        or line.startswith("- ")
+        or line.rstrip() == "-"
         for line in content
     )
 
 
 def _is_paragraph(block: list[str]) -> bool:
     """Whether lines that precede a setext underline are a paragraph: a list item, a block
-    quote or a table before `---` or `===` is no heading (CommonMark, GitHub's tables)."""
-    return not any(_NOT_PARAGRAPH.match(line) for line in block)
+    quote or a table before `---` or `===` is no heading (CommonMark, GitHub's tables). The
+    first line decides what the block is; a later line only interrupts a paragraph as a
+    bullet, an item numbered 1, a quote or a table row can (`2. ` goes on the paragraph)."""
+    if not block or _NOT_PARAGRAPH.match(block[0]):
+        return False
+    return not any(_INTERRUPTS.match(line) for line in block[1:])
 
 
 def _unquote(value: str) -> str:
@@ -231,6 +248,12 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
             paragraph = None
             text = " ".join(part.strip() for part in lines[first:i])
             heading(1 if setext.group(1)[0] == "=" else 2, text, first, i + 1)
+            i += 1
+            continue
+        if paragraph is None and _BREAK.match(line):
+            # A thematic break with no paragraph open is a block of its own: it never begins
+            # a paragraph the next `---` could underline into a heading.
+            sections[-1].blocks.append(Block(i, i + 1))
             i += 1
             continue
         if paragraph is None:

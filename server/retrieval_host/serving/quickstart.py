@@ -136,11 +136,12 @@ def prepare_state(
     _private_dir(state_dir)
     certs = ensure_local_certificates(state_dir, names)
     token_file = state_dir / "token"
-    if token_file.exists():
-        token = token_file.read_text(encoding="utf-8").strip()
-    else:
+    new_token_made = not token_file.exists()
+    if new_token_made:
         token = new_token()
         _private_file(token_file, token + "\n")
+    else:
+        token = token_file.read_text(encoding="utf-8").strip()
     acl_file = state_dir / "acl.json"
     if not acl_file.exists():
         acl_file.write_text(json.dumps(acl_file_content(SUBJECT, NAMESPACE), indent=2) + "\n")
@@ -148,16 +149,15 @@ def prepare_state(
     if not note.exists():
         note.write_text(NOTE, encoding="utf-8")
     grants = [CORPUS]
+    demo = token_config_entry(
+        token, SUBJECT, search=grants, index=grants, delete=grants, providers=[PROVIDER]
+    )
     config = {
         "listen": {"host": listen, "port": port},
         # Every part of a search runs in this process: one search thread per core.
         "limits": {"searchThreads": "cores"},
         "tls": {"certFile": certs.cert_file.name, "keyFile": certs.key_file.name},
-        "tokens": [
-            token_config_entry(
-                token, SUBJECT, search=grants, index=grants, delete=grants, providers=[PROVIDER]
-            )
-        ],
+        "tokens": [demo],
         # The offline extractive provider: cited sentences from the evidence, no model account.
         "providers": {PROVIDER: {"kind": "extractive"}},
         "store": {"sqlitePath": "store/retrieval.sqlite"},
@@ -181,6 +181,16 @@ def prepare_state(
             "host": listen,
             "port": port,
         }
+        if new_token_made:
+            # The token file was removed: the new token replaces the demo subject's entry
+            # (its old hash would answer every printed command with 401).
+            tokens = kept.get("tokens")
+            others = [
+                t
+                for t in (tokens if isinstance(tokens, list) else [])
+                if not (isinstance(t, dict) and t.get("subject") == SUBJECT)
+            ]
+            kept["tokens"] = [demo, *others]
         config = kept
     host_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return host_file

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.driver import IngestRequest
 from tests.support.ingest_driver import CORPUS, NAMESPACE, context, make_host
@@ -54,5 +55,29 @@ def test_a_damaged_database_file_refuses_writes_and_readiness(
         stored = host.store.get_source  # reads refuse too, rather than answer from a cache
         with pytest.raises(RetrievalError):
             stored(CORPUS, NAMESPACE, "a")
+    finally:
+        host.store.close()
+
+
+def test_a_database_removed_beside_its_log_is_not_replaced_by_an_empty_one(
+    tmp_path: Path, local_embedding: LocalEmbedding
+) -> None:
+    # The same test removed the file, stopped the host and started it again: a new, empty
+    # store was made beside the old log, and the host said ready with no source at all.
+    directory = tmp_path / "store"
+    directory.mkdir(mode=0o700)
+    db = directory / "index.db"
+    host = make_host(db, local_embedding)
+    try:
+        note = IngestRequest(CORPUS, "a", "text/markdown", b"# A\n\nThe pump runs at dawn.\n")
+        host.driver.ingest_context(note, context())
+        db.unlink()  # while the host runs: its log and shared memory stay beside it
+        with pytest.raises(RetrievalError) as refused:
+            SqliteVectorStore.open(db)
+        assert (refused.value.code, refused.value.reason) == (
+            ErrorCode.STORE_UNAVAILABLE,
+            "missing-store",
+        )
+        assert not db.exists()
     finally:
         host.store.close()

@@ -73,13 +73,16 @@ def test_a_read_only_store_on_an_unwritable_volume_is_served_as_an_immutable_fil
     assert sorted(p.name for p in db.parent.iterdir()) == before  # no -wal, no -shm
 
 
-def test_a_read_only_copy_with_commits_left_in_its_log_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("sidecar", ["-wal", "-shm"])
+def test_a_read_only_store_a_host_may_still_write_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sidecar: str
 ) -> None:
+    # An immutable file is read without locks or its log: a live store mounted read-only, or
+    # a copy of one that did not stop cleanly, would be read stale.
     db, _ = _store_copy(tmp_path)
-    db.with_name(db.name + "-wal").write_bytes(b"\0" * 4096)  # a copy taken mid-write
+    db.with_name(db.name + sidecar).write_bytes(b"")
     _unwritable(monkeypatch, db.parent)
     with pytest.raises(RetrievalError) as refused:
         SqliteVectorStore.open(db, read_only=True)
     assert refused.value.code is ErrorCode.STORE_UNAVAILABLE
-    assert "write-ahead log" in refused.value.detail
+    assert f"has a {sidecar} file beside it" in refused.value.detail

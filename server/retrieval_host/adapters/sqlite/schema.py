@@ -130,6 +130,7 @@ def open_database(
             "there is no store at the path to open read-only.",
             reason=StoreUnavailableReason.MISSING_STORE,
         )
+    check_not_orphaned(Path(path))  # before the location check creates a file in its place
     database = prepare_database_path(path, trusted_groups)
     name, flags = str(database), apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW
     if read_only:
@@ -164,26 +165,40 @@ def open_database(
     return conn, database
 
 
+def check_not_orphaned(database: Path) -> None:
+    """`STORE_UNAVAILABLE` (`missing-store`) when the database file is missing but its
+    write-ahead log is there: the file was removed (while a host ran, in a black-box test),
+    and creating an empty store in its place would serve nothing, ready, as if all were
+    well."""
+    wal = database.with_name(database.name + "-wal")
+    if not os.path.lexists(database) and os.path.lexists(wal):
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            "the database file is missing but its write-ahead log is there (was it removed?): "
+            "restore the file, or remove the -wal and -shm files to start an empty store.",
+            reason=StoreUnavailableReason.MISSING_STORE,
+        )
+
+
 def opens_immutable(database: Path, read_only: bool) -> bool:
     """Whether a store opened read-only is opened as an immutable file: when its folder
     cannot be written (a read-only volume, a snapshot mount), SQLite cannot make the
-    shared-memory file a WAL database needs, and refused to open it at all. A write-ahead log
-    still holding commits (a copy taken while a host wrote) is refused: an immutable file is
-    read without it."""
+    shared-memory file a WAL database needs, and refused to open it at all. An immutable file
+    is read without locks or its log, so a store with a `-wal` or `-shm` beside it (a host
+    still writing, or one that did not stop cleanly) is refused rather than read stale."""
     if not read_only or os.access(database.parent, os.W_OK):
         return False
-    wal = database.with_name(database.name + "-wal")
-    try:
-        pending = wal.stat().st_size
-    except FileNotFoundError:
-        pending = 0
-    if pending:
-        raise RetrievalError(
-            ErrorCode.STORE_UNAVAILABLE,
-            "the read-only store has a write-ahead log with commits not yet in the database "
-            "file; copy the store after its host stopped (or open it writable once).",
-            reason=StoreUnavailableReason.SQLITE_ERROR,
-        )
+    # A host that stopped removed both; either one left means a host may still be writing
+    # (a live store mounted read-only) or stopped mid-way: commits may be in the log.
+    for sidecar in ("-wal", "-shm"):
+        if os.path.lexists(database.with_name(database.name + sidecar)):
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                f"the read-only store on a volume that cannot be written has a {sidecar} file "
+                "beside it: a host may still be writing it, or stopped without folding its "
+                "log in. Copy the store after its host stopped (or open it writable once).",
+                reason=StoreUnavailableReason.SQLITE_ERROR,
+            )
     return True
 
 
