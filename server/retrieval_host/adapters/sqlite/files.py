@@ -202,3 +202,31 @@ def check_sidecars(database: Path, trusted_groups: frozenset[int] = frozenset())
     """Check the `-wal`, `-shm` and `-journal` files beside the database, where they exist."""
     for suffix in SIDECAR_SUFFIXES:
         check_store_file(Path(f"{database}{suffix}"), f"the {suffix} sidecar", trusted_groups)
+
+
+class OpenedFile:
+    """The database file a store opened, to tell it is still that file, whole. Open
+    connections keep their cached pages and write-ahead log: with the file truncated,
+    replaced or removed under the host (a black-box test), searches failed but writes went on
+    being acknowledged that no reader and no restart would ever see, and the readiness probe
+    said ready. `check` is one `stat`, no SQL: before every write and in `get_source` (the
+    probe's read)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path.absolute()
+        found = os.stat(self._path)
+        self._identity = (found.st_dev, found.st_ino)
+
+    def check(self) -> None:
+        """`STORE_UNAVAILABLE` unless the file is still the one opened, and not empty."""
+        try:
+            found = os.stat(self._path)
+        except OSError:
+            found = None
+        if found is None or (found.st_dev, found.st_ino) != self._identity or not found.st_size:
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                "the database file was removed, replaced or truncated while the host ran; "
+                "restart the host on an intact file.",
+                reason=StoreUnavailableReason.SQLITE_ERROR,
+            )

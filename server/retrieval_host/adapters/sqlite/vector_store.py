@@ -60,6 +60,7 @@ from retrieval_host.adapters.sqlite.catalog import (
     read_indexed_at,
     store_descriptor,
 )
+from retrieval_host.adapters.sqlite.files import OpenedFile
 from retrieval_host.adapters.sqlite.grant_cache import DEFAULT_GRANT_CACHE_BYTES, GrantCache
 from retrieval_host.adapters.sqlite.scan import DEFAULT_SCAN_BATCH_ROWS, Scanner
 from retrieval_host.adapters.sqlite.schema import (
@@ -86,7 +87,6 @@ from retrieval_host.adapters.sqlite.tables import (
 )
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import (
-    ErrorCode,
     RetrievalError,
     source_unavailable,
     store_read_only,
@@ -96,7 +96,6 @@ from retrieval_host.core.ports import (
     StoredChunk,
     StoredSource,
 )
-from retrieval_host.core.reasons import StoreUnavailableReason
 from retrieval_host.cpus import usable_cores
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounters"]
@@ -148,8 +147,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         self._snapshot_writer: threading.Thread | None = None
         self._conn: apsw.Connection | None = connection
         self._path = path
-        self._file = path.absolute()
-        self._identity = _file_identity(self._file)  # the file this store opened
+        self._file = OpenedFile(path)  # the file this store opened (checked before writes)
         self._write_lock = path_lock(path)
         self._db_lock = threading.RLock()
         self._cache_lock = threading.Lock()
@@ -279,7 +277,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
 
     def get_source(self, corpus: str, namespace: str, source_id: str) -> StoredSource | None:
         """The current revision of a source, read from SQLite (authoritative), or None."""
-        self._check_file()
+        self._file.check()
         with self._db_lock, translated("reading a source"):
             row = (
                 self._connection()
@@ -346,7 +344,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         )
         blobs = [row.astype("<f4").tobytes() for row in checked.raw]
         key = (corpus, namespace, source.source_id)
-        self._check_file()
+        self._file.check()
 
         with self._write_lock, self._db_lock:
             conn = self._connection()
@@ -426,7 +424,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         if self._read_only:
             raise store_read_only(corpus)
         state = self._state(corpus)
-        self._check_file()
+        self._file.check()
         with self._write_lock, self._db_lock:
             conn = self._connection()
             with translated("deleting a source"), immediate(conn):
@@ -468,25 +466,6 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         with self._db_lock:
             if committed_generation(self._connection(), corpus) != state.loaded_generation:
                 self._refresh(state)
-
-    def _check_file(self) -> None:
-        """`STORE_UNAVAILABLE` unless the database file is still the one this store opened,
-        whole. Open connections keep their cached pages and write-ahead log: with the file
-        truncated, replaced or removed under the host (a black-box test), searches failed but
-        writes went on being acknowledged that no reader and no restart would ever see, and
-        the readiness probe said ready. Checked before every write and by `get_source` (the
-        probe's read): one `stat`, no SQL."""
-        try:
-            found = os.stat(self._file)
-        except OSError:
-            found = None
-        if found is None or (found.st_dev, found.st_ino) != self._identity or not found.st_size:
-            raise RetrievalError(
-                ErrorCode.STORE_UNAVAILABLE,
-                "the database file was removed, replaced or truncated while the host ran; "
-                "restart the host on an intact file.",
-                reason=StoreUnavailableReason.SQLITE_ERROR,
-            )
 
     def _reader(self) -> apsw.Connection:
         """This thread's read-only connection to the store (opened on first use)."""
@@ -607,8 +586,3 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         dims = self._state(corpus).dimensions  # an unopened corpus or a closed store says so
         with self._db_lock, translated(doing):
             yield self._connection(), dims
-
-
-def _file_identity(path: Path) -> tuple[int, int]:
-    found = os.stat(path)
-    return found.st_dev, found.st_ino
