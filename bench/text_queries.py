@@ -102,8 +102,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _host(name: str, workdir: Path, pythonpath: str | None) -> Iterator[Host]:
-    """Prepare a quickstart state with `pythonpath`'s code, then serve it until the end."""
+def _host(name: str, workdir: Path, pythonpath: str | None, **options: object) -> Iterator[Host]:
+    """Prepare a quickstart state with `pythonpath`'s code (and these `applicationOptions`),
+    then serve it until the end."""
     environ = dict(os.environ)
     if pythonpath is not None:
         environ["PYTHONPATH"] = pythonpath
@@ -117,6 +118,10 @@ def _host(name: str, workdir: Path, pythonpath: str | None) -> Iterator[Host]:
         capture_output=True,
         timeout=600,
     )
+    if options:
+        config = json.loads((state / "host.json").read_text(encoding="utf-8"))
+        config["applicationOptions"].update(options)
+        (state / "host.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     process = subprocess.Popen(
         [*cli, "serve", "--config", str(state / "host.json")],
         env=environ,
@@ -230,8 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     ):
         workdir = Path(work)
         baseline_path = f"{tree / 'server'}{os.pathsep}{tree / 'sdk_client'}"
-        with _host("ours", workdir, None) as ours, _host("baseline", workdir, baseline_path) as old:
-            hosts = {"ours": ours, "baseline": old}
+        with (
+            _host("ours", workdir, None) as ours,
+            _host("ours int8", workdir, None, queryArithmetic="int8") as fast,
+            _host("baseline", workdir, baseline_path) as old,
+        ):
+            hosts = {"ours": ours, "ours int8": fast, "baseline": old}
             loads: Mapping[str, tuple[int, bool]] = {
                 "unique": (args.clients, True),
                 "repeated": (args.clients, False),
@@ -239,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
             }
             order = random.Random(7)
             for number in range(1, args.rounds + 1):
-                steps = [(h, load) for h in hosts for load in loads]
+                # The int8 host differs from ours only in uncached queries.
+                steps = [
+                    (h, load)
+                    for h in hosts
+                    for load in loads
+                    if not (h == "ours int8" and load == "repeated")
+                ]
                 order.shuffle(steps)
                 for host_name, load in steps:
                     clients, fresh = loads[load]
@@ -280,6 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     verdicts.check(
         f"ours / baseline req/s, {args.clients} clients, unique text queries",
         ratio,
+        3.0,
+        at_most=False,
+    )
+    int8_ratio = statistics.median(
+        o / b for o, b in zip(rps("ours int8", "unique"), rps("baseline", "unique"), strict=True)
+    )
+    verdicts.check(
+        f"ours with queryArithmetic int8 / baseline req/s, {args.clients} clients, unique "
+        "text queries",
+        int8_ratio,
         3.0,
         at_most=False,
     )

@@ -188,7 +188,9 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
 
     `applicationOptions`: `aclFile` (a path relative to the config file), `corpora` (ids,
     default `["library"]`), `indexVersion` (default `passages-v1`), `embeddingThreads`
-    (model runs at once, one core each; default the cores the host may use) and `reranker`
+    (model runs at once, one core each; default the cores the host may use),
+    `queryArithmetic` (`float32`, the default, or `int8`: search queries embedded in integers,
+    ~2x less model time per query, vectors at cosine ~0.99 to the float32 ones) and `reranker`
     (a `/rerank` endpoint every corpus reranks with, `settings.RerankerSettings`; default
     none). One local embedding model and one store (`store.sqlitePath` or
     `store.postgresDsn`) serve every corpus; the store is also the
@@ -203,7 +205,16 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     threads = options.get("embeddingThreads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise SettingsError("applicationOptions.embeddingThreads must be a positive integer")
-    embedding = LocalEmbedding(threads=threads)
+    arithmetic = options.get("queryArithmetic", "float32")
+    if arithmetic not in ("float32", "int8"):
+        raise SettingsError("applicationOptions.queryArithmetic must be 'float32' or 'int8'")
+    embedding = LocalEmbedding(
+        threads=threads, query_arithmetic="int8" if arithmetic == "int8" else "float32"
+    )
+    try:
+        embedding.check_query_arithmetic()
+    except ValueError as exc:
+        raise SettingsError(f"applicationOptions.queryArithmetic: {exc}") from None
     store = build_vector_store(settings, environ)
     acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), store.current_revisions)
     try:
@@ -235,6 +246,7 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
                 chunking=chunking,
                 reranker=reranker,
                 rerank=rerank,
+                query_embedding=embedding.queries,
             )
             for corpus_id in corpora
             if isinstance(corpus_id, str)

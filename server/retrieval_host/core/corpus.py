@@ -68,6 +68,10 @@ class Corpus:
     rerank: RerankSettings = field(default_factory=RerankSettings)
     # The application's last word on a search's order (None: as ranked).
     ranking_policy: RankingPolicy | None = None
+    # The adapter that embeds search queries, when not `embedding` itself: the same model
+    # computed another way (`LocalEmbedding.queries` with int8 query arithmetic). Its
+    # descriptor must be `embedding`'s: its vectors are searched against the stored ones.
+    query_embedding: EmbeddingAdapter | None = None
 
     @property
     def analyzer(self) -> str:

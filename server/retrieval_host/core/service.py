@@ -100,7 +100,9 @@ class RetrievalService:
         self._corpora: dict[str, Corpus] = {}
         self._queries: dict[int, QueryEmbedder] = {}
         self._search = CorpusSearch(
-            self.corpus, lambda corpus: self._queries[id(corpus.embedding)], lambda: self._clock()
+            self.corpus,
+            lambda corpus: self._queries[id(corpus.query_embedding or corpus.embedding)],
+            lambda: self._clock(),
         )
         for corpus in corpora:
             check_label("corpus id", corpus.id)
@@ -120,9 +122,16 @@ class RetrievalService:
             # as far as spending an embedding request.
             corpus.store.open_corpus(corpus.descriptor)
             self._corpora[corpus.id] = corpus
-            if id(corpus.embedding) not in self._queries:
-                self._queries[id(corpus.embedding)] = QueryEmbedder(
-                    corpus.embedding,
+            queries = corpus.query_embedding or corpus.embedding
+            if queries.descriptor != corpus.embedding.descriptor:
+                raise RetrievalError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"corpus {corpus.id!r}: its query embedding is another model "
+                    "than its passages' embedding",
+                )
+            if id(queries) not in self._queries:
+                self._queries[id(queries)] = QueryEmbedder(
+                    queries,
                     cache_entries=query_cache_entries,
                     max_wait_s=query_batch_wait_s,
                 )
