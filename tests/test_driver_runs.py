@@ -1,16 +1,25 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import SearchRequest
+from retrieval_host.core.reasons import TimeoutReason
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, TextDelta
 from retrieval_host.core.runs_model import (
     RunCompleted,
     RunDelta,
+    RunFailed,
     RunProgress,
     RunRequest,
+    RunResult,
     RunRetrieval,
     RunStarted,
 )
@@ -65,3 +74,56 @@ def test_leaving_a_stream_early_cancels_the_run(run_world: RunWorld) -> None:
     record = run_world.runs.get(run_id)
     assert record is not None
     assert record.status == "cancelled"
+
+
+def test_a_stream_read_to_its_end_leaves_the_callers_token_alone(run_world: RunWorld) -> None:
+    """One token may stop an application's whole job (a run, a search, an ingest): a run
+    that completed must not cancel the others sharing it, nor a later call with the same
+    context (it did: the stream's end cancelled the caller's token)."""
+    driver = Driver(run_world.service, runs=run_world.engine)
+    shared = RequestContext("alice", cancel=CancelToken())
+    events = list(driver.stream_run(_request(), shared))
+    assert isinstance(events[-1], RunCompleted)
+    assert not shared.cancel.cancelled
+    found = driver.search_context(SearchRequest("library", "battery lifetime"), shared)
+    assert found.hits
+    assert isinstance(driver.run(_request(), shared), RunResult)
+    assert not shared.cancel.cancelled
+
+
+class _Silent:
+    """A provider that stops sending anything (no progress) until released, cancelled or 30 s
+    have passed."""
+
+    kind = "test"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        deadline = time.monotonic() + 30  # without the timeout the test fails, not hangs
+        while not self.release.wait(0.01) and time.monotonic() < deadline:
+            cancel.check()
+        yield TextDelta("late")
+
+
+def test_a_runs_idle_timeout_ends_a_silent_run_in_process(run_world: RunWorld) -> None:
+    """`RunRequest.idle_timeout_ms` counts real progress in-process as over HTTPS (it was
+    validated and then ignored: a silent provider held the run for good)."""
+    silent = _Silent()
+    driver = Driver(run_world.service, runs=run_world.with_provider("local", silent))
+    request = replace(_request(), idle_timeout_ms=200)
+    caller = RequestContext("alice", cancel=CancelToken())
+    try:
+        with pytest.raises(RetrievalError) as timed_out:
+            driver.run(request, caller)
+        assert timed_out.value.code is ErrorCode.TIMEOUT
+        assert timed_out.value.reason == TimeoutReason.IDLE_TIMEOUT
+        events = list(driver.stream_run(request, caller))
+        assert isinstance(events[-1], RunFailed)
+        assert events[-1].error.code is ErrorCode.TIMEOUT
+        assert not caller.cancel.cancelled  # only the run timed out
+    finally:
+        silent.release.set()

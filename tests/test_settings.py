@@ -265,3 +265,22 @@ def test_providers_without_an_application_are_reported_at_start(
     with caplog.at_level("WARNING", logger="retrieval_host.serving"):
         assert build_driver(bare, {}) is None
     assert caplog.text == ""  # discovery only, as asked: nothing to warn about
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"), [(None, "No such file"), (b"not a pem\n", "CERTIFICATE")]
+)
+def test_a_provider_ca_file_that_cannot_be_used_is_one_settings_error(
+    tmp_path: Path, content: bytes | None, reason: str
+) -> None:
+    """A missing or non-PEM `caFile` crashed `serve` with a traceback and exit 1."""
+    from retrieval_host.adapters.wiring import build_providers
+
+    if content is not None:
+        (tmp_path / "ca.pem").write_bytes(content)
+    provider = {"kind": "openai", "baseUrl": "https://models.example.test/v1", "caFile": "ca.pem"}
+    settings = load_settings(_write(tmp_path, _minimal(providers={"hosted": provider})), {})
+    with pytest.raises(
+        SettingsError, match=f"caFile: cannot use .*ca.pem as a CA bundle: .*{reason}"
+    ):
+        build_providers(settings, {})

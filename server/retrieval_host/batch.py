@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, Literal
 
-from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.cancel import LinkedCancel
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.grants import authorize_or_none
@@ -84,29 +84,6 @@ _PER_FILE: Final = frozenset(
         ErrorCode.TIMEOUT,  # the file's own inactivity timeout (`idle_timeout_s`)
     }
 )
-
-
-class _Linked(CancelToken):
-    """A token that is cancelled when its parent is, or on its own: the batch's (stopped by
-    the caller or by a failure that is not about one file) and each file's, which also has an
-    inactivity timeout of its own, so that a file that stops making progress fails alone and
-    the next one starts a fresh clock."""
-
-    def __init__(self, parent: CancelToken, idle_timeout_s: float | None = None) -> None:
-        super().__init__(idle_timeout_s)
-        self._parent = parent
-
-    @property
-    def cancelled(self) -> bool:
-        return self._parent.cancelled or super().cancelled
-
-    def progress(self) -> None:
-        self._parent.progress()
-        super().progress()
-
-    def check(self) -> None:
-        self._parent.check()
-        super().check()
 
 
 Status = Literal["indexed", "unchanged", "skipped", "failed", "cancelled"]
@@ -214,10 +191,10 @@ def ingest_paths(
     planned = _plan(paths, root)
     with _Journal(journal_path) as journal:
         done = _read_journal(journal_path, corpus)
-        batch = _Linked(context.cancel)
+        batch = LinkedCancel(context.cancel)
 
         def one(path: Path, source_id: str) -> BatchItem:
-            token = _Linked(batch, idle_timeout_s)
+            token = LinkedCancel(batch, idle_timeout_s)
             scoped = replace(context, cancel=token)
             return _one(driver, corpus, path, source_id, scoped, done, journal, deadline_s)
 

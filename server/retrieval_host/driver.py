@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
-from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.cancel import CancelToken, LinkedCancel
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import utc_now
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
@@ -72,30 +72,6 @@ def shared_parse_pool() -> ParsePool:
     return _SHARED_POOL
 
 
-class _DocumentCancel(CancelToken):
-    """One document's token: cancelled by its caller's token (a disconnect, a stopped batch)
-    or on its own (the ingest deadline). The deadline must not cancel the caller's token: a
-    batch ingest shares one context across files, and one slow file would stop the rest."""
-
-    def __init__(self, caller: CancelToken) -> None:
-        super().__init__()
-        self._caller = caller
-
-    @property
-    def cancelled(self) -> bool:
-        return self._caller.cancelled or super().cancelled
-
-    def progress(self) -> None:
-        self._caller.progress()
-
-    def idle_expired(self) -> bool:
-        return self._caller.idle_expired()
-
-    def check(self) -> None:
-        self._caller.check()
-        super().check()
-
-
 class _Deadline:
     """Cancels the document's token when the ingest deadline passes; remembers that it did, so
     the resulting `CANCELLED` can be told apart from a disconnect and answered as
@@ -124,11 +100,19 @@ class _Deadline:
         self._timer.cancel()
 
 
+def _run_context(request: RunRequest, context: RequestContext) -> RequestContext:
+    """The run's own token: the request's `idle_timeout_ms` on top of the caller's token, and
+    ending the run (leaving a stream early) cancels the run, not the caller's other work."""
+    idle = None if request.idle_timeout_ms is None else request.idle_timeout_ms / 1000
+    return replace(context, cancel=LinkedCancel(context.cancel, idle))
+
+
 def _stream(
     engine: RunEngine, request: RunRequest, context: RequestContext
 ) -> Generator[RunEvent, None, None]:
     # The run executes in its own thread so events reach the caller as they happen; leaving
     # the iterator early cancels the run.
+    context = _run_context(request, context)
     events: queue.SimpleQueue[RunEvent | BaseException | object] = queue.SimpleQueue()
 
     def work() -> None:
@@ -199,7 +183,7 @@ class Driver:
 
     def run(self, request: RunRequest, context: RequestContext) -> RunResult:
         """A grounded run to its end; raises the run's typed error if it fails."""
-        return self._runs().run(request, context)
+        return self._runs().run(request, _run_context(request, context))
 
     def stream_run(
         self, request: RunRequest, context: RequestContext
@@ -214,7 +198,7 @@ class Driver:
         """The same run with every event sent to `emit` from the calling thread (the HTTP
         layer's worker): ends with run.completed or run.failed. Errors before a run exists
         (unknown provider, bad input, a reused key) raise instead."""
-        self._runs().execute(request, context, emit)
+        self._runs().execute(request, _run_context(request, context), emit)
 
     def get_run(
         self,
@@ -407,7 +391,9 @@ class Driver:
         # The first progress report: every check that needs no parsing has passed.
         context.report("ingest.parse", corpus=corpus.id, done=0, total=None)
         seconds = self.ingest_deadline_s if deadline_s is None else deadline_s
-        context = replace(context, cancel=_DocumentCancel(context.cancel))
+        # The document's own token: the deadline must not cancel the caller's (a batch ingest
+        # shares one context across files, and one slow file would stop the rest).
+        context = replace(context, cancel=LinkedCancel(context.cancel))
         with _Deadline(context.cancel, seconds) as deadline:
             try:
                 prepared = self._prepare(request, media_type, corpus, settings, context, deadline)

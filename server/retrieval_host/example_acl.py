@@ -183,6 +183,20 @@ def acl_file_content(subject: str, namespace: str) -> dict[str, Any]:
     }
 
 
+# `registryFile`, read by earlier versions, is accepted and ignored (see the module doc).
+_OPTIONS: Final = frozenset(
+    {
+        "aclFile",
+        "corpora",
+        "indexVersion",
+        "embeddingThreads",
+        "queryArithmetic",
+        "reranker",
+        "registryFile",
+    }
+)
+
+
 def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = None) -> Driver:
     """The example application factory: `retrieval_host.example_acl:create_driver`.
 
@@ -199,6 +213,13 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     """
     options = settings.application_options
     environ = {} if environ is None else environ
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        # A misspelled `aclFile` read the default `acl.json` instead of the file named.
+        raise SettingsError(
+            f"applicationOptions: unknown option {', '.join(map(repr, unknown))} (the example "
+            f"application reads {', '.join(sorted(_OPTIONS - {'registryFile'}))})"
+        )
     corpora = options.get("corpora", ["library"])
     if not isinstance(corpora, list) or not all(isinstance(c, str) for c in corpora):
         raise ValueError("applicationOptions.corpora must be a list of corpus ids")

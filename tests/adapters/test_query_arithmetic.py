@@ -269,3 +269,12 @@ def test_a_query_embedding_of_another_model_is_refused(tmp_path: Path) -> None:
         assert "query embedding is another model" in str(refused.value)
     finally:
         driver.close()
+
+
+@pytest.mark.parametrize("options", [{"aclfile": "acl.json"}, {"embedingThreads": 1}, {"x": 1}])
+def test_the_example_application_refuses_an_unknown_option(
+    tmp_path: Path, options: dict[str, object]
+) -> None:
+    """A misspelled `aclFile` served the default `acl.json` instead of the file named."""
+    with pytest.raises(SettingsError, match="applicationOptions: unknown option"):
+        create_driver(_settings(tmp_path, **options), {})

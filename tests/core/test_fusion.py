@@ -52,6 +52,19 @@ def test_equal_scores_come_in_chunk_id_order_and_one_candidate_scales_to_one() -
     assert fuse([], [], FusionSettings()) == []
 
 
+def test_a_mode_where_no_candidate_scored_adds_nothing() -> None:
+    """A query matching no word: every candidate's lexical score is 0 (completed from the
+    store). It scaled to 1.0 for all, so nonsense scored a hybrid 1.0, above real matches."""
+    dense = [cand("a", 0.31), cand("b", 0.12)]
+    completed = {"lexical": {"a": 0.0, "b": 0.0}}
+    fused = fuse(dense, [], FusionSettings(), completed)
+    assert [(r.candidate.chunk_id, r.candidate.score) for r in fused] == [("a", 0.45), ("b", 0.0)]
+    # Equal positive scores still count fully (each as good as the best), and so does a
+    # single matching candidate.
+    equal = fuse(dense, [], FusionSettings(), {"lexical": {"a": 2.5, "b": 2.5}})
+    assert [r.candidate.score for r in equal] == [1.0, 0.55]
+
+
 def test_a_single_mode_keeps_the_store_order_and_names_its_score() -> None:
     ranked = single("lexical", [cand("a", 4.0), cand("b", 1.0)])
     assert [(r.candidate.score, dict(r.scores)) for r in ranked] == [

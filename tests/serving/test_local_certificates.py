@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import ssl
 from pathlib import Path
 
+import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
-from retrieval_host.serving.tls import RENEW_BEFORE, ensure_local_certificates
+from retrieval_host.serving.tls import RENEW_BEFORE, ensure_local_certificates, server_context
+from retrieval_host.settings import SettingsError
 
 
 def _names(cert_file: Path) -> set[str]:
@@ -63,3 +67,24 @@ def test_a_server_certificate_of_another_ca_is_replaced(tmp_path: Path) -> None:
     fixed = ensure_local_certificates(tmp_path / "b")
     server = x509.load_pem_x509_certificate(fixed.cert_file.read_bytes())
     server.verify_directly_issued_by(x509.load_pem_x509_certificate(fixed.ca_file.read_bytes()))
+
+
+def test_an_encrypted_key_without_its_password_is_one_settings_error(tmp_path: Path) -> None:
+    """OpenSSL prompted for the pass phrase on the terminal (a host waiting forever) or,
+    with no terminal, failed with a bare OSError and a traceback."""
+    certs = ensure_local_certificates(tmp_path)
+    key = serialization.load_pem_private_key(certs.key_file.read_bytes(), password=None)
+    encrypted = tmp_path / "encrypted-key.pem"
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"s3cret"),
+        )
+    )
+    with pytest.raises(SettingsError, match=r"is encrypted: set tls\.keyPassword"):
+        server_context(certs.cert_file, encrypted)
+    with pytest.raises(SettingsError, match="decrypted with keyPassword"):
+        server_context(certs.cert_file, encrypted, "wrong")
+    assert isinstance(server_context(certs.cert_file, encrypted, "s3cret"), ssl.SSLContext)
+    assert isinstance(server_context(certs.cert_file, certs.key_file), ssl.SSLContext)

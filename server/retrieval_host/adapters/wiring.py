@@ -24,6 +24,7 @@ from retrieval_host.settings import (
     OpenAIProviderSettings,
     RerankerSettings,
     SecretRef,
+    SettingsError,
 )
 
 
@@ -112,7 +113,12 @@ def _hosted_access(
     key = None if secret is None else secret.resolve(environ, settings.config_dir)
     verify: bool | ssl.SSLContext = True
     if ca_file is not None:
-        verify = ssl.create_default_context(cafile=str(settings.path(ca_file)))
+        path = settings.path(ca_file)
+        try:
+            verify = ssl.create_default_context(cafile=str(path))
+        except (OSError, ssl.SSLError) as exc:  # SSLError: not a PEM bundle of certificates
+            reason = exc.strerror if not isinstance(exc, ssl.SSLError) else exc.reason or exc
+            raise SettingsError(f"caFile: cannot use {path} as a CA bundle: {reason}") from None
     return (None if key is None else key.get_secret_value), verify
 
 

@@ -53,3 +53,28 @@ class CancelToken:
                 "No progress within the inactivity timeout the request set.",
                 reason=TimeoutReason.IDLE_TIMEOUT,
             )
+
+
+class LinkedCancel(CancelToken):
+    """A token of part of a caller's work: cancelled when the caller's is, or on its own (and
+    then only this part stops: the caller's token and its other work are left alone), with an
+    inactivity timeout of its own if given. Progress counts for both."""
+
+    def __init__(self, parent: CancelToken, idle_timeout_s: float | None = None) -> None:
+        super().__init__(idle_timeout_s)
+        self._parent = parent
+
+    @property
+    def cancelled(self) -> bool:
+        return self._parent.cancelled or super().cancelled
+
+    def progress(self) -> None:
+        self._parent.progress()
+        super().progress()
+
+    def idle_expired(self) -> bool:
+        return self._parent.idle_expired() or super().idle_expired()
+
+    def check(self) -> None:
+        self._parent.check()
+        super().check()

@@ -73,7 +73,11 @@ def _scaled(values: Mapping[str, float]) -> dict[str, float]:
     low = min(values.values())
     high = max(values.values())
     if high == low:
-        return dict.fromkeys(values, 1.0)
+        # One score for every candidate ranks nothing. Positive (one candidate, or equal
+        # matches), each is as good as the best; zero or less (no query term in any passage,
+        # no similarity), none is worth anything: a query matching no word scored 1.0 in
+        # hybrid, above real matches, which `minScore` could not tell apart.
+        return dict.fromkeys(values, 1.0 if high > 0 else 0.0)
     return {chunk_id: (v - low) / (high - low) for chunk_id, v in values.items()}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import (
@@ -16,6 +16,7 @@ from retrieval_host.core.models import (
 )
 
 RetrievalMode: TypeAlias = Literal["off", "before", "tool"]
+RETRIEVAL_MODES: Final = frozenset(("off", "before", "tool"))
 ReceiptStatus: TypeAlias = Literal["ok", "failed", "duplicate", "quota-exceeded"]
 ReceiptOutcome: TypeAlias = Literal[
     "evidence", "empty", "unavailable", "failed", "duplicate", "quota-exceeded"

@@ -41,8 +41,18 @@ def server_context(cert_file: Path, key_file: Path, password: str | None = None)
                 pass
         except OSError as exc:
             raise SettingsError(f"tls.{name}: cannot read {path}: {exc.strerror}") from None
+
+    def no_password() -> str:
+        # Called only for an encrypted key: without it OpenSSL prompted on the terminal (a
+        # host waiting for a typist forever) or, with none, failed with a bare OSError.
+        raise SettingsError(f"tls.keyFile: {key_file} is encrypted: set tls.keyPassword")
+
     try:
-        context.load_cert_chain(str(cert_file), str(key_file), password=password)
+        context.load_cert_chain(
+            str(cert_file),
+            str(key_file),
+            password=password if password is not None else no_password,
+        )
     except ssl.SSLError as exc:
         raise SettingsError(
             f"tls: {cert_file} and {key_file} are not a PEM certificate chain and its private "

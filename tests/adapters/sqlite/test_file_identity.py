@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -79,5 +80,27 @@ def test_a_database_removed_beside_its_log_is_not_replaced_by_an_empty_one(
             "missing-store",
         )
         assert not db.exists()
+    finally:
+        host.store.close()
+
+
+def test_a_read_on_a_new_thread_after_the_file_was_removed_is_store_unavailable(
+    tmp_path: Path, local_embedding: LocalEmbedding
+) -> None:
+    """A thread's first read opens its reader: on a removed file that raised apsw's
+    CantOpenError, answered as an untyped 500 (a black-box test)."""
+    directory = tmp_path / "store"
+    directory.mkdir(mode=0o700)
+    db = directory / "index.db"
+    host = make_host(db, local_embedding)
+    try:
+        note = IngestRequest(CORPUS, "a", "text/markdown", b"# A\n\nThe pump runs at dawn.\n")
+        host.driver.ingest_context(note, context())
+        _remove(db)
+        # What an authorizer asks first on every search (the example application's does).
+        with ThreadPoolExecutor(max_workers=1) as fresh:
+            outcome = fresh.submit(host.store.current_revisions, CORPUS, NAMESPACE).exception()
+        assert isinstance(outcome, RetrievalError), outcome
+        assert outcome.code is ErrorCode.STORE_UNAVAILABLE
     finally:
         host.store.close()

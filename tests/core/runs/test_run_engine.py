@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -360,6 +361,36 @@ def test_a_model_still_asking_at_the_budget_with_evidence_in_hand_is_the_step_bu
     assert caught.value.reason == "step-budget-exhausted"
 
 
+@pytest.mark.parametrize(
+    ("retrieval", "named"),
+    [
+        ({"mode": "BEFORE"}, "retrieval mode"),  # a typo ran with retrieval off
+        ({"mode": ""}, "retrieval mode"),
+        ({"mode": "sometimes"}, "retrieval mode"),
+        ({"limit": 0}, "limit"),  # these were NO_RETRIEVAL_EVIDENCE
+        ({"limit": 101}, "limit"),
+        ({"max_queries": 0}, "maxQueries"),
+        ({"max_context_bytes": 0}, "maxContextBytes"),
+        ({"max_context_bytes": -1}, "maxContextBytes"),
+    ],
+)
+def test_a_malformed_retrieval_refuses_the_run_before_it_starts(
+    run_world: RunWorld, retrieval: dict[str, Any], named: str
+) -> None:
+    request = RunRequest(
+        provider="local",
+        model="extractive",
+        input="How long does the battery last?",
+        retrieval=RunRetrieval(corpus="library", **retrieval),
+        fallbacks=Fallbacks(no_evidence="continue"),  # must not turn it into a model call
+    )
+    with pytest.raises(RetrievalError) as caught:
+        run_world.engine.run(request, ALICE)
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    assert named in caught.value.detail
+    assert run_world.provider.requests == []
+
+
 def test_tool_mode_needs_at_least_one_query(run_world: RunWorld) -> None:
     request = RunRequest(
         provider="local",
@@ -667,9 +698,17 @@ def test_no_evidence_can_continue_without_it_or_answer_with_a_fixed_reply(
     assert run_world.runs.get(fixed.run_id) is not None
 
 
-def test_a_revocation_before_recording_can_continue_without_the_revoked_evidence(
-    run_world: RunWorld,
+@pytest.mark.parametrize(
+    "fallback", ["continue", FixedAnswer("Ask again.")], ids=["continue", "fixed-reply"]
+)
+def test_a_passage_revoked_after_the_model_read_it_fails_the_run_even_with_continue(
+    run_world: RunWorld, fallback: Literal["continue"] | FixedAnswer
 ) -> None:
+    """`continue` goes on without revoked evidence the model has not read. Revoked at
+    recording, the model already wrote the answer from it (a black-box test found the
+    recorded answer quoting and citing it, outside its manifest, served after the
+    revocation): nothing is left to continue with, so the run fails; a fixed reply still
+    answers."""
     events: list[RunEvent] = []
 
     def sink(event: RunEvent) -> None:
@@ -677,18 +716,21 @@ def test_a_revocation_before_recording_can_continue_without_the_revoked_evidence
         if isinstance(event, RunProgress) and event.phase == "recording":
             del run_world.acl.search["battery"]
 
-    request = _before(fallbacks=Fallbacks(source_unavailable="continue"))
+    request = _before(fallbacks=Fallbacks(source_unavailable=fallback))
     run_world.engine.execute(request, ALICE, sink)
     done = events[-1]
-    assert isinstance(done, RunCompleted), done
-    assert "battery" not in {s.source_id for s in done.result.sources}
-    assert done.result.sources  # the passages still allowed stay in the manifest
-    assert [(f.outcome, f.action) for f in done.result.fallbacks] == [
-        ("source-unavailable", "continue")
-    ]
-    record = run_world.runs.get(done.result.run_id)
-    assert record is not None and record.result is not None
-    assert [f.outcome for f in record.result.fallbacks] == ["source-unavailable"]
+    if fallback == "continue":
+        assert isinstance(done, RunFailed), done
+        assert done.error.code is ErrorCode.SOURCE_UNAVAILABLE
+        record = run_world.runs.get(done.run_id)
+        assert record is None or record.result is None
+    else:
+        assert isinstance(done, RunCompleted), done
+        assert done.result.text == "Ask again."
+        assert "battery" not in {s.source_id for s in done.result.sources}
+        assert [(f.outcome, f.action) for f in done.result.fallbacks] == [
+            ("source-unavailable", "answer")
+        ]
 
 
 def test_a_failed_citation_check_can_answer_with_a_fixed_reply_or_continue(

@@ -12,7 +12,7 @@ from pathlib import Path
 import apsw
 
 from retrieval_host.adapters._store_rules import check_descriptor
-from retrieval_host.adapters.sqlite.schema import BUSY_TIMEOUT_MS, read_only_target
+from retrieval_host.adapters.sqlite.schema import BUSY_TIMEOUT_MS, read_only_target, translated
 from retrieval_host.adapters.sqlite.tables import backfill_terms
 from retrieval_host.core.descriptor import CorpusDescriptor
 
@@ -96,7 +96,10 @@ class Readers:
         with self._lock:
             if self._closed:
                 return None
-            conn = open_reader(self._path, immutable=self._immutable)
+            # A database file removed under the host cannot be opened: `STORE_UNAVAILABLE`,
+            # as for the writes (it was an untyped 500 for the first search of a thread).
+            with translated("opening the database to read"):
+                conn = open_reader(self._path, immutable=self._immutable)
             self._opened.append(conn)
         self._local.conn = conn
         return conn

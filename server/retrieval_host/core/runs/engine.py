@@ -297,10 +297,15 @@ class RunEngine:
             except RetrievalError as error:
                 if error.code is not ErrorCode.SOURCE_UNAVAILABLE:
                     raise
-                replied = _fallback(
-                    run, taken, "source-unavailable", fallbacks.source_unavailable, error
-                )
+                shown, held = run.cited_evidence(), set(run.evidence)
                 recheck_evidence(run, spec, drop=True)  # recorded without the revoked ones
+                action = fallbacks.source_unavailable
+                if action == "continue" and any(h in shown for h in held - set(run.evidence)):
+                    # The answer was written from a passage revoked since: nothing is left to
+                    # go on with (no step follows), and recording it would keep serving the
+                    # revoked text. A fixed reply still replaces it.
+                    raise error
+                replied = _fallback(run, taken, "source-unavailable", action, error)
                 fixed = replied if replied is not None else fixed
         answer = fixed if fixed is not None else "".join(text)
         report = None

@@ -10,7 +10,8 @@ from retrieval_host.core.descriptor import check_label
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.models import SEARCH_MODES
-from retrieval_host.core.runs_model import Fallbacks, RunRequest
+from retrieval_host.core.runs_model import RETRIEVAL_MODES, Fallbacks, RunRequest
+from retrieval_host.core.validation import MAX_LIMIT
 
 MAX_INPUT_BYTES = 65_536
 MAX_GENERATION_STEPS = 16
@@ -88,13 +89,22 @@ def check_run_request(request: RunRequest) -> None:
     if request.idempotency_key is not None and not 1 <= len(request.idempotency_key) <= 200:
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "idempotencyKey must be 1-200 chars.")
     r = request.retrieval
+    if r is not None and r.mode not in RETRIEVAL_MODES:
+        # A typo must not run without evidence: anything but these three is refused.
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST, "retrieval mode must be off, before or tool."
+        )
     if r is not None and not 0 <= r.max_queries <= 16:
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxQueries must be in 0..16.")
-    if r is not None and r.mode == "tool" and r.max_queries == 0:
-        # The model's only way to evidence is a search: none allowed can only end without any.
+    if r is not None and r.mode != "off" and r.max_queries == 0:
+        # A run's evidence comes from its searches: none allowed can only end without any.
         raise RetrievalError(
-            ErrorCode.INVALID_REQUEST, "maxQueries must be at least 1 in tool mode."
+            ErrorCode.INVALID_REQUEST, f"maxQueries must be at least 1 in {r.mode} mode."
         )
+    if r is not None and (isinstance(r.limit, bool) or not 1 <= r.limit <= MAX_LIMIT):
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, f"limit must be in 1..{MAX_LIMIT}.")
+    if r is not None and r.max_context_bytes is not None and r.max_context_bytes < 1:
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxContextBytes must be positive.")
     if r is not None and not 0 <= r.max_rerank_calls <= MAX_RERANK_CALLS:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, f"maxRerankCalls must be in 0..{MAX_RERANK_CALLS}."
