@@ -23,7 +23,8 @@ from retrieval_host.core.models import (
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import RetrievalService
 from retrieval_host.example_acl import FileAcl, acl_file_content, create_driver
-from retrieval_host.settings import HostSettings, SettingsError, load_settings
+from retrieval_host.settings import HostSettings, SettingsError
+from tests.support.example_host import example_settings
 
 
 class StoreRevisions:
@@ -122,22 +123,7 @@ def test_a_malformed_acl_is_an_error_at_load_and_no_grant_after(
 
 def _example_host(tmp_path: Path) -> HostSettings:
     """The quickstart's application on SQLite, in a private state directory."""
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    (state / "acl.json").write_text(json.dumps(acl_file_content("alice", "team")))
-    config = state / "host.json"
-    config.write_text(
-        json.dumps(
-            {
-                "listen": {"host": "127.0.0.1", "port": 8443},
-                "behindProxy": True,  # never served here: no certificate needed
-                "store": {"sqlitePath": "store/retrieval.sqlite"},
-                "application": "retrieval_host.example_acl:create_driver",
-                "applicationOptions": {"aclFile": "acl.json", "registryFile": "registry.json"},
-            }
-        )
-    )
-    return load_settings(config, {})
+    return example_settings(tmp_path, registryFile="registry.json")
 
 
 def _handbook(revision: str) -> IndexRequest:

@@ -8,7 +8,6 @@ else is embedded with it, and passages must embed exactly as before.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,9 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SearchRequest, SourceInfo
 from retrieval_host.core.service import RetrievalService
-from retrieval_host.example_acl import acl_file_content, create_driver
-from retrieval_host.settings import SettingsError, load_settings
+from retrieval_host.example_acl import create_driver
+from retrieval_host.settings import SettingsError
+from tests.support.example_host import example_settings
 
 QUESTIONS = [
     "Does harbour rule 7 apply to ferries?",
@@ -198,27 +198,8 @@ class _CountingSession:
         return self.session.run(*args, **kwargs)
 
 
-def _settings(tmp_path: Path, **options: object) -> Any:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    (state / "acl.json").write_text(json.dumps(acl_file_content("alice", "team")))
-    config = state / "host.json"
-    config.write_text(
-        json.dumps(
-            {
-                "listen": {"host": "127.0.0.1", "port": 8443},
-                "behindProxy": True,  # never served here: no certificate needed
-                "store": {"sqlitePath": "store/retrieval.sqlite"},
-                "application": "retrieval_host.example_acl:create_driver",
-                "applicationOptions": {"aclFile": "acl.json", **options},
-            }
-        )
-    )
-    return load_settings(config, {})
-
-
 def test_the_example_application_searches_with_int8_queries_when_asked(tmp_path: Path) -> None:
-    driver = create_driver(_settings(tmp_path, queryArithmetic="int8"), {})
+    driver = create_driver(example_settings(tmp_path, queryArithmetic="int8"), {})
     try:
         corpus = driver.retrieval.corpus("library")
         assert isinstance(corpus.embedding, LocalEmbedding)
@@ -252,11 +233,11 @@ def test_the_example_application_refuses_an_unknown_arithmetic(
     tmp_path: Path, value: object
 ) -> None:
     with pytest.raises(SettingsError, match="queryArithmetic"):
-        create_driver(_settings(tmp_path, queryArithmetic=value), {})
+        create_driver(example_settings(tmp_path, queryArithmetic=value), {})
 
 
 def test_a_query_embedding_of_another_model_is_refused(tmp_path: Path) -> None:
-    driver = create_driver(_settings(tmp_path), {})
+    driver = create_driver(example_settings(tmp_path), {})
     try:
         corpus = driver.retrieval.corpus("library")
 
@@ -277,4 +258,4 @@ def test_the_example_application_refuses_an_unknown_option(
 ) -> None:
     """A misspelled `aclFile` served the default `acl.json` instead of the file named."""
     with pytest.raises(SettingsError, match="applicationOptions: unknown option"):
-        create_driver(_settings(tmp_path, **options), {})
+        create_driver(example_settings(tmp_path, **options), {})
