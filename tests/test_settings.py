@@ -284,3 +284,20 @@ def test_a_provider_ca_file_that_cannot_be_used_is_one_settings_error(
         SettingsError, match=f"caFile: cannot use .*ca.pem as a CA bundle: .*{reason}"
     ):
         build_providers(settings, {})
+
+
+@pytest.mark.parametrize(
+    ("listen", "workers", "refused"),
+    [(9100, 1, True), (9101, 2, True), (9102, 2, False), (9099, 1, False)],
+)
+def test_metrics_ports_must_not_include_the_listen_port(
+    tmp_path: Path, listen: int, workers: int, refused: bool
+) -> None:
+    """The metrics listener bound first and the host died on its own port (exit 3)."""
+    data = _minimal(listen={"port": listen, "workers": workers}, metrics={"port": 9100})
+    path = _write(tmp_path, data)
+    if refused:
+        with pytest.raises(SettingsError, match=r"must not include listen\.port"):
+            load_settings(path, {})
+    else:
+        assert load_settings(path, {}).listen.port == listen

@@ -332,6 +332,13 @@ class HostSettings(_Model):
         hashes = [t.sha256 for t in self.tokens]
         if len(set(hashes)) != len(hashes):
             raise ValueError("two tokens share one sha256")
+        metrics, port = self.metrics.port, self.listen.port
+        if metrics is not None and metrics <= port < metrics + self.listen.workers:
+            # The metrics listener binds first and the host then failed on its own port.
+            raise ValueError(
+                f"metrics.port {metrics} (one port per worker, up to "
+                f"{metrics + self.listen.workers - 1}) must not include listen.port {port}"
+            )
         return self
 
     def path(self, value: str | Path) -> Path:
