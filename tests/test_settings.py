@@ -301,3 +301,28 @@ def test_metrics_ports_must_not_include_the_listen_port(
             load_settings(path, {})
     else:
         assert load_settings(path, {}).listen.port == listen
+
+
+@pytest.mark.parametrize(
+    ("store", "stray"),
+    [
+        ({"sqlitePath": "s.db", "hnsw": True}, "store.hnsw"),
+        ({"sqlitePath": "s.db", "efSearch": 400, "postgresSchema": "x"}, "store.efSearch"),
+        ({"postgresDsn": {"env": "DSN"}, "indexSnapshots": False}, "store.indexSnapshots"),
+        ({"postgresDsn": {"env": "DSN"}, "trustOwnGroup": True}, "store.trustOwnGroup"),
+        ({"postgresDsn": {"env": "DSN"}, "approximateMinRows": 5}, "store.approximateMinRows"),
+    ],
+)
+def test_a_key_of_the_other_store_is_refused(
+    tmp_path: Path, store: dict[str, Any], stray: str
+) -> None:
+    """They were accepted and ignored: `hnsw` beside `sqlitePath` looked on (a black-box test)."""
+    with pytest.raises(SettingsError, match=f"{stray}.* does not apply beside"):
+        load_settings(_write(tmp_path, _minimal(store=store)), {})
+
+
+def test_the_keys_of_the_store_in_use_are_accepted(tmp_path: Path) -> None:
+    pg = {"postgresDsn": {"env": "DSN"}, "postgresSchema": "x", "hnsw": True, "efSearch": 50}
+    assert load_settings(_write(tmp_path, _minimal(store=pg)), {}).store.hnsw
+    sqlite = {"sqlitePath": "s.db", "trustOwnGroup": True, "approximateMinRows": 0}
+    assert load_settings(_write(tmp_path, _minimal(store=sqlite)), {}).store.trust_own_group

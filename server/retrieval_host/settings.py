@@ -205,7 +205,26 @@ class StoreSettings(_Model):
     def _one_store(self) -> StoreSettings:
         if self.sqlite_path is not None and self.postgres_dsn is not None:
             raise ValueError("set store.sqlitePath or store.postgresDsn, not both")
+        # A key of the other store would be ignored: an operator who set `hnsw` beside
+        # `sqlitePath` believed the graph was on (a black-box test).
+        other = (
+            _POSTGRES_ONLY
+            if self.sqlite_path is not None
+            else _SQLITE_ONLY
+            if self.postgres_dsn is not None
+            else frozenset()
+        )
+        stray = sorted(to_camel(name) for name in self.model_fields_set & other)
+        if stray:
+            which = "sqlitePath" if self.sqlite_path is not None else "postgresDsn"
+            raise ValueError(
+                f"store.{', store.'.join(stray)} does not apply beside store.{which}: remove it"
+            )
         return self
+
+
+_POSTGRES_ONLY: Final = frozenset({"postgres_schema", "hnsw", "ef_search", "pool_size"})
+_SQLITE_ONLY: Final = frozenset({"trust_own_group", "index_snapshots", "approximate_min_rows"})
 
 
 class ExtractiveProviderSettings(_Model):
