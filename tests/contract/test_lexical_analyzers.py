@@ -1,11 +1,14 @@
-"""Which lexical analyzer a corpus gets, and what `en-snowball-2` matches that the first did not.
+"""Which lexical analyzer a corpus gets, and what each new one matches that the one before did not.
 
 A black-box tester found lexical search blind to Unicode: a word in decomposed (NFD) form never
 matched its composed (NFC) spelling, `ß` not `ss`, `İstanbul` not `istanbul`, full-width
 letters, ligatures and words broken by a soft hyphen not their plain form, and Chinese or
 Japanese text only by whole runs. A new corpus is analyzed by `en-snowball-2`, which folds all of
 these; a corpus built before it keeps `en-snowball-1`, whose stored term frequencies its
-queries must keep matching. Over each store adapter, through the service.
+queries must keep matching. A black-box probe then found version numbers invisible (`1.4.8-2`
+is all one-character parts) and `C++` the same as `C`: `en-snowball-3`, the newest, adds a term
+for such compounds; a corpus built with `en-snowball-2` keeps it. Over each store adapter,
+through the service.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import CorpusDescriptor, LexicalDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, ANALYZER_EN_SNOWBALL_2
+from retrieval_host.core.lexical import (
+    ANALYZER_EN_SNOWBALL_1,
+    ANALYZER_EN_SNOWBALL_2,
+    ANALYZER_EN_SNOWBALL_3,
+)
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SearchRequest, SourceInfo
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
@@ -35,6 +42,11 @@ TEXTS = {
     "fullwidth": "ＦＵＬＬＷＩＤＴＨ letters and the ﬁsh ligature.",
     "hyphen": "A soft\u00adware update with pass\u200bword rules.",
     "cjk": "東京都の天気予報は明日は晴れです。",
+    "v148": "Release 1.4.8-2 of tdb fixes the lock.",
+    "v248": "Release 2.4.8-1 of tdb fixes the lock.",
+    "v146": "Release 1.4.6-1 of tdb fixes the lock.",
+    "cpp": "The parser is written in C++ with bindings.",
+    "plain-c": "The parser is written in C with bindings.",
 }
 
 
@@ -58,9 +70,7 @@ def found(svc: RetrievalService, query: str) -> list[str]:
     return sorted({hit.source.id for hit in result.hits})
 
 
-@pytest.fixture
-def new_corpus(harness: StoreHarness, local_embedding: LocalEmbedding) -> RetrievalService:
-    svc = service(harness, local_embedding)
+def _indexed(svc: RetrievalService) -> RetrievalService:
     for source_id, text in TEXTS.items():
         svc.index_context(
             IndexRequest(
@@ -73,10 +83,47 @@ def new_corpus(harness: StoreHarness, local_embedding: LocalEmbedding) -> Retrie
     return svc
 
 
+@pytest.fixture
+def new_corpus(harness: StoreHarness, local_embedding: LocalEmbedding) -> RetrievalService:
+    return _indexed(service(harness, local_embedding))
+
+
+def ranked(svc: RetrievalService, query: str) -> list[str]:
+    result = svc.search_context(
+        SearchRequest(CORPUS, query, mode="lexical", limit=10), RequestContext("reader")
+    )
+    return [hit.source.id for hit in result.hits]
+
+
 def test_a_new_corpus_is_analyzed_by_the_newest_analyzer(new_corpus: RetrievalService) -> None:
     corpus = new_corpus.corpora[CORPUS]
-    assert corpus.analyzer == ANALYZER_EN_SNOWBALL_2
-    assert corpus.descriptor.lexical == LexicalDescriptor(ANALYZER_EN_SNOWBALL_2)
+    assert corpus.analyzer == ANALYZER_EN_SNOWBALL_3
+    assert corpus.descriptor.lexical == LexicalDescriptor(ANALYZER_EN_SNOWBALL_3)
+
+
+@pytest.mark.parametrize(
+    ("query", "first"),
+    [("1.4.8-2", "v148"), ("2.4.8-1", "v248"), ("tdb 1.4.6-1", "v146"), ("C++", "cpp")],
+)
+def test_versions_and_language_names_are_terms(
+    new_corpus: RetrievalService, query: str, first: str
+) -> None:
+    assert ranked(new_corpus, query)[0] == first
+
+
+def test_a_corpus_built_with_the_second_analyzer_keeps_it(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    """What the previous release made: its stored descriptor names `en-snowball-2`, and a
+    corpus configured without an analyzer opens with it (its terms were analyzed by it)."""
+    built = _indexed(
+        service(harness, local_embedding, lexical=LexicalDescriptor(ANALYZER_EN_SNOWBALL_2))
+    )
+    assert ranked(built, "1.4.8-2") == []  # the second analyzer has no term for it
+    reopened = service(harness, local_embedding)
+    assert reopened.corpora[CORPUS].analyzer == ANALYZER_EN_SNOWBALL_2
+    assert ranked(reopened, "1.4.8-2") == []
+    assert found(reopened, "résumé café zürich") == ["nfd"]
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from retrieval_host.core.lexical import (
     ANALYZER_EN_SNOWBALL_1,
+    ANALYZER_EN_SNOWBALL_2,
+    ANALYZER_EN_SNOWBALL_3,
     Bm25,
     analyze,
     query_terms,
@@ -21,6 +25,26 @@ def test_the_analyzer_lowercases_drops_stop_words_and_one_letter_tokens_and_stem
         "2024",
     ]
     assert query_terms("Studies running", ANALYZER_EN_SNOWBALL_1) == ["studi", "run"]
+
+
+@pytest.mark.parametrize(
+    ("text", "compounds"),
+    [
+        ("tdb 1.4.8-2 released", ["1.4.8-2"]),  # every part one character: no term before
+        ("Python 3.11", ["3.11"]),
+        ("C++ and C# and F#", ["c++", "c#", "f#"]),
+        ("x-1-b", ["x-1-b"]),  # two joints
+        ("IL-6 and well-known", []),  # a lone hyphen: the parts match already
+        ("End of a sentence. Next one", []),
+        ("東京 1.2-3", ["1.2-3"]),
+        ("東京.大阪", []),  # CJK runs are pairs, not compounds
+    ],
+)
+def test_the_third_analyzer_adds_a_term_for_versions_and_language_names(
+    text: str, compounds: list[str]
+) -> None:
+    second = analyze(text, ANALYZER_EN_SNOWBALL_2)
+    assert analyze(text, ANALYZER_EN_SNOWBALL_3) == second + compounds
 
 
 def test_term_frequencies_count_each_term() -> None:

@@ -20,6 +20,18 @@ that what reads alike matches alike, and with CJK text cut into words a query ca
   token that only the whole run finds.
 Symbols (emoji) are not words in either analyzer.
 
+Analyzer `en-snowball-3`, the default of corpora created since (again, a corpus keeps the
+analyzer it was built with): `en-snowball-2`'s terms, then one more term for each compound
+that reads as a version, a decimal or a language name: word-character runs joined by `.`, `-`,
+`+` or `#`, kept when the compound holds a `.`, `+` or `#`, or two or more joints (`1.4.8-2`,
+`3.11`, `c++`, `c#`, `e.g`, `x-1-b`), not with a lone hyphen (`il-6`, `well-known`: their
+parts already match). Parts of one character are no terms, so `1.4.8-2` had no term at all
+and a message was found by none of its version (a black-box probe: 120 queries that were a
+Debian version alone, the lexical search found the message in its top 10 for 42 %). Measured
+on SciFact train against `en-snowball-2` by one script doing both (documents, BM25 and the
+convex fusion as the stores do): hybrid nDCG@10 0.7381 vs 0.7386, lexical 0.6943 vs 0.6945;
+a term for every joined compound cost 0.0064 in hybrid, hence the rule.
+
 Passages and queries go through the same analyzer. A change to any step is a new analyzer
 name: the name is part of the corpus descriptor, and the stores keep term frequencies computed
 by it.
@@ -53,12 +65,19 @@ import Stemmer
 
 ANALYZER_EN_SNOWBALL_1: Final = "en-snowball-1"
 ANALYZER_EN_SNOWBALL_2: Final = "en-snowball-2"
-ANALYZERS: Final = frozenset({ANALYZER_EN_SNOWBALL_1, ANALYZER_EN_SNOWBALL_2})
+ANALYZER_EN_SNOWBALL_3: Final = "en-snowball-3"
+ANALYZERS: Final = frozenset(
+    {ANALYZER_EN_SNOWBALL_1, ANALYZER_EN_SNOWBALL_2, ANALYZER_EN_SNOWBALL_3}
+)
 # What a corpus created now is analyzed with.
-DEFAULT_ANALYZER: Final = ANALYZER_EN_SNOWBALL_2
+DEFAULT_ANALYZER: Final = ANALYZER_EN_SNOWBALL_3
 
 _TOKEN: Final = re.compile(r"(?u)\b\w\w+\b")
 _WORD: Final = re.compile(r"(?u)\w+")
+# `en-snowball-3`'s compounds: word runs joined by `.`, `-`, `+` or `#` (a trailing `+`/`#`
+# kept: `c++`); a term when `_COMPOUND_KEPT` finds a `.`, `+` or `#`, or two joints.
+_COMPOUND: Final = re.compile(r"(?u)\w+(?:[.+#-]\w+)+[+#]*|\w+[+#]+(?!\w)")
+_COMPOUND_KEPT: Final = re.compile(r"[.+#]|[-.].*[-.]")
 # Default-ignorable format characters a reader does not see: soft hyphen, combining grapheme
 # joiner, Arabic letter mark, Mongolian and variation selectors, zero-width space and joiners,
 # directional marks and controls, word joiner and invisible operators, BOM.
@@ -101,6 +120,9 @@ def analyze(text: str, analyzer: str) -> list[str]:
         words = _TOKEN.findall(text.lower())
     elif analyzer == ANALYZER_EN_SNOWBALL_2:
         words = _words(fold(text))
+    elif analyzer == ANALYZER_EN_SNOWBALL_3:
+        folded = fold(text)
+        words = _words(folded) + _compounds(folded)
     else:
         raise ValueError(f"unknown lexical analyzer {analyzer!r}")
     tokens = [t for t in words if t not in STOP_WORDS_EN]
@@ -136,6 +158,15 @@ def _words(folded: str) -> list[str]:
             else:
                 words.extend(part[i : i + 2] for i in range(len(part) - 1))
     return words
+
+
+def _compounds(folded: str) -> list[str]:
+    """`en-snowball-3`'s compound terms (module docstring), in order, after the words."""
+    return [
+        c
+        for c in _COMPOUND.findall(folded)
+        if _COMPOUND_KEPT.search(c) and (c.isascii() or not _CJK.search(c))
+    ]
 
 
 def term_frequencies(text: str, analyzer: str) -> dict[str, int]:
