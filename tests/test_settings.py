@@ -198,6 +198,20 @@ def test_index_snapshots_are_on_by_default_and_can_be_turned_off(tmp_path: Path)
         assert snapshot_path(tmp_path / "store.sqlite", "c1").exists() is written
 
 
+def test_the_run_lease_reaches_the_run_store_within_its_bounds(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    path = _write(tmp_path, _minimal(store={"sqlitePath": "store.sqlite"}))
+    assert load_settings(path, {}).runs.lease_s == 60.0
+    settings = load_settings(path, {"RETRIEVAL_HOST_RUNS__LEASE_S": "5"})
+    store = build_run_store(settings, {})
+    assert isinstance(store, SqliteRunStore)
+    assert store._leases.lease_s == 5.0
+    store.close()
+    for refused in ("0.5", "3601"):
+        with pytest.raises(SettingsError, match="leaseS"):
+            load_settings(path, {"RETRIEVAL_HOST_RUNS__LEASE_S": refused})
+
+
 def test_approximate_search_threshold_reaches_the_store(tmp_path: Path) -> None:
     tmp_path.chmod(0o700)
     path = _write(tmp_path, _minimal(store={"sqlitePath": "store.sqlite"}))

@@ -269,9 +269,13 @@ ProviderSettings = Annotated[
 
 
 class RunSettings(_Model):
-    """Grounded runs: SSE heartbeat interval and (for SQLite) where run records live."""
+    """Grounded runs: SSE heartbeat interval, the lease of a running record
+    (`adapters.run_leases`) and (for SQLite) where run records live."""
 
     heartbeat_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    # How long a run stays `running` without its host renewing the lease (every quarter of
+    # it): after a host stops mid-run, its runs read as failed, `INTERRUPTED`, within this.
+    lease_s: Annotated[float, Field(ge=1, le=3600)] = 60.0
     # Default: `runs.db` beside `store.sqlitePath`. Ignored with PostgreSQL (same database).
     sqlite_path: Path | None = None
 

@@ -151,6 +151,7 @@ def host_process(
     application: str = "retrieval_host.example_acl:create_driver",
     application_options: Mapping[str, Any] | None = None,
     wait_ready: bool = True,
+    runs: Mapping[str, Any] | None = None,
 ) -> Iterator[HostProcess]:
     """Serve the example application from a host file in a subprocess until the block ends.
 
@@ -160,8 +161,9 @@ def host_process(
     (e.g. a PostgreSQL DSN), `shared` (the directory of the application's ACL and revision
     registry) and `tokens`. `application` may name a module in `directory`, and
     `application_options` adds to its options; with `wait_ready=False` the block starts as
-    soon as the process runs, ready or not. `metrics_port`: True serves metrics on free
-    loopback ports (worker i's at `metrics.port + i`), a number configures that port.
+    soon as the process runs, ready or not; `runs` adds to the `runs` settings.
+    `metrics_port`: True serves metrics on free loopback ports (worker i's at
+    `metrics.port + i`), a number configures that port.
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     tls = make_tls(directory / "tls")
@@ -201,7 +203,7 @@ def host_process(
         "tokens": entries,
         "providers": dict(providers or {}),
         "store": dict(store or {"sqlitePath": "store/retrieval.sqlite"}),
-        "runs": {"heartbeatS": 0.5},
+        "runs": {"heartbeatS": 0.5, **dict(runs or {})},
         "limits": dict(limits or {}),
         "application": application,
         "applicationOptions": {

@@ -90,7 +90,7 @@ def a_result(run_id: str, corpus: str | None = "docs") -> RunResult:
 
 
 # The SQLite run database exactly as earlier releases created it: schema version 1, then
-# version 2 (which added the provider and corpus a run needs to be read again).
+# version 2 (which added the provider and corpus a run needs to be read again), then 3.
 SQLITE_RUNS_APPLICATION_ID = 0x52484E52
 _V1_COLUMNS = """\
     run_id TEXT PRIMARY KEY,
@@ -109,3 +109,25 @@ _V2_COLUMNS = """\
 _UNIQUE_KEY = "    UNIQUE (subject, idempotency_key)\n"
 SQLITE_RUNS_SCHEMA_V1 = f"CREATE TABLE runs (\n{_V1_COLUMNS}{_UNIQUE_KEY});\n"
 SQLITE_RUNS_SCHEMA_V2 = f"CREATE TABLE runs (\n{_V1_COLUMNS}{_V2_COLUMNS}{_UNIQUE_KEY});\n"
+# Version 3 (the previous main) added the usage log; version 4 the runs' leases.
+SQLITE_RUNS_SCHEMA_V3 = (
+    SQLITE_RUNS_SCHEMA_V2
+    + """CREATE TABLE usage (
+    id INTEGER PRIMARY KEY,
+    at TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    account TEXT,
+    model TEXT NOT NULL,
+    corpus TEXT,
+    requests INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    documents INTEGER NOT NULL,
+    run_id TEXT
+);
+CREATE INDEX usage_at ON usage (at);
+"""
+)

@@ -311,9 +311,11 @@ RUN_COLUMNS = (
     "run_id, subject, idempotency_key, fingerprint, status, created_at, result_json, "
     "error_code, provider, corpus"
 )
-# The columns `begin` writes (status is always 'running'), in the order of `run_insert_values`.
+# The columns `begin` writes (status is always 'running'), in the order of `run_insert_values`,
+# then the lease (`adapters.run_leases`), which each store computes on its own clock.
 RUN_INSERT_COLUMNS = (
-    "run_id, subject, idempotency_key, fingerprint, status, created_at, provider, corpus"
+    "run_id, subject, idempotency_key, fingerprint, status, created_at, provider, corpus, "
+    "lease_until"
 )
 
 

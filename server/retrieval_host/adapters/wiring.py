@@ -72,7 +72,7 @@ def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> Recor
         from retrieval_host.adapters.postgres import PgRunStore
 
         dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
-        return PgRunStore.open(dsn, schema=store.postgres_schema)
+        return PgRunStore.open(dsn, schema=store.postgres_schema, lease_s=settings.runs.lease_s)
     from retrieval_host.adapters.sqlite import SqliteRunStore
 
     path = settings.runs.sqlite_path
@@ -80,7 +80,9 @@ def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> Recor
         if store.sqlite_path is None:
             raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "set runs.sqlitePath.")
         path = settings.path(store.sqlite_path).parent / "runs.db"
-    return SqliteRunStore.open(settings.path(path), trusted_groups=_trusted_groups(settings))
+    return SqliteRunStore.open(
+        settings.path(path), trusted_groups=_trusted_groups(settings), lease_s=settings.runs.lease_s
+    )
 
 
 def _trusted_groups(settings: HostSettings) -> frozenset[int]:

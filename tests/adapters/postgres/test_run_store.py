@@ -208,12 +208,12 @@ def test_a_run_schema_of_the_previous_release_is_migrated_at_open(
     new = store.get("run-new")
     assert new is not None and (new.provider, new.corpus) == ("x", "docs")
     assert store.read_usage() == []  # the usage table came with the migration
-    run_stores()  # a second open finds version 3 and changes nothing
+    run_stores()  # a second open finds version 4 and changes nothing
     with psycopg.connect(pg_dsn) as conn:
         version = conn.execute(
             f"SELECT version FROM \"{pg_schema}\".schema_version WHERE component = 'run-store'"
         ).fetchone()
-    assert version == (3,)
+    assert version == (4,)
 
 
 def test_results_the_previous_release_stored_read_back_identically_beside_new_ones(

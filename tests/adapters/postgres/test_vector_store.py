@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from retrieval_host.adapters.postgres import PgRunStore, PgVectorStore
+from retrieval_host.adapters.postgres.run_store import SCHEMA_VERSION as RUN_SCHEMA_VERSION
 from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -138,7 +139,7 @@ def test_the_vector_and_run_stores_share_one_schema(pg_dsn: str, pg_schema: str)
                 sql.Identifier(pg_schema)
             )
         ).fetchall()
-    assert rows == [("run-store", 3), ("vector-store", VECTOR_SCHEMA_VERSION)]
+    assert rows == [("run-store", RUN_SCHEMA_VERSION), ("vector-store", VECTOR_SCHEMA_VERSION)]
 
 
 def test_a_role_that_cannot_create_pgvector_gets_a_typed_error(pg_dsn: str) -> None:

@@ -1,4 +1,4 @@
-"""Run databases of earlier releases (schema versions 1 and 2) open, keep their records and
+"""Run databases of earlier releases (schema versions 1 to 3) open, keep their records and
 migrate; a database of a newer release is refused."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tests.support.run_records import (
     SQLITE_RUNS_APPLICATION_ID,
     SQLITE_RUNS_SCHEMA_V1,
     SQLITE_RUNS_SCHEMA_V2,
+    SQLITE_RUNS_SCHEMA_V3,
     a_result,
 )
 
@@ -89,7 +90,7 @@ def test_a_run_database_of_the_previous_release_opens_and_keeps_its_records(
     finally:
         store.close()
     version = apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall()[0][0]
-    assert version == 3
+    assert version == 4
     # Opening the migrated file again is a no-op.
     SqliteRunStore.open(path).close()
 
@@ -99,9 +100,9 @@ def test_a_run_database_of_a_newer_release_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     make_v1_database(path)
     db = apsw.Connection(str(path))
-    db.execute("PRAGMA user_version=4")
+    db.execute("PRAGMA user_version=5")
     db.close()
-    with pytest.raises(RetrievalError, match="version 4"):
+    with pytest.raises(RetrievalError, match="version 5"):
         SqliteRunStore.open(path)
 
 
@@ -168,3 +169,44 @@ def test_a_closed_run_store_drops_usage_records_with_a_log_line_and_never_raises
         assert reopened.read_usage() == [USAGE]
     finally:
         reopened.close()
+
+
+def test_a_run_database_of_the_previous_main_gets_leases_for_new_runs_only(
+    tmp_path: Path,
+) -> None:
+    """Version 3 had no leases: its running record (a run of the old release, perhaps still
+    going on another host during an upgrade) is never marked interrupted; new runs get a
+    lease that lapses."""
+    tmp_path.chmod(0o700)
+    path = tmp_path / "runs.db"
+    db = apsw.Connection(str(path))
+    with db:
+        db.execute(SQLITE_RUNS_SCHEMA_V3)
+        db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
+        db.execute("PRAGMA user_version=3")
+        db.execute(
+            "INSERT INTO runs VALUES ('run_old', 'alice', 'k1', 'fp', 'running', 't', NULL, NULL,"
+            " 'local', 'docs')"
+        )
+        db.execute(
+            "INSERT INTO usage VALUES (1, '2026-12-01T00:00:00.000Z', 'alice', 'run',"
+            " 'generation', 'local', NULL, 'm', NULL, 1, 2, 3, 0, 'run_old')"
+        )
+    db.close()
+    store = SqliteRunStore.open(path, lease_s=1.0)
+    try:
+        assert len(store.read_usage()) == 1
+        assert store.begin(RunRecord("run_new", "alice", "k2", "fp", "running", "t")) is None
+    finally:
+        store.close()  # ends run_new as interrupted, as a host stopping mid-run does
+    reopened = SqliteRunStore.open(path)
+    try:
+        old, new = reopened.get("run_old"), reopened.get("run_new")
+        assert old is not None and (old.status, old.error_code) == ("running", None)
+        assert new is not None and (new.status, new.error_code) == ("failed", "INTERRUPTED")
+    finally:
+        reopened.close()
+    query = "SELECT run_id, lease_until FROM runs ORDER BY run_id"
+    leases = {str(k): v for k, v in apsw.Connection(str(path)).execute(query).fetchall()}
+    assert leases["run_old"] is None and isinstance(leases["run_new"], float)
+    assert apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall()[0][0] == 4

@@ -38,6 +38,7 @@ from retrieval_host.adapters.postgres.schema import (
     ensure_schema_component,
     schema_sql,
 )
+from retrieval_host.adapters.run_leases import DEFAULT_LEASE_S, INTERRUPTED, LeaseKeeper
 from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
@@ -48,7 +49,7 @@ from retrieval_host.core.usage import UsageRecord
 __all__ = ["PgRunStore"]
 
 COMPONENT: Final = "run-store"
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 _TABLES: Final = {
     "runs": {
@@ -62,6 +63,7 @@ _TABLES: Final = {
         "error_code": "text",
         "provider": "text",
         "corpus": "text",
+        "lease_until": "float8",
     },
     "usage": {
         "id": "int8",
@@ -111,11 +113,23 @@ _DDL: Final = (
         error_code text,
         provider text,
         corpus text,
+        lease_until double precision,
         CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)
     )""",
     *_USAGE_DDL,
 )
 _SELECT: Final = f"SELECT {RUN_COLUMNS} FROM {{s}}.runs"  # noqa: S608 - constant columns
+# Leases are on the database server's clock, which every replica shares (`adapters.run_leases`).
+_NOW: Final = "extract(epoch FROM clock_timestamp())"
+# The record, and whether it is running on a lease that lapsed.
+_SELECT_LAPSED: Final = (
+    f"SELECT {RUN_COLUMNS}, status = 'running' AND lease_until < {_NOW} "  # noqa: S608
+    "FROM {s}.runs"
+)
+_INTERRUPT: Final = (
+    f"UPDATE {{s}}.runs SET status = 'failed', error_code = '{INTERRUPTED}' "  # noqa: S608
+    "WHERE status = 'running' AND run_id = ANY(%s)"
+)
 # Version 1 had no provider and corpus columns (NULL for the runs it recorded).
 _MIGRATIONS: Final = {
     1: (
@@ -124,18 +138,26 @@ _MIGRATIONS: Final = {
     ),
     # Version 2 had no usage table.
     2: _USAGE_DDL,
+    # Version 3 had no leases (`adapters.run_leases`): its running records keep none.
+    3: ("ALTER TABLE {s}.runs ADD COLUMN lease_until double precision",),
 }
 
 
 class PgRunStore:
     """Implements `core.run_ports.RunStore` over PostgreSQL; create with `open()`."""
 
-    def __init__(self, pool: ConnectionPool, schema: str) -> None:
+    def __init__(
+        self, pool: ConnectionPool, schema: str, *, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
         """Private: use `PgRunStore.open(dsn)`, which prepares the schema."""
         self._pool = pool
         self._schema = schema
         # Usage records are committed in groups by one thread (`adapters.usage_writer`).
         self._usage = UsageWriter(self._write_usage, name="usage-writer-postgres")
+        # Running runs' leases, renewed by one thread (`adapters.run_leases`).
+        self._leases = LeaseKeeper(
+            self._renew, self._interrupt, lease_s=lease_s, name="run-leases-postgres"
+        )
 
     @classmethod
     def open(
@@ -145,8 +167,11 @@ class PgRunStore:
         schema: str = DEFAULT_SCHEMA,
         pool_size: int = 2,
         statement_timeout_ms: int = 30_000,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> PgRunStore:
-        """Connect and create (or check) the run table. `UNSAFE_STORE` for a foreign schema."""
+        """Connect and create (or check) the run table. `UNSAFE_STORE` for a foreign schema.
+        `lease_s`: how long a running record stays so without its host renewing it
+        (`adapters.run_leases`)."""
         check_schema_name(schema)
         if isinstance(statement_timeout_ms, bool) or statement_timeout_ms < 1:
             raise ValueError("statement_timeout_ms must be a positive integer")
@@ -167,7 +192,7 @@ class PgRunStore:
         except BaseException:
             pool.close()
             raise
-        return cls(pool, schema)
+        return cls(pool, schema, lease_s=lease_s)
 
     def begin(self, record: RunRecord) -> RunRecord | None:
         """Insert a `running` record, or return the subject's record for the same key."""
@@ -182,27 +207,29 @@ class PgRunStore:
             inserted = conn.execute(
                 self._sql(
                     f"INSERT INTO {{s}}.runs ({RUN_INSERT_COLUMNS}) "  # noqa: S608 - constants
-                    "VALUES (%s, %s, %s, %s, 'running', %s, %s, %s) "
+                    f"VALUES (%s, %s, %s, %s, 'running', %s, %s, %s, {_NOW} + %s) "
                     "ON CONFLICT (subject, idempotency_key) DO NOTHING RETURNING run_id"
                 ),
-                run_insert_values(record),
+                (*run_insert_values(record), self._leases.lease_s),
             ).fetchone()
             if inserted is not None:
+                self._leases.add(record.run_id)
                 return None
-            row = conn.execute(
-                self._sql(_SELECT + " WHERE subject = %s AND idempotency_key = %s"),
+            existing = self._read(
+                conn, " WHERE subject = %s AND idempotency_key = %s",
                 (record.subject, record.idempotency_key),
-            ).fetchone()
-        if row is None:  # pragma: no cover - the conflicting row cannot vanish under READ COMMITTED
+            )  # fmt: skip
+        if existing is None:  # pragma: no cover - a conflicting row cannot vanish (READ COMMITTED)
             raise RetrievalError(
                 ErrorCode.STORE_UNAVAILABLE,
                 "the run record of this idempotency key disappeared.",
                 reason=StoreUnavailableReason.DATABASE_ERROR,
             )
-        return run_record(row)
+        return existing
 
     def complete(self, run_id: str, result: RunResult) -> None:
         """Mark the run completed with its result (in the `wire.run_storage` format)."""
+        self._leases.discard(run_id)
         body = run_result_json(result)
         with self._pool.connection() as conn, translated("completing a run"):
             conn.execute(
@@ -214,6 +241,7 @@ class PgRunStore:
 
     def finish(self, run_id: str, status: RunStatus, error_code: str) -> None:
         """End a still-running run with a failure or cancellation status."""
+        self._leases.discard(run_id)
         with self._pool.connection() as conn, translated("finishing a run"):
             conn.execute(
                 self._sql(
@@ -228,11 +256,33 @@ class PgRunStore:
         if "\x00" in run_id:
             return None
         with self._pool.connection() as conn, translated("reading a run"):
-            row = conn.execute(
-                self._sql(_SELECT + " WHERE run_id = %s"),
-                (run_id,),
-            ).fetchone()
-        return run_record(row) if row is not None else None
+            return self._read(conn, " WHERE run_id = %s", (run_id,))
+
+    def _read(
+        self, conn: Connection, where: str, params: tuple[str | None, ...]
+    ) -> RunRecord | None:
+        """The one record `where` selects, a running one whose lease lapsed marked
+        interrupted first (the marking guarded by the lapse: a renewal between the two
+        statements wins)."""
+        row = conn.execute(self._sql(_SELECT_LAPSED + where), params).fetchone()
+        if row is not None and row[-1]:
+            conn.execute(self._sql(_INTERRUPT + f" AND lease_until < {_NOW}"), ([str(row[0])],))
+            row = conn.execute(self._sql(_SELECT_LAPSED + where), params).fetchone()
+        return run_record(row[:-1]) if row is not None else None
+
+    def _renew(self, run_ids: Sequence[str], lease_s: float) -> None:
+        with self._pool.connection() as conn, translated("renewing run leases"):
+            conn.execute(
+                self._sql(
+                    f"UPDATE {{s}}.runs SET lease_until = {_NOW} + %s "  # noqa: S608 - constants
+                    "WHERE status = 'running' AND run_id = ANY(%s)"
+                ),
+                (lease_s, list(run_ids)),
+            )
+
+    def _interrupt(self, run_ids: Sequence[str]) -> None:
+        with self._pool.connection() as conn, translated("marking runs interrupted"):
+            conn.execute(self._sql(_INTERRUPT), (list(run_ids),))
 
     def record_usage(self, records: Sequence[UsageRecord]) -> None:
         """`core.usage.UsageSink`: queue the records for the next group commit (within one
@@ -273,6 +323,7 @@ class PgRunStore:
     def close(self) -> None:
         """Write the queued usage records, close the pool; later calls raise
         `STORE_UNAVAILABLE`. Idempotent."""
+        self._leases.close()  # marks the runs still going interrupted
         self._usage.close()
         self._pool.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Final
 
@@ -26,6 +27,7 @@ from retrieval_host.adapters._store_rules import (
     usage_record,
     usage_values,
 )
+from retrieval_host.adapters.run_leases import DEFAULT_LEASE_S, INTERRUPTED, LeaseKeeper
 from retrieval_host.adapters.sqlite.schema import Identity, open_database, translated
 from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.run_ports import RunRecord, RunStatus
@@ -35,7 +37,7 @@ from retrieval_host.core.usage import UsageRecord
 __all__ = ["SqliteRunStore"]
 
 APPLICATION_ID: Final = 0x52484E52  # "RHNR": retrieval-host run records
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 _USAGE_TABLE: Final = """CREATE TABLE usage (
     id INTEGER PRIMARY KEY,
     at TEXT NOT NULL,
@@ -65,6 +67,7 @@ _SCHEMA: Final = (
     error_code TEXT,
     provider TEXT,
     corpus TEXT,
+    lease_until REAL,
     UNIQUE (subject, idempotency_key)
 )""",
     _USAGE_TABLE,
@@ -72,57 +75,77 @@ _SCHEMA: Final = (
 )
 # Version 1 had no provider and corpus columns; opening it adds them (NULL for older runs).
 # Version 2 had no usage table; opening it adds an empty one.
+# Version 3 had no leases (`adapters.run_leases`): its running records keep none.
 _MIGRATIONS: Final = {
     1: ("ALTER TABLE runs ADD COLUMN provider TEXT", "ALTER TABLE runs ADD COLUMN corpus TEXT"),
     2: (_USAGE_TABLE, _USAGE_INDEX),
+    3: ("ALTER TABLE runs ADD COLUMN lease_until REAL",),
 }
 # `tables`: those every version has (`usage` came with version 3).
 IDENTITY: Final = Identity(
     APPLICATION_ID, SCHEMA_VERSION, frozenset({"runs"}), _SCHEMA, _MIGRATIONS
 )
 _SELECT: Final = f"SELECT {RUN_COLUMNS} FROM runs"  # noqa: S608 - constant column names
+# The same, and whether the record is running on a lease that lapsed before `?`.
+_SELECT_LAPSED: Final = f"SELECT {RUN_COLUMNS}, status = 'running' AND lease_until < ? FROM runs"  # noqa: S608
+_MARK_INTERRUPTED: Final = (
+    f"UPDATE runs SET status = 'failed', error_code = '{INTERRUPTED}'"  # noqa: S608 - constant
+    " WHERE run_id = ? AND status = 'running' AND lease_until < ?"
+)
 
 
 class SqliteRunStore:
     """Implements `core.run_ports.RunStore`. One connection, serialized by a lock."""
 
-    def __init__(self, connection: apsw.Connection) -> None:
+    def __init__(self, connection: apsw.Connection, *, lease_s: float = DEFAULT_LEASE_S) -> None:
         """Private: use `SqliteRunStore.open(path)`, which checks and prepares the file."""
         self._db = connection
         self._lock = threading.Lock()
         # Usage records are committed in groups by one thread (`adapters.usage_writer`).
         self._usage = UsageWriter(self._write_usage, name="usage-writer-sqlite")
+        # Running runs' leases, renewed by one thread (`adapters.run_leases`).
+        self._leases = LeaseKeeper(
+            self._renew, self._interrupt, lease_s=lease_s, name="run-leases-sqlite"
+        )
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, trusted_groups: frozenset[int] = frozenset()
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        trusted_groups: frozenset[int] = frozenset(),
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> SqliteRunStore:
         """Open (creating if missing) the run database at `path` (`trusted_groups` as for
-        `SqliteVectorStore.open`).
+        `SqliteVectorStore.open`; `lease_s`: how long a running record stays so without its
+        host renewing it, `adapters.run_leases`).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
         """
         connection, _ = open_database(path, IDENTITY, trusted_groups)
-        return cls(connection)
+        return cls(connection, lease_s=lease_s)
 
     def begin(self, record: RunRecord) -> RunRecord | None:
-        with self._lock, translated("recording a run"), self._db:
-            self._db.execute(
-                f"INSERT INTO runs ({RUN_INSERT_COLUMNS})"  # noqa: S608 - constant columns
-                " VALUES (?, ?, ?, ?, 'running', ?, ?, ?)"
-                " ON CONFLICT (subject, idempotency_key) DO NOTHING",
-                run_insert_values(record),
-            )
-            if self._db.changes() == 1:
+        with self._lock, translated("recording a run"):
+            with self._db:
+                self._db.execute(
+                    f"INSERT INTO runs ({RUN_INSERT_COLUMNS})"  # noqa: S608 - constant columns
+                    " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)"
+                    " ON CONFLICT (subject, idempotency_key) DO NOTHING",
+                    (*run_insert_values(record), time.time() + self._leases.lease_s),
+                )
+                inserted = self._db.changes() == 1
+            if inserted:
+                self._leases.add(record.run_id)
                 return None
-            rows = self._db.execute(
-                _SELECT + " WHERE subject = ? AND idempotency_key = ?",
+            return self._read(
+                " WHERE subject = ? AND idempotency_key = ?",
                 (record.subject, record.idempotency_key),
-            ).fetchall()
-        return run_record(rows[0])
+            )
 
     def complete(self, run_id: str, result: RunResult) -> None:
+        self._leases.discard(run_id)
         with self._lock, translated("recording a run"), self._db:
             self._db.execute(
                 "UPDATE runs SET status = 'completed', result_json = ? WHERE run_id = ?",
@@ -130,6 +153,7 @@ class SqliteRunStore:
             )
 
     def finish(self, run_id: str, status: RunStatus, error_code: str) -> None:
+        self._leases.discard(run_id)
         with self._lock, translated("finishing a run"), self._db:
             self._db.execute(
                 "UPDATE runs SET status = ?, error_code = ?"
@@ -139,8 +163,36 @@ class SqliteRunStore:
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock, translated("reading a run"):
-            rows = self._db.execute(_SELECT + " WHERE run_id = ?", (run_id,)).fetchall()
-        return run_record(rows[0]) if rows else None
+            return self._read(" WHERE run_id = ?", (run_id,))
+
+    def _read(self, where: str, params: tuple[str | None, ...]) -> RunRecord | None:
+        """The one record `where` selects, a running one whose lease lapsed marked
+        interrupted first. Called with the lock held."""
+        now = time.time()
+        rows = self._db.execute(_SELECT_LAPSED + where, (now, *params)).fetchall()
+        if rows and rows[0][-1]:
+            with self._db:
+                self._db.execute(_MARK_INTERRUPTED, (rows[0][0], now))
+            rows = self._db.execute(_SELECT_LAPSED + where, (now, *params)).fetchall()
+        return run_record(rows[0][:-1]) if rows else None
+
+    def _renew(self, run_ids: Sequence[str], lease_s: float) -> None:
+        marks = ", ".join("?" * len(run_ids))
+        with self._lock, translated("renewing run leases"), self._db:
+            self._db.execute(
+                f"UPDATE runs SET lease_until = ?"  # noqa: S608 - placeholders only
+                f" WHERE status = 'running' AND run_id IN ({marks})",
+                (time.time() + lease_s, *run_ids),
+            )
+
+    def _interrupt(self, run_ids: Sequence[str]) -> None:
+        marks = ", ".join("?" * len(run_ids))
+        with self._lock, translated("marking runs interrupted"), self._db:
+            self._db.execute(
+                f"UPDATE runs SET status = 'failed', error_code = '{INTERRUPTED}'"  # noqa: S608
+                f" WHERE status = 'running' AND run_id IN ({marks})",
+                tuple(run_ids),
+            )
 
     def record_usage(self, records: Sequence[UsageRecord]) -> None:
         """`core.usage.UsageSink`: queue the records for the next group commit (within one
@@ -174,6 +226,7 @@ class SqliteRunStore:
         return [usage_record(row) for row in rows]
 
     def close(self) -> None:
+        self._leases.close()  # marks the runs still going interrupted
         self._usage.close()  # writes what is queued first
         with self._lock:
             self._db.close()

@@ -31,13 +31,14 @@ def replay(
             reason=InvalidRequestReason.IDEMPOTENCY_KEY_REUSED,
         )
     if existing.status == "running":
-        # Running still (or its host stopped before it ended): running it again would do
-        # the work twice, which is what the key exists to prevent.
+        # Running still (or its host stopped and its lease has not lapsed yet): running it
+        # again would do the work twice, which is what the key exists to prevent.
         raise RetrievalError(
             ErrorCode.CONTEXT_REPLAY_UNAVAILABLE,
             f"the run with this idempotencyKey ({existing.run_id}) has not finished; ask "
             "again once GET /v1/runs/{id} shows it completed to receive its result. A run "
-            "whose host stopped before it ended stays running: send it with a new key.",
+            "whose host stopped before it ended reads as failed (INTERRUPTED) once its lease "
+            "lapses (runs.leaseS); send it again with a new key then.",
             reason=ContextReplayUnavailableReason.IN_PROGRESS,
         )
     if existing.status != "completed" or existing.result is None:
