@@ -267,6 +267,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         """
         call = self._stream_run(request, fields)
         assert isinstance(call.body, bytes)
+        self._check_open()
         http_request = self._http.build_request(
             call.method, call.path, headers=call.headers, content=call.body
         )

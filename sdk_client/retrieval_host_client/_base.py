@@ -23,6 +23,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel
 
+from retrieval_host_client._errors import ClientClosedError
 from retrieval_host_client._responses import (
     EVENT_STREAM,
     check_event_stream,
@@ -146,7 +147,14 @@ def ssl_verify(ca_bundle: str | os.PathLike[str] | ssl.SSLContext | None) -> ssl
 
 
 def _timeout(timeout: TimeoutTypes) -> httpx.Timeout:
-    return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+    """Checked here, not at the first call (httpx accepts -1 and fails when it is used)."""
+    if isinstance(timeout, httpx.Timeout):
+        return timeout
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise ValueError("timeout must be a positive number of seconds, an httpx.Timeout or None")
+    return httpx.Timeout(timeout)
 
 
 # --- calls ------------------------------------------------------------------------------------
@@ -284,9 +292,15 @@ class BaseClient(Generic[H]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={str(self.base_url)!r})"
 
+    def _check_open(self) -> None:
+        """`ClientClosedError` once the shell was closed (httpx's own is a bare RuntimeError)."""
+        if self._http.is_closed:
+            raise ClientClosedError(f"this {type(self).__name__} is closed; make a new one")
+
     def _request(self, call: Call[Any], content: Any, length: int | None) -> httpx.Request:
         """The httpx request of `call`, its body `content` (bytes or a chunk iterator, from
         the shell's `_body`) of `length` bytes when known."""
+        self._check_open()
         headers = dict(call.headers)
         if length is not None:
             headers["Content-Length"] = str(length)

@@ -24,6 +24,7 @@ __all__ = [
     "AuthenticationError",
     "CapacityExceededError",
     "ChunkIdConflictError",
+    "ClientClosedError",
     "ConflictError",
     "ContextReplayUnavailableError",
     "DescriptorMismatchError",
@@ -62,7 +63,7 @@ class RetrievalHostError(Exception):
     """Base of every error this package raises. `code` is the host's stable problem code.
 
     Errors raised by the client itself carry client-side codes that the host never sends:
-    `CONNECTION_ERROR`, `CLIENT_TIMEOUT` and `PROTOCOL_ERROR`.
+    `CONNECTION_ERROR`, `CLIENT_TIMEOUT`, `CLIENT_CLOSED` and `PROTOCOL_ERROR`.
     """
 
     code: str = "INTERNAL"
@@ -113,6 +114,13 @@ class RetrievalHostTimeoutError(RetrievalHostConnectionError):
     """The client's own timeout (connect, write, read or pool) expired."""
 
     code = "CLIENT_TIMEOUT"
+
+
+class ClientClosedError(RetrievalHostError, RuntimeError):
+    """A call on a client after `close()` / `aclose()`: nothing was sent. Make a new client.
+    (A `RuntimeError` too, which is what such a call raised before.)"""
+
+    code = "CLIENT_CLOSED"
 
 
 # --- protocol branch --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 
 from retrieval_host_client import (
     APIStatusError,
+    ClientClosedError,
     ConflictError,
     HostBusyError,
     InternalServerError,
@@ -356,3 +357,32 @@ def test_a_pool_wait_that_expires_says_nothing_was_sent() -> None:
     error = transport_error(httpx.PoolTimeout("no connection free"))
     assert isinstance(error, RetrievalHostTimeoutError)
     assert error.request_sent is False
+
+
+def test_a_closed_client_raises_its_typed_error_and_sends_nothing(connect: Connect) -> None:
+    api = connect()
+    api.discover()  # open, it answers
+    api.close()
+    calls: list[Callable[[], object]] = [
+        api.discover,
+        lambda: api.search_context(corpus=CORPUS, query="rotate"),
+        lambda: api.ingest_context(
+            b"# Notes", corpus=CORPUS, source_id="closed.md", media_type="text/markdown"
+        ),
+        lambda: api.get_run("run_1"),
+    ]
+    for call in calls:
+        with pytest.raises(ClientClosedError) as caught:
+            call()
+        assert caught.value.code == "CLIENT_CLOSED"
+        assert isinstance(caught.value, RuntimeError)  # what such a call raised before
+    with pytest.raises(ClientClosedError), api.stream_run(RUN) as stream:
+        stream.until_done()
+
+
+@pytest.mark.parametrize("timeout", [-1, 0, "5", True, float("nan")])
+def test_a_timeout_that_cannot_work_is_refused_when_the_client_is_made(
+    connect: Connect, timeout: object
+) -> None:
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        connect(timeout=timeout)
