@@ -6,8 +6,9 @@ import math
 
 import pytest
 
+from retrieval_host.adapters.embedding_local import MODEL_NAME
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.fusion import FusionSettings, fuse, missing, single
+from retrieval_host.core.fusion import FusionSettings, for_model, fuse, missing, single
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate
 
@@ -111,3 +112,33 @@ def test_missing_names_the_candidates_each_mode_did_not_rank() -> None:
     )
     assert [c.chunk_id for c in no_dense] == ["c"]
     assert [c.chunk_id for c in no_lexical] == ["b"]
+
+
+def test_dense_scaling_divides_by_at_least_the_floor_so_a_narrow_band_cannot_prevail() -> None:
+    """An identifier the model embeds poorly: every candidate's cosine within 0.1. Plain
+    min-max stretched that to 0..1 and put a look-alike above the passage naming the
+    identifier; with a floor of 0.5 the dense difference counts 0.1 / 0.5 of its weight."""
+    dense = [cand("look", 0.40), cand("other", 0.35), cand("hit", 0.30)]
+    lexical = [cand("hit", 10.0), cand("look", 7.0), cand("other", 0.0)]
+    plain = fuse(dense, lexical, FusionSettings(dense_min_spread=0.0))
+    assert [r.candidate.chunk_id for r in plain] == ["look", "hit", "other"]  # 0.835 > 0.55
+    floored = fuse(dense, lexical, FusionSettings(dense_min_spread=0.5))
+    scores = {r.candidate.chunk_id: r.candidate.score for r in floored}
+    assert [r.candidate.chunk_id for r in floored] == ["hit", "look", "other"]
+    assert math.isclose(scores["hit"], 0.55 * 1.0)
+    assert math.isclose(scores["look"], 0.45 * 0.1 / 0.5 + 0.55 * 0.7)
+    assert math.isclose(scores["other"], 0.45 * 0.05 / 0.5)
+    # A spread wider than the floor scales as before; the floor never touches lexical.
+    wide = [cand("a", 0.9), cand("b", 0.2)]
+    same = fuse(wide, [], FusionSettings(dense_min_spread=0.5), {"lexical": {"a": 1.0}})
+    assert [r.candidate.score for r in same] == [1.0, 0.0]
+
+
+def test_the_floor_defaults_to_what_was_measured_for_the_corpus_model() -> None:
+    assert for_model(FusionSettings(), MODEL_NAME).dense_min_spread == 0.5
+    assert for_model(FusionSettings(), "text-embedding-3-small").dense_min_spread == 0.0
+    chosen = FusionSettings(dense_min_spread=0.2)
+    assert for_model(chosen, MODEL_NAME) is chosen
+    for refused in (-0.1, 2.5, math.nan):
+        with pytest.raises(RetrievalError, match="dense_min_spread"):
+            FusionSettings(dense_min_spread=refused)

@@ -13,6 +13,18 @@ already restricted to the grant by the store) and fuses them per query:
   passage ranked 101st by one mode is not worth nothing in it.
 - `rrf`: reciprocal rank fusion, the sum over both lists of 1 / (rrf_k + rank), rank from 1.
 
+Dense min-max scaling divides by at least `dense_min_spread` of cosine similarity. Min-max
+stretches whatever spread a query's candidates have to the whole of 0..1: for a query the
+model embeds poorly (an identifier: `QX-1317`, `--file-name`, a version), every candidate's
+similarity lies within a narrow band (0.17-0.43 for such queries on man pages, against
+0.41-0.72 for SciFact's claims, 5th-75th percentile), and differences the model barely sees
+outweighed the lexical match that names the passage. With the floor, such a mode adds at
+most its weight times its spread over the floor. 0.5 was measured for the local model
+(`MEASURED_DENSE_MIN_SPREAD`; bench/README.md, session 24): SciFact train nDCG@10 0.7407 ->
+0.7418, identifier-only queries' MRR@10 up on planted sensor codes (0.965 -> 1.000), man page
+options (0.835 -> 0.855) and mail versions, no query kind down by more than 0.002. A model
+not measured keeps plain min-max (its cosines may lie on another scale).
+
 Equal fused scores come in chunk id order, so a result never depends on which store answered.
 """
 
@@ -21,13 +33,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Final, Literal
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import SEARCH_MODES, SearchMode
 from retrieval_host.core.ports import Candidate
 
-__all__ = ["SEARCH_MODES", "FusionSettings", "Ranked", "SearchMode", "fuse", "missing", "single"]
+__all__ = [
+    "MEASURED_DENSE_MIN_SPREAD",
+    "SEARCH_MODES",
+    "FusionSettings",
+    "Ranked",
+    "SearchMode",
+    "for_model",
+    "fuse",
+    "missing",
+    "single",
+]
+
+# The dense floor measured per embedding model (its descriptor's `model`); the local model's
+# name is `adapters.embedding_local.MODEL_NAME` (a test holds the two together).
+MEASURED_DENSE_MIN_SPREAD: Final[Mapping[str, float]] = {"all-MiniLM-L6-v2-int8": 0.5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +67,9 @@ class FusionSettings:
     # candidate scored in both modes, SciFact train's nDCG@10 held within 0.001 from 30 to 100
     # (0.7422 at 50, 0.7415 at 100); 50 costs about half of 100's candidate reading.
     candidates: int = 50
+    # The least cosine spread dense scaling divides by (module docstring). None: the measured
+    # value of the corpus's model (`for_model`), or 0 (plain min-max) for a model not measured.
+    dense_min_spread: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("convex", "rrf"):
@@ -51,6 +80,18 @@ class FusionSettings:
             raise RetrievalError(ErrorCode.INVALID_REQUEST, "fusion rrf_k must be positive")
         if isinstance(self.candidates, bool) or not 1 <= self.candidates <= 1000:
             raise RetrievalError(ErrorCode.INVALID_REQUEST, "fusion candidates must be 1..1000")
+        spread = self.dense_min_spread
+        if spread is not None and not (math.isfinite(spread) and 0 <= spread <= 2):
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST, "fusion dense_min_spread must be in 0..2 (cosine)"
+            )
+
+
+def for_model(settings: FusionSettings, model: str) -> FusionSettings:
+    """`settings` with its dense floor resolved for the embedding model `model`."""
+    if settings.dense_min_spread is not None:
+        return settings
+    return replace(settings, dense_min_spread=MEASURED_DENSE_MIN_SPREAD.get(model, 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +108,7 @@ def single(mode: Literal["dense", "lexical"], candidates: Sequence[Candidate]) -
     return [Ranked(c, {mode: c.score}) for c in candidates]
 
 
-def _scaled(values: Mapping[str, float]) -> dict[str, float]:
+def _scaled(values: Mapping[str, float], min_spread: float = 0.0) -> dict[str, float]:
     if not values:
         return {}
     low = min(values.values())
@@ -78,7 +119,8 @@ def _scaled(values: Mapping[str, float]) -> dict[str, float]:
         # no similarity), none is worth anything: a query matching no word scored 1.0 in
         # hybrid, above real matches, which `minScore` could not tell apart.
         return dict.fromkeys(values, 1.0 if high > 0 else 0.0)
-    return {chunk_id: (v - low) / (high - low) for chunk_id, v in values.items()}
+    spread = max(high - low, min_spread)
+    return {chunk_id: (v - low) / spread for chunk_id, v in values.items()}
 
 
 def missing(
@@ -115,13 +157,14 @@ def fuse(
     fused: dict[str, float] = dict.fromkeys(by_id, 0.0)
     if settings.method == "convex":
         weights = {"dense": settings.dense_weight, "lexical": 1.0 - settings.dense_weight}
+        floors = {"dense": settings.dense_min_spread or 0.0, "lexical": 0.0}
         for mode, candidates in (("dense", dense), ("lexical", lexical)):
             values = {c.chunk_id: c.score for c in candidates}
             for chunk_id, value in (completed or {}).get(mode, {}).items():
                 if chunk_id in by_id and chunk_id not in values:
                     values[chunk_id] = value
                     raw[chunk_id][mode] = value
-            for chunk_id, value in _scaled(values).items():
+            for chunk_id, value in _scaled(values, floors[mode]).items():
                 fused[chunk_id] += weights[mode] * value
     else:
         for candidates in (dense, lexical):

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.filters import MetadataFilter
-from retrieval_host.core.fusion import Ranked, fuse, missing, single
+from retrieval_host.core.fusion import Ranked, for_model, fuse, missing, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
 from retrieval_host.core.ports import Candidate, RankingPolicy
@@ -75,7 +75,8 @@ def rank(
             )
             completed["lexical"] = _known(no_lexical, values)
         context.cancel.progress()
-    return fuse(dense, lexical, corpus.fusion, completed, wanted), usage
+    fusion = for_model(corpus.fusion, corpus.embedding.descriptor.model)
+    return fuse(dense, lexical, fusion, completed, wanted), usage
 
 
 def _known(passages: Sequence[Candidate], values: Sequence[float | None]) -> dict[str, float]:

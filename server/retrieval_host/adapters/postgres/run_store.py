@@ -118,7 +118,6 @@ _DDL: Final = (
     )""",
     *_USAGE_DDL,
 )
-_SELECT: Final = f"SELECT {RUN_COLUMNS} FROM {{s}}.runs"  # noqa: S608 - constant columns
 # Leases are on the database server's clock, which every replica shares (`adapters.run_leases`).
 _NOW: Final = "extract(epoch FROM clock_timestamp())"
 # The record, and whether it is running on a lease that lapsed.

@@ -85,9 +85,11 @@ _MIGRATIONS: Final = {
 IDENTITY: Final = Identity(
     APPLICATION_ID, SCHEMA_VERSION, frozenset({"runs"}), _SCHEMA, _MIGRATIONS
 )
-_SELECT: Final = f"SELECT {RUN_COLUMNS} FROM runs"  # noqa: S608 - constant column names
-# The same, and whether the record is running on a lease that lapsed before `?`.
-_SELECT_LAPSED: Final = f"SELECT {RUN_COLUMNS}, status = 'running' AND lease_until < ? FROM runs"  # noqa: S608
+# A record, and whether it is running on a lease that lapsed before `?`.
+_SELECT_LAPSED: Final = (
+    f"SELECT {RUN_COLUMNS}, status = 'running' AND lease_until < ?"  # noqa: S608 - constants
+    " FROM runs"
+)
 _MARK_INTERRUPTED: Final = (
     f"UPDATE runs SET status = 'failed', error_code = '{INTERRUPTED}'"  # noqa: S608 - constant
     " WHERE run_id = ? AND status = 'running' AND lease_until < ?"
