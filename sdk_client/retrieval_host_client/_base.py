@@ -146,15 +146,32 @@ def ssl_verify(ca_bundle: str | os.PathLike[str] | ssl.SSLContext | None) -> ssl
     return context
 
 
+# Longer than this, the standard library's clocks overflow (1e10 s): a year is "wait a lot".
+MAX_TIMEOUT_S: Final = 365 * 24 * 3600.0
+_TIMEOUT_RULE: Final = (
+    "timeout must be a positive number of seconds up to a year, or None to wait forever"
+)
+
+
 def _timeout(timeout: TimeoutTypes) -> httpx.Timeout:
-    """Checked here, not at the first call (httpx accepts -1 and fails when it is used)."""
+    """Checked here, not at the first call: httpx accepts -1, infinity or 1e10 and fails when
+    it is used (sync and async differently), with errors that are not this package's."""
     if isinstance(timeout, httpx.Timeout):
+        parts = timeout.as_dict().values()
+        if not all(part is None or _seconds(part) for part in parts):
+            raise ValueError(f"{_TIMEOUT_RULE}; every part of an httpx.Timeout too")
         return timeout
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
-    ):
-        raise ValueError("timeout must be a positive number of seconds, an httpx.Timeout or None")
+    if timeout is not None and not _seconds(timeout):
+        raise ValueError(_TIMEOUT_RULE)
     return httpx.Timeout(timeout)
+
+
+def _seconds(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value <= MAX_TIMEOUT_S
+    )
 
 
 # --- calls ------------------------------------------------------------------------------------

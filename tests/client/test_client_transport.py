@@ -380,9 +380,23 @@ def test_a_closed_client_raises_its_typed_error_and_sends_nothing(connect: Conne
         stream.until_done()
 
 
-@pytest.mark.parametrize("timeout", [-1, 0, "5", True, float("nan")])
+@pytest.mark.parametrize(
+    "timeout",
+    [
+        -1,
+        0,
+        "5",
+        True,
+        float("nan"),
+        float("inf"),
+        1e10,
+        httpx.Timeout(-1),
+        httpx.Timeout(5, connect=0),
+    ],
+)
 def test_a_timeout_that_cannot_work_is_refused_when_the_client_is_made(
     connect: Connect, timeout: object
 ) -> None:
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         connect(timeout=timeout)
+    connect(timeout=httpx.Timeout(5, read=None)).discover()  # None: wait forever for that part

@@ -105,3 +105,20 @@ def _status(store: RunStore, run_id: str) -> str:
     got = store.get(run_id)
     assert got is not None
     return got.status
+
+
+def check_stalled_host_result_replaces_the_mark(
+    beginner: RunStore, reader: RunStore, lapse: Callable[[str], None]
+) -> None:
+    """A host that stalled past its lease (`lapse` moves the lease into the past, as a store
+    unreachable that long would leave it): read as interrupted meanwhile, then its recorded
+    result replaces the mark, error code included."""
+    assert beginner.begin(record("run-stalled", "k-stalled")) is None
+    lapse("run-stalled")
+    marked = reader.get("run-stalled")
+    assert marked is not None and (marked.status, marked.error_code) == ("failed", INTERRUPTED)
+    beginner.complete("run-stalled", a_result("run-stalled"))
+    done = reader.get("run-stalled")
+    assert done is not None
+    assert (done.status, done.error_code) == ("completed", None)
+    assert done.result == a_result("run-stalled")

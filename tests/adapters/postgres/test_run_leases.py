@@ -14,6 +14,7 @@ from tests.support.run_leases import (
     check_close_interrupts_only_unfinished_runs,
     check_lapsed_run_reads_interrupted,
     check_renewed_run_stays_running,
+    check_stalled_host_result_replaces_the_mark,
     killed_mid_run,
 )
 
@@ -58,6 +59,20 @@ def test_a_live_run_stays_running_on_another_replica_while_its_host_renews_it(
         return float(row[0])
 
     check_renewed_run_stays_running(run_stores(lease_s), run_stores(lease_s), lease_s, lease_until)
+
+
+def test_the_result_of_a_host_that_stalled_past_its_lease_replaces_the_mark(
+    pg_dsn: str, pg_schema: str, run_stores: Opener
+) -> None:
+    beginner, reader = run_stores(), run_stores()
+
+    def lapse(run_id: str) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(
+                f'UPDATE "{pg_schema}".runs SET lease_until = 0 WHERE run_id = %s', (run_id,)
+            )
+
+    check_stalled_host_result_replaces_the_mark(beginner, reader, lapse)
 
 
 def test_closing_the_store_marks_its_unfinished_runs_interrupted_and_no_other(

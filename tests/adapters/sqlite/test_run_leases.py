@@ -12,6 +12,7 @@ from tests.support.run_leases import (
     check_close_interrupts_only_unfinished_runs,
     check_lapsed_run_reads_interrupted,
     check_renewed_run_stays_running,
+    check_stalled_host_result_replaces_the_mark,
     killed_mid_run,
 )
 
@@ -59,3 +60,22 @@ def test_closing_the_store_marks_its_unfinished_runs_interrupted_and_no_other(
 ) -> None:
     path = _runs_db(tmp_path)
     check_close_interrupts_only_unfinished_runs(lambda: SqliteRunStore.open(path))
+
+
+def test_the_result_of_a_host_that_stalled_past_its_lease_replaces_the_mark(
+    tmp_path: Path,
+) -> None:
+    path = _runs_db(tmp_path)
+    beginner = SqliteRunStore.open(path)
+    reader = SqliteRunStore.open(path)
+
+    def lapse(run_id: str) -> None:
+        db = apsw.Connection(str(path))
+        db.execute("UPDATE runs SET lease_until = 0 WHERE run_id = ?", (run_id,))
+        db.close()
+
+    try:
+        check_stalled_host_result_replaces_the_mark(beginner, reader, lapse)
+    finally:
+        beginner.close()
+        reader.close()

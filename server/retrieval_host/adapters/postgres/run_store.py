@@ -233,7 +233,8 @@ class PgRunStore:
         with self._pool.connection() as conn, translated("completing a run"):
             conn.execute(
                 self._sql(
-                    "UPDATE {s}.runs SET status = 'completed', result_json = %s WHERE run_id = %s"
+                    "UPDATE {s}.runs SET status = 'completed', result_json = %s, error_code = NULL "
+                    "WHERE run_id = %s"
                 ),
                 (body, run_id),
             )

@@ -150,7 +150,8 @@ class SqliteRunStore:
         self._leases.discard(run_id)
         with self._lock, translated("recording a run"), self._db:
             self._db.execute(
-                "UPDATE runs SET status = 'completed', result_json = ? WHERE run_id = ?",
+                "UPDATE runs SET status = 'completed', result_json = ?, error_code = NULL"
+                " WHERE run_id = ?",
                 (run_result_json(result), run_id),
             )
 
