@@ -131,3 +131,50 @@ SQLITE_RUNS_SCHEMA_V3 = (
 CREATE INDEX usage_at ON usage (at);
 """
 )
+
+
+# The PostgreSQL run tables as earlier releases created them: `run-store` version 1, and 3
+# (the previous main: provider and corpus columns, and the usage log).
+_PG_RUNS_V1 = """\
+    run_id text PRIMARY KEY,
+    subject text NOT NULL,
+    idempotency_key text,
+    fingerprint text NOT NULL,
+    status text NOT NULL CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
+    created_at text NOT NULL,
+    result_json text,
+    error_code text,
+"""
+_PG_RUNS_V3 = _PG_RUNS_V1 + "    provider text,\n    corpus text,\n"
+_PG_USAGE = """CREATE TABLE {s}.usage (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at text NOT NULL,
+    subject text NOT NULL,
+    operation text NOT NULL,
+    kind text NOT NULL,
+    provider text NOT NULL,
+    account text,
+    model text NOT NULL,
+    corpus text,
+    requests bigint NOT NULL,
+    input_tokens bigint NOT NULL,
+    output_tokens bigint NOT NULL,
+    documents bigint NOT NULL,
+    run_id text
+)"""
+
+
+def pg_run_schema_statements(schema: str, version: int) -> list[str]:
+    """The statements that made `schema` as the release of run-store `version` (1 or 3)."""
+    s = f'"{schema}"'
+    columns = {1: _PG_RUNS_V1, 3: _PG_RUNS_V3}[version]
+    statements = [
+        f"CREATE SCHEMA {s}",
+        f"CREATE TABLE {s}.schema_version (component text PRIMARY KEY, version integer NOT NULL)",
+        f"INSERT INTO {s}.schema_version VALUES ('run-store', {version})",
+        f"CREATE TABLE {s}.runs (\n{columns}"
+        "    CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)\n)",
+    ]
+    if version == 3:
+        statements += [_PG_USAGE.format(s=s), f"CREATE INDEX usage_at ON {s}.usage (at)"]
+    return statements

@@ -17,6 +17,7 @@ from tests.support.run_leases import (
     check_stalled_host_result_replaces_the_mark,
     killed_mid_run,
 )
+from tests.support.run_records import pg_run_schema_statements
 
 Opener = Callable[..., PgRunStore]
 
@@ -86,47 +87,8 @@ def test_a_run_table_of_the_previous_main_gets_leases_for_new_runs_only(
 ) -> None:
     # The run tables exactly as the previous main created them (schema version 3).
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{pg_schema}"')
-        conn.execute(
-            f'CREATE TABLE "{pg_schema}".schema_version '
-            "(component text PRIMARY KEY, version integer NOT NULL)"
-        )
-        conn.execute(f"INSERT INTO \"{pg_schema}\".schema_version VALUES ('run-store', 3)")
-        conn.execute(
-            f"""CREATE TABLE "{pg_schema}".runs (
-                run_id text PRIMARY KEY,
-                subject text NOT NULL,
-                idempotency_key text,
-                fingerprint text NOT NULL,
-                status text NOT NULL
-                    CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
-                created_at text NOT NULL,
-                result_json text,
-                error_code text,
-                provider text,
-                corpus text,
-                CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)
-            )"""
-        )
-        conn.execute(
-            f"""CREATE TABLE "{pg_schema}".usage (
-                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                at text NOT NULL,
-                subject text NOT NULL,
-                operation text NOT NULL,
-                kind text NOT NULL,
-                provider text NOT NULL,
-                account text,
-                model text NOT NULL,
-                corpus text,
-                requests bigint NOT NULL,
-                input_tokens bigint NOT NULL,
-                output_tokens bigint NOT NULL,
-                documents bigint NOT NULL,
-                run_id text
-            )"""
-        )
-        conn.execute(f'CREATE INDEX usage_at ON "{pg_schema}".usage (at)')
+        for statement in pg_run_schema_statements(pg_schema, 3):
+            conn.execute(statement)
         conn.execute(
             f'INSERT INTO "{pg_schema}".runs VALUES '
             "('run-old', 'alice', 'k1', 'fp', 'running', 't', NULL, NULL, 'p', NULL)"

@@ -27,7 +27,12 @@ from retrieval_host.core.usage import UsageRecord
 from retrieval_host.wire.run_storage import STORAGE_VERSION
 from retrieval_host.wire.runs import result_to_json
 from tests.support.host import wait_until
-from tests.support.run_records import OLD_RESULT, OLD_RESULT_JSON, a_result
+from tests.support.run_records import (
+    OLD_RESULT,
+    OLD_RESULT_JSON,
+    a_result,
+    pg_run_schema_statements,
+)
 
 
 @pytest.fixture
@@ -172,26 +177,8 @@ def test_a_run_schema_of_the_previous_release_is_migrated_at_open(
     # The run table exactly as the previous release created it (schema version 1).
     body = json.dumps(result_to_json(a_result("run-old")))
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{pg_schema}"')
-        conn.execute(
-            f'CREATE TABLE "{pg_schema}".schema_version '
-            "(component text PRIMARY KEY, version integer NOT NULL)"
-        )
-        conn.execute(f"INSERT INTO \"{pg_schema}\".schema_version VALUES ('run-store', 1)")
-        conn.execute(
-            f"""CREATE TABLE "{pg_schema}".runs (
-                run_id text PRIMARY KEY,
-                subject text NOT NULL,
-                idempotency_key text,
-                fingerprint text NOT NULL,
-                status text NOT NULL
-                    CHECK (status IN ('running', 'completed', 'failed', 'cancelled')),
-                created_at text NOT NULL,
-                result_json text,
-                error_code text,
-                CONSTRAINT runs_idempotency_key UNIQUE (subject, idempotency_key)
-            )"""
-        )
+        for statement in pg_run_schema_statements(pg_schema, 1):
+            conn.execute(statement)
         conn.execute(
             f'INSERT INTO "{pg_schema}".runs VALUES '
             "('run-old', 'alice', 'k1', 'fp-1', 'completed', 't', %s, NULL)",
