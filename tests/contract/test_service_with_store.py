@@ -7,11 +7,12 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.embedding_local import MODEL_NAME, LocalEmbedding
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.fusion import FusionSettings, for_model
 from retrieval_host.core.indexing import COUNT_SLICE
 from retrieval_host.core.models import (
     ChunkInput,
@@ -309,3 +310,27 @@ def test_a_source_the_caller_may_not_read_never_moves_lexical_or_hybrid_scores(
     setup.book.grants["delete"] = Grant("team", {"hidden": "r1"})
     setup.service.delete_context(DeleteRequest("docs", "hidden", "r1"), ctx())
     assert scores() == before
+
+
+def test_hybrid_scales_the_local_models_dense_scores_over_at_least_its_floor(
+    setup: Setup,
+) -> None:
+    """`core.ranking` applies the floor measured for the corpus's model (`for_model`): every
+    hybrid score is the fusion of the hit's own raw scores with the floor, not plain min-max."""
+    setup.service.index_context(index_request("a", "r1"), ctx())
+    setup.service.index_context(index_request("b", "r1"), ctx())
+    setup.book.grants["search"] = Grant("team", {"a": "r1", "b": "r1"})
+    hits = setup.service.search_context(
+        SearchRequest("docs", "--file-name interest", mode="hybrid"), ctx()
+    ).hits
+    assert len(hits) == 4  # every passage is a candidate: the scaling is over these
+    dense = {h.chunk_id: h.scores["dense"] for h in hits}
+    lexical = {h.chunk_id: h.scores["lexical"] for h in hits}
+    band = max(dense.values()) - min(dense.values())
+    floor = for_model(FusionSettings(), MODEL_NAME).dense_min_spread
+    assert floor == 0.5 and 0 < band < floor  # the case the floor is for
+    top = max(lexical.values())
+    for h in hits:
+        expected = 0.45 * (dense[h.chunk_id] - min(dense.values())) / floor
+        expected += 0.55 * (lexical[h.chunk_id] - min(lexical.values())) / top
+        assert h.score == pytest.approx(expected, abs=1e-6)

@@ -128,6 +128,14 @@ def test_dense_scaling_divides_by_at_least_the_floor_so_a_narrow_band_cannot_pre
     assert math.isclose(scores["hit"], 0.55 * 1.0)
     assert math.isclose(scores["look"], 0.45 * 0.1 / 0.5 + 0.55 * 0.7)
     assert math.isclose(scores["other"], 0.45 * 0.05 / 0.5)
+    # Equal dense scores are a band of width 0 under a floor: nothing, as a band of 0.001
+    # is almost nothing (no jump between the two); without a floor they count fully.
+    tied = [cand("p", 0.3), cand("q", 0.3)]
+    words = {"lexical": {"p": 2.0, "q": 1.0}}
+    assert [
+        r.candidate.score for r in fuse(tied, [], FusionSettings(dense_min_spread=0.5), words)
+    ] == [0.55, 0.0]
+    assert [r.candidate.score for r in fuse(tied, [], FusionSettings(), words)] == [1.0, 0.45]
     # A spread wider than the floor scales as before; the floor never touches lexical.
     wide = [cand("a", 0.9), cand("b", 0.2)]
     same = fuse(wide, [], FusionSettings(dense_min_spread=0.5), {"lexical": {"a": 1.0}})

@@ -16,7 +16,7 @@ from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
 from tests.support.host import wait_until
 from tests.support.observability import CORPUS, host_process
 
-LEASE_S = 2.0
+LEASE_S = 4.0
 RUN = {
     "provider": "fake",
     "model": "gpt-4o-mini",

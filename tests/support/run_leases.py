@@ -122,3 +122,12 @@ def check_stalled_host_result_replaces_the_mark(
     assert done is not None
     assert (done.status, done.error_code) == ("completed", None)
     assert done.result == a_result("run-stalled")
+    # So does the way it failed, when it did.
+    assert beginner.begin(record("run-stalled-2", "k-stalled-2")) is None
+    lapse("run-stalled-2")
+    marked = reader.get("run-stalled-2")
+    assert marked is not None and marked.error_code == INTERRUPTED
+    beginner.finish("run-stalled-2", "failed", "PROVIDER_FAILED")
+    failed = reader.get("run-stalled-2")
+    assert failed is not None
+    assert (failed.status, failed.error_code) == ("failed", "PROVIDER_FAILED")

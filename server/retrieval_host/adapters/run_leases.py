@@ -8,7 +8,8 @@ same idempotency key was told to wait for an end that would never come.
 So each record begun by this release carries a lease (`lease_until`, seconds since the epoch
 on the store's clock: the process's for SQLite, the database server's for PostgreSQL, so
 replicas with skewed clocks agree). The host sets it at `begin` and a `LeaseKeeper` thread
-renews the leases of all its running runs every quarter lease, in one statement. A reader that
+renews the leases of all its running runs every quarter lease, in one statement (a
+sixteenth after a renewal failed). A reader that
 finds a `running` record whose lease has lapsed marks it `failed` with error code
 `INTERRUPTED`, in one statement guarded by the status and the lapse, so a renewal and the
 marking never both take effect. Records written by an earlier release (no lease) are never
@@ -22,15 +23,21 @@ marked while it still runs; the result it records when the run ends replaces the
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Final
 
-__all__ = ["DEFAULT_LEASE_S", "INTERRUPTED", "LeaseKeeper"]
+__all__ = ["DEFAULT_LEASE_S", "INTERRUPTED", "UNFINISHED_RUN", "LeaseKeeper"]
 
 DEFAULT_LEASE_S: Final = 60.0
 # The error code of a run whose lease lapsed (`GET /v1/runs/{id}`'s `errorCode`).
 INTERRUPTED: Final = "INTERRUPTED"
+# The records whose end a host may still record: running, or marked interrupted while their
+# host was only stalled (what it records then replaces the mark).
+UNFINISHED_RUN: Final = (
+    f"(status = 'running' OR (status = 'failed' AND error_code = '{INTERRUPTED}'))"
+)
 _RENEWALS_PER_LEASE: Final = 4
 
 _log = logging.getLogger("retrieval_host.runs")
@@ -52,8 +59,8 @@ class LeaseKeeper:
         lease_s: float = DEFAULT_LEASE_S,
         name: str = "run-leases",
     ) -> None:
-        if not lease_s > 0:
-            raise ValueError("lease_s must be positive")
+        if not (math.isfinite(lease_s) and lease_s > 0):
+            raise ValueError("lease_s must be positive and finite")
         self.lease_s = lease_s
         self._renew = renew
         self._interrupt = interrupt
@@ -98,14 +105,17 @@ class LeaseKeeper:
                 )
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.lease_s / _RENEWALS_PER_LEASE):
+        wait = self.lease_s / _RENEWALS_PER_LEASE
+        while not self._stop.wait(wait):
+            wait = self.lease_s / _RENEWALS_PER_LEASE
             with self._lock:
                 live = sorted(self._live)
             if not live:
                 continue
             try:
                 self._renew(live, self.lease_s)
-            except Exception as error:  # tried again next turn; a lapse marks them meanwhile
+            except Exception as error:  # tried again soon; a lapse marks them meanwhile
+                wait /= _RENEWALS_PER_LEASE
                 _log.warning(
                     "run leases not renewed for %d run(s) (%s)", len(live), type(error).__name__
                 )

@@ -113,12 +113,14 @@ def _scaled(values: Mapping[str, float], min_spread: float = 0.0) -> dict[str, f
         return {}
     low = min(values.values())
     high = max(values.values())
-    if high == low:
+    if high == low and not min_spread:
         # One score for every candidate ranks nothing. Positive (one candidate, or equal
         # matches), each is as good as the best; zero or less (no query term in any passage,
         # no similarity), none is worth anything: a query matching no word scored 1.0 in
         # hybrid, above real matches, which `minScore` could not tell apart.
         return dict.fromkeys(values, 1.0 if high > 0 else 0.0)
+    # With a floor, equal scores are a band of width 0: they add nothing, as a band of 0.001
+    # adds almost nothing (no jump between the two).
     spread = max(high - low, min_spread)
     return {chunk_id: (v - low) / spread for chunk_id, v in values.items()}
 

@@ -49,7 +49,7 @@ def test_a_run_whose_host_was_killed_reads_as_interrupted_once_its_lease_lapses(
 def test_a_live_run_stays_running_on_another_replica_while_its_host_renews_it(
     pg_dsn: str, pg_schema: str, run_stores: Opener
 ) -> None:
-    lease_s = 2.0
+    lease_s = 4.0
 
     def lease_until(run_id: str) -> float:
         with psycopg.connect(pg_dsn) as conn:

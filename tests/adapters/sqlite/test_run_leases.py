@@ -38,7 +38,7 @@ def test_a_live_run_stays_running_long_after_its_first_lease_while_its_host_rene
     tmp_path: Path,
 ) -> None:
     path = _runs_db(tmp_path)
-    lease_s = 2.0
+    lease_s = 4.0
     beginner = SqliteRunStore.open(path, lease_s=lease_s)
     reader = SqliteRunStore.open(path, lease_s=lease_s)
 

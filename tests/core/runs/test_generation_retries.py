@@ -20,6 +20,7 @@ from retrieval_host.core.runs_model import (
     RunProgress,
     RunRequest,
     RunRetrieval,
+    RunStarted,
 )
 from tests.support.run_engine import RunWorld
 
@@ -221,3 +222,25 @@ def test_a_run_whose_end_cannot_be_recorded_fails_with_the_stores_error(
     failed = events[-1]
     assert isinstance(failed, RunFailed), failed
     assert (failed.error.code, failed.error.reason) == (ErrorCode.STORE_UNAVAILABLE, "closed")
+
+
+class Interrupted(Flaky):
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        yield TextDelta("partial")
+        raise KeyboardInterrupt
+
+
+def test_a_run_interrupted_from_outside_records_its_end_before_the_interrupt_goes_on(
+    run_world: RunWorld,
+) -> None:
+    """Not a RetrievalError nor an Exception: left as it was, the record stayed `running` and
+    its lease was renewed for as long as the host lived."""
+    events: list[RunEvent] = []
+    with pytest.raises(KeyboardInterrupt):
+        engine(run_world, Interrupted()).execute(request(), ALICE, events.append)
+    started = events[0]
+    assert isinstance(started, RunStarted)
+    record = run_world.runs.get(started.run_id)
+    assert record is not None and (record.status, record.error_code) == ("failed", "INTERNAL")

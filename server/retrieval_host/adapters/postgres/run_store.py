@@ -38,7 +38,12 @@ from retrieval_host.adapters.postgres.schema import (
     ensure_schema_component,
     schema_sql,
 )
-from retrieval_host.adapters.run_leases import DEFAULT_LEASE_S, INTERRUPTED, LeaseKeeper
+from retrieval_host.adapters.run_leases import (
+    DEFAULT_LEASE_S,
+    INTERRUPTED,
+    UNFINISHED_RUN,
+    LeaseKeeper,
+)
 from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason, StoreUnavailableReason
@@ -245,8 +250,8 @@ class PgRunStore:
         with self._pool.connection() as conn, translated("finishing a run"):
             conn.execute(
                 self._sql(
-                    "UPDATE {s}.runs SET status = %s, error_code = %s "
-                    "WHERE run_id = %s AND status = 'running'"
+                    "UPDATE {s}.runs SET status = %s, error_code = %s "  # noqa: S608
+                    f"WHERE run_id = %s AND {UNFINISHED_RUN}"
                 ),
                 (status, error_code, run_id),
             )

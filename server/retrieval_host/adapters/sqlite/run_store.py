@@ -27,7 +27,12 @@ from retrieval_host.adapters._store_rules import (
     usage_record,
     usage_values,
 )
-from retrieval_host.adapters.run_leases import DEFAULT_LEASE_S, INTERRUPTED, LeaseKeeper
+from retrieval_host.adapters.run_leases import (
+    DEFAULT_LEASE_S,
+    INTERRUPTED,
+    UNFINISHED_RUN,
+    LeaseKeeper,
+)
 from retrieval_host.adapters.sqlite.schema import Identity, open_database, translated
 from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.run_ports import RunRecord, RunStatus
@@ -159,8 +164,8 @@ class SqliteRunStore:
         self._leases.discard(run_id)
         with self._lock, translated("finishing a run"), self._db:
             self._db.execute(
-                "UPDATE runs SET status = ?, error_code = ?"
-                " WHERE run_id = ? AND status = 'running'",
+                "UPDATE runs SET status = ?, error_code = ?"  # noqa: S608 - constants
+                f" WHERE run_id = ? AND {UNFINISHED_RUN}",
                 (status, error_code, run_id),
             )
 

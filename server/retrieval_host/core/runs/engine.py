@@ -206,8 +206,8 @@ class RunEngine:
             replay(existing, fingerprint, self._retrieval, context, emit)
             return
 
-        emit(RunStarted(run.run_id, run.created_at))
         try:
+            emit(RunStarted(run.run_id, run.created_at))
             result = self._run(request, provider, run)
         except RetrievalError as error:
             cancelled = error.code is ErrorCode.CANCELLED
@@ -228,6 +228,12 @@ class RunEngine:
                 self._store.finish(run.run_id, "failed", ErrorCode.INTERNAL.value)
             self._meter(request, provider, run, self._clock())
             emit(RunFailed(run.run_id, RetrievalError(ErrorCode.INTERNAL, "Internal error.")))
+            raise
+        except BaseException:
+            # Interrupted from outside (KeyboardInterrupt, SystemExit): its end is recorded, so
+            # the record neither stays running nor keeps its lease renewed.
+            with contextlib.suppress(RetrievalError):
+                self._store.finish(run.run_id, "failed", ErrorCode.INTERNAL.value)
             raise
         emit(RunCompleted(result))
 
