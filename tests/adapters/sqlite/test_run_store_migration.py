@@ -42,21 +42,36 @@ USAGE = UsageRecord(
 )
 
 
-def make_v1_database(path: Path) -> None:
+def old_database(
+    path: Path, schema: str, version: int, *rows: tuple[str, tuple[object, ...]]
+) -> None:
+    """A run database as the release of schema `version` left it, holding `rows` (each an
+    INSERT statement and its values)."""
     db = apsw.Connection(str(path))
     with db:
-        db.execute(SQLITE_RUNS_SCHEMA_V1)
+        db.execute(schema)
         db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
-        db.execute("PRAGMA user_version=1")
-        db.execute(
+        db.execute(f"PRAGMA user_version={version}")
+        for statement, values in rows:
+            db.execute(statement, values)
+    db.close()
+
+
+def make_v1_database(path: Path) -> None:
+    old_database(
+        path,
+        SQLITE_RUNS_SCHEMA_V1,
+        1,
+        (
             "INSERT INTO runs VALUES (?, 'alice', 'k1', 'fp', 'completed', 't', ?, NULL)",
             ("run_done", json.dumps(result_to_json(a_result("run_done")))),
-        )
-        db.execute(
+        ),
+        (
             "INSERT INTO runs VALUES ('run_failed', 'alice', 'k2', 'fp', 'failed', 't', NULL,"
-            " 'PROVIDER_FAILED')"
-        )
-    db.close()
+            " 'PROVIDER_FAILED')",
+            (),
+        ),
+    )
 
 
 def test_a_run_database_of_the_previous_release_opens_and_keeps_its_records(
@@ -111,22 +126,21 @@ def test_a_run_database_of_the_previous_release_reads_its_records_and_writes_the
 ) -> None:
     tmp_path.chmod(0o700)
     path = tmp_path / "runs.db"
-    db = apsw.Connection(str(path))
-    with db:
-        db.execute(SQLITE_RUNS_SCHEMA_V2)
-        db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
-        db.execute("PRAGMA user_version=2")
-        db.execute(
+    old_database(
+        path,
+        SQLITE_RUNS_SCHEMA_V2,
+        2,
+        (
             "INSERT INTO runs VALUES ('run_old', 'alice', 'k1', 'fp', 'completed', 't', ?, NULL,"
             " 'local', 'docs')",
             (OLD_RESULT_JSON,),
-        )
-        db.execute(
+        ),
+        (
             "INSERT INTO runs VALUES ('run_plain', 'alice', 'k2', 'fp', 'completed', 't', ?,"
             " NULL, 'local', NULL)",
             (OLD_PLAIN_JSON,),
-        )
-    db.close()
+        ),
+    )
 
     store = SqliteRunStore.open(path)
     try:
@@ -179,20 +193,21 @@ def test_a_run_database_of_the_previous_main_gets_leases_for_new_runs_only(
     lease that lapses."""
     tmp_path.chmod(0o700)
     path = tmp_path / "runs.db"
-    db = apsw.Connection(str(path))
-    with db:
-        db.execute(SQLITE_RUNS_SCHEMA_V3)
-        db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
-        db.execute("PRAGMA user_version=3")
-        db.execute(
+    old_database(
+        path,
+        SQLITE_RUNS_SCHEMA_V3,
+        3,
+        (
             "INSERT INTO runs VALUES ('run_old', 'alice', 'k1', 'fp', 'running', 't', NULL, NULL,"
-            " 'local', 'docs')"
-        )
-        db.execute(
+            " 'local', 'docs')",
+            (),
+        ),
+        (
             "INSERT INTO usage VALUES (1, '2026-12-01T00:00:00.000Z', 'alice', 'run',"
-            " 'generation', 'local', NULL, 'm', NULL, 1, 2, 3, 0, 'run_old')"
-        )
-    db.close()
+            " 'generation', 'local', NULL, 'm', NULL, 1, 2, 3, 0, 'run_old')",
+            (),
+        ),
+    )
     store = SqliteRunStore.open(path, lease_s=1.0)
     try:
         assert len(store.read_usage()) == 1

@@ -95,9 +95,10 @@ _SELECT_LAPSED: Final = (
     f"SELECT {RUN_COLUMNS}, status = 'running' AND lease_until < ?"  # noqa: S608 - constants
     " FROM runs"
 )
-_MARK_INTERRUPTED: Final = (
+# Marks running records interrupted; the caller adds which (` AND ...`).
+_INTERRUPT: Final = (
     f"UPDATE runs SET status = 'failed', error_code = '{INTERRUPTED}'"  # noqa: S608 - constant
-    " WHERE run_id = ? AND status = 'running' AND lease_until < ?"
+    " WHERE status = 'running'"
 )
 
 
@@ -180,7 +181,9 @@ class SqliteRunStore:
         rows = self._db.execute(_SELECT_LAPSED + where, (now, *params)).fetchall()
         if rows and rows[0][-1]:
             with self._db:
-                self._db.execute(_MARK_INTERRUPTED, (rows[0][0], now))
+                self._db.execute(
+                    _INTERRUPT + " AND run_id = ? AND lease_until < ?", (rows[0][0], now)
+                )
             rows = self._db.execute(_SELECT_LAPSED + where, (now, *params)).fetchall()
         return run_record(rows[0][:-1]) if rows else None
 
@@ -196,11 +199,7 @@ class SqliteRunStore:
     def _interrupt(self, run_ids: Sequence[str]) -> None:
         marks = ", ".join("?" * len(run_ids))
         with self._lock, translated("marking runs interrupted"), self._db:
-            self._db.execute(
-                f"UPDATE runs SET status = 'failed', error_code = '{INTERRUPTED}'"  # noqa: S608
-                f" WHERE status = 'running' AND run_id IN ({marks})",
-                tuple(run_ids),
-            )
+            self._db.execute(_INTERRUPT + f" AND run_id IN ({marks})", tuple(run_ids))
 
     def record_usage(self, records: Sequence[UsageRecord]) -> None:
         """`core.usage.UsageSink`: queue the records for the next group commit (within one
