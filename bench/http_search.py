@@ -15,7 +15,9 @@ order every round:
 Processes: the host runs with `listen.workers` = `--workers` (default: the usable cores), the
 bare endpoints with as many processes, each listening on the port with SO_REUSEPORT as the
 host's workers do. The SQLite hosts set `limits.searchThreads: "cores"` (their searches are
-CPU work in the process); the pgvector host does not (its searches wait on PostgreSQL).
+CPU work in the process) and `inlineSearchMs: 2` (as `config/host.example.json`: short searches
+whose query vector is cached run on the event loop); the pgvector host sets neither (its
+searches wait on PostgreSQL).
 
 - ours, 10 %, 16 grants (the headline, issue 17): the real host (`retrieval-host serve`,
   uvicorn over TLS, every middleware, token check, validation, the application's authorizer
@@ -481,8 +483,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for subject, token in tokens.items()
             ],
             "store": {"sqlitePath": "store.sqlite"},
-            # Every part of these searches runs in the host (`limits.searchThreads`).
-            "limits": {"maxConcurrency": 64, "searchThreads": "cores"},
+            # Every part of these searches runs in the host (`limits.searchThreads`); short
+            # ones that call no model run on the event loop (`inlineSearchMs`, as the example
+            # configuration sets it).
+            "limits": {"maxConcurrency": 64, "searchThreads": "cores", "inlineSearchMs": 2},
             "application": "bench._http_app:create_driver",
             "applicationOptions": {
                 "queries": "queries.npy",

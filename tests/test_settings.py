@@ -263,6 +263,17 @@ def test_search_threads_are_a_number_or_cores(tmp_path: Path) -> None:
             load_settings(path, {"RETRIEVAL_HOST_LIMITS__SEARCH_THREADS": bad})
 
 
+def test_the_inline_search_budget_is_off_by_default_and_bounded(tmp_path: Path) -> None:
+    path = _write(tmp_path, _minimal())
+    assert load_settings(path, {}).limits.inline_search_ms == 0
+    for value, budget in (("0", 0.0), ("2.5", 2.5), ("1000", 1000.0)):
+        settings = load_settings(path, {"RETRIEVAL_HOST_LIMITS__INLINE_SEARCH_MS": value})
+        assert settings.limits.inline_search_ms == budget
+    for bad in ("-1", "1000.5", "fast"):
+        with pytest.raises(SettingsError, match="inlineSearchMs"):
+            load_settings(path, {"RETRIEVAL_HOST_LIMITS__INLINE_SEARCH_MS": bad})
+
+
 def test_providers_without_an_application_are_reported_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

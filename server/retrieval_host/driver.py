@@ -266,6 +266,10 @@ class Driver:
         built-in search takes too (`core.lifecycle`; `examples/custom_retrieval.py`)."""
         return run_retrieval(retrieval, request, context, effects)
 
+    def search_calls_no_model(self, request: SearchRequest, subject: str) -> bool:
+        """Whether that search would call no model right now (see `RetrievalService`)."""
+        return self.retrieval.search_calls_no_model(request, subject)
+
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         """Authorized similarity search."""
         result = self.retrieval.search_context(request, context)

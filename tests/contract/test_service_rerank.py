@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import apsw
 import psycopg
@@ -208,6 +208,26 @@ def test_rerank_false_skips_the_reranker(world: World, fake: FakeReranker) -> No
     assert fake.requests == []
     assert result.hits and all("rerank" not in h.scores for h in result.hits)
     assert result.rerank_usage == RerankUsage()
+
+
+def test_a_search_that_would_rerank_calls_a_model_even_when_lexical(world: World) -> None:
+    # The HTTP layer's peek (`search_calls_no_model`): a reranked search waits on the
+    # reranker, so it never runs on the event loop; without reranking, lexical calls none.
+    lexical = SearchRequest("docs", "alpha", mode="lexical")
+    assert not world.service.search_calls_no_model(lexical, "reader")
+    assert world.service.search_calls_no_model(replace(lexical, rerank=False), "reader")
+
+
+def test_a_hybrid_search_calls_no_model_once_its_subjects_query_vector_is_cached(
+    harness: StoreHarness, local_embedding: LocalEmbedding, fake: FakeReranker
+) -> None:
+    plain = build(harness, local_embedding, fake, reranker=False)
+    hybrid = SearchRequest("docs", QUERY)
+    assert not plain.service.search_calls_no_model(hybrid, "reader")
+    plain.service.search_context(hybrid, RequestContext("reader"))
+    assert plain.service.search_calls_no_model(hybrid, "reader")
+    assert not plain.service.search_calls_no_model(hybrid, "other")  # cached per subject
+    assert not plain.service.search_calls_no_model(replace(hybrid, corpus="nope"), "reader")
 
 
 def test_min_score_applies_to_the_rerank_score(world: World) -> None:

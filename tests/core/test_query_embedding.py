@@ -137,6 +137,27 @@ def test_a_repeated_query_comes_from_the_cache_for_the_same_subject_only(
     assert model.calls == [["battery life"], ["battery life"]]  # another subject: no reuse
 
 
+def test_cached_peeks_at_a_subjects_entry_without_reordering_the_cache(
+    local_embedding: LocalEmbedding,
+) -> None:
+    model = Gated(local_embedding)
+    model.release.set()
+    embedder = QueryEmbedder(model, cache_entries=2, max_wait_s=0)
+    assert not embedder.cached("a", "alice")
+    embedder.embed("a", "alice", CancelToken())
+    embedder.embed("b", "alice", CancelToken())
+    assert embedder.cached(" a\n", "alice")  # the same normalized text
+    assert not embedder.cached("a", "bob")  # another subject's question
+    # A peek is no use: "a" stays the least recently used and is evicted by "c".
+    embedder.embed("c", "alice", CancelToken())
+    assert not embedder.cached("a", "alice")
+    assert embedder.cached("b", "alice") and embedder.cached("c", "alice")
+    assert model.calls == [["a"], ["b"], ["c"]]
+    off = QueryEmbedder(model, cache_entries=0, max_wait_s=0)
+    off.embed("a", "alice", CancelToken())
+    assert not off.cached("a", "alice")
+
+
 def test_the_least_recently_used_vector_is_evicted_first(local_embedding: LocalEmbedding) -> None:
     model = Gated(local_embedding)
     model.release.set()

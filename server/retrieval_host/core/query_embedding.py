@@ -116,6 +116,15 @@ class QueryEmbedder:
         with self._lock:
             return len(self._queue)
 
+    def cached(self, query: str, subject: str) -> bool:
+        """Whether `embed` would answer this subject's query from the cache right now (a
+        peek: the entry's place in the cache is not changed)."""
+        if self._cache_entries == 0:
+            return False
+        key = (self._descriptor_key, subject, " ".join(query.split()))
+        with self._cache_lock:
+            return key in self._cache
+
     def embed(self, query: str, subject: str, cancel: CancelToken) -> EmbeddingBatch:
         """The query's unit vector (shape (1, dimensions)) and what embedding it cost."""
         text = " ".join(query.split())

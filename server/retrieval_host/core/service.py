@@ -163,6 +163,19 @@ class RetrievalService:
         draws each such call on its budget before searching)."""
         return wants_rerank(self.corpus(corpus_id).reranker, requested)
 
+    def search_calls_no_model(self, request: SearchRequest, subject: str) -> bool:
+        """Whether a search would call neither an embedding model nor a reranker right now:
+        lexical, or a query vector this subject's cache holds, on a corpus that does not
+        rerank it (a peek for the HTTP layer's choice of thread, `http/policy.py`; the search
+        itself decides again, and a vector evicted in between is embedded as usual)."""
+        corpus = self._corpora.get(request.corpus)
+        if corpus is None or (corpus.reranker is not None and request.rerank is not False):
+            return False
+        if request.mode == "lexical":
+            return True
+        queries = self._queries[id(corpus.query_embedding or corpus.embedding)]
+        return queries.cached(request.query, subject)
+
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         """Authorized search of one corpus: the lifecycle's steps (`core.search.CorpusSearch`)
         run by `core.lifecycle.run_retrieval`, like every retrieval."""

@@ -168,6 +168,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         metrics=metrics,
         shutdown=shutdown,
         search_threads=search_threads(settings.limits.search_threads),
+        inline_search_ms=settings.limits.inline_search_ms,
         shares=shares,
     )
     routes = Routes(settings, driver, policy, openapi, metrics=metrics)

@@ -13,6 +13,8 @@ or collide on a family. Families (all prefixed `retrieval_host_`), with their la
   the searches inside runs);
 - `embedding_requests_total{operation, corpus}`, `embedding_input_tokens_total{...}`: the
   embedding usage that search, index, ingest and run results report;
+- `searches_on_loop_total{corpus}`: searches run on the event loop itself, not a search
+  thread (`limits.inlineSearchMs`, `http/inline.py`);
 - `runs_total{outcome, code}`: each run's final event (completed, replayed, failed, cancelled);
 - `store_scans_started_total`, `store_scans_cancelled_total`, `store_rows_scored_total`,
   `store_approximate_searches_total`: the stores' own counters, summed over the distinct
@@ -108,6 +110,13 @@ class HostMetrics:
             ["operation", "corpus"],
             registry=r,
         )
+        self.inline_searches = Counter(
+            "retrieval_host_searches_on_loop",
+            "Searches run on the event loop rather than a search thread "
+            "(limits.inlineSearchMs), by corpus.",
+            ["corpus"],
+            registry=r,
+        )
         self.runs = Counter(
             "retrieval_host_runs",
             "Grounded runs by outcome (completed, replayed, failed, cancelled) and error code.",
@@ -169,6 +178,9 @@ class HostMetrics:
 
     def observe_search(self, result: SearchResult, corpus: str) -> None:
         self.observe_usage("search", corpus, result.usage)
+
+    def observe_inline_search(self, corpus: str) -> None:
+        self._series(self.inline_searches, corpus).inc()
 
     def observe_index(self, result: IndexResult, operation: str) -> None:
         self.observe_usage(operation, result.corpus, result.usage)

@@ -17,7 +17,8 @@ cores against the quickstart host, 16 clients: repeated (cached) queries 17 requ
 embedding batch keeps its turn: lending it to queued searches (more threads, bigger batches)
 measured slower on two cores (540 req/s against 637 for unique queries). A search queued here
 still holds its concurrency slot, and is answered like any other when its client leaves or
-the host shuts down.
+the host shuts down. With `limits.inlineSearchMs` as well, a short search that calls no model
+skips the threads altogether and runs on the event loop (`http/inline.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message as EmailMessage
@@ -39,6 +41,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.http.auth import Principal, TokenAuthenticator
+from retrieval_host.http.inline import InlineSearches
 from retrieval_host.http.limits import SubjectShares
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.request_id import note_subject, request_id_of
@@ -140,6 +143,7 @@ class RequestPolicy:
         metrics: HostMetrics | None = None,
         shutdown: Shutdown | None = None,
         search_threads: int | None = None,
+        inline_search_ms: float = 0.0,
         shares: SubjectShares | None = None,
     ) -> None:
         if search_threads is not None and search_threads < 1:
@@ -150,8 +154,20 @@ class RequestPolicy:
         self.shares = shares
         self._threads = max_concurrency + 1
         self._search_threads = search_threads
+        # Searches that call no model on the event loop (`http/inline.py`): only with search
+        # threads, whose setting says every part of a search runs in this process.
+        self._inline = (
+            InlineSearches(inline_search_ms)
+            if search_threads is not None and inline_search_ms > 0
+            else None
+        )
         self._workers: ThreadPoolExecutor | None = None
         self._searchers: ThreadPoolExecutor | None = None
+
+    @property
+    def inlines(self) -> bool:
+        """Whether searches that call no model may run on the event loop (`http/inline.py`)."""
+        return self._inline is not None
 
     # --- authenticate, parse, context ------------------------------------------------------
 
@@ -209,9 +225,13 @@ class RequestPolicy:
         work: Callable[[], T],
         *,
         search: bool = False,
+        inline: str | None = None,
     ) -> T:
         """Run `work` in a worker thread (a search thread for a `search`, when the host has
-        them); a client disconnect cancels it cooperatively.
+        them); a client disconnect cancels it cooperatively. `inline` names the corpus of a
+        search that calls no model: with `inlineSearchMs` it runs on the event loop itself
+        while that corpus's average allows (`http/inline.py`), and its cost is observed
+        wherever it runs.
 
         Plain asyncio, not a task group and `anyio.to_thread` (their cancel scopes cost more
         than a search over a cached grant). The handler returns only when the work has
@@ -221,32 +241,58 @@ class RequestPolicy:
         half the wind-down is answered `CANCELLED` (reason `shutdown`) without it
         (`Shutdown.answer`), so every request ends before the server's own deadline.
         """
+        inlining = self._inline if search and inline is not None else None
+        try:
+            if inlining is None:
+                return await self._in_thread(request, context, work, search=search)
+            assert inline is not None
+            if inlining.allows(inline):
+                started = time.perf_counter()
+                try:
+                    result = work()
+                finally:
+                    inlining.observe(inline, time.perf_counter() - started)
+                if self.metrics is not None:
+                    self.metrics.observe_inline_search(inline)
+                return result
+            spent: list[float] = []
+            try:
+                return await self._in_thread(
+                    request, context, functools.partial(_timed, work, spent), search=True
+                )
+            finally:
+                if spent:  # not when the shutdown answered before the work returned
+                    inlining.observe(inline, spent[0])
+        except RetrievalError as error:
+            if (
+                error.code is ErrorCode.CANCELLED
+                and error.reason != "shutdown"  # already says why (`Shutdown.answer`)
+                and self.shutdown is not None
+                and self.shutdown.past_cutoff
+            ):
+                raise shutting_down() from None
+            raise
+        finally:
+            if self.shutdown is not None:
+                self.shutdown.release(context.cancel)
+
+    async def _in_thread(
+        self, request: Request, context: RequestContext, work: Callable[[], T], *, search: bool
+    ) -> T:
         loop = asyncio.get_running_loop()
         done = loop.run_in_executor(self._search_executor() if search else self._executor(), work)
         if self.shutdown is not None:
             done = self.shutdown.answer(done)
         watcher = loop.create_task(_cancel_on_disconnect(request.receive, context.cancel))
         try:
-            try:
-                return await asyncio.shield(done)
-            except asyncio.CancelledError:
-                context.cancel.cancel()
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(done)
-                raise
-            except RetrievalError as error:
-                if (
-                    error.code is ErrorCode.CANCELLED
-                    and error.reason != "shutdown"  # already says why (`Shutdown.answer`)
-                    and self.shutdown is not None
-                    and self.shutdown.past_cutoff
-                ):
-                    raise shutting_down() from None
-                raise
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            context.cancel.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(done)
+            raise
         finally:
             watcher.cancel()
-            if self.shutdown is not None:
-                self.shutdown.release(context.cancel)
 
     async def probe(self, work: Callable[[], T]) -> T:
         """Run a probe's short check (no request context, no cancel) on the same threads."""
@@ -278,6 +324,15 @@ class RequestPolicy:
                 self._search_threads, thread_name_prefix="search-work"
             )
         return self._searchers
+
+
+def _timed(work: Callable[[], T], spent: list[float]) -> T:
+    """`work()`, appending the CPU time this thread spent on it to `spent`."""
+    started = time.thread_time()
+    try:
+        return work()
+    finally:
+        spent.append(time.thread_time() - started)
 
 
 async def _cancel_on_disconnect(receive: Receive, cancel: CancelToken) -> None:

@@ -135,11 +135,18 @@ class Routes:
         body = await self.policy.parse_json(request, wire.SearchRequest)
         context = self._context(principal, "search", body.corpus, request)
         driver = self._driver()
+        search = wire_retrieval.search_request(body)
         result = await self.policy.run(
             request,
             context,
-            lambda: driver.search_context(wire_retrieval.search_request(body), context),
+            lambda: driver.search_context(search, context),
             search=True,
+            # A search that calls no model may run on the event loop (`http/inline.py`).
+            inline=(
+                body.corpus
+                if self.policy.inlines and driver.search_calls_no_model(search, context.subject)
+                else None
+            ),
         )
         if self.metrics is not None:
             self.metrics.observe_search(result, body.corpus)
