@@ -152,10 +152,10 @@ class LimitSettings(_Model):
     # search that waits on a network service (PostgreSQL, a hosted model) should.
     search_threads: Annotated[int, Field(ge=1, le=10_000)] | Literal["cores"] | None = None
     # With `searchThreads`: a search that calls no model (lexical, or its query vector
-    # cached) runs on the event loop itself, without a thread handoff, while that corpus's
-    # such searches average at most this many milliseconds (`http/policy.py`). 0: never.
-    # Only for hosts whose every search part runs in this process: a search on the loop
-    # holds every other request up while it runs.
+    # cached) runs on the event loop itself, without a thread handoff, while searches of its
+    # kind average at most this many milliseconds (`http/inline.py`). 0: never. Only for
+    # hosts whose every search part runs in this process: a search on the loop holds every
+    # other request up while it runs (the waits the host knows of it refuses).
     inline_search_ms: Annotated[float, Field(ge=0, le=1000)] = 0.0
 
 

@@ -17,6 +17,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingBatch
 from retrieval_host.core.query_embedding import QueryEmbedder
+from retrieval_host.core.waits import WouldWait, refusing_waits
 from tests.support.host import wait_until
 from tests.support.ingest_driver import CountingEmbedding
 
@@ -156,6 +157,22 @@ def test_cached_peeks_at_a_subjects_entry_without_reordering_the_cache(
     off = QueryEmbedder(model, cache_entries=0, max_wait_s=0)
     off.embed("a", "alice", CancelToken())
     assert not off.cached("a", "alice")
+
+
+def test_on_a_thread_refusing_waits_only_a_cached_query_is_answered(
+    local_embedding: LocalEmbedding,
+) -> None:
+    model = Gated(local_embedding)
+    model.release.set()
+    embedder = QueryEmbedder(model, max_wait_s=0)
+    embedder.embed("battery life", "alice", CancelToken())
+    with refusing_waits():
+        cached = embedder.embed("battery life", "alice", CancelToken())
+        with pytest.raises(WouldWait, match="query embedding"):
+            embedder.embed("battery life", "bob", CancelToken())  # not cached for bob
+    assert model.calls == [["battery life"]]  # no model call for the refused query
+    assert embedder.pending == 0  # and nothing left queued
+    assert cached.usage == EmbeddingUsage()
 
 
 def test_the_least_recently_used_vector_is_evicted_first(local_embedding: LocalEmbedding) -> None:

@@ -46,6 +46,7 @@ import numpy as np
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import EmbeddingUsage
 from retrieval_host.core.ports import EmbeddingAdapter, EmbeddingBatch, Vectors
+from retrieval_host.core.waits import refuse_wait
 
 __all__ = [
     "DEFAULT_CACHE_ENTRIES",
@@ -132,6 +133,7 @@ class QueryEmbedder:
         cached = self._cached(key)
         if cached is not None:
             return EmbeddingBatch(cached[np.newaxis, :], EmbeddingUsage())
+        refuse_wait("a query embedding")  # on the event loop (`core.waits`)
         cancel.check()
         pending = _Pending(text, cancel)
         with self._lock:

@@ -10,54 +10,66 @@ two threads searching at once each took twice the CPU of one thread alone.
 
 So with `limits.searchThreads` (the operator's word that every part of a search runs in this
 process) and `limits.inlineSearchMs` > 0, a search that calls no model (`Driver.
-search_calls_no_model`: lexical, or a query vector already cached, and no reranker) runs
-where its request is handled, while the corpus's such searches have averaged at most that
-budget. Searches that embed a query keep their threads: the model's time would hold every
-other request up.
+search_calls_no_model`: lexical, or a query vector already cached, no reranker) runs where
+its request is handled, while such searches of its kind have averaged at most that budget.
+It runs inside `core.waits.refusing_waits()`: where it would wait (its query vector evicted
+meanwhile, the store's index to reload after another connection's commit, a store lock a
+writer holds) it stops with `WouldWait` and runs again, whole, on a search thread. What is
+left on the loop is the search's own work, which the average bounds.
 
-The average is kept per corpus, of every search that called no model: the thread's CPU time
-for one on a search thread (waiting for the interpreter is not its cost), the elapsed time for
-one on the loop (what it held the loop up for, waits included). A corpus starts with no
-average, so its first such search runs on a thread; one long search on the loop moves the
-average past the budget at once (a weight of `WEIGHT`), and searches on threads bring it back.
+A kind is (corpus, subject, mode): one subject's grant may cover a hundred times the rows of
+another's, and lexical and hybrid searches cost differently. Its average is of every such
+search, whichever way it ended: the thread's CPU time for one on a search thread (the waits
+it may have there are not what it would cost the loop), the elapsed time for one on the loop
+(what it held the loop up for). A kind starts with no average, so its first search runs on a
+thread; a search on the loop that took more than about five budgets moves the average past
+the budget at once (a weight of `WEIGHT`), and searches on threads bring it back. At most
+`KINDS` kinds are kept, the least recently used forgotten.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Final
 
-__all__ = ["WEIGHT", "InlineSearches"]
+__all__ = ["KINDS", "WEIGHT", "InlineSearches", "Kind"]
 
-# The weight of the newest observation in a corpus's moving average.
+# The weight of the newest observation in a kind's moving average.
 WEIGHT: Final = 0.2
+KINDS: Final = 4096
+
+Kind = tuple[str, str, str]  # corpus, subject, mode
 
 
 class InlineSearches:
-    """The per-corpus averages and the choice they make. Event-loop thread only."""
+    """The moving averages per kind and the choice they make. Event-loop thread only."""
 
-    def __init__(self, budget_ms: float) -> None:
-        if budget_ms < 0:
-            raise ValueError("budget_ms must be at least 0")
+    def __init__(self, budget_ms: float, *, kinds: int = KINDS) -> None:
+        if budget_ms < 0 or kinds < 1:
+            raise ValueError("budget_ms must be at least 0 and kinds at least 1")
         self._budget_s = budget_ms / 1000
-        self._average_s: dict[str, float] = {}
+        self._kinds = kinds
+        self._average_s: OrderedDict[Kind, float] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
         return self._budget_s > 0
 
-    def allows(self, corpus: str) -> bool:
-        """Whether a search of `corpus` that calls no model may run on the loop now."""
-        average = self._average_s.get(corpus)
+    def allows(self, kind: Kind) -> bool:
+        """Whether a search of this kind that calls no model may run on the loop now."""
+        average = self._average_s.get(kind)
         return average is not None and average <= self._budget_s
 
-    def observe(self, corpus: str, seconds: float) -> None:
+    def observe(self, kind: Kind, seconds: float) -> None:
         """One such search's cost (see the module docstring for which time)."""
-        average = self._average_s.get(corpus)
-        self._average_s[corpus] = (
+        average = self._average_s.pop(kind, None)
+        self._average_s[kind] = (
             seconds if average is None else average + WEIGHT * (seconds - average)
         )
+        while len(self._average_s) > self._kinds:
+            self._average_s.popitem(last=False)
 
-    def average_ms(self, corpus: str) -> float | None:
-        """The corpus's current average in milliseconds (None before its first search)."""
-        average = self._average_s.get(corpus)
+    def average_ms(self, kind: Kind) -> float | None:
+        """The kind's current average in milliseconds (None before its first search)."""
+        average = self._average_s.get(kind)
         return None if average is None else average * 1000

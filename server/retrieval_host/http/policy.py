@@ -40,8 +40,9 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
+from retrieval_host.core.waits import WouldWait, refusing_waits
 from retrieval_host.http.auth import Principal, TokenAuthenticator
-from retrieval_host.http.inline import InlineSearches
+from retrieval_host.http.inline import InlineSearches, Kind
 from retrieval_host.http.limits import SubjectShares
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.request_id import note_subject, request_id_of
@@ -225,13 +226,14 @@ class RequestPolicy:
         work: Callable[[], T],
         *,
         search: bool = False,
-        inline: str | None = None,
+        inline: Kind | None = None,
     ) -> T:
         """Run `work` in a worker thread (a search thread for a `search`, when the host has
-        them); a client disconnect cancels it cooperatively. `inline` names the corpus of a
-        search that calls no model: with `inlineSearchMs` it runs on the event loop itself
-        while that corpus's average allows (`http/inline.py`), and its cost is observed
-        wherever it runs.
+        them); a client disconnect cancels it cooperatively. `inline` is the kind (corpus,
+        subject, mode) of a search that calls no model: with `inlineSearchMs` it runs on the
+        event loop itself while that kind's average allows, refusing every wait (then run
+        again on a search thread), and its cost is observed wherever it runs
+        (`http/inline.py`).
 
         Plain asyncio, not a task group and `anyio.to_thread` (their cancel scopes cost more
         than a search over a cached grant). The handler returns only when the work has
@@ -243,18 +245,21 @@ class RequestPolicy:
         """
         inlining = self._inline if search and inline is not None else None
         try:
-            if inlining is None:
+            if inlining is None or inline is None:
                 return await self._in_thread(request, context, work, search=search)
-            assert inline is not None
             if inlining.allows(inline):
                 started = time.perf_counter()
+                moved = False
                 try:
-                    result = work()
+                    with refusing_waits():
+                        return work()
+                except WouldWait:
+                    moved = True  # it would have waited on the loop: a search thread waits
                 finally:
-                    inlining.observe(inline, time.perf_counter() - started)
-                if self.metrics is not None:
-                    self.metrics.observe_inline_search(inline)
-                return result
+                    if not moved:
+                        inlining.observe(inline, time.perf_counter() - started)
+                        if self.metrics is not None:
+                            self.metrics.observe_inline_search(inline[0])
             spent: list[float] = []
             try:
                 return await self._in_thread(

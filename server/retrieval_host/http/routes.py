@@ -143,7 +143,7 @@ class Routes:
             search=True,
             # A search that calls no model may run on the event loop (`http/inline.py`).
             inline=(
-                body.corpus
+                (body.corpus, context.subject, search.mode)
                 if self.policy.inlines and driver.search_calls_no_model(search, context.subject)
                 else None
             ),

@@ -20,6 +20,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.lexical import Bm25
 from retrieval_host.core.ports import Candidate, Vectors
+from retrieval_host.core.waits import locked
 
 
 class SqliteSearch:
@@ -58,7 +59,7 @@ class SqliteSearch:
         if k <= 0 or not allowed:
             return []
         self._ensure_fresh(state)
-        with self._cache_lock:
+        with locked(self._cache_lock, "the store's index"):
             segment = state.segments.get(namespace)
             scan = None if segment is None else segment.capture(allowed, filters)
             plan = None
@@ -127,7 +128,7 @@ class SqliteSearch:
         if k <= 0 or not allowed or not terms:
             return []
         self._ensure_fresh(state)
-        with self._cache_lock:
+        with locked(self._cache_lock, "the store's index"):
             segment = state.segments.get(namespace)
             capture = None if segment is None else segment.lexical_capture(allowed, terms, filters)
         if capture is None:
@@ -152,7 +153,7 @@ class SqliteSearch:
             return []
         cancel.check()
         self._ensure_fresh(state)
-        with self._cache_lock:
+        with locked(self._cache_lock, "the store's index"):
             segment = state.segments.get(namespace)
             if segment is None:
                 return [None] * len(passages)
@@ -177,7 +178,7 @@ class SqliteSearch:
         if not passages:
             return []
         self._ensure_fresh(state)
-        with self._cache_lock:
+        with locked(self._cache_lock, "the store's index"):
             segment = state.segments.get(namespace)
             if segment is None:
                 return [None] * len(passages)

@@ -96,6 +96,7 @@ from retrieval_host.core.ports import (
     StoredChunk,
     StoredSource,
 )
+from retrieval_host.core.waits import locked, refuse_wait
 from retrieval_host.cpus import usable_cores
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SqliteVectorStore", "StoreCounters"]
@@ -278,7 +279,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
     def get_source(self, corpus: str, namespace: str, source_id: str) -> StoredSource | None:
         """The current revision of a source, read from SQLite (authoritative), or None."""
         self._file.check()
-        with self._db_lock, translated("reading a source"):
+        with locked(self._db_lock, "the store's connection"), translated("reading a source"):
             row = (
                 self._connection()
                 .execute(
@@ -303,7 +304,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         """
         state = self._state(corpus)
         self._ensure_fresh(state)
-        with self._cache_lock:
+        with locked(self._cache_lock, "the store's index"):
             segment = state.segments.get(namespace)
             if segment is None:
                 return {}
@@ -463,6 +464,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         corpus = state.descriptor.corpus_id
         if committed_generation(self._reader(), corpus) == state.loaded_generation:
             return
+        refuse_wait("a reload of the store's index")  # on the event loop (`core.waits`)
         with self._db_lock:
             if committed_generation(self._connection(), corpus) != state.loaded_generation:
                 self._refresh(state)
@@ -572,7 +574,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         return self._conn
 
     def _state(self, corpus: str) -> CorpusState:
-        with self._cache_lock:
+        with locked(self._cache_lock, "the store's index"):
             state = self._corpora.get(corpus)
         if state is None:
             self._connection()  # a closed store says so first
