@@ -136,6 +136,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 response = await self._http.send(request)
             except httpx.RequestError as exc:
                 raise transport_error(exc) from exc
+            except RuntimeError as exc:  # httpx's, when closed meanwhile
+                self._raise_if_closed(exc)
+                raise
         return call.parse(response.status_code, response.headers, response.content)
 
     @staticmethod
@@ -227,6 +230,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 response = await self._http.send(request, stream=True)
             except httpx.RequestError as exc:
                 raise transport_error(exc) from exc
+            except RuntimeError as exc:  # httpx's, when closed meanwhile
+                self._raise_if_closed(exc)
+                raise
         try:
             if not is_event_stream(response):  # a refusal, or a host that answers JSON
                 await response.aread()
@@ -275,6 +281,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             response = await self._http.send(http_request, stream=True)
         except httpx.RequestError as exc:
             raise transport_error(exc) from exc
+        except RuntimeError as exc:  # httpx's, when closed meanwhile
+            self._raise_if_closed(exc)
+            raise
         stream = AsyncRunStream(response)
         try:
             refused = not 200 <= response.status_code < 300

@@ -314,6 +314,14 @@ class BaseClient(Generic[H]):
         if self._http.is_closed:
             raise ClientClosedError(f"this {type(self).__name__} is closed; make a new one")
 
+    def _raise_if_closed(self, error: RuntimeError) -> None:
+        """After a send failed with `error`: `ClientClosedError` when the shell was closed
+        meanwhile (by another thread or task, after `_check_open`), else nothing."""
+        if self._http.is_closed:
+            raise ClientClosedError(
+                f"this {type(self).__name__} was closed during the call; make a new one"
+            ) from error
+
     def _request(self, call: Call[Any], content: Any, length: int | None) -> httpx.Request:
         """The httpx request of `call`, its body `content` (bytes or a chunk iterator, from
         the shell's `_body`) of `length` bytes when known."""

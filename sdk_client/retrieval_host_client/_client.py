@@ -141,6 +141,9 @@ class Client(BaseClient[httpx.Client]):
                 response = self._http.send(request)
             except httpx.RequestError as exc:
                 raise transport_error(exc) from exc
+            except RuntimeError as exc:  # httpx's, when closed meanwhile
+                self._raise_if_closed(exc)
+                raise
         return call.parse(response.status_code, response.headers, response.content)
 
     @staticmethod
@@ -232,6 +235,9 @@ class Client(BaseClient[httpx.Client]):
                 response = self._http.send(request, stream=True)
             except httpx.RequestError as exc:
                 raise transport_error(exc) from exc
+            except RuntimeError as exc:  # httpx's, when closed meanwhile
+                self._raise_if_closed(exc)
+                raise
         try:
             if not is_event_stream(response):  # a refusal, or a host that answers JSON
                 response.read()
@@ -280,6 +286,9 @@ class Client(BaseClient[httpx.Client]):
             response = self._http.send(http_request, stream=True)
         except httpx.RequestError as exc:
             raise transport_error(exc) from exc
+        except RuntimeError as exc:  # httpx's, when closed meanwhile
+            self._raise_if_closed(exc)
+            raise
         try:
             refused = not 200 <= response.status_code < 300
             if refused:

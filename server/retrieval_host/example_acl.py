@@ -60,6 +60,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.rerank import RerankSettings
 from retrieval_host.core.service import Corpus, RetrievalService
+from retrieval_host.core.waits import locked
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
 from retrieval_host.settings import HostSettings, RerankerSettings, SettingsError
@@ -124,7 +125,9 @@ class FileAcl:
     def _read(self) -> dict[str, SubjectAccess]:
         st = self.path.stat()
         stamp = (st.st_mtime_ns, st.st_size)
-        with self._lock:
+        # Another thread may be reading a changed file: a search on the event loop does not
+        # wait for it (`core.waits`).
+        with locked(self._lock, "the ACL file"):
             if stamp != self._stamp:
                 self._subjects = _parse_acl(json.loads(self.path.read_text(encoding="utf-8")))
                 self._stamp = stamp

@@ -31,7 +31,7 @@ from retrieval_host_client import (
 from retrieval_host_client._responses import transport_error
 from tests.client.canned_host import DROP, SILENT, Action, Received, canned_host, http_response
 from tests.client.conftest import Connect
-from tests.client.modes import ClientApi
+from tests.client.modes import ClientApi, PortalClient
 from tests.support.host import CORPUS, RunningHost, World
 
 PROTOCOL = {
@@ -376,6 +376,29 @@ def test_a_closed_client_raises_its_typed_error_and_sends_nothing(connect: Conne
             call()
         assert caught.value.code == "CLIENT_CLOSED"
         assert isinstance(caught.value, RuntimeError)  # what such a call raised before
+    with pytest.raises(ClientClosedError), api.stream_run(RUN) as stream:
+        stream.until_done()
+
+
+def test_a_client_closed_during_a_call_raises_its_typed_error(
+    connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another thread or task closes the client after a call checked that it was open: httpx's
+    # send then refuses with a bare RuntimeError, which becomes `ClientClosedError` too.
+    api = connect()
+    inner = api.client if isinstance(api, PortalClient) else api
+    monkeypatch.setattr(inner, "_check_open", lambda: None)  # the check passed, then...
+    api.close()  # ...the client was closed
+    calls: list[Callable[[], object]] = [
+        api.discover,
+        lambda: api.ingest_context(
+            b"# Notes", corpus=CORPUS, source_id="closed.md", media_type="text/markdown"
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(ClientClosedError, match="closed during the call") as caught:
+            call()
+        assert isinstance(caught.value.__cause__, RuntimeError)
     with pytest.raises(ClientClosedError), api.stream_run(RUN) as stream:
         stream.until_done()
 

@@ -26,8 +26,8 @@ def test_only_the_refusing_thread_refuses_and_only_inside_the_block() -> None:
 
 def test_a_lock_held_elsewhere_is_refused_on_a_refusing_thread_and_waited_for_otherwise() -> None:
     lock = threading.Lock()
-    with locked(lock, "free"), refusing_waits():  # a free lock is simply taken
-        pass
+    with refusing_waits(), locked(lock, "free"):  # a free lock is simply taken
+        assert lock.locked()
     assert not lock.locked()
     taken, release = threading.Event(), threading.Event()
 
@@ -45,16 +45,33 @@ def test_a_lock_held_elsewhere_is_refused_on_a_refusing_thread_and_waited_for_ot
             locked(lock, "the index"),
         ):
             raise AssertionError("the lock was taken while held elsewhere")
-        got = threading.Event()
+        got, started = threading.Event(), threading.Event()
 
         def waiter() -> None:
+            started.set()
             with locked(lock, "the index"):  # not refusing: waits for the holder
                 got.set()
 
         waited = pool.submit(waiter)
-        assert not got.is_set()
+        assert started.wait(30)
+        assert not got.is_set()  # it cannot have the lock while the holder keeps it
         release.set()
         held.result(timeout=30)
         waited.result(timeout=30)
     assert got.is_set()
     assert not lock.locked()
+
+
+def test_code_that_handles_every_exception_does_not_swallow_a_refusal() -> None:
+    # An application's authorizer that fails closed (`except Exception: deny`) must not turn
+    # "this would wait" into a denial.
+    def fail_closed() -> str:
+        try:
+            refuse_wait("a reload")
+        except Exception:
+            return "denied"
+        return "granted"
+
+    assert fail_closed() == "granted"
+    with refusing_waits(), pytest.raises(WouldWait):
+        fail_closed()

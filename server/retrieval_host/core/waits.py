@@ -11,7 +11,11 @@ every other request up; it runs them inside `refusing_waits()`, and a search tha
   when a lock it takes is held for longer than `LOCK_PATIENCE_S` (a writer applying a large
   commit or waiting for SQLite's write lock: `locked`).
 
-Other threads are not affected: the flag is per thread.
+Other threads are not affected: the flag is per thread. `WouldWait` is a `BaseException`,
+like a cancellation: code between the refusal and the HTTP layer that handles `Exception`
+(an application's authorizer that fails closed, a translation into a typed error) must not
+turn it into a denial or an error. A search that moved has run partly: an authorizer may see
+its request twice (as when a read is overtaken, `core.search`).
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from typing import Final, Protocol
 
 __all__ = ["LOCK_PATIENCE_S", "WouldWait", "locked", "refuse_wait", "refusing_waits"]
 
-# How long a thread refusing waits tries for a lock: searches hold the store's locks for
-# microseconds; a writer holds them for a commit.
-LOCK_PATIENCE_S: Final = 0.001
+# How long a thread refusing waits tries for a lock. Searches hold the store's locks briefly
+# (a capture of their grant), but a holder may have to win the interpreter back first, which
+# takes up to Python's switch interval (5 ms); a writer holds them for a whole commit.
+LOCK_PATIENCE_S: Final = 0.005
 
 _refusing = threading.local()
 
 
-class WouldWait(Exception):
+class WouldWait(BaseException):
     """Raised instead of waiting, on a thread inside `refusing_waits()`; says for what."""
 
 

@@ -13,9 +13,10 @@ process) and `limits.inlineSearchMs` > 0, a search that calls no model (`Driver.
 search_calls_no_model`: lexical, or a query vector already cached, no reranker) runs where
 its request is handled, while such searches of its kind have averaged at most that budget.
 It runs inside `core.waits.refusing_waits()`: where it would wait (its query vector evicted
-meanwhile, the store's index to reload after another connection's commit, a store lock a
-writer holds) it stops with `WouldWait` and runs again, whole, on a search thread. What is
-left on the loop is the search's own work, which the average bounds.
+meanwhile, the store's index to reload after another connection's commit, a lock a writer
+holds past `core.waits.LOCK_PATIENCE_S`) it stops with `WouldWait` and runs again, whole, on
+a search thread. What is left on the loop is mostly the search's own work, which the average
+bounds (and short waits: a lock within its patience, the authorizer's own file reads).
 
 A kind is (corpus, subject, mode): one subject's grant may cover a hundred times the rows of
 another's, and lexical and hybrid searches cost differently. Its average is of every such

@@ -13,8 +13,9 @@ or collide on a family. Families (all prefixed `retrieval_host_`), with their la
   the searches inside runs);
 - `embedding_requests_total{operation, corpus}`, `embedding_input_tokens_total{...}`: the
   embedding usage that search, index, ingest and run results report;
-- `searches_on_loop_total{corpus}`: searches run on the event loop itself, not a search
-  thread (`limits.inlineSearchMs`, `http/inline.py`);
+- `searches_on_loop_total{corpus, outcome}`: searches started on the event loop itself, not
+  a search thread (`limits.inlineSearchMs`, `http/inline.py`): `done` there, or `moved` to a
+  search thread where they would have waited;
 - `runs_total{outcome, code}`: each run's final event (completed, replayed, failed, cancelled);
 - `store_scans_started_total`, `store_scans_cancelled_total`, `store_rows_scored_total`,
   `store_approximate_searches_total`: the stores' own counters, summed over the distinct
@@ -112,9 +113,10 @@ class HostMetrics:
         )
         self.inline_searches = Counter(
             "retrieval_host_searches_on_loop",
-            "Searches run on the event loop rather than a search thread "
-            "(limits.inlineSearchMs), by corpus.",
-            ["corpus"],
+            "Searches started on the event loop rather than a search thread "
+            "(limits.inlineSearchMs), by corpus and outcome: done there, or moved to a search "
+            "thread where it would have waited.",
+            ["corpus", "outcome"],
             registry=r,
         )
         self.runs = Counter(
@@ -179,8 +181,8 @@ class HostMetrics:
     def observe_search(self, result: SearchResult, corpus: str) -> None:
         self.observe_usage("search", corpus, result.usage)
 
-    def observe_inline_search(self, corpus: str) -> None:
-        self._series(self.inline_searches, corpus).inc()
+    def observe_inline_search(self, corpus: str, outcome: str) -> None:
+        self._series(self.inline_searches, corpus, outcome).inc()
 
     def observe_index(self, result: IndexResult, operation: str) -> None:
         self.observe_usage(operation, result.corpus, result.usage)
@@ -250,6 +252,10 @@ class ScanTimer:
         self._histogram = histogram
         self._started: float | None = None
         self._corpus = ""
+
+    def discard(self) -> None:
+        """Forget a scan in progress (a search that stopped to run again elsewhere)."""
+        self._started = None
 
     def __call__(self, phase: str, details: Mapping[str, JSONValue]) -> None:
         now = time.perf_counter()

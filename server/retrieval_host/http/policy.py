@@ -44,7 +44,7 @@ from retrieval_host.core.waits import WouldWait, refusing_waits
 from retrieval_host.http.auth import Principal, TokenAuthenticator
 from retrieval_host.http.inline import InlineSearches, Kind
 from retrieval_host.http.limits import SubjectShares
-from retrieval_host.http.metrics import HostMetrics
+from retrieval_host.http.metrics import HostMetrics, ScanTimer
 from retrieval_host.http.request_id import note_subject, request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.http.strict import (
@@ -254,12 +254,17 @@ class RequestPolicy:
                     with refusing_waits():
                         return work()
                 except WouldWait:
-                    moved = True  # it would have waited on the loop: a search thread waits
+                    # It would have waited on the loop: it runs again, whole, on a search
+                    # thread (its scan so far is not one).
+                    moved = True
+                    if isinstance(context.on_progress, ScanTimer):
+                        context.on_progress.discard()
                 finally:
                     if not moved:
                         inlining.observe(inline, time.perf_counter() - started)
-                        if self.metrics is not None:
-                            self.metrics.observe_inline_search(inline[0])
+                    if self.metrics is not None:
+                        outcome = "moved" if moved else "done"
+                        self.metrics.observe_inline_search(inline[0], outcome)
             spent: list[float] = []
             try:
                 return await self._in_thread(

@@ -93,6 +93,7 @@ def test_a_lock_a_writer_holds_is_refused_on_a_refusing_thread(
         with refusing_waits(), pytest.raises(WouldWait, match="the store's"):
             call()
         waiting = pool.submit(call)  # another thread waits for the writer
+        assert not waiting.done() or waiting.exception() is None
         release.set()
         held.result(timeout=30)
         assert waiting.result(timeout=30)

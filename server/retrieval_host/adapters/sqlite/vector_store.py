@@ -574,8 +574,9 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         return self._conn
 
     def _state(self, corpus: str) -> CorpusState:
-        with locked(self._cache_lock, "the store's index"):
-            state = self._corpora.get(corpus)
+        # One dict read, atomic without the lock (entries are added under it, and all cleared
+        # at close): a search on the event loop must not wait here for a writer's commit.
+        state = self._corpora.get(corpus)
         if state is None:
             self._connection()  # a closed store says so first
             raise corpus_not_open(corpus)
