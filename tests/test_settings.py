@@ -274,6 +274,37 @@ def test_the_inline_search_budget_is_off_by_default_and_bounded(tmp_path: Path) 
             load_settings(path, {"RETRIEVAL_HOST_LIMITS__INLINE_SEARCH_MS": bad})
 
 
+@pytest.mark.parametrize(
+    ("section", "name", "value"),
+    [
+        ("limits", "maxConcurrency", True),
+        ("limits", "maxConcurrency", "16"),
+        ("limits", "headerTimeoutS", False),
+        ("limits", "headerTimeoutS", "2.5"),
+        ("runs", "leaseS", True),
+        ("listen", "port", "8443"),
+        ("limits", "searchThreads", True),
+    ],
+)
+def test_a_numeric_setting_takes_a_json_number_not_a_boolean_or_a_string(
+    tmp_path: Path, section: str, name: str, value: object
+) -> None:
+    data = _minimal()
+    data[section] = {**data.get(section, {}), name: value}
+    with pytest.raises(SettingsError, match=name):
+        load_settings(_write(tmp_path, data), {})
+
+
+def test_a_numeric_setting_from_the_environment_is_parsed_as_json_first(tmp_path: Path) -> None:
+    path = _write(tmp_path, _minimal())
+    environ = {"RETRIEVAL_HOST_LIMITS__MAX_CONCURRENCY": "7", "RETRIEVAL_HOST_RUNS__LEASE_S": "2"}
+    settings = load_settings(path, environ)
+    assert settings.limits.max_concurrency == 7
+    assert settings.runs.lease_s == 2.0  # an integer where a float is asked is a number too
+    with pytest.raises(SettingsError, match="maxConcurrency"):
+        load_settings(path, {"RETRIEVAL_HOST_LIMITS__MAX_CONCURRENCY": "true"})
+
+
 def test_providers_without_an_application_are_reported_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -12,6 +12,10 @@ Environment overrides: `RETRIEVAL_HOST_<FIELD>[__<FIELD>...]=VALUE`, where each 
 in snake case or camel case, case-insensitively (`RETRIEVAL_HOST_LISTEN__PORT=9443`,
 `RETRIEVAL_HOST_LIMITS__MAX_BODY_BYTES=1048576`). A value that parses as JSON is used as that
 JSON value (numbers, booleans, lists), anything else as a string.
+
+Numeric settings take JSON numbers only (`strict`): `true` or `"5"` is refused, where it was
+read as 1 or 5 (a boolean or a quoted number is more likely a mistake than a count). An
+environment override's value is parsed as JSON first, so `...__PORT=9443` is a number.
 """
 
 from __future__ import annotations
@@ -95,9 +99,9 @@ class SecretRef(_Model):
 
 class ListenSettings(_Model):
     host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535)] = 8443
+    port: Annotated[int, Field(strict=True, ge=0, le=65535)] = 8443
     # Worker processes accepting on the one listening socket (see `retrieval_host.serving.workers`).
-    workers: Annotated[int, Field(ge=1, le=64)] = 1
+    workers: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
 
 
 class TlsSettings(_Model):
@@ -112,51 +116,53 @@ class TlsSettings(_Model):
 class LimitSettings(_Model):
     """Limits shared by every route. Timeouts are in seconds."""
 
-    max_body_bytes: Annotated[int, Field(ge=1)] = 32 * 1024 * 1024
+    max_body_bytes: Annotated[int, Field(strict=True, ge=1)] = 32 * 1024 * 1024
     # The body of a JSON route (search, index, delete, runs; not a raw document to ingest),
     # also bounded by `maxBodyBytes`. Parsing JSON costs memory per value, not per byte (up to
     # ~50x the body for a body of empty objects): 8 MiB holds an index request of 10,000
     # passages of ~800 characters, and bounds what one request can make the host hold.
-    max_json_body_bytes: Annotated[int, Field(ge=1)] = 8 * 1024 * 1024
+    max_json_body_bytes: Annotated[int, Field(strict=True, ge=1)] = 8 * 1024 * 1024
     # Raw document bytes all ingest uploads in flight may hold together (each upload counts
     # its Content-Length, or its bytes as they arrive): past it an upload is answered
     # HOST_BUSY at once. A document costs several times its size while it is parsed, so the
     # concurrency limit alone let 16 uploads of 31 MiB take a host past 1.5 GB (a black-box
     # test). At least `maxBodyBytes` (a smaller value is raised to it): one upload of the
     # largest size is always admitted alone.
-    max_ingest_bytes_in_flight: Annotated[int, Field(ge=1)] = 64 * 1024 * 1024
-    max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = 16
+    max_ingest_bytes_in_flight: Annotated[int, Field(strict=True, ge=1)] = 64 * 1024 * 1024
+    max_concurrency: Annotated[int, Field(strict=True, ge=1, le=10_000)] = 16
     # Requests one subject may have in flight (of `maxConcurrency`; a larger value is lowered
     # to it): past it that subject's next request is answered HOST_BUSY (reason
     # `subject-busy`) while other subjects keep the rest. None: no share, one subject may take
     # every slot (a client holding 16 slow uploads or streams locks every other out).
-    max_concurrency_per_subject: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    max_concurrency_per_subject: Annotated[int, Field(strict=True, ge=1, le=10_000)] | None = None
     # Deadline from the connection (or the first byte of a keep-alive request) to the end of
     # the request headers. uvicorn has none of its own.
-    header_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    header_timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
     # Deadline from the request start to the last byte of the body.
-    body_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    body_timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 60.0
     # On SIGTERM: how long in-flight requests and open run streams may take to finish before
     # the host cancels them (streams then end with a final `run.failed`) and exits. Keep it
     # below the orchestrator's kill timeout (Kubernetes' default grace period is 30 s).
-    shutdown_grace_s: Annotated[float, Field(gt=0, le=3600)] = 25.0
+    shutdown_grace_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 25.0
     # One ingested document, parsing and embedding together: past it the work is stopped and
     # the answer is DOCUMENT_TOO_COMPLEX (reason `deadline`), the previous revision kept. The
     # local model embeds 5-20 passages a second on two busy cores: the default admits
     # documents of roughly 600-2,400 passages.
-    ingest_deadline_s: Annotated[float, Field(gt=0, le=86_400)] = 120.0
+    ingest_deadline_s: Annotated[float, Field(strict=True, gt=0, le=86_400)] = 120.0
     # Threads that run searches, apart from the other request work (`http/policy.py`): "cores"
     # (the cores the host process may use) or a number. For hosts whose searches are CPU work
     # in this process (the local model, SQLite, an in-process authorizer, no hosted reranker):
     # more threads than cores only contend. None: searches share the request threads, as a
     # search that waits on a network service (PostgreSQL, a hosted model) should.
-    search_threads: Annotated[int, Field(ge=1, le=10_000)] | Literal["cores"] | None = None
+    search_threads: (
+        Annotated[int, Field(strict=True, ge=1, le=10_000)] | Literal["cores"] | None
+    ) = None
     # With `searchThreads`: a search that calls no model (lexical, or its query vector
     # cached) runs on the event loop itself, without a thread handoff, while searches of its
     # kind average at most this many milliseconds (`http/inline.py`). 0: never. Only for
     # hosts whose every search part runs in this process: a search on the loop holds every
     # other request up while it runs (the waits the host knows of it refuses).
-    inline_search_ms: Annotated[float, Field(ge=0, le=1000)] = 0.0
+    inline_search_ms: Annotated[float, Field(strict=True, ge=0, le=1000)] = 0.0
 
 
 class RetrievalGrants(_Model):
@@ -188,8 +194,8 @@ class StoreSettings(_Model):
         "retrieval_host"
     )
     hnsw: bool = False
-    ef_search: Annotated[int, Field(ge=1, le=1000)] = 100
-    pool_size: Annotated[int, Field(ge=1, le=100)] = 4
+    ef_search: Annotated[int, Field(strict=True, ge=1, le=1000)] = 100
+    pool_size: Annotated[int, Field(strict=True, ge=1, le=100)] = 4
     # SQLite: accept a store directory and files writable by the host process's own groups,
     # as a volume provisioned for a pod is (Kubernetes fsGroup, OpenShift's gid 0). Off: the
     # directory must be private (`adapters.sqlite.files`).
@@ -205,7 +211,7 @@ class StoreSettings(_Model):
     # SQLite: a search allowed every live passage of a namespace of at least this many ranks
     # with an approximate graph, re-scored exactly (`adapters.sqlite.approximate`); any other
     # search scans its allowed rows exactly. 0: every search scans.
-    approximate_min_rows: Annotated[int, Field(ge=0)] = 20_000
+    approximate_min_rows: Annotated[int, Field(strict=True, ge=0)] = 20_000
 
     @model_validator(mode="after")
     def _one_store(self) -> StoreSettings:
@@ -246,8 +252,8 @@ class OpenAIProviderSettings(_Model):
     base_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
     api_key: SecretRef | None = None
     ca_file: Path | None = None
-    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
-    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 120.0
+    max_output_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     # The account the calls are billed to, as usage records name it (None: unnamed).
     account_id: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
 
@@ -263,10 +269,10 @@ class RerankerSettings(_Model):
     account_id: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "default"
     api_key: SecretRef | None = None
     ca_file: Path | None = None
-    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 30.0
     # The authorized top candidates of a search sent to the reranker (a search with a higher
     # limit sends limit + 1).
-    candidates: Annotated[int, Field(ge=1, le=1000)] = 40
+    candidates: Annotated[int, Field(strict=True, ge=1, le=1000)] = 40
 
 
 ProviderSettings = Annotated[
@@ -278,10 +284,10 @@ class RunSettings(_Model):
     """Grounded runs: SSE heartbeat interval, the lease of a running record
     (`adapters.run_leases`) and (for SQLite) where run records live."""
 
-    heartbeat_s: Annotated[float, Field(gt=0, le=3600)] = 15.0
+    heartbeat_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 15.0
     # How long a run stays `running` without its host renewing the lease (every quarter of
     # it): after a host stops mid-run, its runs read as failed, `INTERRUPTED`, within this.
-    lease_s: Annotated[float, Field(ge=1, le=3600)] = 60.0
+    lease_s: Annotated[float, Field(strict=True, ge=1, le=3600)] = 60.0
     # Default: `runs.db` beside `store.sqlitePath`. Ignored with PostgreSQL (same database).
     sqlite_path: Path | None = None
 
@@ -291,7 +297,7 @@ class MetricsSettings(_Model):
     `port` additionally serves them without a token on 127.0.0.1 only (plain HTTP, for a
     scraper or agent on the same machine)."""
 
-    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    port: Annotated[int, Field(strict=True, ge=1, le=65535)] | None = None
 
 
 class ConsoleSettings(_Model):

@@ -75,7 +75,7 @@ def _search(host: RunningHost, token: str, body: dict[str, Any]) -> list[str]:
     return [hit["chunkId"] for hit in response.json()["hits"]]
 
 
-def test_a_corpus_first_search_runs_on_a_thread_then_the_loop_takes_short_ones(
+def test_a_kinds_first_search_runs_on_a_thread_then_the_loop_takes_short_ones(
     host_world: World, threads_seen: list[str]
 ) -> None:
     settings = host_world.settings(limits=ROOMY)
@@ -87,7 +87,7 @@ def test_a_corpus_first_search_runs_on_a_thread_then_the_loop_takes_short_ones(
         on_loop = _on_loop(host)
     assert first, "the lexical search finds the handbook"
     assert after == [first] * 4, "the same answer wherever the search ran"
-    # No average before the corpus's first search: it runs on a search thread.
+    # No average before the kind's first search: it runs on a search thread.
     assert threads_seen[0].startswith("search-work")
     assert threads_seen[1:] == [LOOP] * 4
     assert on_loop == 4
@@ -100,7 +100,7 @@ def test_searches_that_embed_a_query_keep_their_threads(
     settings = host_world.settings(limits=ROOMY)
     alice = host_world.tokens["alice"]
     with serve_in_thread(settings, host_world.driver, host_world.tls) as host:
-        _search(host, alice, LEXICAL)  # the corpus has a short average now
+        _search(host, alice, LEXICAL)  # the kind has a short average now
         _search(host, alice, LEXICAL)
         for _ in range(3):
             _search(host, alice, HYBRID)  # the world's query cache is off: each embeds
