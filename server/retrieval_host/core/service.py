@@ -101,7 +101,7 @@ class RetrievalService:
         self._queries: dict[int, QueryEmbedder] = {}
         self._search = CorpusSearch(
             self.corpus,
-            lambda corpus: self._queries[id(corpus.query_embedding or corpus.embedding)],
+            self._query_embedder,
             lambda: self._clock(),
         )
         for corpus in corpora:
@@ -136,6 +136,10 @@ class RetrievalService:
                     max_wait_s=query_batch_wait_s,
                 )
         self._clock = clock
+
+    def _query_embedder(self, corpus: Corpus) -> QueryEmbedder:
+        """The batching, caching embedder of the corpus's search queries."""
+        return self._queries[id(corpus.query_embedding or corpus.embedding)]
 
     @property
     def corpora(self) -> Mapping[str, Corpus]:
@@ -173,8 +177,7 @@ class RetrievalService:
             return False
         if request.mode == "lexical":
             return True
-        queries = self._queries[id(corpus.query_embedding or corpus.embedding)]
-        return queries.cached(request.query, subject)
+        return self._query_embedder(corpus).cached(request.query, subject)
 
     def search_context(self, request: SearchRequest, context: RequestContext) -> SearchResult:
         """Authorized search of one corpus: the lifecycle's steps (`core.search.CorpusSearch`)
