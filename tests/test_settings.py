@@ -264,7 +264,7 @@ def test_search_threads_are_a_number_or_cores(tmp_path: Path) -> None:
 
 
 def test_the_inline_search_budget_is_off_by_default_and_bounded(tmp_path: Path) -> None:
-    path = _write(tmp_path, _minimal())
+    path = _write(tmp_path, _minimal(limits={"searchThreads": 1}))
     assert load_settings(path, {}).limits.inline_search_ms == 0
     for value, budget in (("0", 0.0), ("2.5", 2.5), ("1000", 1000.0)):
         settings = load_settings(path, {"RETRIEVAL_HOST_LIMITS__INLINE_SEARCH_MS": value})
@@ -272,6 +272,25 @@ def test_the_inline_search_budget_is_off_by_default_and_bounded(tmp_path: Path) 
     for bad in ("-1", "1000.5", "fast"):
         with pytest.raises(SettingsError, match="inlineSearchMs"):
             load_settings(path, {"RETRIEVAL_HOST_LIMITS__INLINE_SEARCH_MS": bad})
+
+
+def test_an_inline_search_budget_needs_search_threads_and_a_sqlite_store(
+    tmp_path: Path,
+) -> None:
+    # Either way it would do nothing or hold every request up: refused at load, by name.
+    alone = _write(tmp_path, _minimal(limits={"inlineSearchMs": 2}))
+    with pytest.raises(SettingsError, match="inlineSearchMs needs searchThreads"):
+        load_settings(alone, {})
+    assert load_settings(alone, {"RETRIEVAL_HOST_LIMITS__INLINE_SEARCH_MS": "0"})
+    pg = _minimal(
+        limits={"searchThreads": 1, "inlineSearchMs": 2}, store={"postgresDsn": {"env": "DSN"}}
+    )
+    with pytest.raises(SettingsError, match=r"inlineSearchMs .*PostgreSQL"):
+        load_settings(_write(tmp_path, pg), {"DSN": "postgresql://x"})
+    sqlite = _minimal(
+        limits={"searchThreads": 1, "inlineSearchMs": 2}, store={"sqlitePath": "s.sqlite"}
+    )
+    assert load_settings(_write(tmp_path, sqlite), {}).limits.inline_search_ms == 2
 
 
 @pytest.mark.parametrize(

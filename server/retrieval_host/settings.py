@@ -164,6 +164,13 @@ class LimitSettings(_Model):
     # other request up while it runs (the waits the host knows of it refuses).
     inline_search_ms: Annotated[float, Field(strict=True, ge=0, le=1000)] = 0.0
 
+    @model_validator(mode="after")
+    def _inline_needs_threads(self) -> LimitSettings:
+        # Without search threads it would do nothing: an operator who set it believed it on.
+        if self.inline_search_ms > 0 and self.search_threads is None:
+            raise ValueError("inlineSearchMs needs searchThreads (set both, or leave it 0)")
+        return self
+
 
 class RetrievalGrants(_Model):
     """Corpus ids a token may use per operation. An omitted or empty list denies."""
@@ -367,6 +374,13 @@ class HostSettings(_Model):
         hashes = [t.sha256 for t in self.tokens]
         if len(set(hashes)) != len(hashes):
             raise ValueError("two tokens share one sha256")
+        if self.limits.inline_search_ms > 0 and self.store.postgres_dsn is not None:
+            # A search on the event loop waiting on the network holds every request up, and
+            # only the SQLite store refuses its waits there (`core.waits`).
+            raise ValueError(
+                "limits.inlineSearchMs runs searches on the event loop: a PostgreSQL store's "
+                "searches wait on the network; leave it 0 beside store.postgresDsn"
+            )
         metrics, port = self.metrics.port, self.listen.port
         if metrics is not None and metrics <= port < metrics + self.listen.workers:
             # The metrics listener binds first and the host then failed on its own port.

@@ -110,15 +110,11 @@ def test_searches_that_embed_a_query_keep_their_threads(
     assert on_loop == 1
 
 
-@pytest.mark.parametrize(
-    "limits",
-    [{"searchThreads": 1}, {"inlineSearchMs": 1000}],
-    ids=["no-budget", "no-search-threads"],
-)
-def test_without_both_settings_every_search_leaves_the_loop(
-    host_world: World, threads_seen: list[str], limits: dict[str, Any]
+def test_without_a_budget_every_search_leaves_the_loop(
+    host_world: World, threads_seen: list[str]
 ) -> None:
-    settings = host_world.settings(limits=limits)
+    # (A budget without search threads is refused at load: `tests/test_settings.py`.)
+    settings = host_world.settings(limits={"searchThreads": 1})
     alice = host_world.tokens["alice"]
     with serve_in_thread(settings, host_world.driver, host_world.tls) as host:
         for _ in range(4):
