@@ -170,6 +170,12 @@ class APIStatusError(RetrievalHostError):
         """The host's human-readable detail (public; never contains secrets)."""
         return self.problem.detail if self.problem is not None else None
 
+    @property
+    def run_id(self) -> str | None:
+        """The run this failure ended, recorded by the host (`get_run` reads it back); None
+        when the error is not a run's."""
+        return self.problem.run_id if self.problem is not None else None
+
 
 class InvalidRequestError(APIStatusError):
     """The request was refused for its shape or content (`INVALID_REQUEST`, `INVALID_CITATION`;

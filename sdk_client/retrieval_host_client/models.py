@@ -468,7 +468,10 @@ class DeleteResponse(_Response):
 
 
 class Problem(_Response):
-    """An `application/problem+json` error body. Switch on `code`, never on `title`."""
+    """An `application/problem+json` error body. Switch on `code`, never on `title`.
+
+    `run_id` names the run a failure ended (a run answered without a stream: `POST /v1/runs`
+    records it, and `GET /v1/runs/{id}` reads it back); None for every other error."""
 
     type: str
     title: str
@@ -477,6 +480,7 @@ class Problem(_Response):
     detail: str
     request_id: str
     reason: str | None = None
+    run_id: str | None = None
 
 
 class ProtocolLimits(_Response):

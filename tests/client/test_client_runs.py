@@ -88,7 +88,12 @@ def test_a_run_without_evidence_fails_typed_in_both_forms(api: ClientApi) -> Non
             stream.until_done()
     assert streamed.value.status == 422
     assert stream.run_id is not None
-    assert api.get_run(stream.run_id).status == "failed"
+    # Either way the error names the failed run, recorded by the host.
+    assert streamed.value.run_id == stream.run_id
+    assert direct.value.run_id is not None and direct.value.run_id != stream.run_id
+    for run_id in (direct.value.run_id, stream.run_id):
+        record = api.get_run(run_id)
+        assert (record.status, record.error_code) == ("failed", "NO_RETRIEVAL_EVIDENCE")
 
 
 def test_a_refused_stream_raises_before_any_event(connect: Connect) -> None:

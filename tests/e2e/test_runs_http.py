@@ -640,6 +640,14 @@ def test_a_run_declares_what_no_evidence_does_and_its_result_says_which_it_took(
     failed = stream_run(host, world.tokens["alice"], run_body(retrieval=nowhere)).events[-1]
     assert failed["type"] == "run.failed"
     assert failed["problem"]["code"] == "NO_RETRIEVAL_EVIDENCE"
+    assert failed["problem"]["runId"] == failed["runId"]
+    # Answered without a stream, the problem names the run too: it is recorded.
+    plain = post_run(host, world.tokens["alice"], run_body(retrieval=nowhere))
+    problem = problem_of(plain)
+    assert (plain.status_code, problem["code"]) == (422, "NO_RETRIEVAL_EVIDENCE")
+    assert problem["runId"] not in ("", failed["runId"])
+    record = get_run(host, world.tokens["alice"], problem["runId"]).json()
+    assert (record["status"], record["errorCode"]) == ("failed", "NO_RETRIEVAL_EVIDENCE")
     bad = post_run(host, world.tokens["alice"], run_body(fallbacks={"noEvidence": "retry"}))
     assert bad.status_code == 422
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import logging
 from collections.abc import AsyncIterator, Mapping
 from functools import cache
 from typing import Any, Literal
@@ -32,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.cpus import usable_cores
 from retrieval_host.driver import Driver
-from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
+from retrieval_host.http.auth import TokenAuthenticator
 from retrieval_host.http.console import ConsoleRoutes
 from retrieval_host.http.hosts import AllowedHostsMiddleware
 from retrieval_host.http.hygiene import HygieneMiddleware
@@ -41,7 +40,7 @@ from retrieval_host.http.metrics import HostMetrics, MetricsEndpoint, RequestObs
 from retrieval_host.http.openapi import build_openapi
 from retrieval_host.http.origin import OriginMiddleware
 from retrieval_host.http.policy import RequestPolicy
-from retrieval_host.http.problems import problem_response
+from retrieval_host.http.problems import error_response, problem_response
 from retrieval_host.http.request_id import (
     RequestIdMiddleware,
     internal_error,
@@ -52,8 +51,6 @@ from retrieval_host.http.routes import Routes, ingest_media_types
 from retrieval_host.http.runs import RunRoutes
 from retrieval_host.http.shutdown import Shutdown
 from retrieval_host.settings import HostSettings
-
-logger = logging.getLogger("retrieval_host.http")
 
 
 def _version() -> str:
@@ -107,15 +104,7 @@ class HostApp:
 
 async def _retrieval_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RetrievalError)
-    request_id = request_id_of(request.scope)
-    if exc.status >= 500:
-        logger.warning("%s: %s", exc.code.value, exc.detail, extra={"request_id": request_id})
-    headers: dict[str, str] | None = None
-    if exc.code is ErrorCode.UNAUTHENTICATED:
-        headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
-    elif exc.code is ErrorCode.HOST_BUSY:
-        headers = {"Retry-After": "1"}  # as the limits middleware's own refusals say
-    return problem_response(exc, request_id, headers=headers)
+    return error_response(exc, request_id_of(request.scope))
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

@@ -7,13 +7,32 @@ request id.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 from starlette.responses import Response
 from starlette.types import Send
 
-from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.http.auth import WWW_AUTHENTICATE
 from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
+
+logger = logging.getLogger("retrieval_host.http")
+
+
+def error_response(
+    error: RetrievalError, request_id: str, *, run_id: str | None = None
+) -> Response:
+    """How a route's error is answered: its problem, with the headers its code calls for
+    (logged when the host or its upstream is at fault). `run_id`: the run it ended."""
+    if error.status >= 500:
+        logger.warning("%s: %s", error.code.value, error.detail, extra={"request_id": request_id})
+    headers: dict[str, str] | None = None
+    if error.code is ErrorCode.UNAUTHENTICATED:
+        headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
+    elif error.code is ErrorCode.HOST_BUSY:
+        headers = {"Retry-After": "1"}  # as the limits middleware's own refusals say
+    return problem_response(error, request_id, headers=headers, run_id=run_id)
 
 
 def problem_response(
@@ -22,9 +41,12 @@ def problem_response(
     *,
     status: int | None = None,
     headers: Mapping[str, str] | None = None,
+    run_id: str | None = None,
 ) -> Response:
     code = status if status is not None else error.status
-    body = problem_body(error.code, error.detail, request_id, status=code, reason=error.reason)
+    body = problem_body(
+        error.code, error.detail, request_id, status=code, reason=error.reason, run_id=run_id
+    )
     return Response(
         encode_problem(body),
         status_code=code,

@@ -35,6 +35,7 @@ from retrieval_host.driver import Driver
 from retrieval_host.http.auth import Principal, permission_denied
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.policy import RequestPolicy
+from retrieval_host.http.problems import error_response
 from retrieval_host.http.request_id import request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.http.sse import event_stream, wants_stream
@@ -206,7 +207,10 @@ class RunRoutes:
                 outcome = event
             group.cancel_scope.cancel()
         if isinstance(outcome, RunFailed):
-            raise outcome.error
+            # With the run's id: the failure is recorded, and `GET /v1/runs/{id}` reads it.
+            return error_response(
+                outcome.error, request_id_of(request.scope), run_id=outcome.run_id or None
+            )
         if not isinstance(outcome, RunCompleted):
             raise RetrievalError(ErrorCode.CANCELLED, "The client disconnected.")
         body = json.dumps(wire_runs.result_to_json(outcome.result), ensure_ascii=False)

@@ -26,6 +26,7 @@ def problem_body(
     *,
     status: int | None = None,
     reason: str | None = None,
+    run_id: str | None = None,
 ) -> dict[str, object]:
     """The problem document. `status` overrides the table only for HTTP-level statuses that
     have no code of their own (404/405 for an unknown route or method, 408 for a slow client)."""
@@ -39,6 +40,8 @@ def problem_body(
     }
     if reason is not None:
         body["reason"] = reason
+    if run_id is not None:
+        body["runId"] = run_id
     return body
 
 

@@ -98,7 +98,9 @@ def event_json(event: RunEvent, request_id: str) -> dict[str, Any]:
     return {
         "type": event.type,
         "runId": event.run_id,
-        "problem": problem_body(error.code, error.detail, request_id, reason=error.reason),
+        "problem": problem_body(
+            error.code, error.detail, request_id, reason=error.reason, run_id=event.run_id or None
+        ),
     }
 
 
