@@ -190,6 +190,13 @@ def test_an_operator_signs_in_browses_searches_follows_a_citation_asks_and_inges
     expect(first.locator("header")).to_contain_text("lexical ")
     expect(first.locator("mark").filter(has_text="rotate")).not_to_have_count(0)
     expect(first.locator("mark").filter(has_text="token")).not_to_have_count(0)
+    # Whole words only: no mark with a letter or digit right before or after it.
+    inside_words = page.evaluate(
+        """() => [...document.querySelectorAll('.hit mark')].filter((m) =>
+            /[\\p{L}\\p{N}]$/u.test(m.previousSibling?.textContent ?? '') ||
+            /^[\\p{L}\\p{N}]/u.test(m.nextSibling?.textContent ?? '')).map((m) => m.textContent)"""
+    )
+    assert inside_words == []
     _shot(page, "05-search")
     page.get_by_label("Byte budget").fill("200")
     page.get_by_role("button", name="Search").click()

@@ -112,12 +112,24 @@ function number(value, digits = 3) {
   return typeof value === "number" ? value.toFixed(digits) : "–";
 }
 
-// Query terms marked in a passage: split into text nodes and <mark> elements, never markup.
+// The lexical analyzer's stop words (`core/lexical.py`): never marked.
+const STOP_WORDS = new Set(
+  ("a an and are as at be but by for if in into is it no not of on or such that the their " +
+    "then there these they this to was will with").split(" "),
+);
+
+// Query words marked in a passage where they stand as words, with a plural or tense ending
+// ("token" marks "tokens"), never inside another word ("do" in "downtime"): split into text
+// nodes and <mark> elements, never markup.
 function highlighted(text, query) {
-  const terms = [...new Set((query.toLowerCase().match(/[\p{L}\p{N}]{2,}/gu) || []))];
+  const words = query.toLowerCase().match(/[\p{L}\p{N}]{2,}/gu) || [];
+  const terms = [...new Set(words)].filter((word) => !STOP_WORDS.has(word));
   if (terms.length === 0) return [text];
   const escaped = terms.map((term) => term.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
-  const pattern = new RegExp(`(${escaped.join("|")})`, "giu");
+  const pattern = new RegExp(
+    `(?<![\\p{L}\\p{N}])((?:${escaped.join("|")})(?:s|es|d|ed|ing)?)(?![\\p{L}\\p{N}])`,
+    "giu",
+  );
   return text.split(pattern).map((piece, i) => (i % 2 === 1 ? h("mark", {}, piece) : piece));
 }
 
