@@ -35,7 +35,8 @@ with Client(BASE_URL, token=TOKEN, ca_bundle=CA_BUNDLE) as client:
         if hit.location.page is not None:
             where = f"page {hit.location.page}, {where}"
         print(f"[source:{hit.chunk_id}] {hit.source.id}@{hit.source.revision[:12]} ({where})")
-        print(f"  cosine {hit.score:.2f}: {hit.text[:80]!r}")
+        # `score` ranks the hits (hybrid: the fused score); `scores` has each ranking's own.
+        print(f"  score {hit.score:.2f} (cosine {hit.scores.dense}): {hit.text[:80]!r}")
 
     note = client.ingest_context(
         STATE / "my-note.md", corpus="library", source_id="my-note", revision="1"

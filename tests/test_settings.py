@@ -151,11 +151,42 @@ def test_the_example_host_file_is_a_valid_configuration(tmp_path: Path) -> None:
     assert settings.tokens[0].retrieval.search == ("library",)
 
 
-def test_the_client_token_variable_is_not_a_host_setting(tmp_path: Path) -> None:
+def test_the_client_side_variables_are_no_host_settings(tmp_path: Path) -> None:
+    # What the README tells users to export for the client and the inspection commands may
+    # sit in the host's environment too (a black-box test: RETRIEVAL_HOST_URL stopped serve).
     config = tmp_path / "host.json"
     config.write_text('{"behindProxy": true}', encoding="utf-8")
-    settings = load_settings(config, {"RETRIEVAL_HOST_TOKEN": "rh_client_side"})
+    client_side = {
+        "RETRIEVAL_HOST_TOKEN": "rh_client_side",
+        "RETRIEVAL_HOST_URL": "https://127.0.0.1:8443",
+        "RETRIEVAL_HOST_TLS_NAMES": "host.example",
+    }
+    settings = load_settings(config, client_side)
     assert settings.behind_proxy is True
+    with pytest.raises(SettingsError, match="RETRIEVAL_HOST_URLS"):
+        load_settings(config, {"RETRIEVAL_HOST_URLS": "x"})  # a near miss is still refused
+
+
+@pytest.mark.parametrize(
+    ("limits", "refused"),
+    [
+        ({"maxJsonBodyBytes": 4097}, "maxJsonBodyBytes .4097. must be at most maxBodyBytes"),
+        ({"maxIngestBytesInFlight": 4095}, "maxIngestBytesInFlight .4095. must be at least"),
+    ],
+)
+def test_a_byte_limit_set_against_max_body_bytes_is_refused_not_replaced(
+    tmp_path: Path, limits: dict[str, int], refused: str
+) -> None:
+    # The host would serve another value than the one written (1,000 bytes ran as 32 MiB).
+    path = _write(tmp_path, _minimal(limits={"maxBodyBytes": 4096, **limits}))
+    with pytest.raises(SettingsError, match=refused):
+        load_settings(path, {})
+    # Unset, the defaults follow maxBodyBytes; at the bound, a value set is taken as it is.
+    small = load_settings(_write(tmp_path, _minimal(limits={"maxBodyBytes": 4096})), {})
+    assert small.limits.max_json_body_bytes > 4096  # lowered to 4096 where it is used
+    edge = {"maxBodyBytes": 4096, "maxJsonBodyBytes": 4096, "maxIngestBytesInFlight": 4096}
+    both = load_settings(_write(tmp_path, _minimal(limits=edge)), {}).limits
+    assert (both.max_json_body_bytes, both.max_ingest_bytes_in_flight) == (4096, 4096)
 
 
 def test_trust_own_group_opens_both_sqlite_stores_on_a_group_volume(tmp_path: Path) -> None:

@@ -121,13 +121,14 @@ class LimitSettings(_Model):
     # also bounded by `maxBodyBytes`. Parsing JSON costs memory per value, not per byte (up to
     # ~50x the body for a body of empty objects): 8 MiB holds an index request of 10,000
     # passages of ~800 characters, and bounds what one request can make the host hold.
+    # Unset, the default is lowered to `maxBodyBytes`; a larger value set is refused.
     max_json_body_bytes: Annotated[int, Field(strict=True, ge=1)] = 8 * 1024 * 1024
     # Raw document bytes all ingest uploads in flight may hold together (each upload counts
     # its Content-Length, or its bytes as they arrive): past it an upload is answered
     # HOST_BUSY at once. A document costs several times its size while it is parsed, so the
     # concurrency limit alone let 16 uploads of 31 MiB take a host past 1.5 GB (a black-box
-    # test). At least `maxBodyBytes` (a smaller value is raised to it): one upload of the
-    # largest size is always admitted alone.
+    # test). At least `maxBodyBytes`, so that one upload of the largest size is always
+    # admitted alone (unset, the default is raised to it; a smaller value set is refused).
     max_ingest_bytes_in_flight: Annotated[int, Field(strict=True, ge=1)] = 64 * 1024 * 1024
     max_concurrency: Annotated[int, Field(strict=True, ge=1, le=10_000)] = 16
     # Requests one subject may have in flight (of `maxConcurrency`; a larger value is lowered
@@ -163,6 +164,24 @@ class LimitSettings(_Model):
     # hosts whose every search part runs in this process: a search on the loop holds every
     # other request up while it runs (the waits the host knows of it refuses).
     inline_search_ms: Annotated[float, Field(strict=True, ge=0, le=1000)] = 0.0
+
+    @model_validator(mode="after")
+    def _byte_limits_agree(self) -> LimitSettings:
+        # A value the host would silently replace: an in-flight budget of 1,000 bytes served
+        # as 32 MiB (a black-box test). Defaults follow `maxBodyBytes` instead.
+        chosen = self.model_fields_set
+        body = self.max_body_bytes
+        if "max_json_body_bytes" in chosen and self.max_json_body_bytes > body:
+            raise ValueError(
+                f"maxJsonBodyBytes ({self.max_json_body_bytes}) must be at most maxBodyBytes "
+                f"({body})"
+            )
+        if "max_ingest_bytes_in_flight" in chosen and self.max_ingest_bytes_in_flight < body:
+            raise ValueError(
+                f"maxIngestBytesInFlight ({self.max_ingest_bytes_in_flight}) must be at least "
+                f"maxBodyBytes ({body}): one upload of the largest size must fit alone"
+            )
+        return self
 
     @model_validator(mode="after")
     def _inline_needs_threads(self) -> LimitSettings:
@@ -444,9 +463,12 @@ def _apply_override(
     data[alias] = target
 
 
-# Variables with the prefix that are no host setting: the client's token, and the extra
-# certificate names of `quickstart --container`.
-CLIENT_VARIABLES: Final = frozenset({"RETRIEVAL_HOST_TOKEN", "RETRIEVAL_HOST_TLS_NAMES"})
+# Variables with the prefix that are no host setting: the client's token and the inspection
+# commands' address (`retrieval-host corpora|sources`), and the extra certificate names of
+# `quickstart --container`.
+CLIENT_VARIABLES: Final = frozenset(
+    {"RETRIEVAL_HOST_TOKEN", "RETRIEVAL_HOST_URL", "RETRIEVAL_HOST_TLS_NAMES"}
+)
 
 
 def load_settings(
