@@ -185,6 +185,43 @@ def test_rows_that_died_after_the_build_never_return(ns: Namespace) -> None:
     assert {h.chunk_id for h in hits} == set(ns.exact(allowed, query))
 
 
+def test_members_the_graph_cuts_off_are_still_found(tmp_path: Path) -> None:
+    """A few points apart from one dense cluster of many (a black-box test: English passages
+    among 20,000 of generated words): HNSW's pruning leaves some of them no way in, so its
+    search never returns them. The build's self-check finds those, and every search scores
+    them exactly."""
+    rng = np.random.default_rng(31)
+    apart = rng.standard_normal((PER_SOURCE, DIM))
+    centre = rng.standard_normal(DIM)
+    with SqliteVectorStore.open(tmp_path / "o.db", approximate_min_rows=MIN_ROWS) as store:
+        ns = Namespace(store)
+        ns.put(
+            "apart", "r1", (apart / np.linalg.norm(apart, axis=1, keepdims=True)).astype(np.float32)
+        )
+        for i in range(100):  # 5,000 rows within a narrow cone
+            near = centre + 0.3 * rng.standard_normal((PER_SOURCE, DIM))
+            unit = near / np.linalg.norm(near, axis=1, keepdims=True)
+            ns.put(f"c{i:03d}", "r1", unit.astype(np.float32))
+        outliers = ns.live["apart"][1]
+        ns.built(outliers[0])
+        graph = store._corpora["c1"].segments["ns"].graph
+        assert graph is not None
+        # The graph alone misses some of them (what this test is about)...
+        lost = [i for i, v in enumerate(outliers) if i not in graph.nearest(v[None, :], 64)]
+        assert lost, "the graph reached every point apart: the test no longer shows the cut"
+        assert set(lost) <= set(graph.unreachable.tolist())
+        # ...and every search still finds each one first, at its exact score. (What follows it
+        # here is a cluster far from it: the low-contrast tail an approximate search may
+        # order differently from the exact scan.)
+        allowed = ns.everything()
+        before = ns.approximate
+        for i, vector in enumerate(outliers):
+            hits = ns.search(allowed, vector, k=5)
+            assert hits[0].chunk_id == f"apart:{i}"
+            assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+        assert ns.approximate == before + len(outliers)
+
+
 def test_a_compaction_drops_the_graph_and_a_new_one_is_built(tmp_path: Path) -> None:
     rng = np.random.default_rng(8)
     count = COMPACT_MIN_ROWS // PER_SOURCE + 2
@@ -331,17 +368,68 @@ def test_stores_mapping_one_snapshot_share_one_graph_file(tmp_path: Path) -> Non
     try:
         first.built(query)
         assert (first.store._graphs.built, first.store._graphs.viewed) == (1, 0)
-        (written,) = graph_files(path)
-        assert written.stat().st_mode & 0o777 == 0o600
-        second.built(query)  # maps the file: no second build
+        written, check = graph_files(path)
+        assert check.name == written.name + ".unreachable"  # the build's self-check
+        assert all(p.stat().st_mode & 0o777 == 0o600 for p in (written, check))
+        second.built(query)  # maps the file and reads its check: no second build
         assert (second.store._graphs.built, second.store._graphs.viewed) == (0, 1)
+        cuts = [
+            ns.store._corpora["c1"].segments["ns"].graph.unreachable  # type: ignore[union-attr]
+            for ns in (first, second)
+        ]
+        assert np.array_equal(cuts[0], cuts[1])
         allowed = second.everything()
         for q in clustered(np.random.default_rng(22), 10):
             assert set(second.ids(allowed, q)) == set(second.exact(allowed, q))
     finally:
         first.store.close()
         second.store.close()
-    assert graph_files(path) == [written]  # no lock or temporary left
+    assert graph_files(path) == [written, check]  # no lock or temporary left
+
+
+def test_a_graph_file_without_its_own_check_is_checked_by_the_process_that_maps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An earlier release's file (no check beside it), or a check of another build of it:
+    the mapping process checks the graph itself."""
+    path = tmp_path / "k.db"
+    ns = snapshotted(path)
+    query = clustered(np.random.default_rng(26), 1)[0]
+    first = reopened(path, ns)
+    try:
+        first.built(query)
+    finally:
+        first.store.close()
+    _, check = graph_files(path)
+    checked: list[int] = []
+    real = approximate.Builder._unreachable
+
+    def counting(self: Any, index: Any, matrix: Any, rows: Any) -> Any:
+        checked.append(len(rows))
+        return real(self, index, matrix, rows)
+
+    monkeypatch.setattr(approximate.Builder, "_unreachable", counting)
+    for case in ("missing", "another build's"):
+        if case == "missing":
+            check.unlink()
+        else:
+            record = np.load(check)
+            record[0] += 1  # another inode: the check of a file since replaced
+            with check.open("wb") as out:
+                np.save(out, record)
+        checked.clear()
+        other = reopened(path, ns)
+        try:
+            other.built(query)
+            assert (other.store._graphs.built, other.store._graphs.viewed) == (0, 1), case
+            assert checked == [SOURCES * PER_SOURCE], case
+            allowed = other.everything()
+            assert set(other.ids(allowed, query)) == set(other.exact(allowed, query))
+        finally:
+            other.store.close()
+        if case == "missing":  # a record for the next case to make another file's
+            with check.open("wb") as out:
+                np.save(out, np.zeros(3, dtype=np.int64))
 
 
 def test_a_graph_another_process_is_building_is_waited_for(

@@ -10,6 +10,11 @@ the snapshot is (0600, a temporary name, fsync, rename); files of other snapshot
 the namespace are removed when a new one is written (a process still mapping one keeps its
 pages). A file that is missing, unsafe (a link, another owner, writable by others) or does not
 fit the snapshot is not used: the process builds its own graph.
+
+Beside it, `<graph file>.unreachable` holds the build's self-check (`approximate`: the members
+the graph cannot reach, as int64 rows) and the graph file's inode, size and modification time
+when it was written: a process that maps that very file reads the check instead of repeating
+it; one that finds no check, or one of another file, checks the graph itself.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from retrieval_host.adapters.sqlite.files import check_store_file
-from retrieval_host.adapters.sqlite.scan import Matrix
+from retrieval_host.adapters.sqlite.scan import Index, Matrix
 from retrieval_host.adapters.sqlite.snapshot import alive
 from retrieval_host.core.errors import RetrievalError
 
@@ -92,13 +98,54 @@ def lock(origin: Origin) -> Path | None:
     return None
 
 
-def write(origin: Origin, index: Any) -> None:
-    """Write the graph file (0600, temporary name, fsync, rename) and remove the namespace's
-    graph files of other snapshot versions."""
-    path = origin.path
+def _unreachable_path(origin: Origin) -> Path:
+    return origin.path.with_name(origin.path.name + ".unreachable")
+
+
+def _identity(path: Path) -> list[int]:
+    stat = path.stat()
+    return [stat.st_ino, stat.st_size, stat.st_mtime_ns]
+
+
+def write_unreachable(origin: Origin, rows: Index) -> None:
+    """Write the self-check of the graph file just written (after it: see the module
+    docstring)."""
+    record = np.concatenate([np.asarray(_identity(origin.path), dtype=np.int64), rows])
+
+    def save(name: str) -> None:
+        with open(name, "wb") as out:  # a file, not a name: np.save would add `.npy`
+            np.save(out, record, allow_pickle=False)
+
+    _write_file(_unreachable_path(origin), save)
+
+
+def read_unreachable(origin: Origin) -> Index | None:
+    """The self-check written with the graph file now at `origin.path`, or None (missing, of
+    another file, or unusable: the caller checks the graph itself)."""
+    path = _unreachable_path(origin)
+    try:
+        check_store_file(path, "approximate search graph check", origin.trusted_groups)
+        if not path.exists():
+            return None
+        record = np.load(path, allow_pickle=False)
+        if record.dtype != np.int64 or record.ndim != 1 or len(record) < 3:
+            raise ValueError("not a graph check")
+        if record[:3].tolist() != _identity(origin.path):
+            return None  # another build's
+        rows: Index = record[3:]
+        if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= origin.rows):
+            raise ValueError("it does not fit the snapshot's rows")
+        return rows
+    except (OSError, ValueError, RetrievalError) as exc:
+        _log.warning("approximate search graph check %s not used: %s", path, exc)
+        return None
+
+
+def _write_file(path: Path, save: Callable[[str], None]) -> None:
+    """`save(temporary path)`, then 0600, fsync and rename over `path`."""
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        index.save(str(temporary))
+        save(str(temporary))
         os.chmod(temporary, 0o600)
         fd = os.open(temporary, os.O_RDONLY)
         try:
@@ -109,9 +156,17 @@ def write(origin: Origin, index: Any) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
+
+
+def write(origin: Origin, index: Any) -> None:
+    """Write the graph file (0600, temporary name, fsync, rename) and remove the namespace's
+    graph files of other snapshot versions."""
+    path = origin.path
+    _write_file(path, lambda name: index.save(name))
     prefix = path.name.rsplit("-", 1)[0] + "-"
+    keep = {path.name, _unreachable_path(origin).name}
     for other in path.parent.glob(f"{prefix}*"):
-        if other.name == path.name or other.name.endswith(".lock"):
+        if other.name in keep or other.name.endswith(".lock"):
             continue
         if other.name.endswith(".tmp"):  # `<graph>.<pid>.tmp`: only of a process that is gone
             pid = other.name[:-4].rsplit(".", 1)[-1]
