@@ -25,7 +25,7 @@ from tests.support.host import CORPUS, Gate, RunningHost, World, serve_in_thread
 LEXICAL = {"corpus": CORPUS, "query": "rotate a token", "mode": "lexical"}
 HYBRID = {"corpus": CORPUS, "query": "rotate a token"}
 LOOP = "test-host"
-ALICE_LEXICAL = (CORPUS, "alice", "lexical")
+ALICE_LEXICAL = (CORPUS, "alice", "lexical", "granted")
 # Tests not about the budget give a generous one: searches on a loaded machine take longer.
 ROOMY = {"searchThreads": 1, "inlineSearchMs": 1000}
 
@@ -137,7 +137,7 @@ def test_one_long_search_on_the_loop_sends_the_next_ones_back_to_threads(
     settings = host_world.settings(limits={"searchThreads": 1, "inlineSearchMs": budget_ms})
     gate = host_world.gate
     token = host_world.tokens["blocked"]
-    kind = (CORPUS, "blocked", "lexical")
+    kind = (CORPUS, "blocked", "lexical", "granted")
     with serve_in_thread(settings, host_world.driver, host_world.tls) as host:
         inline = _inline(host)
         _search_released(host, token, gate)  # on a thread: the kind's first

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval_host.http.inline import WEIGHT, InlineSearches
+from retrieval_host.core.models import SearchRequest
+from retrieval_host.http.inline import WEIGHT, InlineSearches, kind_of
 
-DOCS = ("docs", "alice", "lexical")
+DOCS = ("docs", "alice", "lexical", "granted")
 
 
 def test_a_kind_without_an_average_runs_its_first_search_on_a_thread() -> None:
@@ -19,9 +20,10 @@ def test_a_kind_without_an_average_runs_its_first_search_on_a_thread() -> None:
     assert inline.average_ms(DOCS) == pytest.approx(1.0)
     # Each kind has its own: another corpus, subject or mode starts without one.
     for other in (
-        ("other", "alice", "lexical"),
-        ("docs", "bob", "lexical"),
-        ("docs", "alice", "hybrid"),
+        ("other", "alice", "lexical", "granted"),
+        ("docs", "bob", "lexical", "granted"),
+        ("docs", "alice", "hybrid", "granted"),
+        ("docs", "alice", "lexical", "named"),
     ):
         assert not inline.allows(other)
 
@@ -43,7 +45,7 @@ def test_one_long_search_turns_the_loop_off_and_short_ones_bring_it_back() -> No
 
 def test_at_most_so_many_kinds_are_kept_the_least_recently_observed_forgotten() -> None:
     inline = InlineSearches(2.0, kinds=2)
-    kinds = [("docs", subject, "lexical") for subject in ("a", "b", "c")]
+    kinds = [("docs", subject, "lexical", "granted") for subject in ("a", "b", "c")]
     inline.observe(kinds[0], 0.001)
     inline.observe(kinds[1], 0.001)
     inline.observe(kinds[0], 0.001)  # "a" used again: "b" is now the oldest
@@ -65,3 +67,15 @@ def test_a_search_exactly_at_the_budget_still_runs_on_the_loop() -> None:
     assert inline.allows(DOCS)
     inline.observe(DOCS, 0.0021)
     assert not inline.allows(DOCS)
+
+
+def test_a_search_naming_its_sources_or_filtering_is_a_kind_of_its_own() -> None:
+    # One source's searches must not vouch for the whole grant's (a black-box test: a kind
+    # kept cheap that way let a whole-namespace search hold the loop up for 16-112 ms).
+    def kind(**fields: object) -> tuple[str, str, str, str]:
+        return kind_of(SearchRequest("docs", "q", mode="lexical", **fields), "alice")  # type: ignore[arg-type]
+
+    assert kind() == ("docs", "alice", "lexical", "granted")
+    assert kind(source_ids=["a"]) == ("docs", "alice", "lexical", "named")
+    assert kind(filters={"lang": "en"}) == ("docs", "alice", "lexical", "granted+filtered")
+    assert kind(source_ids=[], filters={"lang": "en"})[3] == "named+filtered"

@@ -320,8 +320,12 @@ def _resume(
     return capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_stops_the_files_in_flight_before_their_commit_reports_and_resumes(
-    setup: tuple[Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    setup: tuple[Path, dict[str, str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    interrupt: signal.Signals,
 ) -> None:
     config, environ = setup
     folder = _folder_with_held_files(tmp_path)
@@ -332,8 +336,9 @@ def test_ctrl_c_stops_the_files_in_flight_before_their_commit_reports_and_resume
         # h3 and h4 could start), h1-h4 are embedding.
         _read_until(held, b"held\n", 4, child)
         assert _journaled(journal) == [("a1.md", "indexed"), ("a2.md", "indexed")]
-        child.send_signal(signal.SIGINT)
-        # Before the fix the held files never heard of the interrupt: this timed out.
+        child.send_signal(interrupt)
+        # Before the fix the held files never heard of the interrupt: this timed out (and
+        # SIGTERM ended the command at once, printing nothing).
         out, err = child.communicate(timeout=60)
     finally:
         os.close(held)

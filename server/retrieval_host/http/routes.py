@@ -26,6 +26,7 @@ from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.http.auth import Principal
 from retrieval_host.http.ingest_stream import streamed_ingest
+from retrieval_host.http.inline import kind_of
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.policy import RequestPolicy, validation_detail
 from retrieval_host.http.request_id import request_id_of
@@ -143,7 +144,7 @@ class Routes:
             search=True,
             # A search that calls no model may run on the event loop (`http/inline.py`).
             inline=(
-                (body.corpus, context.subject, search.mode)
+                kind_of(search, context.subject)
                 if self.policy.inlines and driver.search_calls_no_model(search, context.subject)
                 else None
             ),

@@ -11,9 +11,9 @@ passages of the current one (parsed, then embedded); otherwise one line per file
 it finishes. Either way each finished file gets a status line, the set-aside files are listed
 with their reasons, and a last line counts everything.
 
-Ctrl-C (SIGINT) cancels the batch: no further file starts, the files in flight stop at their
-next cancel check before their commit, and the command says so, prints its counts and exits
-130 (resume with the same journal). A second Ctrl-C quits at once.
+Ctrl-C (SIGINT), or SIGTERM, cancels the batch: no further file starts, the files in flight
+stop at their next cancel check before their commit, and the command says so, prints its
+counts and exits 130 (resume with the same journal). A second Ctrl-C quits at once.
 
 Exit codes: 0 every file done, 1 some file failed, 2 the command could not run or stopped (its
 line on stderr), 130 cancelled.
@@ -245,7 +245,9 @@ def _interrupt_cancels(
     """While the batch runs, Ctrl-C (SIGINT) cancels it instead of raising KeyboardInterrupt:
     raised in the waiting thread, that would leave the thread pool, which waits for the files
     in flight to finish and commit (9-20 s, silently). A second Ctrl-C quits at once: every
-    journal line and every commit is atomic, so a rerun of the journal resumes as usual."""
+    journal line and every commit is atomic, so a rerun of the journal resumes as usual.
+    SIGTERM (a service manager, `timeout`, `kill`) does the same: by default it ended the
+    command at once, without a word or its counts."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread; an embedding caller keeps its own
         return
@@ -262,11 +264,12 @@ def _interrupt_cancels(
             "before their commit (Ctrl-C again quits at once)"
         )
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _stopped(exc: RetrievalError, args: argparse.Namespace, journal: Path) -> str:
