@@ -36,7 +36,8 @@ with Client(BASE_URL, token=TOKEN, ca_bundle=CA_BUNDLE) as client:
             where = f"page {hit.location.page}, {where}"
         print(f"[source:{hit.chunk_id}] {hit.source.id}@{hit.source.revision[:12]} ({where})")
         # `score` ranks the hits (hybrid: the fused score); `scores` has each ranking's own.
-        print(f"  score {hit.score:.2f} (cosine {hit.scores.dense}): {hit.text[:80]!r}")
+        cosine = "-" if hit.scores.dense is None else f"{hit.scores.dense:.2f}"
+        print(f"  score {hit.score:.2f} (cosine {cosine}): {hit.text[:80]!r}")
 
     note = client.ingest_context(
         STATE / "my-note.md", corpus="library", source_id="my-note", revision="1"

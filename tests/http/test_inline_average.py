@@ -23,7 +23,7 @@ def test_a_kind_without_an_average_runs_its_first_search_on_a_thread() -> None:
         ("other", "alice", "lexical", "granted"),
         ("docs", "bob", "lexical", "granted"),
         ("docs", "alice", "hybrid", "granted"),
-        ("docs", "alice", "lexical", "named"),
+        ("docs", "alice", "lexical", "named<=1"),
     ):
         assert not inline.allows(other)
 
@@ -76,6 +76,9 @@ def test_a_search_naming_its_sources_or_filtering_is_a_kind_of_its_own() -> None
         return kind_of(SearchRequest("docs", "q", mode="lexical", **fields), "alice")  # type: ignore[arg-type]
 
     assert kind() == ("docs", "alice", "lexical", "granted")
-    assert kind(source_ids=["a"]) == ("docs", "alice", "lexical", "named")
+    assert kind(source_ids=["a"]) == ("docs", "alice", "lexical", "named<=1")
     assert kind(filters={"lang": "en"}) == ("docs", "alice", "lexical", "granted+filtered")
-    assert kind(source_ids=[], filters={"lang": "en"})[3] == "named+filtered"
+    assert kind(source_ids=[], filters={"lang": "en"})[3] == "named<=1+filtered"
+    # About how many it names: a search of 500 sources is not vouched for by one of 2.
+    sizes = {kind(source_ids=[str(n) for n in range(count)])[3] for count in (2, 10, 11, 500)}
+    assert sizes == {"named<=10", "named<=100", "named>100"}

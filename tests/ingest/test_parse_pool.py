@@ -3,6 +3,9 @@ replacement serves the next document."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import threading
 from collections.abc import Iterator
 
@@ -127,6 +130,39 @@ def test_a_cancel_kills_the_worker_and_a_replacement_serves_the_next(pool: Parse
     assert isinstance(outcome[0], RetrievalError) and outcome[0].code is ErrorCode.CANCELLED
     assert pool.counters.killed == 1
     assert isinstance(pool.parse(task(GUIDE), CancelToken()), Extracted)
+
+
+@pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "alone"])
+def test_a_worker_stopped_by_sigterm_is_a_cancel_when_its_caller_cancels(
+    pool: ParsePool, cancelled: bool
+) -> None:
+    # SIGTERM to the whole process group (a service manager, `timeout`) reaches the workers
+    # and the command alike: the document in flight was cancelled, not "could not be parsed".
+    cancel = CancelToken()
+    outcome: list[BaseException] = []
+
+    def parse() -> None:
+        try:
+            pool.parse(task(slow_pdf(), "application/pdf"), cancel)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=parse)
+    caller.start()
+    while pool.counters.busy == 0 and caller.is_alive():
+        caller.join(0.01)
+    (worker,) = multiprocessing.active_children()
+    os.kill(worker.pid or 0, signal.SIGTERM)
+    if cancelled:
+        cancel.cancel()  # as the command's own SIGTERM handler does, a moment later or sooner
+    caller.join(10)
+    assert not caller.is_alive()
+    error = outcome[0]
+    assert isinstance(error, RetrievalError)
+    if cancelled:
+        assert error.code is ErrorCode.CANCELLED
+    else:
+        assert (error.code, error.reason) == (ErrorCode.DOCUMENT_TOO_COMPLEX, "parser-exited")
 
 
 def test_a_worker_whose_memory_grew_retires_and_is_replaced() -> None:

@@ -118,18 +118,27 @@ const STOP_WORDS = new Set(
     "then there these they this to was will with").split(" "),
 );
 
-// Query words marked in a passage where they stand as words, with a plural or tense ending
-// ("token" marks "tokens"), never inside another word ("do" in "downtime"): split into text
-// nodes and <mark> elements, never markup.
+// Scripts written without spaces between words: their query words are marked wherever they
+// occur (the analyzer cuts such runs into pairs of characters).
+const UNSPACED = /[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\p{Script=Hangul}]/u;
+
+// Query words marked in a passage where they stand as words (a letter's combining marks are
+// part of it), with a plural or tense ending ("token" marks "tokens"), never inside another
+// word ("do" in "downtime"): split into text nodes and <mark> elements, never markup.
 function highlighted(text, query) {
-  const words = query.toLowerCase().match(/[\p{L}\p{N}]{2,}/gu) || [];
+  const words = query.toLowerCase().match(/[\p{L}\p{N}\p{M}]{2,}/gu) || [];
   const terms = [...new Set(words)].filter((word) => !STOP_WORDS.has(word));
   if (terms.length === 0) return [text];
-  const escaped = terms.map((term) => term.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
-  const pattern = new RegExp(
-    `(?<![\\p{L}\\p{N}])((?:${escaped.join("|")})(?:s|es|d|ed|ing)?)(?![\\p{L}\\p{N}])`,
-    "giu",
-  );
+  const escape = (term) => term.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const spaced = terms.filter((term) => !UNSPACED.test(term)).map(escape);
+  const unspaced = terms.filter((term) => UNSPACED.test(term)).map(escape);
+  const alternatives = [];
+  if (spaced.length > 0) {
+    const word = "[\\p{L}\\p{N}\\p{M}]";
+    alternatives.push(`(?<!${word})(?:${spaced.join("|")})(?:s|es|d|ed|ing)?(?!${word})`);
+  }
+  if (unspaced.length > 0) alternatives.push(unspaced.join("|"));
+  const pattern = new RegExp(`(${alternatives.join("|")})`, "giu");
   return text.split(pattern).map((piece, i) => (i % 2 === 1 ? h("mark", {}, piece) : piece));
 }
 

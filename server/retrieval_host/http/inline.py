@@ -22,7 +22,8 @@ A kind is (corpus, subject, mode, scope): one subject's grant may cover a hundre
 rows of another's, lexical and hybrid searches cost differently, and a search naming a few
 sources (or filtering) costs less than one of the whole grant (a black-box test: a kind kept
 cheap by searches of one source let a whole-namespace search of 21,500 passages hold the loop
-up for 16-112 ms; the scope is whether the search names its sources, and whether it filters).
+up for 16-112 ms; the scope is whether the search names its sources, about how many (at most
+1, 10, 100 or more), and whether it filters).
 So the loop is held up by at most about one search of a kind that averages within the
 budget. Its average is of every such search, whichever way it ended: the thread's CPU time
 for one on a search thread (the waits it may have there are not what it would cost the
@@ -49,9 +50,14 @@ KINDS: Final = 4096
 Kind = tuple[str, str, str, str]  # corpus, subject, mode, scope
 
 
+def _size_class(count: int) -> str:
+    return "<=1" if count <= 1 else "<=10" if count <= 10 else "<=100" if count <= 100 else ">100"
+
+
 def kind_of(request: SearchRequest, subject: str) -> Kind:
     """The kind of a search (module docstring)."""
-    scope = "named" if request.source_ids is not None else "granted"
+    named = request.source_ids
+    scope = "granted" if named is None else f"named{_size_class(len(named))}"
     if request.filters:
         scope += "+filtered"
     return (request.corpus, subject, request.mode, scope)

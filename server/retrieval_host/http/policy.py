@@ -229,10 +229,10 @@ class RequestPolicy:
         inline: Kind | None = None,
     ) -> T:
         """Run `work` in a worker thread (a search thread for a `search`, when the host has
-        them); a client disconnect cancels it cooperatively. `inline` is the kind (corpus,
-        subject, mode) of a search that calls no model: with `inlineSearchMs` it runs on the
-        event loop itself while that kind's average allows, refusing every wait (then run
-        again on a search thread), and its cost is observed wherever it runs
+        them); a client disconnect cancels it cooperatively. `inline` is the kind
+        (`http.inline.kind_of`) of a search that calls no model: with `inlineSearchMs` it
+        runs on the event loop itself while that kind's average allows, refusing every wait
+        (then run again on a search thread), and its cost is observed wherever it runs
         (`http/inline.py`).
 
         Plain asyncio, not a task group and `anyio.to_thread` (their cancel scopes cost more

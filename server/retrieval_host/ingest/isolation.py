@@ -66,6 +66,8 @@ TokenCounter = Callable[[Sequence[str]], list[int]]
 # How often the waiting host thread looks at the cancel token: the bound on the time from a
 # disconnect (or the deadline) to the kill.
 POLL_S: Final = 0.05
+# How long a caller whose worker was stopped by SIGTERM waits for its own cancel to arrive.
+TERM_GRACE_S: Final = 1.0
 # Two workers: the machines this runs on have two to four cores, and parsing is CPU-bound; more
 # documents than workers wait (still cancellable) rather than oversubscribing the cores.
 DEFAULT_WORKERS: Final = 2
@@ -212,7 +214,7 @@ class ParsePool:
                 try:
                     outcome, retire = worker.conn.recv()
                 except (EOFError, OSError):
-                    raise self._ended(worker) from None
+                    raise self._ended(worker, cancel) from None
                 self.counters.tasks += 1
                 if retire:
                     self.counters.retired += 1
@@ -226,7 +228,7 @@ class ParsePool:
                 code, detail, reason = payload
                 raise RetrievalError(ErrorCode(code), detail, reason=reason)
             if sentinel in ready:
-                raise self._ended(worker)
+                raise self._ended(worker, cancel)
             try:
                 cancel.check()
             except RetrievalError:
@@ -234,11 +236,16 @@ class ParsePool:
                 worker.kill()
                 raise
 
-    def _ended(self, worker: _Worker) -> RetrievalError:
+    def _ended(self, worker: _Worker, cancel: CancelToken) -> RetrievalError:
         worker.process.join(5)
         exitcode = worker.process.exitcode
         worker.conn.close()
         self.counters.killed += 1
+        if exitcode == -signal.SIGTERM:
+            # Stopped with its process group (a service manager, `timeout`): no parse ends
+            # that way, and the caller's own cancel is on its way (a signal handler runs on
+            # the main thread): the document was cancelled, not refused (raised here).
+            cancel.wait(TERM_GRACE_S)
         if exitcode == -signal.SIGXCPU:
             return too_complex(
                 DocumentTooComplexReason.CPU_LIMIT,

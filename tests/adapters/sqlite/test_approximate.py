@@ -391,7 +391,7 @@ def test_a_graph_file_without_its_own_check_is_checked_by_the_process_that_maps_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An earlier release's file (no check beside it), or a check of another build of it:
-    the mapping process checks the graph itself."""
+    the mapping process checks the graph itself, and writes the check for the next."""
     path = tmp_path / "k.db"
     ns = snapshotted(path)
     query = clustered(np.random.default_rng(26), 1)[0]
@@ -409,12 +409,14 @@ def test_a_graph_file_without_its_own_check_is_checked_by_the_process_that_maps_
         return real(self, index, matrix, rows)
 
     monkeypatch.setattr(approximate.Builder, "_unreachable", counting)
-    for case in ("missing", "another build's"):
+    for case in ("missing", "another build's", "truncated"):
         if case == "missing":
             check.unlink()
+        elif case == "truncated":
+            check.write_bytes(b"")
         else:
             record = np.load(check)
-            record[0] += 1  # another inode: the check of a file since replaced
+            record[0] += 1  # another identity: the check of a file since replaced
             with check.open("wb") as out:
                 np.save(out, record)
         checked.clear()
@@ -427,9 +429,14 @@ def test_a_graph_file_without_its_own_check_is_checked_by_the_process_that_maps_
             assert set(other.ids(allowed, query)) == set(other.exact(allowed, query))
         finally:
             other.store.close()
-        if case == "missing":  # a record for the next case to make another file's
-            with check.open("wb") as out:
-                np.save(out, np.zeros(3, dtype=np.int64))
+        assert check.exists(), case  # written for the processes that map the file next
+    third = reopened(path, ns)  # finds the check the last one wrote: no check of its own
+    checked.clear()
+    try:
+        third.built(query)
+        assert (third.store._graphs.viewed, checked) == (1, []), checked
+    finally:
+        third.store.close()
 
 
 def test_a_graph_another_process_is_building_is_waited_for(

@@ -120,8 +120,15 @@ def plan(segment: Segment, scan: Scan, min_rows: int, builder: Builder) -> Plan 
     wanted = graph is None or not usable or graph.stale(segment.size)
     if wanted and not segment.graph_requested and time.monotonic() >= segment.graph_retry_at:
         builder.request(segment, scan)
-    if graph is None or not usable or graph.dead > graph.members // 2:
-        return None  # a graph this stale would ask for too many candidates: scan exactly
+    if (
+        graph is None
+        or not usable
+        or graph.dead > graph.members // 2
+        or len(graph.unreachable) > graph.members // 2
+    ):
+        # A graph this stale would ask for too many candidates, one cut off this much would
+        # score half its members exactly anyway: scan exactly.
+        return None
     return Plan(graph, graph.dead)
 
 
@@ -248,39 +255,43 @@ class Builder:
         finds no file builds its own and writes nothing."""
         load = usearch_index().restore
         members = rows[rows < origin.rows]
-        index = graph_file.view(origin, load)
-        cut: Index | None = None
-        if index is not None:
-            self.viewed += 1
-            cut = graph_file.read_unreachable(origin)
-        elif not self._writable:
-            index = self._add(origin.matrix, members)
-        else:
+        viewed = graph_file.view(origin, load)
+        found = viewed is not None
+        if viewed is None and not self._writable:
+            own = self._add(origin.matrix, members)
+            cut = None if own is None else self._unreachable(own, origin.matrix, members)
+            if own is None or cut is None:
+                return None
+            return Graph(origin.matrix, origin.rows, len(own), own, cut)
+        if viewed is None:
             held = graph_file.lock(origin)
             if held is None:
                 return None
             try:
                 built = self._add(origin.matrix, members)
-                if built is None:
+                cut = None if built is None else self._unreachable(built, origin.matrix, members)
+                if built is None or cut is None:
                     return None
-                cut = self._unreachable(built, origin.matrix, members)
-                if cut is None:
-                    return None
-                graph_file.write(origin, built)
-                graph_file.write_unreachable(origin, cut)
+                graph_file.write(origin, built, cut)
             finally:
                 held.unlink(missing_ok=True)
-            index = graph_file.view(origin, load)
-            if index is None:
+            viewed = graph_file.view(origin, load)
+            if viewed is None:
                 raise RuntimeError("the graph file just written cannot be mapped")
-        if index is None:
-            return None
+        # The check of the very file mapped: its own (read back), or checked here (a file of
+        # an earlier release, or of another builder that raced this one).
+        index, identity = viewed
         index.expansion_search = EXPANSION_SEARCH
-        if cut is None:  # a file without its check (an earlier release's): check it here
+        cut = graph_file.read_unreachable(origin, identity)
+        if cut is None:
             keys = np.sort(np.asarray(index.keys, dtype=np.int64))
             cut = self._unreachable(index, origin.matrix, keys)
             if cut is None:
                 return None
+            if self._writable:
+                graph_file.write_unreachable(origin, cut, identity)
+        if found:
+            self.viewed += 1
         return Graph(origin.matrix, origin.rows, len(index), index, cut)
 
     def _add(self, matrix: Matrix, rows: Index) -> Any | None:
@@ -315,7 +326,10 @@ class Builder:
                 batch = rows[at : at + BUILD_BATCH_ROWS]
                 found = index.search(matrix[batch], SELF_CHECK, threads=self._threads)
                 keys = np.asarray(found.keys, dtype=np.int64).reshape(len(batch), -1)
-                cut.append(batch[~(keys == batch[:, None]).any(axis=1)])
+                # Lists shorter than asked are padded (with key 0, a real row): not matches.
+                counts = np.asarray(found.counts, dtype=np.int64).reshape(len(batch), 1)
+                listed = np.arange(keys.shape[1])[None, :] < counts
+                cut.append(batch[~((keys == batch[:, None]) & listed).any(axis=1)])
         finally:
             index.expansion_search = EXPANSION_SEARCH
         missed: Index = np.concatenate(cut) if cut else np.empty(0, dtype=np.int64)

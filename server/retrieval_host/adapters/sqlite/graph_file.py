@@ -12,9 +12,13 @@ pages). A file that is missing, unsafe (a link, another owner, writable by other
 fit the snapshot is not used: the process builds its own graph.
 
 Beside it, `<graph file>.unreachable` holds the build's self-check (`approximate`: the members
-the graph cannot reach, as int64 rows) and the graph file's inode, size and modification time
-when it was written: a process that maps that very file reads the check instead of repeating
-it; one that finds no check, or one of another file, checks the graph itself.
+the graph cannot reach, as int64 rows) and the identity of the graph file it is of (a digest of
+its inode, size and modification time, taken from the written file before it is renamed into
+place, and written first): a process that maps that very file (the same identity before and
+after mapping it) reads the check instead of repeating it; one that finds no check, or one of
+another file (two builders racing, an earlier release's file), checks the graph itself, and
+writes its check for the others. The check is an optimisation: failing to write or read it
+only costs the check again.
 """
 
 from __future__ import annotations
@@ -55,22 +59,25 @@ def graph_path(snapshot: Path, namespace: str, identity: str) -> Path:
     return snapshot.with_name(f"{snapshot.name}-graph-{digest}-{identity}")
 
 
-def view(origin: Origin, load: Any) -> Any | None:
-    """The graph file mapped read-only (usearch `Index.restore(view=True)`), or None when it is
-    missing or unusable (logged)."""
+def view(origin: Origin, load: Any) -> tuple[Any, int] | None:
+    """The graph file mapped read-only (usearch `Index.restore(view=True)`) and its identity,
+    or None when it is missing or unusable (logged)."""
     path = origin.path
     try:
         check_store_file(path, "approximate search graph", origin.trusted_groups)
         if not path.exists():
             return None
+        before = _identity(os.stat(path))
         index = load(str(path), view=True)
         if index is None:
             raise ValueError("not a usearch index")
+        if _identity(os.stat(path)) != before:
+            return None  # replaced while it was mapped: the caller builds or looks again
         keys = np.asarray(index.keys, dtype=np.uint64)
         fits = index.ndim == origin.matrix.shape[1] and len(index) <= origin.rows
         if not fits or (len(keys) and int(keys.max()) >= origin.rows):
             raise ValueError("it does not fit the snapshot's rows")
-        return index
+        return index, before
     except (OSError, RuntimeError, ValueError, RetrievalError) as exc:
         _log.warning("approximate search graph %s not used: %s", path, exc)
         return None
@@ -102,47 +109,55 @@ def _unreachable_path(origin: Origin) -> Path:
     return origin.path.with_name(origin.path.name + ".unreachable")
 
 
-def _identity(path: Path) -> list[int]:
-    stat = path.stat()
-    return [stat.st_ino, stat.st_size, stat.st_mtime_ns]
+def _identity(stat: os.stat_result) -> int:
+    """A graph file's identity: its inode, size and modification time (kept by a rename),
+    digested to one int64."""
+    digest = hashlib.sha256(f"{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return int.from_bytes(digest.digest()[:8], "little", signed=True)
 
 
-def write_unreachable(origin: Origin, rows: Index) -> None:
-    """Write the self-check of the graph file just written (after it: see the module
-    docstring)."""
-    record = np.concatenate([np.asarray(_identity(origin.path), dtype=np.int64), rows])
+def write_unreachable(origin: Origin, rows: Index, identity: int) -> None:
+    """Write the self-check of the graph file of that identity. Failing is logged: the check
+    only saves the processes that map the graph from repeating it."""
 
     def save(name: str) -> None:
+        record = np.concatenate([np.array([identity], dtype=np.int64), rows.astype(np.int64)])
         with open(name, "wb") as out:  # a file, not a name: np.save would add `.npy`
             np.save(out, record, allow_pickle=False)
 
-    _write_file(_unreachable_path(origin), save)
+    try:
+        _write_file(_unreachable_path(origin), save)
+    except OSError as exc:
+        _log.warning("approximate search graph check of %s not written: %s", origin.path, exc)
 
 
-def read_unreachable(origin: Origin) -> Index | None:
-    """The self-check written with the graph file now at `origin.path`, or None (missing, of
-    another file, or unusable: the caller checks the graph itself)."""
+def read_unreachable(origin: Origin, identity: int) -> Index | None:
+    """The self-check of the graph file of that identity (the one mapped), or None: missing,
+    of another file, or unusable (then the caller checks the graph itself)."""
     path = _unreachable_path(origin)
     try:
         check_store_file(path, "approximate search graph check", origin.trusted_groups)
         if not path.exists():
             return None
         record = np.load(path, allow_pickle=False)
-        if record.dtype != np.int64 or record.ndim != 1 or len(record) < 3:
+        if record.dtype != np.int64 or record.ndim != 1 or len(record) < 1:
             raise ValueError("not a graph check")
-        if record[:3].tolist() != _identity(origin.path):
-            return None  # another build's
-        rows: Index = record[3:]
+        if int(record[0]) != identity:
+            return None  # of another build of the graph
+        rows: Index = record[1:]
         if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= origin.rows):
             raise ValueError("it does not fit the snapshot's rows")
         return rows
-    except (OSError, ValueError, RetrievalError) as exc:
+    except Exception as exc:  # any unreadable file (truncated: EOFError) is only checked again
         _log.warning("approximate search graph check %s not used: %s", path, exc)
         return None
 
 
-def _write_file(path: Path, save: Callable[[str], None]) -> None:
-    """`save(temporary path)`, then 0600, fsync and rename over `path`."""
+def _write_file(
+    path: Path, save: Callable[[str], None], before: Callable[[int], None] | None = None
+) -> None:
+    """`save(temporary path)`, then 0600 and fsync; `before(the written file's identity)`;
+    then rename over `path`."""
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         save(str(temporary))
@@ -150,19 +165,26 @@ def _write_file(path: Path, save: Callable[[str], None]) -> None:
         fd = os.open(temporary, os.O_RDONLY)
         try:
             os.fsync(fd)
+            identity = _identity(os.fstat(fd))
         finally:
             os.close(fd)
+        if before is not None:
+            before(identity)
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
 
 
-def write(origin: Origin, index: Any) -> None:
-    """Write the graph file (0600, temporary name, fsync, rename) and remove the namespace's
-    graph files of other snapshot versions."""
+def write(origin: Origin, index: Any, unreachable: Index) -> None:
+    """Write the graph file (0600, temporary name, fsync, rename), its self-check first, and
+    remove the namespace's graph files of other snapshot versions."""
     path = origin.path
-    _write_file(path, lambda name: index.save(name))
+    _write_file(
+        path,
+        lambda name: index.save(name),
+        lambda identity: write_unreachable(origin, unreachable, identity),
+    )
     prefix = path.name.rsplit("-", 1)[0] + "-"
     keep = {path.name, _unreachable_path(origin).name}
     for other in path.parent.glob(f"{prefix}*"):
