@@ -110,35 +110,11 @@ def test_the_memory_limit_ends_a_parse_with_a_typed_refusal() -> None:
         small.close()
 
 
-def test_a_cancel_kills_the_worker_and_a_replacement_serves_the_next(pool: ParsePool) -> None:
-    cancel = CancelToken()
-    outcome: list[BaseException] = []
-
-    def parse() -> None:
-        try:
-            pool.parse(task(slow_pdf(), "application/pdf"), cancel)
-        except BaseException as exc:
-            outcome.append(exc)
-
-    worker = threading.Thread(target=parse)
-    worker.start()
-    while pool.counters.busy == 0 and worker.is_alive():
-        worker.join(0.01)
-    cancel.cancel()
-    worker.join(10)
-    assert not worker.is_alive()
-    assert isinstance(outcome[0], RetrievalError) and outcome[0].code is ErrorCode.CANCELLED
-    assert pool.counters.killed == 1
-    assert isinstance(pool.parse(task(GUIDE), CancelToken()), Extracted)
-
-
-@pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "alone"])
-def test_a_worker_stopped_by_sigterm_is_a_cancel_when_its_caller_cancels(
-    pool: ParsePool, cancelled: bool
-) -> None:
-    # SIGTERM to the whole process group (a service manager, `timeout`) reaches the workers
-    # and the command alike: the document in flight was cancelled, not "could not be parsed".
-    cancel = CancelToken()
+def _slow_parse_running(
+    pool: ParsePool, cancel: CancelToken
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A slow parse started on a thread, returned once its worker is busy with it, and the
+    list that receives what it raises."""
     outcome: list[BaseException] = []
 
     def parse() -> None:
@@ -151,7 +127,29 @@ def test_a_worker_stopped_by_sigterm_is_a_cancel_when_its_caller_cancels(
     caller.start()
     while pool.counters.busy == 0 and caller.is_alive():
         caller.join(0.01)
-    (worker,) = multiprocessing.active_children()
+    return caller, outcome
+
+
+def test_a_cancel_kills_the_worker_and_a_replacement_serves_the_next(pool: ParsePool) -> None:
+    cancel = CancelToken()
+    caller, outcome = _slow_parse_running(pool, cancel)
+    cancel.cancel()
+    caller.join(10)
+    assert not caller.is_alive()
+    assert isinstance(outcome[0], RetrievalError) and outcome[0].code is ErrorCode.CANCELLED
+    assert pool.counters.killed == 1
+    assert isinstance(pool.parse(task(GUIDE), CancelToken()), Extracted)
+
+
+@pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "alone"])
+def test_a_worker_stopped_by_sigterm_is_a_cancel_when_its_caller_cancels(
+    pool: ParsePool, cancelled: bool
+) -> None:
+    # SIGTERM to the whole process group (a service manager, `timeout`) reaches the workers
+    # and the command alike: the document in flight was cancelled, not "could not be parsed".
+    cancel = CancelToken()
+    caller, outcome = _slow_parse_running(pool, cancel)
+    (worker,) = [p for p in multiprocessing.active_children() if p.name == "parse-worker"]
     os.kill(worker.pid or 0, signal.SIGTERM)
     if cancelled:
         cancel.cancel()  # as the command's own SIGTERM handler does, a moment later or sooner
