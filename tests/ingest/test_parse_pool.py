@@ -148,8 +148,9 @@ def test_a_worker_stopped_by_sigterm_is_a_cancel_when_its_caller_cancels(
     # SIGTERM to the whole process group (a service manager, `timeout`) reaches the workers
     # and the command alike: the document in flight was cancelled, not "could not be parsed".
     cancel = CancelToken()
+    others = {p.pid for p in multiprocessing.active_children()}  # other tests' pools' workers
     caller, outcome = _slow_parse_running(pool, cancel)
-    (worker,) = [p for p in multiprocessing.active_children() if p.name == "parse-worker"]
+    (worker,) = [p for p in multiprocessing.active_children() if p.pid not in others]
     os.kill(worker.pid or 0, signal.SIGTERM)
     if cancelled:
         cancel.cancel()  # as the command's own SIGTERM handler does, a moment later or sooner
