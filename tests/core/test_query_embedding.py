@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -121,12 +122,17 @@ def test_batches_run_side_by_side_up_to_the_limit_and_the_rest_wait_their_turn(
         assert float(result.vectors[0] @ alone.vectors[i]) > 0.99999
 
 
+def _open(local_embedding: LocalEmbedding, **options: Any) -> tuple[Gated, QueryEmbedder]:
+    """An embedder over a gated model whose gate is open (its calls are recorded)."""
+    model = Gated(local_embedding)
+    model.release.set()
+    return model, QueryEmbedder(model, **options)
+
+
 def test_a_repeated_query_comes_from_the_cache_for_the_same_subject_only(
     local_embedding: LocalEmbedding,
 ) -> None:
-    model = Gated(local_embedding)
-    model.release.set()
-    embedder = QueryEmbedder(model, max_wait_s=0)
+    model, embedder = _open(local_embedding, max_wait_s=0)
     first = embedder.embed("battery  life\n", "alice", CancelToken())
     again = embedder.embed(" battery life", "alice", CancelToken())  # same words, spaced apart
     assert model.calls == [["battery life"]]
@@ -141,9 +147,7 @@ def test_a_repeated_query_comes_from_the_cache_for_the_same_subject_only(
 def test_cached_peeks_at_a_subjects_entry_without_reordering_the_cache(
     local_embedding: LocalEmbedding,
 ) -> None:
-    model = Gated(local_embedding)
-    model.release.set()
-    embedder = QueryEmbedder(model, cache_entries=2, max_wait_s=0)
+    model, embedder = _open(local_embedding, cache_entries=2, max_wait_s=0)
     assert not embedder.cached("a", "alice")
     embedder.embed("a", "alice", CancelToken())
     embedder.embed("b", "alice", CancelToken())
@@ -162,9 +166,7 @@ def test_cached_peeks_at_a_subjects_entry_without_reordering_the_cache(
 def test_on_a_thread_refusing_waits_only_a_cached_query_is_answered(
     local_embedding: LocalEmbedding,
 ) -> None:
-    model = Gated(local_embedding)
-    model.release.set()
-    embedder = QueryEmbedder(model, max_wait_s=0)
+    model, embedder = _open(local_embedding, max_wait_s=0)
     embedder.embed("battery life", "alice", CancelToken())
     with refusing_waits():
         cached = embedder.embed("battery life", "alice", CancelToken())
@@ -176,9 +178,7 @@ def test_on_a_thread_refusing_waits_only_a_cached_query_is_answered(
 
 
 def test_the_least_recently_used_vector_is_evicted_first(local_embedding: LocalEmbedding) -> None:
-    model = Gated(local_embedding)
-    model.release.set()
-    embedder = QueryEmbedder(model, cache_entries=2, max_wait_s=0)
+    model, embedder = _open(local_embedding, cache_entries=2, max_wait_s=0)
     for query in ("a", "b", "a", "c", "a", "b"):
         embedder.embed(query, "alice", CancelToken())
     # "b" was evicted when "c" came ("a" had been used since); "a" stayed.

@@ -227,9 +227,8 @@ class Builder:
     ) -> None:
         try:
             if origin is None:
-                index = self._add(matrix, rows)
-                cut = None if index is None else self._unreachable(index, matrix, rows)
-                graph = None if cut is None else Graph(matrix, size, len(rows), index, cut)
+                made = self._checked(matrix, rows)
+                graph = None if made is None else Graph(matrix, size, len(rows), *made)
             else:
                 graph = self._shared(origin, rows)
             if graph is None:  # closed, or another process is building it: ask again later
@@ -258,21 +257,19 @@ class Builder:
         viewed = graph_file.view(origin, load)
         found = viewed is not None
         if viewed is None and not self._writable:
-            own = self._add(origin.matrix, members)
-            cut = None if own is None else self._unreachable(own, origin.matrix, members)
-            if own is None or cut is None:
+            own = self._checked(origin.matrix, members)
+            if own is None:
                 return None
-            return Graph(origin.matrix, origin.rows, len(own), own, cut)
+            return Graph(origin.matrix, origin.rows, len(members), *own)
         if viewed is None:
             held = graph_file.lock(origin)
             if held is None:
                 return None
             try:
-                built = self._add(origin.matrix, members)
-                cut = None if built is None else self._unreachable(built, origin.matrix, members)
-                if built is None or cut is None:
+                built = self._checked(origin.matrix, members)
+                if built is None:
                     return None
-                graph_file.write(origin, built, cut)
+                graph_file.write(origin, *built)
             finally:
                 held.unlink(missing_ok=True)
             viewed = graph_file.view(origin, load)
@@ -293,6 +290,12 @@ class Builder:
         if found:
             self.viewed += 1
         return Graph(origin.matrix, origin.rows, len(index), index, cut)
+
+    def _checked(self, matrix: Matrix, rows: Index) -> tuple[Any, Index] | None:
+        """A new graph of these rows and its self-check (None: the builder closed)."""
+        index = self._add(matrix, rows)
+        cut = None if index is None else self._unreachable(index, matrix, rows)
+        return None if index is None or cut is None else (index, cut)
 
     def _add(self, matrix: Matrix, rows: Index) -> Any | None:
         """A new graph of these rows (None: the builder closed meanwhile)."""

@@ -182,7 +182,7 @@ def write(origin: Origin, index: Any, unreachable: Index) -> None:
     path = origin.path
     _write_file(
         path,
-        lambda name: index.save(name),
+        index.save,
         lambda identity: write_unreachable(origin, unreachable, identity),
     )
     prefix = path.name.rsplit("-", 1)[0] + "-"
