@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Collection
 from pathlib import Path
 
@@ -109,6 +110,26 @@ def test_editing_the_acl_file_revokes_access_without_a_restart(
     assert _ask(acl, "search") is None
     bob = _ask(acl, "search", who="bob")
     assert bob is not None and dict(bob.sources) == {"handbook": "r2", "minutes": "r7"}
+
+
+def test_a_replacement_of_the_same_size_and_modification_time_is_read(tmp_path: Path) -> None:
+    # Deployments that normalize modification times (Nix, reproducible images, `cp -p`) rename
+    # in a file whose size and mtime equal the old one's: its grants are the ones that count.
+    registry = StoreRevisions({"library": {"team": {"alpha": "r1", "bravo": "r2"}}})
+    acl = _acl(tmp_path, registry, search=["alpha"])
+    granted = _ask(acl, "search")
+    assert granted is not None and dict(granted.sources) == {"alpha": "r1"}
+    path = tmp_path / "acl.json"
+    before = path.stat()
+    entry = {"namespace": "team", "search": ["bravo"], "index": [], "delete": []}
+    replacement = tmp_path / "acl.json.new"
+    replacement.write_text(json.dumps({"subjects": {"alice": entry}}))
+    os.utime(replacement, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(replacement, path)
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    granted = _ask(acl, "search")
+    assert granted is not None and dict(granted.sources) == {"bravo": "r2"}
 
 
 def test_a_malformed_acl_is_an_error_at_load_and_no_grant_after(

@@ -110,7 +110,7 @@ class FileAcl:
         self.path = path
         self.revisions = revisions
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, ...] | None = None
         self._subjects: dict[str, SubjectAccess] = {}
 
     def load(self) -> None:
@@ -124,7 +124,10 @@ class FileAcl:
 
     def _read(self) -> dict[str, SubjectAccess]:
         st = self.path.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
+        # The inode and its change time too: a file renamed over the old one may carry the
+        # same size and modification time (deployments that normalize mtimes, `cp -p`), and
+        # its grants must still be read.
+        stamp = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
         # Another thread may be reading a changed file: a search on the event loop does not
         # wait for it (`core.waits`).
         with locked(self._lock, "the ACL file"):
