@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
@@ -11,12 +12,15 @@ from typing import Any, TypeVar
 import httpx
 
 from retrieval_host_client._base import (
+    DRAIN_BYTES,
+    STREAM_LEFT,
     UPLOAD_CHUNK_BYTES,
     BaseClient,
     Call,
     DocumentInput,
     Upload,
 )
+from retrieval_host_client._errors import ClientClosedError
 from retrieval_host_client._ingest_stream import IngestEventReader, ProgressCallback
 from retrieval_host_client._responses import (
     RunEventReader,
@@ -50,7 +54,8 @@ class AsyncRunStream:
 
     Iteration ends after `run.completed` or `run.failed` (a failed run is an event, not an
     exception; `until_done()` turns it into the typed error). Heartbeats are not events.
-    Cancelling the task that iterates closes the connection, and the host cancels the run.
+    Cancelling the task that iterates closes the connection, and the host cancels the run;
+    reading the stream after its block was left raises `ClientClosedError`.
     """
 
     def __init__(self, response: httpx.Response) -> None:
@@ -59,6 +64,7 @@ class AsyncRunStream:
         self._reader = RunEventReader()
         self._pending: list[RunEvent] = []
         self._ended = False
+        self._closed = False
 
     @property
     def run_id(self) -> str | None:
@@ -77,6 +83,8 @@ class AsyncRunStream:
         while not self._pending:
             if self._ended or self._reader.finished:
                 raise StopAsyncIteration
+            if self._closed:
+                raise ClientClosedError(STREAM_LEFT)
             try:
                 chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
@@ -96,10 +104,27 @@ class AsyncRunStream:
         return self._reader.outcome()
 
     async def _aclose(self) -> None:
+        """Close the response; after the terminal event, read to its end first, so the
+        connection goes back to the pool."""
+        self._closed = True
+        if self._reader.finished and not self._ended:
+            self._ended = True
+            await _drain(self._chunks)
         aclose: Callable[[], Any] | None = getattr(self._chunks, "aclose", None)
         if aclose is not None:
             await aclose()
         await self._response.aclose()
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read what is left of a response whose terminal event has been read, up to
+    `DRAIN_BYTES`; a transport error here only means the connection is not kept."""
+    read = 0
+    with contextlib.suppress(httpx.RequestError):
+        async for chunk in chunks:
+            read += len(chunk)
+            if read > DRAIN_BYTES:
+                return
 
 
 class AsyncClient(BaseClient[httpx.AsyncClient]):
@@ -112,7 +137,21 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     """
 
     def _open(self, options: Mapping[str, Any]) -> httpx.AsyncClient:
+        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         return httpx.AsyncClient(**options)
+
+    def _check_open(self) -> None:
+        """Closed, or called from another event loop than the first call's: its pooled
+        connections belong to that loop (httpx would fail with a bare `RuntimeError`)."""
+        super()._check_open()
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = weakref.ref(loop)
+        elif self._loop() is not loop:
+            raise ClientClosedError(
+                "this AsyncClient was first used in another event loop; make one per "
+                "asyncio.run (or per loop)"
+            )
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -237,9 +276,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             if not is_event_stream(response):  # a refusal, or a host that answers JSON
                 await response.aread()
                 return call.parse(response.status_code, response.headers, response.content)
-            async for chunk in response.aiter_bytes():
+            chunks = response.aiter_bytes()
+            async for chunk in chunks:
                 reader.feed(chunk)
                 if reader.finished:
+                    await _drain(chunks)
                     break
             else:
                 reader.end()

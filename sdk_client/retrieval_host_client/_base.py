@@ -97,6 +97,14 @@ DocumentInput: TypeAlias = str | os.PathLike[str] | bytes | bytearray | memoryvi
 # --- options ----------------------------------------------------------------------------------
 
 
+DRAIN_BYTES: Final = 64 * 1024
+"""At most what a shell reads of a stream after its terminal event, to reach the body's end:
+httpx returns a connection to its pool only from a response read to the end, so a stream
+closed right after `run.completed` would cost the next call a new TCP and TLS handshake."""
+
+STREAM_LEFT: Final = "this stream was closed when its block was left; read it inside the block"
+
+
 def resolve_token(token: str | None, environ: Mapping[str, str]) -> str | None:
     """The token argument, else `RETRIEVAL_HOST_TOKEN`, checked (its value is never echoed)."""
     value = token if token is not None else environ.get(TOKEN_ENV)

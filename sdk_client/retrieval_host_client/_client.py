@@ -11,12 +11,15 @@ from typing import Any, TypeVar
 import httpx
 
 from retrieval_host_client._base import (
+    DRAIN_BYTES,
+    STREAM_LEFT,
     UPLOAD_CHUNK_BYTES,
     BaseClient,
     Call,
     DocumentInput,
     Upload,
 )
+from retrieval_host_client._errors import ClientClosedError
 from retrieval_host_client._ingest_stream import IngestEventReader, ProgressCallback
 from retrieval_host_client._responses import (
     RunEventReader,
@@ -52,7 +55,7 @@ class RunStream:
     exception; `until_done()` turns it into the typed error). Heartbeats are not events.
     Leaving a `for` loop early keeps the stream open: iterating again, or `until_done()`,
     goes on from the next event (leaving the `with` block closes it, and the host cancels the
-    run).
+    run; reading it after that raises `ClientClosedError`).
     """
 
     def __init__(self, response: httpx.Response) -> None:
@@ -61,6 +64,7 @@ class RunStream:
         self._reader = RunEventReader()
         self._pending: list[RunEvent] = []
         self._ended = False
+        self._closed = False
 
     @property
     def run_id(self) -> str | None:
@@ -81,6 +85,8 @@ class RunStream:
         while not self._pending:
             if self._ended or self._reader.finished:
                 raise StopIteration
+            if self._closed:
+                raise ClientClosedError(STREAM_LEFT)
             try:
                 chunk = next(self._chunks)
             except StopIteration:
@@ -98,6 +104,26 @@ class RunStream:
         for _ in self:
             pass
         return self._reader.outcome()
+
+    def _close(self) -> None:
+        """Close the response; after the terminal event, read to its end first, so the
+        connection goes back to the pool."""
+        self._closed = True
+        if self._reader.finished and not self._ended:
+            self._ended = True
+            _drain(self._chunks)
+        self._response.close()
+
+
+def _drain(chunks: Iterator[bytes]) -> None:
+    """Read what is left of a response whose terminal event has been read, up to
+    `DRAIN_BYTES`; a transport error here only means the connection is not kept."""
+    read = 0
+    with contextlib.suppress(httpx.RequestError):
+        for chunk in chunks:
+            read += len(chunk)
+            if read > DRAIN_BYTES:
+                return
 
 
 class Client(BaseClient[httpx.Client]):
@@ -242,9 +268,11 @@ class Client(BaseClient[httpx.Client]):
             if not is_event_stream(response):  # a refusal, or a host that answers JSON
                 response.read()
                 return call.parse(response.status_code, response.headers, response.content)
-            for chunk in response.iter_bytes():
+            chunks = response.iter_bytes()
+            for chunk in chunks:
                 reader.feed(chunk)
                 if reader.finished:
+                    _drain(chunks)
                     break
             else:
                 reader.end()
@@ -289,6 +317,7 @@ class Client(BaseClient[httpx.Client]):
         except RuntimeError as exc:  # httpx's, when closed meanwhile
             self._raise_if_closed(exc)
             raise
+        stream = RunStream(response)
         try:
             refused = not 200 <= response.status_code < 300
             if refused:
@@ -297,9 +326,9 @@ class Client(BaseClient[httpx.Client]):
                 except httpx.RequestError as exc:
                     raise transport_error(exc) from exc
             call.parse(response.status_code, response.headers, response.content if refused else b"")
-            yield RunStream(response)
+            yield stream
         finally:
-            response.close()
+            stream._close()
 
     def get_run(self, run_id: str) -> RunRecord:
         """`GET /v1/runs/{id}`: the recorded run of the token's subject."""

@@ -6,18 +6,22 @@ request whole before it answers, drops the connection or stays silent.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import socket
+import ssl
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
+from anyio.from_thread import start_blocking_portal
 
 from retrieval_host_client import (
     APIStatusError,
+    AsyncClient,
     ClientClosedError,
     ConflictError,
     HostBusyError,
@@ -423,3 +427,72 @@ def test_a_timeout_that_cannot_work_is_refused_when_the_client_is_made(
     with pytest.raises(ValueError, match="timeout must be a positive number"):
         connect(timeout=timeout)
     connect(timeout=httpx.Timeout(5, read=None)).discover()  # None: wait forever for that part
+
+
+class _CountingContext(ssl.SSLContext):
+    """A client TLS context that counts its handshakes (sync sockets and asyncio's BIOs)."""
+
+    handshakes = 0
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        type(self).handshakes += 1
+        return super().wrap_socket(*args, **kwargs)
+
+    def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        type(self).handshakes += 1
+        return super().wrap_bio(*args, **kwargs)
+
+
+def test_a_stream_read_to_its_end_gives_its_connection_back(
+    connect: Connect, client_world: World, mode: str
+) -> None:
+    # httpx pools a connection only from a response read to its end: a stream closed right
+    # after its terminal event would make the next call open a new connection and handshake.
+    context = _CountingContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(client_world.tls.ca_file)
+    _CountingContext.handshakes = 0
+    api = connect(ca_bundle=context)
+    api.search_context(corpus=CORPUS, query="rotate")
+    note = f"# Reuse\n\nA note ingested by a streamed call ({mode}).\n".encode()
+    ingested = api.ingest_context(
+        note, corpus=CORPUS, source_id=f"reuse-{mode}", media_type="text/markdown"
+    )
+    assert ingested.status in ("indexed", "unchanged")
+    api.search_context(corpus=CORPUS, query="rotate")
+    with api.stream_run(RUN) as stream:
+        assert stream.until_done().text
+    api.search_context(corpus=CORPUS, query="rotate")
+    assert _CountingContext.handshakes == 1
+
+
+def test_a_run_stream_read_after_its_block_raises_client_closed(connect: Connect) -> None:
+    api = connect()
+    with api.stream_run(RUN) as stream:
+        for event in stream:
+            if event.type == "run.started":
+                break
+    with pytest.raises(ClientClosedError, match="block was left") as caught:
+        stream.until_done()
+    assert caught.value.code == "CLIENT_CLOSED"
+
+
+def test_an_async_client_used_from_a_second_event_loop_raises_client_closed(
+    client_host: RunningHost, client_world: World
+) -> None:
+    # Its pooled connections belong to the first loop: httpx would fail with a bare
+    # RuntimeError. The first loop stays alive in a portal thread, to close the client on it.
+    client = AsyncClient(
+        client_host.base_url, token=client_world.tokens["admin"], ca_bundle=client_world.tls.ca_file
+    )
+
+    async def search() -> int:
+        return len((await client.search_context(corpus=CORPUS, query="rotate")).hits)
+
+    with start_blocking_portal("asyncio") as first_loop:
+        try:
+            assert first_loop.call(search) > 0
+            with pytest.raises(ClientClosedError, match="another event loop"):
+                asyncio.run(search())
+            assert first_loop.call(search) > 0  # still usable where it started
+        finally:
+            first_loop.call(client.aclose)
