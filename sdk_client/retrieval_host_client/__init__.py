@@ -50,6 +50,7 @@ from retrieval_host_client._errors import (
     UnsupportedMediaTypeError,
     UpstreamError,
 )
+from retrieval_host_client._fields import DeleteFields, IndexFields, RunFields, SearchFields
 from retrieval_host_client._responses import retry_after_seconds
 from retrieval_host_client._sse import ServerSentEvent, SSEDecoder
 from retrieval_host_client.models import (
@@ -115,6 +116,7 @@ __all__ = [
     "ContextReplayUnavailableError",
     "CorporaResponse",
     "CorpusInfo",
+    "DeleteFields",
     "DeleteRequest",
     "DeleteResponse",
     "DescriptorMismatchError",
@@ -126,6 +128,7 @@ __all__ = [
     "HitScores",
     "HostBusyError",
     "HostTimeoutError",
+    "IndexFields",
     "IndexRequest",
     "IndexResponse",
     "IngestCompletedEvent",
@@ -162,6 +165,7 @@ __all__ = [
     "RunDeltaEvent",
     "RunEvent",
     "RunFailedEvent",
+    "RunFields",
     "RunProgressEvent",
     "RunRecord",
     "RunRequest",
@@ -170,6 +174,7 @@ __all__ = [
     "RunStartedEvent",
     "RunStream",
     "SSEDecoder",
+    "SearchFields",
     "SearchRequest",
     "SearchResponse",
     "ServerSentEvent",

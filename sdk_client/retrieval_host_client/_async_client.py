@@ -7,7 +7,7 @@ import contextlib
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
@@ -21,6 +21,7 @@ from retrieval_host_client._base import (
     Upload,
 )
 from retrieval_host_client._errors import ClientClosedError
+from retrieval_host_client._fields import DeleteFields, IndexFields, RunFields, SearchFields
 from retrieval_host_client._ingest_stream import IngestEventReader, ProgressCallback
 from retrieval_host_client._responses import (
     RunEventReader,
@@ -199,7 +200,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         return await self._send(self._discover())
 
     async def search_context(
-        self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: SearchRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[SearchFields],
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
         (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
@@ -207,7 +211,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         return await self._send(self._search(request, fields))
 
     async def index_context(
-        self, request: IndexRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: IndexRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[IndexFields],
     ) -> IndexResponse:
         """Replace one source revision with prepared passages (`unchanged` when identical)."""
         return await self._send(self._index(request, fields))
@@ -291,20 +298,23 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             await response.aclose()
 
     async def delete_context(
-        self, request: DeleteRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: DeleteRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[DeleteFields],
     ) -> DeleteResponse:
         """Delete exactly one revision of a source (`corpus=`, `source_id=`, `revision=`)."""
         return await self._send(self._delete(request, fields))
 
     async def run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> RunResult:
         """Run grounded generation and wait for the result (a failed run raises its error)."""
         return await self._send(self._run(request, fields))
 
     @contextlib.asynccontextmanager
     async def stream_run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> AsyncIterator[AsyncRunStream]:
         """Run grounded generation as a stream of typed events.
 

@@ -6,7 +6,7 @@ import contextlib
 import functools
 from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
@@ -20,6 +20,7 @@ from retrieval_host_client._base import (
     Upload,
 )
 from retrieval_host_client._errors import ClientClosedError
+from retrieval_host_client._fields import DeleteFields, IndexFields, RunFields, SearchFields
 from retrieval_host_client._ingest_stream import IngestEventReader, ProgressCallback
 from retrieval_host_client._responses import (
     RunEventReader,
@@ -191,7 +192,10 @@ class Client(BaseClient[httpx.Client]):
         return self._send(self._discover())
 
     def search_context(
-        self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: SearchRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[SearchFields],
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
         (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
@@ -199,7 +203,10 @@ class Client(BaseClient[httpx.Client]):
         return self._send(self._search(request, fields))
 
     def index_context(
-        self, request: IndexRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: IndexRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[IndexFields],
     ) -> IndexResponse:
         """Replace one source revision with prepared passages (`unchanged` when identical)."""
         return self._send(self._index(request, fields))
@@ -283,20 +290,23 @@ class Client(BaseClient[httpx.Client]):
             response.close()
 
     def delete_context(
-        self, request: DeleteRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: DeleteRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[DeleteFields],
     ) -> DeleteResponse:
         """Delete exactly one revision of a source (`corpus=`, `source_id=`, `revision=`)."""
         return self._send(self._delete(request, fields))
 
     def run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> RunResult:
         """Run grounded generation and wait for the result (a failed run raises its error)."""
         return self._send(self._run(request, fields))
 
     @contextlib.contextmanager
     def stream_run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> Iterator[RunStream]:
         """Run grounded generation as a stream of typed events.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from anyio.from_thread import BlockingPortal
 
@@ -18,18 +18,22 @@ from retrieval_host_client import (
     AsyncClient,
     AsyncRunStream,
     CorpusInfo,
+    DeleteFields,
     DeleteRequest,
     DeleteResponse,
     DocumentInput,
+    IndexFields,
     IndexRequest,
     IndexResponse,
     IngestProgressEvent,
     PassageResponse,
     ProtocolInfo,
     RunEvent,
+    RunFields,
     RunRecord,
     RunRequest,
     RunResult,
+    SearchFields,
     SearchRequest,
     SearchResponse,
     SourceListing,
@@ -55,11 +59,17 @@ class ClientApi(Protocol):
     def discover(self) -> ProtocolInfo: ...
 
     def search_context(
-        self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: SearchRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[SearchFields],
     ) -> SearchResponse: ...
 
     def index_context(
-        self, request: IndexRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: IndexRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[IndexFields],
     ) -> IndexResponse: ...
 
     def ingest_context(
@@ -77,15 +87,18 @@ class ClientApi(Protocol):
     ) -> IndexResponse: ...
 
     def delete_context(
-        self, request: DeleteRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: DeleteRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[DeleteFields],
     ) -> DeleteResponse: ...
 
     def run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> RunResult: ...
 
     def stream_run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> contextlib.AbstractContextManager[StreamApi]: ...
 
     def get_run(self, run_id: str) -> RunRecord: ...
@@ -150,12 +163,18 @@ class PortalClient:
         return self._portal.call(self.client.discover)
 
     def search_context(
-        self, request: SearchRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: SearchRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[SearchFields],
     ) -> SearchResponse:
         return self._portal.call(functools.partial(self.client.search_context, request, **fields))
 
     def index_context(
-        self, request: IndexRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: IndexRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[IndexFields],
     ) -> IndexResponse:
         return self._portal.call(functools.partial(self.client.index_context, request, **fields))
 
@@ -187,18 +206,21 @@ class PortalClient:
         return self._portal.call(call)
 
     def delete_context(
-        self, request: DeleteRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self,
+        request: DeleteRequest | Mapping[str, Any] | None = None,
+        /,
+        **fields: Unpack[DeleteFields],
     ) -> DeleteResponse:
         return self._portal.call(functools.partial(self.client.delete_context, request, **fields))
 
     def run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> RunResult:
         return self._portal.call(functools.partial(self.client.run, request, **fields))
 
     @contextlib.contextmanager
     def stream_run(
-        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Any
+        self, request: RunRequest | Mapping[str, Any] | None = None, /, **fields: Unpack[RunFields]
     ) -> Iterator[StreamApi]:
         manager = self._portal.wrap_async_context_manager(self.client.stream_run(request, **fields))
         with manager as stream:

@@ -91,7 +91,7 @@ def test_search_takes_a_model_a_mapping_or_keywords_and_returns_typed_hits(
 
 def test_search_refuses_unknown_fields_before_sending(api: ClientApi) -> None:
     with pytest.raises(ValidationError):
-        api.search_context(corpus=CORPUS, query=QUESTION, top_k=3)
+        api.search_context(corpus=CORPUS, query=QUESTION, top_k=3)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         api.search_context({"corpus": CORPUS, "query": QUESTION}, limit=2)
 
