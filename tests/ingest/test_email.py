@@ -214,6 +214,41 @@ def test_messages_of_one_thread_never_cite_alike(count_tokens: TokenCounter) -> 
     assert listed == ids  # the console finds each passage's own message
 
 
+def test_a_message_without_an_id_keeps_its_id_when_another_follows_it(
+    count_tokens: TokenCounter,
+) -> None:
+    # Appending a message to a thread must not move a citation of the one that was last,
+    # whether or not the file ends with a blank line (concatenated .eml files do not).
+    envelope = b"From sender@example.org Mon Jan  1 10:00:00 2024\n"
+    alone = envelope + docs.message("No id here.\n", message_id=None).replace(b"\r\n", b"\n")
+    assert alone.endswith(b"No id here.\n")
+    followed = alone + b"\n" + envelope + docs.message("A reply.\n").replace(b"\r\n", b"\n")
+    ended = alone + b"\n"  # the same message, the file ending with a blank line
+
+    def ids(data: bytes) -> list[str | None]:
+        prepared: PreparedDocument = prepare(data, count_tokens, "application/mbox")
+        return [c.location.document_id for c in prepared.chunks]
+
+    first = ids(alone)[0]
+    assert first is not None and first.startswith("<sha256:")
+    assert ids(followed)[0] == first
+    assert ids(ended) == [first]
+    assert ids(alone + b"\n" + alone) == [first, f"{first}#2"]
+
+
+def test_a_long_message_id_is_the_same_in_locations_and_metadata(
+    count_tokens: TokenCounter,
+) -> None:
+    long_id = "<" + "k" * 480 + "@example.org>"  # one header line, under RFC 5322's 998
+    prepared: PreparedDocument = prepare(
+        docs.message("Hi.\n", message_id=long_id), count_tokens, "message/rfc822"
+    )
+    assert prepared.chunks[0].location.document_id == long_id
+    messages = prepared.source.metadata["messages"]
+    assert isinstance(messages, list) and isinstance(messages[0], dict)
+    assert messages[0]["messageId"] == long_id  # the console joins them by equality
+
+
 def test_comments_around_a_message_id_are_not_part_of_it(count_tokens: TokenCounter) -> None:
     raw = docs.message("Hi.\n", message_id="(sent by a relay) <cfws@example.org> (trailing)")
     prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
@@ -224,6 +259,21 @@ def test_an_eml_may_start_with_an_mbox_envelope_line(count_tokens: TokenCounter)
     raw = b"From someone@example.org Mon Jan  1 10:00:00 2024\n" + docs.message("Hi.\n")
     prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
     assert [c.text for c in prepared.chunks] == ["Hi."]
+
+
+def test_an_mbox_sent_as_one_message_is_a_mismatch(count_tokens: TokenCounter) -> None:
+    # Its other messages would be cited under the first one's Message-ID.
+    thread = docs.mbox(docs.message("First.\n"), docs.message("Second.\n", message_id="<b@x>"))
+    with pytest.raises(RetrievalError) as caught:
+        prepare(thread, count_tokens, "message/rfc822")
+    assert caught.value.reason == "content-type-mismatch"
+    assert "application/mbox" in str(caught.value)
+    # A body line that only starts like an envelope is text (no header follows it).
+    prose = b"From someone@example.org Mon Jan  1 10:00:00 2024\n" + docs.message(
+        "Notes.\n\nFrom Paris at 10:30 in 2024 we sailed on.\nIt rained.\n"
+    )
+    prepared: PreparedDocument = prepare(prose, count_tokens, "message/rfc822")
+    assert "From Paris at 10:30" in " ".join(c.text for c in prepared.chunks)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+
+import pypdf
 import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -77,6 +80,41 @@ def test_the_pdf_info_title_is_the_default_title(count_tokens: TokenCounter) -> 
         data, "application/pdf", source_id="h", title="Mine", token_counter=count_tokens
     )
     assert explicit.source.title == "Mine"
+
+
+def _with_info(data: bytes, info: dict[str, str]) -> bytes:
+    writer = pypdf.PdfWriter(clone_from=pypdf.PdfReader(io.BytesIO(data)))
+    writer.add_metadata(info)
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+def test_the_pdf_info_is_metadata_a_filter_can_use(count_tokens: TokenCounter) -> None:
+    data = _with_info(
+        docs.text_pdf([["Some text."]], title="Harbour Rules"),
+        {
+            "/Author": "Jane Roe",
+            "/Subject": "Mooring\x00 rules",
+            "/Keywords": "harbour; quay",
+            "/CreationDate": "D:20240102030405Z",
+            "/ModDate": "D:not a date",
+        },
+    )
+    prepared = prepare_document(data, "application/pdf", source_id="h", token_counter=count_tokens)
+    metadata = prepared.source.metadata
+    assert metadata["author"] == "Jane Roe"
+    assert metadata["subject"] == "Mooring rules"
+    assert metadata["keywords"] == "harbour; quay"
+    assert str(metadata["created"]).startswith("2024-01-02T03:04:05")
+    assert "modified" not in metadata  # unreadable: left out, the text still indexed
+    plain = prepare_document(
+        docs.text_pdf([["Some text."]]),
+        "application/pdf",
+        source_id="h",
+        token_counter=count_tokens,
+    )
+    assert not {"author", "subject", "keywords"} & set(plain.source.metadata)
 
 
 def test_a_password_protected_pdf_is_refused_as_encrypted(count_tokens: TokenCounter) -> None:

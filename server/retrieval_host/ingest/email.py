@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import itertools
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -69,6 +70,7 @@ from retrieval_host.ingest.settings import (
 # html.parser handles roughly a megabyte a second; this bounds the time spent on HTML bodies.
 MAX_HTML_BYTES: Final = 4 * MiB
 MAX_ATTACHMENTS_LISTED: Final = 20
+MAX_MESSAGE_ID: Final = 998  # characters: RFC 5322's line length
 
 # Envelope lines after the first (`_envelopes`). Each pattern is linear in the line's length:
 # one nesting of lazy quantifiers took 34 s on a 16 KB line (a review found it).
@@ -147,8 +149,16 @@ def extract_email(
 
 
 def _single(data: bytes) -> bytes:
-    """An .eml file; an mbox-style envelope line in front of it is tolerated and dropped."""
+    """An .eml file; an mbox-style envelope line in front of it is tolerated and dropped, but
+    not a second envelope followed by headers: that is an mbox, whose other messages would
+    be cited as the first one's body."""
     if data.startswith(b"From "):
+        for _, end in itertools.islice(_envelopes(data), 1, None):
+            if _HEADER_LINE.match(data[end : end + 1000]):  # `^` anchors at 0 only
+                raise invalid_document(
+                    InvalidDocumentReason.CONTENT_TYPE_MISMATCH,
+                    "the bytes hold several messages (an mbox): send them as application/mbox.",
+                )
         newline = data.find(b"\n")
         data = b"" if newline < 0 else data[newline + 1 :]
     if not _HEADER_LINE.match(data):
@@ -178,11 +188,15 @@ def _split_mbox(data: bytes, limits: IngestLimits) -> list[bytes]:
     for index, (_, body_start) in enumerate(starts):
         end = starts[index + 1][0] if index + 1 < len(starts) else len(data)
         raw = data[body_start:end]
-        # The blank line before the next envelope separates messages; it is not content.
-        if raw.endswith(b"\r\n"):
-            raw = raw[:-2]
-        elif raw.endswith(b"\n"):
-            raw = raw[:-1]
+        # The blank line before the next envelope separates messages; it is not content. The
+        # last message has one only when the file ends with a blank line: otherwise its final
+        # newline is its own, and stripping it would give it another digest (its id, when it
+        # has no Message-ID) than it has with a message after it.
+        if index + 1 < len(starts) or raw.endswith((b"\n\n", b"\n\r\n")):
+            if raw.endswith(b"\r\n"):
+                raw = raw[:-2]
+            elif raw.endswith(b"\n"):
+                raw = raw[:-1]
         messages.append(raw)
     return messages
 
@@ -437,7 +451,7 @@ def _decode(payload: bytes, charset: str | None) -> str:
 def _message_id(message: Message, raw: bytes) -> str:
     value = _header(message, "Message-ID")
     if value is not None:
-        value = clip(value, 998)
+        value = clip(value, MAX_MESSAGE_ID)
         # RFC 5322 allows comments and folding around the id: `(sent by x) <id@host>`.
         bracketed = _MSG_ID.findall(value)
         if len(bracketed) == 1:
@@ -471,7 +485,8 @@ def _header(message: Message, name: str) -> str | None:
 def _message_info(
     message: Message, message_id: str, attachments: list[dict[str, JSONValue]]
 ) -> dict[str, JSONValue]:
-    info: dict[str, JSONValue] = {"messageId": clip(message_id)}
+    # Clipped as the id in passage locations is (`_message_id`): the two must match.
+    info: dict[str, JSONValue] = {"messageId": clip(message_id, MAX_MESSAGE_ID)}
     for key, header in (("from", "From"), ("date", "Date"), ("subject", "Subject")):
         value = _header(message, header)
         info[key] = clip(value) if value is not None else None

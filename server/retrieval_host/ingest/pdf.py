@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from io import BytesIO
 from typing import Any, Final
 
@@ -174,6 +175,7 @@ def _extract(
         "pageCount": count,
         "pagesWithText": len(segments),
     }
+    metadata.update(_info_fields(reader))
     if title is None:
         title = _info_title(reader)
     return Extracted(tuple(segments), "\f".join(texts), title, metadata)
@@ -295,6 +297,35 @@ def _declared_page_count(reader: pypdf.PdfReader) -> int | None:
     except Exception:  # a missing or odd /Count is for the tree walk to judge
         return None
     return count if isinstance(count, int) else None
+
+
+def _info_fields(reader: pypdf.PdfReader) -> dict[str, JSONValue]:
+    """The document information a filter can use: `author`, `subject`, `keywords` (text,
+    at most 256 characters) and `created` / `modified` (ISO 8601, as the file states them),
+    each only when the file has it and it can be read."""
+    fields: dict[str, JSONValue] = {}
+    try:
+        info = reader.metadata
+    except Exception:  # a broken /Info dictionary is no reason to refuse the text
+        return fields
+    if info is None:
+        return fields
+    for key, read in (
+        ("author", lambda: info.author),
+        ("subject", lambda: info.subject),
+        ("keywords", lambda: info.keywords),
+        ("created", lambda: info.creation_date),
+        ("modified", lambda: info.modification_date),
+    ):
+        try:
+            value = read()
+        except Exception:  # an unreadable entry (a malformed date, say) is left out
+            value = None
+        if isinstance(value, datetime):
+            fields[key] = value.isoformat()
+        elif isinstance(value, str) and clip(value):
+            fields[key] = clip(value, 256)
+    return fields
 
 
 def _info_title(reader: pypdf.PdfReader) -> str:
