@@ -50,7 +50,7 @@ class StoreCounters:
     scan_batches: int = 0
     scans_cancelled: int = 0
     rows_scored: int = 0
-    approximate_searches: int = 0  # dense searches ranked by a graph (SQLite store)
+    approximate_searches: int = 0  # dense searches ranked by a graph (SQLite) or HNSW index
 
 
 class CounterTally:

@@ -170,6 +170,14 @@ class Candidate:
     metadata: Metadata = field(default_factory=dict)  # the source's, as the hit shows it
 
 
+class ApproximateRanking(list[Candidate]):
+    """`VectorStore.search`'s answer when an approximate index (a graph) ranked it rather
+    than the exact scan: the scores are exact, but the index may have missed a passage the
+    exact scan would rank among them (a graph can leave points apart from a dense cluster
+    hard to reach). Core then also scores the lexical index's best exactly (`core.ranking`).
+    A plain list is an exact ranking."""
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityLimits:
     max_passages_per_source: int = 10_000

@@ -6,6 +6,7 @@ Called by `RetrievalService.search_context` over revisions it has already author
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
@@ -13,7 +14,7 @@ from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.fusion import Ranked, for_model, fuse, missing, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
-from retrieval_host.core.ports import Candidate, RankingPolicy
+from retrieval_host.core.ports import ApproximateRanking, Candidate, RankingPolicy, Vectors
 from retrieval_host.core.query_embedding import QueryEmbedder
 
 __all__ = ["apply_policy", "rank"]
@@ -57,6 +58,10 @@ def rank(
         )
         context.cancel.progress()
     if request.mode == "dense":
+        if isinstance(dense, ApproximateRanking) and vector is not None:
+            dense = _with_lexical(
+                corpus, namespace, allowed, terms, where, wanted, dense, vector, context
+            )
         return single("dense", dense), usage
     if request.mode == "lexical":
         return single("lexical", lexical), usage
@@ -77,6 +82,35 @@ def rank(
         context.cancel.progress()
     fusion = for_model(corpus.fusion, corpus.embedding.descriptor.model)
     return fuse(dense, lexical, fusion, completed, wanted), usage
+
+
+def _with_lexical(
+    corpus: Corpus,
+    namespace: str,
+    allowed: Mapping[str, str],
+    terms: Sequence[str],
+    where: MetadataFilter | None,
+    wanted: int,
+    dense: Sequence[Candidate],
+    vector: Vectors,
+    context: RequestContext,
+) -> list[Candidate]:
+    """An approximate dense ranking with the lexical index's best `wanted` added, each scored
+    by its exact cosine, best first. A graph among many near-identical passages can leave
+    others out of reach, even of a query that is their own text (black-box probe U: 20 of 300
+    missed at 20,300 passages, best cosines 0.75-0.92); the words still find them. Hybrid
+    searches score both lists in both modes anyway (`fusion`)."""
+    store, cancel = corpus.store, context.cancel
+    depth = max(wanted, corpus.fusion.candidates)  # as deep as hybrid reads it
+    lexical = store.lexical_search(corpus.id, namespace, allowed, terms, depth, cancel, where)
+    seen = {c.chunk_id for c in dense}
+    extra = [c for c in lexical if c.chunk_id not in seen]
+    if not extra:
+        return list(dense)
+    values = store.dense_scores(corpus.id, namespace, extra, vector, cancel)
+    scored = [replace(c, score=v) for c, v in zip(extra, values, strict=True) if v is not None]
+    # Stable: on equal scores the graph's candidates keep their place, in the store's order.
+    return sorted([*dense, *scored], key=lambda c: -c.score)[:wanted]
 
 
 def _known(passages: Sequence[Candidate], values: Sequence[float | None]) -> dict[str, float]:

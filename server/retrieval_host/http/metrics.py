@@ -238,7 +238,10 @@ class HostMetrics:
             ("scans_started", "Vector scans the stores started."),
             ("scans_cancelled", "Vector scans the stores stopped because the request ended."),
             ("rows_scored", "Stored vectors the stores scored."),
-            ("approximate_searches", "Dense searches the stores ranked with a graph."),
+            (
+                "approximate_searches",
+                "Dense searches the stores ranked with a graph or HNSW index.",
+            ),
         ):
             yield CounterMetricFamily(f"retrieval_host_store_{name}", help_text, value=totals[name])
 

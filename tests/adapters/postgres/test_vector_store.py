@@ -22,7 +22,7 @@ from retrieval_host.adapters.postgres.run_store import SCHEMA_VERSION as RUN_SCH
 from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.ports import CapacityLimits
+from retrieval_host.core.ports import ApproximateRanking, CapacityLimits
 from tests.support.pg import connect
 from tests.support.sqlite_store import DIM, descriptor, revision, unit_vectors
 
@@ -365,8 +365,11 @@ def test_hnsw_search_uses_the_index_for_a_broad_grant_with_high_recall(
     scans_before = index_scans(pg_dsn, pg_schema, f"chunks_hnsw_{DIM}")
     found = total = 0
     for query in clustered(rng, 20, DIM):
-        want = {c.chunk_id for c in exact.search("c1", "ns", allowed, query, 10, CancelToken())}
+        truth = exact.search("c1", "ns", allowed, query, 10, CancelToken())
+        assert not isinstance(truth, ApproximateRanking)
+        want = {c.chunk_id for c in truth}
         got = store.search("c1", "ns", allowed, query, 10, CancelToken())
+        assert isinstance(got, ApproximateRanking)  # so core adds the lexical index's best
         assert len(got) == 10
         assert all(allowed[c.source_id] == c.revision for c in got)
         assert [c.score for c in got] == sorted((c.score for c in got), reverse=True)
@@ -375,6 +378,7 @@ def test_hnsw_search_uses_the_index_for_a_broad_grant_with_high_recall(
 
     assert found / total >= 0.9
     assert store.search_stats.index_scans == 20
+    assert store.counters.approximate_searches == 20  # the metric an operator reads
     assert store.search_stats.exact_fallbacks == 0
     # The planner really walked the HNSW index. A backend flushes its statistics at exit at
     # the latest: close the store's connections, then poll the view until the scans show.

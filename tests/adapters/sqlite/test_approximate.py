@@ -21,7 +21,7 @@ from retrieval_host.adapters.sqlite import SqliteVectorStore, approximate
 from retrieval_host.adapters.sqlite.segment import COMPACT_MIN_ROWS
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import parse_filter
-from retrieval_host.core.ports import Candidate, CapacityLimits
+from retrieval_host.core.ports import ApproximateRanking, Candidate, CapacityLimits
 from tests.support.sqlite_store import descriptor, revision
 
 DIM = 32
@@ -116,12 +116,14 @@ def ns(tmp_path: Path) -> Iterator[Namespace]:
 def test_whole_namespace_ranked_by_the_graph_with_exact_scores(ns: Namespace) -> None:
     allowed = ns.everything()
     queries = clustered(np.random.default_rng(2), 40)
-    ns.search(allowed, queries[0])  # the exact scan; asks for a graph
+    first = ns.search(allowed, queries[0])  # the exact scan; asks for a graph
     assert ns.approximate == 0
+    assert not isinstance(first, ApproximateRanking)
     ns.store.wait_for_graphs()
     found = 0
     for query in queries:
         hits = ns.search(allowed, query)
+        assert isinstance(hits, ApproximateRanking)  # so core adds the lexical index's best
         truth = ns.exact(allowed, query, k=100_000)
         assert len(hits) == 10
         found += len({h.chunk_id for h in hits} & set(list(truth)[:10]))

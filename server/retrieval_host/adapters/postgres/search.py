@@ -51,7 +51,7 @@ from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.models import Location
-from retrieval_host.core.ports import Candidate, Vectors
+from retrieval_host.core.ports import ApproximateRanking, Candidate, Vectors
 
 Matrix = npt.NDArray[np.float32]
 
@@ -140,8 +140,9 @@ class Searcher:
                 if len(scored) < min(k, total):
                     scored = None  # the index gave up early (max_scan_tuples): exact
                     self._stat(exact_fallbacks=1)
-            if scored is None:
-                scored = self._exact_scan(conn, sources, raw_query[0], k, cancel)
+                else:
+                    return ApproximateRanking(self._finish(conn, scored, unit_query, sources, k))
+            scored = self._exact_scan(conn, sources, raw_query[0], k, cancel)
             return self._finish(conn, scored, unit_query, sources, k)
 
     def dense_scores(
@@ -209,7 +210,7 @@ class Searcher:
             binary=True,  # vectors in binary: parsing their text form costs milliseconds
             prepare=False,
         ).fetchall()
-        self._counters.add(scan_batches=1, rows_scored=len(rows))
+        self._counters.add(scan_batches=1, rows_scored=len(rows), approximate_searches=1)
         self._stat(index_scans=1)
         cancel.progress()
         return [_scored(row) for row in rows]

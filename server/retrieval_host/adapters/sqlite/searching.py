@@ -19,7 +19,7 @@ from retrieval_host.adapters.sqlite.segment import CorpusState
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.lexical import Bm25
-from retrieval_host.core.ports import Candidate, Vectors
+from retrieval_host.core.ports import ApproximateRanking, Candidate, Vectors
 from retrieval_host.core.waits import locked
 
 
@@ -75,7 +75,8 @@ class SqliteSearch:
         top = np.lexsort((rows, -scores))[:k]
         found = scan.rows.many(rows[top].tolist())
         values = np.clip(scores[top], -1.0, 1.0).tolist()
-        return [_candidate(row, value) for row, value in zip(found, values, strict=True)]
+        ranked = [_candidate(row, value) for row, value in zip(found, values, strict=True)]
+        return ranked if plan is None else ApproximateRanking(ranked)
 
     def _exact(
         self, scan: Scan, query: Matrix, k: int, cancel: CancelToken
