@@ -165,6 +165,12 @@ def _extract(
         lines = tuple(page_text.split("\n"))
         segments.append(Segment(lines, 1, paragraph_blocks(lines), page=number))
     if not segments:
+        if _damaged(data, count):
+            raise invalid_document(
+                InvalidDocumentReason.PDF_MALFORMED,
+                "no text could be read from the PDF, and its pages could not be read whole "
+                "(a damaged file; scanned pages would also need OCR).",
+            )
         raise invalid_document(
             InvalidDocumentReason.PDF_NO_TEXT_LAYER,
             "the PDF has no text layer (scanned pages need OCR before ingestion).",
@@ -179,6 +185,21 @@ def _extract(
     if title is None:
         title = _info_title(reader)
     return Extracted(tuple(segments), "\f".join(texts), title, metadata)
+
+
+def _damaged(data: bytes, count: int) -> bool:
+    """Whether a PDF that gave no text has pages pypdf can read only by skipping parts (a
+    page dictionary nested past its bounds, say): read again strictly, which raises where
+    the lenient reader logged and went on. Only on this failure path; its bounds were checked."""
+    try:
+        reader = pypdf.PdfReader(BytesIO(data), strict=True)
+        if reader.is_encrypted:
+            reader.decrypt("")
+        for page in reader.pages[:count]:
+            page.extract_text()
+    except Exception:  # whatever pypdf raises reading a damaged file
+        return True
+    return False
 
 
 def _check_content_streams(
