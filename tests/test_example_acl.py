@@ -198,3 +198,21 @@ def test_a_commit_whose_writer_died_before_the_application_heard_of_it_stays_usa
         assert gone.value.code == ErrorCode.SOURCE_UNAVAILABLE
     finally:
         host.close()
+
+
+def test_corpora_given_as_one_string_is_a_configuration_error(tmp_path: Path) -> None:
+    # A ValueError before: a traceback and exit 1, where every other option is one line and 2.
+    with pytest.raises(SettingsError, match=r"applicationOptions\.corpora must be a list"):
+        create_driver(example_settings(tmp_path, corpora="library"), {})
+
+
+@pytest.mark.parametrize("corpus_id", ["my-corpus-" * 13, "c" * 200])
+def test_a_corpus_id_over_128_characters_is_refused_for_its_length(
+    tmp_path: Path, corpus_id: str
+) -> None:
+    # It was refused as secret-shaped: the long-run-of-key-material rule answered first.
+    with pytest.raises(SettingsError) as refused:
+        create_driver(example_settings(tmp_path, corpora=["library", corpus_id]), {})
+    message = str(refused.value)
+    assert message.startswith("applicationOptions.corpora: corpus id must be 1-128 characters")
+    assert "secret" not in message and corpus_id not in message

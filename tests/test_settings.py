@@ -432,3 +432,37 @@ def test_the_keys_of_the_store_in_use_are_accepted(tmp_path: Path) -> None:
     assert load_settings(_write(tmp_path, _minimal(store=pg)), {}).store.hnsw
     sqlite = {"sqlitePath": "s.db", "trustOwnGroup": True, "approximateMinRows": 0}
     assert load_settings(_write(tmp_path, _minimal(store=sqlite)), {}).store.trust_own_group
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        # An edit that left a stale key above its replacement: json kept the last one.
+        ('{"logLevel": "info", "behindProxy": true, "logLevel": "debug"}', "logLevel"),
+        ('{"behindProxy": true, "listen": {"port": 9443, "host": "::1", "port": 8443}}', "port"),
+        (
+            '{"behindProxy": true, "store": {"postgresDsn": {"env": "A", "env": "B"}}}',
+            "env",
+        ),
+        ('{"behindProxy": true, "tokens": [{"subject": "a", "subject": "b"}]}', "subject"),
+    ],
+)
+def test_a_configuration_file_with_a_key_twice_is_refused_naming_the_key(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    (tmp_path / "host.json").write_text(text)
+    with pytest.raises(SettingsError) as refused:
+        load_settings(tmp_path / "host.json", {})
+    message = str(refused.value)
+    assert f'the key "{key}" appears twice' in message and "host.json" in message
+    assert "debug" not in message and "8443" not in message  # no value is shown
+
+
+def test_a_key_twice_in_a_tokens_file_or_an_override_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tokens.json").write_text(f'[{{"sha256": "{HASH}", "sha256": "{"b" * 64}"}}]')
+    path = _write(tmp_path, _minimal(tokensFile="tokens.json"))
+    with pytest.raises(SettingsError, match=r'tokensFile .*the key "sha256" appears twice'):
+        load_settings(path, {})
+    override = {"RETRIEVAL_HOST_APPLICATION_OPTIONS": '{"aclFile": "a.json", "aclFile": "b"}'}
+    with pytest.raises(SettingsError, match='APPLICATION_OPTIONS: the key "aclFile" appears'):
+        load_settings(_write(tmp_path, _minimal()), override)

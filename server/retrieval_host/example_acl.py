@@ -57,6 +57,8 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.adapters.wiring import build_reranker, build_run_engine, build_vector_store
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import check_label
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.rerank import RerankSettings
 from retrieval_host.core.service import Corpus, RetrievalService
@@ -203,6 +205,20 @@ _OPTIONS: Final = frozenset(
 )
 
 
+def _corpus_ids(corpora: object) -> list[str]:
+    """`applicationOptions.corpora`, checked before anything opens: `SettingsError` (one line,
+    exit 2) for anything but a list of corpus ids the service would accept."""
+    if not isinstance(corpora, list) or not all(isinstance(c, str) for c in corpora):
+        raise SettingsError("applicationOptions.corpora must be a list of corpus ids")
+    ids = [str(c) for c in corpora]
+    for corpus_id in ids:
+        try:
+            check_label("corpus id", corpus_id)
+        except RetrievalError as exc:
+            raise SettingsError(f"applicationOptions.corpora: {exc.detail}") from None
+    return ids
+
+
 def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = None) -> Driver:
     """The example application factory: `retrieval_host.example_acl:create_driver`.
 
@@ -226,9 +242,7 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
             f"applicationOptions: unknown option {', '.join(map(repr, unknown))} (the example "
             f"application reads {', '.join(sorted(_OPTIONS - {'registryFile'}))})"
         )
-    corpora = options.get("corpora", ["library"])
-    if not isinstance(corpora, list) or not all(isinstance(c, str) for c in corpora):
-        raise ValueError("applicationOptions.corpora must be a list of corpus ids")
+    corpora = _corpus_ids(options.get("corpora", ["library"]))
     threads = options.get("embeddingThreads")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise SettingsError("applicationOptions.embeddingThreads must be a positive integer")
@@ -276,7 +290,6 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
                 query_embedding=embedding.queries,
             )
             for corpus_id in corpora
-            if isinstance(corpus_id, str)
         ]
     )
     return Driver(service, runs=build_run_engine(settings, environ, service))

@@ -433,6 +433,31 @@ def _norm(name: str) -> str:
     return name.replace("_", "").lower()
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object of a configuration file holds a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            # Only the key: a value may be secret. (Not `http.strict.check_unique_keys`, the
+            # requests' rule: it names no key, and an operator must find the line to fix.)
+            raise _DuplicateKey(
+                f"the key {json.dumps(key)} appears twice in one object (a JSON object may "
+                "hold each key once; remove the one that is not meant)"
+            )
+        seen[key] = value
+    return seen
+
+
+def _load_json(text: str) -> Any:
+    """The JSON document, refusing an object with a key twice at any depth: `json` keeps the
+    last one silently, so an edit that left a stale key above its replacement would be served
+    as whichever came last (requests follow the same rule, `http.strict`)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def _apply_override(
     data: dict[str, Any], model: type[BaseModel], path: list[str], raw: str, variable: str
 ) -> None:
@@ -444,7 +469,9 @@ def _apply_override(
     alias = info.alias or name
     if len(path) == 1:
         try:
-            data[alias] = json.loads(raw)
+            data[alias] = _load_json(raw)
+        except _DuplicateKey as exc:
+            raise SettingsError(f"setting {variable}: {exc}") from None
         except ValueError:
             data[alias] = raw
         return
@@ -480,9 +507,11 @@ def load_settings(
     if path is not None:
         file = Path(path).expanduser().resolve()
         try:
-            loaded = json.loads(file.read_text(encoding="utf-8"))
+            loaded = _load_json(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise SettingsError(f"cannot read {file}: {exc.strerror}") from exc
+        except _DuplicateKey as exc:
+            raise SettingsError(f"{file}: {exc}") from None
         except ValueError as exc:
             raise SettingsError(f"{file} is not valid JSON: {exc}") from exc
         if not isinstance(loaded, dict):
@@ -515,9 +544,11 @@ def _read_tokens_file(file: Path) -> list[Any]:
     """The `tokens` entries of a tokens file: a JSON list, as `retrieval-host token new`
     prints them."""
     try:
-        loaded = json.loads(file.read_text(encoding="utf-8"))
+        loaded = _load_json(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SettingsError(f"cannot read tokensFile {file}: {exc.strerror}") from exc
+    except _DuplicateKey as exc:
+        raise SettingsError(f"tokensFile {file}: {exc}") from None
     except ValueError:
         raise SettingsError(f"tokensFile {file} is not valid JSON") from None
     if not isinstance(loaded, list):

@@ -7,6 +7,7 @@ import json
 import logging.config
 import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -21,6 +22,7 @@ from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.serving.cli import main
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.ingest_cli import plan_files
+from retrieval_host.serving.workers import reuse_port_socket
 from retrieval_host.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -283,19 +285,79 @@ def test_quickstart_refuses_a_port_before_writing_anything(
     assert not state.exists()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_serve_on_a_port_in_use_says_so_in_one_line(
     tls_config: tuple[Path, dict[str, str], dict[str, object]],
     capsys: pytest.CaptureFixture[str],
+    workers: int,
 ) -> None:
-    # uvicorn logged the bind error and exited 3 (a black-box report).
+    # uvicorn logged the bind error and exited 3 (a black-box report); with worker processes
+    # the supervisor's bind raised, a traceback and exit 1 (probe U).
     config, environ, body = tls_config
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        listen = {"host": "127.0.0.1", "port": port}
+        listen = {"host": "127.0.0.1", "port": port, "workers": workers}
         line = _serve_error(config, environ, {**body, "listen": listen}, capsys)
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_serve_on_an_address_of_no_interface_here_says_so_in_one_line(
+    tls_config: tuple[Path, dict[str, str], dict[str, object]],
+    capsys: pytest.CaptureFixture[str],
+    workers: int,
+) -> None:
+    config, environ, body = tls_config
+    listen = {"host": "192.0.2.1", "port": 8443, "workers": workers}  # TEST-NET-1: nobody's
+    line = _serve_error(config, environ, {**body, "listen": listen}, capsys)
+    assert "cannot listen on 192.0.2.1:8443: Cannot assign requested address" in line
+
+
+def test_a_host_with_workers_refuses_the_port_another_host_with_workers_serves(
+    tls_config: tuple[Path, dict[str, str], dict[str, object]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Workers listen with SO_REUSEPORT, which any process of the same user may join: a second
+    # host with workers joined a running one's port, and the kernel split the connections
+    # between two stores (probe U). Here the running host is one worker's socket.
+    def no_worker(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker was started on a port another host serves")
+
+    monkeypatch.setattr(subprocess, "Popen", no_worker)
+    config, environ, body = tls_config
+    with reuse_port_socket("127.0.0.1", 0) as running:
+        running.listen()
+        port = running.getsockname()[1]
+        listen = {"host": "127.0.0.1", "port": port, "workers": 2}
+        line = _serve_error(config, environ, {**body, "listen": listen}, capsys)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+
+
+def test_a_postgres_dsn_that_cannot_be_parsed_is_one_line_that_never_shows_it(
+    tls_config: tuple[Path, dict[str, str], dict[str, object]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One `:` left out: libpq's error quoted the whole string in a traceback, password and
+    # all, from `serve` and from `usage` (probe U).
+    config, environ, body = tls_config
+    del environ["RETRIEVAL_HOST_STORE__SQLITE_PATH"]
+    secret = "Sup3rSecretPW"
+    body = {**body, "store": {"postgresDsn": {"env": "PG_DSN"}}, "limits": {}}
+    for dsn in (
+        f"postgresql//postgres:{secret}@127.0.0.1:55480/postgres",
+        f"mysql://root:{secret}@127.0.0.1/library",
+    ):
+        with_dsn = {**environ, "PG_DSN": dsn}
+        line = _serve_error(config, with_dsn, body, capsys)
+        assert "STORE_UNAVAILABLE" in line and "store.postgresDsn" in line
+        assert main(["usage", "--config", str(config)], environ=with_dsn) == 2
+        error = capsys.readouterr().err
+        assert "store.postgresDsn" in error and "Traceback" not in error
+        for shown in (line, error):
+            assert secret not in shown and "127.0.0.1" not in shown and "root" not in shown
 
 
 def test_quickstart_on_a_port_in_use_says_so_before_indexing(

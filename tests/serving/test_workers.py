@@ -9,7 +9,10 @@ import socket
 from pathlib import Path
 
 import httpx
+import pytest
 
+from retrieval_host.serving.workers import reserve_port, reuse_port_socket
+from retrieval_host.settings import SettingsError
 from tests.support.host import wait_until
 from tests.support.observability import (
     CORPUS,
@@ -217,3 +220,105 @@ def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
             timeout=60,
             what="the workers to stop with their supervisor",
         )
+
+
+def test_a_port_held_or_served_by_a_host_with_workers_cannot_be_reserved_again() -> None:
+    # SO_REUSEPORT lets any process of the same user join the port: a second host with workers
+    # joined a running one's, and the kernel split the connections between two stores.
+    with reserve_port("127.0.0.1", 0) as held:
+        port = held.getsockname()[1]
+        in_use = f"cannot listen on 127.0.0.1:{port}: Address already in use"
+        # The first host's workers have not started listening yet: its hold alone refuses.
+        with pytest.raises(SettingsError, match=in_use):
+            reserve_port("127.0.0.1", port)
+        with reuse_port_socket("127.0.0.1", port) as worker:  # its own workers still join
+            worker.listen()
+            with pytest.raises(SettingsError, match=in_use):
+                reserve_port("127.0.0.1", port)
+    with reuse_port_socket("127.0.0.1", 0) as worker:  # a worker whose supervisor is gone
+        worker.listen()
+        port = worker.getsockname()[1]
+        with pytest.raises(SettingsError, match=f"127.0.0.1:{port}: Address already in use"):
+            reserve_port("127.0.0.1", port)
+
+
+def test_a_port_a_single_process_host_just_left_can_be_reserved_for_workers() -> None:
+    # Its connections closed by the server wait out TIME_WAIT on the port, without
+    # SO_REUSEPORT: a host restarted with workers must not be refused for a minute.
+    with socket.socket() as single:
+        single.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        single.bind(("127.0.0.1", 0))
+        single.listen()
+        port = single.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            served, _ = single.accept()
+            served.close()  # the server closes first: its side waits in TIME_WAIT
+            assert client.recv(1) == b""
+    with reserve_port("127.0.0.1", port), reuse_port_socket("127.0.0.1", port) as worker:
+        worker.listen()
+
+
+# Every worker waits in the application factory until the test releases it: the host holds
+# its port while nothing listens on it yet.
+GATED_APP = """
+import os
+import time
+from pathlib import Path
+
+from retrieval_host.example_acl import create_driver as example_driver
+
+
+def create_driver(settings, environ):
+    gate = Path(environ["TEST_GATE_DIR"])
+    (gate / f"worker-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while not (gate / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return example_driver(settings, environ)
+"""
+
+
+def test_a_second_host_with_workers_refuses_the_port_of_a_running_one(tmp_path: Path) -> None:
+    directory, gate = tmp_path / "first", tmp_path / "gate"
+    directory.mkdir(mode=0o700)
+    gate.mkdir()
+    (directory / "gated_app.py").write_text(GATED_APP)
+    with host_process(
+        directory,
+        subjects={"writer": []},
+        workers=2,
+        application="gated_app:create_driver",
+        environ={"TEST_GATE_DIR": str(gate)},
+        wait_ready=False,
+    ) as first:
+        wait_until(
+            lambda: len(list(gate.glob("worker-*"))) == 2,
+            timeout=90,
+            what="both workers to be held before they listen",
+        )
+        for phase in ("starting", "serving"):
+            with host_process(
+                tmp_path / f"second-while-{phase}",
+                subjects={"writer": []},
+                workers=2,
+                environ={"RETRIEVAL_HOST_LISTEN__PORT": str(first.port)},
+                wait_ready=False,
+            ) as second:
+                assert second.process.wait(timeout=90) == 2, second.log_text()[-3000:]
+                log = second.log_text()
+            in_use = f"retrieval-host: cannot listen on 127.0.0.1:{first.port}: Address already"
+            assert in_use in log, log[-3000:]
+            assert "Traceback" not in log and "worker processes" not in log
+            if phase == "starting":
+                (gate / "release").touch()
+                wait_until(lambda: _ready(first), timeout=90, what="the first host to serve")
+        assert _readiness(first).status_code == 200
+        code, _ = first.terminate()
+        assert code == 0, first.log_text()[-4000:]
+
+
+def _ready(host: HostProcess) -> bool:
+    try:
+        return _readiness(host).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -21,6 +21,7 @@ from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, ANALYZERS, DEFAU
 from retrieval_host.core.models import JSONScalar
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_LABEL_MAX = 128  # characters, as `_LABEL` allows
 # Shapes of secrets that must never be used as a label (they end up in logs and descriptors).
 _SECRET_SHAPES = (
     re.compile(r"^(sk|pk|rk|xox[abpr]|ghp|gho|github_pat|glpat|AKIA|AIza)[-_A-Za-z0-9]{8,}"),
@@ -33,6 +34,10 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 def check_label(kind: str, value: str) -> str:
     """Accept a non-secret identifier; reject anything shaped like a key, token or address."""
+    if not 1 <= len(value) <= _LABEL_MAX:
+        # The length rule answers first: a long plain id (130 characters of `my-corpus-...`)
+        # was refused as secret-shaped by the run-of-key-material rule below.
+        raise _not_a_label(kind)
     if _EMAIL.search(value):
         raise RetrievalError(ErrorCode.INVALID_REQUEST, f"{kind} must not be an e-mail address.")
     if any(p.search(value) for p in _SECRET_SHAPES):
@@ -40,11 +45,15 @@ def check_label(kind: str, value: str) -> str:
             ErrorCode.INVALID_REQUEST, f"{kind} looks like a secret; use a non-secret label."
         )
     if not _LABEL.match(value):
-        raise RetrievalError(
-            ErrorCode.INVALID_REQUEST,
-            f"{kind} must be 1-128 characters of letters, digits and . _ : / -",
-        )
+        raise _not_a_label(kind)
     return value
+
+
+def _not_a_label(kind: str) -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.INVALID_REQUEST,
+        f"{kind} must be 1-128 characters of letters, digits and . _ : / -",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,10 @@
 
 One Python process runs one request's Python at a time (the GIL): under load a single host
 process keeps about 1.3 of 2 cores busy. With `workers: N` the `serve` command becomes a small
-supervisor: it reserves the port and starts N `serve` processes, each listening on the port
-with SO_REUSEPORT (each opens its own stores, caches and model, and runs the application
-factory). The kernel spreads new connections over them.
+supervisor: it reserves the port (refusing one that another host serves: `reserve_port`) and
+starts N `serve` processes, each listening on the port with SO_REUSEPORT (each opens its own
+stores, caches and model, and runs the application factory). The kernel spreads new
+connections over them.
 
 The host is ready when every worker is: each worker tells the supervisor once its listeners
 (HTTPS and, when configured, loopback metrics) accept connections, and answers `/readyz` with
@@ -29,6 +30,7 @@ holds one copy; only what a worker loads from SQLite after its start is its own.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import signal
@@ -42,6 +44,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
+from retrieval_host.serving.server import check_listen_address
 from retrieval_host.settings import HostSettings, SettingsError
 
 logger = logging.getLogger("retrieval_host.workers")
@@ -63,6 +66,46 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """The supervisor's hold on (host, port), bound with SO_REUSEPORT for its workers to join
+    (never listening). `SettingsError` (one line, exit 2) when the address cannot be bound:
+    in use, not an address of this machine, a name that does not resolve.
+
+    SO_REUSEPORT lets any process of the same user join the port, so a second host started on
+    the port of a running one joined it without an error, and the kernel split connections
+    between two configurations and two stores (a black-box test). Hence the checks:
+
+    - First a bind without SO_REUSEPORT (`check_listen_address`, a single-process host's
+      check), which fails while any socket listens there: a running host's workers, or a
+      single-process host.
+    - The socket held here has no SO_REUSEADDR: until this host's own workers listen, the
+      same check by another host fails on it too (SO_REUSEADDR lets a socket share a port
+      only with sockets that have it as well), while the workers, which have SO_REUSEPORT
+      like it, join. Unless a connection of an earlier host without SO_REUSEPORT (a
+      single-process one) still waits out its TIME_WAIT on the port: that blocks such a bind
+      for up to a minute, so the socket then takes SO_REUSEADDR as the workers' have.
+    """
+    check_listen_address(host, port)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     except BaseException:
         sock.close()
         raise
@@ -94,7 +137,7 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
         raise SettingsError("metrics.port + listen.workers - 1 must be a port number")
     # Held (bound, never listening: it takes no connections) until the workers have stopped,
     # so the port, also a port 0 chosen here, stays the host's.
-    reserved = reuse_port_socket(settings.listen.host, settings.listen.port)
+    reserved = reserve_port(settings.listen.host, settings.listen.port)
     host, port = reserved.getsockname()[:2]
     logger.info("serving on %s:%d with %d worker processes", host, port, settings.listen.workers)
     workers: list[subprocess.Popen[bytes]] = []

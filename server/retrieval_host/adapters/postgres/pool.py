@@ -95,10 +95,26 @@ class ConnectionPool:
     ) -> None:
         if isinstance(size, bool) or size < 1:
             raise ValueError("pool_size must be a positive integer")
-        params = conninfo_to_dict(dsn)
-        params.setdefault("application_name", "retrieval-host")
-        params.setdefault("connect_timeout", 10)
-        self._conninfo = make_conninfo("", **params)
+        conninfo: str | None = None
+        try:
+            params = conninfo_to_dict(dsn)
+            params.setdefault("application_name", "retrieval-host")
+            params.setdefault("connect_timeout", 10)
+            conninfo = make_conninfo("", **params)
+        except psycopg.Error:
+            pass  # raised below, outside this block, so it carries no `__context__`
+        if conninfo is None:
+            # libpq's message quotes the connection string, password and all (`missing "="
+            # after "postgresql//user:PASSWORD@..."`: one `:` left out): neither it nor the
+            # exception holding it may reach a log or a traceback, even as a context.
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                "store.postgresDsn is not a PostgreSQL connection string "
+                "(postgresql://USER@HOST:PORT/DATABASE, or key=value pairs); it is not shown, "
+                "as it may hold a password.",
+                reason=StoreUnavailableReason.CONNECTION,
+            )
+        self._conninfo = conninfo
         self._size = size
         self._setup = setup
         self._timeout = acquire_timeout_s
