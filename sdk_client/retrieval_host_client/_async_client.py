@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
+import anyio
 import httpx
 
 from retrieval_host_client._base import (
     DRAIN_BYTES,
+    DRAIN_S,
     STREAM_LEFT,
     UPLOAD_CHUNK_BYTES,
     BaseClient,
@@ -108,20 +110,23 @@ class AsyncRunStream:
         """Close the response; after the terminal event, read to its end first, so the
         connection goes back to the pool."""
         self._closed = True
-        if self._reader.finished and not self._ended:
-            self._ended = True
-            await _drain(self._chunks)
-        aclose: Callable[[], Any] | None = getattr(self._chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
-        await self._response.aclose()
+        try:
+            if self._reader.finished and not self._ended:
+                self._ended = True
+                await _drain(self._chunks)
+        finally:
+            aclose: Callable[[], Any] | None = getattr(self._chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            await self._response.aclose()
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
     """Read what is left of a response whose terminal event has been read, up to
-    `DRAIN_BYTES`; a transport error here only means the connection is not kept."""
+    `DRAIN_BYTES` and for at most `DRAIN_S` seconds; a transport error here only means the
+    connection is not kept."""
     read = 0
-    with contextlib.suppress(httpx.RequestError):
+    with anyio.move_on_after(DRAIN_S), contextlib.suppress(httpx.RequestError):
         async for chunk in chunks:
             read += len(chunk)
             if read > DRAIN_BYTES:
@@ -145,7 +150,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         """Closed, or called from another event loop than the first call's: its pooled
         connections belong to that loop (httpx would fail with a bare `RuntimeError`)."""
         super()._check_open()
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another event loop library (trio, through anyio): not checked
+            return
         if self._loop is None:
             self._loop = weakref.ref(loop)
         elif self._loop() is not loop:
@@ -207,7 +215,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
         (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
-        `mode=` hybrid, dense or lexical, `min_score=`, `rerank=`)."""
+        `mode=` hybrid, dense or lexical, `min_score=`, `rerank=`, `max_age_s=`)."""
         return await self._send(self._search(request, fields))
 
     async def index_context(

@@ -100,7 +100,11 @@ DocumentInput: TypeAlias = str | os.PathLike[str] | bytes | bytearray | memoryvi
 DRAIN_BYTES: Final = 64 * 1024
 """At most what a shell reads of a stream after its terminal event, to reach the body's end:
 httpx returns a connection to its pool only from a response read to the end, so a stream
-closed right after `run.completed` would cost the next call a new TCP and TLS handshake."""
+closed right after `run.completed` would cost the next call a new TCP and TLS handshake.
+Best effort: the async shell gives it `DRAIN_S`; the sync one reads only with a finite read
+timeout (a host or proxy that kept a finished stream open would hold the call that long)."""
+
+DRAIN_S: Final = 0.5
 
 STREAM_LEFT: Final = "this stream was closed when its block was left; read it inside the block"
 

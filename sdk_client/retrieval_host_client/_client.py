@@ -110,15 +110,21 @@ class RunStream:
         """Close the response; after the terminal event, read to its end first, so the
         connection goes back to the pool."""
         self._closed = True
-        if self._reader.finished and not self._ended:
-            self._ended = True
-            _drain(self._chunks)
-        self._response.close()
+        try:
+            if self._reader.finished and not self._ended:
+                self._ended = True
+                _drain(self._response, self._chunks)
+        finally:
+            self._response.close()
 
 
-def _drain(chunks: Iterator[bytes]) -> None:
+def _drain(response: httpx.Response, chunks: Iterator[bytes]) -> None:
     """Read what is left of a response whose terminal event has been read, up to
-    `DRAIN_BYTES`; a transport error here only means the connection is not kept."""
+    `DRAIN_BYTES`, and only under a finite read timeout; a transport error
+    here only means the connection is not kept."""
+    timeout = response.request.extensions.get("timeout", {})
+    if timeout.get("read") is None:
+        return
     read = 0
     with contextlib.suppress(httpx.RequestError):
         for chunk in chunks:
@@ -199,7 +205,7 @@ class Client(BaseClient[httpx.Client]):
     ) -> SearchResponse:
         """Search what the token's subject may read: a `SearchRequest`, a mapping or keywords
         (`corpus=`, `query=`, `source_ids=`, `limit=`, `max_context_bytes=`, `filters=`,
-        `mode=` hybrid, dense or lexical, `min_score=`, `rerank=`)."""
+        `mode=` hybrid, dense or lexical, `min_score=`, `rerank=`, `max_age_s=`)."""
         return self._send(self._search(request, fields))
 
     def index_context(
@@ -279,7 +285,7 @@ class Client(BaseClient[httpx.Client]):
             for chunk in chunks:
                 reader.feed(chunk)
                 if reader.finished:
-                    _drain(chunks)
+                    _drain(response, chunks)
                     break
             else:
                 reader.end()

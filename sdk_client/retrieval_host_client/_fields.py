@@ -28,7 +28,7 @@ class SearchFields(TypedDict, total=False):
 
     corpus: str
     query: str
-    source_ids: Sequence[str] | None
+    source_ids: tuple[str, ...] | list[str] | None  # not a bare str, which is a Sequence
     limit: int
     max_context_bytes: int | None
     filters: Mapping[str, Any] | None

@@ -11,6 +11,7 @@ import email.utils
 import json
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -496,3 +497,29 @@ def test_an_async_client_used_from_a_second_event_loop_raises_client_closed(
             assert first_loop.call(search) > 0  # still usable where it started
         finally:
             first_loop.call(client.aclose)
+
+
+def test_a_stream_kept_open_after_its_terminal_event_does_not_hold_the_call(
+    connect: Connect, client_world: World
+) -> None:
+    # The client reads a finished stream to its end to keep the connection; a host or proxy
+    # that keeps it open must not hold the call (no read deadline at all here).
+    events = b"".join(
+        f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+        for name, data in (STARTED, _completed(["c1"], ["c1"]))
+    )
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+    answer = head + b"\r\n" + b"%x\r\n%s\r\n" % (len(events), events)  # and no final chunk
+    done = threading.Event()
+    with canned_host(client_world.tls, lambda request: answer) as host:
+        api = connect(base_url=host.base_url, timeout=httpx.Timeout(10.0, read=None))
+
+        def run() -> None:
+            with api.stream_run(RUN) as stream:
+                assert stream.until_done().text == "An answer."
+            done.set()
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        assert done.wait(60), "the call waited on a stream its host kept open"
+        worker.join()
