@@ -132,6 +132,18 @@ def test_a_replacement_of_the_same_size_and_modification_time_is_read(tmp_path: 
     assert granted is not None and dict(granted.sources) == {"bravo": "r2"}
 
 
+def test_an_acl_with_a_subject_twice_is_refused_not_read_as_its_last_entry(
+    tmp_path: Path, registry: StoreRevisions
+) -> None:
+    # An edit that left the old entry above its replacement: neither may be served.
+    entry = '{"namespace": "team", "search": ["*"], "index": [], "delete": []}'
+    (tmp_path / "acl.json").write_text(f'{{"subjects": {{"alice": {entry}, "alice": {entry}}}}}')
+    acl = FileAcl(tmp_path / "acl.json", registry)
+    with pytest.raises(SettingsError, match="appears twice"):
+        acl.load()
+    assert _ask(acl, "search") is None  # fails closed
+
+
 def test_a_malformed_acl_is_an_error_at_load_and_no_grant_after(
     tmp_path: Path, registry: StoreRevisions
 ) -> None:

@@ -43,7 +43,6 @@ ACL file:
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
@@ -65,7 +64,12 @@ from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.waits import locked
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
-from retrieval_host.settings import HostSettings, RerankerSettings, SettingsError
+from retrieval_host.settings import (
+    HostSettings,
+    RerankerSettings,
+    SettingsError,
+    load_unique_json,
+)
 
 ALL_SOURCES: Final = "*"
 
@@ -134,7 +138,10 @@ class FileAcl:
         # wait for it (`core.waits`).
         with locked(self._lock, "the ACL file"):
             if stamp != self._stamp:
-                self._subjects = _parse_acl(json.loads(self.path.read_text(encoding="utf-8")))
+                # A key twice (a stale entry above its replacement) is an error, as in
+                # host.json: the file fails closed rather than grant whichever came last.
+                text = self.path.read_text(encoding="utf-8")
+                self._subjects = _parse_acl(load_unique_json(text))
                 self._stamp = stamp
             return self._subjects
 

@@ -451,7 +451,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def _load_json(text: str) -> Any:
+def load_unique_json(text: str) -> Any:
     """The JSON document, refusing an object with a key twice at any depth: `json` keeps the
     last one silently, so an edit that left a stale key above its replacement would be served
     as whichever came last (requests follow the same rule, `http.strict`)."""
@@ -469,7 +469,7 @@ def _apply_override(
     alias = info.alias or name
     if len(path) == 1:
         try:
-            data[alias] = _load_json(raw)
+            data[alias] = load_unique_json(raw)
         except _DuplicateKey as exc:
             raise SettingsError(f"setting {variable}: {exc}") from None
         except ValueError:
@@ -507,7 +507,7 @@ def load_settings(
     if path is not None:
         file = Path(path).expanduser().resolve()
         try:
-            loaded = _load_json(file.read_text(encoding="utf-8"))
+            loaded = load_unique_json(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise SettingsError(f"cannot read {file}: {exc.strerror}") from exc
         except _DuplicateKey as exc:
@@ -544,7 +544,7 @@ def _read_tokens_file(file: Path) -> list[Any]:
     """The `tokens` entries of a tokens file: a JSON list, as `retrieval-host token new`
     prints them."""
     try:
-        loaded = _load_json(file.read_text(encoding="utf-8"))
+        loaded = load_unique_json(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SettingsError(f"cannot read tokensFile {file}: {exc.strerror}") from exc
     except _DuplicateKey as exc:

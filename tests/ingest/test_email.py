@@ -234,6 +234,8 @@ def test_a_message_without_an_id_keeps_its_id_when_another_follows_it(
     assert ids(followed)[0] == first
     assert ids(ended) == [first]
     assert ids(alone + b"\n" + alone) == [first, f"{first}#2"]
+    # Concatenated files with no blank line between them (a ctime envelope still splits).
+    assert ids(alone + alone) == [first, f"{first}#2"]
 
 
 def test_a_long_message_id_is_the_same_in_locations_and_metadata(
@@ -268,12 +270,15 @@ def test_an_mbox_sent_as_one_message_is_a_mismatch(count_tokens: TokenCounter) -
         prepare(thread, count_tokens, "message/rfc822")
     assert caught.value.reason == "content-type-mismatch"
     assert "application/mbox" in str(caught.value)
-    # A body line that only starts like an envelope is text (no header follows it).
-    prose = b"From someone@example.org Mon Jan  1 10:00:00 2024\n" + docs.message(
-        "Notes.\n\nFrom Paris at 10:30 in 2024 we sailed on.\nIt rained.\n"
+    # Body lines that only start like an envelope are text, even before a `Key: value` line.
+    body = (
+        "Notes.\n\nFrom Paris at 10:30 in 2024 we sailed on.\nIt rained.\n\n"
+        "From the 10:30 call on 3 May 2024\nAttendees: Ann, Bo\nNote: see the minutes\n"
     )
+    prose = b"From someone@example.org Mon Jan  1 10:00:00 2024\n" + docs.message(body)
     prepared: PreparedDocument = prepare(prose, count_tokens, "message/rfc822")
-    assert "From Paris at 10:30" in " ".join(c.text for c in prepared.chunks)
+    text = " ".join(c.text for c in prepared.chunks)
+    assert "From Paris at 10:30" in text and "Attendees: Ann, Bo" in text
 
 
 @pytest.mark.parametrize(

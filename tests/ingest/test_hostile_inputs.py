@@ -33,9 +33,6 @@ CASES: list[tuple[str, Callable[[], bytes], str, str, str | None]] = [
     # A one-page file was refused as "more than 2000 pages" (a black-box report).
     ("page-tree-1000-deep", lambda: docs.deep_page_tree_pdf(1000), PDF, INVALID, "pdf-malformed"),
     ("array-1000-deep", lambda: docs.deep_array_pdf(1000), PDF, INVALID, "pdf-malformed"),
-    # pypdf gave the page no text: it was reported as a scan needing OCR (a black-box report).
-    ("array-100000-deep-in-a-page", lambda: docs.deep_array_pdf(100_000, in_page=True), PDF,
-     INVALID, "pdf-malformed"),
     ("10000-pages", lambda: docs.many_pages_pdf(10_000), PDF, TOO_LARGE, "pages"),
     ("10000-pages-count-lies", lambda: docs.many_pages_pdf(10_000, declared=1), PDF, TOO_LARGE,
      "pages"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from retrieval_host.serving.workers import reserve_port, reuse_port_socket
+from retrieval_host.serving.workers import port_lock, reserve_port, reuse_port_socket
 from retrieval_host.settings import SettingsError
 from tests.support.host import wait_until
 from tests.support.observability import (
@@ -306,7 +306,10 @@ def test_a_second_host_with_workers_refuses_the_port_of_a_running_one(tmp_path: 
             ) as second:
                 assert second.process.wait(timeout=90) == 2, second.log_text()[-3000:]
                 log = second.log_text()
-            in_use = f"retrieval-host: cannot listen on 127.0.0.1:{first.port}: Address already"
+            in_use = (
+                f"retrieval-host: cannot listen on 127.0.0.1:{first.port}: "
+                "another retrieval-host with workers is starting or serving there"
+            )
             assert in_use in log, log[-3000:]
             assert "Traceback" not in log and "worker processes" not in log
             if phase == "starting":
@@ -322,3 +325,23 @@ def _ready(host: HostProcess) -> bool:
         return _readiness(host).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_two_supervisors_cannot_hold_the_lock_of_one_address() -> None:
+    # The bind checks of `reserve_port` pass for both of two supervisors started at the same
+    # moment (and in its TIME_WAIT fallback): the lock is what one of them then lacks.
+    port = free_ports(1)
+    first = port_lock("127.0.0.1", port)
+    assert first is not None
+    try:
+        with pytest.raises(SettingsError, match="another retrieval-host with workers"):
+            port_lock("127.0.0.1", port)
+        other = port_lock("127.0.0.1", port + 1 if port < 65535 else port - 1)
+        assert other is not None
+        other.close()
+    finally:
+        first.close()
+    again = port_lock("127.0.0.1", port)  # released with its holder
+    assert again is not None
+    again.close()
+    assert port_lock("127.0.0.1", 0) is None

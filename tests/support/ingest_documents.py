@@ -193,17 +193,14 @@ def deep_page_tree_pdf(depth: int) -> bytes:
     return assemble_pdf(objects)
 
 
-def deep_array_pdf(depth: int, *, in_page: bool = False) -> bytes:
-    """A one-page PDF whose catalog (or its page's resources) also holds an array nested
-    `depth` deep."""
-    deep = b"[" * depth + b"]" * depth
-    catalog = _CATALOG if in_page else b"<< /Type /Catalog /Pages 2 0 R /X " + deep + b" >>"
-    page = _page(4).replace(b"/Font << /F1 5 0 R >>", b"/Font << /F1 5 0 R >> /X " + deep)
+def deep_array_pdf(depth: int) -> bytes:
+    """A one-page PDF whose catalog also holds an array nested `depth` deep."""
+    catalog = b"<< /Type /Catalog /Pages 2 0 R /X " + b"[" * depth + b"]" * depth + b" >>"
     return assemble_pdf(
         {
             1: catalog,
             2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-            3: page if in_page else _page(4),
+            3: _page(4),
             4: _stream(_HELLO),
             5: _FONT,
         }

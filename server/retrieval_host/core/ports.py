@@ -266,7 +266,12 @@ class VectorStore(Protocol):
         k: int,
         cancel: CancelToken,
         filters: MetadataFilter | None = None,
-    ) -> list[Candidate]: ...
+    ) -> list[Candidate]:
+        """Top-k passages by cosine similarity to `query` among the allowed revisions only
+        (and the filters), best first, with exact scores. An answer an approximate index
+        ranked is an `ApproximateRanking` (core then adds the lexical index's best, scored
+        exactly); a plain list is the exact top k."""
+        ...
 
     def lexical_search(
         self,

@@ -98,8 +98,8 @@ def _with_lexical(
     """An approximate dense ranking with the lexical index's best `wanted` added, each scored
     by its exact cosine, best first. A graph among many near-identical passages can leave
     others out of reach, even of a query that is their own text (black-box probe U: 20 of 300
-    missed at 20,300 passages, best cosines 0.75-0.92); the words still find them. Hybrid
-    searches score both lists in both modes anyway (`fusion`)."""
+    missed at 20,300 passages, best cosines 0.75-0.92); the words still find them. (Convex
+    hybrid searches score both lists in both modes anyway: `fusion`.)"""
     store, cancel = corpus.store, context.cancel
     depth = max(wanted, corpus.fusion.candidates)  # as deep as hybrid reads it
     lexical = store.lexical_search(corpus.id, namespace, allowed, terms, depth, cancel, where)
@@ -108,9 +108,11 @@ def _with_lexical(
     if not extra:
         return list(dense)
     values = store.dense_scores(corpus.id, namespace, extra, vector, cancel)
+    cancel.progress()
     scored = [replace(c, score=v) for c, v in zip(extra, values, strict=True) if v is not None]
-    # Stable: on equal scores the graph's candidates keep their place, in the store's order.
-    return sorted([*dense, *scored], key=lambda c: -c.score)[:wanted]
+    # Equal scores (near-identical passages, the case this is for) in chunk id order, so the
+    # cut at `wanted` does not depend on which of them the graph reached.
+    return sorted([*dense, *scored], key=lambda c: (-c.score, c.chunk_id))[:wanted]
 
 
 def _known(passages: Sequence[Candidate], values: Sequence[float | None]) -> dict[str, float]:

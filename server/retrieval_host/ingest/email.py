@@ -70,7 +70,8 @@ from retrieval_host.ingest.settings import (
 # html.parser handles roughly a megabyte a second; this bounds the time spent on HTML bodies.
 MAX_HTML_BYTES: Final = 4 * MiB
 MAX_ATTACHMENTS_LISTED: Final = 20
-MAX_MESSAGE_ID: Final = 998  # characters: RFC 5322's line length
+# Characters: RFC 5322's line length, less room for `#n` (`_unique`) under core's 998.
+MAX_MESSAGE_ID: Final = 990
 
 # Envelope lines after the first (`_envelopes`). Each pattern is linear in the line's length:
 # one nesting of lazy quantifiers took 34 s on a 16 KB line (a review found it).
@@ -150,11 +151,11 @@ def extract_email(
 
 def _single(data: bytes) -> bytes:
     """An .eml file; an mbox-style envelope line in front of it is tolerated and dropped, but
-    not a second envelope followed by headers: that is an mbox, whose other messages would
-    be cited as the first one's body."""
+    not a second message after it (`_another_message`): that is an mbox, whose other
+    messages would be cited as the first one's body."""
     if data.startswith(b"From "):
-        for _, end in itertools.islice(_envelopes(data), 1, None):
-            if _HEADER_LINE.match(data[end : end + 1000]):  # `^` anchors at 0 only
+        for start, end in itertools.islice(_envelopes(data), 1, None):
+            if _another_message(data, start, end):
                 raise invalid_document(
                     InvalidDocumentReason.CONTENT_TYPE_MISMATCH,
                     "the bytes hold several messages (an mbox): send them as application/mbox.",
@@ -167,6 +168,23 @@ def _single(data: bytes) -> bytes:
             "the bytes do not start with an e-mail header.",
         )
     return data
+
+
+def _another_message(data: bytes, start: int, end: int) -> bool:
+    """Whether the envelope line at `start:end` of an .eml opens another message, as in an
+    mbox: a blank line before it, then a header block (header and folded lines up to a blank
+    line) with a From, Date, Message-ID or Subject field. A body line shaped like an envelope
+    (`From the 10:30 call on 3 May 2024`) followed by `Note: ...` is text."""
+    if not (data.endswith(b"\n\n", 0, start) or data.endswith(b"\n\r\n", 0, start)):
+        return False
+    block = data[end : end + 16 * 1024].replace(b"\r\n", b"\n").split(b"\n\n", 1)[0]
+    lines = block.split(b"\n")
+    if not lines or not _HEADER_LINE.match(lines[0]):
+        return False
+    if not all(_HEADER_LINE.match(line) or line[:1] in (b" ", b"\t") for line in lines):
+        return False
+    names = {line.split(b":", 1)[0].strip().lower() for line in lines if b":" in line}
+    return bool(names & {b"from", b"date", b"message-id", b"subject"})
 
 
 def _split_mbox(data: bytes, limits: IngestLimits) -> list[bytes]:
@@ -188,11 +206,12 @@ def _split_mbox(data: bytes, limits: IngestLimits) -> list[bytes]:
     for index, (_, body_start) in enumerate(starts):
         end = starts[index + 1][0] if index + 1 < len(starts) else len(data)
         raw = data[body_start:end]
-        # The blank line before the next envelope separates messages; it is not content. The
-        # last message has one only when the file ends with a blank line: otherwise its final
-        # newline is its own, and stripping it would give it another digest (its id, when it
-        # has no Message-ID) than it has with a message after it.
-        if index + 1 < len(starts) or raw.endswith((b"\n\n", b"\n\r\n")):
+        # The blank line before the next envelope (or at the end of the file) separates
+        # messages; it is not content. Without one (the last message of a file that does not
+        # end with a blank line; a ctime envelope right after a body) the final newline is the
+        # message's own: stripping it would give the message another digest (its id, when it
+        # has no Message-ID) there than elsewhere in a thread.
+        if raw.endswith((b"\n\n", b"\n\r\n")):
             if raw.endswith(b"\r\n"):
                 raw = raw[:-2]
             elif raw.endswith(b"\n"):

@@ -34,7 +34,7 @@ from typing import Any, Final
 import pypdf
 from pypdf import PageObject, PasswordType
 from pypdf.errors import LimitReachedError
-from pypdf.generic import ArrayObject, NullObject, StreamObject
+from pypdf.generic import ArrayObject, NullObject, StreamObject, TextStringObject
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
@@ -165,12 +165,6 @@ def _extract(
         lines = tuple(page_text.split("\n"))
         segments.append(Segment(lines, 1, paragraph_blocks(lines), page=number))
     if not segments:
-        if _damaged(data, count):
-            raise invalid_document(
-                InvalidDocumentReason.PDF_MALFORMED,
-                "no text could be read from the PDF, and its pages could not be read whole "
-                "(a damaged file; scanned pages would also need OCR).",
-            )
         raise invalid_document(
             InvalidDocumentReason.PDF_NO_TEXT_LAYER,
             "the PDF has no text layer (scanned pages need OCR before ingestion).",
@@ -185,21 +179,6 @@ def _extract(
     if title is None:
         title = _info_title(reader)
     return Extracted(tuple(segments), "\f".join(texts), title, metadata)
-
-
-def _damaged(data: bytes, count: int) -> bool:
-    """Whether a PDF that gave no text has pages pypdf can read only by skipping parts (a
-    page dictionary nested past its bounds, say): read again strictly, which raises where
-    the lenient reader logged and went on. Only on this failure path; its bounds were checked."""
-    try:
-        reader = pypdf.PdfReader(BytesIO(data), strict=True)
-        if reader.is_encrypted:
-            reader.decrypt("")
-        for page in reader.pages[:count]:
-            page.extract_text()
-    except Exception:  # whatever pypdf raises reading a damaged file
-        return True
-    return False
 
 
 def _check_content_streams(
@@ -332,9 +311,9 @@ def _info_fields(reader: pypdf.PdfReader) -> dict[str, JSONValue]:
     if info is None:
         return fields
     for key, read in (
-        ("author", lambda: info.author),
-        ("subject", lambda: info.subject),
-        ("keywords", lambda: info.keywords),
+        ("author", lambda: info.author_raw),
+        ("subject", lambda: info.subject_raw),
+        ("keywords", lambda: info.keywords_raw),
         ("created", lambda: info.creation_date),
         ("modified", lambda: info.modification_date),
     ):
@@ -344,8 +323,9 @@ def _info_fields(reader: pypdf.PdfReader) -> dict[str, JSONValue]:
             value = None
         if isinstance(value, datetime):
             fields[key] = value.isoformat()
-        elif isinstance(value, str) and clip(value):
-            fields[key] = clip(value, 256)
+        elif isinstance(value, TextStringObject) and clip(value):
+            # Only text: pypdf gives bytes it cannot decode as their repr ("b'\\x81...'").
+            fields[key] = clip(str(value), 256)
     return fields
 
 

@@ -72,6 +72,29 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def port_lock(host: str, port: int) -> socket.socket | None:
+    """A lock on (host, port) among supervisors, held for the supervisor's life: a Unix
+    socket bound in the abstract namespace (released by the kernel when the process ends,
+    however it ends). `reserve_port`'s bind checks leave two gaps that it closes: two
+    supervisors started at the same moment both passing the check before either binds, and
+    the TIME_WAIT fallback, where the reservation shares the port with another that has
+    SO_REUSEADDR too. None for port 0 (a port of the kernel's choice is no one else's)."""
+    if port == 0:
+        return None
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0retrieval-host:{host}:{port}")
+    except OSError as exc:
+        lock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise SettingsError(
+                f"cannot listen on {host}:{port}: another retrieval-host with workers is "
+                "starting or serving there"
+            ) from None
+        raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return lock
+
+
 def reserve_port(host: str, port: int) -> socket.socket:
     """The supervisor's hold on (host, port), bound with SO_REUSEPORT for its workers to join
     (never listening). `SettingsError` (one line, exit 2) when the address cannot be bound:
@@ -137,7 +160,13 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
         raise SettingsError("metrics.port + listen.workers - 1 must be a port number")
     # Held (bound, never listening: it takes no connections) until the workers have stopped,
     # so the port, also a port 0 chosen here, stays the host's.
-    reserved = reserve_port(settings.listen.host, settings.listen.port)
+    lock = port_lock(settings.listen.host, settings.listen.port)
+    try:
+        reserved = reserve_port(settings.listen.host, settings.listen.port)
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
     host, port = reserved.getsockname()[:2]
     logger.info("serving on %s:%d with %d worker processes", host, port, settings.listen.workers)
     workers: list[subprocess.Popen[bytes]] = []
@@ -179,6 +208,8 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
         for channel in channels:
             channel.close()
         reserved.close()
+        if lock is not None:
+            lock.close()
 
 
 def _ready_when_all_serve(channels: Sequence[socket.socket]) -> None:

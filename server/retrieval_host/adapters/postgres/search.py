@@ -141,6 +141,7 @@ class Searcher:
                     scored = None  # the index gave up early (max_scan_tuples): exact
                     self._stat(exact_fallbacks=1)
                 else:
+                    self._counters.add(approximate_searches=1)
                     return ApproximateRanking(self._finish(conn, scored, unit_query, sources, k))
             scored = self._exact_scan(conn, sources, raw_query[0], k, cancel)
             return self._finish(conn, scored, unit_query, sources, k)
@@ -210,7 +211,7 @@ class Searcher:
             binary=True,  # vectors in binary: parsing their text form costs milliseconds
             prepare=False,
         ).fetchall()
-        self._counters.add(scan_batches=1, rows_scored=len(rows), approximate_searches=1)
+        self._counters.add(scan_batches=1, rows_scored=len(rows))
         self._stat(index_scans=1)
         cancel.progress()
         return [_scored(row) for row in rows]
