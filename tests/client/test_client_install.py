@@ -34,7 +34,7 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-def test_the_client_installs_alone_with_only_httpx_and_pydantic(tmp_path: Path) -> None:
+def test_the_client_installs_alone_with_only_anyio_httpx_and_pydantic(tmp_path: Path) -> None:
     # Installed from a copy: an in-tree build would leave build/ and *.egg-info in the repo.
     source = tmp_path / "sdk_client"
     shutil.copytree(
@@ -69,7 +69,8 @@ def test_the_client_installs_alone_with_only_httpx_and_pydantic(tmp_path: Path) 
     assert "retrieval-host-client" in found["names"]
     assert {"httpx", "pydantic"} <= set(found["names"])
     assert not SERVER_ONLY & set(found["names"]), SERVER_ONLY & set(found["names"])
-    assert sorted(r.split(">")[0].split("=")[0] for r in found["requires"]) == ["httpx", "pydantic"]
+    requires = sorted(r.split(">")[0].split("=")[0] for r in found["requires"])
+    assert requires == ["anyio", "httpx", "pydantic"]  # anyio: httpx's own, used directly
     assert found["host_importable"] is False
     assert found["py_typed"] is True
     assert {"Client", "AsyncClient", "validate_source_citations"} <= set(found["exports"])
