@@ -95,16 +95,15 @@ def _with_lexical(
     vector: Vectors,
     context: RequestContext,
 ) -> list[Candidate]:
-    """An approximate dense ranking with the lexical index's best `wanted` added, each scored
-    by its exact cosine, best first. A graph among many near-identical passages can leave
-    others out of reach, even of a query that is their own text (black-box probe U: 20 of 300
-    missed at 20,300 passages, best cosines 0.75-0.92); the words still find them. (Convex
-    hybrid searches score both lists in both modes anyway: `fusion`.)"""
+    """An approximate dense ranking with the lexical index's best (the fusion depth) added,
+    each scored by its exact cosine, best first. A graph among many near-identical passages
+    can leave others out of reach, even of a query that is their own text (black-box probe U:
+    20 of 300 missed at 20,300 passages, best cosines 0.75-0.92); the words still find them.
+    (Convex hybrid searches score both lists in both modes anyway: `fusion`.)"""
     store, cancel = corpus.store, context.cancel
     depth = max(wanted, corpus.fusion.candidates)  # as deep as hybrid reads it
     lexical = store.lexical_search(corpus.id, namespace, allowed, terms, depth, cancel, where)
-    seen = {c.chunk_id for c in dense}
-    extra = [c for c in lexical if c.chunk_id not in seen]
+    extra, _ = missing(dense, lexical)
     if not extra:
         return list(dense)
     values = store.dense_scores(corpus.id, namespace, extra, vector, cancel)

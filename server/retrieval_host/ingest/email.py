@@ -178,10 +178,10 @@ def _another_message(data: bytes, start: int, end: int) -> bool:
     if not (data.endswith(b"\n\n", 0, start) or data.endswith(b"\n\r\n", 0, start)):
         return False
     block = data[end : end + 16 * 1024].replace(b"\r\n", b"\n").split(b"\n\n", 1)[0]
-    lines = block.split(b"\n")
-    if not lines or not _HEADER_LINE.match(lines[0]):
-        return False
-    if not all(_HEADER_LINE.match(line) or line[:1] in (b" ", b"\t") for line in lines):
+    lines = block.split(b"\n")  # the first must be a header line, the rest may be folded
+    if not _HEADER_LINE.match(lines[0]) or not all(
+        _HEADER_LINE.match(line) or line[:1] in (b" ", b"\t") for line in lines
+    ):
         return False
     names = {line.split(b":", 1)[0].strip().lower() for line in lines if b":" in line}
     return bool(names & {b"from", b"date", b"message-id", b"subject"})
