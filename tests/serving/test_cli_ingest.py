@@ -320,7 +320,11 @@ def _resume(
     return capsys.readouterr().out.splitlines()
 
 
-@pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    "interrupt",
+    [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+    ids=["ctrl-c", "sigterm", "sighup"],
+)
 def test_ctrl_c_stops_the_files_in_flight_before_their_commit_reports_and_resumes(
     setup: tuple[Path, dict[str, str]],
     tmp_path: Path,

@@ -85,9 +85,22 @@ def test_two_workers_share_the_port_and_the_index_and_stop_together(tmp_path: Pa
         served = [_served_healthz(host, i) - before[i] for i in range(2)]
         assert sum(served) == 40
         assert min(served) > 0, served
-        code, _ = host.terminate()
+        # SIGHUP (a closed terminal, a service manager's "reload") stops it as SIGTERM does:
+        # forwarded to each worker, which shuts down gracefully.
+        code, _ = host.terminate(sig=signal.SIGHUP)
         assert code == 0, host.log_text()[-4000:]
         assert not any(_alive(pid) for pid in workers)
+        received = [r["message"] for r in host.log_records() if "received" in r["message"]]
+        assert received == ["received SIGTERM"] * 2, received
+
+
+def test_a_single_host_stops_on_sighup_as_on_sigterm(tmp_path: Path) -> None:
+    with host_process(tmp_path / "host", subjects={"writer": []}) as host:
+        code, _ = host.terminate(sig=signal.SIGHUP)
+        assert code == 0, host.log_text()[-4000:]
+        messages = [r["message"] for r in host.log_records()]
+        assert "received SIGHUP" in messages, messages
+        assert "Traceback" not in host.log_text()
 
 
 # An application factory that holds the first worker to call it until the test says so: that
@@ -336,6 +349,9 @@ def test_two_supervisors_cannot_hold_the_lock_of_one_address() -> None:
     try:
         with pytest.raises(SettingsError, match="another retrieval-host with workers"):
             port_lock("127.0.0.1", port)
+        # Another spelling of the address (`reserve_port` binds what it resolves to).
+        with pytest.raises(SettingsError, match="another retrieval-host with workers"):
+            port_lock("localhost", port)
         other = port_lock("127.0.0.1", port + 1 if port < 65535 else port - 1)
         assert other is not None
         other.close()

@@ -109,10 +109,12 @@ class HostProcess:
                 records.append(record)
         return records
 
-    def terminate(self, timeout: float = 60.0) -> tuple[int, float]:
-        """SIGTERM; the exit code and the seconds until the process had exited."""
+    def terminate(
+        self, timeout: float = 60.0, sig: signal.Signals = signal.SIGTERM
+    ) -> tuple[int, float]:
+        """SIGTERM (or `sig`); the exit code and the seconds until the process had exited."""
         sent = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(sig)
         code = self.process.wait(timeout=timeout)
         return code, time.monotonic() - sent
 

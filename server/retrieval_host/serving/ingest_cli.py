@@ -11,7 +11,7 @@ passages of the current one (parsed, then embedded); otherwise one line per file
 it finishes. Either way each finished file gets a status line, the set-aside files are listed
 with their reasons, and a last line counts everything.
 
-Ctrl-C (SIGINT), or SIGTERM, cancels the batch: no further file starts, the files in flight
+Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the batch: no further file starts, the files in flight
 stop at their next cancel check before their commit, and the command says so, prints its
 counts and exits 130 (resume with the same journal). A second Ctrl-C quits at once.
 
@@ -238,6 +238,9 @@ def _list_set_aside(set_aside: Sequence[tuple[Path, str]], out: TextIO) -> None:
 _PHASES = {"ingest.parse": "parse", "index.embedding": "embed", "index.commit": "commit"}
 
 
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def _interrupt_cancels(
     cancel: CancelToken, note: Callable[[str], None], out: TextIO, err: TextIO
@@ -246,8 +249,8 @@ def _interrupt_cancels(
     raised in the waiting thread, that would leave the thread pool, which waits for the files
     in flight to finish and commit (9-20 s, silently). A second Ctrl-C quits at once: every
     journal line and every commit is atomic, so a rerun of the journal resumes as usual.
-    SIGTERM (a service manager, `timeout`, `kill`) does the same: by default it ended the
-    command at once, without a word or its counts."""
+    SIGTERM (a service manager, `timeout`, `kill`) and SIGHUP (the terminal closed) do the
+    same: by default they ended the command at once, without a word or its counts."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread; an embedding caller keeps its own
         return
@@ -264,7 +267,7 @@ def _interrupt_cancels(
             "before their commit (Ctrl-C again quits at once)"
         )
 
-    previous = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_sigint) for sig in INTERRUPTS}
     try:
         yield
     finally:

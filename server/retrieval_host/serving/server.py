@@ -1,7 +1,7 @@
 """Serving the host with uvicorn: TLS policy, header deadline protocol, loop and logging, the
 loopback metrics port, and the graceful shutdown.
 
-On SIGTERM (or SIGINT) `HostServer` stops accepting connections, closes idle keep-alive
+On SIGTERM (or SIGINT, SIGHUP) `HostServer` stops accepting connections, closes idle keep-alive
 connections and lets the requests in flight finish; at the app's cutoff (`shutdown.py`) the
 work still running is cancelled and open run streams end with a final `run.failed`
 (`CANCELLED`, reason `shutdown`); after `limits.shutdownGraceS` uvicorn cancels whatever is
@@ -90,7 +90,9 @@ def uvicorn_config(
 
 
 logger = logging.getLogger("retrieval_host.http")
-SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP too: a host started from a terminal that closes, or told to "reload" by a service
+# manager, stops as on SIGTERM (its stores closed) instead of dying at once; it has no reload.
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class HostServer(uvicorn.Server):
@@ -130,8 +132,9 @@ class HostServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """Route SIGINT/SIGTERM to `handle_exit` while serving; unlike uvicorn, do not re-raise
-        them afterwards: the shutdown is complete and the caller still has to close stores."""
+        """Route SIGINT/SIGTERM/SIGHUP to `handle_exit` while serving; unlike uvicorn, do not
+        re-raise them afterwards: the shutdown is complete and the caller still has to close
+        stores."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return

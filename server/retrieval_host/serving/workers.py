@@ -13,11 +13,12 @@ The host is ready when every worker is: each worker tells the supervisor once it
 worker up would report the host ready while the kernel could not yet hand a connection, nor a
 metrics scrape, to the others.
 
-The supervisor forwards SIGTERM/SIGINT to every worker (each shuts down gracefully, as a single
-host does) and exits 0 once all have exited 0. If a worker exits on its own, the supervisor
-stops the others and exits 1, so the service manager restarts the whole host (a host with a
-missing worker would silently serve at a fraction of its capacity). Workers run in their own
-session: a terminal's Ctrl-C reaches only the supervisor, which forwards it once.
+The supervisor forwards SIGTERM/SIGINT/SIGHUP (as SIGTERM) to every worker (each shuts down
+gracefully, as a single host does) and exits 0 once all have exited 0. If a worker exits on
+its own, the supervisor stops the others and exits 1, so the service manager restarts the
+whole host (a host with a missing worker would silently serve at a fraction of its capacity).
+Workers run in their own session: a terminal's Ctrl-C reaches only the supervisor, which
+forwards it once.
 
 What is per worker: `limits.maxConcurrency` (the host accepts up to N times as many requests at
 once), the grant cache, the embedding model, and metrics: `GET /metrics`
@@ -48,7 +49,7 @@ from retrieval_host.serving.server import check_listen_address
 from retrieval_host.settings import HostSettings, SettingsError
 
 logger = logging.getLogger("retrieval_host.workers")
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -83,7 +84,7 @@ def port_lock(host: str, port: int) -> socket.socket | None:
         return None
     lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        lock.bind(f"\0retrieval-host:{host}:{port}")
+        lock.bind(f"\0retrieval-host:{_lock_address(host, port)}:{port}")
     except OSError as exc:
         lock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -93,6 +94,18 @@ def port_lock(host: str, port: int) -> socket.socket | None:
             ) from None
         raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     return lock
+
+
+def _lock_address(host: str, port: int) -> str:
+    """The address `reserve_port` binds for `host`, so that two spellings of one address
+    (`localhost`, `127.0.0.1`) take one lock; `host` itself when it does not resolve (the
+    bind then says so)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        found = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return host
+    return str(found[0][4][0]) if found else host
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
