@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from retrieval_host.adapters.wiring import build_run_store, build_vector_store
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.http.app import search_threads
-from retrieval_host.settings import HostSettings, SettingsError, load_settings
+from retrieval_host.settings import HostSettings, RerankerSettings, SettingsError, load_settings
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
 LIMITS = CapacityLimits()
@@ -390,6 +391,40 @@ def test_a_provider_ca_file_that_cannot_be_used_is_one_settings_error(
         SettingsError, match=f"caFile: cannot use .*ca.pem as a CA bundle: .*{reason}"
     ):
         build_providers(settings, {})
+
+
+def test_a_key_is_sent_over_plain_http_only_to_loopback_or_when_allowed(tmp_path: Path) -> None:
+    """An `openai` provider at `http://` on another machine was accepted: its key would travel
+    in clear (a black-box test); the client already refused exactly that."""
+    from retrieval_host.adapters.wiring import build_providers, build_reranker
+
+    (tmp_path / "key").write_text("sk-test\n")
+    key = {"file": "key"}
+
+    def providers(base_url: str, **extra: object) -> Mapping[str, object]:
+        provider = {"kind": "openai", "baseUrl": base_url, "apiKey": key, **extra}
+        return build_providers(
+            load_settings(_write(tmp_path, _minimal(providers={"hosted": provider})), {}), {}
+        )
+
+    with pytest.raises(SettingsError, match=r"baseUrl: http://10\.1\.2\.3 would receive the API"):
+        providers("http://10.1.2.3:8000/v1")
+    for url in ("https://10.1.2.3/v1", "http://127.0.0.1:8000/v1", "http://[::1]:8000/v1"):
+        assert set(providers(url)) == {"hosted"}
+    assert set(providers("http://10.1.2.3:8000/v1", allowPlainHttp=True)) == {"hosted"}
+    # Without a key nothing secret travels.
+    bare = {"kind": "openai", "baseUrl": "http://10.1.2.3/v1"}
+    settings = load_settings(_write(tmp_path, _minimal(providers={"hosted": bare})), {})
+    assert set(build_providers(settings, {})) == {"hosted"}
+    # The reranker's key, the same way.
+    settings = load_settings(_write(tmp_path, _minimal()), {})
+    reranker = RerankerSettings.model_validate(
+        {"baseUrl": "http://rerank.internal/v1", "model": "m", "apiKey": key}
+    )
+    with pytest.raises(SettingsError, match="would receive the API key in clear"):
+        build_reranker(settings, reranker, {})
+    allowed = reranker.model_copy(update={"allow_plain_http": True})
+    build_reranker(settings, allowed, {}).close()
 
 
 @pytest.mark.parametrize(

@@ -278,6 +278,7 @@ class OpenAIProviderSettings(_Model):
     base_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
     api_key: SecretRef | None = None
     ca_file: Path | None = None
+    allow_plain_http: bool = False  # the key over http:// to another machine
     timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 120.0
     max_output_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     # The account the calls are billed to, as usage records name it (None: unnamed).
@@ -295,6 +296,7 @@ class RerankerSettings(_Model):
     account_id: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "default"
     api_key: SecretRef | None = None
     ca_file: Path | None = None
+    allow_plain_http: bool = False  # the key over http:// to another machine
     timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 30.0
     # The authorized top candidates of a search sent to the reranker (a search with a higher
     # limit sends limit + 1).
@@ -388,7 +390,7 @@ class HostSettings(_Model):
                     "tls is required (set behindProxy: true only behind a TLS-terminating "
                     "proxy on this machine)"
                 )
-            if not _is_loopback(self.listen.host):
+            if not is_loopback(self.listen.host):
                 raise ValueError("behindProxy needs a loopback listen host (127.0.0.1 or ::1)")
         hashes = [t.sha256 for t in self.tokens]
         if len(set(hashes)) != len(hashes):
@@ -420,7 +422,7 @@ class HostSettings(_Model):
         return self.tls.key_password.resolve(environ, self.config_dir)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

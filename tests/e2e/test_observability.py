@@ -31,6 +31,13 @@ from retrieval_host.core.service import RetrievalService
 from retrieval_host.driver import Driver
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import HostSettings
+from tests.support.fake_openai import (
+    DEFAULT_API_KEY,
+    FakeOpenAI,
+    RecordedRequest,
+    Reply,
+    openai_error,
+)
 from tests.support.host import (
     CORPUS,
     RunningHost,
@@ -415,3 +422,54 @@ def test_logs_are_json_lines_with_request_ids_and_no_secret_or_content(tmp_path:
         assert content not in text, content
     for query_string in ("access_token", "sourceId=", "marmot-rota", "run_x"):
         assert query_string not in text, query_string
+
+
+def _quoting_error(server: FakeOpenAI, request: RecordedRequest, number: int) -> Reply:
+    """A provider refusing the call with a message that quotes what it was sent, as real APIs
+    do ("Invalid content near ...", content filters)."""
+    assert isinstance(request.json, dict)
+    sent = " ".join(str(m.get("content", "")) for m in request.json["messages"])
+    quoted = sent[sent.index(PLANTED_MARK) - 40 :][:200]
+    return openai_error(400, f"Invalid content near: {quoted}", type_="invalid_request_error")
+
+
+def test_a_provider_error_quoting_its_input_reaches_the_caller_but_not_the_log(
+    tmp_path: Path,
+) -> None:
+    with FakeOpenAI() as fake:
+        fake.route("POST", "/v1/chat/completions", _quoting_error)
+        provider = {"kind": "openai", "baseUrl": fake.base_url, "apiKey": {"env": "FAKE_KEY"}}
+        with host_process(
+            tmp_path / "host",
+            subjects={"writer": ["fake"]},
+            providers={"fake": provider},
+            environ={"FAKE_KEY": DEFAULT_API_KEY},
+        ) as host:
+            with host.client("writer") as writer:
+                indexed = writer.post(
+                    "/v1/retrieval/index",
+                    json={
+                        "corpus": "library",
+                        "source": {"id": "hangar", "revision": "r1"},
+                        "chunks": [{"id": "hangar-1", "text": PLANTED}],
+                    },
+                )
+                assert indexed.status_code == 200, indexed.text
+                run = {
+                    "provider": "fake",
+                    "model": "gpt-test",
+                    "input": SEARCH_QUERY,
+                    "retrieval": {"corpus": "library", "mode": "before"},
+                }
+                failed = writer.post("/v1/runs", json=run)
+            assert failed.status_code == 502, failed.text
+            problem = failed.json()
+            assert (problem["code"], problem["reason"]) == ("PROVIDER_FAILED", "http-error")
+            assert PLANTED_MARK in problem["detail"]  # the caller sees the provider's words
+            code, _ = host.terminate()
+            assert code == 0, host.log_text()[-4000:]
+    messages = [r["message"] for r in host.log_records()]
+    assert "PROVIDER_FAILED: http-error" in messages, messages
+    text = host.log_text()
+    for content in (PLANTED, PLANTED_MARK, SEARCH_QUERY, "Invalid content near"):
+        assert content not in text, content

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Protocol
+
+import httpx
 
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
@@ -23,8 +24,8 @@ from retrieval_host.settings import (
     HostSettings,
     OpenAIProviderSettings,
     RerankerSettings,
-    SecretRef,
     SettingsError,
+    is_loopback,
 )
 
 
@@ -106,12 +107,26 @@ def build_providers(
 
 def _hosted_access(
     settings: HostSettings,
-    secret: SecretRef | None,
-    ca_file: Path | None,
+    config: OpenAIProviderSettings | RerankerSettings,
     environ: Mapping[str, str],
 ) -> tuple[Callable[[], str] | None, bool | ssl.SSLContext]:
     """A hosted service's key (a callable over the resolved secret; None: no key) and what
-    its client verifies TLS with (the configured CA bundle, else the system's)."""
+    its client verifies TLS with (the configured CA bundle, else the system's).
+
+    A key is sent in clear only where the operator said so: plain `http://` to another
+    machine than this one needs `allowPlainHttp` (a service mesh's encrypted sidecar, a
+    trusted network), else the host refuses to start. The client refuses the same."""
+    secret, ca_file = config.api_key, config.ca_file
+    try:
+        host = httpx.URL(config.base_url).host
+    except httpx.InvalidURL:
+        raise SettingsError(f"baseUrl: {config.base_url!r} is not a valid URL") from None
+    plain = config.base_url.startswith("http://") and not is_loopback(host)
+    if secret is not None and plain and not config.allow_plain_http:
+        raise SettingsError(
+            f"baseUrl: http://{host} would receive the API key in clear; use https, a "
+            "loopback address, or set allowPlainHttp: true"
+        )
     key = None if secret is None else secret.resolve(environ, settings.config_dir)
     verify: bool | ssl.SSLContext = True
     if ca_file is not None:
@@ -127,7 +142,7 @@ def _hosted_access(
 def _openai(
     settings: HostSettings, config: OpenAIProviderSettings, environ: Mapping[str, str]
 ) -> OpenAIChatProvider:
-    api_key, verify = _hosted_access(settings, config.api_key, config.ca_file, environ)
+    api_key, verify = _hosted_access(settings, config, environ)
     return OpenAIChatProvider(
         base_url=config.base_url,
         api_key=api_key,
@@ -142,7 +157,7 @@ def build_reranker(
     settings: HostSettings, config: RerankerSettings, environ: Mapping[str, str]
 ) -> HttpReranker:
     """The `/rerank` adapter of `config`; its key is read from the secret reference."""
-    api_key, verify = _hosted_access(settings, config.api_key, config.ca_file, environ)
+    api_key, verify = _hosted_access(settings, config, environ)
     descriptor = RerankDescriptor(
         provider_id="rerank-http",
         vendor=config.vendor,

@@ -260,6 +260,7 @@ class ProviderFailedReason(StrEnum):
     STREAM_ENDED_EARLY = "stream-ended-early"  # the stream closed before the answer was complete
     STREAM_ERROR = "stream-error"  # the provider reported an error mid-stream
     MALFORMED_CHUNK = "malformed-chunk"  # a response or stream chunk of the wrong shape
+    ANSWER_TOO_LARGE = "answer-too-large"  # one call's answer passed `MAX_ANSWER_CHARS`
     UNOFFERED_TOOL_CALL = "unoffered-tool-call"  # the model called a tool the run did not offer
     VERIFIER_UNAVAILABLE = "verifier-unavailable"  # the application's verifier could not judge
     VERIFIER_RETRYABLE = "verifier-retryable"  # the verifier failed in a way worth retrying

@@ -18,6 +18,10 @@ from retrieval_host.http.auth import WWW_AUTHENTICATE
 from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
 
 logger = logging.getLogger("retrieval_host.http")
+# Failures of a model or service the host calls, whose details carry that service's words.
+UPSTREAM_CODES = frozenset(
+    {ErrorCode.EMBEDDING_FAILED, ErrorCode.PROVIDER_FAILED, ErrorCode.RERANK_FAILED}
+)
 
 
 def error_response(
@@ -26,7 +30,19 @@ def error_response(
     """How a route's error is answered: its problem, with the headers its code calls for
     (logged when the host or its upstream is at fault). `run_id`: the run it ended."""
     if error.status >= 500:
-        logger.warning("%s: %s", error.code.value, error.detail, extra={"request_id": request_id})
+        if error.code in UPSTREAM_CODES:
+            # An upstream's message can quote what it was sent (passages, the question): it
+            # goes to the caller in the problem body, never into the host's log.
+            logger.warning(
+                "%s: %s",
+                error.code.value,
+                error.reason or "failed",
+                extra={"request_id": request_id},
+            )
+        else:
+            logger.warning(
+                "%s: %s", error.code.value, error.detail, extra={"request_id": request_id}
+            )
     headers: dict[str, str] | None = None
     if error.code is ErrorCode.UNAUTHENTICATED:
         headers = {"WWW-Authenticate": WWW_AUTHENTICATE}

@@ -84,3 +84,39 @@ def test_a_quote_on_an_earlier_line_is_not_next_to_the_citation() -> None:
     text = '"Something nobody said"\nThe lifetime is long [source:battery-1].'
     report = check_citations(text, EVIDENCE, CHECK)
     assert report.cited == [CitedSource("battery-1", ())]
+
+
+def test_a_quote_of_a_passage_holding_a_marker_is_found_as_the_model_was_shown_it() -> None:
+    # A passage's own `[source:` reaches a model, and the extractive provider's quotes, as
+    # `(source:` (`core.evidence.defang`): a faithful quote of it failed the host's own check.
+    manual = EvidencePassage(
+        "manual-1",
+        "manual",
+        "r1",
+        "Wombat manual",
+        Location(start_line=1, end_line=1),
+        'The manual says "see [source:appendix-b] for burrow depth" in chapter two.',
+    )
+    text = 'It says "see (source:appendix-b] for burrow depth" [source:manual-1].'
+    report = check_citations(text, {"manual-1": manual}, CHECK)
+    assert report.cited == [
+        CitedSource("manual-1", (QuoteCheck("see (source:appendix-b] for burrow depth", True),))
+    ]
+    # What the passage does not say still fails.
+    wrong = 'It says "see (source:appendix-c] for burrow depth" [source:manual-1].'
+    with pytest.raises(RetrievalError, match="quote at character"):
+        check_citations(wrong, {"manual-1": manual}, CHECK)
+
+
+def test_quotes_belong_to_their_own_marker_on_one_long_line_and_after_a_line_break() -> None:
+    # Many markers on one line: each quote is judged against the marker right after it only.
+    pairs = ['"Panel output fell" [source:solar-1]', '"1,200 charge cycles" [source:battery-1]']
+    text = " and ".join(pairs * 500)
+    report = check_citations(text, EVIDENCE, CHECK)
+    assert [(c.id, len(c.quotes)) for c in report.cited] == [
+        ("solar-1", 500),
+        ("battery-1", 500),
+    ]
+    # A quote on an earlier line belongs to no marker of a later one.
+    spread = '"not in any passage"\nThen [source:solar-1].'
+    assert check_citations(spread, EVIDENCE, CHECK).cited == [CitedSource("solar-1", ())]

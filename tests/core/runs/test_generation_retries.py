@@ -11,7 +11,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, TextDelta
 from retrieval_host.core.runs import RunEngine
-from retrieval_host.core.runs.generation import MAX_BACKOFF_S
+from retrieval_host.core.runs.generation import MAX_ANSWER_CHARS, MAX_BACKOFF_S
 from retrieval_host.core.runs_model import (
     RunCompleted,
     RunDelta,
@@ -244,3 +244,42 @@ def test_a_run_interrupted_from_outside_records_its_end_before_the_interrupt_goe
     assert isinstance(started, RunStarted)
     record = run_world.runs.get(started.run_id)
     assert record is not None and (record.status, record.error_code) == ("failed", "INTERNAL")
+
+
+class Endless:
+    """A model that does not stop: 64 KiB deltas for as long as it is read (how many were
+    taken is counted)."""
+
+    kind = "test"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.taken = 0
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        self.calls += 1
+        while True:
+            self.taken += 1
+            yield TextDelta("x" * 65536)
+
+
+def test_an_answer_past_the_hosts_bound_fails_the_run_and_is_not_read_further(
+    run_world: RunWorld,
+) -> None:
+    endless = Endless()
+    events: list[RunEvent] = []
+    run = RunEngine(run_world.service, {"flaky": endless}, run_world.runs, retry_backoff_s=0)
+    run.execute(request(3), ALICE, events.append)
+    failed = events[-1]
+    assert isinstance(failed, RunFailed), failed
+    assert (failed.error.code, failed.error.reason) == (
+        ErrorCode.PROVIDER_FAILED,
+        "answer-too-large",
+    )
+    # Not asked again (its text streamed), and read only up to the bound.
+    assert endless.calls == 1
+    assert endless.taken == MAX_ANSWER_CHARS // 65536 + 1
+    streamed = sum(len(e.text) for e in events if isinstance(e, RunDelta))
+    assert streamed == MAX_ANSWER_CHARS

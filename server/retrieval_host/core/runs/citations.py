@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.evidence import defang
 from retrieval_host.core.reasons import InvalidCitationReason
 from retrieval_host.core.run_ports import EvidencePassage
 from retrieval_host.core.runs_model import (
@@ -47,6 +48,7 @@ def check_citations(
     """The report of a passing answer; `INVALID_CITATION` (with its reason) for the first
     problem of a failing one."""
     quotes: dict[str, list[QuoteCheck]] = {}
+    folded: dict[str, str] = {}  # per cited passage, its text as quotes are compared with it
     segment_start = 0
     for opening in _OPEN.finditer(text):
         match = _WELL_FORMED.match(text, opening.start())
@@ -62,13 +64,18 @@ def check_citations(
                 InvalidCitationReason.UNKNOWN_SOURCE,
                 f"the answer cites {handle[:64]!r}, which is not in the run's manifest.",
             )
-        line_start = text.rfind("\n", 0, opening.start()) + 1
-        offset = max(segment_start, line_start)
+        # The stretch starts after the previous marker or the last line break, whichever is
+        # later; searched back only to the previous marker, so an answer of many markers on
+        # one long line costs linear time (a search back to the line's start was quadratic).
+        line_break = text.rfind("\n", segment_start, opening.start())
+        offset = segment_start if line_break < 0 else line_break + 1
         stretch = text[offset : opening.start()]
         checks = quotes.setdefault(handle, [])
         for quoted in _QUOTE.finditer(stretch):
             said = next(g for g in quoted.groups() if g is not None)
-            found = _folded(said) in _folded(passage.text)
+            if handle not in folded:
+                folded[handle] = _folded(passage.text)
+            found = _folded(said) in folded[handle]
             if not found and policy.quotes:
                 # Only positions in the detail: problem bodies carry no generated text.
                 raise _invalid(
@@ -86,7 +93,10 @@ def check_citations(
 
 
 def _folded(text: str) -> str:
-    return " ".join(text.split())
+    """Whitespace-normalized, and with every handle marker as a model is shown it (`defang`):
+    a passage holding `[source:` reaches the model, and the extractive provider's quotes, as
+    `(source:`, so a faithful quote of it must be found."""
+    return " ".join(defang(text).split())
 
 
 def _invalid(reason: InvalidCitationReason, detail: str) -> RetrievalError:

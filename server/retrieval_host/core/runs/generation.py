@@ -29,6 +29,11 @@ ToolRound: TypeAlias = tuple[Message, list[tuple[str, str | list[str]]]]
 
 # The longest wait between two attempts of one model call.
 MAX_BACKOFF_S: Final = 8.0
+# The most text the host takes from one model call. `maxOutputTokens` is only a request to
+# the provider: a server that ignores it (a looping model, a broken proxy) streamed 200 MB
+# into one run, all of it buffered for the client, recorded and checked (a black-box test).
+# 1 MiB of characters is several times the longest answer of any current model.
+MAX_ANSWER_CHARS: Final = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,15 @@ def generate_step(
     for attempt in range(1, request.max_attempts + 1):
         calls: list[ToolCall] = []
         text: list[str] = []
+        size = 0
         try:
             for event in provider.generate(asked, run.context.cancel):
                 run.context.cancel.check()
                 if isinstance(event, TextDelta):
                     if event.text:
+                        size += len(event.text)
+                        if size > MAX_ANSWER_CHARS:
+                            raise answer_too_large()
                         text.append(event.text)
                         run.emit(RunDelta(event.text))
                 elif isinstance(event, ToolCallRequested):
@@ -120,6 +129,15 @@ def generate_step(
         run.generation += GenerationUsage(requests=1)
         return StepOutput("".join(text), calls)
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
+def answer_too_large() -> RetrievalError:
+    return RetrievalError(
+        ErrorCode.PROVIDER_FAILED,
+        f"The model's answer passed the host's bound of {MAX_ANSWER_CHARS:,} characters per "
+        "call (the provider did not stop at maxOutputTokens).",
+        reason=ProviderFailedReason.ANSWER_TOO_LARGE,
+    )
 
 
 def unoffered_tool_call() -> RetrievalError:
