@@ -2,7 +2,9 @@
 
 The routes follow the one request policy (`policy.py`) and call only the Driver. The run
 executes on the policy's worker executor; its events cross to the event loop through an unbounded
-memory stream (a run emits a bounded number of events, so the buffer is bounded by the run).
+queue, bounded by the run: progress events are few, and its text by `maxGenerationSteps` calls
+of at most `MAX_ANSWER_CHARS` each (`core/runs/generation.py`). A client that stops reading
+does not slow the run down: its answer waits in that queue until the run ends.
 A client that disconnects cancels the run: the worker stops at its next check, the provider
 stream is closed, the record says `cancelled`, and the concurrency slot is released when this
 handler returns.
@@ -157,8 +159,9 @@ class RunRoutes:
         self, run_request: RunRequest, context: RequestContext
     ) -> asyncio.Queue[RunEvent | BaseException]:
         """Run on the policy's worker executor; events cross to this loop through an unbounded
-        queue (a run emits a bounded number of events). Not a task group: an SSE body is iterated in
-        another task than the handler's, and the worker must not be tied to either."""
+        queue (bounded by the run: see the module docstring). Not a task group: an SSE body is
+        iterated in another task than the handler's, and the worker must not be tied to
+        either."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RunEvent | BaseException] = asyncio.Queue()
 
