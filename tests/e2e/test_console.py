@@ -1,6 +1,7 @@
 """The operator console in a real browser: Debian's headless Chromium, driven by Playwright,
 against the quickstart host over TLS (the quickstart's state and configuration, one more token
-without grants). Screenshots of each step go to `test-results/console/`.
+without grants, one that may only index, and a fake OpenAI-compatible provider the tests hold or
+script). Screenshots of each step go to `test-results/console/`.
 
 Chromium trusts the host by the server certificate's public-key pin, not by ignoring
 certificate errors: the connection is the host's real TLS.
@@ -13,7 +14,7 @@ import hashlib
 import json
 import ssl
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -29,12 +30,14 @@ from playwright.sync_api import (
     Playwright,
     Request,
     Response,
+    Route,
     expect,
     sync_playwright,
 )
 
 from retrieval_host.serving.tokens import new_token, token_config_entry
-from tests.support.host import RunningHost
+from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI, PlannedResponse
+from tests.support.host import RunningHost, wait_until
 from tests.support.ports import free_port
 from tests.support.quickstart import cli, serving
 
@@ -53,8 +56,19 @@ class Console:
     base: str
     token: str
     no_grant_token: str
+    index_only_token: str
     ca: Path
     pin: str
+    fake: FakeOpenAI  # provider "fake" of the quickstart token
+
+    def api(self) -> httpx.Client:
+        """The host's API as the quickstart token."""
+        return httpx.Client(
+            base_url=self.base,
+            verify=ssl.create_default_context(cafile=str(self.ca)),
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=120,
+        )
 
 
 def _pin(certificate: Path) -> str:
@@ -84,16 +98,30 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     assert config["console"] == {"enabled": True}
     no_grant = new_token()
     config["tokens"].append(token_config_entry(no_grant, "no-grants", providers=["local"]))
-    (state / "host.json").write_text(json.dumps(config))
-    command = [*cli(), "serve", "--config", str(state / "host.json")]
-    with serving(command, root, state / "ca.pem", port, announces=False):
-        yield Console(
-            f"https://127.0.0.1:{port}",
-            (state / "token").read_text().strip(),
-            no_grant,
-            state / "ca.pem",
-            _pin(state / "server.pem"),
-        )
+    index_only = new_token()
+    config["tokens"].append(token_config_entry(index_only, "quickstart", index=["library"]))
+    (state / "fake-key").write_text(DEFAULT_API_KEY)
+    with FakeOpenAI() as fake:
+        config["providers"]["fake"] = {
+            "kind": "openai",
+            "baseUrl": fake.base_url,
+            "apiKey": {"file": "fake-key"},
+        }
+        for entry in config["tokens"]:
+            if entry["subject"] == "quickstart" and "local" in entry["providers"]:
+                entry["providers"].append("fake")
+        (state / "host.json").write_text(json.dumps(config))
+        command = [*cli(), "serve", "--config", str(state / "host.json")]
+        with serving(command, root, state / "ca.pem", port, announces=False):
+            yield Console(
+                f"https://127.0.0.1:{port}",
+                (state / "token").read_text().strip(),
+                no_grant,
+                index_only,
+                state / "ca.pem",
+                _pin(state / "server.pem"),
+                fake,
+            )
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +249,8 @@ def test_an_operator_signs_in_browses_searches_follows_a_citation_asks_and_inges
     links = page.locator("#answer a.citation")
     assert links.count() >= 1
     expect(page.locator("#answer .citation.invalid")).to_have_count(0)
-    expect(page.locator("#citation-check")).to_contain_text("0 invalid")
+    expect(page.locator("#citation-check")).to_contain_text("0 invalid, 0 malformed")
+    expect(page.locator("#run-id")).to_contain_text("run ")
     _shot(page, "07-ask")
     links.first.click()
     expect(page.locator("#cited")).to_contain_text("rotate")
@@ -416,4 +445,308 @@ def test_the_console_works_from_the_keyboard_alone(browser: Browser, console: Co
     _tab_to(page, "Open the passage in its source")
     page.keyboard.press("Enter")
     expect(page.locator("#cited")).to_be_visible()
+    page.context.close()
+
+
+# --- findings of a black-box probe (session 28) ---------------------------------------------
+
+
+def _index(
+    console: Console,
+    source_id: str,
+    revision: str,
+    texts: Sequence[str],
+    title: str = "",
+    prefix: str = "",
+) -> list[str]:
+    """Index prepared passages (chunk ids `<prefix or source>-c<n>`, kept from one revision to
+    the next); their chunk ids."""
+    ids = [f"{prefix or source_id}-c{i:04d}" for i in range(len(texts))]
+    chunks = [
+        {"id": chunk, "text": text, "location": {"startLine": i + 1, "endLine": i + 1}}
+        for i, (chunk, text) in enumerate(zip(ids, texts, strict=True))
+    ]
+    source = {"id": source_id, "revision": revision, "title": title or source_id}
+    with console.api() as api:
+        response = api.post(
+            "/v1/retrieval/index", json={"corpus": "library", "source": source, "chunks": chunks}
+        )
+    assert response.status_code == 200, response.text
+    return ids
+
+
+def _delete(console: Console, source_id: str, revision: str) -> None:
+    body = {"corpus": "library", "sourceId": source_id, "revision": revision}
+    with console.api() as api:
+        assert api.post("/v1/retrieval/delete", json=body).status_code == 200
+
+
+def _signed_in(browser: Browser, console: Console, width: int = 1280) -> tuple[Page, Seen]:
+    page, seen = _open(browser, console, width=width)
+    _sign_in(page, console.token)
+    expect(page.locator("#corpora")).to_be_visible()
+    return page, seen
+
+
+def _fits(page: Page) -> bool:
+    return bool(page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth"))
+
+
+def test_a_hit_opens_the_revision_it_showed_never_the_text_that_replaced_it(
+    browser: Browser, console: Console
+) -> None:
+    _index(console, "policy", "v1", ["Refunds are granted within 30 days, quokkafruit."])
+    page, _ = _signed_in(browser, console)
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Mode").select_option("lexical")
+    page.get_by_label("Query").fill("quokkafruit refunds")
+    page.get_by_role("button", name="Search").click()
+    hit = page.locator(".hit").first
+    expect(hit).to_contain_text("granted within 30 days")
+    # The same chunk id, other text: the link still names what the hit showed.
+    _index(console, "policy", "v2", ["Refunds are never granted, quokkafruit."])
+    hit.get_by_role("link", name="Open the passage in its source").click()
+    expect(page.locator("#error")).to_contain_text("SOURCE_UNAVAILABLE")
+    expect(page.locator("main")).not_to_contain_text("never granted")
+    assert page.evaluate("() => location.hash").endswith("?revision=v1")
+    _shot(page, "20-stale-citation")
+    _delete(console, "policy", "v2")
+    page.context.close()
+
+
+def test_a_passage_page_shows_one_revision_when_a_re_index_lands_while_it_loads(
+    browser: Browser, console: Console
+) -> None:
+    texts = [f"Revision {{}} paragraph {i}, ocelotmoss." for i in range(3)]
+    ids = _index(console, "mixed", "v1", [text.format("v1") for text in texts])
+    page, _ = _signed_in(browser, console)
+    replaced: list[bool] = []
+
+    def re_index_first(route: Route) -> None:
+        # The passage was read at v1; its source is replaced before its listing is read.
+        if not replaced:
+            _index(console, "mixed", "v2", [text.format("v2") for text in texts])
+            replaced.append(True)
+        route.continue_()
+
+    page.route("**/v1/corpora/library/sources/mixed?*", re_index_first)
+    page.evaluate("(id) => { location.hash = '#/passage/library/' + id; }", ids[1])
+    expect(page.locator("#cited")).to_have_text("Revision v2 paragraph 1, ocelotmoss.")
+    main = page.locator("main")
+    expect(main).to_contain_text("Revision v2 paragraph 0")
+    expect(main).to_contain_text("Revision v2 paragraph 2")
+    expect(main).not_to_contain_text("Revision v1")
+    assert replaced == [True]
+    _shot(page, "21-one-revision")
+    _delete(console, "mixed", "v2")
+    page.context.close()
+
+
+def test_a_passage_past_the_first_thousand_has_its_neighbours(
+    browser: Browser, console: Console
+) -> None:
+    ids = _index(console, "big", "1", [f"Passage {i} of a long source." for i in range(1002)])
+    page, _ = _signed_in(browser, console)
+    for at in (999, 1000):
+        page.evaluate("(id) => { location.hash = '#/passage/library/' + id; }", ids[at])
+        expect(page.locator("#cited")).to_have_text(f"Passage {at} of a long source.")
+        main = page.locator("main")
+        expect(main).to_contain_text(f"Passage {at - 1} of a long source.")
+        expect(main).to_contain_text(f"Passage {at + 1} of a long source.")
+    _delete(console, "big", "1")
+    page.context.close()
+
+
+def test_an_index_only_token_can_ingest_and_is_told_what_the_host_does_not_list(
+    browser: Browser, console: Console
+) -> None:
+    page, _ = _open(browser, console)
+    _sign_in(page, console.index_only_token)
+    expect(page.locator("#no-corpora")).to_be_visible()
+    page.locator("main").get_by_role("link", name="Ingest").click()
+    expect(page.locator("#no-index-corpora")).to_be_visible()
+    expect(page.locator("main")).not_to_contain_text("may not index")
+    page.get_by_label("Corpus").fill("library")
+    note = FilePayload(name="idx-note.md", mimeType="text/markdown", buffer=b"# Idx\n\nWritten.\n")
+    page.locator("input[type=file]").set_input_files(files=[note])
+    page.get_by_role("button", name="Ingest").click()
+    expect(page.locator("#ingest-phase")).to_have_text("completed", timeout=60_000)
+    expect(page.locator("#ingested")).to_contain_text("indexed: 1 passage(s) of idx-note")
+    _shot(page, "22-index-only-ingest")
+    page.get_by_role("button", name="Sign out").click()
+    # A token without the grant gets the host's answer, in words.
+    _sign_in(page, console.no_grant_token)
+    expect(page.locator("#no-corpora")).to_be_visible()
+    page.locator("#nav").get_by_role("link", name="Ingest").click()
+    page.get_by_label("Corpus").fill("library")
+    page.locator("input[type=file]").set_input_files(files=[note])
+    page.get_by_role("button", name="Ingest").click()
+    expect(page.locator("#error")).to_contain_text("PERMISSION_DENIED")
+    page.context.close()
+    with console.api() as api:
+        shown = api.get("/v1/corpora/library/sources/idx-note").json()["source"]
+    _delete(console, "idx-note", shown["revision"])
+
+
+def _ask_held(page: Page, console: Console, stalls: int) -> None:
+    """Ask with the fake provider, which answers a little, then holds its stream."""
+    page.get_by_role("link", name="Ask").click()
+    page.get_by_label("Provider").fill("fake")
+    page.get_by_label("Model").fill("gpt-held")
+    page.get_by_label("Question").fill(QUESTION)
+    page.get_by_role("button", name="Ask").click()
+    wait_until(lambda: console.fake.stalled_streams == 1, timeout=60, what="the held stream")
+    expect(page.locator("#run-id")).to_contain_text("run ")
+    expect(page.get_by_role("button", name="Ask")).to_be_disabled()  # one run at a time
+    assert console.fake.chat_disconnects == stalls
+
+
+def test_leaving_a_page_or_signing_out_cancels_its_run_and_its_error_stays_behind(
+    browser: Browser, console: Console
+) -> None:
+    console.fake.set_chat_mode("stall", chunks=1)
+    try:
+        page, seen = _signed_in(browser, console)
+        _ask_held(page, console, stalls=0)
+        page.get_by_role("link", name="Search").click()
+        # The console hung up, so the host cancelled the run and hung up on the model.
+        wait_until(lambda: console.fake.chat_disconnects == 1, timeout=30, what="the cancel")
+        page.get_by_label("Query").fill(QUESTION)
+        page.get_by_role("button", name="Search").click()
+        expect(page.locator(".hit").first).to_be_visible()
+        expect(page.locator("#error")).to_be_hidden()
+
+        _ask_held(page, console, stalls=1)
+        page.get_by_role("button", name="Sign out").click()
+        expect(page.get_by_label("Bearer token")).to_be_visible()
+        wait_until(lambda: console.fake.chat_disconnects == 2, timeout=30, what="the cancel")
+        expect(page.locator("#error")).to_be_hidden()
+        _shot(page, "23-signed-out-mid-run")
+        assert seen.errors == []
+        page.context.close()
+    finally:
+        console.fake.set_chat_mode("ok")
+        console.fake.release_stalls()
+
+
+def test_an_answer_s_malformed_markers_are_marked_and_counted(
+    browser: Browser, console: Console
+) -> None:
+    console.fake.script_chat(
+        [
+            PlannedResponse(
+                "Unknown [source:pFAKE000]. Malformed [source: p1] and [Source:p1] and "
+                "[source:] and [ source:p1]. Hostile [source:javascript:alert(1)] end."
+            )
+        ]
+    )
+    page, _ = _signed_in(browser, console)
+    page.get_by_role("link", name="Ask").click()
+    page.get_by_label("Provider").fill("fake")
+    page.get_by_label("Model").fill("gpt-scripted")
+    page.get_by_label("Question").fill(QUESTION)
+    page.get_by_role("button", name="Ask").click()
+    expect(page.locator("#run-phase")).to_have_text("completed", timeout=60_000)
+    malformed = page.locator("#answer .citation.malformed")
+    expect(malformed).to_have_text(
+        [f"{m} (malformed)" for m in ("[source: p1]", "[Source:p1]", "[source:]", "[ source:p1]")]
+    )
+    expect(page.locator("#answer .citation.invalid:not(.malformed)")).to_have_count(2)
+    expect(page.locator("#answer a")).to_have_count(0)
+    expect(page.locator("#citation-check")).to_have_text(
+        "6 citation(s): 0 checked against the run's source manifest, 2 invalid, 4 malformed."
+    )
+    _shot(page, "24-malformed-markers")
+    page.context.close()
+
+
+def test_dropping_a_second_file_names_it_and_ingests_it_under_its_own_id(
+    browser: Browser, console: Console
+) -> None:
+    page, _ = _signed_in(browser, console)
+    page.get_by_role("link", name="Ingest").click()
+    for name, text in (("first-note.md", "# First\n\nfirst\n"), ("second-note.md", "# Second\n\n")):
+        dropped = page.evaluate_handle(
+            "([name, text]) => { const t = new DataTransfer();"
+            " t.items.add(new File([text], name, {type: 'text/markdown'})); return t; }",
+            [name, text],
+        )
+        page.dispatch_event("#drop", "drop", {"dataTransfer": dropped})
+    expect(page.locator("#chosen")).to_have_text("second-note.md")
+    expect(page.get_by_label("Source id")).to_have_value("second-note")
+    page.get_by_role("button", name="Ingest").click()
+    expect(page.locator("#ingested")).to_contain_text("of second-note", timeout=60_000)
+    with console.api() as api:
+        assert api.get("/v1/corpora/library/sources/first-note").status_code == 404
+        revision = api.get("/v1/corpora/library/sources/second-note").json()["source"]["revision"]
+    # A file chosen with the button is named too; an id the user typed stays theirs.
+    page.get_by_label("Source id").fill("my-own-id")
+    third = FilePayload(name="third.md", mimeType="text/markdown", buffer=b"# Third\n")
+    page.locator("input[type=file]").set_input_files(files=[third])
+    expect(page.locator("#chosen")).to_have_text("third.md")
+    expect(page.get_by_label("Source id")).to_have_value("my-own-id")
+    page.context.close()
+    _delete(console, "second-note", revision)
+
+
+def test_long_and_spoofing_ids_and_titles_neither_widen_the_page_nor_reorder_their_text(
+    browser: Browser, console: Console
+) -> None:
+    long_id, long_title = "S" * 256, "T" * 1024
+    _index(console, long_id, "1", ["A passage of the long source, yakwillow."], long_title, "long")
+    spoofed = "invoice\u202egpj.exe"
+    _index(console, spoofed, "1", ["A spoofed name."], "Invoice \u202egpj.exe", "spoofed")
+    for width in (1280, 375):
+        page, _ = _signed_in(browser, console, width=width)
+        page.evaluate("(id) => { location.hash = '#/source/library/' + id; }", long_id)
+        expect(page.locator("main h1")).to_have_text(long_title)
+        assert _fits(page), width
+        page.get_by_role("link", name="Search").click()
+        page.get_by_label("Query").fill("yakwillow")
+        page.get_by_role("button", name="Search").click()
+        expect(page.locator(".hit").first).to_contain_text(long_id)
+        assert _fits(page), width
+        page.get_by_role("link", name="Ingest").click()
+        expect(page.locator("#ingest-form")).to_be_visible()
+        assert _fits(page), width
+        _shot(page, f"25-long-names-{width}")
+        page.context.close()
+    page, _ = _signed_in(browser, console)
+    page.evaluate("() => { location.hash = '#/source/library/invoice%E2%80%AEgpj.exe'; }")
+    heading = page.locator("main h1")
+    expect(heading).to_have_text("Invoice U+202Egpj.exe")
+    expect(heading.locator(".control")).to_have_count(1)
+    _shot(page, "26-bidi-title")
+    page.context.close()
+    _delete(console, long_id, "1")
+    _delete(console, spoofed, "1")
+
+
+def test_the_first_page_keeps_the_filter_and_odd_addresses_are_errors_in_words(
+    browser: Browser, console: Console
+) -> None:
+    with console.api() as api:
+        cursor = api.get("/v1/corpora/library/sources?limit=1").json()["nextCursor"]
+    page, seen = _signed_in(browser, console)
+    page.evaluate(
+        "(cursor) => { location.hash = '#/sources/library?title=field&cursor=' +"
+        " encodeURIComponent(cursor); }",
+        cursor,
+    )
+    page.get_by_role("link", name="First page").click()
+    expect(page.get_by_label("Title contains")).to_have_value("field")
+    expect(page.locator("#sources tbody tr")).to_have_count(1)
+    # "." and ".." cannot be asked for from a browser; a broken escape is no page.
+    for address in ("#/source/library/..", "#/passage/library/."):
+        page.evaluate("(address) => { location.hash = address; }", address)
+        expect(page.locator("#error")).to_contain_text("cannot be opened in a browser")
+    page.evaluate("() => { location.hash = '#/source/library/%E0%A4%A'; }")
+    expect(page.locator("#error")).to_contain_text("broken %-escape")
+    page.get_by_role("link", name="Search").click()
+    expect(page.get_by_label("Limit")).to_have_attribute("max", "100")
+    assert seen.errors == []
+    page.get_by_role("button", name="Sign out").click()
+    _sign_in(page, "rh_tökén")
+    expect(page.locator("#error")).to_contain_text("not a valid bearer token")
+    assert seen.errors == []
     page.context.close()

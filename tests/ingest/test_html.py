@@ -150,3 +150,18 @@ def test_deep_nesting_parses_without_recursion(count_tokens: TokenCounter) -> No
     page = b"<div>" * 50_000 + b"<p>Deep text.</p>" + b"</div>" * 50_000
     prepared = prepare(page, count_tokens)
     assert [chunk.text for chunk in prepared.chunks] == ["Deep text."]
+
+
+def test_a_title_is_text_only_and_a_script_inside_it_neither_runs_nor_replaces_it(
+    count_tokens: TokenCounter,
+) -> None:
+    # `<title>` is RCDATA: a tag inside it is text, references are decoded. A black-box tester
+    # found the nested script's text taken as the title and "Hostile HTML" lost.
+    page = (
+        "<html><head><title><script>alert('t')</script>Hostile &amp; HTML</title></head>"
+        "<body><p>Body text.</p><script>SCRIPT-NEVER-INDEXED</script></body></html>"
+    )
+    prepared = prepare(page.encode(), count_tokens)
+    assert prepared.source.title == "<script>alert('t')</script>Hostile & HTML"
+    joined = "\n".join(chunk.text for chunk in prepared.chunks)
+    assert joined == "Body text."

@@ -3,9 +3,20 @@
 // The bearer token lives in `state.token`, a variable of this tab: never in a URL, a cookie or
 // web storage. Every element is built with the DOM API and every text from the host goes in
 // through text nodes, so a passage holding markup shows as text. Locations in the address bar
-// (`#/...`) hold corpus, source and passage ids and page cursors, never the token.
+// (`#/...`) hold corpus, source and passage ids, a citation's revision and page cursors, never
+// the token.
+//
+// Each page the console shows has an AbortSignal (`state.page`), aborted when the user leaves
+// the page or signs out: the page's requests end with it (the host cancels a run or an ingest
+// whose client leaves), and nothing they answer late reaches another page.
 
-const state = { token: null, signedIn: false, corpora: [], keepError: false };
+const state = {
+  token: null,
+  signedIn: false,
+  corpora: [],
+  keepError: false,
+  page: new AbortController(),
+};
 
 const PHASES = [
   "run.started",
@@ -29,7 +40,16 @@ const MEDIA_TYPES = {
   eml: "message/rfc822",
   mbox: "application/mbox",
 };
-const CITATION = /\[source:([^\]\s]+)\]/g;
+// The host's and the client's citation rule (`_OPEN`, `_WELL_FORMED`): any "[source:", in any
+// case and with spaces around `source`, opens a marker; one that is not `[source:ID]` is
+// malformed. A malformed marker is shown up to its "]" when one closes it on its line.
+const CITATION_OPEN = /\[\s*source\s*:/giu;
+const CITATION = /\[source:([^\[\]\s]+)\]/uy;
+const MALFORMED_CITATION = /\[\s*source\s*:(?:[^\[\]\n]*\])?/iuy;
+// Bidirectional controls in an id or a title can make "gpj.exe" read "exe.jpg": shown as
+// visible marks where ids, titles and headers are shown (passages stay as indexed).
+const BIDI_CONTROLS = /([\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069])/u;
+const TOKEN = /^[\x21-\x7e]+$/;
 
 // --- DOM ------------------------------------------------------------------------------------
 
@@ -91,6 +111,33 @@ function link(href, text) {
 
 function hash(...parts) {
   return "#/" + parts.map((part) => encodeURIComponent(part)).join("/");
+}
+
+// A link to a passage, pinned to the revision its hit, manifest entry or listing showed: the
+// passage route answers 404 when the source is at another revision, never other text.
+function passageHash(corpus, chunkId, revision) {
+  return hash("passage", corpus, chunkId) + "?" + new URLSearchParams({ revision });
+}
+
+// An id as one segment of an API path. Browsers drop "." and ".." path segments (escaped or
+// not) before a request leaves, so such an id cannot be asked for from here.
+function segment(id) {
+  if (id === "." || id === "..") {
+    throw new Error(`The id "${id}" cannot be opened in a browser, which drops "." and ".." ` +
+      "from a URL path. Read it with the client or the command line.");
+  }
+  return encodeURIComponent(id);
+}
+
+// An id, title or header as text, its bidirectional controls shown as marks.
+function named(text) {
+  if (text === null || text === undefined || !BIDI_CONTROLS.test(text)) return text;
+  return String(text).split(BIDI_CONTROLS).map((piece, i) => {
+    if (i % 2 === 0) return piece;
+    const code = piece.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+    return h("span", { class: "control", title: "A bidirectional control character" },
+      `U+${code}`);
+  });
 }
 
 function short(revision) {
@@ -178,7 +225,7 @@ async function problemOf(response) {
 
 // --- the API --------------------------------------------------------------------------------
 
-async function request(path, { method = "GET", body, type, accept, signal } = {}) {
+async function request(path, { method = "GET", body, type, accept, signal = null } = {}) {
   const headers = { Authorization: `Bearer ${state.token}` };
   if (type) headers["Content-Type"] = type;
   if (accept) headers.Accept = accept;
@@ -193,18 +240,36 @@ async function request(path, { method = "GET", body, type, accept, signal } = {}
   });
   if (!response.ok) {
     const error = await problemOf(response);
-    if (response.status === 401 && state.signedIn) signOut();
+    if (response.status === 401 && state.signedIn) {
+      showError(error); // the error that signs the user out stays on screen
+      signOut();
+    }
     throw error;
   }
   return response;
 }
 
-async function getJson(path) {
-  return (await request(path)).json();
+// The JSON of a GET; an AbortError once `signal` is aborted, even when the answer was in.
+async function getJson(path, signal) {
+  const body = await (await request(path, { signal })).json();
+  signal.throwIfAborted();
+  return body;
 }
 
-async function postJson(path, body) {
-  return (await request(path, { method: "POST", body: JSON.stringify(body), type: "application/json" })).json();
+async function postJson(path, body, signal) {
+  const response = await request(path, {
+    method: "POST", body: JSON.stringify(body), type: "application/json", signal,
+  });
+  const result = await response.json();
+  signal.throwIfAborted();
+  return result;
+}
+
+// A new page: what the previous one started ends with it.
+function newPage() {
+  state.page.abort();
+  state.page = new AbortController();
+  return state.page.signal;
 }
 
 // Server-Sent Events from a fetch response: `{event, data}` for each event with data; comment
@@ -253,9 +318,10 @@ function signOut() {
   state.token = null;
   state.signedIn = false;
   state.corpora = [];
+  newPage(); // a run or an ingest the session started ends with it
   document.getElementById("nav").hidden = true;
   if (location.hash !== "#/") {
-    state.keepError = true; // the error that signed the user out stays on screen
+    state.keepError = true; // an error shown now (the 401 that signed out) stays on screen
     location.hash = "#/";
   } else render();
 }
@@ -276,10 +342,19 @@ function signInView() {
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    state.token = input.value.trim();
+    const token = input.value.trim();
     input.value = "";
+    if (!TOKEN.test(token)) {
+      // fetch() refuses a header outside Latin-1: say what is wrong with the token instead.
+      showError(new ProblemError(401, {
+        title: "Authentication required",
+        detail: "This is not a valid bearer token: a token is printable ASCII, without spaces.",
+      }));
+      return;
+    }
+    state.token = token;
     try {
-      await loadCorpora();
+      await loadCorpora(state.page.signal);
       state.signedIn = true;
       document.getElementById("nav").hidden = false;
       showError(null);
@@ -294,8 +369,8 @@ function signInView() {
   input.focus();
 }
 
-async function loadCorpora() {
-  state.corpora = (await getJson("/v1/corpora")).corpora;
+async function loadCorpora(signal) {
+  state.corpora = (await getJson("/v1/corpora", signal)).corpora;
 }
 
 function corporaFor(operation) {
@@ -304,11 +379,13 @@ function corporaFor(operation) {
 
 // --- browse ---------------------------------------------------------------------------------
 
-async function corporaView() {
-  await loadCorpora();
+async function corporaView(signal) {
+  await loadCorpora(signal);
   if (state.corpora.length === 0) {
     show(h("h1", {}, "Corpora"), h("p", { class: "notice", id: "no-corpora" },
-      "This token may not search any corpus: there is nothing to show."));
+      "This token may not search any corpus: there is nothing to show."),
+    h("p", { class: "muted" }, "The host lists only the corpora a token may search. This one ",
+      "may still index into a corpus: ", link("#/ingest", "Ingest"), " asks the host."));
     return;
   }
   show(
@@ -322,7 +399,7 @@ async function corporaView() {
       h("tbody", {}, state.corpora.map((corpus) => h(
         "tr",
         {},
-        h("td", {}, link(hash("sources", corpus.id), corpus.id)),
+        h("td", {}, link(hash("sources", corpus.id), named(corpus.id))),
         h("td", { class: "ops" }, corpus.operations.map((op) => h("span", {}, op))),
         h("td", {}, corpus.sources),
         h("td", {}, corpus.passages),
@@ -334,13 +411,13 @@ async function corporaView() {
   );
 }
 
-async function sourcesView(corpus, params) {
+async function sourcesView(corpus, params, signal) {
   const query = new URLSearchParams();
   query.set("limit", "50");
   for (const name of ["cursor", "title", "mediaType"]) {
     if (params.get(name)) query.set(name, params.get(name));
   }
-  const page = await getJson(`/v1/corpora/${encodeURIComponent(corpus)}/sources?${query}`);
+  const page = await getJson(`/v1/corpora/${segment(corpus)}/sources?${query}`, signal);
   const title = h("input", { name: "title", value: params.get("title") || "", type: "search" });
   const mediaType = select("mediaType", ["", ...new Set(Object.values(MEDIA_TYPES))], params.get("mediaType") || "");
   const filter = h("form", { class: "panel", id: "source-filter" },
@@ -353,10 +430,14 @@ async function sourcesView(corpus, params) {
     if (mediaType.value) next.set("mediaType", mediaType.value);
     location.hash = hash("sources", corpus) + (next.size ? "?" + next : "");
   });
+  // The filter stays on every page; cursors only go forward (the browser's Back goes back).
+  const firstParams = new URLSearchParams(params);
+  firstParams.delete("cursor");
+  const first = hash("sources", corpus) + (firstParams.size ? "?" + firstParams : "");
   const nextParams = new URLSearchParams(params);
   if (page.nextCursor) nextParams.set("cursor", page.nextCursor);
   show(
-    h("h1", {}, `Sources of ${corpus}`),
+    h("h1", {}, "Sources of ", named(corpus)),
     filter,
     page.sources.length === 0 ? h("p", { class: "muted" }, "No source on this page.") : null,
     h("div", { class: "table-wrap" }, h(
@@ -367,8 +448,8 @@ async function sourcesView(corpus, params) {
       h("tbody", {}, page.sources.map((source) => h(
         "tr",
         {},
-        h("td", {}, link(hash("source", corpus, source.id), source.id)),
-        h("td", {}, source.title),
+        h("td", {}, link(hash("source", corpus, source.id), named(source.id))),
+        h("td", {}, named(source.title)),
         h("td", {}, source.mediaType || "–"),
         h("td", { title: source.revision }, short(source.revision)),
         h("td", {}, source.chunkCount),
@@ -376,7 +457,7 @@ async function sourcesView(corpus, params) {
       ))),
     )),
     h("p", {},
-      params.get("cursor") ? [link(hash("sources", corpus), "First page"), " "] : null,
+      params.get("cursor") ? [link(first, "First page"), " "] : null,
       page.nextCursor ? link(hash("sources", corpus) + "?" + nextParams, "Next page") : null),
   );
 }
@@ -386,17 +467,17 @@ function messageOf(metadata, documentId) {
   return messages.find((message) => message.messageId === documentId) || null;
 }
 
-async function sourceView(corpus, sourceId, params) {
+async function sourceView(corpus, sourceId, params, signal) {
   const query = new URLSearchParams({ limit: "200" });
   if (params.get("cursor")) query.set("cursor", params.get("cursor"));
   const detail = await getJson(
-    `/v1/corpora/${encodeURIComponent(corpus)}/sources/${encodeURIComponent(sourceId)}?${query}`);
+    `/v1/corpora/${segment(corpus)}/sources/${segment(sourceId)}?${query}`, signal);
   const source = detail.source;
   show(
-    h("h1", {}, source.title || source.id),
+    h("h1", {}, named(source.title || source.id)),
     facts([
-      ["Corpus", link(hash("sources", corpus), corpus)],
-      ["Source", source.id],
+      ["Corpus", link(hash("sources", corpus), named(corpus))],
+      ["Source", named(source.id)],
       ["Revision", source.revision],
       ["Media type", source.mediaType],
       ["Indexed", source.indexedAt],
@@ -412,7 +493,8 @@ async function sourceView(corpus, sourceId, params) {
       h("tbody", {}, detail.passages.map((passage) => h(
         "tr",
         {},
-        h("td", {}, link(hash("passage", corpus, passage.chunkId), passage.chunkId)),
+        h("td", {}, link(passageHash(corpus, passage.chunkId, source.revision),
+          named(passage.chunkId))),
         h("td", {}, where(passage.location)),
         h("td", {}, passage.bytes),
       ))),
@@ -424,56 +506,109 @@ async function sourceView(corpus, sourceId, params) {
 }
 
 // A cited passage in its source: re-read through the passage route (authorized now), with the
-// passages before and after it, and for e-mail the headers of its message.
-async function passageView(corpus, chunkId) {
-  const base = `/v1/corpora/${encodeURIComponent(corpus)}`;
-  const passage = await getJson(`${base}/passages/${encodeURIComponent(chunkId)}`);
-  const sourceId = passage.source.id;
-  const detail = await getJson(`${base}/sources/${encodeURIComponent(sourceId)}?limit=1000`);
-  const order = detail.passages.map((p) => p.chunkId);
-  const at = order.indexOf(chunkId);
-  const around = async (i) => (i < 0 || i >= order.length
+// passages before and after it, and for e-mail the headers of its message. Every read is of one
+// revision (the citation's when the link names one, else the passage's), so a re-index landing
+// while the page loads never puts two revisions on it: an unpinned link is read again.
+async function passageView(corpus, chunkId, revision, signal) {
+  for (let attempt = 1; ; attempt += 1) {
+    const read = await readPassage(corpus, chunkId, revision, signal);
+    if (read !== null) {
+      showPassage(corpus, chunkId, read);
+      return;
+    }
+    if (revision) {
+      throw new Error(`The source was re-indexed while this page loaded: revision ${revision}, ` +
+        "the one this link cites, is no longer indexed.");
+    }
+    if (attempt === 3) throw new Error("The source kept changing while this page loaded.");
+  }
+}
+
+// The passage, its source and its neighbours at one revision; null when the source is found at
+// another revision than the passage (re-indexed between two reads).
+async function readPassage(corpus, chunkId, revision, signal) {
+  const base = `/v1/corpora/${segment(corpus)}`;
+  const at = (rev) => "?" + new URLSearchParams({ revision: rev });
+  const passage = await getJson(
+    `${base}/passages/${segment(chunkId)}${revision ? at(revision) : ""}`, signal);
+  const pinned = at(passage.source.revision);
+  // The source's passages in document order, page after page, until the cited passage and the
+  // one after it are known (a source may hold up to 10,000, pages hold 1,000).
+  const order = [];
+  let source = null;
+  let index = -1;
+  let cursor = null;
+  do {
+    const query = new URLSearchParams({ limit: "1000" });
+    if (cursor) query.set("cursor", cursor);
+    const page = await getJson(`${base}/sources/${segment(passage.source.id)}?${query}`, signal);
+    if (page.source.revision !== passage.source.revision) return null;
+    source = source || page.source;
+    order.push(...page.passages.map((p) => p.chunkId));
+    index = order.indexOf(chunkId);
+    cursor = page.nextCursor;
+  } while (cursor && (index < 0 || index === order.length - 1));
+  const around = (i) => (i < 0 || i >= order.length
     ? null
-    : getJson(`${base}/passages/${encodeURIComponent(order[i])}`).catch(() => null));
-  const [before, after] = at < 0 ? [null, null] : await Promise.all([around(at - 1), around(at + 1)]);
-  const message = messageOf(detail.source.metadata, passage.location.documentId);
+    : getJson(`${base}/passages/${segment(order[i])}${pinned}`, signal));
+  try {
+    const [before, after] = index < 0
+      ? [null, null]
+      : await Promise.all([around(index - 1), around(index + 1)]);
+    return { passage, source, before, after };
+  } catch (error) {
+    if (error instanceof ProblemError && error.status === 404) return null; // re-indexed
+    throw error;
+  }
+}
+
+function showPassage(corpus, chunkId, { passage, source, before, after }) {
+  const message = messageOf(source.metadata, passage.location.documentId);
   show(
-    h("h1", {}, `Passage ${chunkId}`),
+    h("h1", {}, "Passage ", named(chunkId)),
     facts([
-      ["Source", link(hash("source", corpus, sourceId), detail.source.title || sourceId)],
+      ["Source", link(hash("source", corpus, source.id), named(source.title || source.id))],
       ["Revision", passage.source.revision],
-      ["Media type", detail.source.mediaType],
+      ["Media type", source.mediaType],
       ["Where", where(passage.location)],
       ["Page", passage.location.page === null ? null : String(passage.location.page)],
     ]),
     message ? [h("h2", {}, "Message headers"), facts([
-      ["From", message.from], ["Date", message.date], ["Subject", message.subject],
-      ["Message-ID", message.messageId],
-      ["Attachments", (message.attachments || []).map((a) => a.filename).join(", ")],
+      ["From", named(message.from)], ["Date", message.date], ["Subject", named(message.subject)],
+      ["Message-ID", named(message.messageId)],
+      ["Attachments", named((message.attachments || []).map((a) => a.filename).join(", "))],
     ])] : null,
-    before ? [h("h2", {}, `Before (${where(before.location)})`), h("pre", { class: "passage around" }, before.text)] : null,
+    before ? [h("h2", {}, `Before (${where(before.location)})`),
+      h("pre", { class: "passage around" }, before.text)] : null,
     h("h2", {}, `Cited passage (${where(passage.location)})`),
     h("pre", { class: "passage cited", id: "cited" }, passage.text),
-    after ? [h("h2", {}, `After (${where(after.location)})`), h("pre", { class: "passage around" }, after.text)] : null,
+    after ? [h("h2", {}, `After (${where(after.location)})`),
+      h("pre", { class: "passage around" }, after.text)] : null,
   );
 }
 
 // --- search ---------------------------------------------------------------------------------
 
-function searchView() {
+function searchView(signal) {
   const corpora = corporaFor("search");
   const form = h("form", { class: "panel", id: "search-form" },
     field("Corpus", select("corpus", corpora, corpora[0])),
     field("Mode", select("mode", ["hybrid", "dense", "lexical"], "hybrid")),
-    field("Limit", h("input", { name: "limit", type: "number", min: "1", max: "1000", value: "10" })),
+    field("Limit", h("input", { // the host's limit: 1-100 hits
+      name: "limit", type: "number", min: "1", max: "100", value: "10",
+    })),
     field("Byte budget", h("input", { name: "maxContextBytes", type: "number", min: "1", placeholder: "host default" })),
     h("div", { class: "wide" }, field("Query", h("input", { name: "query", type: "search", required: true }))),
     h("div", { class: "wide" }, field("Filters (JSON, optional)", h("textarea", { name: "filters", placeholder: '{"mediaType": "text/markdown"}' }))),
     h("div", {}, h("button", { type: "submit" }, "Search")),
   );
   const results = h("section", { id: "results", "aria-live": "polite" });
+  let searching = new AbortController(); // a new search replaces the one still under way
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    searching.abort();
+    searching = new AbortController();
+    const current = AbortSignal.any([signal, searching.signal]);
     const data = new FormData(form);
     const body = {
       corpus: data.get("corpus"),
@@ -492,8 +627,9 @@ function searchView() {
     }
     showError(null);
     try {
-      renderHits(results, body, await postJson("/v1/retrieval/search", body));
+      renderHits(results, body, await postJson("/v1/retrieval/search", body, current));
     } catch (error) {
+      if (current.aborted) return;
       results.replaceChildren();
       showError(error);
     }
@@ -516,21 +652,20 @@ function renderHits(target, body, result) {
         h("span", { class: "score" }, `lexical ${number(hit.scores && hit.scores.lexical)}`),
         hit.scores && hit.scores.rerank !== null && hit.scores.rerank !== undefined
           ? h("span", { class: "score" }, `rerank ${number(hit.scores.rerank)}`) : null,
-        link(hash("source", body.corpus, hit.source.id), hit.source.id),
+        link(hash("source", body.corpus, hit.source.id), named(hit.source.id)),
         h("span", { title: hit.source.revision }, short(hit.source.revision)),
         h("span", {}, where(hit.location)),
       ),
       h("pre", { class: "passage" }, highlighted(hit.text, body.query)),
-      link(hash("passage", body.corpus, hit.chunkId), "Open the passage in its source"),
+      link(passageHash(body.corpus, hit.chunkId, hit.source.revision),
+        "Open the passage in its source"),
     ))),
   ]);
 }
 
 // --- ask ------------------------------------------------------------------------------------
 
-let running = null;
-
-function askView() {
+function askView(signal) {
   const corpora = corporaFor("search");
   const form = h("form", { class: "panel", id: "ask-form" },
     field("Corpus", select("corpus", corpora, corpora[0])),
@@ -544,12 +679,16 @@ function askView() {
   );
   const bar = h("progress", { id: "run-progress", max: String(PHASES.length - 1), value: "0", "aria-label": "Run progress" });
   const phase = h("span", { id: "run-phase", "aria-live": "polite" }, "not started");
+  const runId = h("span", { id: "run-id" }); // to read the run's record later: GET /v1/runs/{id}
   const answer = h("div", { class: "answer", id: "answer", "aria-live": "polite" });
   const after = h("section", { id: "run-details" });
   const stop = form.querySelector("#stop");
-  stop.addEventListener("click", () => running && running.abort());
+  const ask = form.querySelector("button[type=submit]");
+  let running = new AbortController();
+  stop.addEventListener("click", () => running.abort());
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (!stop.disabled) return; // one run at a time: Stop ends it
     const data = new FormData(form);
     const body = {
       provider: data.get("provider"),
@@ -561,18 +700,22 @@ function askView() {
     answer.replaceChildren();
     after.replaceChildren();
     bar.value = 0;
+    runId.replaceChildren();
     running = new AbortController();
+    const current = AbortSignal.any([signal, running.signal]);
     stop.disabled = false;
+    ask.disabled = true;
     try {
       const response = await request("/v1/runs", {
         method: "POST", body: JSON.stringify(body), type: "application/json",
-        accept: "text/event-stream", signal: running.signal,
+        accept: "text/event-stream", signal: current,
       });
       for await (const { event: name, data: payload } of events(response)) {
         const step = name === "run.progress" ? payload.phase : name;
         const at = PHASES.indexOf(step);
         if (at > bar.value) bar.value = at;
         if (name === "run.progress" || name === "run.started") phase.textContent = step;
+        if (name === "run.started" && payload.runId) runId.replaceChildren(`run ${payload.runId}`);
         if (name === "run.delta") answer.append(document.createTextNode(payload.text));
         if (name === "run.completed") {
           bar.value = PHASES.length - 1;
@@ -585,50 +728,72 @@ function askView() {
         }
       }
     } catch (error) {
+      if (signal.aborted) return; // the page was left: the run ended with it
       phase.textContent = error.name === "AbortError" ? "stopped" : "failed";
       if (error.name !== "AbortError") showError(error);
     } finally {
-      running = null;
       stop.disabled = true;
+      ask.disabled = false;
     }
   });
   show(
     h("h1", {}, "Ask"),
     corpora.length ? form : h("p", { class: "notice" }, "This token may not search any corpus."),
-    h("div", { class: "progress" }, bar, phase),
+    h("div", { class: "progress" }, bar, phase, runId),
     answer,
     after,
   );
 }
 
-// The answer with its `[source:ID]` markers as links to the cited passages; a marker that names
-// no entry of the run's source manifest is marked invalid, not linked.
+// The answer with its `[source:ID]` markers as links to the cited passages, at the revision the
+// run's source manifest names; a marker that names no entry is marked invalid, and one the
+// host's check calls malformed (wrong case, spaces, an empty id) is marked malformed. Neither
+// is a link.
 function renderAnswer(answer, after, result, corpus) {
   const manifest = new Map((result.sources || []).map((source) => [source.id, source]));
+  const text = result.text;
   const pieces = [];
+  const counts = { valid: 0, invalid: 0, malformed: 0 };
   let last = 0;
-  let valid = 0;
-  let invalid = 0;
-  for (const match of result.text.matchAll(CITATION)) {
-    pieces.push(result.text.slice(last, match.index));
-    const id = match[1];
-    if (manifest.has(id)) {
-      valid += 1;
-      pieces.push(h("a", { class: "citation", href: hash("passage", corpus, id) }, match[0]));
+  for (const opening of text.matchAll(CITATION_OPEN)) {
+    if (opening.index < last) continue;
+    pieces.push(text.slice(last, opening.index));
+    CITATION.lastIndex = opening.index;
+    const match = CITATION.exec(text);
+    const entry = match ? manifest.get(match[1]) : undefined;
+    if (entry) {
+      counts.valid += 1;
+      const href = passageHash(corpus, entry.id, entry.source.revision);
+      pieces.push(h("a", { class: "citation", href }, match[0]));
+      last = opening.index + match[0].length;
+    } else if (match) {
+      counts.invalid += 1;
+      pieces.push(h("span", {
+        class: "citation invalid", title: "Not in the run's source manifest",
+      }, match[0] + " (invalid)"));
+      last = opening.index + match[0].length;
     } else {
-      invalid += 1;
-      pieces.push(h("span", { class: "citation invalid", title: "Not in the run's source manifest" }, match[0] + " (invalid)"));
+      counts.malformed += 1;
+      MALFORMED_CITATION.lastIndex = opening.index;
+      const marker = MALFORMED_CITATION.exec(text)[0];
+      pieces.push(h("span", {
+        class: "citation invalid malformed",
+        title: "A malformed marker: the host's citation check refuses it (malformed-marker)",
+      }, marker + " (malformed)"));
+      last = opening.index + marker.length;
     }
-    last = match.index + match[0].length;
   }
-  pieces.push(result.text.slice(last));
+  pieces.push(text.slice(last));
   answer.replaceChildren(h("pre", {}, pieces));
   append(after, [
     h("p", { id: "citation-check" },
-      `${valid + invalid} citation(s): ${valid} checked against the run's source manifest, ${invalid} invalid.`),
+      `${counts.valid + counts.invalid + counts.malformed} citation(s): ${counts.valid} checked ` +
+      `against the run's source manifest, ${counts.invalid} invalid, ` +
+      `${counts.malformed} malformed.`),
     h("h2", {}, "Sources"),
     h("ul", {}, [...manifest.values()].map((source) => h("li", {},
-      link(hash("passage", corpus, source.id), source.id), ` ${source.source.id} `,
+      link(passageHash(corpus, source.id, source.source.revision), source.id), " ",
+      named(source.source.id), " ",
       h("span", { title: source.source.revision }, short(source.source.revision)), ` ${where(source.location)}`))),
     h("details", { id: "receipts" }, h("summary", {}, `Receipts (${(result.receipts || []).length})`),
       h("pre", {}, JSON.stringify(result.receipts || [], null, 2))),
@@ -642,15 +807,27 @@ function mediaTypeOf(file) {
   return MEDIA_TYPES[extension] || file.type || "application/octet-stream";
 }
 
-function ingestView() {
+// `GET /v1/corpora` lists the corpora a token may search: an index-only token's are not there.
+// The corpus is therefore a field (with the listed ones as suggestions), and the host says
+// whether this token may index into the one named.
+function ingestView(signal) {
   const corpora = corporaFor("index");
-  let chosen = null;
   const fileInput = h("input", { type: "file", name: "file", accept: Object.keys(MEDIA_TYPES).map((e) => "." + e).join(",") });
   const sourceId = h("input", { name: "sourceId", required: true });
-  const drop = h("label", { class: "drop wide", id: "drop" }, "Drop a PDF, Markdown, text, HTML or e-mail file here, or choose one: ", fileInput);
+  const chosenName = h("span", { id: "chosen" }, "No file chosen.");
+  const drop = h("label", { class: "drop wide", id: "drop" },
+    "Drop a PDF, Markdown, text, HTML or e-mail file here, or choose one: ", fileInput,
+    h("span", { class: "chosen" }, chosenName));
+  // The file sent is the one named here; the source id follows it unless the user typed one.
+  let chosen = null;
+  let filledId = "";
   const choose = (file) => {
     chosen = file;
-    if (file && !sourceId.value) sourceId.value = file.name.replace(/\.[^.]*$/, "");
+    chosenName.replaceChildren(file ? named(file.name) : "No file chosen.");
+    if (file && (sourceId.value === "" || sourceId.value === filledId)) {
+      filledId = file.name.replace(/\.[^.]*$/, "");
+      sourceId.value = filledId;
+    }
   };
   fileInput.addEventListener("change", () => choose(fileInput.files[0] || null));
   drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });
@@ -658,22 +835,38 @@ function ingestView() {
   drop.addEventListener("drop", (event) => {
     event.preventDefault();
     drop.classList.remove("over");
-    choose(event.dataTransfer.files[0] || null);
-    if (chosen) drop.lastChild.before(document.createTextNode(`${chosen.name} `));
+    const files = event.dataTransfer.files;
+    if (files.length !== 1) {
+      showError(new Error(`Drop one file at a time (this drop held ${files.length}).`));
+      return;
+    }
+    showError(null);
+    fileInput.files = files;
+    choose(files[0]);
   });
+  const corpus = h("input", {
+    name: "corpus", list: "index-corpora", required: true, value: corpora[0] || "",
+    autocomplete: "off", spellcheck: "false",
+  });
+  const ingest = h("button", { type: "submit" }, "Ingest");
   const form = h("form", { class: "panel", id: "ingest-form" },
     drop,
-    field("Corpus", select("corpus", corpora, corpora[0])),
+    field("Corpus", corpus),
+    h("datalist", { id: "index-corpora" }, corpora.map((id) => h("option", { value: id }))),
     field("Source id", sourceId),
     field("Revision (optional: the content's hash)", h("input", { name: "revision" })),
     field("Title (optional)", h("input", { name: "title" })),
-    h("div", {}, h("button", { type: "submit" }, "Ingest")),
+    h("div", {}, ingest),
+    corpora.length ? null : h("p", { class: "wide muted", id: "no-index-corpora" },
+      "The host lists no corpus this token may search, and does not list the corpora a token ",
+      "may only index into: name the corpus, and the host answers whether this token may."),
   );
   const bar = h("progress", { id: "ingest-progress", max: String(INGEST_PHASES.length - 1), value: "0", "aria-label": "Ingest progress" });
   const phase = h("span", { id: "ingest-phase", "aria-live": "polite" }, "not started");
   const outcome = h("section", { id: "ingest-result", "aria-live": "polite" });
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (ingest.disabled) return; // one upload at a time
     if (!chosen) {
       showError(new Error("Choose a file to ingest."));
       return;
@@ -684,9 +877,11 @@ function ingestView() {
     showError(null);
     outcome.replaceChildren();
     bar.value = 0;
+    ingest.disabled = true;
     try {
       const response = await request(`/v1/retrieval/ingest?${query}`, {
         method: "POST", body: chosen, type: mediaTypeOf(chosen), accept: "text/event-stream",
+        signal,
       });
       for await (const { event: name, data: payload } of events(response)) {
         const step = name === "ingest.progress" ? payload.phase : name;
@@ -698,7 +893,7 @@ function ingestView() {
           const result = payload.result;
           phase.textContent = "completed";
           outcome.append(h("p", { id: "ingested" }, `${result.status}: ${result.chunkCount} passage(s) of `,
-            link(hash("source", data.get("corpus"), result.source.id), result.source.id),
+            link(hash("source", data.get("corpus"), result.source.id), named(result.source.id)),
             ` at revision ${short(result.source.revision)}.`));
         }
         if (name === "ingest.failed") {
@@ -707,13 +902,16 @@ function ingestView() {
         }
       }
     } catch (error) {
+      if (signal.aborted) return; // the page was left: the upload ended with it
       phase.textContent = "failed";
       showError(error);
+    } finally {
+      ingest.disabled = false;
     }
   });
   show(
     h("h1", {}, "Ingest"),
-    corpora.length ? form : h("p", { class: "notice" }, "This token may not index into any corpus."),
+    form,
     h("div", { class: "progress" }, bar, phase),
     outcome,
   );
@@ -729,28 +927,39 @@ function currentNav(route) {
 }
 
 async function render() {
-  const [path, search] = location.hash.replace(/^#\/?/, "").split("?");
-  const parts = path.split("/").filter((part) => part !== "").map(decodeURIComponent);
-  const params = new URLSearchParams(search || "");
+  const signal = newPage();
   if (state.token === null) {
     currentNav("");
     signInView();
     return;
   }
-  const route = parts[0] || "corpora";
+  const [path, search] = location.hash.replace(/^#\/?/, "").split("?");
+  const names = path.split("/").filter((part) => part !== "");
+  const route = names[0] || "corpora";
+  const params = new URLSearchParams(search || "");
   currentNav(route);
   try {
-    if (route === "corpora") await corporaView();
-    else if (route === "sources" && parts[1]) await sourcesView(parts[1], params);
-    else if (route === "source" && parts[2]) await sourceView(parts[1], parts[2], params);
-    else if (route === "passage" && parts[2]) await passageView(parts[1], parts[2]);
-    else if (route === "search") searchView();
-    else if (route === "ask") askView();
-    else if (route === "ingest") ingestView();
+    const parts = names.map((part) => {
+      try {
+        return decodeURIComponent(part);
+      } catch {
+        throw new Error("This address holds a broken %-escape: no page has it.");
+      }
+    });
+    if (route === "corpora") await corporaView(signal);
+    else if (route === "sources" && parts[1]) await sourcesView(parts[1], params, signal);
+    else if (route === "source" && parts[2]) await sourceView(parts[1], parts[2], params, signal);
+    else if (route === "passage" && parts[2]) {
+      await passageView(parts[1], parts[2], params.get("revision"), signal);
+    } else if (route === "search") searchView(signal);
+    else if (route === "ask") askView(signal);
+    else if (route === "ingest") ingestView(signal);
     else show(h("h1", {}, "Not found"), h("p", {}, "No such page in the console."), link("#/corpora", "Corpora"));
   } catch (error) {
+    if (signal.aborted) return; // the user left this page (or was signed out) meanwhile
     showError(error);
-    if (state.token !== null) show(h("h1", {}, "Could not load this page"), h("p", {}, link("#/corpora", "Back to the corpora")));
+    show(h("h1", {}, "Could not load this page"),
+      h("p", {}, link("#/corpora", "Back to the corpora")));
   }
 }
 

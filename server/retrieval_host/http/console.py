@@ -2,7 +2,8 @@
 
 Served only when `console.enabled`. The files are read from the package once, when the app is
 built; the router knows their names, so no request path reaches the filesystem. Every console
-response, a 404 included, carries the same headers: a Content-Security-Policy that allows
+response carries the same headers, errors included (a 404 at any depth under `/console/`, a
+405 for another method than GET or HEAD): a Content-Security-Policy that allows
 scripts, styles and fetches from this origin only (no inline script or style, no frames, no
 plugins, no form posts), `X-Frame-Options: DENY`, `nosniff`, `no-referrer` and `no-store`.
 
@@ -13,12 +14,14 @@ requests; `OriginMiddleware` lets them through when the console is enabled (see 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import resources
 from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.http.problems import problem_response
@@ -36,6 +39,7 @@ SECURITY_HEADERS: Final = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+ALLOWED_METHODS: Final = ("GET", "HEAD")
 ASSETS: Final = {
     "index.html": "text/html; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
@@ -52,17 +56,25 @@ class ConsoleRoutes:
         self._files = {name: (package / name).read_bytes() for name in ASSETS}
 
     def routes(self) -> list[Route]:
+        # ASGI endpoints, not request functions: Starlette limits a function to GET, and its
+        # router's own 404 and 405 carry no console headers. These see every method and depth.
         return [
-            Route("/console", self.index, methods=["GET"]),
-            Route("/console/", self.index, methods=["GET"]),
-            Route("/console/{name}", self.asset, methods=["GET"]),
+            Route("/console", _Endpoint(lambda request: self._answer(request, "index.html"))),
+            Route("/console/", _Endpoint(lambda request: self._answer(request, "index.html"))),
+            Route(
+                "/console/{name:path}",
+                _Endpoint(lambda request: self._answer(request, request.path_params["name"])),
+            ),
         ]
 
-    async def index(self, request: Request) -> Response:
-        return self._file("index.html")
-
-    async def asset(self, request: Request) -> Response:
-        name = request.path_params["name"]
+    def _answer(self, request: Request, name: str) -> Response:
+        if request.method not in ALLOWED_METHODS:
+            detail = "Method not allowed on this route."
+            error = RetrievalError(ErrorCode.INVALID_REQUEST, detail, reason="route")
+            headers = {**SECURITY_HEADERS, "Allow": ", ".join(ALLOWED_METHODS)}
+            return problem_response(
+                error, request_id_of(request.scope), status=405, headers=headers
+            )
         if name not in ASSETS:
             error = RetrievalError(ErrorCode.INVALID_REQUEST, "No such route.", reason="route")
             return problem_response(
@@ -72,3 +84,13 @@ class ConsoleRoutes:
 
     def _file(self, name: str) -> Response:
         return Response(self._files[name], media_type=ASSETS[name], headers=SECURITY_HEADERS)
+
+
+class _Endpoint:
+    """An ASGI endpoint around a synchronous answer (nothing here waits)."""
+
+    def __init__(self, answer: Callable[[Request], Response]) -> None:
+        self._answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._answer(Request(scope, receive))(scope, receive, send)

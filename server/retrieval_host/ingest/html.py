@@ -16,7 +16,9 @@ and nothing recurses. Start tags are counted as they stream (`IngestLimits.max_h
 
 - Dropped: `script`, `style`, `template`, `noscript`, `iframe`, `object`, `svg`, form
   controls' contents (`textarea`, `select`), comments, declarations. `<title>` is the default
-  title (else the first `h1`), never passage text.
+  title (else the first `h1`), never passage text. Its content is text only, as HTML reads it
+  (RCDATA: references decoded, no tags): `<title><script>x</script>Page</title>` is titled
+  `<script>x</script>Page`, never `x`.
 - Sections: each `h1`..`h6` starts one; its heading path (like Markdown's) is kept in source
   metadata as `sections` (`{"headings", "startLine", "endLine"}`, bounded, with
   `sectionsTruncated`). A heading with no text of its own before a deeper heading joins that
@@ -256,7 +258,8 @@ class _Reader(HTMLParser):
         self._in_title = False
 
     def title_text(self) -> str:
-        return " ".join("".join(self._title).split())
+        # The title's content reached `handle_data` raw (see `_open`): decode its references.
+        return " ".join(html_text.unescape("".join(self._title)).split())
 
     # --- tags ----------------------------------------------------------------------------
 
@@ -287,6 +290,11 @@ class _Reader(HTMLParser):
             if not void:
                 self._skipping.append(tag)
                 self._in_title = tag == "title"
+                if self._in_title:
+                    # RCDATA: up to `</title>` everything is text, a `<script>` included. The
+                    # tokenizer knows raw text for `script` and `style` only; told so, it hands
+                    # the content over in one piece, references undecoded.
+                    self.set_cdata_mode(tag)
             return
         level = _HEADINGS.get(tag)
         if level is not None and self._heading is None and not void:
