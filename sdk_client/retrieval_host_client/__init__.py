@@ -82,6 +82,7 @@ from retrieval_host_client.models import (
     SourceRef,
     SourceResponse,
     SourcesResponse,
+    WriteOnlyCorpus,
 )
 from retrieval_host_client.run_models import (
     ManifestEntry,
@@ -190,6 +191,7 @@ __all__ = [
     "StoreUnavailableError",
     "UnsupportedMediaTypeError",
     "UpstreamError",
+    "WriteOnlyCorpus",
     "retry_after_seconds",
     "validate_source_citations",
 ]

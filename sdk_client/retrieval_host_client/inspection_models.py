@@ -35,6 +35,7 @@ __all__ = [
     "SourceListing",
     "SourceResponse",
     "SourcesResponse",
+    "WriteOnlyCorpus",
 ]
 
 
@@ -97,10 +98,20 @@ class CorpusInfo(_Response):
     read_only: bool = False
 
 
+class WriteOnlyCorpus(_Response):
+    """A corpus the token may index into or delete from but not search: its id and those
+    operations, nothing about what it holds."""
+
+    id: str
+    operations: list[Literal["index", "delete"]]
+
+
 class CorporaResponse(_Response):
-    """`GET /v1/corpora`: the corpora the token's subject may search, by id."""
+    """`GET /v1/corpora`: the corpora the token's subject may search, by id; `write_only`,
+    the corpora of this host the token may only index into or delete from."""
 
     corpora: list[CorpusInfo]
+    write_only: list[WriteOnlyCorpus] = Field(default_factory=list)
 
 
 class SourceListing(_Response):

@@ -67,6 +67,7 @@ __all__ = [
     "SourceResponse",
     "SourcesResponse",
     "Usage",
+    "WriteOnlyCorpus",
 ]
 
 # Whitespace spelled out, exactly Python's `str.isspace()` set above U+001F: `\s` means
@@ -533,6 +534,7 @@ from retrieval_host_client.inspection_models import (  # noqa: E402
     SourceListing,
     SourceResponse,
     SourcesResponse,
+    WriteOnlyCorpus,
 )
 from retrieval_host_client.inspection_models import (  # noqa: E402
     PageCursor as PageCursor,

@@ -309,6 +309,10 @@ class Driver:
         """Delete exactly the authorized revision of a source."""
         return self.retrieval.delete_context(request, context)
 
+    def corpus_ids(self) -> frozenset[str]:
+        """The ids of the corpora this driver serves (no counts, no authorization)."""
+        return frozenset(self.retrieval.corpora)
+
     def list_corpora(
         self, context: RequestContext, corpus_ids: Collection[str] | None = None
     ) -> list[CorpusSummary]:

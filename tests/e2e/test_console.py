@@ -557,16 +557,18 @@ def test_a_passage_past_the_first_thousand_has_its_neighbours(
     page.context.close()
 
 
-def test_an_index_only_token_can_ingest_and_is_told_what_the_host_does_not_list(
+def test_an_index_only_token_is_shown_where_it_may_write_and_ingests_there(
     browser: Browser, console: Console
 ) -> None:
     page, _ = _open(browser, console)
     _sign_in(page, console.index_only_token)
     expect(page.locator("#no-corpora")).to_be_visible()
+    # `GET /v1/corpora`'s `writeOnly`: the corpora it may only write to, nothing of their content.
+    expect(page.locator("#write-only")).to_contain_text("library (index)")
     page.locator("main").get_by_role("link", name="Ingest").click()
-    expect(page.locator("#no-index-corpora")).to_be_visible()
+    expect(page.get_by_label("Corpus")).to_have_value("library")
+    expect(page.locator("#no-index-corpora")).to_have_count(0)
     expect(page.locator("main")).not_to_contain_text("may not index")
-    page.get_by_label("Corpus").fill("library")
     note = FilePayload(name="idx-note.md", mimeType="text/markdown", buffer=b"# Idx\n\nWritten.\n")
     page.locator("input[type=file]").set_input_files(files=[note])
     page.get_by_role("button", name="Ingest").click()
@@ -577,7 +579,9 @@ def test_an_index_only_token_can_ingest_and_is_told_what_the_host_does_not_list(
     # A token without the grant gets the host's answer, in words.
     _sign_in(page, console.no_grant_token)
     expect(page.locator("#no-corpora")).to_be_visible()
+    expect(page.locator("#write-only")).to_have_count(0)
     page.locator("#nav").get_by_role("link", name="Ingest").click()
+    expect(page.locator("#no-index-corpora")).to_be_visible()
     page.get_by_label("Corpus").fill("library")
     page.locator("input[type=file]").set_input_files(files=[note])
     page.get_by_role("button", name="Ingest").click()

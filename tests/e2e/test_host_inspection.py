@@ -73,4 +73,4 @@ def test_inspection_needs_the_token_search_grant(
         bob_corpora = client.get("/v1/corpora", headers=_bearer(host_world, "bob"))
     assert anonymous.status_code == 401
     assert bob.status_code == 403
-    assert bob_corpora.json() == {"corpora": []}
+    assert bob_corpora.json() == {"corpora": [], "writeOnly": []}

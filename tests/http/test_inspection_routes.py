@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,9 +54,37 @@ async def test_corpora_lists_what_each_token_may_search_with_its_operations(
     assert [(c["id"], c["sources"], c["operations"]) for c in admin["corpora"]] == [
         (CORPUS, 2, ["search", "index", "delete"])
     ]
+    assert "writeOnly" in admin and admin["writeOnly"] == []
     bob = await client.get("/v1/corpora", headers=_auth(http_world, "bob"))
-    assert bob.json() == {"corpora": []}
+    assert bob.json() == {"corpora": [], "writeOnly": []}
     _problem(await client.get("/v1/corpora"), 401, "UNAUTHENTICATED")
+
+
+async def test_a_token_that_may_only_write_learns_which_corpora_and_nothing_more(
+    http_world: World,
+) -> None:
+    """`GET /v1/corpora` lists searchable corpora; a token that may only index (an
+    application's writer) was told nothing, so the console said it could not ingest."""
+    writer = "writer-token-0123456789abcdef"
+    tokens = {"writer": writer}
+    entry = {
+        "subject": "alice",
+        "sha256": hashlib.sha256(writer.encode()).hexdigest(),
+        "retrieval": {"search": [], "index": [CORPUS, "atlantis"], "delete": [CORPUS]},
+    }
+    settings = http_world.settings(tokens=[*http_world.token_entries, entry])
+    app = create_app(settings, http_world.driver)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="https://host.test") as client:
+        answer = await client.get(
+            "/v1/corpora", headers={"Authorization": f"Bearer {tokens['writer']}"}
+        )
+    assert answer.status_code == 200, answer.text
+    # No counts for what it may not search; "atlantis" is no corpus of this host.
+    assert answer.json() == {
+        "corpora": [],
+        "writeOnly": [{"id": CORPUS, "operations": ["index", "delete"]}],
+    }
 
 
 async def test_sources_page_by_cursor_over_authorized_sources(

@@ -14,6 +14,7 @@ const state = {
   token: null,
   signedIn: false,
   corpora: [],
+  writeOnly: [],
   keepError: false,
   page: new AbortController(),
 };
@@ -318,6 +319,7 @@ function signOut() {
   state.token = null;
   state.signedIn = false;
   state.corpora = [];
+  state.writeOnly = [];
   newPage(); // a run or an ingest the session started ends with it
   document.getElementById("nav").hidden = true;
   if (location.hash !== "#/") {
@@ -370,11 +372,15 @@ function signInView() {
 }
 
 async function loadCorpora(signal) {
-  state.corpora = (await getJson("/v1/corpora", signal)).corpora;
+  const body = await getJson("/v1/corpora", signal);
+  state.corpora = body.corpora;
+  // The corpora this token may write to but not search (ids and operations only).
+  state.writeOnly = body.writeOnly || [];
 }
 
 function corporaFor(operation) {
-  return state.corpora.filter((corpus) => corpus.operations.includes(operation)).map((c) => c.id);
+  return [...state.corpora, ...state.writeOnly]
+    .filter((corpus) => corpus.operations.includes(operation)).map((c) => c.id);
 }
 
 // --- browse ---------------------------------------------------------------------------------
@@ -382,10 +388,13 @@ function corporaFor(operation) {
 async function corporaView(signal) {
   await loadCorpora(signal);
   if (state.corpora.length === 0) {
+    const writable = state.writeOnly.map((c) => `${c.id} (${c.operations.join(", ")})`);
     show(h("h1", {}, "Corpora"), h("p", { class: "notice", id: "no-corpora" },
       "This token may not search any corpus: there is nothing to show."),
-    h("p", { class: "muted" }, "The host lists only the corpora a token may search. This one ",
-      "may still index into a corpus: ", link("#/ingest", "Ingest"), " asks the host."));
+    writable.length
+      ? h("p", { id: "write-only" }, "It may write to: ", writable.join("; "), ". ",
+        link("#/ingest", "Ingest"), " sends documents there.")
+      : null);
     return;
   }
   show(
@@ -858,8 +867,8 @@ function ingestView(signal) {
     field("Title (optional)", h("input", { name: "title" })),
     h("div", {}, ingest),
     corpora.length ? null : h("p", { class: "wide muted", id: "no-index-corpora" },
-      "The host lists no corpus this token may search, and does not list the corpora a token ",
-      "may only index into: name the corpus, and the host answers whether this token may."),
+      "The host lists no corpus this token may index into: name one, and the host answers ",
+      "whether this token may."),
   );
   const bar = h("progress", { id: "ingest-progress", max: String(INGEST_PHASES.length - 1), value: "0", "aria-label": "Ingest progress" });
   const phase = h("span", { id: "ingest-phase", "aria-live": "polite" }, "not started");

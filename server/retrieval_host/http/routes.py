@@ -243,7 +243,14 @@ class Routes:
         operations: dict[str, list[Operation]] = {
             c.id: [op for op in _OPERATIONS if principal.may(op, c.id)] for c in corpora
         }
-        return _model_response(wire_retrieval.corpora_response(corpora, operations))
+        # What a token that may only write learns: which of this host's corpora, and how
+        # (its own configuration; nothing about their content, which it may not search).
+        writable = (principal.index | principal.delete) - principal.search
+        write_only: dict[str, list[Operation]] = {
+            corpus_id: [op for op in _OPERATIONS if principal.may(op, corpus_id)]
+            for corpus_id in sorted(writable & driver.corpus_ids())
+        }
+        return _model_response(wire_retrieval.corpora_response(corpora, operations, write_only))
 
     async def list_sources(self, request: Request) -> Response:
         principal = self.policy.authenticate(request)

@@ -179,10 +179,17 @@ def _location(loc: core.Location) -> wire.Location:
 
 
 def corpora_response(
-    corpora: list[inspection.CorpusSummary], operations: dict[str, list[core.Operation]]
+    corpora: list[inspection.CorpusSummary],
+    operations: dict[str, list[core.Operation]],
+    write_only: dict[str, list[core.Operation]] | None = None,
 ) -> wire.CorporaResponse:
-    """`operations`: the token's grants per corpus id (the in-process API has no tokens)."""
+    """`operations`: the token's grants per corpus id (the in-process API has no tokens);
+    `write_only`: those of the corpora it may write to but not search."""
     return wire.CorporaResponse(
+        write_only=[
+            wire.WriteOnlyCorpus(id=corpus_id, operations=ops)
+            for corpus_id, ops in (write_only or {}).items()
+        ],
         corpora=[
             wire.CorpusInfo(
                 id=c.id,
@@ -201,7 +208,7 @@ def corpora_response(
                 read_only=c.read_only,
             )
             for c in corpora
-        ]
+        ],
     )
 
 
