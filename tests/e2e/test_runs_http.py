@@ -462,6 +462,31 @@ def test_an_interrupted_run_refuses_replay(host: RunningHost, world: RunsWorld) 
     assert fake.chat_requests_count == chats
 
 
+def test_a_key_whose_run_is_still_running_names_that_run_for_the_caller_to_poll(
+    host: RunningHost, world: RunsWorld
+) -> None:
+    """The `in-progress` 409 named its run only inside its English detail (a black-box
+    test): `runId` is the run `GET /v1/runs/{id}` reads."""
+    fake, token = world.fake, world.tokens["replayer"]
+    fake.set_chat_mode("stall", chunks=2)
+    body = run_body(provider="fake", model="gpt-test", corpus="remote", idempotencyKey="busy-1")
+    refused: list[httpx.Response] = []
+
+    def ask_again_while_it_runs(item: SseItem, items: Sequence[SseItem]) -> bool:
+        if not refused and not item.is_comment and item.data["type"] == "run.delta":
+            refused.append(post_run(host, token, body))
+            fake.release_stalls()
+        return False
+
+    streamed = stream_run(host, token, body, on_item=ask_again_while_it_runs)
+    assert streamed.events[-1]["type"] == "run.completed"
+    [answer] = refused
+    assert answer.status_code == 409, answer.text
+    problem = problem_of(answer)
+    assert (problem["code"], problem["reason"]) == ("CONTEXT_REPLAY_UNAVAILABLE", "in-progress")
+    assert problem["runId"] == streamed.events[0]["runId"]
+
+
 # --- 4. tool mode under a quota ---------------------------------------------------------------
 
 

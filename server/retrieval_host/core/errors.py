@@ -108,6 +108,10 @@ class RetrievalError(Exception):
     a member of the code's enum in `core.reasons`.
     """
 
+    # The run an error is about, when there is one the caller can read (`GET /v1/runs/{id}`):
+    # its problem body then names it as `runId`.
+    run_id: str | None = None
+
     def __init__(self, code: ErrorCode, detail: str, *, reason: str | None = None) -> None:
         super().__init__(f"{code.value}: {detail}")
         self.code = code

@@ -48,6 +48,8 @@ def error_response(
         headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
     elif error.code is ErrorCode.HOST_BUSY:
         headers = {"Retry-After": "1"}  # as the limits middleware's own refusals say
+    if run_id is None:
+        run_id = error.run_id
     return problem_response(error, request_id, headers=headers, run_id=run_id)
 
 

@@ -238,9 +238,13 @@ def test_a_title_cannot_write_a_handle_marker_into_the_fence() -> None:
     assert "Plain (source:x text." in fenced
 
 
+@pytest.mark.parametrize("fallback", ["fail", "continue"])
 def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
-    run_world: RunWorld,
+    run_world: RunWorld, fallback: Literal["fail", "continue"]
 ) -> None:
+    """Revoked evidence was dropped silently before the model call: a run left with none
+    called the model without evidence and completed (a black-box test). The run's
+    `sourceUnavailable` decides, as at recording: fail (the default), or go on without it."""
     events: list[RunEvent] = []
 
     def sink(event: RunEvent) -> None:
@@ -249,14 +253,41 @@ def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
             # The search has returned battery-1; the application revokes it now.
             run_world.acl.search.pop("battery")
 
-    run_world.engine.execute(_before(), ALICE, sink)
-    assert isinstance(events[-1], RunCompleted)
+    request = _before(fallbacks=Fallbacks(source_unavailable=fallback))
+    run_world.engine.execute(request, ALICE, sink)
+    if fallback == "fail":
+        assert isinstance(events[-1], RunFailed), events[-1]
+        assert events[-1].error.code is ErrorCode.SOURCE_UNAVAILABLE
+        assert run_world.provider.requests == []  # no model call
+        return
+    assert isinstance(events[-1], RunCompleted), events[-1]
     receipt = events[-1].result.receipts[0]
     assert "battery-1" in receipt.source_ids  # it was found...
     sent = run_world.provider.requests[0]
     assert "battery-1" not in {p.handle for p in sent.evidence}  # ...but never sent
     assert "battery-1" not in sent.messages[-1].content
     assert "battery-1" not in [s.id for s in events[-1].result.sources]
+    assert [(f.outcome, f.action) for f in events[-1].result.fallbacks] == [
+        ("source-unavailable", "continue")
+    ]
+
+
+def test_a_run_whose_every_passage_is_revoked_before_the_model_call_never_calls_it(
+    run_world: RunWorld,
+) -> None:
+    """With `continue` and nothing left, a `before` run has no evidence: `noEvidence`."""
+    events: list[RunEvent] = []
+
+    def sink(event: RunEvent) -> None:
+        events.append(event)
+        if isinstance(event, RunProgress) and event.phase == "retrieval.receipt":
+            run_world.acl.search.clear()
+
+    request = _before(fallbacks=Fallbacks(source_unavailable="continue"))
+    run_world.engine.execute(request, ALICE, sink)
+    assert isinstance(events[-1], RunFailed), events[-1]
+    assert events[-1].error.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+    assert run_world.provider.requests == []
 
 
 def test_a_revocation_after_generation_fails_the_run_instead_of_recording_it(

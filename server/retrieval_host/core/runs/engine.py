@@ -7,7 +7,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
+from retrieval_host.core.errors import (
+    ErrorCode,
+    RetrievalError,
+    permission_denied,
+    source_unavailable,
+)
 from retrieval_host.core.grants import denied
 from retrieval_host.core.reasons import ProviderFailedReason
 from retrieval_host.core.run_ports import (
@@ -270,7 +275,25 @@ class RunEngine:
             if request.max_tokens is not None and run.tokens_spent >= request.max_tokens:
                 raise token_budget_exhausted(run.tokens_spent, request.max_tokens)
             if spec is not None and run.evidence:
+                held = len(run.evidence)
                 recheck_evidence(run, spec, drop=True)
+                if len(run.evidence) < held:
+                    # Revoked since it was found (a new revision of its source, a grant
+                    # taken back): the run's `sourceUnavailable` decides, as at recording. It
+                    # was dropped silently, and a `before` run left with nothing called the
+                    # model without evidence and completed (a black-box test, ~1% of runs
+                    # racing re-ingests).
+                    fixed = _fallback(
+                        run,
+                        taken,
+                        "source-unavailable",
+                        fallbacks.source_unavailable,
+                        source_unavailable(),
+                    )
+                    if fixed is None and mode == "before" and not run.evidence:
+                        fixed = _without_evidence(run, taken, fallbacks, _no_evidence_before())
+                    if fixed is not None:
+                        break
             output = generate_step(
                 provider,
                 request,

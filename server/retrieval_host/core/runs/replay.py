@@ -33,7 +33,7 @@ def replay(
     if existing.status == "running":
         # Running still (or its host stopped and its lease has not lapsed yet): running it
         # again would do the work twice, which is what the key exists to prevent.
-        raise RetrievalError(
+        running = RetrievalError(
             ErrorCode.CONTEXT_REPLAY_UNAVAILABLE,
             f"the run with this idempotencyKey ({existing.run_id}) has not finished; ask "
             "again once GET /v1/runs/{id} shows it completed to receive its result. A run "
@@ -41,6 +41,8 @@ def replay(
             "lapses (runs.leaseS); send it again with a new key then.",
             reason=ContextReplayUnavailableReason.IN_PROGRESS,
         )
+        running.run_id = existing.run_id  # `runId` in the problem: what to poll
+        raise running
     if existing.status != "completed" or existing.result is None:
         raise RetrievalError(
             ErrorCode.CONTEXT_REPLAY_UNAVAILABLE,
