@@ -22,9 +22,11 @@ from retrieval_host.core.errors import (
 )
 from retrieval_host.core.fingerprint import joined_text, revision_fingerprint, sha256_text
 from retrieval_host.core.grants import (
+    ask_again,
     authorize,
     authorize_or_none,
     denied,
+    overtaken,
     require_index_grant,
     searchable,
     searchable_again,
@@ -37,6 +39,7 @@ from retrieval_host.core.inspection import (
     SourceDetail,
     SourceFilter,
     SourcePage,
+    SourceTotals,
     check_page_limit,
 )
 from retrieval_host.core.lifecycle import run_retrieval
@@ -372,13 +375,10 @@ class RetrievalService:
             if corpus_ids is not None and corpus_id not in corpus_ids:
                 continue
             corpus = self._corpora[corpus_id]
-            grant = authorize_or_none(corpus, "search", None, context)
-            if grant is None:
+            counted = self._corpus_totals(corpus, context)
+            if counted is None:
                 continue
-            context.cancel.check()
-            totals = corpus.store.source_totals(corpus.id, grant.namespace, searchable(grant))
-            if searchable_again(corpus, None, grant, context) is None:
-                continue
+            totals = counted
             summaries.append(
                 CorpusSummary(
                     corpus.id,
@@ -391,6 +391,27 @@ class RetrievalService:
                 )
             )
         return summaries
+
+    def _corpus_totals(self, corpus: Corpus, context: RequestContext) -> SourceTotals | None:
+        """The totals over what the subject may search, read again while a commit overtook
+        the grant they were read under (a source replaced meanwhile was left out of the
+        counts: a black-box test saw it 60 times in 2,684 reads at 1-2 commits a second);
+        None when the authorizer denies, before or after the read."""
+        attempt, previous = 1, dict[str, str]()
+        while True:
+            grant = authorize_or_none(corpus, "search", None, context)
+            if grant is None:
+                return None
+            context.cancel.check()
+            granted = searchable(grant)
+            totals = corpus.store.source_totals(corpus.id, grant.namespace, granted)
+            again = searchable_again(corpus, None, grant, context)
+            if again is None:
+                return None
+            stale = overtaken(granted, again)
+            if not ask_again(stale, previous, attempt):
+                return totals
+            previous, attempt = stale, attempt + 1
 
     def list_sources(
         self,

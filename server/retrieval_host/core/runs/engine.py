@@ -275,9 +275,9 @@ class RunEngine:
             if request.max_tokens is not None and run.tokens_spent >= request.max_tokens:
                 raise token_budget_exhausted(run.tokens_spent, request.max_tokens)
             if spec is not None and run.evidence:
-                held = len(run.evidence)
+                found = len(run.evidence)
                 recheck_evidence(run, spec, drop=True)
-                if len(run.evidence) < held:
+                if len(run.evidence) < found:
                     # Revoked since it was found (a new revision of its source, a grant
                     # taken back): the run's `sourceUnavailable` decides, as at recording. It
                     # was dropped silently, and a `before` run left with nothing called the
