@@ -3,6 +3,7 @@ on demand: every defect is a typed `RERANK_FAILED`, the key never shows, nothing
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from retrieval_host.core.reasons import InvalidRequestReason, RerankFailedReason
 from retrieval_host.core.rerank import rerank_candidates
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
 from tests.support.fake_rerank import RERANK_MODEL, FakeReranker, RerankMode
+from tests.support.host import wait_until
 
 DESCRIPTOR = RerankDescriptor("rerank-http", "cohere", "acct-1", "api-key", RERANK_MODEL)
 DOCS = [
@@ -150,6 +152,33 @@ def test_a_slow_service_times_out_as_a_typed_failure(fake: FakeReranker) -> None
     with adapter, pytest.raises(RetrievalError) as caught:
         adapter.rerank(QUERY, DOCS, 3, CancelToken())
     assert caught.value.reason == RerankFailedReason.TIMEOUT
+
+
+def test_a_service_dripping_its_answer_times_out_within_the_total_and_stops_on_cancel(
+    fake: FakeReranker,
+) -> None:
+    """A byte every 50 ms never trips a per-read timeout: a black-box test's search read such
+    a reranker for 197 s after its client had left. `timeout_s` bounds the whole answer, and
+    the search's cancel token is checked as it arrives."""
+    fake.set_mode("drip", delay_s=0.05)  # the whole answer would take over 200 s
+    adapter = adapter_for(fake, timeout_s=1.0)
+    with adapter, pytest.raises(RetrievalError) as caught:
+        adapter.rerank(QUERY, DOCS, 3, CancelToken())
+    assert caught.value.reason == RerankFailedReason.TIMEOUT
+    token = CancelToken()
+    calls = len(fake.requests)
+
+    def cancel_once_sent() -> None:
+        wait_until(lambda: len(fake.requests) > calls, what="the rerank request")
+        token.cancel()
+
+    canceller = threading.Thread(target=cancel_once_sent)
+    canceller.start()
+    adapter = adapter_for(fake, timeout_s=60.0)
+    with adapter, pytest.raises(RetrievalError) as caught:
+        adapter.rerank(QUERY, DOCS, 3, token)
+    canceller.join()
+    assert caught.value.code is ErrorCode.CANCELLED
 
 
 def test_a_wrong_key_is_an_http_error_that_names_no_key(fake: FakeReranker) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal
 
 from tests.support.fake_openai import FakeOpenAI, RecordedRequest, Reply, json_reply, openai_error
@@ -47,6 +47,7 @@ RerankMode = Literal[
     "server-error-echo-key",  # 500 whose message echoes the bearer key it was sent
     "rate-limited",  # 429
     "slow",  # waits `delay_s` before answering normally
+    "drip",  # a right answer, padded, one byte every `delay_s` (never a read timeout)
     "drop-connection",  # closes the socket without answering
 ]
 
@@ -144,7 +145,16 @@ class FakeReranker:
         if mode == "no-results":
             return json_reply(200, {"id": "rr-1", "data": results})
         raw = json.dumps({"id": "rr-1", "results": results, "usage": {"total_tokens": tokens}})
+        if mode == "drip":
+            return Reply(200, stream=_drip(server, raw.encode("utf-8") + b" " * 4096, delay_s))
         return Reply(200, raw.encode("utf-8"))
+
+
+def _drip(server: FakeOpenAI, body: bytes, delay_s: float) -> Iterator[bytes]:
+    """`body` a byte at a time, `delay_s` apart (the pace of the service, not a test's wait)."""
+    for i in range(len(body)):
+        yield body[i : i + 1]
+        server.wait(delay_s)
 
 
 def _misbehave(mode: RerankMode, results: list[dict[str, Any]], n: int) -> None:

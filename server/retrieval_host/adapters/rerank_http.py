@@ -75,7 +75,10 @@ class HttpReranker:
     - `descriptor.model` is sent as `model`; the descriptor is pinned in the corpus.
     - `api_key`: called for each request; None sends no `Authorization` header and requires
       `descriptor.auth_mode == "none"`.
-    - `timeout_s` applies to each phase (connect, write, each read, pool), as httpx defines it.
+    - `timeout_s` applies to each phase (connect, write, each read, pool), as httpx defines it,
+      and bounds the whole answer: a body still arriving `timeout_s` after the request was
+      sent fails (`timeout`), so a call ends within about twice `timeout_s`; the search's
+      cancel token is checked as the body arrives.
     - `verify`: True (system CAs), False, a CA bundle path, or an `ssl.SSLContext`.
     - `max_documents`: documents per call; a search sends the larger of its corpus's
       `RerankSettings.candidates` and its limit + 1, so a larger call is a configuration
@@ -102,6 +105,7 @@ class HttpReranker:
         self._url = endpoint_url(base_url, "/rerank", _config_error)
         self._api_key = api_key
         self._max_documents = max_documents
+        self._timeout_s = timeout_s
         self._client = make_client(
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
@@ -149,6 +153,8 @@ class HttpReranker:
                 f"could not reach the rerank service ({name}).",
                 RerankFailedReason.CONNECTION_FAILED,
             ),
+            total_s=self._timeout_s,
+            cancel=cancel,
         )
         if status != 200:
             raise _status_error(status, raw, key)

@@ -28,11 +28,12 @@ operator counts one), so that a filter's cost stays small beside the search it n
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal, TypeAlias
 
@@ -63,11 +64,22 @@ MAX_CONDITIONS = 256
 
 @dataclass(frozen=True, slots=True)
 class Condition:
-    """`key op operand`; `operand` is a tuple of scalars for `in` and `nin`."""
+    """`key op operand`; `operand` is a tuple of scalars for `in` and `nin`, whose `members`
+    are what `matches` looks a value up in."""
 
     key: str
     op: Operator
     operand: JSONScalar | tuple[JSONScalar, ...]
+    # Built once per filter, not per source: the largest filter the bounds allow (256
+    # conditions of 100 values) cost 73 ms per source compared value by value (a black-box
+    # test held the store for minutes with it over 10,000 sources); 0.3 ms with sets.
+    members: frozenset[tuple[str, object]] = field(
+        default=frozenset(), init=False, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.operand, tuple):
+            object.__setattr__(self, "members", frozenset(_member(v) for v in self.operand))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +190,23 @@ def _kind(value: object) -> str:
     return "structured"
 
 
+@functools.lru_cache(maxsize=4096)
 def _number(value: int | float) -> Decimal:
-    # The exact value of the number's JSON text: what PostgreSQL's `numeric` compares.
+    # The exact value of the number's JSON text: what PostgreSQL's `numeric` compares. Cached:
+    # a filter compares the same operands with every source's value (1 and 1.0 share an entry,
+    # and their Decimals are equal, which is all a comparison asks).
     return Decimal(json.dumps(value))
+
+
+def _member(value: object) -> tuple[str, object]:
+    """What `in`/`nin` compare by: the kind (so `true` is not `1`) and, for a number, its
+    exact decimal value (so `1` is `1.0`)."""
+    kind = _kind(value)
+    if kind == "number" and isinstance(value, int | float):
+        return kind, _number(value)
+    return kind, value
+
+
 
 
 def _equal(have: object, want: JSONScalar) -> bool:
@@ -211,7 +237,7 @@ def _holds(condition: Condition, metadata: Mapping[str, object]) -> bool:
     have = metadata.get(condition.key)
     op, operand = condition.op, condition.operand
     if isinstance(operand, tuple):  # in, nin
-        found = present and any(_equal(have, v) for v in operand)
+        found = present and _kind(have) != "structured" and _member(have) in condition.members
         return found if op == "in" else not found
     if op in ("eq", "ne"):
         equal = present and _equal(have, operand)
