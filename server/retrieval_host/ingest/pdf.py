@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from io import BytesIO
 from typing import Any, Final
 
@@ -301,7 +301,9 @@ def _declared_page_count(reader: pypdf.PdfReader) -> int | None:
 
 def _info_fields(reader: pypdf.PdfReader) -> dict[str, JSONValue]:
     """The document information a filter can use: `author`, `subject`, `keywords` (text,
-    at most 256 characters) and `created` / `modified` (ISO 8601, as the file states them),
+    at most 256 characters) and `created` / `modified` (ISO 8601; in UTC, `...Z`, when the
+    file gives an offset, so that string comparisons order them: `2024-03-01T23:00:00-05:00`
+    sorted before `2024-03-02T01:00:00+00:00`, 3 hours later; as stated when it gives none),
     each only when the file has it and it can be read."""
     fields: dict[str, JSONValue] = {}
     try:
@@ -322,7 +324,11 @@ def _info_fields(reader: pypdf.PdfReader) -> dict[str, JSONValue]:
         except Exception:  # an unreadable entry (a malformed date, say) is left out
             value = None
         if isinstance(value, datetime):
-            fields[key] = value.isoformat()
+            if value.tzinfo is not None:
+                value = value.astimezone(UTC)
+                fields[key] = value.replace(tzinfo=None).isoformat() + "Z"
+            else:
+                fields[key] = value.isoformat()
         elif isinstance(value, TextStringObject) and clip(value):
             # Only text: pypdf gives bytes it cannot decode as their repr ("b'\\x81...'").
             fields[key] = clip(str(value), 256)
