@@ -714,8 +714,20 @@ def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
     hook.revoked.clear()
     hook.calls.clear()
     body = run_body(provider="fake", model="gpt-test", question="How did the solar panels age?")
-    response = post_run(host, world.tokens["revokee"], body)
-    assert response.status_code == 200
+    chats = world.fake.chat_requests_count
+    # By default the run fails, as when the revocation comes before recording.
+    refused = post_run(host, world.tokens["revokee"], body)
+    assert refused.status_code == 404, refused.text
+    assert problem_of(refused)["code"] == "SOURCE_UNAVAILABLE"
+    assert hook.revoked.is_set()
+    assert world.fake.chat_requests_count == chats  # the model was never asked
+    # With `sourceUnavailable: "continue"` it goes on without the revoked passage.
+    hook.revoked.clear()
+    hook.calls.clear()
+    response = post_run(
+        host, world.tokens["revokee"], {**body, "fallbacks": {"sourceUnavailable": "continue"}}
+    )
+    assert response.status_code == 200, response.text
     result = response.json()
     # The search found the source (granted while it searched)...
     assert "solar-1" in result["receipts"][0]["sourceIds"]
@@ -723,7 +735,7 @@ def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
     assert search_grants and all("solar" in g for g in search_grants)
     # ...then it was revoked, and nothing of it went to the model.
     assert hook.revoked.is_set()
-    assert world.fake.chat_requests_count == 1
+    assert world.fake.chat_requests_count == chats + 1
     solar_text = DOCS["library"][1].chunks[0][1]
     for text in chat_texts(world.fake):
         assert solar_text not in text and "solar-1" not in text

@@ -1207,6 +1207,12 @@ def test_a_failing_retriever_is_a_failed_search_with_its_code(run_world: RunWorl
     with pytest.raises(RetrievalError) as failed:
         engine.run(_before(fallbacks=Fallbacks(search_failed="fail")), ALICE)
     assert failed.value.code is ErrorCode.STORE_UNAVAILABLE
+    # Undeclared: no evidence, as runs always were, and the detail says why (it read "No
+    # authorized passage matched", as for an empty corpus: a black-box test).
+    with pytest.raises(RetrievalError) as undeclared:
+        engine.run(_before(), ALICE)
+    assert undeclared.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+    assert "did not answer (STORE_UNAVAILABLE)" in undeclared.value.detail
     went_on = engine.run(_before(fallbacks=Fallbacks(search_failed="continue")), ALICE)
     assert [r.outcome for r in went_on.receipts] == ["failed"]
     assert [(f.outcome, f.action) for f in went_on.fallbacks] == [("search-failed", "continue")]

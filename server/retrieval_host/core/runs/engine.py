@@ -422,9 +422,18 @@ def _without_evidence(
     """The fallback of a run that found no passage: `search_failed` when one of its searches
     did not answer and the run declared it, else `no_evidence` (`error`)."""
     failed = next((r for r in run.receipts if r.outcome in ("unavailable", "failed")), None)
-    if failed is None or fallbacks.search_failed is None:
+    if failed is None:
         return _fallback(run, taken, "no-evidence", fallbacks.no_evidence, error)
     code = ErrorCode(failed.error_code or ErrorCode.INTERNAL.value)
+    if fallbacks.search_failed is None:
+        # Handled as no evidence, as runs always were; the detail says a search failed (a
+        # broken reranker read "No authorized passage matched", like an empty corpus).
+        said = RetrievalError(
+            error.code,
+            f"{error.detail} Search {failed.sequence} of the run did not answer ({code.value}).",
+            reason=error.reason,
+        )
+        return _fallback(run, taken, "no-evidence", fallbacks.no_evidence, said)
     search_error = RetrievalError(
         code, f"Search {failed.sequence} of the run did not answer ({code.value}); no passage."
     )
