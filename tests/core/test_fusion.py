@@ -150,3 +150,38 @@ def test_the_floor_defaults_to_what_was_measured_for_the_corpus_model() -> None:
     for refused in (-0.1, 2.5, math.nan):
         with pytest.raises(RetrievalError, match="dense_min_spread"):
             FusionSettings(dense_min_spread=refused)
+
+
+def test_scores_and_order_of_the_first_candidates_do_not_depend_on_the_limit() -> None:
+    """A search with a larger limit reads deeper lists (limit + 1 of each); scaled over all of
+    them, the same passages got other scores than at a small limit, and near-ties swapped
+    (a black-box test), so `minScore` admitted other passages at other limits."""
+    depth = 4
+    settings = FusionSettings(candidates=depth)
+    dense = [cand(f"d{i}", 0.9 - 0.05 * i) for i in range(8)]
+    lexical = [cand(f"l{i}", 10.0 - i) for i in range(8)]
+    every = {c.chunk_id for c in (*dense, *lexical)}
+    # Each list's deeper candidates score lower in the other mode too, so a deeper read
+    # lowers each mode's minimum.
+    completed = {
+        "dense": {c.chunk_id: 0.5 - 0.04 * i for i, c in enumerate(lexical)},
+        "lexical": {c.chunk_id: 3.0 - 0.3 * i for i, c in enumerate(dense)},
+    }
+
+    def scores(deep: int) -> dict[str, float]:
+        # What a search at limit `deep - 1` fuses: the first `deep` of each list.
+        d, lx = dense[:deep], lexical[:deep]
+        drawn = {c.chunk_id for c in (*d, *lx)}
+        done = {m: {i: v for i, v in s.items() if i in drawn} for m, s in completed.items()}
+        fused = fuse(d, lx, settings, done)
+        return {r.candidate.chunk_id: r.candidate.score for r in fused}
+
+    shallow, deep = scores(depth), scores(8)
+    assert set(deep) == every
+    for chunk_id, score in shallow.items():
+        assert math.isclose(deep[chunk_id], score), chunk_id
+    # The deeper candidates rank after the first ones, within [0, 1].
+    assert all(0.0 <= deep[i] <= 1.0 for i in every)
+    assert sorted(deep, key=lambda i: -deep[i])[: len(shallow)] == sorted(
+        shallow, key=lambda i: -shallow[i]
+    )
