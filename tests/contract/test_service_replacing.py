@@ -490,9 +490,7 @@ def test_a_whole_namespace_search_leaves_a_source_deleted_after_the_read_out(
 
 
 @pytest.mark.parametrize("hook", ["after-grant", "after-read"])
-def test_corpus_totals_count_a_source_replaced_while_they_are_read(
-    world: World, hook: str
-) -> None:
+def test_corpus_totals_count_a_source_replaced_while_they_are_read(world: World, hook: str) -> None:
     """`list_corpora` read its totals under one grant and kept them when a commit overtook
     it: the replaced source was left out of the counts (a black-box test, 60 of 2,684
     reads at 1-2 commits a second)."""

@@ -10,6 +10,7 @@ import retrieval_host.core
 CORE = Path(retrieval_host.core.__file__).parent
 ALLOWED_ROOTS = {
     "__future__", "collections", "contextlib", "dataclasses", "datetime", "decimal", "enum",
+    "functools",
     "hashlib", "json", "math", "operator",
     "re", "secrets", "threading", "time", "typing", "numpy", "retrieval_host", "Stemmer",
     "unicodedata",

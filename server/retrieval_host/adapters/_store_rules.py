@@ -24,7 +24,13 @@ from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.lexical import term_frequencies
 from retrieval_host.core.passage_context import lexical_text
-from retrieval_host.core.ports import CapacityLimits, StoredChunk, StoredSource, Vectors
+from retrieval_host.core.ports import (
+    CapacityLimits,
+    ReadRevision,
+    StoredChunk,
+    StoredSource,
+    Vectors,
+)
 from retrieval_host.core.reasons import (
     CapacityExceededReason,
     InvalidRequestReason,
@@ -247,9 +253,16 @@ def terms_json(terms: Mapping[str, int]) -> str:
     return json.dumps(terms, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def check_expected_revision(current: str | None, expected: str | None) -> None:
-    """`SOURCE_CONFLICT` (concurrent-writer) unless the source is still at `expected`."""
+def check_expected_revision(current: str | None, version: str | None, expected: str | None) -> None:
+    """`SOURCE_CONFLICT` (concurrent-writer) unless the source is still at `expected`.
+
+    `current` and `version` are the stored row's label and version (None: no row). A plain
+    label is compared as a label; a `ReadRevision` (what `get_source` returned) must also name
+    the very write that is stored: a label that came back since the read (deleted and
+    re-created, r1 -> r3 -> r1) is another writer's write, not the one the caller replaces."""
     if current != expected:
+        raise concurrent_writer()
+    if isinstance(expected, ReadRevision) and expected.version != version:
         raise concurrent_writer()
 
 
@@ -288,16 +301,22 @@ def unit_rows(vectors: _Matrix, what: str) -> _Matrix:
 
 # --- rows -----------------------------------------------------------------------------------
 
+# Then each store's version column (`stored_source`).
 SOURCE_COLUMNS = (
     "source_id, revision, title, metadata_json, document_sha256, fingerprint, chunk_count"
 )
 
 
 def stored_source(row: Sequence[Any]) -> StoredSource:
-    """A `sources` row, its columns in the order of `SOURCE_COLUMNS`."""
+    """A `sources` row as `get_source` answers it: the columns of `SOURCE_COLUMNS`, then the
+    store's version of the write, which the revision carries (`ReadRevision`) to the
+    `check_expected_revision` of a replacement. The version changes on every write of the
+    source and never comes back: SQLite's is the corpus generation the write committed at (a
+    counter every write bumps; row ids can be reused), PostgreSQL's the row id (an identity
+    sequence; every write inserts a new row)."""
     return StoredSource(
         source_id=str(row[0]),
-        revision=str(row[1]),
+        revision=ReadRevision(str(row[1]), str(row[7])),
         title=str(row[2]),
         metadata=json.loads(str(row[3])),
         document_sha256=str(row[4]),

@@ -207,8 +207,6 @@ def _member(value: object) -> tuple[str, object]:
     return kind, value
 
 
-
-
 def _equal(have: object, want: JSONScalar) -> bool:
     kind = _kind(have)
     if kind != _kind(want):

@@ -130,9 +130,33 @@ class Reranker(Protocol):
 # --- vector store --------------------------------------------------------------------------
 
 
+class ReadRevision(str):
+    """A revision label as `VectorStore.get_source` read it, carrying the stored `version` of
+    the write it was read from: a token of the store's own (opaque to core) that every write
+    of the source changes, even one that brings the same label back.
+
+    It is the label in every other respect (equal to it, hashed as it, shown as it), so core
+    hands it on unchanged: given back to `replace_source` as `expected_revision`, it makes the
+    commit conflict with any write committed since the read (a delete and re-create at the
+    same label, a roll-back r1 -> r3 -> r1), not only with one that changed the label.
+    """
+
+    __slots__ = ("version",)
+    version: str
+
+    def __new__(cls, label: str, version: str) -> ReadRevision:
+        read = super().__new__(cls, label)
+        read.version = version
+        return read
+
+    def __reduce__(self) -> tuple[type[ReadRevision], tuple[str, str]]:
+        return (ReadRevision, (str(self), self.version))
+
+
 @dataclass(frozen=True, slots=True)
 class StoredSource:
     source_id: str
+    # A `ReadRevision` when `get_source` read it (the label and the version of its write).
     revision: str
     title: str
     metadata: Metadata
@@ -191,10 +215,14 @@ class VectorStore(Protocol):
     Contract (one suite runs it over every adapter):
     - `open_corpus` stores the descriptor on first use and raises `DESCRIPTOR_MISMATCH` on any
       difference later; it makes no embedding call.
-    - `replace_source` swaps one whole revision atomically. It raises `SOURCE_CONFLICT` if the
-      current revision is no longer `expected_revision` (a racing writer), `CHUNK_ID_CONFLICT`
-      if a chunk id is used by another source in the namespace, `CAPACITY_EXCEEDED` if the
-      corpus payload would pass its limit. On any error the previous revision stays.
+    - `replace_source` swaps one whole revision atomically. It raises `SOURCE_CONFLICT`
+      (`concurrent-writer`) if the current revision is no longer `expected_revision` (a racing
+      writer; None: the source must not exist), `CHUNK_ID_CONFLICT` if a chunk id is used by
+      another source in the namespace, `CAPACITY_EXCEEDED` if the corpus payload would pass its
+      limit. On any error the previous revision stays. An `expected_revision` that is the
+      `ReadRevision` `get_source` returned names the very write that was read: a write
+      committed since conflicts even when it left the same label (a delete and re-create, a
+      roll-back to an earlier label); a plain label is compared as a label only.
     - `search` ranks only rows whose source is in `allowed` at exactly that revision, inside the
       namespace (and matching `filters` on source metadata), *before* similarity ranking; it
       checks `cancel` between scan batches and returns at most `k` candidates, best first.
@@ -230,7 +258,10 @@ class VectorStore(Protocol):
 
     def open_corpus(self, descriptor: CorpusDescriptor) -> None: ...
 
-    def get_source(self, corpus: str, namespace: str, source_id: str) -> StoredSource | None: ...
+    def get_source(self, corpus: str, namespace: str, source_id: str) -> StoredSource | None:
+        """The committed current revision of a source, or None; its `revision` is a
+        `ReadRevision` (the label and the version of the write it was read from)."""
+        ...
 
     def replace_source(
         self,

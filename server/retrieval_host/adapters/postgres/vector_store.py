@@ -262,7 +262,7 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
         with self._pool.connection() as conn, translated("reading a source"):
             row = conn.execute(
                 self._sql(
-                    f"SELECT {SOURCE_COLUMNS} FROM {{s}}.sources "  # noqa: S608 - constant columns
+                    f"SELECT {SOURCE_COLUMNS}, id FROM {{s}}.sources "  # noqa: S608
                     "WHERE corpus_id = %s AND namespace = %s AND source_id = %s"
                 ),
                 (corpus, namespace, source_id),
@@ -412,7 +412,10 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
             ),
             key,
         ).fetchone()
-        check_expected_revision(str(current[1]) if current is not None else None, expected_revision)
+        if current is None:
+            check_expected_revision(None, None, expected_revision)
+        else:  # the version is the row id (`_store_rules.stored_source`)
+            check_expected_revision(str(current[1]), str(current[0]), expected_revision)
         current_pk = int(current[0]) if current is not None else None
         current_payload = int(current[2]) if current is not None else 0
         taken = conn.execute(

@@ -120,11 +120,15 @@ def check_replacement(
     """The checks of `replace_source`, inside its transaction; returns the current row id."""
     corpus, namespace, _ = key
     current = conn.execute(
-        "SELECT id, revision FROM sources WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
+        "SELECT id, revision, generation FROM sources "
+        "WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
         key,
     ).fetchone()
     current_pk = int(current[0]) if current is not None else None
-    check_expected_revision(str(current[1]) if current is not None else None, expected_revision)
+    if current is None:
+        check_expected_revision(None, None, expected_revision)
+    else:  # the version is the generation (`_store_rules.stored_source`)
+        check_expected_revision(str(current[1]), str(current[2]), expected_revision)
     taken = conn.execute(
         "SELECT 1 FROM chunks WHERE corpus_id = ? AND namespace = ? AND source_pk IS NOT ? "
         "AND chunk_id IN (SELECT value FROM json_each(?)) LIMIT 1",

@@ -283,7 +283,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
             row = (
                 self._connection()
                 .execute(
-                    f"SELECT {SOURCE_COLUMNS} FROM sources "  # noqa: S608 - constant columns
+                    f"SELECT {SOURCE_COLUMNS}, generation FROM sources "  # noqa: S608
                     "WHERE corpus_id = ? AND namespace = ? AND source_id = ?",
                     (corpus, namespace, source_id),
                 )
