@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -272,6 +273,7 @@ class Routes:
         return _model_response(wire_retrieval.sources_response(result))
 
     async def get_source(self, request: Request) -> Response:
+        _no_trailing_slash(request.path_params["sourceId"])
         principal = self.policy.authenticate(request)
         corpus, source_id = request.path_params["corpus"], request.path_params["sourceId"]
         page = self._page_params(request)
@@ -287,6 +289,7 @@ class Routes:
         return _model_response(wire_retrieval.source_response(result))
 
     async def get_passage(self, request: Request) -> Response:
+        _no_trailing_slash(request.path_params["chunkId"])
         principal = self.policy.authenticate(request)
         corpus, chunk_id = request.path_params["corpus"], request.path_params["chunkId"]
         query = utf8_query_params(request.scope.get("query_string", b""))
@@ -400,6 +403,13 @@ def _cursor_errors(work: Callable[[], T]) -> Callable[[], T]:
             raise
 
     return run
+
+
+def _no_trailing_slash(identifier: str) -> None:
+    """`.../sources/` and `.../passages/` (an empty id) are a trailing slash on the listing
+    routes: the 404 every such path gets (README), not the id rule's 422."""
+    if not identifier:
+        raise HTTPException(404)
 
 
 def _model_response(model: BaseModel, status: int = 200) -> Response:
