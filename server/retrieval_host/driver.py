@@ -309,9 +309,10 @@ class Driver:
         """Delete exactly the authorized revision of a source."""
         return self.retrieval.delete_context(request, context)
 
-    def corpus_ids(self) -> frozenset[str]:
-        """The ids of the corpora this driver serves (no counts, no authorization)."""
-        return frozenset(self.retrieval.corpora)
+    def writable_corpus_ids(self) -> frozenset[str]:
+        """The ids of the corpora this driver serves whose store takes writes (not a
+        read-only snapshot or replica); no counts, no authorization."""
+        return frozenset(c.id for c in self.retrieval.corpora.values() if not c.store.read_only)
 
     def list_corpora(
         self, context: RequestContext, corpus_ids: Collection[str] | None = None

@@ -87,6 +87,7 @@ class StoreAcl:
     before: Hook | None = None
     after: Hook | None = None
     searches: int = 0
+    deny_from: int | None = None  # the search authorization from which on it denies
 
     def __call__(self, request: AuthorizationRequest, context: RequestContext) -> Grant | None:
         ids = request.source_ids
@@ -95,6 +96,8 @@ class StoreAcl:
         if request.operation == "delete":
             return Grant(NAMESPACE, self.store.current_revisions(CORPUS, NAMESPACE, ids))
         self.searches += 1
+        if self.deny_from is not None and self.searches >= self.deny_from:
+            return None
         if self.before is not None:
             self.before(self.searches)
         current = self.store.current_revisions(CORPUS, NAMESPACE, ids)
@@ -478,6 +481,21 @@ def test_a_named_source_deleted_after_the_read_is_unavailable_not_an_empty_match
         world.search(["a"])
     assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
     assert world.checks() == ["before-read", "after-read"]
+
+
+def test_a_named_search_whose_subject_is_denied_after_the_read_is_a_denial(
+    world: World,
+) -> None:
+    """Denied at the check after the read: an empty 200 before; now the 403 a search a
+    moment later gets (not the missing-source 404: nothing about the source changed)."""
+    world.acl.deny_from = 2
+    with pytest.raises(RetrievalError) as excinfo:
+        world.search(["a"])
+    assert excinfo.value.code is ErrorCode.PERMISSION_DENIED
+    assert world.checks() == ["before-read", "after-read"]
+    world.acl.deny_from = 2  # a whole-namespace search shows nothing it may not read
+    world.acl.searches = 0
+    assert world.search().hits == []
 
 
 def test_a_whole_namespace_search_leaves_a_source_deleted_after_the_read_out(

@@ -185,3 +185,15 @@ def test_scores_and_order_of_the_first_candidates_do_not_depend_on_the_limit() -
     assert sorted(deep, key=lambda i: -deep[i])[: len(shallow)] == sorted(
         shallow, key=lambda i: -shallow[i]
     )
+
+
+def test_a_deeper_candidate_above_the_scaled_range_counts_one_not_more() -> None:
+    """An approximate dense list can leave a closer passage deeper than its first candidates
+    (its exact score, completed, above their range): scaled over the first ones it passed 1."""
+    settings = FusionSettings(candidates=2)
+    dense = [cand("a", 0.6), cand("b", 0.5), cand("c", 0.9)]  # "c" found late, scored exactly
+    lexical = [cand("a", 2.0), cand("b", 1.0), cand("c", 0.5)]
+    fused = fuse(dense, lexical, settings)
+    assert all(0.0 <= r.candidate.score <= 1.0 for r in fused)
+    by_id = {r.candidate.chunk_id: r.candidate.score for r in fused}
+    assert math.isclose(by_id["c"], 0.45 * 1.0 + 0.55 * 0.0)

@@ -86,6 +86,19 @@ async def test_a_token_that_may_only_write_learns_which_corpora_and_nothing_more
         "writeOnly": [{"id": CORPUS, "operations": ["index", "delete"]}],
     }
 
+    # Granted search too, but the application denies its subject: still a writer there.
+    stranger = "stranger-token-0123456789abcdef"
+    denied = {
+        "subject": "stranger",
+        "sha256": hashlib.sha256(stranger.encode()).hexdigest(),
+        "retrieval": {"search": [CORPUS], "index": [CORPUS], "delete": []},
+    }
+    settings = http_world.settings(tokens=[*http_world.token_entries, denied])
+    transport = httpx.ASGITransport(app=create_app(settings, http_world.driver))
+    async with httpx.AsyncClient(transport=transport, base_url="https://host.test") as client:
+        answer = await client.get("/v1/corpora", headers={"Authorization": f"Bearer {stranger}"})
+    assert answer.json() == {"corpora": [], "writeOnly": [{"id": CORPUS, "operations": ["index"]}]}
+
 
 async def test_sources_page_by_cursor_over_authorized_sources(
     client: httpx.AsyncClient, http_world: World

@@ -367,6 +367,32 @@ def test_ctrl_c_stops_the_files_in_flight_before_their_commit_reports_and_resume
     assert rerun[-1].startswith("6 indexed, 0 unchanged, 2 skipped, 0 failed"), rerun
 
 
+def test_a_second_sighup_only_cancels_again(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A closing terminal often sends SIGHUP twice (the hangup, then the shell's): the second
+    one quit at once, as a second Ctrl-C does. Now only Ctrl-C escalates."""
+    config, environ = setup
+    folder = _folder_with_held_files(tmp_path)
+    journal = tmp_path / "j.jsonl"
+    # Files that ignore their cancel token: the batch stays cancelling until told to quit.
+    child, held = _start_held(config, environ, journal, folder, "stuck")
+    assert child.stderr is not None
+    try:
+        _read_until(held, b"held\n", 4, child)
+        child.send_signal(signal.SIGHUP)
+        _read_until(child.stderr.fileno(), b"retrieval-host: cancelling", 1, child)
+        child.send_signal(signal.SIGHUP)
+        _read_until(child.stderr.fileno(), b"retrieval-host: still cancelling", 1, child)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        os.close(held)
+        child.kill()
+    assert child.returncode == 130, err.decode()[-3000:]
+    assert err.decode().endswith("retrieval-host: interrupted again: quitting at once\n")
+
+
 def test_a_second_ctrl_c_quits_at_once_when_the_files_in_flight_do_not_stop(
     setup: tuple[Path, dict[str, str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -76,9 +76,9 @@ class HttpReranker:
     - `api_key`: called for each request; None sends no `Authorization` header and requires
       `descriptor.auth_mode == "none"`.
     - `timeout_s` applies to each phase (connect, write, each read, pool), as httpx defines it,
-      and bounds the whole answer: a body still arriving `timeout_s` after the request was
-      sent fails (`timeout`), so a call ends within about twice `timeout_s`; the search's
-      cancel token is checked as the body arrives.
+      and bounds the body: a body still arriving `timeout_s` after the request was sent fails
+      (`timeout`), and the search's cancel token is checked as it arrives (headers sent
+      slower than a byte per `timeout_s` are bounded per read only).
     - `verify`: True (system CAs), False, a CA bundle path, or an `ssl.SSLContext`.
     - `max_documents`: documents per call; a search sends the larger of its corpus's
       `RerankSettings.candidates` and its limit + 1, so a larger call is a configuration

@@ -44,9 +44,12 @@ const MEDIA_TYPES = {
 // The host's and the client's citation rule (`_OPEN`, `_WELL_FORMED`): any "[source:", in any
 // case and with spaces around `source`, opens a marker; one that is not `[source:ID]` is
 // malformed. A malformed marker is shown up to its "]" when one closes it on its line.
-const CITATION_OPEN = /\[\s*source\s*:/giu;
-const CITATION = /\[source:([^\[\]\s]+)\]/uy;
-const MALFORMED_CITATION = /\[\s*source\s*:(?:[^\[\]\n]*\])?/iuy;
+// Whitespace as Python's `str.isspace()` (the host's `\s`), spelled out: JavaScript's `\s`
+// leaves out U+001C-U+001F and U+0085 and adds U+FEFF.
+const SPACE = "\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
+const CITATION_OPEN = new RegExp(`\\[[${SPACE}]*source[${SPACE}]*:`, "giu");
+const CITATION = new RegExp(`\\[source:([^\\[\\]${SPACE}]+)\\]`, "uy");
+const MALFORMED_CITATION = new RegExp(`\\[[${SPACE}]*source[${SPACE}]*:(?:[^\\[\\]\\n]*\\])?`, "iuy");
 // Bidirectional controls in an id or a title can make "gpj.exe" read "exe.jpg": shown as
 // visible marks where ids, titles and headers are shown (passages stay as indexed).
 const BIDI_CONTROLS = /([\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069])/u;

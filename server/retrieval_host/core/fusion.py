@@ -13,7 +13,9 @@ already restricted to the grant by the store) and fuses them per query:
   measured best on SciFact train in issue 15. Scoring the missing mode, rather than counting
   it 0, lifted hybrid nDCG@10 from 0.736 to 0.741 there (recall@100 0.953 to 0.958): a
   passage ranked 101st by one mode is not worth nothing in it.
-- `rrf`: reciprocal rank fusion, the sum over both lists of 1 / (rrf_k + rank), rank from 1.
+- `rrf`: reciprocal rank fusion, the sum over both lists of 1 / (rrf_k + rank), rank from 1
+  (over the lists as read: a larger limit reads deeper lists, whose ranks add to the first
+  hits' competitors, so rrf's order can depend on the limit).
 
 Dense min-max scaling divides by at least `dense_min_spread` of cosine similarity. Min-max
 stretches whatever spread a query's candidates have to the whole of 0..1: for a query the
@@ -113,8 +115,9 @@ def single(mode: Literal["dense", "lexical"], candidates: Sequence[Candidate]) -
 def _scaled(
     values: Mapping[str, float], min_spread: float = 0.0, scale: frozenset[str] | None = None
 ) -> dict[str, float]:
-    """Min-max over the candidates in `scale` (all when None), applied to every value; one
-    below that range (a candidate deeper than the fusion depth) counts 0."""
+    """Min-max over the candidates in `scale` (all when None), applied to every value and
+    kept within 0..1: a deeper candidate below that range counts 0, and one above it (an
+    approximate dense list's deeper candidate scored exactly) counts 1."""
     if not values:
         return {}
     basis = [v for i, v in values.items() if i in scale] if scale is not None else []
@@ -131,7 +134,7 @@ def _scaled(
     # With a floor, equal scores are a band of width 0: they add nothing, as a band of 0.001
     # adds almost nothing (no jump between the two).
     spread = max(high - low, min_spread)
-    return {chunk_id: max(0.0, (v - low) / spread) for chunk_id, v in values.items()}
+    return {chunk_id: min(1.0, max(0.0, (v - low) / spread)) for chunk_id, v in values.items()}
 
 
 def missing(

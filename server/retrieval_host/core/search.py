@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from retrieval_host.core.budget import apply_byte_budget
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
-from retrieval_host.core.errors import source_unavailable
+from retrieval_host.core.errors import permission_denied, source_unavailable
 from retrieval_host.core.filters import MetadataFilter, parse_filter
 from retrieval_host.core.freshness import fresh_revisions
 from retrieval_host.core.grants import (
@@ -217,16 +217,18 @@ class CorpusSearch:
             found = replace(found, usage=spent + found.usage)
             context.cancel.check()
         candidates = found.candidates
-        if prepared.source_ids is not None and (
-            recheck is None
-            or recheck.namespace != grant.namespace
-            or overtaken(grant.granted, searchable(recheck))
-            or any(sid not in searchable(recheck) for sid in grant.granted)
-        ):
-            # The last read was overtaken too, or a named source was deleted or revoked since
-            # it was granted: it would be left out as if nothing in it matched (a black-box
-            # test saw empty 200s). Say it was unavailable instead, as a moment later.
-            raise source_unavailable()
+        if prepared.source_ids is not None:
+            # A named source must not be left out as if nothing in it matched (a black-box
+            # test saw empty 200s): answer what a search a moment later would.
+            if recheck is None:
+                raise permission_denied()  # the subject may no longer search the corpus
+            if (
+                recheck.namespace != grant.namespace
+                or overtaken(grant.granted, searchable(recheck))
+                or any(sid not in searchable(recheck) for sid in grant.granted)
+            ):
+                # Overtaken again, or deleted or revoked since it was granted.
+                raise source_unavailable()
         if recheck is None or recheck.namespace != grant.namespace:
             candidates = []
         else:

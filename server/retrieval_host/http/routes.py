@@ -244,12 +244,14 @@ class Routes:
         operations: dict[str, list[Operation]] = {
             c.id: [op for op in _OPERATIONS if principal.may(op, c.id)] for c in corpora
         }
-        # What a token that may only write learns: which of this host's corpora, and how
-        # (its own configuration; nothing about their content, which it may not search).
-        writable = (principal.index | principal.delete) - principal.search
+        # What a token that may write where it may not search learns: which of this host's
+        # corpora (those that take writes), and how; nothing about their content. "May not
+        # search": not listed above, by its grant or the application's answer.
+        listed = {c.id for c in corpora}
+        writable = (principal.index | principal.delete) - listed
         write_only: dict[str, list[Operation]] = {
-            corpus_id: [op for op in _OPERATIONS if principal.may(op, corpus_id)]
-            for corpus_id in sorted(writable & driver.corpus_ids())
+            corpus_id: [op for op in ("index", "delete") if principal.may(op, corpus_id)]
+            for corpus_id in sorted(writable & driver.writable_corpus_ids())
         }
         return _model_response(wire_retrieval.corpora_response(corpora, operations, write_only))
 

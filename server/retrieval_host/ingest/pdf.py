@@ -324,11 +324,14 @@ def _info_fields(reader: pypdf.PdfReader) -> dict[str, JSONValue]:
         except Exception:  # an unreadable entry (a malformed date, say) is left out
             value = None
         if isinstance(value, datetime):
-            if value.tzinfo is not None:
-                value = value.astimezone(UTC)
-                fields[key] = value.replace(tzinfo=None).isoformat() + "Z"
-            else:
+            if value.tzinfo is None:
                 fields[key] = value.isoformat()
+                continue
+            try:
+                in_utc = value.astimezone(UTC)
+            except (OverflowError, ValueError):  # year 1 west of UTC, 9999 east: left out
+                continue
+            fields[key] = in_utc.replace(tzinfo=None).isoformat() + "Z"
         elif isinstance(value, TextStringObject) and clip(value):
             # Only text: pypdf gives bytes it cannot decode as their repr ("b'\\x81...'").
             fields[key] = clip(str(value), 256)

@@ -22,6 +22,7 @@ line on stderr), 130 cancelled.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -256,16 +257,25 @@ def _interrupt_cancels(
         return
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
+        # Writes may fail: after SIGHUP the terminal is gone (EIO), and an exception raised
+        # in a handler would surface anywhere in the main thread instead of the counts.
         if cancel.cancelled:
-            out.flush()
-            err.write("\nretrieval-host: interrupted again: quitting at once\n")
-            err.flush()
+            if signum != signal.SIGINT:
+                # A closing terminal often sends SIGHUP twice: only Ctrl-C escalates.
+                with contextlib.suppress(OSError):
+                    note("retrieval-host: still cancelling (Ctrl-C quits at once)")
+                return
+            with contextlib.suppress(OSError):
+                out.flush()
+                err.write("\nretrieval-host: interrupted again: quitting at once\n")
+                err.flush()
             os._exit(130)
         cancel.cancel()
-        note(
-            "retrieval-host: cancelling: no further file starts and the files in flight stop "
-            "before their commit (Ctrl-C again quits at once)"
-        )
+        with contextlib.suppress(OSError):
+            note(
+                "retrieval-host: cancelling: no further file starts and the files in flight "
+                "stop before their commit (Ctrl-C again quits at once)"
+            )
 
     previous = {sig: signal.signal(sig, on_sigint) for sig in INTERRUPTS}
     try:

@@ -11,7 +11,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, TextDelta
 from retrieval_host.core.runs import RunEngine
-from retrieval_host.core.runs.generation import MAX_ANSWER_CHARS, MAX_BACKOFF_S
+from retrieval_host.core.runs.generation import DELTA_OVERHEAD, MAX_ANSWER_CHARS, MAX_BACKOFF_S
 from retrieval_host.core.runs_model import (
     RunCompleted,
     RunDelta,
@@ -280,6 +280,7 @@ def test_an_answer_past_the_hosts_bound_fails_the_run_and_is_not_read_further(
     )
     # Not asked again (its text streamed), and read only up to the bound.
     assert endless.calls == 1
-    assert endless.taken == MAX_ANSWER_CHARS // 65536 + 1
+    accepted = MAX_ANSWER_CHARS // (65536 + DELTA_OVERHEAD)  # each piece counts its overhead
+    assert endless.taken == accepted + 1
     streamed = sum(len(e.text) for e in events if isinstance(e, RunDelta))
-    assert streamed == MAX_ANSWER_CHARS
+    assert streamed == accepted * 65536

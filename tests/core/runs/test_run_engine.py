@@ -1249,3 +1249,60 @@ def test_a_rejected_answer_can_complete_as_rejected_or_with_a_fixed_reply(
     assert replaced.text == reply and replaced.verification is None
     assert replaced.citations is None  # the fixed reply cites nothing
     assert [(f.outcome, f.action) for f in replaced.fallbacks] == [("answer-rejected", "answer")]
+
+
+@pytest.mark.parametrize(
+    "fallback", ["continue", FixedAnswer("Ask again.")], ids=["go-on", "reply"]
+)
+def test_in_tool_mode_a_passage_revoked_after_the_model_read_it_fails_even_with_continue(
+    run_world: RunWorld, fallback: Literal["continue"] | FixedAnswer
+) -> None:
+    """The check before each step dropped a revoked passage and went on, although the model
+    had read it at an earlier step and its next answer could draw on it (a review): as at
+    recording, `continue` does not cover what the model has read; a fixed reply does."""
+
+    class SearchesTwiceThenAnswers:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            if request.step < 3:
+                query = "battery" if request.step == 1 else "solar panels"
+                yield ToolCallRequested(
+                    ToolCall(f"c{request.step}", "search_context", json.dumps({"query": query}))
+                )
+            else:
+                yield TextDelta(" ".join(f"[source:{p.handle}]" for p in request.evidence))
+
+    engine = run_world.with_provider("local", SearchesTwiceThenAnswers())
+    events: list[RunEvent] = []
+    receipts = 0
+
+    def sink(event: RunEvent) -> None:
+        nonlocal receipts
+        events.append(event)
+        if isinstance(event, RunProgress) and event.phase == "retrieval.receipt":
+            receipts += 1
+            if receipts == 2:  # step 2's search: the model has read step 1's passages
+                del run_world.acl.search["battery"]
+
+    request = RunRequest(
+        provider="local",
+        model="m",
+        input="How long does the battery last?",
+        retrieval=RunRetrieval(corpus="library", mode="tool"),
+        max_generation_steps=4,
+        fallbacks=Fallbacks(source_unavailable=fallback),
+    )
+    engine.execute(request, ALICE, sink)
+    done = events[-1]
+    if fallback == "continue":
+        assert isinstance(done, RunFailed), done
+        assert done.error.code is ErrorCode.SOURCE_UNAVAILABLE
+    else:
+        assert isinstance(done, RunCompleted), done
+        assert done.result.text == "Ask again."
+        assert [(f.outcome, f.action) for f in done.result.fallbacks] == [
+            ("source-unavailable", "answer")
+        ]

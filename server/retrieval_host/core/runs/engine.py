@@ -275,21 +275,25 @@ class RunEngine:
             if request.max_tokens is not None and run.tokens_spent >= request.max_tokens:
                 raise token_budget_exhausted(run.tokens_spent, request.max_tokens)
             if spec is not None and run.evidence:
-                found = len(run.evidence)
+                found = set(run.evidence)
                 recheck_evidence(run, spec, drop=True)
-                if len(run.evidence) < found:
+                dropped = found - set(run.evidence)
+                if dropped:
                     # Revoked since it was found (a new revision of its source, a grant
                     # taken back): the run's `sourceUnavailable` decides, as at recording. It
                     # was dropped silently, and a `before` run left with nothing called the
                     # model without evidence and completed (a black-box test, ~1% of runs
                     # racing re-ingests).
-                    fixed = _fallback(
-                        run,
-                        taken,
-                        "source-unavailable",
-                        fallbacks.source_unavailable,
-                        source_unavailable(),
-                    )
+                    action = fallbacks.source_unavailable
+                    if action == "continue" and dropped & run.shown:
+                        # The model read it at an earlier step: what it writes next may draw
+                        # on it (its own messages are sent again), as at recording.
+                        raise source_unavailable()
+                    noted = any(t.outcome == "source-unavailable" for t in taken)
+                    if not (action == "continue" and noted):  # listed once per run
+                        fixed = _fallback(
+                            run, taken, "source-unavailable", action, source_unavailable()
+                        )
                     if fixed is None and mode == "before" and not run.evidence:
                         fixed = _without_evidence(run, taken, fallbacks, _no_evidence_before())
                     if fixed is not None:

@@ -32,8 +32,11 @@ MAX_BACKOFF_S: Final = 8.0
 # The most text the host takes from one model call. `maxOutputTokens` is only a request to
 # the provider: a server that ignores it (a looping model, a broken proxy) streamed 200 MB
 # into one run, all of it buffered for the client, recorded and checked (a black-box test).
-# 1 MiB of characters is several times the longest answer of any current model.
+# 1 MiB of characters is several times the longest answer of any current model. Each streamed
+# piece also counts `DELTA_OVERHEAD` (what its event costs to queue for a client that reads
+# slowly, beyond its text): a model streaming one character at a time stops at ~116,000.
 MAX_ANSWER_CHARS: Final = 1 << 20
+DELTA_OVERHEAD: Final = 8
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def generate_step(
                 run.context.cancel.check()
                 if isinstance(event, TextDelta):
                     if event.text:
-                        size += len(event.text)
+                        size += len(event.text) + DELTA_OVERHEAD
                         if size > MAX_ANSWER_CHARS:
                             raise answer_too_large()
                         text.append(event.text)
