@@ -435,7 +435,7 @@ def _norm(name: str) -> str:
     return name.replace("_", "").lower()
 
 
-class _DuplicateKey(ValueError):
+class DuplicateKeyError(ValueError):
     """A JSON object of a configuration file holds a key twice."""
 
 
@@ -445,7 +445,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         if key in seen:
             # Only the key: a value may be secret. (Not `http.strict.check_unique_keys`, the
             # requests' rule: it names no key, and an operator must find the line to fix.)
-            raise _DuplicateKey(
+            raise DuplicateKeyError(
                 f"the key {json.dumps(key)} appears twice in one object (a JSON object may "
                 "hold each key once; remove the one that is not meant)"
             )
@@ -472,7 +472,7 @@ def _apply_override(
     if len(path) == 1:
         try:
             data[alias] = load_unique_json(raw)
-        except _DuplicateKey as exc:
+        except DuplicateKeyError as exc:
             raise SettingsError(f"setting {variable}: {exc}") from None
         except ValueError:
             data[alias] = raw
@@ -512,7 +512,7 @@ def load_settings(
             loaded = load_unique_json(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise SettingsError(f"cannot read {file}: {exc.strerror}") from exc
-        except _DuplicateKey as exc:
+        except DuplicateKeyError as exc:
             raise SettingsError(f"{file}: {exc}") from None
         except ValueError as exc:
             raise SettingsError(f"{file} is not valid JSON: {exc}") from exc
@@ -549,7 +549,7 @@ def _read_tokens_file(file: Path) -> list[Any]:
         loaded = load_unique_json(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SettingsError(f"cannot read tokensFile {file}: {exc.strerror}") from exc
-    except _DuplicateKey as exc:
+    except DuplicateKeyError as exc:
         raise SettingsError(f"tokensFile {file}: {exc}") from None
     except ValueError:
         raise SettingsError(f"tokensFile {file} is not valid JSON") from None

@@ -165,3 +165,19 @@ def test_a_title_is_text_only_and_a_script_inside_it_neither_runs_nor_replaces_i
     assert prepared.source.title == "<script>alert('t')</script>Hostile & HTML"
     joined = "\n".join(chunk.text for chunk in prepared.chunks)
     assert joined == "Body text."
+
+
+@pytest.mark.parametrize(
+    ("page", "title"),
+    [
+        ("<h1>Pump guide</h1><h2>Priming</h2><p>Prime it.</p>", "Pump guide"),
+        ("<h1>Pump guide</h1><p>Intro.</p><h2>Priming</h2><p>Prime it.</p>", "Pump guide"),
+        ("<h2>Priming</h2><p>Prime it.</p>", ""),
+    ],
+)
+def test_without_a_title_element_the_first_h1_is_the_title_even_directly_before_an_h2(
+    count_tokens: TokenCounter, page: str, title: str
+) -> None:
+    # A heading-only `h1` is folded into the `h2` that follows: its text was no longer found
+    # as the title, which came out empty for the commonest shape (a black-box test).
+    assert prepare(page.encode(), count_tokens).source.title == title

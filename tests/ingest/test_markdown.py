@@ -236,3 +236,21 @@ def test_many_sections_stay_within_the_metadata_bound(count_tokens: TokenCounter
     assert prepared.source.metadata["sectionsTruncated"] is True
     assert len(json.dumps(prepared.source.metadata, sort_keys=True)) <= MAX_METADATA_BYTES
     assert len(prepared.chunks) == 1500
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        ("# Pump guide\n\n## Priming\n\nPrime the pump.\n", "Pump guide"),
+        ("# Pump guide\n\nIntro.\n\n## Priming\n\nPrime the pump.\n", "Pump guide"),
+        ("Pump guide\n==========\n\n## Priming\n\nPrime the pump.\n", "Pump guide"),
+        ("## Priming\n\nPrime the pump.\n", ""),
+        ("Intro.\n\n## Priming\n\n# Later h1\n\nText.\n", "Later h1"),
+    ],
+)
+def test_the_first_h1_is_the_title_even_directly_before_a_deeper_heading(
+    count_tokens: TokenCounter, text: str, title: str
+) -> None:
+    # A heading-only `# Title` is folded into the `## Section` after it: the title came out
+    # empty for the commonest shape of a Markdown document (a black-box test).
+    assert prepare(text.encode(), count_tokens).source.title == title

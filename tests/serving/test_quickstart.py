@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from retrieval_host.serving.quickstart import prepare_state
-from retrieval_host.settings import load_settings
+from retrieval_host.settings import SettingsError, load_settings
 from retrieval_host_client import validate_source_citations
 from tests.support.ports import free_port
 from tests.support.quickstart import cli, serving
@@ -105,6 +105,8 @@ def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) 
     indexed = [line for line in again.stdout.splitlines() if "passages, revision" in line]
     assert len(indexed) == 3
     assert all(line.split()[0] == "unchanged" for line in indexed), again.stdout
+    # What to run to serve the state it left (a black-box test found no word of it).
+    assert "Serve it later with: retrieval-host serve --config state/host.json" in again.stdout
 
 
 def _listening_on_all_interfaces(port: int) -> bool:
@@ -218,3 +220,18 @@ def test_a_rerun_keeps_the_edited_configuration_and_moves_only_its_port(
     token = (state / "token").read_text().strip()
     assert [t["subject"] for t in renewed["tokens"]] == [config["tokens"][0]["subject"], "added"]
     assert renewed["tokens"][0]["sha256"] == hashlib.sha256(token.encode()).hexdigest()
+
+
+def test_a_rerun_refuses_a_configuration_with_a_key_twice_and_leaves_it(tmp_path: Path) -> None:
+    # A black-box test: a second "tokens" list was read as the last one and written back,
+    # deleting the operator's other entry, while `serve` refuses the same file.
+    state = tmp_path / "state"
+    host_file = prepare_state(state, 18011)
+    text = host_file.read_text()
+    doubled = text.replace('"tokens": [', '"tokens": [], "tokens": [', 1)
+    assert doubled != text
+    host_file.write_text(doubled)
+    with pytest.raises(SettingsError, match='the key "tokens" appears twice'):
+        prepare_state(state, 18012)
+    assert host_file.read_text() == doubled
+    assert not (state / "host.json.bak").exists()

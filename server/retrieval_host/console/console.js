@@ -35,7 +35,6 @@ const MEDIA_TYPES = {
   md: "text/markdown",
   markdown: "text/markdown",
   txt: "text/plain",
-  text: "text/plain",
   html: "text/html",
   htm: "text/html",
   eml: "message/rfc822",

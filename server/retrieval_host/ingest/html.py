@@ -110,7 +110,9 @@ def extract_html(
     if truncated:
         metadata["sectionsTruncated"] = True
     if title is None:
-        h1 = next((s.path[0] for s, _ in sections if s.level == 1 and s.path), "")
+        # Read before heading-only sections were folded: an `h1` directly followed by an `h2`
+        # is folded into it, and the title came out empty (a black-box test).
+        h1 = next((s.path[0] for s in reader.sections if s.level == 1 and s.path), "")
         title = clip(reader.title_text(), 1024) or h1
     # The visible text line by line as in the source: a change that moves a cited line
     # changes the digest, and with it the revision.

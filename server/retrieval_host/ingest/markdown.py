@@ -73,6 +73,9 @@ class _Section:
     level: int  # 0 for the text before the first heading
     blocks: list[Block] = field(default_factory=list)
     heading_only: bool = True
+    # The level of the path's first heading: an `h1` there names the document, also once a
+    # heading-only `# Title` was folded into the `## Section` that follows it.
+    top: int = 0
 
 
 def extract_markdown(data: bytes, title: str | None) -> Extracted:
@@ -134,7 +137,9 @@ def extract_markdown(data: bytes, title: str | None) -> Extracted:
 
     if title is None:
         fm_title = front.get("title")
-        h1 = next((s.path[0] for s in sections if s.level == 1 and s.path), None)
+        # The first `h1`: `# Pump guide` directly followed by `## Priming` (the commonest
+        # shape) was folded into that section and the title came out empty (a black-box test).
+        h1 = next((s.path[0] for s in sections if s.top == 1 and s.path), None)
         title = fm_title if isinstance(fm_title, str) else (h1 or "")
     return Extracted(tuple(segments), text, title, metadata)
 
@@ -206,7 +211,8 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
         while stack and stack[-1][0] >= level:
             stack.pop()
         stack.append((level, text.strip()))
-        sections.append(_Section(tuple(h for _, h in stack), level, [Block(first, end)]))
+        path = tuple(h for _, h in stack)
+        sections.append(_Section(path, level, [Block(first, end)], top=stack[0][0]))
 
     def close_paragraph(end: int) -> None:
         nonlocal paragraph

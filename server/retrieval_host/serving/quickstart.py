@@ -46,7 +46,12 @@ from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.server import check_listen_address, run_server
 from retrieval_host.serving.tls import DEFAULT_HOSTS, ensure_local_certificates
 from retrieval_host.serving.tokens import new_token, token_config_entry
-from retrieval_host.settings import SettingsError, load_settings
+from retrieval_host.settings import (
+    DuplicateKeyError,
+    SettingsError,
+    load_settings,
+    load_unique_json,
+)
 from retrieval_host_client import validate_source_citations
 
 CORPUS: Final = "library"
@@ -199,13 +204,17 @@ def prepare_state(
 
 def _kept_configuration(host_file: Path) -> dict[str, Any] | None:
     """The existing `host.json` as an object, or None when there is none. One that is not a
-    JSON object is moved aside to `host.json.bak` (said on stderr), never lost."""
+    JSON object is moved aside to `host.json.bak` (said on stderr), never lost. An object with
+    a key twice is refused (`SettingsError`, the file left as it is), as `serve` refuses it:
+    read as its last one and written back, an operator's other entry was deleted."""
     try:
         text = host_file.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     try:
-        loaded = json.loads(text)
+        loaded = load_unique_json(text)
+    except DuplicateKeyError as exc:
+        raise SettingsError(f"{host_file}: {exc}") from None
     except ValueError:
         loaded = None
     if isinstance(loaded, dict):
@@ -373,6 +382,9 @@ def quickstart(
             )
             print(f"Serving {where} (Ctrl+C stops it).", flush=True)
             run_server(settings, driver, environ)
+        else:
+            config = _display(state_dir / "host.json")
+            print(f"Serve it later with: retrieval-host serve --config {config}", flush=True)
     finally:
         close_driver(driver)
     return 0
