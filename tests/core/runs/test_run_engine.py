@@ -786,6 +786,7 @@ def test_a_failed_citation_check_can_answer_with_a_fixed_reply_or_continue(
         ALICE,
     )
     assert fixed.text == "Unsure." and fixed.citations is None
+    assert fixed.sources == []  # a fixed reply cites nothing, so its manifest is empty
     kept = engine.run(
         _before(citations=checked, fallbacks=Fallbacks(invalid_citation="continue")), ALICE
     )
@@ -1248,6 +1249,7 @@ def test_a_rejected_answer_can_complete_as_rejected_or_with_a_fixed_reply(
     )
     assert replaced.text == reply and replaced.verification is None
     assert replaced.citations is None  # the fixed reply cites nothing
+    assert replaced.sources == []
     assert [(f.outcome, f.action) for f in replaced.fallbacks] == [("answer-rejected", "answer")]
 
 

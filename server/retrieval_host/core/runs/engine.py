@@ -414,6 +414,10 @@ def _fallback(
     if action == "fail":
         raise error
     answered = isinstance(action, FixedAnswer)
+    if answered:
+        # A fixed reply cites nothing: its manifest is empty, so its record and replay do not
+        # depend on passages it never used (a re-ingest of one made them 404: a black-box test).
+        run.evidence.clear()
     applied = FallbackApplied(outcome, "answer" if answered else "continue")
     taken.append(applied)
     run.emit(RunProgress("outcome", {"outcome": outcome, "action": applied.action}))
