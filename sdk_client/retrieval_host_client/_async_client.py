@@ -44,6 +44,7 @@ from retrieval_host_client.models import (
     SearchResponse,
     SourceListing,
     SourceResponse,
+    WriteOnlyCorpus,
 )
 from retrieval_host_client.run_models import RunEvent, RunRecord, RunRequest, RunResult
 
@@ -366,6 +367,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         """`GET /v1/corpora`: the corpora the token may search, each with its embedding labels,
         the token's operations on it and counts over the sources its subject may search."""
         return corpora_of(await self._send(self._list_corpora()))
+
+    async def list_write_only_corpora(self) -> list[WriteOnlyCorpus]:
+        """`GET /v1/corpora`'s `writeOnly`: the host's corpora the token may index into or
+        delete from but not search (ids and operations; empty from a host before this)."""
+        return list((await self._send(self._list_corpora())).write_only)
 
     async def list_sources(
         self,

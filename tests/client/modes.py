@@ -38,6 +38,7 @@ from retrieval_host_client import (
     SearchResponse,
     SourceListing,
     SourceResponse,
+    WriteOnlyCorpus,
 )
 
 
@@ -104,6 +105,8 @@ class ClientApi(Protocol):
     def get_run(self, run_id: str) -> RunRecord: ...
 
     def list_corpora(self) -> list[CorpusInfo]: ...
+
+    def list_write_only_corpora(self) -> list[WriteOnlyCorpus]: ...
 
     def list_sources(
         self,
@@ -231,6 +234,9 @@ class PortalClient:
 
     def list_corpora(self) -> list[CorpusInfo]:
         return self._portal.call(self.client.list_corpora)
+
+    def list_write_only_corpora(self) -> list[WriteOnlyCorpus]:
+        return self._portal.call(self.client.list_write_only_corpora)
 
     def list_sources(
         self,

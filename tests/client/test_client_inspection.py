@@ -79,6 +79,11 @@ def test_a_missing_and_an_unauthorized_source_raise_the_same_error(connect: Conn
     with pytest.raises(PermissionDeniedError):
         connect("bob").get_source(CORPUS, "handbook")
     assert connect("bob").list_corpora() == []
+    assert connect("bob").list_write_only_corpora() == []
+    # A writer's token: no corpus to search, but where it may write (it learned nothing).
+    scribe = connect("scribe")
+    assert scribe.list_corpora() == []
+    assert [(c.id, c.operations) for c in scribe.list_write_only_corpora()] == [(CORPUS, ["index"])]
 
 
 def test_bad_limits_and_cursors_are_typed_errors(api: ClientApi) -> None:

@@ -44,6 +44,9 @@ def test_corpora_lists_what_the_token_may_search(
     assert main(["corpora", "--ca-bundle", ca], environ=_env(world, "admin", host)) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{CORPUS}  version passages-v1  2 sources  ")
+    # A writer's token learns where it may write (it was shown nothing).
+    assert main(["corpora", "--ca-bundle", ca], environ=_env(world, "scribe", host)) == 0
+    assert capsys.readouterr().out == f"{CORPUS}  [index]  (may not search)\n"
 
 
 def test_sources_list_and_show(

@@ -198,6 +198,7 @@ TOKENS: Mapping[str, tuple[str, Sequence[str], Sequence[str], Sequence[str]]] = 
     "admin": ("admin", [CORPUS, BIG_CORPUS], [CORPUS], [CORPUS]),
     "blocked": ("blocked", [CORPUS], [], []),
     "boom": ("boom", [CORPUS], [], []),
+    "scribe": ("alice", [], [CORPUS], []),  # may index, not search: an application's writer
 }
 
 

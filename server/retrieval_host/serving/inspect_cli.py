@@ -110,6 +110,12 @@ def _corpora(client: Client, as_json: bool) -> None:
             f"{corpus.passages} passages  {corpus.bytes} bytes  "
             f"[{', '.join(corpus.operations)}]  {corpus.embedding.model}"
         )
+    # Those it may write to but not search: a writer's token was shown nothing at all.
+    for writable in client.list_write_only_corpora():
+        if as_json:
+            _line(writable)
+            continue
+        print(f"{writable.id}  [{', '.join(writable.operations)}]  (may not search)")
 
 
 def _list(client: Client, corpus: str, page_size: int | None, as_json: bool) -> None:
