@@ -218,7 +218,8 @@ def test_the_two_shells_have_the_same_methods_and_signatures() -> None:
         assert method.__doc__, name
     assert set(sync) == {
         "discover", "search_context", "index_context", "ingest_context", "delete_context",
-        "run", "stream_run", "get_run", "list_corpora", "list_sources", "get_source",
+        "run", "stream_run", "get_run", "list_corpora", "list_write_only_corpora",
+        "list_sources", "get_source",
         "get_passage",
     }  # fmt: skip
 
