@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,13 @@ import pytest
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import IndexResult, SearchRequest
+from retrieval_host.core.models import (
+    ChunkInput,
+    IndexRequest,
+    IndexResult,
+    SearchRequest,
+    SourceInfo,
+)
 from retrieval_host.driver import IngestRequest
 from retrieval_host.ingest import ChunkingSettings
 from tests.support import ingest_documents as docs
@@ -198,3 +205,20 @@ def test_unknown_corpus_looks_like_a_denial(host: Host) -> None:
             IngestRequest("elsewhere", "guide", "text/markdown", GUIDE), context()
         )
     assert caught.value.code == ErrorCode.PERMISSION_DENIED
+
+
+def test_prepared_passages_document_digest_is_the_one_sent_or_of_the_joined_texts(
+    host: Host,
+) -> None:
+    """README: without `documentSha256`, the digest of the texts joined by a blank line."""
+    texts = ("Ferries leave from pier two.", "Tickets are sold on board.")
+    sent = "ab" * 32
+    for source_id, digest in (("ferry", None), ("ferry-sent", sent)):
+        chunks = [ChunkInput(f"{source_id}#{i}", text) for i, text in enumerate(texts)]
+        request = IndexRequest(CORPUS, SourceInfo(source_id, "1"), chunks, digest)
+        assert host.driver.index_context(request, context()).status == "indexed"
+        host.library.readable[source_id] = "1"
+    hits = host.driver.search_context(SearchRequest(CORPUS, "ferry tickets", limit=8), context())
+    digests = {hit.source.id: hit.document_sha256 for hit in hits.hits}
+    joined = hashlib.sha256("\n\n".join(texts).encode()).hexdigest()
+    assert digests == {"ferry": joined, "ferry-sent": sent}

@@ -11,10 +11,13 @@ The in-process API, for applications that embed the host or write its applicatio
 Every operation is synchronous and asks the corpus's authorizer; errors are `RetrievalError`
 with a stable `ErrorCode`. The HTTP layer (`retrieval_host.http`) and the serving wing
 (`retrieval_host.serving`: CLI, uvicorn, workers, TLS) are built on this API and are not part
-of it. `__all__` is pinned by `tests/test_exported_members.py`.
+of it. The citation check (`validate_source_citations`) is the
+client package's own, re-exported so both sides run the same code. `__all__` is pinned by
+`tests/test_exported_members.py`.
 """
 
 from retrieval_host.batch import BatchItem, BatchReport, JournalInUseError, ingest_paths
+from retrieval_host.citations import InvalidCitationError, validate_source_citations
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -102,6 +105,7 @@ __all__ = [
     "IndexResult",
     "IngestLimits",
     "IngestRequest",
+    "InvalidCitationError",
     "JournalInUseError",
     "Location",
     "OutputArtifactSpec",
@@ -137,4 +141,5 @@ __all__ = [
     "load_settings",
     "media_type_for_path",
     "prepare_document",
+    "validate_source_citations",
 ]

@@ -154,6 +154,8 @@ def pin_to_grants(case: Any, data: st.DataObject, world: World, recorded_run: st
             body["corpus"] = CORPUS
         if "provider" in body:
             body["provider"] = PROVIDER
+        if "model" in body:
+            body["model"] = "extractive"  # the one model this world's provider serves
         if isinstance(body.get("retrieval"), dict):
             body["retrieval"]["corpus"] = CORPUS
         # This world's corpus has no reranker: insisting on one is refused by design (422

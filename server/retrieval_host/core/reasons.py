@@ -94,6 +94,7 @@ class InvalidRequestReason(StrEnum):
     UNREADABLE = "unreadable"  # a batch file could not be read (reported per file, not raised)
     EMBEDDING_CONFIG = "embedding-config"  # the OpenAI-compatible embedding config is invalid
     PROVIDER_CONFIG = "provider-config"  # the OpenAI-compatible provider config is invalid
+    UNKNOWN_MODEL = "unknown-model"  # a run names a model its provider does not serve
     RERANK_CONFIG = "rerank-config"  # the reranker config is invalid
     RERANK_UNAVAILABLE = "rerank-unavailable"  # `rerank: true` on a corpus without a reranker
     IDEMPOTENCY_KEY_REUSED = "idempotency-key-reused"  # one key, two different run requests

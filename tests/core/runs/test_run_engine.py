@@ -1308,3 +1308,19 @@ def test_in_tool_mode_a_passage_revoked_after_the_model_read_it_fails_even_with_
         assert [(f.outcome, f.action) for f in done.result.fallbacks] == [
             ("source-unavailable", "answer")
         ]
+
+
+def test_a_model_the_extractive_provider_does_not_serve_is_refused_before_a_run(
+    run_world: RunWorld,
+) -> None:
+    # A black-box test: "model": "gpt-9" completed, and the record and the usage sink credited
+    # a model that does not exist.
+    engine = RunEngine(run_world.service, {"local": ExtractiveProvider()}, run_world.runs)
+    events: list[RunEvent] = []
+    with pytest.raises(RetrievalError) as info:
+        engine.execute(replace(_before(), model="gpt-9"), ALICE, events.append)
+    assert info.value.code is ErrorCode.INVALID_REQUEST
+    assert info.value.reason == "unknown-model"
+    assert "gpt-9" in info.value.detail and "extractive" in info.value.detail
+    assert events == []  # refused before a run exists
+    assert engine.run(_before(), ALICE).model == "extractive"

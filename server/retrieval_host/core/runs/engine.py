@@ -35,7 +35,11 @@ from retrieval_host.core.runs.generation import (
     unoffered_tool_call,
 )
 from retrieval_host.core.runs.replay import replay
-from retrieval_host.core.runs.request import check_run_request, request_fingerprint
+from retrieval_host.core.runs.request import (
+    check_model,
+    check_run_request,
+    request_fingerprint,
+)
 from retrieval_host.core.runs.result import build_result
 from retrieval_host.core.runs.retrieval import SEARCH_TOOL, answer_tool_calls, retrieve
 from retrieval_host.core.runs.state import (
@@ -173,6 +177,7 @@ class RunEngine:
         provider = self._providers.get(request.provider)
         if provider is None:
             raise denied()
+        check_model(provider, request)
         spec = request.retrieval
         retrieval = spec if spec is not None and spec.mode != "off" else None
         if retrieval is not None:

@@ -10,6 +10,7 @@ from retrieval_host.core.descriptor import check_label
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.models import SEARCH_MODES
+from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.core.runs_model import RETRIEVAL_MODES, Fallbacks, RunRequest
 from retrieval_host.core.validation import MAX_LIMIT
 
@@ -62,6 +63,19 @@ def request_fingerprint(request: RunRequest) -> str:
                 del retrieval[name]
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=list)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def check_model(provider: object, request: RunRequest) -> None:
+    """Refuse a model the provider says it does not serve (`GenerationProvider`'s optional
+    `models`); the offline extractive provider serves only `extractive`."""
+    served = getattr(provider, "models", None)
+    if isinstance(served, (set, frozenset)) and request.model not in served:
+        names = ", ".join(sorted(str(name) for name in served))
+        raise RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            f"Provider {request.provider!r} serves the model(s) {names}, not {request.model!r}.",
+            reason=InvalidRequestReason.UNKNOWN_MODEL,
+        )
 
 
 def check_run_request(request: RunRequest) -> None:
