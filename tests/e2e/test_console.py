@@ -754,3 +754,34 @@ def test_the_first_page_keeps_the_filter_and_odd_addresses_are_errors_in_words(
     expect(page.locator("#error")).to_contain_text("not a valid bearer token")
     assert seen.errors == []
     page.context.close()
+
+
+def test_a_message_whose_headers_the_thread_did_not_keep_says_so(
+    browser: Browser, console: Console
+) -> None:
+    # A black-box test: past a long thread's header list, a passage's message showed no
+    # headers and no word why.
+    header = {"messageId": "<m1@x>", "from": "Ada <ada@x>", "date": "Mon, 1 Jan 2024",
+              "subject": "Moorings", "attachments": []}  # fmt: skip
+    metadata = {"messageCount": 3, "messages": [header], "messagesTruncated": True}
+    chunks = [
+        {"id": f"thread-{n}", "text": f"Message {n} about moorings.",
+         "location": {"startLine": 1, "endLine": 1, "documentId": f"<m{n}@x>"}}
+        for n in (1, 3)
+    ]  # fmt: skip
+    source = {"id": "thread", "revision": "1", "title": "Moorings", "metadata": metadata}
+    with console.api() as api:
+        body = {"corpus": "library", "source": source, "chunks": chunks}
+        assert api.post("/v1/retrieval/index", json=body).status_code == 200
+    page, _ = _signed_in(browser, console)
+    main = page.locator("main")
+    page.evaluate("() => { location.hash = '#/passage/library/thread-1'; }")
+    expect(page.locator("#cited")).to_have_text("Message 1 about moorings.")
+    expect(main).to_contain_text("Ada <ada@x>")
+    page.evaluate("() => { location.hash = '#/passage/library/thread-3'; }")
+    expect(page.locator("#cited")).to_have_text("Message 3 about moorings.")
+    expect(main).to_contain_text("Not kept: this thread's header list was cut short at 1 of 3")
+    expect(main).not_to_contain_text("Ada <ada@x>")
+    _shot(page, "message-headers-not-kept")
+    _delete(console, "thread", "1")
+    page.context.close()

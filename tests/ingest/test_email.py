@@ -174,15 +174,63 @@ def test_attachments_are_listed_and_never_parsed(count_tokens: TokenCounter) -> 
     assert "rm -rf" not in texts
 
 
-def test_broken_charsets_decode_with_replacement(count_tokens: TokenCounter) -> None:
+def test_broken_charsets_read_as_utf8_or_windows_1252(count_tokens: TokenCounter) -> None:
     prepared: PreparedDocument = prepare(
         docs.broken_charsets_message(), count_tokens, "message/rfc822"
     )
     text = prepared.chunks[0].text
-    assert "unknown charset caf\ufffd \ufffd\ufffd end" in text
-    assert "codec charset x\ufffd" in text  # a non-text codec label falls back to UTF-8
-    assert "mislabelled \ufffdt\ufffd latin-1 bytes" in text
+    # An unknown or non-text label reads as no label: not UTF-8, so windows-1252.
+    assert "unknown charset caf\u00e9 \u00ff\u00fe end" in text
+    assert "codec charset x\u0153\u00cbH\u00cd\u00c9\u00c9" in text
+    # A black-box test: latin-1 bytes labelled UTF-8 were stored as U+FFFD.
+    assert "mislabelled \u00e9t\u00e9 latin-1 bytes" in text
     assert prepared.chunks[0].location.document_id == "<charsets@example.org>"
+
+
+@pytest.mark.parametrize(
+    ("charset", "body", "expected"),
+    [
+        # Outlook's smart quotes under an ISO-8859-1 label were stored as C1 controls.
+        (
+            "iso-8859-1",
+            b"He said \x93yes\x94 \x96 to the zebu.",
+            "He said \u201cyes\u201d \u2013 to",
+        ),
+        # UTF-8 bytes under a US-ASCII label were stored as U+FFFD.
+        ("us-ascii", "caf\u00e9 cr\u00e8me".encode(), "caf\u00e9 cr\u00e8me"),
+        # UTF-8 with one damaged byte stays UTF-8: windows-1252 would garble all of it.
+        (
+            "utf-8",
+            "\u00e9t\u00e9 ".encode() + b"\xff" + " na\u00efve".encode(),
+            "\u00e9t\u00e9 \ufffd na\u00efve",
+        ),
+        (None, "Gr\u00fc\u00dfe".encode(), "Gr\u00fc\u00dfe"),
+        # A declared charset that decodes keeps its reading, damage and all.
+        ("shift_jis", "\u65e5\u672c".encode("shift_jis") + b"\xff", "\u65e5\u672c"),
+    ],
+)
+def test_mislabelled_8bit_text_reads_as_mail_readers_show_it(
+    count_tokens: TokenCounter, charset: str | None, body: bytes, expected: str
+) -> None:
+    content_type = "text/plain" + (f"; charset={charset}" if charset else "")
+    raw = docs.message(
+        body, content_type=content_type, extra_headers=["Content-Transfer-Encoding: 8bit"]
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert expected in prepared.chunks[0].text
+
+
+def test_raw_8bit_headers_read_as_text(count_tokens: TokenCounter) -> None:
+    # A black-box test: latin-1 bytes in a Subject became U+FFFD in the title and metadata.
+    raw = docs.message("Body.\n", subject="SUBJ").replace(
+        b"Subject: SUBJ", "Subject: Gr\u00fc\u00dfe aus K\u00f6ln".encode("latin-1")
+    )
+    raw = raw.replace(b"From: Alice", "From: J\u00f6rg".encode())
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert prepared.source.title == "Gr\u00fc\u00dfe aus K\u00f6ln"
+    messages: Any = prepared.source.metadata["messages"]
+    assert messages[0]["subject"] == "Gr\u00fc\u00dfe aus K\u00f6ln"
+    assert messages[0]["from"] == "J\u00f6rg <alice@example.org>"
 
 
 def test_a_missing_message_id_becomes_a_content_digest(count_tokens: TokenCounter) -> None:
@@ -480,6 +528,34 @@ def test_envelopes_are_found_in_time_linear_in_the_line() -> None:
     threading.Thread(target=split, daemon=True).start()
     assert done.wait(timeout=30), "the envelope search did not finish"
     assert len(found[0]) == 1  # the long line has no newline: not an envelope line
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"From 09:00 to 17:00 in 2024 the reading room is open.",
+        b"From server at 10:15 on 3 March 2024 we saw errors.",
+    ],
+)
+def test_a_dated_sentence_after_a_blank_line_stays_in_its_message(
+    count_tokens: TokenCounter, line: bytes
+) -> None:
+    # A black-box test: the sentence split the message, and the line after it was read as the
+    # header of a phantom message: both lost.
+    body = (
+        b"Opening hours:\n\n" + line + b"\nNote: bring your badge.\n\nThe exhibit closes early.\n"
+    )
+    data = docs.mbox(docs.message(body), docs.message("Second.\n", message_id="<m2@example.org>"))
+    prepared: PreparedDocument = prepare(data, count_tokens, "application/mbox")
+    assert prepared.source.metadata["messageCount"] == 2
+    text = "\n".join(c.text for c in prepared.chunks)
+    for words in (line.decode(), "Note: bring your badge.", "The exhibit closes early."):
+        assert words in text
+    # A dated envelope that is not ctime's still splits when a header block follows it.
+    dated = b"From b@x Tue, 2 Jan 2024 11:30:00 +0000\nMessage-ID: <b@x>\n\nTwo.\n"
+    split: PreparedDocument = prepare(data + dated, count_tokens, "application/mbox")
+    assert split.source.metadata["messageCount"] == 3
+    assert split.chunks[-1].location.document_id == "<b@x>"
 
 
 def test_an_mbox_without_blank_lines_splits_on_ctime_envelopes(

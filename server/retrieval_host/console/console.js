@@ -589,6 +589,12 @@ function showPassage(corpus, chunkId, { passage, source, before, after }) {
       ["Message-ID", named(message.messageId)],
       ["Attachments", named((message.attachments || []).map((a) => a.filename).join(", "))],
     ])] : null,
+    !message && passage.location.documentId && source.metadata
+      && source.metadata.messagesTruncated === true
+      ? [h("h2", {}, "Message headers"), h("p", { class: "muted" },
+        "Not kept: this thread's header list was cut short at "
+        + `${(source.metadata.messages || []).length} of ${source.metadata.messageCount} messages.`)]
+      : null,
     before ? [h("h2", {}, `Before (${where(before.location)})`),
       h("pre", { class: "passage around" }, before.text)] : null,
     h("h2", {}, `Cited passage (${where(passage.location)})`),

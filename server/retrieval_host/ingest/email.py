@@ -31,11 +31,19 @@ parts per message (`mime-parts`, estimated from boundary lines before parsing, t
 exactly), MIME nesting (`mime-depth`), HTML to convert per document (`html-bytes`).
 
 The mbox is split on its envelope lines (mboxo/mboxrd): the first line, and each later line
-that starts with `From ` and either follows a blank line and carries a date (a time `hh:mm`
-and a year), or carries a whole ctime date as writers put it (`From sender@example.org Mon Jan
- 1 10:00:00 2024`, blank line before it or not). A body line that starts with `From ` but is
-not one (mid-paragraph, or without a date: "From here on...") stays body text of its message;
-quoted `>From ` body lines are kept as written.
+that starts with `From ` and either carries a whole ctime date as writers put it (`From
+sender@example.org Mon Jan  1 10:00:00 2024`, blank line before it or not), or follows a blank
+line, carries a date (a time `hh:mm` and a year) and is followed by a header block (header
+lines up to a blank line, with a From, Date, Message-ID or Subject field). A body line that
+starts with `From ` but is not one (mid-paragraph, without a date: "From here on...", or a
+sentence: "From 09:00 to 17:00 in 2024 ...") stays body text of its message; quoted `>From `
+body lines are kept as written.
+
+Text is decoded with the declared charset, except that a label of ASCII or ISO-8859-1, or
+none, reads UTF-8 when the bytes are UTF-8 and windows-1252 otherwise (what mailers that
+mislabel send; the HTML standard reads ISO-8859-1 as windows-1252 too), and a UTF-8 label on
+bytes with no UTF-8 sequence at all reads windows-1252. Header values with raw 8-bit bytes
+are read the same way.
 """
 
 from __future__ import annotations
@@ -86,11 +94,16 @@ _CTIME: Final = re.compile(
 _FIRST_ENVELOPE: Final = re.compile(rb"\AFrom [^\n]*\n")
 _HEADER_LINE: Final = re.compile(rb"^[!-9;-~]+[ \t]*:")
 _HEADER_END: Final = re.compile(rb"\r?\n\r?\n")
+# How far past an envelope line a header block is looked for (`_headers_follow`).
+_HEADER_WINDOW: Final = 16 * 1024
 _BOUNDARY: Final = re.compile(rb'boundary\s*=\s*(?:"([^"\r\n]{1,200})"|([^\s;"]{1,200}))', re.I)
 _DASH_LINE: Final = re.compile(rb"^--([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _MSG_ID = re.compile(r"<[^<>\s]+>")
+# Codec names (`codecs.lookup(...).name`) read by `_utf8_or_1252` instead of as declared.
+_GUESSED_LABELS: Final = frozenset({"ascii", "iso8859-1", "latin-1", "utf-8"})
+_RAW_BYTE = re.compile("[\udc80-\udcff]")
 
 
 def extract_email(
@@ -177,8 +190,17 @@ def _another_message(data: bytes, start: int, end: int) -> bool:
     (`From the 10:30 call on 3 May 2024`) followed by `Note: ...` is text."""
     if not (data.endswith(b"\n\n", 0, start) or data.endswith(b"\n\r\n", 0, start)):
         return False
-    block = data[end : end + 16 * 1024].replace(b"\r\n", b"\n").split(b"\n\n", 1)[0]
+    return _headers_follow(data, end)
+
+
+def _headers_follow(data: bytes, end: int) -> bool:
+    """Whether a header block starts at `end`: header and folded lines up to a blank line,
+    with a From, Date, Message-ID or Subject field."""
+    window = data[end : end + _HEADER_WINDOW].replace(b"\r\n", b"\n")
+    block, blank, _ = window.partition(b"\n\n")
     lines = block.split(b"\n")  # the first must be a header line, the rest may be folded
+    if not blank and len(lines) > 1 and len(data) > end + _HEADER_WINDOW:
+        lines.pop()  # the window cut this line short
     if not _HEADER_LINE.match(lines[0]) or not all(
         _HEADER_LINE.match(line) or line[:1] in (b" ", b"\t") for line in lines
     ):
@@ -222,8 +244,8 @@ def _split_mbox(data: bytes, limits: IngestLimits) -> list[bytes]:
 
 def _envelopes(data: bytes) -> Iterator[tuple[int, int]]:
     """(start, end) of each envelope line: the first line, whatever its shape; then each
-    `From ` line that follows a blank line and carries a time and a year, or carries a whole
-    ctime date (`Mon Jan  1 10:00:00 2024`)."""
+    `From ` line that carries a whole ctime date (`Mon Jan  1 10:00:00 2024`), or follows a
+    blank line, carries a time and a year and is followed by a header block."""
     first = _FIRST_ENVELOPE.match(data)
     if first is None:
         return
@@ -232,7 +254,9 @@ def _envelopes(data: bytes) -> Iterator[tuple[int, int]]:
         line, start = match.group(), match.start()
         after_blank = data.endswith(b"\n\n", 0, start) or data.endswith(b"\n\r\n", 0, start)
         dated = after_blank and _TIME.search(line) is not None and _YEAR.search(line) is not None
-        if dated or _CTIME.fullmatch(line) is not None:
+        # A dated line that is not a ctime envelope splits only when a header block follows:
+        # "From 09:00 to 17:00 in 2024 ..." after a blank line is a sentence of the body.
+        if _CTIME.fullmatch(line) is not None or (dated and _headers_follow(data, match.end())):
             yield start, match.end()
 
 
@@ -451,9 +475,10 @@ def _decode(payload: bytes, charset: str | None) -> str:
     """Bytes to text with the declared charset, replacing what does not decode.
 
     An unknown charset, or a codec that is not a text encoding (`base64`, `zlib`, ... are
-    codecs too), falls back to UTF-8, which also reads the common unlabelled case.
+    codecs too), reads as no label. No label, ASCII, ISO-8859-1 and UTF-8 labels go through
+    `_utf8_or_1252` (module docstring): the labels mailers get wrong.
     """
-    name = "utf-8"
+    name = None
     if charset:
         try:
             info = codecs.lookup(charset)
@@ -461,10 +486,24 @@ def _decode(payload: bytes, charset: str | None) -> str:
             info = None
         if info is not None and getattr(info, "_is_text_encoding", True):
             name = info.name
+    if name is None or name in _GUESSED_LABELS:
+        return _utf8_or_1252(payload)
     try:
         return payload.decode(name, errors="replace")
     except Exception:  # a codec that fails anyway (some are stricter than "replace")
-        return payload.decode("utf-8", errors="replace")
+        return _utf8_or_1252(payload)
+
+
+def _utf8_or_1252(data: bytes) -> str:
+    """UTF-8 when the bytes hold UTF-8 (a stray invalid byte becomes U+FFFD), else
+    windows-1252, whose every byte is a character (`0x81`-style holes become U+FFFD)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+    if any(ord(c) > 0x7F and c != "\ufffd" for c in text):
+        return text  # UTF-8 with damage: reading it as windows-1252 would garble the rest
+    return data.decode("windows-1252", errors="replace")
 
 
 def _message_id(message: Message, raw: bytes) -> str:
@@ -490,7 +529,16 @@ def _unique(message_id: str, taken: dict[str, int]) -> str:
 
 
 def _header(message: Message, name: str) -> str | None:
-    """A header's decoded value, or its raw text if the structured parser trips over it."""
+    """A header's decoded value, or its raw text if the structured parser trips over it.
+
+    Raw 8-bit bytes in a header (against RFC 5322, common in old mailers) are read as text
+    is (`_utf8_or_1252`), not replaced by U+FFFD."""
+    for key, raw in message.raw_items():
+        if key.lower() == name.lower():
+            if isinstance(raw, str) and _RAW_BYTE.search(raw):
+                data = raw.encode("ascii", errors="surrogateescape")
+                return " ".join(_utf8_or_1252(data).split())
+            break
     try:
         value = message.get(name)
         return None if value is None else str(value)
