@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -516,3 +517,33 @@ def test_a_read_only_store_builds_its_own_graph_and_writes_nothing(tmp_path: Pat
         assert graph_files(path) == []
     finally:
         ns.store.close()
+
+
+def test_a_delete_removes_the_graph_files_that_held_its_vectors(tmp_path: Path) -> None:
+    # A black-box test: deleted rows' text stayed in the snapshot and their vectors in its
+    # graph files; the delete now has the snapshot rewritten, and no graph fits the new file.
+    path = tmp_path / "d.db"
+    ns = snapshotted(path)
+    query = clustered(np.random.default_rng(27), 1)[0]
+    first = reopened(path, ns)
+    try:
+        first.built(query)
+        assert graph_files(path)
+        first.delete(sorted(first.live)[0])
+        deadline = time.monotonic() + 120
+        while graph_files(path):
+            assert time.monotonic() < deadline, graph_files(path)
+            time.sleep(0.01)
+        allowed = first.everything()
+        for q in clustered(np.random.default_rng(28), 5):
+            assert set(first.ids(allowed, q)) == set(first.exact(allowed, q))
+    finally:
+        first.store.close()
+    again = reopened(path, ns)
+    try:
+        again.live = first.live
+        allowed = again.everything()
+        for q in clustered(np.random.default_rng(29), 5):
+            assert set(again.ids(allowed, q)) == set(again.exact(allowed, q))
+    finally:
+        again.store.close()

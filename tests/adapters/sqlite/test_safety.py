@@ -40,7 +40,7 @@ def test_pytest_temporary_directories_pass_the_checks(tmp_path: Path) -> None:
     # The chain is tmp_path (0700) / pytest dirs (0700) / /tmp (root, sticky 1777) / "/".
     assert Path("/tmp") in tmp_path.parents
     with SqliteVectorStore.open(tmp_path / "store.db") as store:
-        assert store.reclamation == "overwritten"
+        assert store.reclamation == "pending"  # index snapshots on: rewritten after a delete
 
 
 def test_a_new_store_gets_a_private_directory_and_files(tmp_path: Path) -> None:
@@ -191,7 +191,7 @@ def test_a_volume_writable_by_the_hosts_own_group_is_accepted_when_trusted(
     refused(volume / "store.db", "writable-by-others")  # not trusted: the rule as before
 
     with SqliteVectorStore.open(volume / "store.db", trusted_groups=own) as store:
-        assert store.reclamation == "overwritten"
+        assert store.reclamation == "pending"  # index snapshots on: rewritten after a delete
     # kubelet's `fsGroupChangePolicy: Always` makes the files group-writable at each mount.
     for name in ("store.db", "store.db-wal", "store.db-shm"):
         if (volume / name).exists():

@@ -185,9 +185,19 @@ def write(origin: Origin, index: Any, unreachable: Index) -> None:
         index.save,
         lambda identity: write_unreachable(origin, unreachable, identity),
     )
-    prefix = path.name.rsplit("-", 1)[0] + "-"
-    keep = {path.name, _unreachable_path(origin).name}
-    for other in path.parent.glob(f"{prefix}*"):
+    _remove(
+        path.parent, path.name.rsplit("-", 1)[0] + "-", {path.name, _unreachable_path(origin).name}
+    )
+
+
+def remove_graphs(snapshot: Path) -> None:
+    """Remove the graph files of every namespace of this snapshot (a new version of it was
+    written: none fits it), but not lock files nor a live process's temporary files."""
+    _remove(snapshot.parent, f"{snapshot.name}-graph-", set())
+
+
+def _remove(directory: Path, prefix: str, keep: set[str]) -> None:
+    for other in directory.glob(f"{prefix}*"):
         if other.name in keep or other.name.endswith(".lock"):
             continue
         if other.name.endswith(".tmp"):  # `<graph>.<pid>.tmp`: only of a process that is gone

@@ -21,7 +21,10 @@ open of a store from before snapshots, or after a large change) and when enough 
 since the last snapshot, on a background thread; and at `close()` when anything changed. It is
 written to a new private file (0600, `O_EXCL`), flushed, and renamed over the old one, so a
 reader maps the old snapshot or the new one, never a part. Dead rows (replaced or deleted
-revisions) are written as they are and skipped at open.
+revisions) are left out, their postings too (`_live_rows`): a snapshot holds only the text of
+revisions live when it was written. A delete has the store rewrite the corpus's snapshot in
+the background (`SqliteSnapshots._erase_from_snapshot`), so a deleted passage leaves the file
+too, not only SQLite.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import logging
 import mmap
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -102,7 +105,7 @@ class NamespaceImage:
 
     namespace: str
     size: int
-    arrays: dict[str, npt.NDArray[Any]]
+    arrays: dict[str, Array]
     sources: list[SourceEntry]
     postings: dict[str, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]]
     base: BasePostings | None
@@ -113,7 +116,7 @@ def image(namespace: str, segment: Segment) -> NamespaceImage:
     its arrays and copies of its small mutable parts, nothing of the size of the data."""
     size = segment.size
     rows = segment.rows
-    arrays: dict[str, npt.NDArray[Any]] = {
+    arrays: dict[str, Array] = {
         "matrix": segment.matrix[:size],
         "hashes": segment.hashes[:size],
         "has_document": rows.has_document[:size],
@@ -157,6 +160,126 @@ def _source_of(ns: NamespaceImage) -> npt.NDArray[np.int32]:
     return source_of
 
 
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """Rows `kept` of `array`, gathered piece by piece as they are written: the live rows of a
+    large matrix are not copied whole. Runs of consecutive rows are written as they lie."""
+
+    array: npt.NDArray[Any]
+    kept: npt.NDArray[np.int64]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.kept), *self.array.shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.array.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return int(self.array.itemsize)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def pieces(self) -> Iterator[npt.NDArray[Any]]:
+        for i in range(0, len(self.kept), _TAKE_ROWS):
+            yield np.ascontiguousarray(self.array[self.kept[i : i + _TAKE_ROWS]])
+
+
+@dataclass(frozen=True, slots=True)
+class _Runs:
+    """Byte ranges of `data` written one after another (a blob's live strings)."""
+
+    data: npt.NDArray[np.uint8]
+    runs: list[tuple[int, int]]
+    nbytes: int
+
+    shape = property(lambda self: (self.nbytes,))
+    dtype = property(lambda self: self.data.dtype)
+    itemsize = 1
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def pieces(self) -> Iterator[npt.NDArray[Any]]:
+        for low, high in self.runs:
+            yield self.data[low:high]
+
+
+Array = npt.NDArray[Any] | _Taken | _Runs
+# Rows of a matrix gathered at a time when a snapshot leaves dead rows out (~6 MB at 384
+# dimensions).
+_TAKE_ROWS: Final = 4096
+
+
+def _taken_bytes(
+    data: npt.NDArray[np.uint8], ends: npt.NDArray[np.int64], kept: npt.NDArray[np.int64]
+) -> tuple[_Runs, npt.NDArray[np.int64]]:
+    """The strings at `kept` (ascending) as runs of `data`, and their new end offsets."""
+    if not len(kept):
+        return _Runs(data, [], 0), np.empty(0, np.int64)
+    starts = np.concatenate(([0], ends[:-1]))[kept]
+    lengths = ends[kept] - starts
+    new_ends = np.cumsum(lengths, dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(kept) != 1) + 1
+    firsts = np.concatenate(([0], breaks)).tolist()
+    lasts = (np.concatenate((breaks, [len(kept)])) - 1).tolist()
+    begin, end = starts.tolist(), (starts + lengths).tolist()
+    runs = [(begin[f], end[la]) for f, la in zip(firsts, lasts, strict=True)]
+    return _Runs(data, runs, int(new_ends[-1])), new_ends
+
+
+def _captured(array: Array) -> npt.NDArray[Any]:
+    """An array of `image` (which captures arrays only; `_live_rows` makes the others)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError("an image's arrays are numpy arrays")
+    return array
+
+
+def _live_rows(ns: NamespaceImage) -> NamespaceImage:
+    """The image with only its live sources' rows, renumbered in row order, and the postings
+    of those rows only: dead rows' text, vectors and terms are not written to the file."""
+    ordered = sorted(ns.sources, key=lambda entry: entry.start)
+    live = sum(entry.stop - entry.start for entry in ordered)
+    if live == ns.size:
+        return ns
+    kept = (
+        np.concatenate([np.arange(e.start, e.stop, dtype=np.int64) for e in ordered])
+        if ordered
+        else np.empty(0, np.int64)
+    )
+    captured = {name: _captured(array) for name, array in ns.arrays.items()}
+    arrays: dict[str, Array] = {
+        name: captured[name][kept] for name in ("hashes", "has_document", "locations", "lengths")
+    }
+    arrays["matrix"] = _Taken(captured["matrix"], kept)
+    for name in _BYTE_ARRAYS:
+        arrays[name], arrays[f"{name}_ends"] = _taken_bytes(
+            captured[name], captured[f"{name}_ends"], kept
+        )
+    sources: list[SourceEntry] = []
+    at = 0
+    for entry in ordered:
+        n = entry.stop - entry.start
+        sources.append(replace(entry, start=at, stop=at + n))
+        at += n
+    remap = np.full(ns.size, -1, dtype=np.int64)
+    remap[kept] = np.arange(len(kept), dtype=np.int64)
+    postings: dict[str, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]] = {}
+    for term, (slots, tfs) in _postings(ns).items():
+        moved = remap[slots]
+        keep = moved >= 0
+        if keep.any():
+            postings[term] = [(moved[keep], tfs[keep])]
+    return NamespaceImage(ns.namespace, live, arrays, sources, postings, None)
+
+
 def write(
     path: Path,
     corpus: str,
@@ -164,15 +287,18 @@ def write(
     generation: int,
     namespaces: Sequence[NamespaceImage],
 ) -> int:
-    """Write a snapshot to `path` (atomically replacing it); returns the bytes written."""
+    """Write a snapshot to `path` (atomically replacing it) of the namespaces' live rows;
+    returns the bytes written."""
+    namespaces = [_live_rows(ns) for ns in namespaces]
     header_namespaces: dict[str, Any] = {}
-    blocks: list[tuple[int, npt.NDArray[Any]]] = []
+    blocks: list[tuple[int, Array]] = []
     offset = 0  # relative to the data start, fixed once the header's length is known
 
-    def place(array: npt.NDArray[Any], room: int) -> list[Any]:
+    def place(array: Array, room: int) -> list[Any]:
         nonlocal offset
         at = offset
-        blocks.append((at, np.ascontiguousarray(array)))
+        lazy = isinstance(array, _Taken | _Runs)
+        blocks.append((at, array if lazy else np.ascontiguousarray(array)))
         offset = _aligned(at + room)
         return [at, array.dtype.str, list(array.shape)]
 
@@ -228,7 +354,10 @@ def write(
             out.write(MAGIC + len(header).to_bytes(8, "little") + header)
             for at, array in blocks:
                 out.seek(data_start + at)
-                out.write(array.data.cast("B"))
+                pieces = array.pieces() if isinstance(array, _Taken | _Runs) else (array,)
+                for piece in pieces:
+                    if piece.size:  # an empty view has no bytes to write (nor cast)
+                        out.write(piece.data.cast("B"))
         os.ftruncate(fd, total)  # the room after the last array is a hole too
         os.fsync(fd)
     except BaseException:

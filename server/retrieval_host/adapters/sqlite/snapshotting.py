@@ -31,6 +31,8 @@ class SqliteSnapshots:
     _trusted_groups: frozenset[int]
     _snapshot_lock: threading.Lock
     _snapshot_writer: threading.Thread | None
+    _erasing: set[str]
+    _eraser: threading.Thread | None
     _cache_lock: threading.Lock
     _corpora: dict[str, CorpusState]
 
@@ -127,7 +129,34 @@ class SqliteSnapshots:
                 return
             with self._cache_lock:
                 state.unsnapshotted = max(0, state.unsnapshotted - changed)
+            # Graphs of earlier versions of the file hold their rows' vectors (int8), deleted
+            # ones too; none fits the new file (a process mapping one keeps its pages).
+            graph_file.remove_graphs(path)
             _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, size)
+
+    def _erase_from_snapshot(self, state: CorpusState) -> None:
+        """After a delete: rewrite the corpus's snapshot in the background, so the deleted
+        rows leave that file too (a snapshot holds live rows only). Deletes while a rewrite
+        runs are coalesced into one more."""
+        if self._read_only or not self._snapshots:
+            return
+        with self._cache_lock:
+            self._erasing.add(state.descriptor.corpus_id)
+            if self._eraser is not None and self._eraser.is_alive():
+                return  # it takes the corpus before it stops (`_erase`)
+            self._eraser = threading.Thread(target=self._erase, name="store-erase", daemon=True)
+            self._eraser.start()
+
+    def _erase(self) -> None:
+        while True:
+            with self._cache_lock:
+                if not self._erasing:
+                    self._eraser = None
+                    return
+                corpus = self._erasing.pop()
+                state = self._corpora.get(corpus)
+            if state is not None:
+                self._write_snapshot(state)
 
     def checkpoint(self) -> None:
         """Write the snapshot of every open corpus now (waiting for one being written)."""

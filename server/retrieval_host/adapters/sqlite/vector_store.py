@@ -146,6 +146,8 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         self._snapshots = snapshots
         self._snapshot_lock = threading.Lock()  # one snapshot written at a time
         self._snapshot_writer: threading.Thread | None = None
+        self._erasing: set[str] = set()  # corpora whose snapshot still holds deleted rows
+        self._eraser: threading.Thread | None = None
         self._conn: apsw.Connection | None = connection
         self._path = path
         self._file = OpenedFile(path)  # the file this store opened (checked before writes)
@@ -212,16 +214,17 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
 
     @property
     def reclamation(self) -> str:
-        """`overwritten`: `secure_delete` zeroes freed pages and deletes checkpoint the WAL."""
-        return "overwritten"
+        """`overwritten`: `secure_delete` zeroes freed pages and deletes checkpoint the WAL;
+        `pending` with index snapshots, which a delete rewrites in the background."""
+        return "pending" if self._snapshots and not self._read_only else "overwritten"
 
     def close(self) -> None:
         """Write the snapshot of each corpus that changed since its last one, then close the
         connection; later calls raise `STORE_UNAVAILABLE`. Idempotent."""
         self._graphs.close()
-        writer = self._snapshot_writer
-        if writer is not None:
-            writer.join()
+        for writer in (self._snapshot_writer, self._eraser):
+            if writer is not None:
+                writer.join()
         with self._cache_lock:
             pending = [s for s in self._corpora.values() if s.unsnapshotted]
         for state in pending:
@@ -449,6 +452,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
                 conn.execute("DELETE FROM sources WHERE id = ?", (current[0],))
             self._after_commit(state, before, generation, [], [(namespace, source_id)])
             truncate_wal(conn)
+        self._erase_from_snapshot(state)
         return removed
 
     # --- cache maintenance ---------------------------------------------------------------------
