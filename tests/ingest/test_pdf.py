@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pypdf
 import pytest
@@ -220,3 +221,35 @@ def test_bytes_that_are_not_a_pdf_are_a_content_type_mismatch(
             token_counter=count_tokens,
         )
     assert caught.value.reason == "content-type-mismatch"
+
+
+def test_a_page_whose_form_xobjects_pypdf_stops_following_is_refused(
+    count_tokens: TokenCounter,
+) -> None:
+    # A black-box test: past 5,000 form draws pypdf skipped the rest of the page's forms and
+    # the page was indexed without their text, `indexed` and no word of it.
+    whole = prepare_document(
+        docs.form_fanout_pdf(10), "application/pdf", source_id="f", token_counter=count_tokens
+    )
+    assert "gizmo77" in "\n".join(c.text for c in whole.chunks)
+    with pytest.raises(RetrievalError) as info:
+        prepare_document(
+            docs.form_fanout_pdf(5_200),
+            "application/pdf",
+            source_id="f",
+            token_counter=count_tokens,
+        )
+    assert (info.value.code, info.value.reason) == (ErrorCode.DOCUMENT_TOO_COMPLEX, "pdf-operators")
+    assert "page 1 draws more than 5000 form XObjects" in info.value.detail
+
+
+def test_an_xref_declaring_more_entries_than_the_file_holds_is_malformed_not_too_large(
+    count_tokens: TokenCounter,
+) -> None:
+    # A black-box test: a 769-byte file was refused 413 `pdf-resource-limit`.
+    broken = re.sub(rb"xref\n0 \d+\n", b"xref\n0 65535\n", docs.one_page_pdf(), count=1)
+    assert b"xref\n0 65535\n" in broken and len(broken) < 2048
+    with pytest.raises(RetrievalError) as info:
+        prepare_document(broken, "application/pdf", source_id="x", token_counter=count_tokens)
+    assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_DOCUMENT, "pdf-malformed")
+    assert "cross-reference table" in info.value.detail

@@ -344,3 +344,31 @@ def random_body_message(body_bytes: int, seed: int = 7) -> bytes:
         lines.append("".join(rng.choice(alphabet) for _ in range(width)))
         left -= width + 1
     return message("\n".join(lines) + "\n")
+
+
+def form_fanout_pdf(stamps: int) -> bytes:
+    """One page that draws a tiny form XObject `stamps` times, then a form holding the
+    sentence "Unique form sentence about gizmo77." (pypdf follows at most 5,000 form draws per
+    page and returns the text before the rest)."""
+    content = b"BT /F1 12 Tf 72 720 Td (Body text outside forms.) Tj ET\n"
+    content += b"q /S Do Q\n" * stamps + b"q /T Do Q\n"
+    stamp = b"0 0 m 1 1 l S"
+    sentence = b"BT /F1 12 Tf 72 600 Td (Unique form sentence about gizmo77.) Tj ET"
+    form = (
+        b" /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /Font << /F1 5 0 R >> >>"
+    )
+    page = (
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> /XObject << /S 6 0 R /T 7 0 R >> >> >>"
+    )
+    return assemble_pdf(
+        {
+            1: _CATALOG,
+            2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            3: page,
+            4: _stream(zlib.compress(content, 9), b" /Filter /FlateDecode"),
+            5: _FONT,
+            6: _stream(stamp, form),
+            7: _stream(sentence, form),
+        }
+    )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from io import BytesIO
@@ -65,9 +66,39 @@ _OPERATOR: Final = re.compile(
 )
 
 _log = logging.getLogger(__name__)
-# pypdf logs every repair it makes to a damaged file as a warning: for uploaded files that is
-# log volume an attacker controls (one line per broken object). Errors still get through.
-logging.getLogger("pypdf").setLevel(logging.ERROR)
+
+
+class _PypdfLog(logging.Handler):
+    """pypdf's log. It logs every repair it makes to a damaged file as a warning: for uploaded
+    files that is log volume an attacker controls (one line per broken object), so warnings
+    are dropped and errors passed on. One warning matters: text extraction gave up on a
+    page's form XObjects past its invocation bound and returned the text before them, so it
+    is noted for the thread extracting (`skipped_forms`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._local = threading.local()
+
+    @property
+    def skipped_forms(self) -> bool:
+        return bool(getattr(self._local, "skipped_forms", False))
+
+    @skipped_forms.setter
+    def skipped_forms(self, value: bool) -> None:
+        self._local.skipped_forms = value
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            _log.handle(record)
+        elif "form XObject invocations" in str(record.msg):
+            self.skipped_forms = True
+
+
+_PYPDF_LOG: Final = _PypdfLog()
+_pypdf_logger = logging.getLogger("pypdf")
+_pypdf_logger.setLevel(logging.WARNING)
+_pypdf_logger.propagate = False
+_pypdf_logger.addHandler(_PYPDF_LOG)
 
 
 def extract_pdf(
@@ -117,7 +148,18 @@ def extract_pdf(
 def _extract(
     data: bytes, title: str | None, limits: IngestLimits, cancel: CancelToken | None
 ) -> Extracted:
-    reader = pypdf.PdfReader(BytesIO(data), strict=False)
+    try:
+        reader = pypdf.PdfReader(BytesIO(data), strict=False)
+    except LimitReachedError as exc:
+        if not str(exc).startswith("Declared size"):
+            raise
+        # An xref subsection declaring more entries than the file could hold: a 769-byte
+        # file was refused as too large (a black-box report).
+        raise invalid_document(
+            InvalidDocumentReason.PDF_MALFORMED,
+            "the PDF's cross-reference table is damaged: it declares more entries than the "
+            "file holds.",
+        ) from exc
     if reader.is_encrypted:
         try:
             opened = reader.decrypt("")
@@ -153,7 +195,16 @@ def _extract(
     for number, page in enumerate(pages, start=1):
         if cancel is not None:
             cancel.check()
+        _PYPDF_LOG.skipped_forms = False
         page_text = normalize_text(page.extract_text())
+        if _PYPDF_LOG.skipped_forms:
+            # pypdf stops following form XObjects past its bound and returns the text before
+            # them: indexed, the page would be short with nothing to say so.
+            raise _too_many_operators(
+                f"page {number} draws more than "
+                f"{pypdf.get_configuration().xform_maximum_invocations_per_extraction} form "
+                "XObjects; it has more than the allowed"
+            )
         if cancel is not None:
             cancel.progress()
         total += len(page_text)
