@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from retrieval_host.driver import Driver
+from retrieval_host.http import routes as routes_module
 from retrieval_host.http.app import HostApp, create_app
 from tests.support.host import CORPUS, World
 
@@ -224,3 +227,20 @@ async def test_without_a_retrieval_service_the_host_only_describes_itself(
         "/readyz",
         "/metrics",  # served before the routes, with or without a retrieval service
     }
+
+
+async def test_readiness_is_unavailable_when_a_store_does_not_answer_in_time(
+    app: HostApp, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A black-box test: with PostgreSQL frozen, `/readyz` took 20-30 s to answer.
+    app.routes.started = True
+    assert (await client.get("/readyz")).status_code == 200
+    release = threading.Event()
+    monkeypatch.setattr(routes_module, "READY_PROBE_S", 0.2)
+    monkeypatch.setattr(Driver, "stores_answer", lambda self: release.wait(60))
+    try:
+        response = await client.get("/readyz")
+    finally:
+        release.set()
+    assert response.status_code == 503
+    assert response.json()["checks"] == {"started": True, "stores": False}

@@ -9,6 +9,7 @@ two batches). The routes call only the Driver.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, TypeVar
@@ -41,6 +42,9 @@ from retrieval_host_client import models as wire
 
 PROTOCOL_NAME: Final = "retrieval-host"
 PROTOCOL_VERSION: Final = "1"
+# Seconds `/readyz` waits for the stores' answer: one that takes longer is not ready (a probe
+# that hangs on a frozen database is killed by the orchestrator's own timeout, reading nothing).
+READY_PROBE_S: Final = 5.0
 
 
 def ingest_media_types() -> list[str]:
@@ -125,7 +129,12 @@ class Routes:
         if self.workers_ready is not None:
             checks["workers"] = self.workers_ready
         if self.driver is not None:
-            checks["stores"] = await self.policy.probe(self._driver().stores_answer)
+            try:
+                checks["stores"] = await asyncio.wait_for(
+                    self.policy.probe(self._driver().stores_answer), READY_PROBE_S
+                )
+            except TimeoutError:  # a store that does not answer (a frozen database) is down
+                checks["stores"] = False
         ready = all(checks.values())
         body = wire.Readiness(status="ready" if ready else "unavailable", checks=checks)
         return _model_response(body, status=200 if ready else 503)

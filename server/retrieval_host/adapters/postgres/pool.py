@@ -9,6 +9,14 @@ socket turns readable while nothing was asked) is dropped when it would be lent,
 one is lent instead: after a database restart, requests that arrive once it is back do not
 fail on the connections the restart ended (a black-box tester saw every replica's first
 requests answer 503, and usage records dropped, 30 s after the database was back).
+
+A server that stops answering without closing anything (a frozen process, a partition that
+drops packets: the kernel still acknowledges) is not caught by its own `statement_timeout`,
+so each operation also waits at most `answer_timeout_s` for the server (`_Connection`; the
+stores give their statement timeout plus 5 s); past it the connection is abandoned and the
+operation fails `STORE_UNAVAILABLE` (`connection`). Closing the pool shuts the sockets of the
+connections still lent, so a shutdown is not held by a request waiting on such a server (a
+black-box tester's host outlived SIGTERM by as long as the database was frozen).
 """
 
 from __future__ import annotations
@@ -16,14 +24,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.abc import PQGen
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from retrieval_host.adapters._store_rules import (
@@ -36,9 +47,68 @@ from retrieval_host.adapters._store_rules import (
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import StoreUnavailableReason
 
-__all__ = ["Connection", "ConnectionPool", "lock_key", "store_error", "transaction", "translated"]
+__all__ = [
+    "Connection",
+    "ConnectionPool",
+    "answer_timeout_s",
+    "lock_key",
+    "store_error",
+    "transaction",
+    "translated",
+    "unbounded",
+]
+
+RV = TypeVar("RV")
+ANSWER_GRACE_S: Final = 5.0
+# How often a wait wakes to let signals in (psycopg's own default).
+_WAIT_INTERVAL_S: Final = 0.1
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+
+
+class _Connection(psycopg.Connection[tuple[Any, ...]]):
+    """A connection whose every operation waits at most `answer_timeout_s` for the server
+    (None: as long as it takes); past it the connection is closed and the operation raises
+    `OperationalError`, which the stores report as `STORE_UNAVAILABLE`."""
+
+    answer_timeout_s: float | None = None
+
+    def wait(
+        self, gen: PQGen[RV], interval: float = _WAIT_INTERVAL_S, timeout: float | None = None
+    ) -> RV:
+        bound = self.answer_timeout_s
+        if bound is None or (timeout is not None and timeout <= bound):
+            return super().wait(gen, interval, timeout)
+        started = time.monotonic()
+        try:
+            return super().wait(gen, interval, bound)
+        except psycopg.OperationalError as exc:
+            if time.monotonic() - started < bound:
+                raise
+            self.pgconn.finish()  # mid-operation: nothing more can be done with it
+            raise psycopg.OperationalError(
+                f"the database did not answer within {bound:g} s"
+            ) from exc
+
+
+def answer_timeout_s(statement_timeout_ms: int) -> float:
+    """How long an operation waits for the server: its statement timeout and 5 s more (the
+    server's own timeout answers first whenever the server answers at all)."""
+    return statement_timeout_ms / 1000 + ANSWER_GRACE_S
+
+
+@contextlib.contextmanager
+def unbounded(conn: Connection) -> Iterator[None]:
+    """No bound on the server's answers in the block: an operation that may rightly take
+    minutes (an HNSW index build, run with `statement_timeout` 0)."""
+    if not isinstance(conn, _Connection):
+        yield
+        return
+    previous, conn.answer_timeout_s = conn.answer_timeout_s, None
+    try:
+        yield
+    finally:
+        conn.answer_timeout_s = previous
 
 
 def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
@@ -92,6 +162,7 @@ class ConnectionPool:
         setup: Callable[[Connection], None],
         *,
         acquire_timeout_s: float = 30.0,
+        answer_timeout_s: float | None = None,
     ) -> None:
         if isinstance(size, bool) or size < 1:
             raise ValueError("pool_size must be a positive integer")
@@ -118,7 +189,9 @@ class ConnectionPool:
         self._size = size
         self._setup = setup
         self._timeout = acquire_timeout_s
+        self._answer_timeout = answer_timeout_s
         self._idle: list[Connection] = []
+        self._lent: set[Connection] = set()
         self._open = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -137,14 +210,18 @@ class ConnectionPool:
             self._release(conn)
 
     def close(self) -> None:
-        """Close idle connections now and borrowed ones when they come back. Idempotent."""
+        """Close idle connections now and borrowed ones when they come back; an operation
+        still waiting on the server fails at once (its socket is shut). Idempotent."""
         with self._cond:
             self._closed = True
             idle, self._idle = self._idle, []
             self._open -= len(idle)
+            lent = list(self._lent)
             self._cond.notify_all()
         for conn in idle:
             conn.close()
+        for conn in lent:
+            _shut(conn)
 
     def _acquire(self) -> Connection:
         deadline = time.monotonic() + self._timeout
@@ -155,6 +232,7 @@ class ConnectionPool:
                 while self._idle:
                     idle = self._idle.pop()
                     if not _ended(idle):
+                        self._lent.add(idle)
                         return idle
                     self._open -= 1
                     idle.close()  # no I/O to speak of: the server already closed its side
@@ -171,7 +249,9 @@ class ConnectionPool:
                 self._cond.wait(left)
         try:
             with translated("connecting to the database"):
-                conn: Connection = psycopg.connect(self._conninfo, autocommit=True)
+                bounded = _Connection.connect(self._conninfo, autocommit=True)
+                bounded.answer_timeout_s = self._answer_timeout
+                conn: Connection = bounded
                 try:
                     self._setup(conn)
                 except BaseException:
@@ -182,6 +262,8 @@ class ConnectionPool:
                 self._open -= 1
                 self._cond.notify()
             raise
+        with self._cond:
+            self._lent.add(conn)
         return conn
 
     def _release(self, conn: Connection) -> None:
@@ -189,6 +271,7 @@ class ConnectionPool:
         if keep and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             keep = False  # an interrupted block: its session state is unknown
         with self._cond:
+            self._lent.discard(conn)
             if keep and not self._closed:
                 self._idle.append(conn)
             else:
@@ -197,6 +280,16 @@ class ConnectionPool:
             self._cond.notify()
         if not keep:
             conn.close()
+
+
+def _shut(conn: Connection) -> None:
+    """Shut a lent connection's socket: a thread waiting on it wakes with an error."""
+    with contextlib.suppress(OSError, ValueError, psycopg.Error):
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
 
 
 def _ended(conn: Connection) -> bool:

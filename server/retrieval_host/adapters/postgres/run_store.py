@@ -31,7 +31,12 @@ from retrieval_host.adapters._store_rules import (
     usage_record,
     usage_values,
 )
-from retrieval_host.adapters.postgres.pool import Connection, ConnectionPool, translated
+from retrieval_host.adapters.postgres.pool import (
+    Connection,
+    ConnectionPool,
+    answer_timeout_s,
+    translated,
+)
 from retrieval_host.adapters.postgres.schema import (
     DEFAULT_SCHEMA,
     check_schema_name,
@@ -187,7 +192,9 @@ class PgRunStore:
                 (str(statement_timeout_ms), str(statement_timeout_ms)),
             )
 
-        pool = ConnectionPool(dsn, pool_size, setup)
+        pool = ConnectionPool(
+            dsn, pool_size, setup, answer_timeout_s=answer_timeout_s(statement_timeout_ms)
+        )
         try:
             with pool.connection() as conn:
                 ensure_schema_component(

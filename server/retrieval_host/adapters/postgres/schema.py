@@ -24,7 +24,13 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from retrieval_host.adapters.postgres.pool import Connection, lock_key, transaction, translated
+from retrieval_host.adapters.postgres.pool import (
+    Connection,
+    lock_key,
+    transaction,
+    translated,
+    unbounded,
+)
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReason
 
@@ -410,17 +416,18 @@ def ensure_hnsw_index(conn: Connection, schema: str, dims: int) -> None:
                 conn.execute(
                     sql.SQL("SET maintenance_work_mem = {}").format(sql.Literal(HNSW_BUILD_MEMORY))
                 )
-                conn.execute(
-                    sql.SQL(
-                        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {i} ON {s}.chunks "
-                        "USING hnsw ((embedding::vector({d})) vector_cosine_ops) "
-                        "WITH (m = 16, ef_construction = 64) WHERE dimensions = {d}"
-                    ).format(
-                        i=sql.Identifier(name),
-                        s=sql.Identifier(schema),
-                        d=sql.Literal(dims),
+                with unbounded(conn):  # minutes on a large table
+                    conn.execute(
+                        sql.SQL(
+                            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {i} ON {s}.chunks "
+                            "USING hnsw ((embedding::vector({d})) vector_cosine_ops) "
+                            "WITH (m = 16, ef_construction = 64) WHERE dimensions = {d}"
+                        ).format(
+                            i=sql.Identifier(name),
+                            s=sql.Identifier(schema),
+                            d=sql.Literal(dims),
+                        )
                     )
-                )
         finally:
             conn.execute("RESET maintenance_work_mem")
             conn.execute("RESET statement_timeout")

@@ -49,6 +49,7 @@ from retrieval_host.adapters.postgres.catalog import (
 from retrieval_host.adapters.postgres.pool import (
     Connection,
     ConnectionPool,
+    answer_timeout_s,
     lock_key,
     transaction,
     translated,
@@ -155,7 +156,12 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
         if ef_search > 1000:
             raise ValueError("ef_search must be at most 1000 (pgvector's limit)")
 
-        pool = ConnectionPool(dsn, pool_size, session_setup(statement_timeout_ms, read_only))
+        pool = ConnectionPool(
+            dsn,
+            pool_size,
+            session_setup(statement_timeout_ms, read_only),
+            answer_timeout_s=answer_timeout_s(statement_timeout_ms),
+        )
         try:
             with pool.connection() as conn:
                 with translated("checking pgvector"):
