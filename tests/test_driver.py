@@ -222,3 +222,22 @@ def test_prepared_passages_document_digest_is_the_one_sent_or_of_the_joined_text
     digests = {hit.source.id: hit.document_sha256 for hit in hits.hits}
     joined = hashlib.sha256("\n\n".join(texts).encode()).hexdigest()
     assert digests == {"ferry": joined, "ferry-sent": sent}
+
+
+def test_a_hit_shows_its_own_section_and_the_source_keeps_them_all(host: Host) -> None:
+    # A black-box test: every hit repeated its document's whole `sections` list (0.5-1.2 MB
+    # per 100-hit search over long documents) and still did not say which one was its own.
+    first = ingest(host, GUIDE)
+    host.library.readable["guide"] = first.source.revision
+    hits = host.driver.search_context(SearchRequest(CORPUS, "fuel pump log", limit=1), context())
+    (hit,) = hits.hits
+    assert "sections" not in hit.metadata
+    assert hit.metadata["section"] == {
+        "headings": ["Harbour guide", "Fuel"],
+        "startLine": 7,
+        "endLine": 9,
+    }
+    passage = host.driver.retrieval.get_passage(CORPUS, hit.chunk_id, context())
+    assert passage.metadata == hit.metadata
+    stored = host.corpus.store.get_source(CORPUS, NAMESPACE, "guide")
+    assert stored is not None and len(stored.metadata["sections"]) == 2  # type: ignore[arg-type]

@@ -18,6 +18,11 @@ NOT_WIRE_KEYS = {
     ("fingerprint.py", "documentSha256"),
     # A JSON Schema keyword in the search tool offered to the model, not our vocabulary.
     ("runs/retrieval.py", "additionalProperties"),
+    # Keys of the metadata ingestion stores with each revision (its `sections` and `messages`
+    # entries), read to pick a hit's own entry: stored data, not the host's wire shapes.
+    ("passage_metadata.py", "startLine"),
+    ("passage_metadata.py", "endLine"),
+    ("passage_metadata.py", "messageId"),
 }
 
 

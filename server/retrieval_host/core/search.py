@@ -54,6 +54,7 @@ from retrieval_host.core.models import (
     SearchResult,
     SourceRef,
 )
+from retrieval_host.core.passage_metadata import passage_metadata
 from retrieval_host.core.ports import Candidate
 from retrieval_host.core.query_embedding import QueryEmbedder
 from retrieval_host.core.ranking import apply_policy, rank
@@ -261,7 +262,7 @@ class CorpusSearch:
                 retrieved_at=grant.retrieved_at,
                 scope=grant.scope,
                 scores=scores[c.chunk_id],
-                metadata=c.metadata,
+                metadata=passage_metadata(c.metadata, c.location),
                 indexed_at=_indexed_at(times, c.source_id, c.revision),
             )
             for c in shown

@@ -55,6 +55,7 @@ from retrieval_host.core.models import (
     SourceRef,
 )
 from retrieval_host.core.passage_context import embedding_text, resolve_chunking
+from retrieval_host.core.passage_metadata import passage_metadata
 from retrieval_host.core.ports import (
     ANY_REVISION,
     Grant,
@@ -481,7 +482,7 @@ class RetrievalService:
             stored.document_sha256,
             self._clock(),
             Scope(corpus.id, corpus.version, grant.namespace),
-            stored.metadata,
+            passage_metadata(stored.metadata, stored.location),
         )
 
 
