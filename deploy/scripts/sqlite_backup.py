@@ -23,6 +23,9 @@ from pathlib import Path
 
 import apsw
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_COMPANIONS = ("-wal", "-shm", "-journal")
+
 
 class BackupError(Exception):
     """The backup could not be taken or did not verify; DEST is left untouched."""
@@ -32,7 +35,20 @@ def backup(source: Path, dest: Path, *, busy_timeout_ms: int = 10_000) -> int:
     """Copy `source` to `dest` through the online backup API; return the page count copied."""
     if not source.is_file():
         raise BackupError(f"{source} is not a file")
+    if not _is_sqlite(source):
+        raise BackupError(f"{source} is not a SQLite database")
     dest_dir = dest.parent if str(dest.parent) else Path(".")
+    if not dest_dir.is_dir():
+        raise BackupError(f"the folder {dest_dir} does not exist")
+    # DEST replaced by the copy: never the live database or one of its companion files (the
+    # host then answered 503 on every write until restarted), never a file that is not an
+    # earlier backup (a mistyped `host.json`).
+    live = source.resolve()
+    companions = {live, *(live.with_name(live.name + end) for end in _COMPANIONS)}
+    if dest.resolve() in companions or (dest.exists() and dest.samefile(source)):
+        raise BackupError(f"{dest} is the live database (or one of its files), not a backup")
+    if dest.exists() and not (dest.is_file() and (_is_sqlite(dest) or not dest.stat().st_size)):
+        raise BackupError(f"{dest} exists and is not a SQLite backup: it is left as it is")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest_dir)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -67,6 +83,14 @@ def backup(source: Path, dest: Path, *, busy_timeout_ms: int = 10_000) -> int:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return pages
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(_SQLITE_HEADER)) == _SQLITE_HEADER
+    except OSError:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -427,6 +427,14 @@ class _Journal:
             _fsync_dir(self._path.parent)
         elif self._path.stat().st_size > 0:
             with self._path.open("rb") as existing:
+                if not _journal_line(existing.readline(64 * 1024)):
+                    # `--journal state/host.json` appended records to the host's config (a
+                    # black-box test): a file that is not a journal is never written to.
+                    os.close(self._fd)
+                    raise JournalError(
+                        f"{self._path} is not a journal (its first line is not a journal "
+                        "record): name a new file, or one an earlier ingest run wrote."
+                    )
                 existing.seek(-1, os.SEEK_END)
                 if existing.read(1) != b"\n":
                     # Close a torn line so the next entry starts on a line of its own.
@@ -451,6 +459,18 @@ class _Journal:
                     f"the journal {self._path} could not be written: {exc.strerror} (the batch "
                     "stopped; rerun with the journal once it can be written to resume)"
                 ) from None
+
+
+def _journal_line(line: bytes) -> bool:
+    """Whether a journal's first line is one of its records (or the start of one, torn by a
+    crash during the first write)."""
+    if not line.endswith(b"\n"):
+        return line.startswith(b'{"')
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and entry.get("v") == JOURNAL_VERSION
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -151,6 +151,42 @@ def test_backup_of_a_missing_database_fails_and_writes_nothing(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+def test_backup_refuses_a_destination_that_is_the_live_database_or_not_a_backup(
+    tmp_path: Path,
+) -> None:
+    # A black-box test: DEST = SOURCE replaced the live database under a running host.
+    live = tmp_path / "store" / "retrieval.sqlite"
+    live.parent.mkdir()
+    writer = apsw.Connection(str(live))
+    try:
+        writer.execute("PRAGMA journal_mode=WAL").fetchall()
+        writer.execute("CREATE TABLE t(x TEXT)")
+        with writer:
+            writer.execute("INSERT INTO t VALUES ('kept')")
+        config = tmp_path / "host.json"
+        config.write_text('{"listen": {}}\n')
+        before = {p: p.read_bytes() for p in (live, config)}
+        for dest, words in (
+            (live, "is the live database"),
+            (tmp_path / "store" / ".." / "store" / "retrieval.sqlite", "is the live database"),
+            (Path(f"{live}-wal"), "is the live database"),
+            (config, "is not a SQLite backup"),
+            (tmp_path / "missing" / "b.sqlite", "does not exist"),
+        ):
+            result = run_script(BACKUP, str(live), str(dest))
+            assert result.returncode == 1 and words in result.stderr, (dest, result.stderr)
+            assert "Traceback" not in result.stderr
+        assert {p: p.read_bytes() for p in before} == before
+        not_sqlite = run_script(BACKUP, str(config), str(tmp_path / "b.sqlite"))
+        assert not_sqlite.returncode == 1 and "is not a SQLite database" in not_sqlite.stderr
+        first = tmp_path / "b.sqlite"
+        for _ in range(2):  # an earlier backup is replaced
+            assert run_script(BACKUP, str(live), str(first)).returncode == 0
+        assert _rows(first) == 1
+    finally:
+        writer.close()
+
+
 @pytest.mark.parametrize("name", ["check-image", "check-compose"])
 def test_the_check_scripts_are_executable_bash_with_valid_syntax(name: str) -> None:
     script = DEPLOY / name

@@ -333,6 +333,28 @@ def test_a_missing_journal_folder_is_a_journal_error(tmp_path: Path, host: Host)
     assert host.embedding.embed_calls == 0
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b'{\n  "listen": {"port": 8443}\n}\n', b"garbage\n", b'{"v": 99}\n', b"# notes\n"],
+)
+def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
+    tmp_path: Path, host: Host, content: bytes
+) -> None:
+    # A black-box test: `--journal state/host.json` appended 30 records to the host's config.
+    files = write_corpus(tmp_path / "docs")[:1]
+    other = tmp_path / "host.json"
+    other.write_bytes(content)
+    with pytest.raises(JournalError, match="is not a journal"):
+        ingest_paths(host.driver, CORPUS, files, context(), journal_path=other)
+    assert other.read_bytes() == content
+    assert host.embedding.embed_calls == 0
+    # A journal torn during its first write is still one: the run goes on.
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(b'{"chunkCount":1,"corp')
+    report = ingest_paths(host.driver, CORPUS, files, context(), journal_path=torn)
+    assert [i.status for i in report.items] == ["indexed"]
+
+
 def test_a_file_past_the_deadline_is_recorded_and_the_batch_goes_on(
     tmp_path: Path, host: Host
 ) -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +191,20 @@ def test_a_worker_retires_after_its_task_budget() -> None:
         assert budgeted.counters.started == 3
     finally:
         budgeted.close()
+
+
+def test_a_ctrl_c_that_kills_the_fork_server_as_it_starts_costs_one_restart() -> None:
+    # A black-box test: a Ctrl-C on the terminal 1.5-2 s into `retrieval-host ingest` killed
+    # the fork server while it imported the parsers (it ignores SIGINT only after), and the
+    # command ended in an EOFError traceback, exit 1, instead of its cancel.
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.forkserver_interrupt"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "parsed"

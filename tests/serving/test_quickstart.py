@@ -235,3 +235,34 @@ def test_a_rerun_refuses_a_configuration_with_a_key_twice_and_leaves_it(tmp_path
         prepare_state(state, 18012)
     assert host_file.read_text() == doubled
     assert not (state / "host.json.bak").exists()
+
+
+def _quickstart(state_dir: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*cli(), "quickstart", "--state-dir", state_dir, "--port", str(free_port()), "--no-serve"],
+        cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_state_dir_that_holds_other_files_or_is_a_file_is_refused_untouched(
+    tmp_path: Path,
+) -> None:
+    # A black-box test: `--state-dir` made any existing directory 0700 (a shared 1777 one,
+    # or the working directory with `--state-dir ""`), and a file gave a traceback.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "someone-elses-file").write_text("x")
+    for given in (str(shared), ""):
+        done = _quickstart(given, cwd=shared)
+        assert done.returncode == 2, done.stderr
+        assert "already holds other files and is not a quickstart state" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert _mode(shared) == 0o1777
+    assert sorted(p.name for p in shared.iterdir()) == ["someone-elses-file"]
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    for given in (str(a_file), str(a_file / "sub")):
+        done = _quickstart(given, cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "retrieval-host: " in done.stderr

@@ -46,6 +46,7 @@ import os
 import resource
 import signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -68,6 +69,8 @@ TokenCounter = Callable[[Sequence[str]], list[int]]
 POLL_S: Final = 0.05
 # How long a caller whose worker was stopped by SIGTERM waits for its own cancel to arrive.
 TERM_GRACE_S: Final = 1.0
+# Tries to start a worker when the fork server exits under it (a Ctrl-C while it starts).
+START_ATTEMPTS: Final = 5
 # Two workers: the machines this runs on have two to four cores, and parsing is CPU-bound; more
 # documents than workers wait (still cancellable) rather than oversubscribing the cores.
 DEFAULT_WORKERS: Final = 2
@@ -286,13 +289,27 @@ class ParsePool:
                 self._context = context
             context = self._context
         parent, child = context.Pipe(duplex=True)
-        process = context.Process(
-            target=_worker_main,
-            args=(child, self._memory, self._recycle, self._max_tasks),
-            name="parse-worker",
-            daemon=True,
-        )
-        process.start()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            process = context.Process(
+                target=_worker_main,
+                args=(child, self._memory, self._recycle, self._max_tasks),
+                name="parse-worker",
+                daemon=True,
+            )
+            try:
+                process.start()
+                break
+            except (EOFError, OSError):
+                # The first start launches the fork server, which imports the parsers before
+                # it ignores SIGINT itself: a Ctrl-C on the terminal (the whole process group)
+                # in those seconds kills it, and the ingest ended in a traceback, not its
+                # cancel (a black-box test). multiprocessing starts a new one once the old
+                # one has exited; the caller's cancel, if that was one, is checked as the
+                # parse waits.
+                if attempt == START_ATTEMPTS:
+                    raise
+                _log.warning("the parse workers' fork server exited; starting another")
+                time.sleep(0.1 * attempt)
         child.close()
         self.counters.started += 1
         return _Worker(process, parent)

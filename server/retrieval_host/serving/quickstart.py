@@ -73,6 +73,10 @@ search command, then delete it again with the delete command: deletes name the e
 """
 
 
+# Files whose presence makes a directory a quickstart state (one it may make private again).
+_STATE_FILES: Final = ("host.json", "token", "ca.pem")
+
+
 def _private_dir(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.chmod(0o700)
@@ -340,17 +344,24 @@ def quickstart(
     if state_dir is None:
         state_dir = CONTAINER_STATE if container else Path("state")
     state_dir = state_dir.expanduser().absolute()
+    _check_state_dir(state_dir)
     new_token_made = not (state_dir / "token").exists()
     listen = "0.0.0.0" if container else "127.0.0.1"  # noqa: S104 - inside a container
     if serve:
         check_listen_address(listen, port)  # before any indexing: a port in use is one line
-    host_file = prepare_state(
-        state_dir,
-        port,
-        listen=listen,
-        names=tls_names(environ, names) if container else DEFAULT_HOSTS,
-    )
-    samples = _samples(state_dir)
+    try:
+        host_file = prepare_state(
+            state_dir,
+            port,
+            listen=listen,
+            names=tls_names(environ, names) if container else DEFAULT_HOSTS,
+        )
+        samples = _samples(state_dir)
+    except OSError as exc:  # an unreadable file of an earlier state, a full disk
+        raise SettingsError(
+            f"the quickstart state {_display(state_dir)} cannot be used: "
+            f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+        ) from None
     print(f"retrieval-host quickstart: state in {_display(state_dir)}")
     print(f"  CA certificate  {_display(state_dir / 'ca.pem')}  (clients trust this)")
     print(f"  demo token      {_display(state_dir / 'token')}  (subject {SUBJECT!r}, mode 0600)")
@@ -388,6 +399,29 @@ def quickstart(
     finally:
         close_driver(driver)
     return 0
+
+
+def _check_state_dir(state_dir: Path) -> None:
+    """Refuse a path that is not a directory, and a directory that already holds other files
+    than a quickstart state's: the quickstart makes its directory private (mode 0700), and
+    `--state-dir /tmp` (or `""`, the working directory) locked everyone else out of it (a
+    black-box test)."""
+    if state_dir.exists() and not state_dir.is_dir():
+        raise SettingsError(f"--state-dir {_display(state_dir)} is not a directory.")
+    if not state_dir.is_dir() or any((state_dir / name).exists() for name in _STATE_FILES):
+        return
+    try:
+        holds_files = next(state_dir.iterdir(), None) is not None
+    except OSError as exc:
+        raise SettingsError(
+            f"--state-dir {_display(state_dir)} cannot be read: {exc.strerror}."
+        ) from None
+    if holds_files:
+        raise SettingsError(
+            f"--state-dir {_display(state_dir)} already holds other files and is not a "
+            "quickstart state: name a new or an empty directory (the quickstart makes it "
+            "private, mode 0700)."
+        )
 
 
 def _print_container_secrets(state_dir: Path, new_token: bool) -> None:
