@@ -159,6 +159,24 @@ def test_a_token_without_any_grant_is_made_with_a_warning(
     assert capsys.readouterr().err == ""
 
 
+def test_token_new_refuses_names_the_host_would_refuse_or_never_match(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A black-box test: an empty subject was printed and then refused by `serve`; a grant on
+    # " library" was accepted and matched no request; a repeated grant was written twice.
+    for argv, words in (
+        (["--subject", ""], "subject must be"),
+        (["--subject", "x", "--search", " library"], "without surrounding spaces"),
+        (["--subject", "x", "--index", "*"], "wildcard"),
+    ):
+        assert main(["token", "new", *argv]) == 2
+        printed = capsys.readouterr()
+        assert words in printed.err and "rh_" not in printed.out
+    assert main(["token", "new", "--index", "library", "--index", "library"]) == 0
+    entry = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert entry["retrieval"]["index"] == ["library"]
+
+
 def test_a_folder_walk_picks_up_text_and_html_and_sets_aside_unknown_types(
     tmp_path: Path,
 ) -> None:
@@ -243,6 +261,14 @@ def test_serve_refuses_an_application_it_cannot_build_in_one_line(
     config, environ, body = tls_config
     line = _serve_error(config, environ, {**body, "application": "nosuch_app:create"}, capsys)
     assert "no module named 'nosuch_app'" in line
+    # A factory of the wrong signature, or one that raises: a traceback and exit 1 (a
+    # black-box test); now one line, exit 2, the traceback in the log.
+    (config.parent / "failing_app.py").write_text(
+        "def create(settings, environ):\n    raise RuntimeError('no database today')\n"
+    )
+    for application, raised in (("json:dumps", "TypeError"), ("failing_app:create", "Runtime")):
+        line = _serve_error(config, environ, {**body, "application": application}, capsys)
+        assert f"the factory raised {raised}" in line and "traceback is in the log" in line
     # A missing ACL file: the host started, said it was ready, and answered 500 to everything.
     no_acl = {**environ, "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps({"aclFile": "no.json"})}
     line = _serve_error(config, no_acl, body, capsys)

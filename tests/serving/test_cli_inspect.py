@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +93,12 @@ def test_errors_are_one_line_without_a_traceback(
     assert exited.value.code == 2
     refused = capsys.readouterr().err
     assert "cannot read /nonexistent.pem" in refused and "Traceback" not in refused
+    # A file that holds no certificate was an ssl.SSLError traceback (a black-box test).
+    not_pem = Path(ca).with_name("not-a-cert.pem")
+    not_pem.write_text("garbage\n")
+    assert main(["corpora", "--ca-bundle", str(not_pem)], environ=_env(world, "alice", host)) == 2
+    refused = capsys.readouterr().err
+    assert "is not a PEM certificate file" in refused and "Traceback" not in refused
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly(

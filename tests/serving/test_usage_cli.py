@@ -162,3 +162,19 @@ def test_since_is_an_instant_and_a_bad_one_is_refused(tmp_path: Path) -> None:
         )
         assert done.returncode == 2, (bad, done.stderr)
         assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_report_on_a_store_without_records_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    # A black-box test: a mistyped store path made an empty `runs.db` and printed an empty
+    # table, read as "nothing was spent".
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    config = {"listen": {"port": 8443}, "behindProxy": True, "store": {"sqlitePath": "typo/x.db"}}
+    (state / "host.json").write_text(json.dumps(config))
+    done = subprocess.run(
+        [*cli(), "usage", "--config", "state/host.json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert "no usage records" in done.stderr and "runs.db does not exist" in done.stderr
+    assert not (state / "typo").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Protocol
 
 import httpx
@@ -76,14 +77,22 @@ def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> Recor
         return PgRunStore.open(dsn, schema=store.postgres_schema, lease_s=settings.runs.lease_s)
     from retrieval_host.adapters.sqlite import SqliteRunStore
 
+    return SqliteRunStore.open(
+        sqlite_runs_path(settings),
+        trusted_groups=_trusted_groups(settings),
+        lease_s=settings.runs.lease_s,
+    )
+
+
+def sqlite_runs_path(settings: HostSettings) -> Path:
+    """The SQLite file of the run and usage records (`runs.sqlitePath`, default `runs.db`
+    beside the store)."""
     path = settings.runs.sqlite_path
     if path is None:
-        if store.sqlite_path is None:
+        if settings.store.sqlite_path is None:
             raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "set runs.sqlitePath.")
-        path = settings.path(store.sqlite_path).parent / "runs.db"
-    return SqliteRunStore.open(
-        settings.path(path), trusted_groups=_trusted_groups(settings), lease_s=settings.runs.lease_s
-    )
+        path = settings.path(settings.store.sqlite_path).parent / "runs.db"
+    return settings.path(path)
 
 
 def _trusted_groups(settings: HostSettings) -> frozenset[int]:

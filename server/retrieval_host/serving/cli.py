@@ -26,6 +26,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.validation import check_id
 from retrieval_host.serving import inspect_cli, usage_cli
 from retrieval_host.serving._args import whole_number
 from retrieval_host.serving.factory import build_driver, close_driver
@@ -76,14 +78,24 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _token_new(args: argparse.Namespace) -> int:
+    # The identifier rule `serve` and every request apply: an entry the host refuses, or a
+    # grant on " library" that no request can name, was printed as if it would work.
+    try:
+        check_id("subject", args.subject)
+        for flag in ("search", "index", "delete", "provider"):
+            for name in getattr(args, flag):
+                check_id(f"--{flag} {name!r}", name)
+    except RetrievalError as exc:
+        print(f"retrieval-host: {exc.detail}", file=sys.stderr)
+        return 2
     token = new_token()
     entry = token_config_entry(
         token,
         args.subject,
-        search=args.search,
-        index=args.index,
-        delete=args.delete,
-        providers=args.provider,
+        search=list(dict.fromkeys(args.search)),
+        index=list(dict.fromkeys(args.index)),
+        delete=list(dict.fromkeys(args.delete)),
+        providers=list(dict.fromkeys(args.provider)),
         metrics=args.metrics,
     )
     print("New token (shown once; keep it in your secret store, the host keeps only its hash):")
@@ -122,7 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     token = commands.add_parser("token", help="manage bearer tokens")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     new = token_commands.add_parser("new", help="print a new token and its configuration entry")
-    new.add_argument("--subject", default="app", help="the subject the token acts as")
+    new.add_argument(
+        "--subject", default="app", help="the subject the token acts as (default: app)"
+    )
     for operation in ("search", "index", "delete"):
         new.add_argument(
             f"--{operation}",

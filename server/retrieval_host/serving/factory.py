@@ -76,6 +76,17 @@ def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver |
         # A store that refuses to open (unsafe permissions, unreachable, a descriptor that
         # does not match): the reason in one line, not a traceback around it.
         raise SettingsError(f"application {settings.application}: {exc}") from None
+    except SettingsError:
+        raise  # the factory's own word on its options, already one line
+    except Exception as exc:
+        # The application's own failure (a wrong signature, its bug): the host cannot start
+        # with it, so exit 2 like any configuration it cannot use (it was a traceback and
+        # exit 1, which means "a worker died"); the traceback goes to the log, at error.
+        _log.error("the application factory %s failed", settings.application, exc_info=True)
+        raise SettingsError(
+            f"application {settings.application}: the factory raised {type(exc).__name__} "
+            "(its traceback is in the log above)"
+        ) from None
     if not isinstance(driver, Driver):
         raise SettingsError(f"application {settings.application} did not return a Driver")
     return driver

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -92,6 +93,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return 1
     except ValueError as exc:  # an option the client refuses before sending
         print(f"retrieval-host: {exc}", file=sys.stderr)
+        return 2
+    except ssl.SSLError as exc:  # `--ca-bundle` names a file that holds no certificate
+        print(
+            f"retrieval-host: --ca-bundle {args.ca_bundle} is not a PEM certificate file "
+            f"({exc.reason or exc})",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

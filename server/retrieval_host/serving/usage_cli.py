@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from retrieval_host.adapters.wiring import build_run_store
+from retrieval_host.adapters.wiring import build_run_store, sqlite_runs_path
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.usage import UsageRecord, summarize
 from retrieval_host.serving._args import whole_number
@@ -85,6 +85,13 @@ def _instant(text: str) -> str:
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO = sys.stdout) -> int:
     settings = load_settings(args.config, environ)
     try:
+        if settings.store.postgres_dsn is None and not sqlite_runs_path(settings).exists():
+            # A report creates nothing: a mistyped store path made an empty database and
+            # read as "nothing was spent" (a black-box test).
+            raise SettingsError(
+                f"no usage records: {sqlite_runs_path(settings)} does not exist (a host "
+                "creates it when it starts with a provider configured)."
+            )
         store = build_run_store(settings, environ)
         try:
             records = store.read_usage(since=args.since, subject=args.subject, limit=args.limit)
