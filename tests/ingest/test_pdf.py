@@ -253,3 +253,38 @@ def test_an_xref_declaring_more_entries_than_the_file_holds_is_malformed_not_too
         prepare_document(broken, "application/pdf", source_id="x", token_counter=count_tokens)
     assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_DOCUMENT, "pdf-malformed")
     assert "cross-reference table" in info.value.detail
+
+
+def test_document_information_strings_ending_in_nul_read_as_text(
+    count_tokens: TokenCounter,
+) -> None:
+    # A black-box test: `(Pump manual\000)` was read as UTF-16 ('畐灭洠湡慵l'), `(Bob\000)`
+    # dropped: C writers end strings with NUL.
+    info = (
+        rb"/Title (Pump manual\000) /Author (Bob\000) /Subject (Odd subject\000\000)"
+        rb" /Keywords <FEFF00500075006D0070>"
+    )
+    prepared = prepare_document(
+        docs.one_page_pdf_with_info(info),
+        "application/pdf",
+        source_id="p",
+        token_counter=count_tokens,
+    )
+    assert prepared.source.title == "Pump manual"
+    metadata = prepared.source.metadata
+    assert (metadata["author"], metadata["subject"]) == ("Bob", "Odd subject")
+    assert metadata["keywords"] == "Pump"  # UTF-16 with its BOM, as before
+
+
+def test_a_pdf_encrypted_for_certificates_is_encrypted_not_malformed(
+    count_tokens: TokenCounter,
+) -> None:
+    pdf = (
+        docs.one_page_pdf_with_info(b"/Title (x)")
+        .replace(b"/Info 6 0 R", b"/Info 6 0 R /Encrypt 6 0 R /ID [<01><01>]")
+        .replace(b"<< /Title (x) >>", b"<< /Filter /Adobe.PubSec /V 4 /R 4 >>")
+    )
+    with pytest.raises(RetrievalError) as info:
+        prepare_document(pdf, "application/pdf", source_id="e", token_counter=count_tokens)
+    assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_DOCUMENT, "pdf-encrypted")
+    assert "certificates" in info.value.detail

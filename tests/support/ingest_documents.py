@@ -107,6 +107,21 @@ def one_page_pdf() -> bytes:
     )
 
 
+def one_page_pdf_with_info(info: bytes) -> bytes:
+    """`one_page_pdf` with a document information dictionary of these entries."""
+    return assemble_pdf(
+        {
+            1: _CATALOG,
+            2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            3: _page(4),
+            4: _stream(_HELLO),
+            5: _FONT,
+            6: b"<< " + info + b" >>",
+        },
+        trailer_extra=b" /Info 6 0 R",
+    )
+
+
 def _zeros_deflate(total_mib: int) -> bytes:
     """A zlib stream that inflates to `total_mib` MiB of zero bytes, built without inflating.
 

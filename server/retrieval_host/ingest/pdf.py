@@ -35,7 +35,14 @@ from typing import Any, Final
 import pypdf
 from pypdf import PageObject, PasswordType
 from pypdf.errors import LimitReachedError
-from pypdf.generic import ArrayObject, NullObject, StreamObject, TextStringObject
+from pypdf.generic import (
+    ArrayObject,
+    ByteStringObject,
+    NullObject,
+    StreamObject,
+    TextStringObject,
+    create_string_object,
+)
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
@@ -150,6 +157,16 @@ def _extract(
 ) -> Extracted:
     try:
         reader = pypdf.PdfReader(BytesIO(data), strict=False)
+    except NotImplementedError as exc:
+        if "encryption" not in str(exc):
+            raise
+        # A certificate (`/Adobe.PubSec`) or another non-password handler: encrypted, and no
+        # password would open it here (it was reported malformed, a black-box test).
+        raise invalid_document(
+            InvalidDocumentReason.PDF_ENCRYPTED,
+            "the PDF is encrypted for certificates or another handler than a password: "
+            "decrypt it before ingestion.",
+        ) from exc
     except LimitReachedError as exc:
         if not str(exc).startswith("Declared size"):
             raise
@@ -170,7 +187,7 @@ def _extract(
 
     declared = _declared_page_count(reader)
     if declared is not None and declared > limits.max_pages:
-        raise _too_many_pages(limits)
+        raise _too_many_pages(limits, declared=True)
     try:
         pages = reader.pages
         count = len(pages)
@@ -334,9 +351,12 @@ def _encrypted() -> RetrievalError:
     )
 
 
-def _too_many_pages(limits: IngestLimits) -> RetrievalError:
+def _too_many_pages(limits: IngestLimits, *, declared: bool = False) -> RetrievalError:
+    # The declared count is refused unwalked (a tree of millions of entries is not walked to
+    # find out), so the detail says what the file claims, not what it holds.
+    has = "declares" if declared else "has"
     return too_large(
-        PayloadTooLargeReason.PAGES, f"the PDF has more than {limits.max_pages} pages."
+        PayloadTooLargeReason.PAGES, f"the PDF {has} more than {limits.max_pages} pages."
     )
 
 
@@ -383,16 +403,28 @@ def _info_fields(reader: pypdf.PdfReader) -> dict[str, JSONValue]:
             except (OverflowError, ValueError):  # year 1 west of UTC, 9999 east: left out
                 continue
             fields[key] = in_utc.replace(tzinfo=None).isoformat() + "Z"
-        elif isinstance(value, TextStringObject) and clip(value):
+        elif (text := _info_text(value)) is not None and clip(text):
             # Only text: pypdf gives bytes it cannot decode as their repr ("b'\\x81...'").
-            fields[key] = clip(str(value), 256)
+            fields[key] = clip(text, 256)
     return fields
+
+
+def _info_text(value: object) -> str | None:
+    """A document-information string as text. C writers end strings with NUL bytes, and
+    pypdf then read `(Pump manual\\000)` as UTF-16 (`'畐灭洠湡慵l'`, a black-box test):
+    trailing NULs are dropped before the string is decoded (PDFDocEncoding, or the BOM's)."""
+    if isinstance(value, TextStringObject | ByteStringObject):
+        raw = value.original_bytes
+        stripped = raw.rstrip(b"\x00")
+        if stripped != raw and stripped and b"\x00" not in stripped:
+            value = create_string_object(stripped)
+    return str(value) if isinstance(value, TextStringObject) else None
 
 
 def _info_title(reader: pypdf.PdfReader) -> str:
     try:
         info = reader.metadata
-        value = info.title if info is not None else None
+        value = _info_text(info.title_raw) if info is not None else None
     except Exception:  # a broken /Info dictionary is no reason to refuse the text
         return ""
     return clip(value, 1024) if isinstance(value, str) else ""
