@@ -51,6 +51,12 @@ def test_shorter_drops_the_last_part_down_to_nothing() -> None:
     assert shorter("Title > Part > Sub") == "Title > Part"
     assert shorter("Title > Part") == "Title"
     assert shorter("Title") == ""
+    # A long heading is cut to its first words, keeping its name, before it is left out.
+    signature = "urllib.request > urlopen(url, data=None, timeout=10, *, context=None)"
+    assert shorter(signature) == "urllib.request > urlopen(url, data=None,"
+    assert shorter("urllib.request > urlopen(url, data=None,") == "urllib.request > urlopen(url,"
+    assert shorter("urllib.request > urlopen(url,") == "urllib.request"
+    assert shorter("A long title of seven words here") == "A long title"
 
 
 def test_a_new_corpus_gets_the_default_and_a_stored_one_keeps_its_own() -> None:

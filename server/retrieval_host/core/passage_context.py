@@ -136,7 +136,12 @@ def lexical_text(context: str, text: str) -> str:
 
 
 def shorter(context: str) -> str:
-    """The context line without its last part (empty after the title): what is tried when the
-    whole does not fit the model's input."""
-    head, _, _ = context.rpartition(_SEPARATOR)
+    """The context line a little shorter, tried when the whole does not fit the model's input:
+    its last part cut to the first half of its words, and once that part is one word, left
+    out (empty after the title). A long heading (a function's signature) keeps its first
+    words, its name; it was left out whole, with the name (a black-box test)."""
+    head, separator, last = context.rpartition(_SEPARATOR)
+    words = last.split()
+    if len(words) > 1:
+        return f"{head}{separator}{' '.join(words[: len(words) // 2])}"
     return head
