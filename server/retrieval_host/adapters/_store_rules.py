@@ -153,6 +153,17 @@ def corpus_not_open(corpus: str) -> RetrievalError:
     )
 
 
+def missing_from_read_only(corpus: str) -> RetrievalError:
+    """A read-only store asked to open a corpus it does not hold: it cannot create one. Says
+    so, rather than only that the store is read-only (a PostgreSQL schema that does not exist
+    read as "read-only", a black-box test)."""
+    return RetrievalError(
+        ErrorCode.STORE_READ_ONLY,
+        f"corpus {corpus!r} does not exist in this read-only store, and a read-only store "
+        "creates nothing: check its path or schema, or open it writable once first.",
+    )
+
+
 def corpus_missing(corpus: str) -> RetrievalError:
     return RetrievalError(
         ErrorCode.STORE_UNAVAILABLE,

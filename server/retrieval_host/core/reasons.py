@@ -221,6 +221,7 @@ class StoreUnavailableReason(StrEnum):
     CORRUPT_VECTOR = "corrupt-vector"  # a stored vector has the wrong shape or values
     STATEMENT_TIMEOUT = "statement-timeout"  # PostgreSQL's statement timeout passed
     CONNECTION = "connection"  # the PostgreSQL connection failed
+    AUTHENTICATION = "authentication"  # PostgreSQL refused the credentials (password, role)
     DATABASE_ERROR = "database-error"  # PostgreSQL failed, or a run record disappeared
     PGVECTOR_MISSING = "pgvector-missing"  # the pgvector extension is not installed
     PGVECTOR_VERSION = "pgvector-version"  # pgvector is too old for HNSW

@@ -121,3 +121,17 @@ def test_a_store_reports_a_silent_server_as_unavailable(pg_dsn: str, pg_schema: 
         assert store.current_revisions("c1", "ns") == {}  # a fresh connection serves
     finally:
         store.close()
+
+
+def test_a_wrong_password_is_told_apart_from_a_database_that_is_down(pg_dsn: str) -> None:
+    # A black-box test: a rotated password read "the database connection failed", as an outage.
+    wrong = make_conninfo("", **{**conninfo_to_dict(pg_dsn), "password": "not-the-password"})
+    pool = ConnectionPool(wrong, 1, lambda conn: None)
+    try:
+        with pytest.raises(RetrievalError) as info, pool.connection():
+            pass
+    finally:
+        pool.close()
+    assert (info.value.code, info.value.reason) == (ErrorCode.STORE_UNAVAILABLE, "authentication")
+    assert "refused the credentials" in info.value.detail
+    assert "not-the-password" not in info.value.detail

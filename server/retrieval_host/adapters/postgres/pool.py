@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 RV = TypeVar("RV")
+# SQLSTATE class 28: invalid authorization specification, invalid password.
+_AUTHENTICATION_STATES: Final = frozenset({"28000", "28P01"})
 ANSWER_GRACE_S: Final = 5.0
 # How often a wait wakes to let signals in (psycopg's own default).
 _WAIT_INTERVAL_S: Final = 0.1
@@ -129,6 +131,16 @@ def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
             ErrorCode.STORE_UNAVAILABLE,
             f"the database statement timeout passed while {action}.",
             reason=StoreUnavailableReason.STATEMENT_TIMEOUT,
+        )
+    if isinstance(exc, psycopg.OperationalError) and (
+        exc.sqlstate in _AUTHENTICATION_STATES or "authentication failed" in str(exc)
+    ):
+        # Told apart from an outage (a rotated password looked like a database that is down,
+        # a black-box test); the server's text is not quoted (it names the role).
+        return RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"the database refused the credentials (authentication failed) while {action}.",
+            reason=StoreUnavailableReason.AUTHENTICATION,
         )
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return RetrievalError(

@@ -37,6 +37,7 @@ from retrieval_host.adapters._store_rules import (
     closed,
     corpus_missing,
     corpus_not_open,
+    missing_from_read_only,
     stale_revision,
     stored_source,
 )
@@ -234,7 +235,7 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
         if self._read_only:
             stored = self.stored_descriptor(descriptor.corpus_id)
             if stored is None:
-                raise store_read_only(descriptor.corpus_id)
+                raise missing_from_read_only(descriptor.corpus_id)
             check_descriptor(descriptor, stored)
             with self._lock:
                 self._corpora[descriptor.corpus_id] = descriptor

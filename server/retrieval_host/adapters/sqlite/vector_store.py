@@ -48,6 +48,7 @@ from retrieval_host.adapters._store_rules import (
     checked_replacement,
     closed,
     corpus_not_open,
+    missing_from_read_only,
     stale_revision,
     stored_source,
     terms_json,
@@ -252,7 +253,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         if self._read_only:
             stored = self.stored_descriptor(descriptor.corpus_id)
             if stored is None:
-                raise store_read_only(descriptor.corpus_id)
+                raise missing_from_read_only(descriptor.corpus_id)
             check_descriptor(descriptor, stored)
         else:
             with self._write_lock, self._db_lock:
