@@ -47,6 +47,10 @@ def backup(source: Path, dest: Path, *, busy_timeout_ms: int = 10_000) -> int:
     companions = {live, *(live.with_name(live.name + end) for end in _COMPANIONS)}
     if dest.resolve() in companions or (dest.exists() and dest.samefile(source)):
         raise BackupError(f"{dest} is the live database (or one of its files), not a backup")
+    if any(dest.with_name(dest.name + end).exists() for end in _COMPANIONS):
+        # A backup is one self-contained file: one with a `-wal` or `-shm` beside it is a
+        # database in use (`runs.db` typed for the backup's name, a review).
+        raise BackupError(f"{dest} is a database in use (it has a -wal or -shm), not a backup")
     if dest.exists() and not (dest.is_file() and (_is_sqlite(dest) or not dest.stat().st_size)):
         raise BackupError(f"{dest} exists and is not a SQLite backup: it is left as it is")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest_dir)

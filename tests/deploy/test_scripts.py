@@ -165,13 +165,18 @@ def test_backup_refuses_a_destination_that_is_the_live_database_or_not_a_backup(
             writer.execute("INSERT INTO t VALUES ('kept')")
         config = tmp_path / "host.json"
         config.write_text('{"listen": {}}\n')
-        before = {p: p.read_bytes() for p in (live, config)}
+        runs = live.with_name("runs.db")  # another live database: a typo for the backup
+        other = apsw.Connection(str(runs))
+        other.execute("PRAGMA journal_mode=WAL").fetchall()
+        other.execute("CREATE TABLE r(x TEXT)")
+        before = {p: p.read_bytes() for p in (live, config, runs)}
         for dest, words in (
             (live, "is the live database"),
             (tmp_path / "store" / ".." / "store" / "retrieval.sqlite", "is the live database"),
             (Path(f"{live}-wal"), "is the live database"),
             (config, "is not a SQLite backup"),
             (tmp_path / "missing" / "b.sqlite", "does not exist"),
+            (runs, "is a database in use"),
         ):
             result = run_script(BACKUP, str(live), str(dest))
             assert result.returncode == 1 and words in result.stderr, (dest, result.stderr)
@@ -183,6 +188,7 @@ def test_backup_refuses_a_destination_that_is_the_live_database_or_not_a_backup(
         for _ in range(2):  # an earlier backup is replaced
             assert run_script(BACKUP, str(live), str(first)).returncode == 0
         assert _rows(first) == 1
+        other.close()
     finally:
         writer.close()
 

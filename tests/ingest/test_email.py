@@ -198,11 +198,17 @@ def test_broken_charsets_read_as_utf8_or_windows_1252(count_tokens: TokenCounter
         ),
         # UTF-8 bytes under a US-ASCII label were stored as U+FFFD.
         ("us-ascii", "caf\u00e9 cr\u00e8me".encode(), "caf\u00e9 cr\u00e8me"),
-        # UTF-8 with one damaged byte stays UTF-8: windows-1252 would garble all of it.
+        # UTF-8 with one stray byte stays UTF-8; the stray byte reads as windows-1252.
         (
             "utf-8",
             "\u00e9t\u00e9 ".encode() + b"\xff" + " na\u00efve".encode(),
-            "\u00e9t\u00e9 \ufffd na\u00efve",
+            "\u00e9t\u00e9 \u00ff na\u00efve",
+        ),
+        # A Latin-1 message quoting one UTF-8 line keeps both (a review: its accents were lost).
+        (
+            "iso-8859-1",
+            "Gr\u00fc\u00dfe aus K\u00f6ln\n".encode("latin-1") + "> Caf\u00e9".encode(),
+            "Gr\u00fc\u00dfe aus K\u00f6ln\n> Caf\u00e9",
         ),
         (None, "Gr\u00fc\u00dfe".encode(), "Gr\u00fc\u00dfe"),
         # A declared charset that decodes keeps its reading, damage and all.

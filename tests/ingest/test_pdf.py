@@ -274,6 +274,13 @@ def test_document_information_strings_ending_in_nul_read_as_text(
     metadata = prepared.source.metadata
     assert (metadata["author"], metadata["subject"]) == ("Bob", "Odd subject")
     assert metadata["keywords"] == "Pump"  # UTF-16 with its BOM, as before
+    author_last = docs.one_page_pdf_with_info(rb"/Title <FEFF7EDF4E00> /Author <FEFF0100>")
+    unified = prepare_document(
+        author_last, "application/pdf", source_id="u", token_counter=count_tokens
+    )
+    # A review: UTF-16 text ending in a character whose low byte is 0 was dropped.
+    assert unified.source.title == "\u7edf\u4e00"
+    assert unified.source.metadata["author"] == "\u0100"
 
 
 def test_a_pdf_encrypted_for_certificates_is_encrypted_not_malformed(

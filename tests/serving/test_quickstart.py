@@ -260,6 +260,13 @@ def test_a_state_dir_that_holds_other_files_or_is_a_file_is_refused_untouched(
         assert "Traceback" not in done.stderr
     assert _mode(shared) == 0o1777
     assert sorted(p.name for p in shared.iterdir()) == ["someone-elses-file"]
+    # A project directory with its own host.json is not a quickstart state either (a review).
+    project = tmp_path / "project"
+    (project / "docs").mkdir(parents=True)
+    (project / "host.json").write_text('{"listen": {"host": "0.0.0.0", "port": 9443}}')
+    done = _quickstart(str(project), cwd=tmp_path)
+    assert done.returncode == 2 and "is not a quickstart state" in done.stderr
+    assert json.loads((project / "host.json").read_text())["listen"]["port"] == 9443
     a_file = tmp_path / "afile"
     a_file.write_text("x")
     for given in (str(a_file), str(a_file / "sub")):

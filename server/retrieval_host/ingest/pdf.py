@@ -24,6 +24,7 @@ page → `pdf-no-text-layer` (scanned images need OCR first); anything pypdf can
 
 from __future__ import annotations
 
+import codecs
 import logging
 import re
 import threading
@@ -416,7 +417,10 @@ def _info_text(value: object) -> str | None:
     if isinstance(value, TextStringObject | ByteStringObject):
         raw = value.original_bytes
         stripped = raw.rstrip(b"\x00")
-        if stripped != raw and stripped and b"\x00" not in stripped:
+        # Only a PDFDocEncoding string (no byte-order mark): in UTF-16 a character such as
+        # U+4E00 ends in a zero byte (a review: "统一" was dropped).
+        unmarked = not raw.startswith((codecs.BOM_UTF16_BE, codecs.BOM_UTF16_LE))
+        if unmarked and stripped != raw and stripped and b"\x00" not in stripped:
             value = create_string_object(stripped)
     return str(value) if isinstance(value, TextStringObject) else None
 

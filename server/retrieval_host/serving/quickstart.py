@@ -73,8 +73,17 @@ search command, then delete it again with the delete command: deletes name the e
 """
 
 
-# Files whose presence makes a directory a quickstart state (one it may make private again).
+# A directory is a quickstart state (one it may make private again and write to) when it holds
+# all of these, or nothing but what a quickstart writes (an interrupted first run). One
+# `host.json` was not enough: a project directory with its own was made 0700 and its
+# configuration rewritten (a review).
 _STATE_FILES: Final = ("host.json", "token", "ca.pem")
+_QUICKSTART_NAMES: Final = frozenset(
+    {
+        "acl.json", "ca-key.pem", "ca.pem", "host.json", "host.json.bak", "my-note.md",
+        "samples", "server-key.pem", "server.pem", "store", "token",
+    }
+)  # fmt: skip
 
 
 def _private_dir(path: Path) -> None:
@@ -408,15 +417,15 @@ def _check_state_dir(state_dir: Path) -> None:
     black-box test)."""
     if state_dir.exists() and not state_dir.is_dir():
         raise SettingsError(f"--state-dir {_display(state_dir)} is not a directory.")
-    if not state_dir.is_dir() or any((state_dir / name).exists() for name in _STATE_FILES):
+    if not state_dir.is_dir() or all((state_dir / name).exists() for name in _STATE_FILES):
         return
     try:
-        holds_files = next(state_dir.iterdir(), None) is not None
+        foreign = [p for p in state_dir.iterdir() if p.name not in _QUICKSTART_NAMES]
     except OSError as exc:
         raise SettingsError(
             f"--state-dir {_display(state_dir)} cannot be read: {exc.strerror}."
         ) from None
-    if holds_files:
+    if foreign:
         raise SettingsError(
             f"--state-dir {_display(state_dir)} already holds other files and is not a "
             "quickstart state: name a new or an empty directory (the quickstart makes it "

@@ -463,3 +463,14 @@ def test_vectors_are_stored_exactly_as_given(
         ).fetchall()
     np.testing.assert_array_equal(np.array([r[0] for r in rows], dtype=np.float32), raw)
     np.testing.assert_array_equal(raw, before)  # the caller's array was not normalised in place
+
+
+def test_the_hnsw_build_gives_its_connection_back_with_the_store_s_statement_timeout(
+    opened: Callable[..., PgVectorStore],
+) -> None:
+    # A review: RESET after the build went to the server's default, and left that pooled
+    # connection with no statement timeout at all.
+    store = opened(hnsw=True, hnsw_min_rows=0, pool_size=1, statement_timeout_ms=12_345)
+    with store._pool.connection() as conn:
+        row = conn.execute("SELECT current_setting('statement_timeout')").fetchone()
+    assert row == ("12345ms",)

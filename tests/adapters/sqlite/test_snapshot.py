@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from retrieval_host.adapters.sqlite import SqliteVectorStore, snapshotting
+from retrieval_host.adapters.sqlite import SqliteVectorStore, snapshot, snapshotting
 from retrieval_host.adapters.sqlite.snapshot import snapshot_path
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
@@ -402,3 +403,44 @@ def test_without_snapshots_a_delete_is_overwritten_at_once(path: Path) -> None:
     fill(path, sources=1, snapshots=False)
     with SqliteVectorStore.open(path, snapshots=False) as store:
         assert store.reclamation == "overwritten"
+
+
+def test_a_worker_with_an_older_state_never_writes_over_a_delete_s_rewrite(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A review: two workers write one snapshot file; one whose state predated a delete
+    # checked the file, then renamed its image over the one the delete had just cleaned.
+    fill(path, sources=3)
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        put_text(store, "erase-me", "r1", SECRET)
+    snap = snapshot_path(path, "c1")
+    first, second = SqliteVectorStore.open(path), SqliteVectorStore.open(path)
+    for store in (first, second):
+        store.open_corpus(descriptor("c1"))
+    put(second, np.random.default_rng(5), "from-second", "r1", 2)  # it writes at close
+    entered, release = threading.Event(), threading.Event()
+    real_write = snapshot.write
+
+    def held_write(*args: Any, **kwargs: Any) -> int:
+        if threading.current_thread().name == "second-close":
+            entered.set()  # past its check, before its rename
+            assert release.wait(60)
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot, "write", held_write)
+    closing = threading.Thread(target=second.close, name="second-close")
+    closing.start()
+    try:
+        assert entered.wait(60)
+        first.delete_source("c1", "ns", "erase-me", "r1")  # its rewrite waits for the file
+    finally:
+        release.set()
+        closing.join(60)
+    deadline = time.monotonic() + 60
+    while holds(snap, SECRET):
+        assert time.monotonic() < deadline, "the deleted text is back in the snapshot"
+        time.sleep(0.01)
+    first.close()
+    assert not holds(snap, SECRET)
+    assert "erase-me" not in fresh_answers(path)["allowed"]

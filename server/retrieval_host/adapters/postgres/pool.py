@@ -228,12 +228,13 @@ class ConnectionPool:
             self._closed = True
             idle, self._idle = self._idle, []
             self._open -= len(idle)
-            lent = list(self._lent)
+            # Under the lock: a lent connection is taken out of `_lent` under it before it is
+            # closed, so its descriptor is still its own here (not reused by another socket).
+            for conn in self._lent:
+                _shut(conn)
             self._cond.notify_all()
         for conn in idle:
             conn.close()
-        for conn in lent:
-            _shut(conn)
 
     def _acquire(self) -> Connection:
         deadline = time.monotonic() + self._timeout
@@ -264,9 +265,15 @@ class ConnectionPool:
                 bounded = _Connection.connect(self._conninfo, autocommit=True)
                 bounded.answer_timeout_s = self._answer_timeout
                 conn: Connection = bounded
+                with self._cond:  # lent from here: a close shuts it even during `setup`
+                    self._lent.add(conn)
+                    if self._closed:
+                        _shut(conn)
                 try:
                     self._setup(conn)
                 except BaseException:
+                    with self._cond:
+                        self._lent.discard(conn)
                     conn.close()
                     raise
         except BaseException:
@@ -274,8 +281,6 @@ class ConnectionPool:
                 self._open -= 1
                 self._cond.notify()
             raise
-        with self._cond:
-            self._lent.add(conn)
         return conn
 
     def _release(self, conn: Connection) -> None:

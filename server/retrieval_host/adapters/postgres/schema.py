@@ -402,6 +402,10 @@ def ensure_hnsw_index(conn: Connection, schema: str, dims: int) -> None:
                     reason=StoreUnavailableReason.INDEX_BUILD,
                 )
             time.sleep(0.2)  # another replica is building it
+        # The session's own statement timeout (`session_setup`), put back after the build:
+        # RESET goes to the server's default, which left this pooled connection with none (a
+        # review).
+        saved = conn.execute("SELECT current_setting('statement_timeout')").fetchone()
         try:
             state = _index_state(conn, schema, name)
             if state == "invalid":
@@ -430,7 +434,10 @@ def ensure_hnsw_index(conn: Connection, schema: str, dims: int) -> None:
                     )
         finally:
             conn.execute("RESET maintenance_work_mem")
-            conn.execute("RESET statement_timeout")
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, false)",
+                (str(saved[0]) if saved is not None else "0",),
+            )
             conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 

@@ -30,6 +30,7 @@ too, not only SQLite.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -382,6 +383,18 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Held (across processes: `flock` on `<snapshot>.lock`) while a process checks the
+    snapshot at `path` and replaces it."""
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def remove_temporaries(path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 import apsw
@@ -20,6 +21,10 @@ _log = logging.getLogger(__name__)
 # A snapshot is written in the background once this many rows (or a quarter of the corpus,
 # if more) changed since the last one.
 SNAPSHOT_MIN_CHANGES = 20_000
+# A delete's rewrite that could not be written is tried again this many times, this much later
+# each time (seconds, growing).
+ERASE_RETRIES = 3
+ERASE_RETRY_S = 1.0
 
 
 class SqliteSnapshots:
@@ -99,40 +104,51 @@ class SqliteSnapshots:
         )
         self._snapshot_writer.start()
 
-    def _write_snapshot(self, state: CorpusState, force: bool = False) -> None:
-        """Write one corpus's snapshot unless one as recent is there already (`force`: in any
-        case). A failure is logged: the snapshot is only a cache."""
+    def _write_snapshot(self, state: CorpusState, force: bool = False) -> bool:
+        """Write one corpus's snapshot unless one as recent is there already (`force`: also
+        over one of the same generation; never over a newer one). A failure is logged: the
+        snapshot is only a cache. Whether the file now holds this state or a newer one."""
         if self._read_only or not self._snapshots:
-            return
+            return True
         corpus = state.descriptor.corpus_id
         with self._snapshot_lock:
             with self._cache_lock:
-                if self._corpora.get(corpus) is not state or state.loaded_generation < 0:
-                    return
+                if self._corpora.get(corpus) is not state:
+                    return True  # closed, or replaced by a newer state of the corpus
+                if state.loaded_generation < 0:
+                    return False  # a reload failed: the next search retries it
                 images = [snapshot.image(ns, seg) for ns, seg in state.segments.items()]
                 generation, changed = state.loaded_generation, state.unsnapshotted
             path = snapshot.snapshot_path(self._path, corpus)
             descriptor_json = state.descriptor.canonical_json()
-            written = snapshot.written_generation(
-                path, corpus, descriptor_json, state.dimensions, self._trusted_groups
-            )
-            if not force and written is not None and written >= generation:
-                # Another process (a worker of the same host) wrote this state already.
-                with self._cache_lock:
-                    state.unsnapshotted = max(0, state.unsnapshotted - changed)
-                return
             try:
-                snapshot.remove_temporaries(path)
-                size = snapshot.write(path, corpus, descriptor_json, generation, images)
+                # Workers of one host write the same file: the check and the rename are one
+                # step across processes, or a worker with an older state renamed its image
+                # over the one a delete had just cleaned (a review found the deleted text
+                # back in the file). An older generation never replaces a newer one.
+                with snapshot.writing(path):
+                    written = snapshot.written_generation(
+                        path, corpus, descriptor_json, state.dimensions, self._trusted_groups
+                    )
+                    if written is not None and (
+                        written > generation or (written == generation and not force)
+                    ):
+                        # Another process (a worker of the same host) wrote it already.
+                        with self._cache_lock:
+                            state.unsnapshotted = max(0, state.unsnapshotted - changed)
+                        return True
+                    snapshot.remove_temporaries(path)
+                    size = snapshot.write(path, corpus, descriptor_json, generation, images)
+                    # Graphs of earlier versions of the file hold their rows' vectors (int8),
+                    # deleted ones too; none fits the new file.
+                    graph_file.remove_graphs(path)
             except OSError as exc:
                 _log.warning("could not write the index snapshot %s: %s", path, exc)
-                return
+                return False
             with self._cache_lock:
                 state.unsnapshotted = max(0, state.unsnapshotted - changed)
-            # Graphs of earlier versions of the file hold their rows' vectors (int8), deleted
-            # ones too; none fits the new file (a process mapping one keeps its pages).
-            graph_file.remove_graphs(path)
             _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, size)
+            return True
 
     def _erase_from_snapshot(self, state: CorpusState) -> None:
         """After a delete: rewrite the corpus's snapshot in the background, so the deleted
@@ -148,6 +164,7 @@ class SqliteSnapshots:
             self._eraser.start()
 
     def _erase(self) -> None:
+        failures = 0
         while True:
             with self._cache_lock:
                 if not self._erasing:
@@ -155,8 +172,15 @@ class SqliteSnapshots:
                     return
                 corpus = self._erasing.pop()
                 state = self._corpora.get(corpus)
-            if state is not None:
-                self._write_snapshot(state)
+            if state is None or self._write_snapshot(state):
+                continue
+            # Not written (a failed reload, a full disk): tried again a few times, then left
+            # to the next due write or the close (its rows count as unsnapshotted).
+            failures += 1
+            if failures <= ERASE_RETRIES:
+                time.sleep(ERASE_RETRY_S * failures)
+                with self._cache_lock:
+                    self._erasing.add(corpus)
 
     def checkpoint(self) -> None:
         """Write the snapshot of every open corpus now (waiting for one being written)."""
