@@ -576,3 +576,16 @@ def test_an_mbox_without_blank_lines_splits_on_ctime_envelopes(
         ("<a@x>", "One."),
         ("<b@x>", "Two."),
     ]
+
+
+def test_a_multipart_message_without_a_boundary_is_malformed_not_empty(
+    count_tokens: TokenCounter,
+) -> None:
+    raw = docs.message(
+        "--x\nContent-Type: text/plain\n\nThe text is plainly here.\n--x--\n",
+        content_type="multipart/mixed",
+    )
+    with pytest.raises(RetrievalError) as info:
+        prepare(raw, count_tokens, "message/rfc822")
+    assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_DOCUMENT, "email-malformed")
+    assert "no boundary" in info.value.detail

@@ -55,6 +55,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from email import policy
+from email.errors import NoBoundaryInMultipartDefect
 from email.message import EmailMessage, Message
 from email.parser import BytesParser
 from typing import Final, TypeVar
@@ -119,10 +120,16 @@ def extract_email(
     bodies: list[str] = []
     infos: list[dict[str, JSONValue]] = []
     taken: dict[str, int] = {}
+    no_boundary = False
     for raw in raws:
         if cancel is not None:
             cancel.check()
         message = _parse(raw, limits)
+        no_boundary = no_boundary or any(
+            isinstance(defect, NoBoundaryInMultipartDefect)
+            for part in message.walk()
+            for defect in part.defects
+        )
         message_id = _unique(_message_id(message, raw), taken)
         texts: list[str] = []
         attachments: list[dict[str, JSONValue]] = []
@@ -140,6 +147,13 @@ def extract_email(
         if cancel is not None:
             cancel.progress()
     if not segments:
+        if no_boundary:
+            # Its parts cannot be told apart, so none is read: a malformed message, not an
+            # empty one (a black-box test).
+            raise invalid_document(
+                InvalidDocumentReason.EMAIL_MALFORMED,
+                "a multipart part declares no boundary, so its parts cannot be read.",
+            )
         raise invalid_document(
             InvalidDocumentReason.EMPTY_DOCUMENT, "no message has any readable text."
         )
