@@ -411,6 +411,13 @@ def test_logs_are_json_lines_with_request_ids_and_no_secret_or_content(tmp_path:
         assert line["durationMs"] >= 0 and line["method"] in ("GET", "POST")
     assert re.fullmatch(r"[0-9a-f]{32}", ids[0][0])
     assert by_id[ids[0][0]]["subject"] == "writer"
+    # An error's code and reason, not its detail (a black-box test: 401/403 lines said nothing).
+    assert "code" not in by_id[ids[0][0]]
+    refused = {route: by_id[i] for i, status, route in ids if status >= 400}
+    assert refused["/v1/runs"]["code"] == "PERMISSION_DENIED"
+    assert refused["/v1/runs/{run_id}"]["code"] == "UNAUTHENTICATED"
+    assert refused["/v1/runs/{run_id}"]["reason"] == "token-in-query"
+    assert all("detail" not in line for line in access)
     assert all("path" not in r and "query" not in r for r in access)
     messages = " ".join(r["message"] for r in records)
     assert "shutting down" in messages and "stores closed" in messages

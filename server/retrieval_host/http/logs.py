@@ -60,8 +60,10 @@ def log_access(
     response_bytes: int,
     subject: str | None,
     client: str | None,
+    problem: tuple[str, str | None] | None = None,
 ) -> None:
-    """One line per request, written when the response has ended (streams included)."""
+    """One line per request, written when the response has ended (streams included); an
+    error's `code` and `reason` (never its detail, which may quote the request)."""
     if not access_logger.isEnabledFor(logging.INFO):
         return
     fields: dict[str, object] = {
@@ -75,6 +77,10 @@ def log_access(
         fields["subject"] = subject
     if client is not None:
         fields["client"] = client
+    if problem is not None:
+        fields["code"] = problem[0]
+        if problem[1] is not None:
+            fields["reason"] = problem[1]
     access_logger.info("request", extra={"request_id": request_id, "fields": fields})
 
 

@@ -29,6 +29,7 @@ concurrency limit (a saturated host must still be observable) and is not counted
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,6 +51,7 @@ from retrieval_host.http.problems import send_problem
 from retrieval_host.http.request_id import note_subject, request_id_of, subject_of
 from retrieval_host.http.strict import authorization_header
 from retrieval_host.settings import TokenSettings
+from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE
 
 METRICS_PATH: Final = "/metrics"
 UNMATCHED_ROUTE: Final = "unmatched"
@@ -57,6 +59,9 @@ _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "O
 # Requests range from a probe (~1 ms) to a grounded run streamed for minutes.
 REQUEST_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 SCAN_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+# Bytes of an error response read for its code and reason (a problem body is far smaller).
+_PROBLEM_BYTES: Final = 8192
 
 
 class _Live:
@@ -320,13 +325,21 @@ class RequestObserver:
         route = self._templates.get(scope["path"]) or self._template(scope)
         status = 0
         sent = 0
+        problem: bytearray | None = None  # an error's body, for its code in the access log
 
         async def observed_send(message: Message) -> None:
-            nonlocal status, sent
+            nonlocal status, sent, problem
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                if (b"content-type", PROBLEM_MEDIA_TYPE.encode("ascii")) in message.get(
+                    "headers", ()
+                ):
+                    problem = bytearray()
             elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
+                body = message.get("body", b"")
+                sent += len(body)
+                if problem is not None and len(problem) < _PROBLEM_BYTES:
+                    problem += body[: _PROBLEM_BYTES - len(problem)]
             await send(message)
 
         try:
@@ -352,7 +365,23 @@ class RequestObserver:
                 response_bytes=sent,
                 subject=subject_of(scope),
                 client=str(client[0]) if client else None,
+                problem=_code_and_reason(problem),
             )
+
+
+def _code_and_reason(body: bytearray | None) -> tuple[str, str | None] | None:
+    """An error response's `code` and `reason` (an operator told a missing grant from an
+    unknown subject only by asking the client for its problem body, a black-box test)."""
+    if not body:
+        return None
+    try:
+        parsed = json.loads(bytes(body))
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("code"), str):
+        return None
+    reason = parsed.get("reason")
+    return parsed["code"], reason if isinstance(reason, str) else None
 
 
 class MetricsEndpoint:
