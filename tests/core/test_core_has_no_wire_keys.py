@@ -23,6 +23,7 @@ NOT_WIRE_KEYS = {
     ("passage_metadata.py", "startLine"),
     ("passage_metadata.py", "endLine"),
     ("passage_metadata.py", "messageId"),
+    ("passage_metadata.py", "mediaType"),
 }
 
 

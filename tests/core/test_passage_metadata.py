@@ -29,12 +29,18 @@ def test_a_passage_shows_the_section_that_holds_its_first_line() -> None:
 
 def test_a_passage_shows_its_message_and_the_list_s_truncation() -> None:
     metadata: dict[str, JSONValue] = {
+        "mediaType": "application/mbox",
         "messageCount": 3,
         "messages": MESSAGES,
         "messagesTruncated": True,
     }
     shown = passage_metadata(metadata, Location(start_line=1, document_id="<b@x>"))
-    assert shown == {"messageCount": 3, "message": MESSAGES[1], "messagesTruncated": True}
+    assert shown == {
+        "mediaType": "application/mbox",
+        "messageCount": 3,
+        "message": MESSAGES[1],
+        "messagesTruncated": True,
+    }
     lost = passage_metadata(metadata, Location(start_line=1, document_id="<c@x>"))
     assert lost["message"] is None and lost["messagesTruncated"] is True
 
@@ -42,8 +48,15 @@ def test_a_passage_shows_its_message_and_the_list_s_truncation() -> None:
 def test_metadata_without_those_lists_or_of_another_shape_is_shown_as_it_is() -> None:
     plain: dict[str, JSONValue] = {"year": 2024, "lang": "en"}
     assert passage_metadata(plain, Location(start_line=1)) is plain
-    own: dict[str, JSONValue] = {
-        "sections": ["intro", "usage"],
-        "messages": [{"id": 1}],
-    }  # an application's
+    own: dict[str, JSONValue] = {"sections": ["intro", "usage"], "messages": [{"id": 1}]}
     assert passage_metadata(own, Location(start_line=1, document_id="x")) is own
+    # Prepared passages' lists of the ingestion shape, without an ingested media type.
+    prepared: dict[str, JSONValue] = {"sections": SECTIONS, "messages": MESSAGES}
+    assert passage_metadata(prepared, Location(start_line=6, document_id="<a@x>")) is prepared
+    # A caller's own `section` laid over an upload's metadata is kept, and the list too.
+    upload: dict[str, JSONValue] = {
+        "mediaType": "text/markdown",
+        "sections": SECTIONS,
+        "section": "ops",
+    }
+    assert passage_metadata(upload, Location(start_line=6)) is upload

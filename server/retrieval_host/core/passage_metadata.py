@@ -10,8 +10,10 @@ entry instead: `section`, the entry whose line range holds the passage's first l
 short before it (`sectionsTruncated` / `messagesTruncated` stay, as every other field). The
 source itself (`GET .../sources/{id}`) keeps the whole lists.
 
-Only lists of the shapes ingestion writes are replaced; an application's own `sections` or
-`messages` of another shape (prepared passages' metadata) is shown as it is.
+Only an ingested document's lists are replaced (its `mediaType` says which kind, and the
+lists have the shapes ingestion writes), and never over a `section` or `message` key of the
+caller's own (an upload's metadata is laid over the document's): prepared passages' and
+callers' metadata is shown as it is (a black-box test found a caller's `section` replaced).
 """
 
 from __future__ import annotations
@@ -28,8 +30,15 @@ def passage_metadata(
     holds neither list."""
     sections = metadata.get("sections")
     messages = metadata.get("messages")
-    replace_sections = _all_entries(sections, ("headings", "startLine", "endLine"))
-    replace_messages = _all_entries(messages, ("messageId",))
+    kind = metadata.get("mediaType")
+    replace_sections = (
+        kind in _SECTIONED
+        and "section" not in metadata
+        and _all_entries(sections, ("headings", "startLine", "endLine"))
+    )
+    replace_messages = (
+        kind in _MAIL and "message" not in metadata and _all_entries(messages, ("messageId",))
+    )
     if not (replace_sections or replace_messages):
         return metadata
     shown = dict(metadata)
@@ -40,6 +49,11 @@ def passage_metadata(
         del shown["messages"]
         shown["message"] = _message_of(messages, location.document_id)
     return shown
+
+
+# The media types whose ingestion writes `sections`, and `messages`.
+_SECTIONED = frozenset({"text/markdown", "text/html"})
+_MAIL = frozenset({"message/rfc822", "application/mbox"})
 
 
 def _all_entries(value: JSONValue | None, keys: tuple[str, ...]) -> bool:

@@ -44,9 +44,11 @@ class SqliteSnapshots:
     def _connection(self) -> apsw.Connection:
         raise NotImplementedError
 
-    def _adopt_snapshot(self, state: CorpusState) -> None:
+    def _adopt_snapshot(self, state: CorpusState) -> bool:
         """Start a new corpus state from its snapshot, keeping only the sources SQLite holds
-        exactly as written (the caller holds the db lock; `_refresh` then loads the rest)."""
+        exactly as written (the caller holds the db lock; `_refresh` then loads the rest).
+        Whether the file holds rows that are not live (deleted or replaced since it was
+        written, or written by a release that kept dead rows): its text must leave the disk."""
         descriptor = state.descriptor
         path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
         mapped = snapshot.read(
@@ -57,7 +59,7 @@ class SqliteSnapshots:
             self._trusted_groups,
         )
         if mapped is None:
-            return
+            return False
         conn = self._connection()
         with translated("reading the corpus's sources"):
             listing = {
@@ -72,8 +74,10 @@ class SqliteSnapshots:
             adopted = list(snapshot.segments(mapped, state.dimensions, listing))
         except snapshot.SnapshotUnusable as exc:
             _log.warning("index snapshot %s not used: %s", path, exc)
-            return
+            return False
+        dead = 0
         for namespace, segment, kept in adopted:
+            dead += segment.size - sum(s.stop - s.start for s in segment.spans.values())
             state.segments[namespace] = segment
             segment.origin = graph_file.Origin(
                 graph_file.graph_path(path, namespace, mapped.identity),
@@ -88,6 +92,27 @@ class SqliteSnapshots:
             descriptor.corpus_id,
             len(state.generations),
         )
+        if dead and not self._read_only:
+            state.unsnapshotted += dead  # a close rewrites it, if the eraser has not
+            return True
+        return False
+
+    def _remove_snapshot(self, corpus: str) -> None:
+        """After a delete with snapshots off: a snapshot an earlier start wrote is removed,
+        its graph files too, for it holds the deleted rows (the delete answered `overwritten`
+        while the text stayed in it, a black-box test); the next start with snapshots on
+        loads from SQLite."""
+        path = snapshot.snapshot_path(self._path, corpus)
+        if not path.exists():
+            return
+        try:
+            with snapshot.writing(path):
+                path.unlink(missing_ok=True)
+                graph_file.remove_graphs(path)
+        except OSError as exc:
+            _log.warning("could not remove the index snapshot %s: %s", path, exc)
+            return
+        _log.info("removed the index snapshot of corpus %s (snapshots are off)", corpus)
 
     def _snapshot_if_due(self, state: CorpusState) -> None:
         """Write a snapshot on a background thread when enough rows changed since the last."""
@@ -150,10 +175,18 @@ class SqliteSnapshots:
             _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, size)
             return True
 
+    def _after_delete(self, state: CorpusState) -> None:
+        """The deleted rows leave the snapshot file: rewritten without them, or, with
+        snapshots off, the file an earlier start wrote removed."""
+        if self._snapshots:
+            self._erase_from_snapshot(state)
+        else:
+            self._remove_snapshot(state.descriptor.corpus_id)
+
     def _erase_from_snapshot(self, state: CorpusState) -> None:
-        """After a delete: rewrite the corpus's snapshot in the background, so the deleted
-        rows leave that file too (a snapshot holds live rows only). Deletes while a rewrite
-        runs are coalesced into one more."""
+        """After a delete (or an open that found a file holding rows no longer live): rewrite
+        the corpus's snapshot in the background, so those rows leave that file too (a
+        snapshot holds live rows only). Requests while a rewrite runs are coalesced."""
         if self._read_only or not self._snapshots:
             return
         with self._cache_lock:
@@ -172,7 +205,9 @@ class SqliteSnapshots:
                     return
                 corpus = self._erasing.pop()
                 state = self._corpora.get(corpus)
-            if state is None or self._write_snapshot(state):
+            # `force`: a file of the same generation may still hold dead rows (one written by
+            # a release that kept them); never one of a newer generation.
+            if state is None or self._write_snapshot(state, force=True):
                 continue
             # Not written (a failed reload, a full disk): tried again a few times, then left
             # to the next due write or the close (its rows count as unsnapshotted).

@@ -267,15 +267,18 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
 
     def _load(self, descriptor: CorpusDescriptor) -> None:
         """Load (or bring up to date) the corpus's in-memory index."""
+        stale = False
         with self._db_lock:
             state = self._corpora.get(descriptor.corpus_id)
             if state is None or state.descriptor != descriptor:
                 state = CorpusState(descriptor, {}, {}, -1)
                 if self._snapshots:
-                    self._adopt_snapshot(state)
+                    stale = self._adopt_snapshot(state)
                 with self._cache_lock:
                     self._corpora[descriptor.corpus_id] = state
             self._refresh(state)
+        if stale:  # its file holds rows no longer live: rewritten without them
+            self._erase_from_snapshot(state)
         self._snapshot_if_due(state)
 
     # --- reads -------------------------------------------------------------------------------
@@ -453,7 +456,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
                 conn.execute("DELETE FROM sources WHERE id = ?", (current[0],))
             self._after_commit(state, before, generation, [], [(namespace, source_id)])
             truncate_wal(conn)
-        self._erase_from_snapshot(state)
+        self._after_delete(state)
         return removed
 
     # --- cache maintenance ---------------------------------------------------------------------
