@@ -355,24 +355,36 @@ def holds(snap: Path, text: str) -> bool:
     return text.encode() in snap.read_bytes()
 
 
+def snapshot_holding(path: Path, source_id: str, text: str) -> Path:
+    """A store of three sources and `source_id` holding `text`, closed: its snapshot file."""
+    fill(path, sources=3)
+    with SqliteVectorStore.open(path) as store:
+        store.open_corpus(descriptor("c1"))
+        put_text(store, source_id, "r1", text)
+    snap = snapshot_path(path, "c1")
+    assert holds(snap, text)
+    return snap
+
+
+def wait_until_gone(snap: Path, text: str, what: str) -> None:
+    """Poll until the snapshot file no longer holds `text` (rewritten in the background)."""
+    deadline = time.monotonic() + 60
+    while holds(snap, text):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def test_a_delete_rewrites_the_snapshot_without_the_deleted_text(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A black-box test: a deleted passage stayed in plaintext in the snapshot file through
     # restarts, while the delete answered `overwritten`.
-    fill(path, sources=3)
-    with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))
-        put_text(store, "erase-me", "r1", SECRET)
-    snap = snapshot_path(path, "c1")
-    assert holds(snap, SECRET)
+    snap = snapshot_holding(path, "erase-me", SECRET)
     with open_mapped(path, caplog) as store:
         assert store.reclamation == "pending"
         store.delete_source("c1", "ns", "erase-me", "r1")
-        deadline = time.monotonic() + 60
-        while holds(snap, SECRET):  # rewritten in the background, not at close
-            assert time.monotonic() < deadline, "the snapshot still holds the deleted text"
-            time.sleep(0.01)
+        # Rewritten in the background, not at close.
+        wait_until_gone(snap, SECRET, "the snapshot still holds the deleted text")
         live = answers(store)
     assert not holds(snap, SECRET)
     expected = fresh_answers(path)
@@ -384,10 +396,7 @@ def test_a_delete_rewrites_the_snapshot_without_the_deleted_text(
 def test_a_snapshot_leaves_out_replaced_revisions(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fill(path, sources=3)
-    with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))
-        put_text(store, "doc", "r1", SECRET)
+    snap = snapshot_holding(path, "doc", SECRET)
     with open_mapped(path, caplog) as store:
         put_text(store, "doc", "r2", "the ocelot escrow phrase was changed")
         put(store, np.random.default_rng(4), "s1", "r2", 3)
@@ -400,22 +409,12 @@ def test_a_snapshot_leaves_out_replaced_revisions(
     assert got["allowed"]["doc"] == "r2" and got["allowed"]["s1"] == "r2"
 
 
-def test_without_snapshots_a_delete_is_overwritten_at_once(path: Path) -> None:
-    fill(path, sources=1, snapshots=False)
-    with SqliteVectorStore.open(path, snapshots=False) as store:
-        assert store.reclamation == "overwritten"
-
-
 def test_a_worker_with_an_older_state_never_writes_over_a_delete_s_rewrite(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A review: two workers write one snapshot file; one whose state predated a delete
     # checked the file, then renamed its image over the one the delete had just cleaned.
-    fill(path, sources=3)
-    with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))
-        put_text(store, "erase-me", "r1", SECRET)
-    snap = snapshot_path(path, "c1")
+    snap = snapshot_holding(path, "erase-me", SECRET)
     first, second = SqliteVectorStore.open(path), SqliteVectorStore.open(path)
     for store in (first, second):
         store.open_corpus(descriptor("c1"))
@@ -438,10 +437,7 @@ def test_a_worker_with_an_older_state_never_writes_over_a_delete_s_rewrite(
     finally:
         release.set()
         closing.join(60)
-    deadline = time.monotonic() + 60
-    while holds(snap, SECRET):
-        assert time.monotonic() < deadline, "the deleted text is back in the snapshot"
-        time.sleep(0.01)
+    wait_until_gone(snap, SECRET, "the deleted text is back in the snapshot")
     first.close()
     assert not holds(snap, SECRET)
     assert "erase-me" not in fresh_answers(path)["allowed"]
@@ -450,12 +446,7 @@ def test_a_worker_with_an_older_state_never_writes_over_a_delete_s_rewrite(
 def test_a_delete_without_snapshots_removes_the_file_that_holds_its_rows(path: Path) -> None:
     # A black-box test: with `indexSnapshots: false` a delete answered `overwritten` while the
     # snapshot an earlier start wrote kept the deleted text for good.
-    fill(path, sources=3)
-    with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))
-        put_text(store, "erase-me", "r1", SECRET)
-    snap = snapshot_path(path, "c1")
-    assert holds(snap, SECRET)
+    snap = snapshot_holding(path, "erase-me", SECRET)
     with SqliteVectorStore.open(path, snapshots=False) as store:
         store.open_corpus(descriptor("c1"))
         assert store.reclamation == "overwritten"
@@ -470,20 +461,14 @@ def test_a_snapshot_that_holds_dead_rows_is_rewritten_after_an_open(
     # A black-box test: the snapshot an earlier release wrote (dead rows kept) still held a
     # deleted passage after the upgrade and a clean stop. Here the dead rows come from a
     # writer without snapshots that replaced the source after the file was written.
-    fill(path, sources=3)
-    with SqliteVectorStore.open(path) as store:
-        store.open_corpus(descriptor("c1"))
-        put_text(store, "doc", "r1", SECRET)
-    snap = snapshot_path(path, "c1")
+    snap = snapshot_holding(path, "doc", SECRET)
     with SqliteVectorStore.open(path, snapshots=False) as other:
         other.open_corpus(descriptor("c1"))
         put_text(other, "doc", "r2", "the ocelot escrow phrase was changed")
     assert holds(snap, SECRET)
     with open_mapped(path, caplog) as store:
-        deadline = time.monotonic() + 60
-        while holds(snap, SECRET):  # rewritten in the background after the open
-            assert time.monotonic() < deadline, "the replaced text is still in the snapshot"
-            time.sleep(0.01)
+        # Rewritten in the background after the open.
+        wait_until_gone(snap, SECRET, "the replaced text is still in the snapshot")
         got = answers(store)
     assert_same(got, fresh_answers(path))
     assert got["allowed"]["doc"] == "r2"
