@@ -20,6 +20,7 @@ import pytest
 
 from retrieval_host.adapters.sqlite import SqliteVectorStore, approximate
 from retrieval_host.adapters.sqlite.segment import COMPACT_MIN_ROWS
+from retrieval_host.adapters.sqlite.snapshot import current_identity, snapshot_path
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.ports import ApproximateRanking, Candidate, CapacityLimits
@@ -547,3 +548,31 @@ def test_a_delete_removes_the_graph_files_that_held_its_vectors(tmp_path: Path) 
             assert set(again.ids(allowed, q)) == set(again.exact(allowed, q))
     finally:
         again.store.close()
+
+
+def test_a_graph_of_a_snapshot_a_delete_rewrote_is_kept_in_memory_not_written(
+    tmp_path: Path,
+) -> None:
+    # A black-box test: a delete landing during the first graph build after a start had the
+    # snapshot rewritten (its graph files removed), then the build wrote its graph, the
+    # deleted rows' int8 vectors in it, under the old file's version, for good.
+    path = tmp_path / "r.db"
+    ns = snapshotted(path)
+    query = clustered(np.random.default_rng(30), 1)[0]
+    first = reopened(path, ns)
+    try:
+        snap = snapshot_path(path, "c1")
+        mapped = current_identity(snap)
+        first.delete(sorted(first.live)[0])
+        deadline = time.monotonic() + 120
+        while current_identity(snap) == mapped:  # the delete's background rewrite
+            assert time.monotonic() < deadline, "the snapshot was not rewritten"
+            time.sleep(0.01)
+        first.built(query)  # of the rows the old file mapped, after the rewrite
+        assert graph_files(path) == []
+        allowed = first.everything()
+        for q in clustered(np.random.default_rng(31), 5):
+            assert set(first.ids(allowed, q)) == set(first.exact(allowed, q))
+    finally:
+        first.store.close()
+    assert graph_files(path) == []

@@ -269,7 +269,9 @@ class Builder:
                 built = self._checked(origin.matrix, members)
                 if built is None:
                     return None
-                graph_file.write(origin, *built)
+                if not graph_file.write(origin, *built):
+                    # The snapshot was rewritten meanwhile: this process's graph, unshared.
+                    return Graph(origin.matrix, origin.rows, len(members), *built)
             finally:
                 held.unlink(missing_ok=True)
             viewed = graph_file.view(origin, load)

@@ -36,7 +36,7 @@ import numpy as np
 
 from retrieval_host.adapters.sqlite.files import check_store_file
 from retrieval_host.adapters.sqlite.scan import Index, Matrix
-from retrieval_host.adapters.sqlite.snapshot import alive
+from retrieval_host.adapters.sqlite.snapshot import alive, current_identity, writing
 from retrieval_host.core.errors import RetrievalError
 
 _log = logging.getLogger("retrieval_host.store")
@@ -52,6 +52,8 @@ class Origin:
     rows: int
     matrix: Matrix
     trusted_groups: frozenset[int]
+    snapshot: Path  # the snapshot file, and the identity of the version of it mapped
+    identity: str
 
 
 def graph_path(snapshot: Path, namespace: str, identity: str) -> Path:
@@ -176,18 +178,27 @@ def _write_file(
             temporary.unlink()
 
 
-def write(origin: Origin, index: Any, unreachable: Index) -> None:
+def write(origin: Origin, index: Any, unreachable: Index) -> bool:
     """Write the graph file (0600, temporary name, fsync, rename), its self-check first, and
-    remove the namespace's graph files of other snapshot versions."""
+    remove the namespace's graph files of other snapshot versions; False, writing nothing,
+    when the snapshot file is no longer the version the graph's rows were mapped from (a
+    delete rewrote it during the build: the graph holds the deleted rows' vectors, and the
+    rewrite had removed the graph files; a black-box test found one written after it)."""
     path = origin.path
-    _write_file(
-        path,
-        index.save,
-        lambda identity: write_unreachable(origin, unreachable, identity),
-    )
-    _remove(
-        path.parent, path.name.rsplit("-", 1)[0] + "-", {path.name, _unreachable_path(origin).name}
-    )
+    with writing(origin.snapshot):  # the snapshot's writers remove graph files under it
+        if current_identity(origin.snapshot) != origin.identity:
+            return False
+        _write_file(
+            path,
+            index.save,
+            lambda identity: write_unreachable(origin, unreachable, identity),
+        )
+        _remove(
+            path.parent,
+            path.name.rsplit("-", 1)[0] + "-",
+            {path.name, _unreachable_path(origin).name},
+        )
+    return True
 
 
 def remove_graphs(snapshot: Path) -> None:

@@ -491,10 +491,22 @@ def _read(
         if any(not 0 <= e.start <= e.stop <= size for e in sources):
             raise SnapshotUnusable("a source's rows lie outside the snapshot")
         namespaces[str(namespace)] = (size, arrays, sources)
-    identity = hashlib.sha256(
-        f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}".encode()
-    ).hexdigest()[:16]
-    return Snapshot(int(header["generation"]), namespaces, identity)
+    return Snapshot(int(header["generation"]), namespaces, file_identity(st))
+
+
+def file_identity(st: os.stat_result) -> str:
+    """This version of a snapshot file (device, inode, modification time, size): the key of
+    the graph files built from its rows."""
+    key = f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def current_identity(path: Path) -> str | None:
+    """The identity of the snapshot file at `path` now (None: there is none)."""
+    try:
+        return file_identity(os.stat(path))
+    except OSError:
+        return None
 
 
 def written_generation(

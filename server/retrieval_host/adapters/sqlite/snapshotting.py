@@ -84,6 +84,8 @@ class SqliteSnapshots:
                 segment.size,
                 segment.matrix,
                 self._trusted_groups,
+                path,
+                mapped.identity,
             )
             for source_id, generation in kept:
                 state.generations[(namespace, source_id)] = generation
