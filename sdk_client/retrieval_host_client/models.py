@@ -376,7 +376,8 @@ class Hit(_Response):
     retrieved_at: str
     scope: Scope
     scores: HitScores = Field(default_factory=HitScores)
-    # The source revision's metadata as indexed (what `filters` test).
+    # The source revision's metadata as indexed (what `filters` test), an ingested document's
+    # `sections` / `messages` narrowed to this passage's `section` / `message`.
     metadata: dict[str, JsonValue] = Field(default_factory=dict)
     # When the revision was committed (RFC 3339 UTC); null if written before that was recorded.
     indexed_at: str | None = None
