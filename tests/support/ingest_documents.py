@@ -96,30 +96,23 @@ def _page(contents: int, parent: int = 2) -> bytes:
 
 def one_page_pdf() -> bytes:
     """A minimal valid hand-made PDF with one line of text."""
-    return assemble_pdf(
-        {
-            1: _CATALOG,
-            2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-            3: _page(4),
-            4: _stream(_HELLO),
-            5: _FONT,
-        }
-    )
+    return assemble_pdf(_one_page_objects())
+
+
+def _one_page_objects() -> dict[int, bytes]:
+    return {
+        1: _CATALOG,
+        2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        3: _page(4),
+        4: _stream(_HELLO),
+        5: _FONT,
+    }
 
 
 def one_page_pdf_with_info(info: bytes) -> bytes:
     """`one_page_pdf` with a document information dictionary of these entries."""
-    return assemble_pdf(
-        {
-            1: _CATALOG,
-            2: b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-            3: _page(4),
-            4: _stream(_HELLO),
-            5: _FONT,
-            6: b"<< " + info + b" >>",
-        },
-        trailer_extra=b" /Info 6 0 R",
-    )
+    objects = {**_one_page_objects(), 6: b"<< " + info + b" >>"}
+    return assemble_pdf(objects, trailer_extra=b" /Info 6 0 R")
 
 
 def _zeros_deflate(total_mib: int) -> bytes:
