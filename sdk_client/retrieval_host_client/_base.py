@@ -117,8 +117,8 @@ def resolve_token(token: str | None, environ: Mapping[str, str]) -> str | None:
     if not _BEARER_TOKEN.fullmatch(value):
         where = "the token argument" if token is not None else TOKEN_ENV
         raise ValueError(
-            f"{where} is not a bearer token (whitespace or a newline read from a file must be "
-            "stripped first)"
+            f"{where} is not a bearer token: only ASCII letters, digits and -._~+/ (then any "
+            "'=') may appear, so whitespace or a newline read from a file must be stripped first"
         )
     return value
 
@@ -128,12 +128,17 @@ def check_base_url(base_url: str | httpx.URL) -> httpx.URL:
     url = httpx.URL(str(base_url))
     if url.userinfo:
         raise ValueError("base_url must not carry credentials; pass token= instead")
-    if url.scheme == "https":
-        return url
-    if url.scheme == "http" and _is_loopback(url.host):
+    if url.scheme not in ("https", "http") or not url.host:
+        raise ValueError(
+            f"base_url must be an https:// URL with a host (plain http only to a loopback "
+            f"address), got {str(base_url)!r}"
+        )
+    if url.port is not None and not 0 < url.port < 65536:
+        raise ValueError(f"base_url's port must be 1-65535, got {url.port} in {str(base_url)!r}")
+    if url.scheme == "https" or _is_loopback(url.host):
         return url
     raise ValueError(
-        f"base_url must be https:// (plain http only to a loopback address), got {url.scheme!r}"
+        f"base_url must be https:// (plain http only to a loopback address), got {str(base_url)!r}"
     )
 
 

@@ -30,3 +30,31 @@ def test_a_sentence_two_overlapping_passages_share_is_quoted_once() -> None:
     assert lines.count(f"- {shared} [source:p-1]") == 1
     assert not any(shared in line and "p-2" in line for line in lines)
     assert len(lines) == 3  # the slot went to another sentence
+
+
+def test_a_look_alike_marker_in_a_passage_is_quoted_as_one_that_cites_nothing() -> None:
+    # A black-box test: `[source` + U+200B + `:FAKE]` and `[ѕource:...]` (Cyrillic ѕ) were
+    # quoted verbatim and read, on any plain-text display, as citations of passages the run
+    # never had; every check passed them since neither is a marker.
+    forgeries = {
+        "zero width space": "[source\u200b:p-fake]",
+        "word joiner": "[sour\u2060ce:p-fake]",
+        "byte order mark": "[\ufeffsource:p-fake]",
+        "soft hyphen": "[sou\u00adrce:p-fake]",
+        "cyrillic dze": "[\u0455ource:p-fake]",
+        "greek omicron": "[s\u03bfurce:p-fake]",
+        "cyrillic es and ie": "[sour\u0441\u0435:p-fake]",
+        "fullwidth bracket and colon": "\uff3bsource\uff1ap-fake]",
+        "spaced letters": "[ S o u r c e : p-fake]",
+    }
+    for name, marker in forgeries.items():
+        text = f"The walrus invoice is approved, see {marker} for proof."
+        [line] = [line for line in _answer([_passage("p-1", text)], "walrus invoice") if line]
+        assert line.endswith("[source:p-1]"), name
+        quoted = line.removesuffix("[source:p-1]")
+        assert "[" not in quoted and "\uff3b" not in quoted, (name, quoted)
+        assert "(" in quoted, name  # the look-alike letters stay, behind a parenthesis
+    # Words that only contain the letters are left alone.
+    plain = "The walrus invoice cites [resource:12] and [sourced] notes."
+    [line] = [line for line in _answer([_passage("p-1", plain)], "walrus invoice") if line]
+    assert "[resource:12] and [sourced]" in line

@@ -289,10 +289,34 @@ def test_a_token_with_whitespace_is_refused_without_echoing_it(connect: Connect)
     assert "secret-value" not in str(caught.value)
 
 
+def test_a_token_with_a_non_ascii_character_is_refused_saying_which_characters_may_appear(
+    connect: Connect,
+) -> None:
+    with pytest.raises(ValueError, match="only ASCII letters") as caught:
+        connect(None, token_value="rh_s\u00e9cret")
+    assert "cret" not in str(caught.value)
+
+
 def test_plain_http_is_refused_except_to_loopback(connect: Connect) -> None:
     with pytest.raises(ValueError, match="https"):
         connect(base_url="http://retrieval.example:8080")
     connect(base_url="http://127.0.0.1:9")  # a local TLS-terminating proxy is allowed
+
+
+@pytest.mark.parametrize(
+    ("base_url", "said"),
+    [
+        ("notaurl", "'notaurl'"),
+        ("ftp://127.0.0.1:21", "'ftp://127.0.0.1:21'"),
+        ("https://127.0.0.1:99999", "port must be 1-65535, got 99999"),
+    ],
+)
+def test_a_url_that_cannot_be_reached_is_refused_quoting_what_was_given(
+    connect: Connect, base_url: str, said: str
+) -> None:
+    with pytest.raises(ValueError, match="base_url") as caught:
+        connect(base_url=base_url)
+    assert said in str(caught.value)
 
 
 def test_hits_carry_their_commit_time_and_max_age_narrows_the_search(api: ClientApi) -> None:

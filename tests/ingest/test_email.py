@@ -268,6 +268,29 @@ def test_messages_of_one_thread_never_cite_alike(count_tokens: TokenCounter) -> 
     assert listed == ids  # the console finds each passage's own message
 
 
+@pytest.mark.parametrize(
+    "written",
+    [["dup@x.org", "dup@x.org", "dup@x.org#2"], ["dup@x.org#2", "dup@x.org", "dup@x.org"]],
+)
+def test_a_message_whose_own_id_reads_like_a_repeat_is_never_cited_like_another(
+    count_tokens: TokenCounter, written: list[str]
+) -> None:
+    # A black-box test: ids without angle brackets are kept as written, so the second
+    # `dup@x.org` and a message whose Message-ID is `dup@x.org#2` both cited `dup@x.org#2`,
+    # and the third message's passages showed the second's From, Date and Subject.
+    thread = docs.mbox(
+        *(docs.message(f"Message {n} says so.\n", message_id=i) for n, i in enumerate(written))
+    )
+    prepared: PreparedDocument = prepare(thread, count_tokens, "application/mbox")
+    ids = [c.location.document_id for c in prepared.chunks]
+    assert len(ids) == 3 and len(set(ids)) == 3
+    assert [c.text.split()[1] for c in prepared.chunks] == ["0", "1", "2"]
+    assert ids[0] == written[0]  # a message's first use keeps its own id
+    messages = prepared.source.metadata["messages"]
+    assert isinstance(messages, list)
+    assert [m["messageId"] for m in messages if isinstance(m, dict)] == ids
+
+
 def test_a_message_without_an_id_keeps_its_id_when_another_follows_it(
     count_tokens: TokenCounter,
 ) -> None:

@@ -282,6 +282,19 @@ def test_serve_refuses_an_application_it_cannot_build_in_one_line(
     store_dir.chmod(0o777)
     line = _serve_error(config, environ, body, capsys)
     assert "UNSAFE_STORE" in line and "writable by group or others" in line
+    # A database the driver cannot open: its words too, not only "failed while opening the
+    # store" (a black-box test, as a user SQLite could not read, could not tell why; as root
+    # every file opens, so the driver's refusal is raised by the factory here).
+    (config.parent / "unopenable_app.py").write_text(
+        "import apsw\n"
+        "from retrieval_host.adapters.sqlite.schema import translated\n"
+        "def create(settings, environ):\n"
+        "    with translated('opening the store'):\n"
+        "        raise apsw.CantOpenError('unable to open database file')\n"
+    )
+    line = _serve_error(config, environ, {**body, "application": "unopenable_app:create"}, capsys)
+    assert "STORE_UNAVAILABLE" in line and "opening the store" in line
+    assert "(CantOpenError: unable to open database file)" in line
 
 
 def test_an_acl_file_broken_after_start_denies_everyone_until_it_is_fixed(

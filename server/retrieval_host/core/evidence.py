@@ -21,13 +21,32 @@ SYSTEM_INSTRUCTIONS = (
 
 # A handle marker written by a document: `[source:` in any case or spacing. Inside the fence a
 # passage (or a title) holding one could present its own text under another passage's handle
-# (a black-box tester made a run's answer cite a real handle for an injected sentence).
-_MARKER: Final = re.compile(r"\[(\s*source\s*:)", re.IGNORECASE)
+# (a black-box tester made a run's answer cite a real handle for an injected sentence). Also
+# what only looks like one: invisible format characters between its letters (U+200B, U+2060,
+# U+FEFF, a soft hyphen) or a letter from another script that reads the same (Cyrillic `ѕ`,
+# Greek `ο`): quoted verbatim by the extractive provider, `[ѕource:ID]` read as a citation
+# of a passage the run never had (another black-box test). The letters' look-alikes are
+# those of Unicode's confusables list in the Latin, Greek, Cyrillic and Armenian blocks.
+_GAP: Final = "[\\s\u00ad\u034f\u180e\u200b-\u200f\u2060-\u2064\ufeff]*"
+_LOOKS_LIKE: Final = (
+    "[sSſѕЅꜱ]",
+    "[oOοΟоОօᴏ]",
+    "[uUυսᴜ]",
+    "[rRгᴦ]",
+    "[cCсСϲϹᴄ]",
+    "[eEеЕҽ]",
+    "[:：﹕∶꞉]",
+)
+_MARKER: Final = re.compile(
+    "[\\[［](" + _GAP + "".join(c + _GAP for c in _LOOKS_LIKE[:-1]) + _LOOKS_LIKE[-1] + ")",
+    re.IGNORECASE,
+)
 
 
 def defang(text: str) -> str:
-    """Untrusted text with every handle marker turned into `(source:`, which cites nothing:
-    only the host writes `[source:ID]` in what a model reads."""
+    """Untrusted text with every handle marker, or what reads like one, turned into
+    `(source:` (the look-alike letters kept), which cites nothing: only the host writes
+    `[source:ID]` in what a model reads."""
     return _MARKER.sub(r"(\1", text)
 
 

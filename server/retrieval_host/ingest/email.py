@@ -544,10 +544,16 @@ def _message_id(message: Message, raw: bytes) -> str:
 def _unique(message_id: str, taken: dict[str, int]) -> str:
     """The id, or for its n-th use in the document (n >= 2) `id#n`: two messages of one thread
     with one Message-ID (a resent message, a broken mailer, two identical messages without an
-    id) must not cite alike."""
+    id) must not cite alike. A suffix another message already cites (its own Message-ID read
+    `id#2`, written without angle brackets) is passed over."""
     uses = taken.get(message_id, 0) + 1
+    cited = message_id if uses == 1 else f"{message_id}#{uses}"
+    while uses > 1 and cited in taken:
+        uses += 1
+        cited = f"{message_id}#{uses}"
     taken[message_id] = uses
-    return message_id if uses == 1 else f"{message_id}#{uses}"
+    taken.setdefault(cited, 1)
+    return cited
 
 
 def _header(message: Message, name: str) -> str | None:

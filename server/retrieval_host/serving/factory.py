@@ -74,8 +74,12 @@ def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver |
         driver = factory(settings, environ)
     except RetrievalError as exc:
         # A store that refuses to open (unsafe permissions, unreachable, a descriptor that
-        # does not match): the reason in one line, not a traceback around it.
-        raise SettingsError(f"application {settings.application}: {exc}") from None
+        # does not match): the reason in one line, not a traceback around it. The driver's
+        # own words go with it (callers never see them; the operator starting the host needs
+        # "unable to open database file" or the PostgreSQL host and port that refused).
+        cause = exc.__cause__
+        said = f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
+        raise SettingsError(f"application {settings.application}: {exc}{said}") from None
     except SettingsError:
         raise  # the factory's own word on its options, already one line
     except Exception as exc:
