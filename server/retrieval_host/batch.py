@@ -273,7 +273,14 @@ def _plan(paths: Sequence[Path], root: Path | None) -> list[tuple[Path, str]]:
             continue
         seen_files.add(resolved)
         source_id = source_id_for(path, root)
-        check_id("source id", source_id)
+        try:
+            check_id("source id", source_id)
+        except RetrievalError as exc:
+            # Which file: a name that is not UTF-8 stopped the batch as "could not be
+            # parsed", and the journal's resume met it again (a black-box test).
+            raise RetrievalError(
+                exc.code, f"{str(path)!r} has no usable source id: {exc.detail}", reason=exc.reason
+            ) from None
         if source_id in seen_ids:
             raise RetrievalError(
                 ErrorCode.INVALID_REQUEST,

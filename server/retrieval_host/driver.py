@@ -380,6 +380,17 @@ class Driver:
         it passes, the work is cancelled and the answer is `DOCUMENT_TOO_COMPLEX` / `deadline`.
         A failure, a cancel or the deadline at any point leaves the previous revision in place.
         """
+        if deadline_s is not None and (
+            isinstance(deadline_s, bool) or not math.isfinite(deadline_s) or deadline_s <= 0
+        ):
+            # It answered DOCUMENT_TOO_COMPLEX, "took longer than -1 s" (a black-box test).
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST, "deadline_s must be a positive number of seconds."
+            )
+        if not isinstance(request.data, bytes | bytearray):
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST, "an ingest request's data must be the file's bytes."
+            )
         media_type = normalize_media_type(request.media_type)
         corpus = self.retrieval.corpus(request.corpus)
         check_id("source id", request.source_id)

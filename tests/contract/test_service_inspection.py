@@ -3,12 +3,15 @@ opaque cursors, a missing and an unauthorized source answered alike."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
 from retrieval_host.core.inspection import MAX_PAGE_LIMIT
-from retrieval_host.core.ports import ANY_REVISION, Grant
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.reasons import InvalidRequestReason, SourceConflictReason
 from retrieval_host.core.service import Corpus, RetrievalService
 from tests.contract.conftest import StoreHarness
@@ -51,6 +54,26 @@ def test_list_corpora_counts_only_what_the_subject_may_search(setup: Setup) -> N
     assert corpus.bytes == sum(len(t.encode()) for t in TEXTS)
     assert corpus.embedding.model
     assert setup.service.list_corpora(ctx(), corpus_ids=["other"]) == []
+
+
+def test_list_corpora_leaves_out_a_source_revoked_between_its_two_checks(setup: Setup) -> None:
+    # A black-box test: a source the after-read check no longer granted kept its passages
+    # and bytes in the counts, where listings and searches dropped it.
+    _index(setup, "a", "r1", TEXTS[:1])
+    _index(setup, "b", "r1")
+    before = Grant("team", {"a": "r1", "b": "r1"})
+    after = Grant("team", {"a": "r1"})
+    asked: list[str] = []
+
+    def revoking(request: AuthorizationRequest, context: RequestContext) -> Grant | None:
+        asked.append(request.operation)
+        return before if len(asked) == 1 else after
+
+    docs = setup.service.corpus("docs")
+    service = RetrievalService([dataclasses.replace(docs, authorize=revoking)])
+    [corpus] = service.list_corpora(ctx())
+    assert len(asked) == 2
+    assert (corpus.sources, corpus.passages, corpus.bytes) == (1, 1, len(TEXTS[0].encode()))
 
 
 def test_list_sources_follows_cursors_over_authorized_sources_only(setup: Setup) -> None:

@@ -110,7 +110,7 @@ def test_numbers_compare_by_their_exact_decimal_value() -> None:
         ({"and": []}, "list of 1-16"),
         ({"or": [{"a": 1}] * 17}, "list of 1-16"),
         ({"or": ["en"]}, "a filter is a JSON object"),
-        ({"and": [{"and": [{"and": [{"a": 1}]}]}]}, "at most 3 deep"),
+        ({"and": [{"and": [{"and": [{"a": 1}]}]}]}, "at most 3 objects deep"),
         ({f"k{i}": i for i in range(17)}, "at most 16 keys"),
     ],
 )

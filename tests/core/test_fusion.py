@@ -47,10 +47,47 @@ def test_rrf_sums_reciprocal_ranks() -> None:
     assert [r.candidate.chunk_id for r in fused] == ["b", "a", "c"]
 
 
-def test_equal_scores_come_in_chunk_id_order_and_one_candidate_scales_to_one() -> None:
+def test_equal_scores_come_by_similarity_then_chunk_id_and_one_candidate_scales_to_one() -> None:
     fused = fuse([cand("b", 0.3)], [cand("a", 5.0)], FusionSettings(dense_weight=0.5))
-    assert [(r.candidate.chunk_id, r.candidate.score) for r in fused] == [("a", 0.5), ("b", 0.5)]
+    # `a` has no dense similarity (the store could not score it): it comes last.
+    assert [(r.candidate.chunk_id, r.candidate.score) for r in fused] == [("b", 0.5), ("a", 0.5)]
+    twins = fuse(
+        [cand("b", 0.3), cand("a", 0.3)], [], FusionSettings(), {"lexical": {"a": 1.0, "b": 1.0}}
+    )
+    assert [(r.candidate.chunk_id, r.candidate.score) for r in twins] == [("a", 1.0), ("b", 1.0)]
     assert fuse([], [], FusionSettings()) == []
+
+
+def test_a_smaller_limits_hits_are_the_first_of_a_larger_ones_in_the_zero_tail() -> None:
+    """A black-box test: below the scaling range of both lists every candidate scores 0, and
+    which of them are read depends on the limit (each list `limit + 1` deep); ordered by
+    chunk id, limit 55 kept a passage limit 100 ranked after deeper ones."""
+    names = [f"p{(n * 37) % 150:03d}" for n in range(150)]  # chunk ids out of rank order
+    dense_of = {name: 0.9 - 0.005 * n for n, name in enumerate(names)}
+    # The two rankings agree but for the order within each block of 8.
+    lexical_of = {name: 30.0 - 0.2 * (n // 8 * 8 + 7 - n % 8) for n, name in enumerate(names)}
+
+    def search(limit: int) -> list[tuple[str, float]]:
+        depth = max(limit + 1, 50)
+        dense = sorted(names, key=lambda i: -dense_of[i])[:depth]
+        lexical = sorted(names, key=lambda i: -lexical_of[i])[:depth]
+        completed = {
+            "dense": {i: dense_of[i] for i in lexical if i not in dense},
+            "lexical": {i: lexical_of[i] for i in dense if i not in lexical},
+        }
+        fused = fuse(
+            [cand(i, dense_of[i]) for i in dense],
+            [cand(i, lexical_of[i]) for i in lexical],
+            FusionSettings(),
+            completed,
+            limit,
+        )
+        return [(r.candidate.chunk_id, r.candidate.score) for r in fused]
+
+    largest = search(100)
+    assert sum(1 for _, score in largest if score == 0.0) > 10  # the tail is there
+    for limit in (1, 8, 49, 50, 55, 60, 70, 99):
+        assert search(limit) == largest[:limit], limit
 
 
 def test_a_mode_where_no_candidate_scored_adds_nothing() -> None:

@@ -98,7 +98,7 @@ async def test_metadata_given_at_ingest_is_shown_and_filtered_on(
         ({"year": ["2019"]}, "a list is not a value"),
         ({"year": {"like": 1}}, "unknown operator"),
         ({"year": {"gt": None}}, "compares a number or a string"),
-        ({"and": [{"or": [{"and": [{"year": 1}]}]}]}, "at most 3 deep"),
+        ({"and": [{"or": [{"and": [{"year": 1}]}]}]}, "at most 3 objects deep"),
         ({"or": [{f"k{i}": i for i in range(16)}] * 16, "x": 1}, "at most 256 conditions"),
     ],
 )

@@ -228,7 +228,10 @@ def test_a_file_named_twice_is_planned_once_and_a_named_link_is_taken() -> None:
     assert plan.root is None  # several paths: source ids are file names
 
 
-@pytest.mark.parametrize("mistake", ["corpus", "subject", "one-id", "journal-folder"])
+NOT_UTF8 = os.fsdecode(b"caf\xe9.md")  # a Latin-1 name, as Python reads it from the disk
+
+
+@pytest.mark.parametrize("mistake", ["corpus", "subject", "one-id", "journal-folder", "not-utf8"])
 def test_ordinary_mistakes_are_one_line_and_exit_2_before_anything_is_ingested(
     setup: tuple[Path, dict[str, str]],
     tmp_path: Path,
@@ -249,14 +252,20 @@ def test_ordinary_mistakes_are_one_line_and_exit_2_before_anything_is_ingested(
         "would both be source id 'doc.md'",
         "journal-folder": f"retrieval-host: the journal's folder {tmp_path / 'no-such-dir'} "
         "does not exist",
+        # A name that is not UTF-8 stopped the batch as "could not be parsed" and a rerun
+        # met it again (a black-box test).
+        "not-utf8": "retrieval-host: nothing was ingested: INVALID_REQUEST: "
+        f"{str(tmp_path / 'a' / NOT_UTF8)!r} has no usable source id",
     }[mistake]
+    if mistake == "not-utf8":
+        (tmp_path / "a" / NOT_UTF8).write_text("# Caf\n\nText.\n")
     if mistake == "corpus":
         argv = _argv(config, journal, tmp_path / "a", corpus="nope")
     elif mistake == "subject":
         argv[argv.index("ops")] = "nobody"
     elif mistake == "one-id":
         argv = _argv(config, journal, tmp_path / "a", tmp_path / "b")
-    else:
+    elif mistake == "journal-folder":
         argv = _argv(config, tmp_path / "no-such-dir" / "j.jsonl", tmp_path / "a")
     assert main(argv, environ=environ) == 2
     captured = capsys.readouterr()

@@ -126,7 +126,11 @@ def _operand(key: str, op: str, value: object) -> JSONScalar | tuple[JSONScalar,
 def _clause(key: str, value: object, depth: int) -> list[MetadataFilter]:
     if key in ("and", "or") and isinstance(value, list | tuple):
         if depth >= MAX_DEPTH:
-            raise _invalid(f"filters nest 'and'/'or' at most {MAX_DEPTH} deep.")
+            # It said "'and'/'or' at most 3 deep" of three combinators (a black-box test).
+            raise _invalid(
+                f"filters nest at most {MAX_DEPTH} objects deep, so 'and'/'or' may appear in "
+                f"the first {MAX_DEPTH - 1} only."
+            )
         if not 1 <= len(value) <= MAX_BRANCHES:
             raise _invalid(f"filter '{key}' takes a list of 1-{MAX_BRANCHES} filters.")
         parts = tuple(_object(part, depth + 1) for part in value)

@@ -29,7 +29,8 @@ most its weight times its spread over the floor. 0.5 was measured for the local 
 options (0.835 -> 0.855) and mail versions, no query kind down by more than 0.002. A model
 not measured keeps plain min-max (its cosines may lie on another scale).
 
-Equal fused scores come in chunk id order, so a result never depends on which store answered.
+Equal fused scores come in dense similarity order, then chunk id order, so a result never
+depends on which store answered, and a smaller limit's hits are the first of a larger one's.
 """
 
 from __future__ import annotations
@@ -190,5 +191,13 @@ def fuse(
         for candidates in (dense, lexical):
             for rank, c in enumerate(candidates, start=1):
                 fused[c.chunk_id] += 1.0 / (settings.rrf_k + rank)
-    order = sorted(by_id, key=lambda chunk_id: (-fused[chunk_id], chunk_id))[:limit]
+    # Equal fused scores by their dense similarity, then chunk id. Below the scaling range of
+    # both lists every candidate scores 0, and which of them are read depends on the limit
+    # (each list is read `limit + 1` deep): in chunk id order, limit 55 kept a passage that
+    # limit 100 ranked after deeper ones (a black-box test); in similarity order, the first
+    # of that tail are the dense list's next ones, which every limit reads.
+    def key(chunk_id: str) -> tuple[float, float, str]:
+        return (-fused[chunk_id], -raw[chunk_id].get("dense", -math.inf), chunk_id)
+
+    order = sorted(by_id, key=key)[:limit]
     return [Ranked(replace(by_id[i], score=fused[i]), raw[i]) for i in order]

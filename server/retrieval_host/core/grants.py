@@ -44,6 +44,12 @@ def authorize_or_none(
     context.cancel.progress()
     if grant is not None and not isinstance(grant, Grant):
         raise TypeError("an authorizer must return a Grant or None")
+    if grant is not None and not isinstance(grant.sources, Mapping):
+        # `Grant("ns", ["a", "b"])` failed later with an AttributeError (a black-box test).
+        raise TypeError(
+            "an authorizer's Grant must map source ids to revisions: "
+            f"got {type(grant.sources).__name__}"
+        )
     return grant
 
 

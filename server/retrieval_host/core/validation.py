@@ -31,6 +31,10 @@ def _invalid(detail: str) -> RetrievalError:
 # Unicode category Cc: C0, DEL and C1. The wire schema's `IDENTIFIER_PATTERN` says the same.
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
 WILDCARD = "*"
+# A lone surrogate: a `str` no UTF-8 can encode (a file name that is not UTF-8, decoded with
+# `surrogateescape`). Every store, hash and tokenizer failed on one with its own raw error.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_NOT_UNICODE = "must be valid Unicode (it holds a lone surrogate, as a name that is not UTF-8 does)"
 
 
 def check_id(kind: str, value: str) -> None:
@@ -41,6 +45,8 @@ def check_id(kind: str, value: str) -> None:
         raise _invalid(f"{kind} must be 1-{MAX_ID_CHARS} characters without surrounding spaces.")
     if _CONTROLS.search(value):
         raise _invalid(f"{kind} must not contain control characters.")
+    if _SURROGATES.search(value):
+        raise _invalid(f"{kind} {_NOT_UNICODE}.")
     if value == WILDCARD:
         raise _invalid(f"'{WILDCARD}' is a wildcard of grants, not a {kind}.")
 
@@ -63,9 +69,13 @@ def check_chunk_id(value: str) -> None:
 
 def check_text(kind: str, value: str) -> None:
     """The text rule (passages, queries, titles, document ids, filter values): any character
-    but NUL, which PostgreSQL text and jsonb cannot hold (the wire schema's `TEXT_PATTERN`)."""
+    but NUL, which PostgreSQL text and jsonb cannot hold (the wire schema's `TEXT_PATTERN`),
+    and valid Unicode (the wire's JSON cannot carry a lone surrogate into a `str`; an
+    in-process caller can)."""
     if "\x00" in value:
         raise _invalid(f"{kind} must not contain NUL characters.")
+    if _SURROGATES.search(value):
+        raise _invalid(f"{kind} {_NOT_UNICODE}.")
 
 
 def check_metadata(metadata: Metadata) -> None:
@@ -78,7 +88,9 @@ def check_metadata(metadata: Metadata) -> None:
     if len(encoded.encode("utf-8")) > MAX_METADATA_BYTES:
         raise _invalid(f"metadata must be at most {MAX_METADATA_BYTES} bytes as JSON.")
     if _holds_nul(metadata):
-        raise _invalid("metadata keys and strings must not contain the NUL character.")
+        raise _invalid(
+            "metadata keys and strings must not contain the NUL character or a lone surrogate."
+        )
 
 
 def _holds_nul(value: object) -> bool:
@@ -86,7 +98,7 @@ def _holds_nul(value: object) -> bool:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
+            if "\x00" in item or _SURROGATES.search(item):
                 return True
         elif isinstance(item, dict):
             stack.extend(item.keys())
@@ -150,6 +162,8 @@ def check_chunks(chunks: Sequence[ChunkInput]) -> None:
             raise _invalid("passage text must not be empty.")
         check_text("passage text", chunk.text)
         check_location(chunk.location)
+        for heading in chunk.section_path:
+            check_text("section heading", heading)
 
 
 def check_index_request(request: IndexRequest) -> None:
@@ -166,6 +180,13 @@ def check_index_request(request: IndexRequest) -> None:
     ):
         raise _invalid("documentSha256 must be 64 lowercase hex digits.")
     check_chunks(request.chunks)
+
+
+def check_not_one_string(kind: str, values: Sequence[str]) -> None:
+    """A `str` is a `Sequence[str]` to a type checker: `source_ids="battery-study"` searched
+    sources "b", "a", "t", ... (a black-box test)."""
+    if isinstance(values, str):
+        raise _invalid(f"{kind} must be a list of ids, not one string.")
 
 
 def check_search_request(request: SearchRequest) -> None:
@@ -192,6 +213,7 @@ def check_search_request(request: SearchRequest) -> None:
     ):
         raise _invalid("maxAgeS must be a positive number of seconds.")
     if request.source_ids is not None:
+        check_not_one_string("source ids", request.source_ids)
         if len(request.source_ids) > MAX_SOURCE_IDS:
             raise _invalid(f"at most {MAX_SOURCE_IDS} sourceIds.")
         for sid in request.source_ids:

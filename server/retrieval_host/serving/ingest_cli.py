@@ -288,6 +288,10 @@ def _interrupt_cancels(
 def _stopped(exc: RetrievalError, args: argparse.Namespace, journal: Path) -> str:
     if exc.code is ErrorCode.PERMISSION_DENIED:
         return f"subject {args.subject!r} may not index into corpus {args.corpus!r} ({exc})"
+    if exc.code is ErrorCode.INVALID_REQUEST:
+        # Raised only by the plan, before any file (a file's own request error is its item):
+        # a rerun would meet the same paths.
+        return f"nothing was ingested: {exc}"
     return f"the batch stopped: {exc} (rerun with the journal {journal} to resume)"
 
 

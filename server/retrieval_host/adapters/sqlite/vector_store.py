@@ -481,8 +481,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         """This thread's read-only connection to the store (opened on first use)."""
         conn = self._readers.get()
         if conn is None:
-            self._connection()  # raises: the store is closed
-            raise AssertionError("unreachable: the store is closed")
+            raise closed()  # a close ran, or is running (its main connection may be open yet)
         return conn
 
     def _after_commit(

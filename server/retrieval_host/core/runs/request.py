@@ -12,7 +12,7 @@ from retrieval_host.core.filters import parse_filter
 from retrieval_host.core.models import SEARCH_MODES
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.core.runs_model import RETRIEVAL_MODES, Fallbacks, RunRequest
-from retrieval_host.core.validation import MAX_LIMIT
+from retrieval_host.core.validation import MAX_LIMIT, check_not_one_string
 
 MAX_INPUT_BYTES = 65_536
 MAX_GENERATION_STEPS = 16
@@ -129,3 +129,5 @@ def check_run_request(request: RunRequest) -> None:
         )
     if r is not None and r.filters is not None:
         parse_filter(r.filters)  # a malformed filter refuses the run, not each of its searches
+    if r is not None and r.source_ids is not None:
+        check_not_one_string("source ids", r.source_ids)

@@ -1,0 +1,124 @@
+"""What an in-process caller can pass that the wire cannot: typed refusals, never a raw error.
+
+A black-box test of the library found `str`s holding a lone surrogate (a file name that is not
+UTF-8, decoded with `surrogateescape`) failing inside hashes, stores and the tokenizer with
+their own `UnicodeEncodeError` / `TypeError`; a bare string given as `source_ids` searched its
+letters; an authorizer's `Grant` holding a list failed later with an `AttributeError`; and a
+negative ingest deadline answered `DOCUMENT_TOO_COMPLEX`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SearchRequest, SourceInfo
+from retrieval_host.core.ports import AuthorizationRequest, Grant
+from retrieval_host.core.runs.request import check_run_request
+from retrieval_host.core.runs_model import RunRequest, RunRetrieval
+from retrieval_host.core.service import RetrievalService
+from retrieval_host.driver import IngestRequest
+from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context, make_host
+
+LONE = "\ud800"
+
+
+@pytest.fixture
+def host(tmp_path: Path, local_embedding: LocalEmbedding) -> Iterator[Host]:
+    h = make_host(tmp_path / "store" / "index.db", local_embedding)
+    h.library.readable = {"guide": "r1"}
+    h.driver.retrieval.index_context(
+        _index("guide", "r1", "Boats moor on the east quay."), context()
+    )
+    yield h
+    h.store.close()
+
+
+def _index(
+    source_id: str,
+    revision: str,
+    text: str,
+    *,
+    title: str = "Guide",
+    metadata: dict[str, Any] | None = None,
+    chunk_id: str = "guide-0",
+    section: tuple[str, ...] = (),
+) -> IndexRequest:
+    return IndexRequest(
+        CORPUS,
+        SourceInfo(source_id, revision, title=title, metadata=metadata or {}),
+        [ChunkInput(chunk_id, text, Location(start_line=1), section_path=section)],
+    )
+
+
+def _refused(work: Callable[[], object]) -> RetrievalError:
+    with pytest.raises(RetrievalError) as caught:
+        work()
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    return caught.value
+
+
+def test_a_lone_surrogate_anywhere_is_a_typed_refusal_that_writes_nothing(host: Host) -> None:
+    service = host.driver.retrieval
+    calls: dict[str, Callable[[], object]] = {
+        "query": lambda: service.search_context(SearchRequest(CORPUS, f"quay {LONE}"), context()),
+        "passage text": lambda: service.index_context(_index("g2", "r1", f"A {LONE}"), context()),
+        "title": lambda: service.index_context(
+            _index("g2", "r1", "Text.", title=f"T{LONE}"), context()
+        ),
+        "source id": lambda: service.index_context(_index(f"g{LONE}", "r1", "Text."), context()),
+        "metadata": lambda: service.index_context(
+            _index("g2", "r1", "Text.", metadata={f"k{LONE}": 1}), context()
+        ),
+        "section heading": lambda: service.index_context(
+            _index("g2", "r1", "Text.", section=(f"H{LONE}",)), context()
+        ),
+        "chunk id": lambda: service.get_passage(CORPUS, f"guide-{LONE}", context()),
+        "ingested source id": lambda: host.driver.ingest_context(
+            IngestRequest(CORPUS, f"g{LONE}", "text/plain", b"Text."), context()
+        ),
+    }
+    for name, work in calls.items():
+        error = _refused(work)
+        assert "valid Unicode" in error.detail or "surrogate" in error.detail, (name, error)
+    assert host.store.current_revisions(CORPUS, NAMESPACE) == {"guide": "r1"}
+    hits = service.search_context(SearchRequest(CORPUS, "quay"), context()).hits
+    assert [h.source.id for h in hits] == ["guide"]
+
+
+def test_one_string_given_as_source_ids_is_refused_not_split_into_letters(host: Host) -> None:
+    request = SearchRequest(CORPUS, "quay", source_ids="guide")
+    error = _refused(lambda: host.driver.retrieval.search_context(request, context()))
+    assert "list of ids" in error.detail
+    run = RunRequest(
+        "extractive", "extractive", "Where?", retrieval=RunRetrieval(CORPUS, source_ids="guide")
+    )
+    assert "list of ids" in _refused(lambda: check_run_request(run)).detail
+    listed = SearchRequest(CORPUS, "quay", source_ids=["guide"])
+    assert [h.source.id for h in host.driver.retrieval.search_context(listed, context()).hits]
+
+
+@pytest.mark.parametrize("deadline", [0.0, -1.0, float("nan")])
+def test_an_ingest_deadline_must_be_a_positive_number(host: Host, deadline: float) -> None:
+    request = IngestRequest(CORPUS, "notes", "text/plain", b"Some notes.")
+    error = _refused(lambda: host.driver.ingest_context(request, context(), deadline_s=deadline))
+    assert "deadline_s" in error.detail
+    data: Any = "Some notes."  # a str where the file's bytes belong
+    wrong = IngestRequest(CORPUS, "notes", "text/plain", data)
+    assert "bytes" in _refused(lambda: host.driver.ingest_context(wrong, context())).detail
+
+
+def test_a_grant_that_is_not_a_mapping_is_the_authorizers_type_error(host: Host) -> None:
+    listed: Any = ["guide"]
+
+    def sloppy(request: AuthorizationRequest, ctx: object) -> Grant:
+        return Grant(NAMESPACE, listed)
+
+    service = RetrievalService([dataclasses.replace(host.corpus, authorize=sloppy)])
+    with pytest.raises(TypeError, match="map source ids to revisions: got list"):
+        service.search_context(SearchRequest(CORPUS, "quay"), context())
