@@ -10,7 +10,11 @@ import urllib.parse
 import httpx
 import pytest
 
-from retrieval_host.serving.server_protocol import MAX_HEADER_BYTES, HeaderDeadlineProtocol
+from retrieval_host.serving.server_protocol import (
+    MAX_HEADER_BYTES,
+    MAX_PIPELINED,
+    HeaderDeadlineProtocol,
+)
 from tests.e2e.conftest import HOST_LIMITS
 from tests.support.host import (
     CORPUS,
@@ -105,10 +109,42 @@ def test_a_header_section_over_the_bound_sent_at_once_gets_431(
     wait_until(lambda: bool(access_lines()), what="the refusal's access line")
     lines = access_lines()
     assert [getattr(r, "fields", {}).get("status") for r in lines] == [431]
+    fields = getattr(lines[0], "fields", {})
+    assert (fields["code"], fields["reason"]) == ("INVALID_REQUEST", "headers-too-large")
     assert protocol.headers_too_large == before + 1
     if response is not None:
         _assert_problem(response, 431, "headers-too-large")
         assert getattr(lines[0], "request_id", None) == response.headers["x-request-id"]
+
+
+def test_a_connection_may_queue_a_few_pipelined_requests_and_is_closed_past_them(
+    running_host: RunningHost,
+) -> None:
+    # A black-box tester pipelined 400,000 requests per connection without reading an answer:
+    # uvicorn queued them all (2.7 GB in 30 s from four connections, no token needed).
+    protocol = running_host.server.config.http_protocol_class
+    assert issubclass(protocol, HeaderDeadlineProtocol)
+    one = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    before = protocol.pipelines_too_deep
+    with raw_connect(running_host) as conn:
+        conn.sendall(one * (1 + MAX_PIPELINED))  # the one answered first, and those queued
+        answers = [conn.read_response() for _ in range(1 + MAX_PIPELINED)]
+        assert [a.status for a in answers] == [200] * (1 + MAX_PIPELINED)
+        conn.sendall(one)  # and the connection is still served
+        assert conn.read_response().status == 200
+    assert protocol.pipelines_too_deep == before
+    with raw_connect(running_host) as conn:
+        conn.send_quietly(one * 2_000)
+        answered = 0
+        while not conn.eof:
+            try:
+                conn.read_response()
+            except AssertionError:  # closed before the next answer
+                break
+            answered += 1
+        assert conn.closed_by_server()
+    assert answered <= 1 + MAX_PIPELINED
+    assert protocol.pipelines_too_deep == before + 1
 
 
 @pytest.mark.parametrize(
@@ -125,9 +161,16 @@ def test_a_header_section_over_the_bound_sent_at_once_gets_431(
 def test_a_request_that_is_not_http_gets_a_problem_body_with_a_request_id(
     running_host: RunningHost, request_bytes: bytes
 ) -> None:
+    protocol = running_host.server.config.http_protocol_class
+    assert issubclass(protocol, HeaderDeadlineProtocol)
+    before = protocol.bad_requests
     response, closed = _request(running_host, request_bytes)
     _assert_problem(response, 400, "bad-http")
     assert closed
+    # In the metrics, as the application's own refusals are (a black-box test found none).
+    assert protocol.bad_requests == before + 1
+    exposition = running_host.app.metrics.render().decode()
+    assert f'retrieval_host_limit_rejections_total{{reason="bad-http"}} {before + 1}.0' in exposition
 
 
 @pytest.mark.parametrize("depth", [300, 1_000, 20_000])
@@ -319,6 +362,11 @@ def test_uploads_in_flight_share_a_budget_of_bytes(host_world: World) -> None:
         with raw_connect(host) as again:
             again.sendall(_upload_head(host_world, "second", 4000) + _note(4000))
             assert again.read_response().status == 200
+        # Counted under their own reason, not as a full concurrency limit (a black-box test).
+        assert (counters.ingest_bytes_rejections, counters.busy_rejections) == (2, 0)
+        exposition = host.app.metrics.render().decode()
+        assert 'retrieval_host_limit_rejections_total{reason="ingest-bytes"} 2.0' in exposition
+        assert 'retrieval_host_limit_rejections_total{reason="busy"} 0.0' in exposition
 
 
 SHARE_LIMITS = {"maxConcurrency": 4, "maxConcurrencyPerSubject": 2}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -232,6 +233,23 @@ def test_a_disallowed_origin_gets_403_and_an_allowed_one_gets_cors(
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
     assert no_origin.status_code == 200
+
+
+def test_a_tls_handshake_never_begun_is_cut_off_at_the_header_deadline(
+    running_host: RunningHost,
+) -> None:
+    # A black-box tester's connections that sent nothing (or half a ClientHello) were held
+    # for asyncio's 60 s handshake timeout, each a file descriptor, with no request to time.
+    deadline = float(HOST_LIMITS["headerTimeoutS"])
+    with socket.create_connection(("127.0.0.1", running_host.port), timeout=60) as silent:
+        started = time.monotonic()
+        try:
+            closed = silent.recv(1) == b""  # blocks until the host closes (or resets)
+        except ConnectionResetError:
+            closed = True
+        elapsed = time.monotonic() - started
+    assert closed
+    assert deadline - 0.05 <= elapsed < 30.0, elapsed  # 60 s before
 
 
 def test_plain_http_on_the_tls_port_gets_no_answer(running_host: RunningHost) -> None:

@@ -186,6 +186,14 @@ def test_metrics_after_a_workload_show_every_family(metrics_host: MetricsHost) -
         no_evidence = {**run, "retrieval": {**run["retrieval"], "sourceIds": ["nowhere"]}}  # type: ignore[dict-item]
         failed = client.post("/v1/runs", headers=runner, json=no_evidence)
         assert failed.json()["code"] == "NO_RETRIEVAL_EVIDENCE", failed.text
+        # Streamed, the same failure is a 200 whose last event says it (a black-box test: the
+        # metrics and the access log showed a success).
+        with client.stream(
+            "POST", "/v1/runs", headers={**runner, "Accept": "text/event-stream"}, json=no_evidence
+        ) as stream:
+            assert stream.status_code == 200
+            events = [line for line in stream.iter_lines() if line.startswith("event:")]
+        assert events[-1] == "event: run.failed", events
         denied = client.post(
             "/v1/retrieval/search",
             headers=_bearer(m.world.tokens["bob"]),
@@ -218,8 +226,11 @@ def test_metrics_after_a_workload_show_every_family(metrics_host: MetricsHost) -
     assert requests("/v1/retrieval/search", "200") == 1
     assert requests("/v1/retrieval/search", "403") == 1
     assert requests("/v1/retrieval/search", "499") == 1  # the held one, cancelled
-    assert requests("/v1/runs", "200") == 1
+    assert requests("/v1/runs", "200") == 2
     assert requests("/v1/runs", "422") == 1
+    streamed = "retrieval_host_streamed_failures_total"
+    assert total(after, streamed, route="/v1/runs", code="NO_RETRIEVAL_EVIDENCE") == 1
+    assert total(after, streamed) == 1  # the 422 answered as a problem is not counted twice
     assert requests("/metrics", "200") == 1  # the first scrape; each is counted after it renders
     assert requests("/healthz", "200") >= 1  # the readiness poll
     assert not any(
@@ -231,7 +242,7 @@ def test_metrics_after_a_workload_show_every_family(metrics_host: MetricsHost) -
         return total(after, "retrieval_host_http_request_duration_seconds_count", route=route)
 
     assert latency("/v1/retrieval/search") == 3
-    assert latency("/v1/runs") == 2
+    assert latency("/v1/runs") == 3
     assert total(after, "retrieval_host_http_request_duration_seconds_sum", route="/v1/runs") > 0
 
     # Scans: the search, the run's search, and the held one (cancelled before its first batch).
@@ -251,7 +262,7 @@ def test_metrics_after_a_workload_show_every_family(metrics_host: MetricsHost) -
     assert total(after, "retrieval_host_runs_total", outcome="completed") == 1
     assert (
         total(after, "retrieval_host_runs_total", outcome="failed", code="NO_RETRIEVAL_EVIDENCE")
-        == 1
+        == 2
     )
     assert total(after, "retrieval_host_limit_rejections_total") == 0
 
@@ -367,6 +378,15 @@ def test_logs_are_json_lines_with_request_ids_and_no_secret_or_content(tmp_path:
                 "/v1/retrieval/ingest",
             )
             assert ingested.status_code == 200, ingested.text
+            with writer.stream(
+                "POST",
+                "/v1/retrieval/ingest?corpus=library&sourceId=broken",
+                content=b"%PDF-1.4 this is not a PDF",
+                headers={"Content-Type": "application/pdf", "Accept": "text/event-stream"},
+            ) as stream:
+                streamed_body = "".join(stream.iter_text())
+                failed_ingest = note(stream, "/v1/retrieval/ingest")
+            assert failed_ingest.status_code == 200 and "ingest.failed" in streamed_body
             run = {
                 "provider": "local",
                 "model": "extractive",
@@ -396,6 +416,10 @@ def test_logs_are_json_lines_with_request_ids_and_no_secret_or_content(tmp_path:
         loopback = httpx.get(f"http://127.0.0.1:{host.metrics_port}/metrics", timeout=10)
         assert loopback.status_code == 200
         assert 'route="/v1/retrieval/index",status="200"' in loopback.text
+        # Only there: a readiness probe pointed at this port by mistake is not told "ready".
+        for other in ("/readyz", "/healthz", "/", "/metrics/extra"):
+            elsewhere = httpx.get(f"http://127.0.0.1:{host.metrics_port}{other}", timeout=10)
+            assert elsewhere.status_code == 404, other
         assert _listening_addresses(host.metrics_port) == {"127.0.0.1"}
         code, _ = host.terminate()
         assert code == 0, host.log_text()[-4000:]
@@ -417,6 +441,10 @@ def test_logs_are_json_lines_with_request_ids_and_no_secret_or_content(tmp_path:
     assert refused["/v1/runs"]["code"] == "PERMISSION_DENIED"
     assert refused["/v1/runs/{run_id}"]["code"] == "UNAUTHENTICATED"
     assert refused["/v1/runs/{run_id}"]["reason"] == "token-in-query"
+    # A stream that ended in its failed event: 200, with the failure's code and reason.
+    streamed = by_id[failed_ingest.headers["x-request-id"]]
+    assert (streamed["status"], streamed["code"]) == (200, "INVALID_DOCUMENT"), streamed
+    assert streamed["reason"] == "pdf-malformed"
     assert all("detail" not in line for line in access)
     assert all("path" not in r and "query" not in r for r in access)
     messages = " ".join(r["message"] for r in records)

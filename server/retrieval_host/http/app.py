@@ -209,6 +209,7 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         limit=settings.limits.max_concurrency,
         rejections=lambda: {
             "busy": counters.busy_rejections,
+            "ingest-bytes": counters.ingest_bytes_rejections,
             "subject-busy": shares.rejections,
             "body-too-large": counters.too_large_rejections,
             "body-timeout": counters.body_timeouts,

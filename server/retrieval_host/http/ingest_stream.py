@@ -23,11 +23,13 @@ from typing import Any
 
 from sse_starlette.event import ServerSentEvent
 from starlette.responses import Response
+from starlette.types import Scope
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import IndexResult, JSONValue
 from retrieval_host.http.policy import RequestPolicy
+from retrieval_host.http.request_id import note_stream_failure
 from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.http.sse import event_stream
 from retrieval_host.wire import retrieval as wire_retrieval
@@ -52,6 +54,7 @@ async def streamed_ingest(
     request_id: str,
     heartbeat_s: float,
     shutdown: Shutdown | None,
+    scope: Scope,
 ) -> Response:
     """Start `work` (the ingest, given the context that reports its progress) and answer with
     its event stream once it has passed the checks that need no parsing."""
@@ -101,7 +104,10 @@ async def streamed_ingest(
                     yield _sse(body)
                     return
                 if isinstance(item, BaseException):
-                    yield _sse(_failed(item, request_id))
+                    failed = _failed(item, request_id)
+                    problem = failed["problem"]
+                    note_stream_failure(scope, problem["code"], problem.get("reason"))
+                    yield _sse(failed)
                     return
                 yield _sse(item)
                 item = await _next(queue, shutdown)

@@ -146,6 +146,8 @@ class LimitCounters:
     in_flight: int = 0
     ingest_bytes: int = 0  # raw document bytes the uploads in flight hold
     busy_rejections: int = 0
+    # Uploads refused because those in flight hold the byte budget (`ingest-bytes`).
+    ingest_bytes_rejections: int = 0
     too_large_rejections: int = 0
     body_timeouts: int = 0
     # Body bytes read from the server for the most recent request refused as too large.
@@ -189,7 +191,7 @@ class LimitsMiddleware:
                 )
                 return
             if reserved and self.counters.ingest_bytes + reserved > self._ingest_budget:
-                self.counters.busy_rejections += 1
+                self.counters.ingest_bytes_rejections += 1
                 await send_problem(
                     send,
                     ingest_bytes_busy(self._ingest_budget),
@@ -260,7 +262,7 @@ class LimitsMiddleware:
                     more = received - reserve[0]
                     if self.counters.ingest_bytes + more > self._ingest_budget:
                         close_connection = True
-                        self.counters.busy_rejections += 1
+                        self.counters.ingest_bytes_rejections += 1
                         raise ingest_bytes_busy(self._ingest_budget)
                     self.counters.ingest_bytes += more
                     reserve[0] = received

@@ -48,7 +48,12 @@ from retrieval_host.core.runs_model import RunCompleted, RunEvent, RunFailed, Ru
 from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
 from retrieval_host.http.logs import log_access
 from retrieval_host.http.problems import send_problem
-from retrieval_host.http.request_id import note_subject, request_id_of, subject_of
+from retrieval_host.http.request_id import (
+    note_subject,
+    request_id_of,
+    stream_failure_of,
+    subject_of,
+)
 from retrieval_host.http.strict import authorization_header
 from retrieval_host.settings import TokenSettings
 from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE
@@ -124,6 +129,13 @@ class HostMetrics:
             ["corpus", "outcome"],
             registry=r,
         )
+        self.streamed_failures = Counter(
+            "retrieval_host_streamed_failures",
+            "Streamed responses (SSE runs and ingests, status 200 once they started) that "
+            "ended in a failed event, by route template and error code.",
+            ["route", "code"],
+            registry=r,
+        )
         self.runs = Counter(
             "retrieval_host_runs",
             "Grounded runs by outcome (completed, replayed, failed, cancelled) and error code.",
@@ -133,6 +145,7 @@ class HostMetrics:
         self._in_flight: Callable[[], int] = lambda: 0
         self._limit = 0
         self._rejections: Callable[[], Mapping[str, int]] = dict
+        self._protocol_rejections: Callable[[], Mapping[str, int]] = dict
         self._stores: Sequence[VectorStore] = ()
         r.register(_Live(self._collect_live))
 
@@ -151,6 +164,12 @@ class HostMetrics:
         unique = {id(s): s for s in stores}
         self._stores = list(unique.values())
 
+    def watch_protocol(self, rejections: Callable[[], Mapping[str, int]]) -> None:
+        """Where the connections' own refusals are counted (`serving.server_protocol`): the
+        server's protocol class, made after the app (a black-box test's slow headers, 431s
+        and unparsable requests were in no metric)."""
+        self._protocol_rejections = rejections
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every family."""
         return generate_latest(self.registry)
@@ -168,6 +187,9 @@ class HostMetrics:
             self._request_series[key] = series
         series[0].inc()
         series[1].observe(seconds)
+
+    def observe_streamed_failure(self, route: str, code: str) -> None:
+        self._series(self.streamed_failures, route, code).inc()
 
     def observe_usage(self, operation: str, corpus: str, usage: EmbeddingUsage) -> None:
         if usage.requests:
@@ -225,10 +247,13 @@ class HostMetrics:
         )
         rejections = CounterMetricFamily(
             "retrieval_host_limit_rejections",
-            "Requests refused by a shared limit or the Origin allow-list, by reason.",
+            "Requests refused by a shared limit, the Origin or Host allow-list, or the "
+            "connection's own bounds (header deadline and size, HTTP that does not parse, "
+            "pipelined requests), by reason.",
             labels=["reason"],
         )
-        for reason, count in sorted(self._rejections().items()):
+        refused = {**self._rejections(), **self._protocol_rejections()}
+        for reason, count in sorted(refused.items()):
             rejections.add_metric([reason], count)
         yield rejections
         totals = dict.fromkeys(
@@ -355,6 +380,9 @@ class RequestObserver:
             elapsed = time.perf_counter() - started
             method = str(scope.get("method", ""))
             self.metrics.observe_request(method, route, status, elapsed)
+            failed = _code_and_reason(problem) or stream_failure_of(scope)
+            if failed is not None and problem is None:
+                self.metrics.observe_streamed_failure(route, failed[0])
             client = scope.get("client")
             log_access(
                 request_id=request_id_of(scope),
@@ -365,7 +393,7 @@ class RequestObserver:
                 response_bytes=sent,
                 subject=subject_of(scope),
                 client=str(client[0]) if client else None,
-                problem=_code_and_reason(problem),
+                problem=failed,
             )
 
 

@@ -75,6 +75,21 @@ def note_subject(scope: Scope, subject: str) -> None:
         state["subject"] = subject
 
 
+def note_stream_failure(scope: Scope, code: str, reason: str | None) -> None:
+    """Record that a streamed response (status 200, already sent) ended in a `*.failed` event:
+    the access line and the metrics say so (they showed a success, a black-box test)."""
+    state = scope.get("state")
+    if isinstance(state, dict):
+        state["stream_failure"] = (code, reason)
+
+
+def stream_failure_of(scope: Scope) -> tuple[str, str | None] | None:
+    """The code and reason `note_stream_failure` recorded for this request, if any."""
+    state = scope.get("state")
+    value = state.get("stream_failure") if isinstance(state, dict) else None
+    return value if isinstance(value, tuple) else None
+
+
 def subject_of(scope: Scope) -> str | None:
     """The subject `note_subject` recorded for this request, if it authenticated."""
     state = scope.get("state")

@@ -224,6 +224,7 @@ class Routes:
                 request_id=request_id_of(request.scope),
                 heartbeat_s=self.settings.runs.heartbeat_s,
                 shutdown=self.policy.shutdown,
+                scope=request.scope,
             )
         result = await self.policy.run(request, context, lambda: work(context))
         return _model_response(wire_retrieval.index_response(result))

@@ -22,6 +22,7 @@ from sse_starlette.event import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Scope
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -38,7 +39,7 @@ from retrieval_host.http.auth import Principal, permission_denied
 from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.policy import RequestPolicy
 from retrieval_host.http.problems import error_response
-from retrieval_host.http.request_id import request_id_of
+from retrieval_host.http.request_id import note_stream_failure, request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.http.sse import event_stream, wants_stream
 from retrieval_host.wire import runs as wire_runs
@@ -131,7 +132,7 @@ class RunRoutes:
 
         if wants_stream(request):
             return event_stream(
-                self._sse(events(), request_id),
+                self._sse(events(), request_id, request.scope),
                 heartbeat_s=self._heartbeat_s,
                 shutdown=self._shutdown,
             )
@@ -185,12 +186,14 @@ class RunRoutes:
         return queue
 
     async def _sse(
-        self, events: AsyncGenerator[RunEvent, None], request_id: str
+        self, events: AsyncGenerator[RunEvent, None], request_id: str, scope: Scope
     ) -> AsyncIterator[ServerSentEvent]:
         # aclosing: the inner generator's cleanup (cancel the run, release it from shutdown
         # tracking) runs when this stream ends, not whenever the garbage collector gets to it.
         async with contextlib.aclosing(events):
             async for event in events:
+                if isinstance(event, RunFailed):
+                    note_stream_failure(scope, event.error.code.value, event.error.reason)
                 yield ServerSentEvent(
                     data=json.dumps(wire_runs.event_json(event, request_id), ensure_ascii=False),
                     event=event.type,

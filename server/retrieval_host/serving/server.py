@@ -18,16 +18,19 @@ import math
 import signal
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import uvicorn
-from prometheus_client.exposition import start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from retrieval_host.driver import Driver
 from retrieval_host.http.app import HostApp, create_app
 from retrieval_host.http.logs import log_config
+from retrieval_host.serving.event_loop import bounded_handshakes
 from retrieval_host.serving.server_protocol import HeaderDeadlineProtocol
 from retrieval_host.serving.tls import server_context
 from retrieval_host.settings import HostSettings, SettingsError
@@ -56,6 +59,8 @@ def uvicorn_config(
     protocol = HeaderDeadlineProtocol.with_timeouts(
         settings.limits.header_timeout_s, settings.limits.body_timeout_s
     )
+    if isinstance(app, HostApp):
+        app.metrics.watch_protocol(protocol.rejections)
     config_kwargs: dict[str, object] = {}
     if settings.tls is not None:
         password = settings.tls_key_password(environ)
@@ -72,7 +77,8 @@ def uvicorn_config(
         host=settings.listen.host,
         port=settings.listen.port,
         http=protocol,
-        loop="uvloop",
+        # uvloop, with TLS handshakes held to the header deadline (`serving.event_loop`).
+        loop=bounded_handshakes(settings.limits.header_timeout_s),
         ws="none",  # no WebSocket routes: do not even load a WebSocket implementation
         lifespan="on",
         # Forwarded headers are trusted only from a proxy we are told about, on loopback.
@@ -109,6 +115,7 @@ class HostServer(uvicorn.Server):
         super().__init__(config)
         self._host_app = app
         self._on_serving = on_serving
+
         self.signalled: int | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -159,7 +166,7 @@ def loopback_metrics(
         return
     port = settings.metrics.port + offset
     try:
-        server, thread = start_http_server(port, addr="127.0.0.1", registry=app.metrics.registry)
+        server, thread = _metrics_server(port, app.metrics.registry)
     except OSError as exc:
         which = f"metrics.port + {offset}, worker {offset}'s" if offset else "metrics.port"
         raise SettingsError(
@@ -172,6 +179,30 @@ def loopback_metrics(
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def _metrics_server(port: int, registry: CollectorRegistry) -> tuple[WSGIServer, threading.Thread]:
+    """prometheus_client's WSGI server on 127.0.0.1, answering `/metrics` only: its own
+    answered every path with the metrics and 200, so a readiness probe pointed at this port
+    by mistake reported ready while the host's `/readyz` said 503 (a black-box test)."""
+    metrics = make_wsgi_app(registry)
+
+    def only_metrics(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/metrics":
+            answer: Iterable[bytes] = metrics(environ, start_response)
+            return answer
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"Not found: this port serves /metrics only.\n"]
+
+    server = make_server("127.0.0.1", port, only_metrics, ThreadingWSGIServer, _QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return server, thread
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No request lines on stderr: the host's logs are JSON lines."""
 
 
 def check_listen_address(host: str, port: int) -> None:

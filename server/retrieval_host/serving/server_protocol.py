@@ -23,7 +23,8 @@ arrive within one such read (a black-box tester's 66-160 KB headers were served)
 request line and headers are also measured when they are complete, and a section over the
 bound is refused there, before the application sees the request. A request the parser refuses
 (malformed framing, a request target over its bound) gets a 400 problem body with a request
-id, as every other error does, instead of uvicorn's plain-text line.
+id, as every other error does, instead of uvicorn's plain-text line. A connection that queues
+more than `MAX_PIPELINED` requests behind the one being answered is closed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ BODY_BACKSTOP_GRACE_S = 0.5
 # The request line and headers of one request, in bytes (nginx answers 400 past 32 KiB with its
 # defaults, h11 past 16 KiB): room for a long ingest query string (metadata) and many headers.
 MAX_HEADER_BYTES: Final = 64 * 1024
+# Requests one connection may queue behind the one being answered (HTTP/1.1 pipelining). uvicorn
+# queues them without bound: it pauses reading only after the transport read that held them,
+# up to 256 KiB of 35-byte requests, and resumes at every answer, so one client that never read
+# its answers made a host hold 2.7 GB in 30 s (a black-box test). Clients that pipeline at all
+# (browsers and httpx do not) keep a few requests in flight.
+MAX_PIPELINED: Final = 16
 
 _STATUS_LINES: Final = {
     400: b"HTTP/1.1 400 Bad Request\r\n",
@@ -59,6 +66,10 @@ _STATUS_LINES: Final = {
 
 class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop a request whose header section is too large."""
+
+
+class _PipelineTooDeep(Exception):
+    """Raised from a parser callback to stop a connection queueing too many requests."""
 
 
 def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
@@ -76,6 +87,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     header_timeouts: ClassVar[int] = 0
     body_timeouts: ClassVar[int] = 0
     headers_too_large: ClassVar[int] = 0
+    pipelines_too_deep: ClassVar[int] = 0
+    bad_requests: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -90,6 +103,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         # Bytes fed to the parser since the current request's headers began (None: complete).
         self._head_bytes: int | None = 0
         self._oversized_head = False  # the complete header section measured over the bound
+        self._began = self.loop.time()  # of the connection, then of each request's first byte
+        self._pipeline_overflow = False
 
     @classmethod
     def with_timeouts(cls, header_s: float, body_s: float) -> type[HeaderDeadlineProtocol]:
@@ -103,8 +118,21 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
                 "header_timeouts": 0,
                 "body_timeouts": 0,
                 "headers_too_large": 0,
+                "pipelines_too_deep": 0,
+                "bad_requests": 0,
             },
         )
+
+    @classmethod
+    def rejections(cls) -> dict[str, int]:
+        """What the connections refused before any application code ran, by the reason the
+        problem body gives (the metrics' `limit_rejections`)."""
+        return {
+            "header-timeout": cls.header_timeouts,
+            "headers-too-large": cls.headers_too_large,
+            "bad-http": cls.bad_requests,
+            "pipeline-too-deep": cls.pipelines_too_deep,
+        }
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -134,9 +162,19 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a request the parser refuses (its `msg` names no input).
+        if self._pipeline_overflow:
+            # No answer can be written out of turn: the requests ahead have theirs to come.
+            type(self).pipelines_too_deep += 1
+            logger.info(
+                "more than %d pipelined requests queued on one connection; closing it",
+                MAX_PIPELINED,
+            )
+            self.transport.close()
+            return
         if self._oversized_head:
             self._refuse_oversized_head()
             return
+        type(self).bad_requests += 1
         self._send_problem(
             InvalidRequest(
                 "The request is not valid HTTP/1.1.",
@@ -148,6 +186,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._head_bytes = 0
+        self._began = self.loop.time()
         super().on_message_begin()
         # The first request's deadline runs from the connection; later keep-alive requests'
         # from their first byte (idle time before it is uvicorn's keep-alive timeout).
@@ -160,6 +199,9 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             # httptools turns this into an HttpParserError; uvicorn then calls
             # send_400_response, which answers the 431.
             raise _HeadTooLarge
+        if len(self.pipeline) >= MAX_PIPELINED:
+            self._pipeline_overflow = True
+            raise _PipelineTooDeep  # stops the parser within this read, as above
         self._head_bytes = None
         self._disarm_header_deadline()
         super().on_headers_complete()
@@ -222,14 +264,16 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         )
         self.transport.write(head + body)
         self.transport.close()
-        # The access line every request gets (the application never saw this one).
+        # The access line every request gets (the application never saw this one), with the
+        # code and reason its problem body gives, and how long the connection held it.
         log_access(
             request_id=request_id,
             method="OTHER",
             route="-",
             status=status,
-            duration_s=0.0,
-            response_bytes=len(head) + len(body),
+            duration_s=self.loop.time() - self._began,
+            response_bytes=len(body),
             subject=None,
             client=self.client[0] if self.client else None,
+            problem=(error.code.value, error.reason),
         )
