@@ -154,6 +154,26 @@ def test_a_malformed_acl_is_an_error_at_load_and_no_grant_after(
     assert _ask(acl, "search") is None  # fails closed
 
 
+def test_an_acl_file_anyone_may_write_grants_nothing_until_its_mode_is_fixed(
+    tmp_path: Path, registry: StoreRevisions
+) -> None:
+    # A black-box test started a host with its ACL at 0666: any local user could have granted
+    # themselves every corpus, at once (the file is read again as it changes).
+    acl = _acl(tmp_path, registry, search=["handbook"])
+    path = tmp_path / "acl.json"
+    path.chmod(0o666)
+    with pytest.raises(SettingsError, match="writable by every user"):
+        acl.load()
+    assert _ask(acl, "search") is None
+    path.chmod(0o644)
+    acl.load()
+    assert _ask(acl, "search") == Grant("team", {"handbook": "r2"})
+    path.chmod(0o646)  # while serving: denied from the next request on
+    assert _ask(acl, "search") is None
+    path.chmod(0o600)
+    assert _ask(acl, "search") == Grant("team", {"handbook": "r2"})
+
+
 def _example_host(tmp_path: Path) -> HostSettings:
     """The quickstart's application on SQLite, in a private state directory."""
     return example_settings(tmp_path, registryFile="registry.json")

@@ -135,6 +135,36 @@ def test_invalid_configurations_are_refused_without_echoing_values(
     assert "inline-secret" not in str(refused.value)
 
 
+def test_files_that_grant_access_must_not_be_writable_by_every_user(tmp_path: Path) -> None:
+    # A black-box test started hosts whose host.json or tokensFile was 0666.
+    (tmp_path / "tokens.json").write_text(json.dumps([{"sha256": HASH, "subject": "app"}]))
+    path = _write(tmp_path, _minimal(tokensFile="tokens.json"))
+    assert load_settings(path, {}).tokens[0].subject == "app"
+    for shared, mode in ((path, 0o666), (tmp_path / "tokens.json", 0o622)):
+        shared.chmod(mode)
+        with pytest.raises(SettingsError, match=f"{shared.name} grants access.*every user"):
+            load_settings(path, {})
+        shared.chmod(0o644)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    inside = _write(open_dir, _minimal())
+    open_dir.chmod(0o777)  # anyone could put another host.json in its place
+    with pytest.raises(SettingsError, match="without the sticky bit"):
+        load_settings(inside, {})
+    open_dir.chmod(0o1777)  # as /tmp: others cannot rename or remove the owner's file
+    assert load_settings(inside, {}).tls is not None
+
+
+def test_an_inline_secret_is_told_where_secrets_go(tmp_path: Path) -> None:
+    # A black-box test got "Input should be a valid dictionary or instance of SecretRef".
+    data = {"tls": {"certFile": "c", "keyFile": "k", "keyPassword": "inline-secret"}}
+    with pytest.raises(SettingsError) as refused:
+        load_settings(_write(tmp_path, data), {})
+    said = str(refused.value)
+    assert "tls.keyPassword" in said and '{"file": PATH} or {"env": NAME}' in said, said
+    assert "inline-secret" not in said and "SecretRef" not in said
+
+
 def test_an_unknown_override_is_an_error() -> None:
     with pytest.raises(SettingsError, match="RETRIEVAL_HOST_LIMITS__MAX_BODY"):
         load_settings(

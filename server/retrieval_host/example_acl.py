@@ -52,6 +52,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from retrieval_host.access_files import shared_access_file
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.adapters.wiring import build_reranker, build_run_engine, build_vector_store
@@ -138,6 +139,11 @@ class FileAcl:
         # wait for it (`core.waits`).
         with locked(self._lock, "the ACL file"):
             if stamp != self._stamp:
+                # Anyone who can write it grants themselves every corpus (a chmod changes the
+                # stamp's ctime, so it is checked again): fails closed, as a broken file does.
+                shared = shared_access_file(self.path, "the ACL file")
+                if shared is not None:
+                    raise ValueError(shared)
                 # A key twice (a stale entry above its replacement) is an error, as in
                 # host.json: the file fails closed rather than grant whichever came last.
                 text = self.path.read_text(encoding="utf-8")

@@ -3,19 +3,17 @@
 The result is a frozen model passed to `create_app` and to the application factory. Nothing
 else in the host reads `os.environ`: `load_settings` takes the environment as an argument.
 
-Secrets are never inline. A secret field holds a reference, `{"file": PATH}` or
-`{"env": NAME}`, resolved once at load into a `SecretStr`. Token *hashes* are not secrets and
-are listed inline or in a `tokensFile` (a JSON list, e.g. a mounted Secret); the tokens
-themselves are never stored.
+Secrets are never inline: a secret field holds `{"file": PATH}` or `{"env": NAME}`, resolved
+at load into a `SecretStr`. Token *hashes* are listed inline or in a `tokensFile` (a JSON list,
+e.g. a mounted Secret; files that grant access: `access_files`); tokens are never stored.
 
 Environment overrides: `RETRIEVAL_HOST_<FIELD>[__<FIELD>...]=VALUE`, where each field is named
 in snake case or camel case, case-insensitively (`RETRIEVAL_HOST_LISTEN__PORT=9443`,
 `RETRIEVAL_HOST_LIMITS__MAX_BODY_BYTES=1048576`). A value that parses as JSON is used as that
 JSON value (numbers, booleans, lists), anything else as a string.
 
-Numeric settings take JSON numbers only (`strict`): `true` or `"5"` is refused, where it was
-read as 1 or 5 (a boolean or a quoted number is more likely a mistake than a count). An
-environment override's value is parsed as JSON first, so `...__PORT=9443` is a number.
+Numeric settings take JSON numbers only (`strict`): `true` or `"5"` is refused (more likely a
+mistake than a count); an override's value is parsed as JSON first, so `...__PORT=9443` is one.
 """
 
 from __future__ import annotations
@@ -39,6 +37,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from retrieval_host.access_files import shared_access_file
 
 __all__ = [
     "ENV_PREFIX",
@@ -76,6 +76,18 @@ class SecretRef(_Model):
 
     file: Path | None = None
     env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_inline(cls, data: object) -> object:
+        if isinstance(data, str):
+            # Said as the other secret errors are, never quoting the value (pydantic said
+            # "a valid dictionary or instance of SecretRef", a black-box test).
+            raise ValueError(
+                'a secret is {"file": PATH} or {"env": NAME}, never written inline in the '
+                "configuration"
+            )
+        return data
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SecretRef:
@@ -508,6 +520,8 @@ def load_settings(
     config_dir = Path.cwd()
     if path is not None:
         file = Path(path).expanduser().resolve()
+        if (shared := shared_access_file(file, "the configuration file")) is not None:
+            raise SettingsError(shared)
         try:
             loaded = load_unique_json(file.read_text(encoding="utf-8"))
         except OSError as exc:
@@ -545,6 +559,8 @@ def _validated(data: dict[str, Any]) -> HostSettings:
 def _read_tokens_file(file: Path) -> list[Any]:
     """The `tokens` entries of a tokens file: a JSON list, as `retrieval-host token new`
     prints them."""
+    if (shared := shared_access_file(file, "tokensFile")) is not None:
+        raise SettingsError(shared)
     try:
         loaded = load_unique_json(file.read_text(encoding="utf-8"))
     except OSError as exc:

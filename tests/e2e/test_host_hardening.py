@@ -170,7 +170,8 @@ def test_a_request_that_is_not_http_gets_a_problem_body_with_a_request_id(
     # In the metrics, as the application's own refusals are (a black-box test found none).
     assert protocol.bad_requests == before + 1
     exposition = running_host.app.metrics.render().decode()
-    assert f'retrieval_host_limit_rejections_total{{reason="bad-http"}} {before + 1}.0' in exposition
+    counted = f'retrieval_host_limit_rejections_total{{reason="bad-http"}} {before + 1}.0'
+    assert counted in exposition
 
 
 @pytest.mark.parametrize("depth", [300, 1_000, 20_000])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import ssl
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -24,7 +24,9 @@ from rich.progress import Progress
 
 from retrieval_host.batch import BatchItem
 from retrieval_host.serving.cli import main
+from retrieval_host.serving.factory import build_driver
 from retrieval_host.serving.ingest_cli import _Bars, plan_files, run_ingest
+from retrieval_host.settings import SettingsError, load_settings
 from tests.support.ingest_cli_child import HOLD
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +79,30 @@ def test_files_the_host_cannot_take_are_listed_with_their_reason(
     assert f"skipped   {folder / 'scan.docx'}  unsupported type (.docx)" in lines
     assert any(line.startswith(f"skipped   {folder / 'huge.md'}  too large (") for line in lines)
     assert lines[-1].startswith("1 indexed, 0 unchanged, 2 skipped, 0 failed")
+
+
+def test_a_batch_ingest_needs_no_generation_providers_key(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    # A black-box test: with an openai provider whose key comes from the environment, the
+    # batch ingest (which makes no run) refused to start without the production model's key.
+    config, environ = setup
+    host = json.loads(config.read_text())
+    host["providers"] = {
+        "model": {"kind": "openai", "baseUrl": "https://llm.example", "apiKey": {"env": "LLM"}}
+    }
+    config.write_text(json.dumps(host))
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "note.md").write_text("# Note\n\nThe ferry leaves at nine.\n")
+    out, err = io.StringIO(), io.StringIO()
+    code = run_ingest(_args(config, tmp_path / "j.jsonl", folder), environ, out, err)
+    assert "LLM" not in err.getvalue()
+    assert code == 0, err.getvalue()
+    assert out.getvalue().splitlines()[-1].startswith("1 indexed")
+    # `serve` still refuses to start without it: a host that runs needs its key at once.
+    with pytest.raises(SettingsError, match="LLM is not set"):
+        build_driver(load_settings(config, environ), environ)
 
 
 def test_a_missing_path_says_no_such_file_and_ingests_nothing(

@@ -191,6 +191,7 @@ def fuse(
         for candidates in (dense, lexical):
             for rank, c in enumerate(candidates, start=1):
                 fused[c.chunk_id] += 1.0 / (settings.rrf_k + rank)
+
     # Equal fused scores by their dense similarity, then chunk id. Below the scaling range of
     # both lists every candidate scores 0, and which of them are read depends on the limit
     # (each list is read `limit + 1` deep): in chunk id order, limit 55 kept a passage that

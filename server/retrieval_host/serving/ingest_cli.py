@@ -59,7 +59,12 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import JSONValue
 from retrieval_host.ingest import media_type_for_path
 from retrieval_host.serving.factory import build_driver, close_driver
-from retrieval_host.settings import SettingsError, load_settings
+from retrieval_host.settings import (
+    HostSettings,
+    OpenAIProviderSettings,
+    SettingsError,
+    load_settings,
+)
 
 
 @dataclass(frozen=True)
@@ -285,6 +290,20 @@ def _interrupt_cancels(
             signal.signal(sig, handler)
 
 
+def _without_provider_keys(settings: HostSettings) -> HostSettings:
+    """The settings with no generation provider's API key: a batch ingest makes no run, and
+    the operator or job running it should not need the production model's secret (it was
+    refused with "environment variable ... is not set", a black-box test). The providers
+    stay (the run store, where ingests record their usage, comes with them)."""
+    providers = {
+        name: config.model_copy(update={"api_key": None})
+        if isinstance(config, OpenAIProviderSettings)
+        else config
+        for name, config in settings.providers.items()
+    }
+    return settings.model_copy(update={"providers": providers})
+
+
 def _stopped(exc: RetrievalError, args: argparse.Namespace, journal: Path) -> str:
     if exc.code is ErrorCode.PERMISSION_DENIED:
         return f"subject {args.subject!r} may not index into corpus {args.corpus!r} ({exc})"
@@ -335,7 +354,7 @@ def run_ingest(
     if clash is not None:
         print(f"retrieval-host: {clash}", file=err)
         return 2
-    driver = build_driver(settings, environ)
+    driver = build_driver(_without_provider_keys(settings), environ)
     if driver is None:
         raise SettingsError("ingest needs an application (the factory that builds the corpora)")
     try:
