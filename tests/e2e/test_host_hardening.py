@@ -155,8 +155,22 @@ def test_a_connection_may_queue_a_few_pipelined_requests_and_is_closed_past_them
         b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         b"Content-Length: 1\r\nContent-Length: 2\r\n\r\n",
         b"NOT-HTTP\r\n\r\n",
+        # A black-box test found these served (RFC 9112 3.2: exactly one Host in HTTP/1.1;
+        # 3.2.2: an absolute-form target names the host it is for).
+        b"GET /healthz HTTP/1.1\r\nAccept: */*\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n",
+        b"GET https://evil.example/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET /healthz\r\n\r\n",
     ],
-    ids=["length-and-chunked", "two-lengths", "garbage"],
+    ids=[
+        "length-and-chunked",
+        "two-lengths",
+        "garbage",
+        "no-host",
+        "two-hosts",
+        "absolute-form-elsewhere",
+        "http-0.9",
+    ],
 )
 def test_a_request_that_is_not_http_gets_a_problem_body_with_a_request_id(
     running_host: RunningHost, request_bytes: bytes
@@ -172,6 +186,18 @@ def test_a_request_that_is_not_http_gets_a_problem_body_with_a_request_id(
     exposition = running_host.app.metrics.render().decode()
     counted = f'retrieval_host_limit_rejections_total{{reason="bad-http"}} {before + 1}.0'
     assert counted in exposition
+
+
+def test_an_absolute_form_target_naming_the_host_itself_is_served(
+    running_host: RunningHost,
+) -> None:
+    response, _ = _request(
+        running_host,
+        b"GET https://127.0.0.1/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+    )
+    assert response.status == 200
+    old_client, _ = _request(running_host, b"GET /healthz HTTP/1.0\r\n\r\n")  # no Host in 1.0
+    assert old_client.status == 200
 
 
 @pytest.mark.parametrize("depth", [300, 1_000, 20_000])
@@ -190,6 +216,21 @@ def test_json_nested_too_deeply_is_400_not_a_failure_of_the_host(
         assert response.json()["reason"] == "json-depth"
         # The host goes on serving.
         assert client.post("/v1/retrieval/search", json={"corpus": CORPUS, "query": "x"}).is_success
+
+
+def test_a_number_longer_than_the_host_reads_is_said_to_be_so(
+    running_host: RunningHost, host_world: World
+) -> None:
+    # A black-box test: an integer of 5,000 digits (valid JSON) was "not valid JSON".
+    body = f'{{"corpus":"{CORPUS}","query":"x","filters":{{"year":{"9" * 5000}}}}}'
+    with running_host.client(
+        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    ) as client:
+        response = client.post(
+            "/v1/retrieval/search", content=body, headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 400, response.text
+    assert "more digits than the host reads (4,300)" in response.json()["detail"]
 
 
 def test_a_metadata_parameter_nested_too_deeply_is_400(

@@ -367,6 +367,11 @@ def _parse_json(raw: bytes, model: type[M]) -> M:
                 status=400,
                 reason=InvalidRequestReason.JSON_DEPTH,
             ) from None
+        if any("number out of range" in str(e.get("ctx", {}).get("error")) for e in invalid):
+            # Valid JSON, past what Python reads (4,300 digits): said so, not "not valid".
+            raise InvalidRequest(
+                "A number in the body has more digits than the host reads (4,300).", status=400
+            ) from None
         if invalid:
             raise InvalidRequest("The body is not valid JSON.", status=400) from None
         raise InvalidRequest(validation_detail(exc, "body")) from None

@@ -68,6 +68,28 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop a request whose header section is too large."""
 
 
+class _NotHttp11(Exception):
+    """Raised from a parser callback for a request RFC 9112 says a server must refuse."""
+
+
+def _host_problem(version: str, url: bytes, headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a parsed request line and headers are not a request to serve (None: they are).
+    RFC 9112: an HTTP/1.1 request has exactly one Host (3.2), and an absolute-form target's
+    authority is the host it addresses (3.2.2): a `Host` that names another let a request for
+    `https://evil.example/...` past `allowedHosts` (a black-box test). HTTP/0.9 request lines
+    (no version) were served too."""
+    if version not in ("1.0", "1.1"):
+        return "version"
+    hosts = [value for name, value in headers if name.lower() == b"host"]
+    if len(hosts) > 1 or (version == "1.1" and not hosts):
+        return "host"
+    if url[:7].lower() == b"http://" or url[:8].lower() == b"https://":
+        authority = url.split(b"://", 1)[1].split(b"/", 1)[0].split(b"?", 1)[0]
+        if not hosts or hosts[0].strip().lower() != authority.lower():
+            return "absolute-form"
+    return None
+
+
 class _PipelineTooDeep(Exception):
     """Raised from a parser callback to stop a connection queueing too many requests."""
 
@@ -199,6 +221,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             # httptools turns this into an HttpParserError; uvicorn then calls
             # send_400_response, which answers the 431.
             raise _HeadTooLarge
+        if _host_problem(self.parser.get_http_version(), self.url, self.headers) is not None:
+            raise _NotHttp11  # answered as any request the parser refuses: 400 bad-http
         if len(self.pipeline) >= MAX_PIPELINED:
             self._pipeline_overflow = True
             raise _PipelineTooDeep  # stops the parser within this read, as above
