@@ -218,6 +218,20 @@ def test_json_nested_too_deeply_is_400_not_a_failure_of_the_host(
         assert client.post("/v1/retrieval/search", json={"corpus": CORPUS, "query": "x"}).is_success
 
 
+def test_a_query_string_on_a_json_route_is_ambiguous_not_ignored(
+    running_host: RunningHost, host_world: World
+) -> None:
+    # A black-box test: `?corpus=other&limit=1` beside a body naming the corpus was ignored.
+    with running_host.client(
+        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
+    ) as client:
+        body = {"corpus": CORPUS, "query": "x"}
+        refused = client.post("/v1/retrieval/search?corpus=other&limit=1", json=body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["reason"] == "query-on-json-route"
+        assert client.post("/v1/retrieval/search", json=body).status_code == 200
+
+
 def test_a_number_longer_than_the_host_reads_is_said_to_be_so(
     running_host: RunningHost, host_world: World
 ) -> None:

@@ -74,6 +74,9 @@ class InvalidRequestReason(StrEnum):
 
     DUPLICATE_KEY = "duplicate-key"  # a JSON object holds a key twice (400)
     DUPLICATE_PARAMETER = "duplicate-parameter"  # a query parameter appears twice (400)
+    # A query string on a route that reads its parameters from a JSON body (400): ignored,
+    # `?corpus=other` beside a body naming another corpus was a guess.
+    QUERY_ON_JSON_ROUTE = "query-on-json-route"
     INVALID_UTF8 = "invalid-utf8"  # query parameters are not UTF-8 once decoded (400)
     DUPLICATE_AUTHORIZATION = "duplicate-authorization"  # two Authorization headers (400)
     DUPLICATE_HEADER = "duplicate-header"  # two Content-Type headers (400)

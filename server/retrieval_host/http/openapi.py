@@ -26,9 +26,11 @@ PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 _STATUS_TEXT: Final = {
     400: "The body is not valid JSON, or the request is ambiguous: a repeated JSON key at any "
     "depth, a repeated query parameter, query parameters that are not UTF-8, two Authorization "
-    "headers, a listing's `limit` outside 1..1000 or a cursor it did not return "
+    "headers, a listing's `limit` outside 1..1000 or a cursor it did not return, a query "
+    "string on a route that reads a JSON body "
     "(`INVALID_REQUEST`; reason `duplicate-key`, `duplicate-parameter`, `invalid-utf8`, "
-    "`duplicate-authorization`, `page-limit`, `invalid-cursor`), a JSON body nested too deeply "
+    "`duplicate-authorization`, `page-limit`, `invalid-cursor`, `query-on-json-route`), a JSON "
+    "body nested too deeply "
     "(`json-depth`), two Content-Type headers (`duplicate-header`), a Host header this host "
     "does not answer to (`host-not-allowed`), or a "
     "request that is not valid HTTP/1.1 (`bad-http`).",

@@ -182,6 +182,12 @@ class RequestPolicy:
         return principal
 
     async def parse_json(self, request: Request, model: type[M]) -> M:
+        if request.scope.get("query_string"):
+            raise InvalidRequest(
+                "This route reads its parameters from the JSON body; send no query string.",
+                status=400,
+                reason=InvalidRequestReason.QUERY_ON_JSON_ROUTE,
+            )
         if _media_type(request) != "application/json":
             raise RetrievalError(
                 ErrorCode.UNSUPPORTED_MEDIA_TYPE,
