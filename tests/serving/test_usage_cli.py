@@ -139,15 +139,15 @@ def test_since_is_an_instant_and_a_bad_one_is_refused(tmp_path: Path) -> None:
     # A black-box tester found --since compared as text: offsets ignored, `...T00:23Z` leaving
     # out records of 00:23:xx, lower case matching nothing, and garbage an empty report.
     from retrieval_host.core.corpus import utc_now
-    from retrieval_host.serving.usage_cli import _instant
+    from retrieval_host.serving.usage_cli import instant
 
-    assert _instant("2026-12-05T00:24:53-05:00") == "2026-12-05T05:24:53.000Z"
-    assert _instant("2026-12-05T00:24:53+02:00") == "2026-12-04T22:24:53.000Z"
-    assert _instant("2026-12-05t00:23z") == "2026-12-05T00:23:00.000Z"
-    assert _instant("2026-12-05") == "2026-12-05T00:00:00.000Z"
+    assert instant("2026-12-05T00:24:53-05:00") == "2026-12-05T05:24:53.000Z"
+    assert instant("2026-12-05T00:24:53+02:00") == "2026-12-04T22:24:53.000Z"
+    assert instant("2026-12-05t00:23z") == "2026-12-05T00:23:00.000Z"
+    assert instant("2026-12-05") == "2026-12-05T00:00:00.000Z"
     at = "2026-12-05T00:23:17.404Z"  # as records write it
     assert len(at) == len(utc_now()) and at[-1] == utc_now()[-1] == "Z"
-    assert at >= _instant("2026-12-05T00:23Z") and at < _instant("2026-12-05T00:24Z")
+    assert at >= instant("2026-12-05T00:23Z") and at < instant("2026-12-05T00:24Z")
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     (state / "host.json").write_text(json.dumps({"listen": {"port": 8443}, "behindProxy": True}))

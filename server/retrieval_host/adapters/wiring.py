@@ -61,7 +61,9 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
 
 
 class RecordStore(RunStore, UsageLog, Protocol):
-    """Both run stores: run records, the usage log, and closing."""
+    """Both run stores: run records, the usage log, pruning them, and closing."""
+
+    def prune(self, before: str, *, usage: bool = False) -> tuple[int, int]: ...
 
     def close(self) -> None: ...
 

@@ -11,6 +11,7 @@ retrieval-host corpora [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources list CORPUS [--page-size N] [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources show CORPUS SOURCE_ID [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host usage --config host.json [--since TIME] [--subject S] [--records] [--json]
+retrieval-host runs prune --config host.json --before TIME [--usage]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.validation import check_id
-from retrieval_host.serving import inspect_cli, usage_cli
+from retrieval_host.serving import inspect_cli, runs_cli, usage_cli
 from retrieval_host.serving._args import whole_number
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.ingest_cli import run_ingest
@@ -180,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
 
     inspect_cli.add_commands(commands)
     usage_cli.add_command(commands)
+    runs_cli.add_command(commands)
 
     quick = commands.add_parser(
         "quickstart", help="a local HTTPS host with sample documents, in one command"
@@ -234,6 +236,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return inspect_cli.run(args, env)
         if args.command == "usage":
             return usage_cli.run(args, env)
+        if args.command == "runs":
+            return runs_cli.run(args, env)
         from retrieval_host.serving.quickstart import quickstart
 
         if args.name and not args.container:

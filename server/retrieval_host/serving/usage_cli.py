@@ -45,7 +45,7 @@ def add_command(commands: Any) -> None:
     usage.add_argument("--config", required=True, type=Path, help="host configuration JSON")
     usage.add_argument(
         "--since",
-        type=_instant,
+        type=instant,
         help="only records at or after this time: RFC 3339 (2026-12-01T00:00:00Z, an offset "
         "such as +02:00 is converted to UTC) or a date (2026-12-01, midnight UTC)",
     )
@@ -60,7 +60,7 @@ def add_command(commands: Any) -> None:
     )
 
 
-def _instant(text: str) -> str:
+def instant(text: str) -> str:
     """`--since` as the records write their time (`2026-12-01T00:00:00.000Z`, UTC): records
     are compared as that text, so the argument is converted, never compared as written (an
     offset, `Z` without seconds, lower case). A time without an offset is refused: it could be

@@ -255,3 +255,29 @@ def test_usage_records_are_kept_in_order_filtered_and_seen_by_every_replica(
     first.record_usage([_usage("2026-01-01T00:00:04Z", "alice", 9)])
     assert "usage not recorded: 1 record(s) dropped" in caplog.text
     assert len(second.read_usage()) == 3
+
+
+def test_prune_deletes_finished_runs_and_asked_for_usage_before_the_time(
+    run_stores: Callable[[], PgRunStore],
+) -> None:
+    store, other = run_stores(), run_stores()
+    for run_id, created in (
+        ("old", "2026-01-01T00:00:00.000Z"),
+        ("new", "2026-03-01T00:00:00.000Z"),
+    ):
+        assert (
+            store.begin(RunRecord(run_id, "alice", f"k-{run_id}", "fp", "running", created)) is None
+        )
+        store.complete(run_id, a_result(run_id))
+    going = RunRecord("going", "alice", "k-going", "fp", "running", "2025-06-01T00:00:00.000Z")
+    assert store.begin(going) is None  # running, its lease renewed: kept whatever its age
+    store.record_usage(
+        [_usage("2026-01-02T00:00:00Z", "alice", 1), _usage("2026-03-02T00:00:00Z", "alice", 2)]
+    )
+    assert other.prune("2026-02-01T00:00:00.000Z") == (1, 0)  # from another replica
+    assert store.get("old") is None
+    assert store.get("new") is not None and store.get("going") is not None
+    assert store.begin(RunRecord("again", "alice", "k-old", "fp", "running", "2026-03-05")) is None
+    store.read_usage()  # this replica's queue written
+    assert other.prune("2026-02-01T00:00:00.000Z", usage=True) == (0, 1)
+    assert [u.input_tokens for u in other.read_usage()] == [2]

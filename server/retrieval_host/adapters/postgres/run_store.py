@@ -139,6 +139,11 @@ _INTERRUPT: Final = (
     f"UPDATE {{s}}.runs SET status = 'failed', error_code = '{INTERRUPTED}' "  # noqa: S608
     "WHERE status = 'running' AND run_id = ANY(%s)"
 )
+# Finished runs, and running ones whose host stopped renewing them (no lease: before leases).
+_PRUNE_RUNS: Final = (
+    "DELETE FROM {s}.runs WHERE created_at < %s AND (status <> 'running' "  # noqa: S608
+    f"OR lease_until IS NULL OR lease_until < {_NOW})"
+)
 # Version 1 had no provider and corpus columns (NULL for the runs it recorded).
 _MIGRATIONS: Final = {
     1: (
@@ -331,6 +336,25 @@ class PgRunStore:
                 (since or "", subject, subject, limit),
             ).fetchall()
         return [usage_record(row) for row in rows]
+
+    def prune(self, before: str, *, usage: bool = False) -> tuple[int, int]:
+        """`SqliteRunStore.prune`: the finished runs created before `before` deleted (their
+        answers, evidence and idempotency keys), and with `usage` the usage records before it;
+        (runs, usage records) deleted. The rows' space is PostgreSQL's to reclaim (VACUUM)."""
+        self._usage.flush()
+        with (
+            self._pool.connection() as conn,
+            translated("pruning runs"),
+            conn.transaction(),
+            conn.cursor() as cursor,
+        ):
+            cursor.execute(self._sql(_PRUNE_RUNS), (before,))
+            runs = cursor.rowcount
+            used = 0
+            if usage:
+                cursor.execute(self._sql("DELETE FROM {s}.usage WHERE at < %s"), (before,))
+                used = cursor.rowcount
+        return runs, used
 
     def close(self) -> None:
         """Write the queued usage records, close the pool; later calls raise

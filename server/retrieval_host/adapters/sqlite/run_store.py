@@ -232,6 +232,35 @@ class SqliteRunStore:
             ).fetchall()
         return [usage_record(row) for row in rows]
 
+    def prune(self, before: str, *, usage: bool = False) -> tuple[int, int]:
+        """Delete the finished runs created before `before` (an instant as records write it,
+        `2026-12-01T00:00:00.000Z`): their answers, evidence manifests and idempotency keys
+        (a key used again starts a new run). A running record is kept unless its host stopped
+        renewing its lease. With `usage`, also the usage records before it. Returns (runs,
+        usage records) deleted. The deleted rows' bytes are overwritten (`secure_delete`) and
+        the write-ahead log checkpointed, so the text does not stay in free pages; the file
+        keeps its size (VACUUM with the host stopped to shrink it)."""
+        self._usage.flush()
+        with self._lock, translated("pruning runs"):
+            self._db.execute("PRAGMA secure_delete = ON")
+            try:
+                with self._db:
+                    self._db.execute(
+                        "DELETE FROM runs WHERE created_at < ? AND (status != 'running'"
+                        " OR lease_until IS NULL OR lease_until < ?)",
+                        (before, time.time()),
+                    )
+                    runs = self._db.changes()
+                    used = 0
+                    if usage:
+                        self._db.execute("DELETE FROM usage WHERE at < ?", (before,))
+                        used = self._db.changes()
+            finally:
+                self._db.execute("PRAGMA secure_delete = OFF")
+            # Best effort: a host reading meanwhile keeps the log's older frames until it ends.
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return runs, used
+
     def close(self) -> None:
         self._leases.close()  # marks the runs still going interrupted
         self._usage.close()  # writes what is queued first

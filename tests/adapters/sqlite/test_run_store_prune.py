@@ -1,0 +1,92 @@
+"""Expiring run and usage records (`retrieval-host runs prune`): what goes, what stays, and
+that the pruned answers' text does not stay in the file's free pages."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from retrieval_host.adapters.sqlite import SqliteRunStore
+from retrieval_host.core.run_ports import RunRecord
+from retrieval_host.core.usage import UsageRecord
+from retrieval_host.serving.cli import main
+from tests.support.run_records import a_result
+
+SECRET = "walrus-erasure-marker-7f3a"  # in the pruned answer only
+
+
+def _record(run_id: str, created_at: str, key: str) -> RunRecord:
+    return RunRecord(run_id, "alice", key, "fp-1", "running", created_at)
+
+
+def _usage(at: str) -> UsageRecord:
+    return UsageRecord(at, "alice", "search", "embedding", "local-minilm", "local", "m", "d", 1, 3)
+
+
+def _fill(store: SqliteRunStore) -> None:
+    for run_id, created in (
+        ("old", "2026-01-01T00:00:00.000Z"),
+        ("new", "2026-03-01T00:00:00.000Z"),
+    ):
+        assert store.begin(_record(run_id, created, f"key-{run_id}")) is None
+        result = dataclasses.replace(
+            a_result(run_id), text=f"{SECRET if run_id == 'old' else 'kept'} [source:a-1]."
+        )
+        store.complete(run_id, result)
+    # Still running (its lease renewed by this store): kept whatever its age.
+    assert store.begin(_record("going", "2025-06-01T00:00:00.000Z", "key-going")) is None
+    store.record_usage([_usage("2026-01-02T00:00:00.000Z"), _usage("2026-03-02T00:00:00.000Z")])
+
+
+def test_prune_deletes_finished_runs_before_the_time_and_their_text(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    store = SqliteRunStore.open(path)
+    _fill(store)
+    assert store.prune("2026-02-01T00:00:00.000Z") == (1, 0)
+    assert store.get("old") is None
+    assert store.get("new") is not None and store.get("going") is not None
+    # Its idempotency key is free again: used anew, it starts another run.
+    assert store.begin(_record("again", "2026-03-05T00:00:00.000Z", "key-old")) is None
+    assert len(store.read_usage()) == 2  # usage stays unless asked
+    assert store.prune("2026-02-01T00:00:00.000Z", usage=True) == (0, 1)
+    assert [u.at for u in store.read_usage()] == ["2026-03-02T00:00:00.000Z"]
+    store.close()
+    held = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("runs.db"))
+    assert b"kept [source:a-1]" in held  # the file does hold answers as text
+    assert SECRET.encode() not in held  # not in free pages, nor in the write-ahead log
+
+
+def test_the_command_prunes_beside_the_configuration_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store_dir = tmp_path / "store"
+    config = tmp_path / "host.json"
+    config.write_text(
+        json.dumps(
+            {
+                "tls": {"certFile": "c.pem", "keyFile": "k.pem"},
+                "store": {"sqlitePath": str(store_dir / "retrieval.sqlite")},
+            }
+        )
+    )
+    argv = ["runs", "prune", "--config", str(config), "--before", "2026-02-01"]
+    assert main(argv, environ={}) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not store_dir.exists()
+    store_dir.mkdir(mode=0o700)
+    store = SqliteRunStore.open(store_dir / "runs.db")
+    _fill(store)
+    store.close()  # the running one is marked interrupted at close: no lease renews it now
+    assert main([*argv, "--usage"], environ={}) == 0
+    said = capsys.readouterr().out
+    assert (
+        said
+        == "deleted 2 run record(s) and 1 usage record(s) from before 2026-02-01T00:00:00.000Z\n"
+    )
+    with pytest.raises(SystemExit) as refused:  # argparse's usage error
+        main(["runs", "prune", "--config", str(config), "--before", "yesterday"], environ={})
+    assert refused.value.code == 2
+    assert "not an RFC 3339 time" in capsys.readouterr().err
