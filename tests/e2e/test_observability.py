@@ -426,6 +426,7 @@ def test_logs_are_json_lines_with_request_ids_and_no_secret_or_content(tmp_path:
 
     records = host.log_records()  # every line of stderr is one JSON object
     assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    assert not any("worker" in r for r in records)  # one process: no worker to name
     access = [r for r in records if r["logger"] == "retrieval_host.access"]
     by_id = {r["requestId"]: r for r in access}
     assert len(by_id) == len(access)  # one line per request

@@ -90,8 +90,13 @@ def test_two_workers_share_the_port_and_the_index_and_stop_together(tmp_path: Pa
         code, _ = host.terminate(sig=signal.SIGHUP)
         assert code == 0, host.log_text()[-4000:]
         assert not any(_alive(pid) for pid in workers)
-        received = [r["message"] for r in host.log_records() if "received" in r["message"]]
-        assert received == ["received SIGTERM"] * 2, received
+        received = [r for r in host.log_records() if "received" in r["message"]]
+        assert [r["message"] for r in received] == ["received SIGTERM"] * 2, received
+        # Each worker's lines say which (a black-box test could not tell them apart); the
+        # supervisor's own lines name none.
+        assert sorted(r["worker"] for r in received) == [0, 1]
+        access = [r for r in host.log_records() if r["logger"] == "retrieval_host.access"]
+        assert access and {r["worker"] for r in access} == {0, 1}
 
 
 def test_a_single_host_stops_on_sighup_as_on_sigterm(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     settings = load_settings(args.config, environ)
     # JSON lines from the start: the application factory may log while it opens stores.
-    logging.config.dictConfig(log_config(settings.log_level))
+    logging.config.dictConfig(log_config(settings.log_level, worker=args.worker))
     if settings.tls is not None:
         # Before any worker starts or the application opens its stores: a certificate that
         # cannot be used is one line and exit 2, with nothing opened.

@@ -260,4 +260,5 @@ def run_server(
     """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as one of the
     supervisor's workers when `worker` is given."""
     app = create_app(settings, driver)
-    serve(settings, app, environ, log_config=log_config(settings.log_level), worker=worker)
+    logs = log_config(settings.log_level, worker=None if worker is None else worker.index)
+    serve(settings, app, environ, log_config=logs, worker=worker)
