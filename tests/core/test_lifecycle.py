@@ -4,6 +4,7 @@ them, effects after a success (a failing or non-JSON one stops the rest and is r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import pytest
 
@@ -12,6 +13,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.lifecycle import run_retrieval
 from retrieval_host.core.models import JSONValue
+from retrieval_host.core.runs import RunEngine
 
 
 @dataclass
@@ -111,3 +113,15 @@ def test_a_failing_effect_stops_the_later_ones_and_is_reported_not_raised(bad: o
     expected = "ValueError" if isinstance(bad, Exception) else "TypeError"
     assert done.effect_error == {"effect": "b", "error": expected}
     assert done.result == ("q", "q")  # the retrieval's result stands
+
+
+def test_two_effects_of_one_name_are_refused_before_anything_runs() -> None:
+    # A black-box test: the second's value replaced the first's in `extensions`, silently.
+    steps, calls = Steps(), list[str]()
+    effects = [Returns("dup", 1, calls), Returns("dup", 2, calls), Returns("ok", 3, calls)]
+    with pytest.raises(ValueError, match="'dup' twice"):
+        run_retrieval(steps, "q", RequestContext(subject="s"), effects)
+    assert steps.seen == [] and calls == []
+    # A run engine's effects likewise, when it is made.
+    with pytest.raises(ValueError, match="'dup' twice"):
+        RunEngine(None, {}, cast(Any, None), effects=cast(Any, effects))

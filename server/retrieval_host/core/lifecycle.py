@@ -25,7 +25,7 @@ take this path too. An application defines its own retrieval as a `Retrieval` an
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -81,13 +81,24 @@ class Retrieved(Generic[ResultT]):
     effect_error: Mapping[str, str] | None = None
 
 
+def check_effect_names(names: Iterable[str]) -> None:
+    """`ValueError` when two effects share a name: their values are kept by name."""
+    listed = list(names)
+    repeated = sorted({name for name in listed if listed.count(name) > 1})
+    if repeated:
+        raise ValueError(f"effects need distinct names: {', '.join(map(repr, repeated))} twice")
+
+
 def run_retrieval(
     retrieval: Retrieval[RequestT_contra, PreparedT, GrantT, FoundT, ResultT],
     request: RequestT_contra,
     context: RequestContext,
     effects: Sequence[Effect[ResultT]] = (),
 ) -> Retrieved[ResultT]:
-    """Run `retrieval`'s steps in the lifecycle's order, then `effects` (module docstring)."""
+    """Run `retrieval`'s steps in the lifecycle's order, then `effects` (module docstring).
+    Effects are keyed by name in `extensions`: two of one name are the caller's `ValueError`,
+    before anything runs (the second's value replaced the first's, a black-box test)."""
+    check_effect_names(effect.name for effect in effects)
     prepared = retrieval.prepare(request, context)
     retrieval.assert_input(prepared)
     context.cancel.check()

@@ -14,6 +14,7 @@ from retrieval_host.core.errors import (
     source_unavailable,
 )
 from retrieval_host.core.grants import denied
+from retrieval_host.core.lifecycle import check_effect_names
 from retrieval_host.core.reasons import ProviderFailedReason
 from retrieval_host.core.run_ports import (
     ContextPolicy,
@@ -101,6 +102,7 @@ class RunEngine:
         self._verifier = verifier
         self._context_policy = context_policy
         self._retriever = retriever
+        check_effect_names(effect.name for effect in effects)  # kept by name in receipts
         self._effects = tuple(effects)
         self._dedup_key = dedup_key
         self._providers = dict(providers)
