@@ -574,6 +574,8 @@ def test_an_index_only_token_is_shown_where_it_may_write_and_ingests_there(
     page.get_by_role("button", name="Ingest").click()
     expect(page.locator("#ingest-phase")).to_have_text("completed", timeout=60_000)
     expect(page.locator("#ingested")).to_contain_text("indexed: 1 passage(s) of idx-note")
+    # It may not read the source it wrote: its id, not a link to a 403 (a black-box test).
+    expect(page.locator("#ingested a")).to_have_count(0)
     _shot(page, "22-index-only-ingest")
     page.get_by_role("button", name="Sign out").click()
     # A token without the grant gets the host's answer, in words.
@@ -724,6 +726,54 @@ def test_long_and_spoofing_ids_and_titles_neither_widen_the_page_nor_reorder_the
     page.context.close()
     _delete(console, long_id, "1")
     _delete(console, spoofed, "1")
+
+
+def test_document_controlled_ids_and_metadata_neither_spoof_nor_break_a_page(
+    browser: Browser, console: Console
+) -> None:
+    # A black-box test: a revision, message id or chunk id holding U+202E read reversed
+    # ("msg<RLO>gpj.exe" as "msgexe.jpg"), and `{"messages": 5}` in a source's metadata made
+    # every passage of it fail to open ("messages.find is not a function").
+    source = {"id": "bidi-src", "revision": "r\u202e1.fdp", "metadata": {"messages": 5}}
+    chunk = {
+        "id": "bidi-c1\u202eexe",
+        "text": "The zebraquartz rotation key is kept in the vault.",
+        "location": {"startLine": 1, "endLine": 1, "documentId": "msg\u202egpj.exe"},
+    }
+    with console.api() as api:
+        indexed = api.post(
+            "/v1/retrieval/index", json={"corpus": "library", "source": source, "chunks": [chunk]}
+        )
+    assert indexed.status_code == 200, indexed.text
+    page, seen = _signed_in(browser, console)
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Mode").select_option("lexical")
+    page.get_by_label("Query").fill("zebraquartz")
+    page.get_by_role("button", name="Search").click()
+    hit = page.locator(".hit").first
+    expect(hit).to_contain_text("msgU+202Egpj.exe")  # the message id, its control a mark
+    expect(hit).to_contain_text("rU+202E1.fdp")  # and the revision
+    hit.get_by_role("link", name="Open the passage in its source").click()
+    expect(page.locator("main h1")).to_contain_text("bidi-c1U+202Eexe")
+    expect(page.locator("main dl.facts")).to_contain_text("rU+202E1.fdp")
+    expect(page.locator("main")).to_contain_text("zebraquartz rotation key")
+    expect(page.locator("main h2").filter(has_text="Cited passage")).to_contain_text(
+        "message msgU+202Egpj.exe"
+    )
+    expect(page.locator("#error")).to_be_hidden()
+    _shot(page, "27-bidi-ids-and-scalar-messages")
+    # A filter that is not JSON: the error, and not the previous search's hits under it.
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Query").fill("zebraquartz")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator(".hit").first).to_contain_text("zebraquartz")
+    page.get_by_label("Filters (JSON, optional)").fill('{"nope": ')
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#error")).to_contain_text("The filters are not JSON")
+    expect(page.locator(".hit")).to_have_count(0)
+    assert seen.errors == []
+    page.context.close()
+    _delete(console, "bidi-src", "r\u202e1.fdp")
 
 
 def test_the_first_page_keeps_the_filter_and_odd_addresses_are_errors_in_words(

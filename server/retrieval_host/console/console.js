@@ -143,8 +143,11 @@ function named(text) {
   });
 }
 
+// A revision (cut to 24 characters) and a location's message id come from documents and
+// applications, as ids and titles do: their bidirectional controls are shown as marks too
+// ("msg<U+202E>gpj.exe" read "msgexe.jpg", a black-box test).
 function short(revision) {
-  return revision.length > 24 ? revision.slice(0, 19) + "…" : revision;
+  return named(revision.length > 24 ? revision.slice(0, 19) + "…" : revision);
 }
 
 function where(location) {
@@ -154,8 +157,9 @@ function where(location) {
   if (location.startLine !== null && location.startLine !== undefined) {
     parts.push(`lines ${location.startLine}–${location.endLine ?? location.startLine}`);
   }
-  if (location.documentId) parts.push(`message ${location.documentId}`);
-  return parts.join(", ");
+  if (location.documentId) parts.push(["message ", named(location.documentId)]);
+  if (!parts.length) return "";
+  return parts.flatMap((part, i) => (i ? [", ", part] : [part]));
 }
 
 function number(value, digits = 3) {
@@ -473,9 +477,13 @@ async function sourcesView(corpus, params, signal) {
   );
 }
 
+// The parsed message a passage comes from. A caller's metadata is laid over the document's key
+// by key, so `messages` may be anything: `{"messages": 5}` made every passage of its source
+// fail to open ("messages.find is not a function", a black-box test).
 function messageOf(metadata, documentId) {
-  const messages = (metadata && metadata.messages) || [];
-  return messages.find((message) => message.messageId === documentId) || null;
+  const messages = metadata && Array.isArray(metadata.messages) ? metadata.messages : [];
+  return messages.find((message) => message && typeof message === "object" &&
+    message.messageId === documentId) || null;
 }
 
 async function sourceView(corpus, sourceId, params, signal) {
@@ -489,7 +497,7 @@ async function sourceView(corpus, sourceId, params, signal) {
     facts([
       ["Corpus", link(hash("sources", corpus), named(corpus))],
       ["Source", named(source.id)],
-      ["Revision", source.revision],
+      ["Revision", named(source.revision)],
       ["Media type", source.mediaType],
       ["Indexed", source.indexedAt],
       ["Passages", String(source.chunkCount)],
@@ -579,13 +587,13 @@ function showPassage(corpus, chunkId, { passage, source, before, after }) {
     h("h1", {}, "Passage ", named(chunkId)),
     facts([
       ["Source", link(hash("source", corpus, source.id), named(source.title || source.id))],
-      ["Revision", passage.source.revision],
+      ["Revision", named(passage.source.revision)],
       ["Media type", source.mediaType],
       ["Where", where(passage.location)],
       ["Page", passage.location.page === null ? null : String(passage.location.page)],
     ]),
     message ? [h("h2", {}, "Message headers"), facts([
-      ["From", named(message.from)], ["Date", message.date], ["Subject", named(message.subject)],
+      ["From", named(message.from)], ["Date", named(message.date)], ["Subject", named(message.subject)],
       ["Message-ID", named(message.messageId)],
       ["Attachments", named((message.attachments || []).map((a) => a.filename).join(", "))],
     ])] : null,
@@ -595,11 +603,11 @@ function showPassage(corpus, chunkId, { passage, source, before, after }) {
         "Not kept: this thread's header list was cut short at "
         + `${(source.metadata.messages || []).length} of ${source.metadata.messageCount} messages.`)]
       : null,
-    before ? [h("h2", {}, `Before (${where(before.location)})`),
+    before ? [h("h2", {}, "Before (", where(before.location), ")"),
       h("pre", { class: "passage around" }, before.text)] : null,
-    h("h2", {}, `Cited passage (${where(passage.location)})`),
+    h("h2", {}, "Cited passage (", where(passage.location), ")"),
     h("pre", { class: "passage cited", id: "cited" }, passage.text),
-    after ? [h("h2", {}, `After (${where(after.location)})`),
+    after ? [h("h2", {}, "After (", where(after.location), ")"),
       h("pre", { class: "passage around" }, after.text)] : null,
   );
 }
@@ -638,6 +646,7 @@ function searchView(signal) {
       try {
         body.filters = JSON.parse(String(data.get("filters")));
       } catch (error) {
+        results.replaceChildren(); // not the previous search's hits under this error
         showError(new Error(`The filters are not JSON: ${error.message}`));
         return;
       }
@@ -781,13 +790,13 @@ function renderAnswer(answer, after, result, corpus) {
     if (entry) {
       counts.valid += 1;
       const href = passageHash(corpus, entry.id, entry.source.revision);
-      pieces.push(h("a", { class: "citation", href }, match[0]));
+      pieces.push(h("a", { class: "citation", href }, named(match[0])));
       last = opening.index + match[0].length;
     } else if (match) {
       counts.invalid += 1;
       pieces.push(h("span", {
         class: "citation invalid", title: "Not in the run's source manifest",
-      }, match[0] + " (invalid)"));
+      }, named(match[0]), " (invalid)"));
       last = opening.index + match[0].length;
     } else {
       counts.malformed += 1;
@@ -796,7 +805,7 @@ function renderAnswer(answer, after, result, corpus) {
       pieces.push(h("span", {
         class: "citation invalid malformed",
         title: "A malformed marker: the host's citation check refuses it (malformed-marker)",
-      }, marker + " (malformed)"));
+      }, named(marker), " (malformed)"));
       last = opening.index + marker.length;
     }
   }
@@ -809,9 +818,10 @@ function renderAnswer(answer, after, result, corpus) {
       `${counts.malformed} malformed.`),
     h("h2", {}, "Sources"),
     h("ul", {}, [...manifest.values()].map((source) => h("li", {},
-      link(passageHash(corpus, source.id, source.source.revision), source.id), " ",
+      link(passageHash(corpus, source.id, source.source.revision), named(source.id)), " ",
       named(source.source.id), " ",
-      h("span", { title: source.source.revision }, short(source.source.revision)), ` ${where(source.location)}`))),
+      h("span", { title: source.source.revision }, short(source.source.revision)), " ",
+      where(source.location)))),
     h("details", { id: "receipts" }, h("summary", {}, `Receipts (${(result.receipts || []).length})`),
       h("pre", {}, JSON.stringify(result.receipts || [], null, 2))),
   ]);
@@ -909,9 +919,13 @@ function ingestView(signal) {
         if (name === "ingest.completed") {
           const result = payload.result;
           phase.textContent = "completed";
+          // A write-only token may not open the source it wrote: its id, not a link to a 403.
+          const readable = state.corpora.some((c) => c.id === data.get("corpus"));
           outcome.append(h("p", { id: "ingested" }, `${result.status}: ${result.chunkCount} passage(s) of `,
-            link(hash("source", data.get("corpus"), result.source.id), named(result.source.id)),
-            ` at revision ${short(result.source.revision)}.`));
+            readable
+              ? link(hash("source", data.get("corpus"), result.source.id), named(result.source.id))
+              : named(result.source.id),
+            " at revision ", short(result.source.revision), "."));
         }
         if (name === "ingest.failed") {
           phase.textContent = "failed";
