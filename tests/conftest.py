@@ -7,6 +7,7 @@ Fixtures of one directory stay in that directory's conftest; a host served over 
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,3 +52,18 @@ def run_world(tmp_path: Path, local_embedding: LocalEmbedding) -> Iterator[RunWo
     """A run engine over three indexed documents, in a private directory (`run_engine.py`)."""
     with open_run_world(tmp_path, local_embedding) as world:
         yield world
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory other users may enter (0755) in /tmp (sticky, root's): pytest's own are
+    0700, below which nothing is within other users' reach (`retrieval_host.access_files`)."""
+    made = Path(tempfile.mkdtemp(prefix="rh-open-", dir="/tmp"))
+    made.chmod(0o755)
+    try:
+        yield made
+    finally:
+        for below in made.rglob("*"):
+            if below.is_dir() and not below.is_symlink():
+                below.chmod(0o700)
+        shutil.rmtree(made)

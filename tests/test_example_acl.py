@@ -155,12 +155,12 @@ def test_a_malformed_acl_is_an_error_at_load_and_no_grant_after(
 
 
 def test_an_acl_file_anyone_may_write_grants_nothing_until_its_mode_is_fixed(
-    tmp_path: Path, registry: StoreRevisions
+    open_dir: Path, registry: StoreRevisions
 ) -> None:
     # A black-box test started a host with its ACL at 0666: any local user could have granted
     # themselves every corpus, at once (the file is read again as it changes).
-    acl = _acl(tmp_path, registry, search=["handbook"])
-    path = tmp_path / "acl.json"
+    acl = _acl(open_dir, registry, search=["handbook"])
+    path = open_dir / "acl.json"
     path.chmod(0o666)
     with pytest.raises(SettingsError, match="writable by every user"):
         acl.load()

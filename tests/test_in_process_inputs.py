@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -99,6 +100,16 @@ def test_one_string_given_as_source_ids_is_refused_not_split_into_letters(host: 
         "extractive", "extractive", "Where?", retrieval=RunRetrieval(CORPUS, source_ids="guide")
     )
     assert "list of ids" in _refused(lambda: check_run_request(run)).detail
+    # Nor bytes, ids that are not text, or a limit that is not a whole number (raw TypeErrors
+    # from deep inside the search, a second black-box test).
+    odd: list[Any] = [
+        SearchRequest(CORPUS, "quay", source_ids=cast(Any, b"guide")),
+        SearchRequest(CORPUS, "quay", source_ids=cast(Any, [b"guide"])),
+        SearchRequest(CORPUS, "quay", source_ids=cast(Any, [7])),
+        SearchRequest(CORPUS, "quay", limit=cast(Any, 2.5)),
+    ]
+    for request in odd:
+        _refused(partial(host.driver.retrieval.search_context, request, context()))
     listed = SearchRequest(CORPUS, "quay", source_ids=["guide"])
     assert [h.source.id for h in host.driver.retrieval.search_context(listed, context()).hits]
 

@@ -135,23 +135,22 @@ def test_invalid_configurations_are_refused_without_echoing_values(
     assert "inline-secret" not in str(refused.value)
 
 
-def test_files_that_grant_access_must_not_be_writable_by_every_user(tmp_path: Path) -> None:
+def test_files_that_grant_access_must_not_be_writable_by_every_user(open_dir: Path) -> None:
     # A black-box test started hosts whose host.json or tokensFile was 0666.
-    (tmp_path / "tokens.json").write_text(json.dumps([{"sha256": HASH, "subject": "app"}]))
-    path = _write(tmp_path, _minimal(tokensFile="tokens.json"))
+    (open_dir / "tokens.json").write_text(json.dumps([{"sha256": HASH, "subject": "app"}]))
+    path = _write(open_dir, _minimal(tokensFile="tokens.json"))
     assert load_settings(path, {}).tokens[0].subject == "app"
-    for shared, mode in ((path, 0o666), (tmp_path / "tokens.json", 0o622)):
+    for shared, mode in ((path, 0o666), (open_dir / "tokens.json", 0o622)):
         shared.chmod(mode)
         with pytest.raises(SettingsError, match=f"{shared.name} grants access.*every user"):
             load_settings(path, {})
         shared.chmod(0o644)
-    open_dir = tmp_path / "open"
-    open_dir.mkdir()
-    inside = _write(open_dir, _minimal())
-    open_dir.chmod(0o777)  # anyone could put another host.json in its place
+    (open_dir / "sub").mkdir()
+    inside = _write(open_dir / "sub", _minimal())
+    open_dir.chmod(0o777)  # anyone could rename `sub` away and put their own in its place
     with pytest.raises(SettingsError, match="without the sticky bit"):
         load_settings(inside, {})
-    open_dir.chmod(0o1777)  # as /tmp: others cannot rename or remove the owner's file
+    open_dir.chmod(0o1777)  # as /tmp: others cannot rename or remove the owner's entries
     assert load_settings(inside, {}).tls is not None
 
 

@@ -161,6 +161,11 @@ def test_a_connection_may_queue_a_few_pipelined_requests_and_is_closed_past_them
         b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n",
         b"GET https://evil.example/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
         b"GET /healthz\r\n\r\n",
+        # And what a second black-box test found past the first rules.
+        b"GET ftp://evil.example/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET https://127.0.0.1:x@evil.example/healthz HTTP/1.1\r\n"
+        b"Host: 127.0.0.1:x@evil.example\r\n\r\n",
+        b"GET https://u@127.0.0.1/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
     ],
     ids=[
         "length-and-chunked",
@@ -170,6 +175,9 @@ def test_a_connection_may_queue_a_few_pipelined_requests_and_is_closed_past_them
         "two-hosts",
         "absolute-form-elsewhere",
         "http-0.9",
+        "absolute-form-other-scheme",
+        "userinfo-in-host",
+        "userinfo-in-target",
     ],
 )
 def test_a_request_that_is_not_http_gets_a_problem_body_with_a_request_id(
@@ -188,14 +196,35 @@ def test_a_request_that_is_not_http_gets_a_problem_body_with_a_request_id(
     assert counted in exposition
 
 
+def test_a_bad_request_behind_a_good_one_is_answered_after_it(running_host: RunningHost) -> None:
+    # A black-box test: the 400 of a request pipelined behind a run was written first, read as
+    # the run's answer, and the run was cancelled.
+    good = b"GET /v1/protocol HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    bad = b"GET /healthz HTTP/1.1\r\nAccept: */*\r\n\r\n"  # no Host
+    with raw_connect(running_host) as conn:
+        conn.sendall(good + good + bad)
+        answers = [conn.read_response() for _ in range(3)]
+        assert conn.closed_by_server()
+    assert [a.status for a in answers] == [200, 200, 400]
+    assert "capabilities" in answers[0].json() and "capabilities" in answers[1].json()
+    _assert_problem(answers[2], 400, "bad-http")
+
+
 def test_an_absolute_form_target_naming_the_host_itself_is_served(
     running_host: RunningHost,
 ) -> None:
-    response, _ = _request(
-        running_host,
-        b"GET https://127.0.0.1/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-    )
-    assert response.status == 200
+    for target, host in (
+        (b"https://127.0.0.1/healthz", b"127.0.0.1"),
+        # As a proxy may write them: the default port on one side only, another case.
+        (b"https://127.0.0.1/healthz", b"127.0.0.1:443"),
+        (b"https://127.0.0.1:443/healthz", b"127.0.0.1"),
+        (b"HTTPS://127.0.0.1/healthz?x", b"127.0.0.1"),
+    ):
+        response, _ = _request(
+            running_host,
+            b"GET " + target + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n",
+        )
+        assert response.status == 200, (target, host)
     old_client, _ = _request(running_host, b"GET /healthz HTTP/1.0\r\n\r\n")  # no Host in 1.0
     assert old_client.status == 200
 

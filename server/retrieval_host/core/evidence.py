@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Final
 
@@ -22,32 +23,60 @@ SYSTEM_INSTRUCTIONS = (
 # A handle marker written by a document: `[source:` in any case or spacing. Inside the fence a
 # passage (or a title) holding one could present its own text under another passage's handle
 # (a black-box tester made a run's answer cite a real handle for an injected sentence). Also
-# what only looks like one: invisible format characters between its letters (U+200B, U+2060,
-# U+FEFF, a soft hyphen) or a letter from another script that reads the same (Cyrillic `ѕ`,
-# Greek `ο`): quoted verbatim by the extractive provider, `[ѕource:ID]` read as a citation
-# of a passage the run never had (another black-box test). The letters' look-alikes are
-# those of Unicode's confusables list in the Latin, Greek, Cyrillic and Armenian blocks.
-_GAP: Final = "[\\s\u00ad\u034f\u180e\u200b-\u200f\u2060-\u2064\ufeff]*"
-_LOOKS_LIKE: Final = (
-    "[sSſѕЅꜱ]",
-    "[oOοΟоОօᴏ]",
-    "[uUυսᴜ]",
-    "[rRгᴦ]",
-    "[cCсСϲϹᴄ]",
-    "[eEеЕҽ]",
-    "[:：﹕∶꞉]",
+# what only reads like one, quoted verbatim by the extractive provider: `[ѕource:ID]` (a
+# Cyrillic ѕ), `[s<U+2066>ource:ID]` (an invisible bidi isolate), fullwidth or mathematical
+# letters, a look-alike colon or bracket read as a citation of a passage the run never had on
+# any plain-text display (black-box tests, twice). So a bracket is followed by its *skeleton*:
+# characters no one sees dropped (format and combining characters, variation selectors, tags,
+# blank fillers, white space), the rest NFKC-folded (fullwidth, mathematical and Roman numeral
+# letters become ASCII), case-folded, and the letters and colons of other scripts that read
+# as ASCII ones (Unicode's confusables in the Greek, Cyrillic, Armenian and Coptic blocks,
+# small capitals) mapped to them. A bracket whose skeleton reads `source:` is defanged.
+_BRACKETS: Final = re.compile("[\\[［❲⁅〔【⟦⦋⦍⦏﹇〚]")
+_BLANK_FILLERS: Final = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+_INVISIBLE: Final = frozenset({"Cf", "Mn", "Me", "Cc", "Zs", "Zl", "Zp"})
+_READS_AS: Final = str.maketrans(
+    {
+        **dict.fromkeys("ѕꜱ", "s"),
+        **dict.fromkeys("οоօⲟᴏ", "o"),
+        **dict.fromkeys("υսᴜ", "u"),
+        **dict.fromkeys("гᴦꭇ", "r"),
+        **dict.fromkeys("сϲᴄⲥ", "c"),
+        **dict.fromkeys("еҽ", "e"),
+        **dict.fromkeys("։ː꞉∶˸׃⁚︰", ":"),
+    }
 )
-_MARKER: Final = re.compile(
-    "[\\[［](" + _GAP + "".join(c + _GAP for c in _LOOKS_LIKE[:-1]) + _LOOKS_LIKE[-1] + ")",
-    re.IGNORECASE,
-)
+_MARKER_SKELETON: Final = "source:"
+_SKELETON_WINDOW: Final = 64  # characters read after a bracket: room for invisible padding
+
+
+def _skeleton(text: str, start: int) -> str:
+    """What the characters from `start` read as, up to the length of `source:`."""
+    read: list[str] = []
+    for char in text[start : start + _SKELETON_WINDOW]:
+        if char in _BLANK_FILLERS or unicodedata.category(char) in _INVISIBLE:
+            continue
+        read.append(unicodedata.normalize("NFKC", char).casefold().translate(_READS_AS))
+        if sum(map(len, read)) >= len(_MARKER_SKELETON):
+            break
+    return "".join(read)
 
 
 def defang(text: str) -> str:
     """Untrusted text with every handle marker, or what reads like one, turned into
-    `(source:` (the look-alike letters kept), which cites nothing: only the host writes
-    `[source:ID]` in what a model reads."""
-    return _MARKER.sub(r"(\1", text)
+    `(source:` (the bracket replaced, the rest kept), which cites nothing: only the host
+    writes `[source:ID]` in what a model reads."""
+    pieces: list[str] = []
+    last = 0
+    for bracket in _BRACKETS.finditer(text):
+        if _skeleton(text, bracket.end()).startswith(_MARKER_SKELETON):
+            pieces.append(text[last : bracket.start()])
+            pieces.append("(")
+            last = bracket.end()
+    if not pieces:
+        return text
+    pieces.append(text[last:])
+    return "".join(pieces)
 
 
 def neutralize(text: str, delimiter: str) -> str:

@@ -41,6 +41,8 @@ def check_id(kind: str, value: str) -> None:
     """The identifier rule (corpus, source id, revision, chunk id, filter key): 1-256
     characters, no control character (C0, DEL, C1), no surrounding whitespace, and not `*`
     alone, which grants read as "every source" or "any revision"."""
+    if not isinstance(value, str):  # an in-process caller's bytes or number
+        raise _invalid(f"{kind} must be text, not {type(value).__name__}.")
     if not value or len(value) > MAX_ID_CHARS or value != value.strip():
         raise _invalid(f"{kind} must be 1-{MAX_ID_CHARS} characters without surrounding spaces.")
     if _CONTROLS.search(value):
@@ -185,7 +187,7 @@ def check_index_request(request: IndexRequest) -> None:
 def check_not_one_string(kind: str, values: Sequence[str]) -> None:
     """A `str` is a `Sequence[str]` to a type checker: `source_ids="battery-study"` searched
     sources "b", "a", "t", ... (a black-box test)."""
-    if isinstance(values, str):
+    if isinstance(values, str | bytes):
         raise _invalid(f"{kind} must be a list of ids, not one string.")
 
 
@@ -196,8 +198,12 @@ def check_search_request(request: SearchRequest) -> None:
     check_text("query", request.query)
     if len(request.query.encode("utf-8")) > MAX_QUERY_BYTES:
         raise _invalid(f"query must be at most {MAX_QUERY_BYTES} bytes.")
-    if isinstance(request.limit, bool) or not 1 <= request.limit <= MAX_LIMIT:
-        raise _invalid(f"limit must be in 1..{MAX_LIMIT}.")
+    if (
+        isinstance(request.limit, bool)
+        or not isinstance(request.limit, int)
+        or not 1 <= request.limit <= MAX_LIMIT
+    ):
+        raise _invalid(f"limit must be a whole number in 1..{MAX_LIMIT}.")
     if request.mode not in SEARCH_MODES:
         raise _invalid("mode must be hybrid, dense or lexical.")
     if request.min_score is not None and (

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any, ClassVar, Final
 
 from uvicorn.config import Config
@@ -77,17 +78,42 @@ def _host_problem(version: str, url: bytes, headers: list[tuple[bytes, bytes]]) 
     RFC 9112: an HTTP/1.1 request has exactly one Host (3.2), and an absolute-form target's
     authority is the host it addresses (3.2.2): a `Host` that names another let a request for
     `https://evil.example/...` past `allowedHosts` (a black-box test). HTTP/0.9 request lines
-    (no version) were served too."""
+    (no version) were served too. A Host is `name[:port]` (RFC 9110 7.2), a target's
+    authority has no userinfo (4.2.4: `https://127.0.0.1:x@evil.example/` read as this host),
+    and its scheme is http or https; a target and a Host that name one host and port (the
+    scheme's default when none is written, as a proxy may leave it out) agree."""
     if version not in ("1.0", "1.1"):
         return "version"
-    hosts = [value for name, value in headers if name.lower() == b"host"]
+    hosts = [value.strip() for name, value in headers if name.lower() == b"host"]
     if len(hosts) > 1 or (version == "1.1" and not hosts):
         return "host"
-    if url[:7].lower() == b"http://" or url[:8].lower() == b"https://":
-        authority = url.split(b"://", 1)[1].split(b"/", 1)[0].split(b"?", 1)[0]
-        if not hosts or hosts[0].strip().lower() != authority.lower():
-            return "absolute-form"
+    if hosts and hosts[0] and _host_and_port(hosts[0], b"") is None:
+        return "host"
+    scheme = _ABSOLUTE_FORM.match(url)
+    if scheme is None:
+        return None
+    name = scheme.group(1).lower()
+    if name not in (b"http", b"https"):
+        return "scheme"
+    authority = re.split(rb"[/?#]", url[scheme.end() :], maxsplit=1)[0]
+    target = _host_and_port(authority, name)
+    if target is None or not hosts or target != _host_and_port(hosts[0], name):
+        return "absolute-form"
     return None
+
+
+_ABSOLUTE_FORM: Final = re.compile(rb"([A-Za-z][A-Za-z0-9+.-]*)://")
+_HOST: Final = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[^\[\]@:/?#\s]+)(?::([0-9]*))?")
+
+
+def _host_and_port(value: bytes, scheme: bytes) -> tuple[bytes, bytes] | None:
+    """(host lower-cased, port: the scheme's default when none is written), or None when
+    `value` is not `host[:port]`."""
+    match = _HOST.fullmatch(value)
+    if match is None:
+        return None
+    default = b"443" if scheme == b"https" else b"80" if scheme == b"http" else b""
+    return match.group(1).lower(), match.group(2) or default
 
 
 class _PipelineTooDeep(Exception):
@@ -127,6 +153,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._oversized_head = False  # the complete header section measured over the bound
         self._began = self.loop.time()  # of the connection, then of each request's first byte
         self._pipeline_overflow = False
+        # A problem to answer once the requests ahead of it have their answers (pipelining).
+        self._deferred: tuple[RetrievalError, str] | None = None
 
     @classmethod
     def with_timeouts(cls, header_s: float, body_s: float) -> type[HeaderDeadlineProtocol]:
@@ -161,6 +189,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
+        if self._deferred is not None:
+            return  # the parser stopped at a bad request; its answer waits for those ahead
         counting = self._head_bytes is not None
         super().data_received(data)
         # Counted after feeding: the headers may have completed within this piece. Bytes that
@@ -187,9 +217,16 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self._pipeline_overflow:
             # No answer can be written out of turn: the requests ahead have theirs to come.
             type(self).pipelines_too_deep += 1
-            logger.info(
+            # No request is answered, so no access line: a warning that says whose it was.
+            logger.warning(
                 "more than %d pipelined requests queued on one connection; closing it",
                 MAX_PIPELINED,
+                extra={
+                    "fields": {
+                        "reason": "pipeline-too-deep",
+                        "client": self.client[0] if self.client else None,
+                    }
+                },
             )
             self.transport.close()
             return
@@ -273,7 +310,31 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._send_problem(RequestTimeout(), "request headers not received in time")
 
     def _send_problem(self, error: RetrievalError, message: str) -> None:
-        """Answer `error` as a problem (with a new request id) and close the connection."""
+        """Answer `error` as a problem and close the connection, once the requests ahead of it
+        on this connection (pipelined) have their answers: written at once, a bad request
+        behind a run was read as the run's answer, and the run was cancelled (a black-box
+        test). Until then nothing more is read: the parser stopped at the bad request."""
+        if self._deferred is not None:
+            return  # one problem per connection: it is answered, then the connection closes
+        if self._answers_pending():
+            self._deferred = (error, message)
+            self.flow.pause_reading()
+            return
+        self._answer_problem(error, message)
+
+    def _answers_pending(self) -> bool:
+        cycle = self.cycle
+        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._deferred is not None and not self._answers_pending():
+            error, message = self._deferred
+            self._deferred = None
+            self._answer_problem(error, message)
+
+    def _answer_problem(self, error: RetrievalError, message: str) -> None:
+        """Write `error` as a problem (with a new request id) and close the connection."""
         request_id = new_request_id()
         logger.info(message, extra={"request_id": request_id})
         status = error.status

@@ -115,7 +115,9 @@ def check_run_request(request: RunRequest) -> None:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, f"maxQueries must be at least 1 in {r.mode} mode."
         )
-    if r is not None and (isinstance(r.limit, bool) or not 1 <= r.limit <= MAX_LIMIT):
+    if r is not None and (
+        isinstance(r.limit, bool) or not isinstance(r.limit, int) or not 1 <= r.limit <= MAX_LIMIT
+    ):
         raise RetrievalError(ErrorCode.INVALID_REQUEST, f"limit must be in 1..{MAX_LIMIT}.")
     if r is not None and r.max_context_bytes is not None and r.max_context_bytes < 1:
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "maxContextBytes must be positive.")
