@@ -79,6 +79,9 @@ class RunRetrieval(_Request):
     max_age_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     # Each search keeps only sources whose metadata pass these filters (as a search's).
     filters: Filters | None = None
+    # Each search keeps only hits scoring at least this, in its mode's scale (as a search's
+    # `minScore`): a `before` run left without evidence fails NO_RETRIEVAL_EVIDENCE.
+    min_score: Annotated[float, Field(allow_inf_nan=False)] | None = None
 
 
 class OutputArtifactSpec(_Request):

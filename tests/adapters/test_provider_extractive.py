@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrieval_host.adapters.provider_extractive import LABEL, ExtractiveProvider
+from retrieval_host.adapters.provider_extractive import DECLINED, LABEL, ExtractiveProvider
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import Location
 from retrieval_host.core.run_ports import EvidencePassage, GenerationRequest, TextDelta
@@ -75,3 +75,14 @@ def test_a_look_alike_marker_in_a_passage_is_quoted_as_one_that_cites_nothing() 
     plain = "The walrus invoice cites [resource:12] and [sourced] notes."
     [line] = [line for line in _answer([_passage("p-1", plain)], "walrus invoice") if line]
     assert "[resource:12] and [sourced]" in line
+
+
+def test_a_question_no_sentence_shares_a_word_with_is_declined_without_a_citation() -> None:
+    # A black-box test: "how do I bake a chocolate cake" was answered "- 4." (a list number,
+    # the first sentence of the evidence) with a valid citation.
+    text = "4. Suppose I want to search for a whole word.\nUse the -w option for that."
+    lines = _answer([_passage("p-1", text)], "how do I bake a chocolate cake")
+    assert lines == [DECLINED]
+    # A question the evidence does share words with is answered as before.
+    [line] = [x for x in _answer([_passage("p-1", text)], "search a whole word") if x]
+    assert line == "- Suppose I want to search for a whole word. [source:p-1]"

@@ -642,6 +642,19 @@ def test_a_run_asking_for_checked_citations_completes_only_with_valid_ones(
         assert record["status"] == "failed" and record["errorCode"] == "INVALID_CITATION"
 
 
+def test_a_run_s_min_score_leaves_an_off_topic_question_without_evidence(
+    host: RunningHost, world: RunsWorld
+) -> None:
+    # A black-box test: `retrieval.minScore` was refused (422, extra input), so a run answered
+    # every question from whatever ranked first.
+    strict = {"searchMode": "dense", "minScore": 0.99}
+    plain = post_run(host, world.tokens["alice"], run_body(retrieval=strict))
+    assert (plain.status_code, problem_of(plain)["code"]) == (422, "NO_RETRIEVAL_EVIDENCE")
+    loose = post_run(host, world.tokens["alice"], run_body(retrieval={"minScore": -1}))
+    assert loose.status_code == 200, loose.text
+    assert loose.json()["sources"]
+
+
 def test_a_run_declares_what_no_evidence_does_and_its_result_says_which_it_took(
     host: RunningHost, world: RunsWorld
 ) -> None:

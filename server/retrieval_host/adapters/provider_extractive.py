@@ -25,6 +25,9 @@ from retrieval_host.core.run_ports import (
 from retrieval_host.core.runs_model import GenerationUsage
 
 LABEL = "Extractive answer (sentences quoted from the evidence; no language model was used):"
+# What it says when no sentence of the evidence shares a word with the question: no citation,
+# so a run that requires one (`citations.require`) fails `INVALID_CITATION` / `no-citation`.
+DECLINED = "No sentence of the evidence shares a word with the question: it does not answer it."
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _STOP = frozenset(
@@ -92,12 +95,15 @@ class ExtractiveProvider:
         for entry in ranked:
             unique.setdefault(" ".join(entry[3].split()).casefold(), entry)
         ranked = list(unique.values())
-        chosen = [r for r in ranked if r[0] < 0][: self._max] or ranked[:1]
+        # Only sentences that share a word with the question: it quoted the first sentence
+        # whatever it said ("how do I bake a chocolate cake" was answered "- 4.", a list
+        # number, with a valid citation; a black-box test), so no question was ever declined.
+        chosen = [r for r in ranked if r[0] < 0][: self._max]
         # Keep the chosen sentences in document order, so the answer reads naturally.
         chosen.sort(key=lambda r: (r[1], r[2]))
         yield TextDelta(LABEL + "\n")
         if not chosen:
-            yield TextDelta("The evidence contains no sentence to quote.\n")
+            yield TextDelta(DECLINED + "\n")
         for _, _, _, sentence, handle in chosen:
             cancel.check()
             yield TextDelta(f"- {sentence} [source:{handle}]\n")

@@ -52,6 +52,10 @@ class RunRetrieval:
     max_age_s: float | None = None
     # Each search's metadata filters (`SearchRequest.filters`, checked when the run starts).
     filters: Mapping[str, JSONValue] | None = None
+    # Each search keeps only hits scoring at least this (`SearchRequest.min_score`, in its
+    # mode's scale): a search left with none finds nothing, and a `before` run then fails
+    # `NO_RETRIEVAL_EVIDENCE` instead of answering from whatever ranked first.
+    min_score: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ def run_request(body: wire.RunRequest) -> RunRequest:
             max_rerank_calls=r.max_rerank_calls,
             max_age_s=r.max_age_s,
             filters=None if r.filters is None else dict(r.filters),
+            min_score=r.min_score,
         ),
         output_artifact=None if a is None else OutputArtifactSpec(a.name, a.media_type),
         idempotency_key=body.idempotency_key,

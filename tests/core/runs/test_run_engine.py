@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import threading
 from collections.abc import Iterator, Sequence
@@ -113,6 +114,26 @@ def test_no_evidence_fails_before_any_generation(run_world: RunWorld) -> None:
         run_world.engine.run(_before(), ALICE)
     assert info.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
     assert run_world.provider.requests == []
+
+
+def test_a_min_score_no_hit_reaches_fails_the_run_before_any_generation(
+    run_world: RunWorld,
+) -> None:
+    # A black-box test: a run could not decline an off-topic question, and `minScore` was
+    # refused on a run. In dense mode it is the cosine similarity.
+    def dense(min_score: float) -> RunRequest:
+        spec = RunRetrieval(corpus="library", search_mode="dense", min_score=min_score)
+        return dataclasses.replace(_before("How do I bake a chocolate cake?"), retrieval=spec)
+
+    with pytest.raises(RetrievalError) as info:
+        run_world.engine.run(dense(0.95), ALICE)
+    assert info.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+    assert run_world.provider.requests == []
+    answered = run_world.engine.run(dense(-1.0), ALICE)  # every hit passes
+    assert answered.sources and run_world.provider.requests
+    with pytest.raises(RetrievalError) as refused:
+        run_world.engine.run(dense(math.nan), ALICE)
+    assert refused.value.code is ErrorCode.INVALID_REQUEST
 
 
 def test_evidence_is_fenced_with_a_per_run_delimiter_that_passages_cannot_forge(
@@ -637,7 +658,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
 
     request = _before(idempotency_key="k")
     body = dataclasses.asdict(dataclasses.replace(request, idle_timeout_ms=None))
-    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters"):
+    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters", "min_score"):
         del body["retrieval"][name]
     for name in ("citations", "max_tokens", "fallbacks", "max_attempts"):  # added at the top
         del body[name]
@@ -649,6 +670,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
         RunRetrieval(corpus="library", max_rerank_calls=1),
         RunRetrieval(corpus="library", max_age_s=60.0),
         RunRetrieval(corpus="library", filters={"team": "energy"}),
+        RunRetrieval(corpus="library", min_score=0.5),
     ):
         other = dataclasses.replace(request, retrieval=changed)
         assert request_fingerprint(other) != request_fingerprint(request)
@@ -662,7 +684,7 @@ def test_defaults_of_later_fields_leave_the_idempotency_fingerprint_as_it_was() 
     assert request_fingerprint(retrying) != request_fingerprint(request)
     # A request with the first fallbacks hashes as before the later ones existed.
     before_later = dataclasses.asdict(dataclasses.replace(falling_back, idle_timeout_ms=None))
-    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters"):
+    for name in ("search_mode", "rerank", "max_rerank_calls", "max_age_s", "filters", "min_score"):
         del before_later["retrieval"][name]
     for name in ("citations", "max_tokens", "max_attempts"):
         del before_later[name]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, replace
 
 from retrieval_host.core.descriptor import check_label
@@ -24,6 +25,7 @@ _ADDED_RETRIEVAL_DEFAULTS = {
     "max_rerank_calls": 3,
     "max_age_s": None,
     "filters": None,
+    "min_score": None,
 }
 
 
@@ -133,3 +135,7 @@ def check_run_request(request: RunRequest) -> None:
         parse_filter(r.filters)  # a malformed filter refuses the run, not each of its searches
     if r is not None and r.source_ids is not None:
         check_not_one_string("source ids", r.source_ids)
+    if r is not None and r.min_score is not None and (
+        isinstance(r.min_score, bool) or not math.isfinite(r.min_score)
+    ):
+        raise RetrievalError(ErrorCode.INVALID_REQUEST, "minScore must be a finite number.")

@@ -177,6 +177,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
             rerank=reranks,
             max_age_s=spec.max_age_s,
             filters=None if spec.filters is None else dict(spec.filters),
+            min_score=spec.min_score,
         )
         if run.retriever is None:
             result = service.search_context(search, scoped)
