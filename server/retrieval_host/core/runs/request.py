@@ -135,7 +135,9 @@ def check_run_request(request: RunRequest) -> None:
         parse_filter(r.filters)  # a malformed filter refuses the run, not each of its searches
     if r is not None and r.source_ids is not None:
         check_not_one_string("source ids", r.source_ids)
-    if r is not None and r.min_score is not None and (
-        isinstance(r.min_score, bool) or not math.isfinite(r.min_score)
+    if (
+        r is not None
+        and r.min_score is not None
+        and (isinstance(r.min_score, bool) or not math.isfinite(r.min_score))
     ):
         raise RetrievalError(ErrorCode.INVALID_REQUEST, "minScore must be a finite number.")
