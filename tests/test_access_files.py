@@ -3,7 +3,10 @@ their path (links followed) that is, and accepted below a directory others canno
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from retrieval_host.access_files import writable_by_others
 
@@ -60,3 +63,26 @@ def test_links_are_checked_where_they_are_and_where_they_lead(open_dir: Path) ->
     shared.chmod(0o755)
     assert writable_by_others(private / "host.json") is None
     assert writable_by_others(open_dir / "missing.json") is None  # reading it will say so
+
+
+def test_a_read_only_file_system_cannot_be_written_whatever_its_modes(
+    open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kubernetes mounts ConfigMap volumes read-only in directories of mode 0777: the shipped
+    # deployment's host.json lies in one. (A read-only mount cannot be made in a test here, so
+    # the file system's flags are what `os.statvfs` reports for it.)
+    volume = open_dir / "config"
+    mounted = _file(volume / "host.json")
+    volume.chmod(0o777)
+    assert writable_by_others(mounted) is not None
+    real_statvfs = os.statvfs
+
+    def statvfs(path: str | os.PathLike[str]) -> os.statvfs_result:
+        found = real_statvfs(path)
+        if Path(path) in (volume, mounted):
+            flags = found.f_flag | os.ST_RDONLY
+            return os.statvfs_result((*found[:8], flags, found.f_namemax))
+        return found
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    assert writable_by_others(mounted) is None

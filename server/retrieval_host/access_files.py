@@ -11,7 +11,9 @@ or one that every user may replace: some directory on its path (the path as give
 symbolic link on it, and the path they lead to) is writable by every user without the sticky
 bit (anyone could rename the directory below it, or the file, and put their own in its place).
 What lies below a directory that other users cannot enter (no search bit for others, as a
-0700 state directory) is out of their reach whatever its mode. Group write is accepted:
+0700 state directory) is out of their reach whatever its mode, and so is what lies on a file
+system mounted read-only (Kubernetes mounts ConfigMap and Secret volumes so, in directories of
+mode 0777). Group write is accepted:
 Kubernetes mounts ConfigMaps and Secrets for the pod's group, and a group is the operator's to
 choose.
 """
@@ -54,7 +56,7 @@ def _walk(path: Path, links: int) -> str | None:
     reachable = True  # whether other users can still get here
     for name in path.parts[1:]:
         st = os.stat(current)
-        if reachable and _replaceable(st):
+        if reachable and _replaceable(st, current):
             return (
                 f"the directory {current} is writable by every user without the sticky bit "
                 f"(mode {stat.S_IMODE(st.st_mode):04o}), so anyone could put another file in "
@@ -70,7 +72,7 @@ def _walk(path: Path, links: int) -> str | None:
             return _walk(Path(os.path.normpath(target.joinpath(*rest))), links + 1)
         current = following
     st = os.stat(current)
-    if reachable and st.st_mode & stat.S_IWOTH:
+    if reachable and st.st_mode & stat.S_IWOTH and not _read_only(current):
         return (
             f"it is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): chmod o-w it "
             "(0600 or 0644)"
@@ -78,5 +80,15 @@ def _walk(path: Path, links: int) -> str | None:
     return None
 
 
-def _replaceable(st: os.stat_result) -> bool:
-    return bool(st.st_mode & stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX
+def _replaceable(st: os.stat_result, path: Path) -> bool:
+    return (
+        bool(st.st_mode & stat.S_IWOTH)
+        and not st.st_mode & stat.S_ISVTX
+        and not _read_only(path)
+    )
+
+
+def _read_only(path: Path) -> bool:
+    """On a file system mounted read-only, whatever the modes: Kubernetes mounts ConfigMap and
+    Secret volumes read-only in directories of mode 0777 (a `host.json` there is safe)."""
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
