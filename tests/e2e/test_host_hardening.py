@@ -229,18 +229,25 @@ def test_an_absolute_form_target_naming_the_host_itself_is_served(
     assert old_client.status == 200
 
 
+def _as_alice(host: RunningHost, world: World) -> httpx.Client:
+    return host.client(headers={"Authorization": f"Bearer {world.tokens['alice']}"})
+
+
+def _search_text(client: httpx.Client, body: str) -> httpx.Response:
+    """A search whose JSON body is sent as written (what httpx's `json=` could not write)."""
+    return client.post(
+        "/v1/retrieval/search", content=body, headers={"Content-Type": "application/json"}
+    )
+
+
 @pytest.mark.parametrize("depth", [300, 1_000, 20_000])
 def test_json_nested_too_deeply_is_400_not_a_failure_of_the_host(
     running_host: RunningHost, host_world: World, depth: int
 ) -> None:
     body = f'{{"corpus":"{CORPUS}","query":"x","filters":{"[" * depth}{"]" * depth}}}'
     assert len(body) < JSON_LIMIT
-    with running_host.client(
-        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
-    ) as client:
-        response = client.post(
-            "/v1/retrieval/search", content=body, headers={"Content-Type": "application/json"}
-        )
+    with _as_alice(running_host, host_world) as client:
+        response = _search_text(client, body)
         assert response.status_code == 400, response.text
         assert response.json()["reason"] == "json-depth"
         # The host goes on serving.
@@ -251,9 +258,7 @@ def test_a_query_string_on_a_json_route_is_ambiguous_not_ignored(
     running_host: RunningHost, host_world: World
 ) -> None:
     # A black-box test: `?corpus=other&limit=1` beside a body naming the corpus was ignored.
-    with running_host.client(
-        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
-    ) as client:
+    with _as_alice(running_host, host_world) as client:
         body = {"corpus": CORPUS, "query": "x"}
         refused = client.post("/v1/retrieval/search?corpus=other&limit=1", json=body)
         assert refused.status_code == 400, refused.text
@@ -266,12 +271,8 @@ def test_a_number_longer_than_the_host_reads_is_said_to_be_so(
 ) -> None:
     # A black-box test: an integer of 5,000 digits (valid JSON) was "not valid JSON".
     body = f'{{"corpus":"{CORPUS}","query":"x","filters":{{"year":{"9" * 5000}}}}}'
-    with running_host.client(
-        headers={"Authorization": f"Bearer {host_world.tokens['alice']}"}
-    ) as client:
-        response = client.post(
-            "/v1/retrieval/search", content=body, headers={"Content-Type": "application/json"}
-        )
+    with _as_alice(running_host, host_world) as client:
+        response = _search_text(client, body)
     assert response.status_code == 400, response.text
     assert "more digits than the host reads (4,300)" in response.json()["detail"]
 

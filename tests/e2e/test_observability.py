@@ -13,7 +13,7 @@ import ipaddress
 import json
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,11 +176,15 @@ def test_metrics_after_a_workload_show_every_family(metrics_host: MetricsHost) -
             "input": RUN_QUESTION,
             "retrieval": {"corpus": CORPUS, "mode": "before"},
         }
-        with client.stream(
-            "POST", "/v1/runs", headers={**runner, "Accept": "text/event-stream"}, json=run
-        ) as stream:
-            assert stream.status_code == 200
-            events = [line for line in stream.iter_lines() if line.startswith("event:")]
+
+        def run_events(body: Mapping[str, object]) -> list[str]:
+            with client.stream(
+                "POST", "/v1/runs", headers={**runner, "Accept": "text/event-stream"}, json=body
+            ) as stream:
+                assert stream.status_code == 200
+                return [line for line in stream.iter_lines() if line.startswith("event:")]
+
+        events = run_events(run)
         assert events[-1] == "event: run.completed", events
         # No authorized passage matches these source ids: the run fails before generating.
         no_evidence = {**run, "retrieval": {**run["retrieval"], "sourceIds": ["nowhere"]}}  # type: ignore[dict-item]
@@ -188,11 +192,7 @@ def test_metrics_after_a_workload_show_every_family(metrics_host: MetricsHost) -
         assert failed.json()["code"] == "NO_RETRIEVAL_EVIDENCE", failed.text
         # Streamed, the same failure is a 200 whose last event says it (a black-box test: the
         # metrics and the access log showed a success).
-        with client.stream(
-            "POST", "/v1/runs", headers={**runner, "Accept": "text/event-stream"}, json=no_evidence
-        ) as stream:
-            assert stream.status_code == 200
-            events = [line for line in stream.iter_lines() if line.startswith("event:")]
+        events = run_events(no_evidence)
         assert events[-1] == "event: run.failed", events
         denied = client.post(
             "/v1/retrieval/search",
