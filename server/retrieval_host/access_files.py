@@ -82,9 +82,7 @@ def _walk(path: Path, links: int) -> str | None:
 
 def _replaceable(st: os.stat_result, path: Path) -> bool:
     return (
-        bool(st.st_mode & stat.S_IWOTH)
-        and not st.st_mode & stat.S_ISVTX
-        and not _read_only(path)
+        bool(st.st_mode & stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX and not _read_only(path)
     )
 
 
