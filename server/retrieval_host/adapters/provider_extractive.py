@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.evidence import defang
+from retrieval_host.core.lexical import DEFAULT_ANALYZER, analyze
 from retrieval_host.core.run_ports import (
     EvidencePassage,
     GenerationEvent,
@@ -29,15 +30,19 @@ LABEL = "Extractive answer (sentences quoted from the evidence; no language mode
 # so a run that requires one (`citations.require`) fails `INVALID_CITATION` / `no-citation`.
 DECLINED = "No sentence of the evidence shares a word with the question: it does not answer it."
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _STOP = frozenset(
     "a an and are as at be by can do does for from how i in is it its of on or that the this "
     "to was what when where which who why will with you your".split()
 )
 
 
+# Words are compared as the lexical index compares them (folded, stemmed: "batteries" shares
+# "battery" with a sentence), less the question words a question shares with anything.
+_STOP_STEMS = frozenset(analyze(" ".join(sorted(_STOP)), DEFAULT_ANALYZER))
+
+
 def _terms(text: str) -> set[str]:
-    return {w for w in (m.casefold() for m in _WORD.findall(text)) if w not in _STOP and len(w) > 1}
+    return {t for t in analyze(text, DEFAULT_ANALYZER) if t not in _STOP_STEMS}
 
 
 def _sentences(passage: EvidencePassage) -> list[str]:
