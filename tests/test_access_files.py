@@ -65,6 +65,21 @@ def test_links_are_checked_where_they_are_and_where_they_lead(open_dir: Path) ->
     assert writable_by_others(open_dir / "missing.json") is None  # reading it will say so
 
 
+def test_dot_dot_after_a_link_leaves_the_directory_the_link_leads_to(open_dir: Path) -> None:
+    # A second black-box test: `a/lnk/../tokens.json` collapsed as text named `a/tokens.json`
+    # (missing: accepted), where the kernel read `evil/tokens.json`, in a 0777 directory.
+    evil = open_dir / "evil"
+    _file(evil / "tokens.json")
+    (evil / "sub").mkdir()
+    evil.chmod(0o777)
+    (open_dir / "a").mkdir()
+    (open_dir / "a" / "lnk").symlink_to(evil / "sub")
+    why = writable_by_others(open_dir / "a" / "lnk" / ".." / "tokens.json")
+    assert f"directory {evil} is writable" in str(why)
+    evil.chmod(0o755)
+    assert writable_by_others(open_dir / "a" / "lnk" / ".." / "tokens.json") is None
+
+
 def test_a_read_only_file_system_cannot_be_written_whatever_its_modes(
     open_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

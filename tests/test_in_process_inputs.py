@@ -107,6 +107,13 @@ def test_one_string_given_as_source_ids_is_refused_not_split_into_letters(host: 
         SearchRequest(CORPUS, "quay", source_ids=cast(Any, [b"guide"])),
         SearchRequest(CORPUS, "quay", source_ids=cast(Any, [7])),
         SearchRequest(CORPUS, "quay", limit=cast(Any, 2.5)),
+        # A third black-box test's: wrongly typed neighbours of those fields.
+        SearchRequest(CORPUS, cast(Any, b"quay")),
+        SearchRequest(CORPUS, "quay", min_score=cast(Any, "0.5")),
+        SearchRequest(CORPUS, "quay", max_age_s=cast(Any, "5")),
+        SearchRequest(CORPUS, "quay", max_context_bytes=cast(Any, "5")),
+        SearchRequest(CORPUS, "quay", mode=cast(Any, ["dense"])),
+        SearchRequest(CORPUS, "quay", source_ids=cast(Any, 7)),
     ]
     for request in odd:
         _refused(partial(host.driver.retrieval.search_context, request, context()))
@@ -133,3 +140,19 @@ def test_a_grant_that_is_not_a_mapping_is_the_authorizers_type_error(host: Host)
     service = RetrievalService([dataclasses.replace(host.corpus, authorize=sloppy)])
     with pytest.raises(TypeError, match="map source ids to revisions: got list"):
         service.search_context(SearchRequest(CORPUS, "quay"), context())
+
+
+def test_passages_that_are_not_chunk_inputs_of_text_are_typed_refusals(host: Host) -> None:
+    service = host.driver.retrieval
+    source = SourceInfo("g2", "r1", title="Guide")
+    wrong: list[IndexRequest] = [
+        IndexRequest(CORPUS, source, cast(Any, "abc")),
+        IndexRequest(CORPUS, source, [ChunkInput("g2-0", cast(Any, b"bytes"))]),
+        IndexRequest(CORPUS, source, [ChunkInput("g2-0", "Text.", Location(page=cast(Any, "1")))]),
+        IndexRequest(
+            CORPUS, SourceInfo("g2", "r1", title=cast(Any, b"T")), [ChunkInput("g2-0", "T.")]
+        ),
+    ]
+    for request in wrong:
+        _refused(partial(service.index_context, request, context()))
+    assert host.store.current_revisions(CORPUS, NAMESPACE) == {"guide": "r1"}

@@ -11,9 +11,11 @@ or one that every user may replace: some directory on its path (the path as give
 symbolic link on it, and the path they lead to) is writable by every user without the sticky
 bit (anyone could rename the directory below it, or the file, and put their own in its place).
 What lies below a directory that other users cannot enter (no search bit for others, as a
-0700 state directory) is out of their reach whatever its mode, and so is what lies on a file
-system mounted read-only (Kubernetes mounts ConfigMap and Secret volumes so, in directories of
-mode 0777). Group write is accepted:
+0700 state directory) is out of their reach whatever its mode, and what lies on a file system
+mounted read-only is trusted (Kubernetes mounts ConfigMap and Secret volumes so, in directories
+of mode 0777): a read-only bind mount of a directory others may write on the machine that
+holds it (`docker run -v dir:/etc/rh:ro`) is only as safe as that directory, which the host
+cannot see. Group write is accepted:
 Kubernetes mounts ConfigMaps and Secrets for the pod's group, and a group is the operator's to
 choose.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections import deque
 from pathlib import Path
 from typing import Final
 
@@ -42,51 +45,85 @@ def writable_by_others(path: Path) -> str | None:
     if os.name != "posix":
         return None
     try:
-        return _walk(Path(os.path.abspath(path)), 0)
+        return _walk(os.path.join(os.getcwd(), os.fspath(path)))
     except OSError:
         return None  # reading it says what is wrong
 
 
-def _walk(path: Path, links: int) -> str | None:
-    """Each directory from `/` down to `path`, following symbolic links where they are (each
-    link's own directory checked before its target's path is)."""
-    if links > _MAX_LINKS:
-        raise OSError("too many symbolic links")
-    current = Path(path.anchor)
-    reachable = True  # whether other users can still get here
-    for name in path.parts[1:]:
-        st = os.stat(current)
-        if reachable and _replaceable(st, current):
-            return (
-                f"the directory {current} is writable by every user without the sticky bit "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}), so anyone could put another file in "
-                "its place: chmod o-w (or +t) that directory"
+def _walk(given: str) -> str | None:
+    """Each directory from `/` down to the file, the names of `given` taken as the kernel takes
+    them: a symbolic link is followed where it stands, and `..` leaves the directory actually
+    reached (`a/link/..` is the link target's parent; collapsed as text, it named another
+    file than the one read, a black-box test). `reached` holds the real directories entered
+    and whether other users can get inside each."""
+    reached: list[tuple[str, bool]] = []
+    names = deque(["/", *given.split("/")])
+    links = 0
+    while names:
+        name = names.popleft()
+        if name == "/":  # the root: from here (the start, or an absolute link's target)
+            reached = [("/", _enterable(os.stat("/")))]
+            why = _shared_directory("/", os.stat("/"), True)
+            if why is not None:
+                return why
+            continue
+        if name in ("", "."):
+            continue
+        if name == "..":
+            if len(reached) > 1:
+                reached.pop()
+            continue
+        directory, reachable = reached[-1]
+        entry = os.path.join(directory, name)
+        st = os.lstat(entry)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError("too many symbolic links")
+            target = os.readlink(entry)
+            names.extendleft(
+                reversed(["/", *target.split("/")] if target[:1] == "/" else target.split("/"))
             )
-        if not st.st_mode & stat.S_IXOTH:
-            reachable = False  # others cannot enter it: nothing below is theirs to touch
-        following = current / name
-        if stat.S_ISLNK(os.lstat(following).st_mode):
-            target = Path(os.path.join(current, os.readlink(following)))
-            rest = path.parts[len(following.parts) :]
-            # The link is checked where it is (above); what it leads to, wherever that is.
-            return _walk(Path(os.path.normpath(target.joinpath(*rest))), links + 1)
-        current = following
-    st = os.stat(current)
-    if reachable and st.st_mode & stat.S_IWOTH and not _read_only(current):
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            why = _shared_directory(entry, st, reachable)
+            if why is not None:
+                return why
+            reached.append((entry, reachable and _enterable(st)))
+            continue
+        if any(rest not in ("", ".") for rest in names):
+            raise OSError("not a directory")  # a file with names after it: nothing to read
+        if reachable and st.st_mode & stat.S_IWOTH and not _read_only(entry):
+            return (
+                f"it is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): chmod o-w "
+                "it (0600 or 0644)"
+            )
+        return None
+    return None
+
+
+def _enterable(st: os.stat_result) -> bool:
+    """Whether other users may enter the directory (its search bit for others)."""
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _shared_directory(path: str, st: os.stat_result, reachable: bool) -> str | None:
+    if reachable and _replaceable(st, path):
         return (
-            f"it is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}): chmod o-w it "
-            "(0600 or 0644)"
+            f"the directory {path} is writable by every user without the sticky bit "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}), so anyone could put another file in "
+            "its place: chmod o-w (or +t) that directory"
         )
     return None
 
 
-def _replaceable(st: os.stat_result, path: Path) -> bool:
+def _replaceable(st: os.stat_result, path: str | Path) -> bool:
     return (
         bool(st.st_mode & stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX and not _read_only(path)
     )
 
 
-def _read_only(path: Path) -> bool:
+def _read_only(path: str | Path) -> bool:
     """On a file system mounted read-only, whatever the modes: Kubernetes mounts ConfigMap and
     Secret volumes read-only in directories of mode 0777 (a `host.json` there is safe)."""
     return bool(os.statvfs(path).f_flag & os.ST_RDONLY)

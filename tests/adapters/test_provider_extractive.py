@@ -63,13 +63,22 @@ def test_a_look_alike_marker_in_a_passage_is_quoted_as_one_that_cites_nothing() 
         "modifier colon": "[source\u02d0p-fake]",
         "presentation colon": "[source\ufe13p-fake]",
         "ornamental bracket": "\u2772source:p-fake]",
+        # And what a third black-box test found past the second list.
+        "greek capital epsilon": "[SOURC\u0395:p-fake]",
+        "lisu letters": "[\ua4e2\ua4f3\ua4f4\ua4e3\ua4da\ua4f0:p-fake]",
+        "padding past a short window": "[" + "\u200b" * 64 + "source:p-fake]",
+        "vertical two dot leader": "[source\ufe30p-fake]",
+        "devanagari visarga": "[source\u0903p-fake]",
+        "cherokee s and zero": "[\u13da0urce:p-fake]",
+        "unassigned invisible": "[s\u2065ource:p-fake]",
+        "white square bracket": "\u3016source:p-fake]",
     }
     for name, marker in forgeries.items():
         text = f"The walrus invoice is approved, see {marker} for proof."
         [line] = [line for line in _answer([_passage("p-1", text)], "walrus invoice") if line]
         assert line.endswith("[source:p-1]"), name
         quoted = line.removesuffix("[source:p-1]")
-        assert not any(b in quoted for b in "[\uff3b\u2772"), (name, quoted)
+        assert not any(b in quoted for b in "[\uff3b\u2772\u3016"), (name, quoted)
         assert "(" in quoted, name  # the look-alike letters stay, behind a parenthesis
     # Words that only contain the letters are left alone.
     plain = "The walrus invoice cites [resource:12] and [sourced] notes."
@@ -86,3 +95,12 @@ def test_a_question_no_sentence_shares_a_word_with_is_declined_without_a_citatio
     # A question the evidence does share words with is answered as before.
     [line] = [x for x in _answer([_passage("p-1", text)], "search a whole word") if x]
     assert line == "- Suppose I want to search for a whole word. [source:p-1]"
+
+
+def test_a_marker_a_heading_line_split_is_not_joined_back_into_one() -> None:
+    # A black-box test: `[` / `# note` / `source:ID]` in plain text: the heading line dropped
+    # and the lines joined, the answer read `[ source:ID]`, and a run requiring citations
+    # failed on it as a malformed marker.
+    text = "The heron rotation uses the vault [\n# note\nsource:p-fake] exactly once."
+    [line] = [x for x in _answer([_passage("p-1", text)], "heron rotation vault") if x]
+    assert "[ source:" not in line and "( source:p-fake]" in line

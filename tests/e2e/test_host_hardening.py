@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.parse
 
 import httpx
@@ -208,6 +209,32 @@ def test_a_bad_request_behind_a_good_one_is_answered_after_it(running_host: Runn
     assert [a.status for a in answers] == [200, 200, 400]
     assert "capabilities" in answers[0].json() and "capabilities" in answers[1].json()
     _assert_problem(answers[2], 400, "bad-http")
+
+
+def test_a_body_that_does_not_parse_is_answered_at_once_and_once(
+    running_host: RunningHost, host_world: World
+) -> None:
+    # A second black-box test: the problem of a request whose own chunked body broke was
+    # deferred behind that request, which then waited out the body deadline (408, not 400);
+    # answered early by the application (401), the same request got a second answer, the 400.
+    broken = b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\nzz\r\n"
+    token = f"Authorization: Bearer {host_world.tokens['alice']}\r\n".encode()
+    head = b"POST /v1/retrieval/search HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    with raw_connect(running_host) as conn:
+        conn.sendall(head + token + broken)
+        _assert_problem(conn.read_response(), 400, "bad-http")
+        assert conn.closed_by_server()
+    with raw_connect(running_host) as conn:
+        conn.sendall(head + broken)  # no token: refused before its body is read
+        first = conn.read_response()
+        assert first.status in (400, 401), first.body
+        leftover, deadline = conn.buffer, time.monotonic() + 30  # a bound, not a pause
+        while not conn.eof and time.monotonic() < deadline:
+            conn.buffer = b""
+            conn._read(1.0)
+            leftover += conn.buffer
+        assert conn.eof  # closed after its answer
+        assert b"HTTP/1.1" not in leftover  # one request, one answer
 
 
 def test_an_absolute_form_target_naming_the_host_itself_is_served(

@@ -55,7 +55,9 @@ def _sentences(passage: EvidencePassage) -> list[str]:
         lines = [line.strip() for line in paragraph.splitlines()]
         if lines and lines[0].startswith("```"):
             continue
-        body = " ".join(line for line in lines if line and not line.startswith("#"))
+        # Defanged again once joined: a `#` line dropped from inside `[`...`source:ID]` made
+        # the two halves one marker (a black-box test).
+        body = defang(" ".join(line for line in lines if line and not line.startswith("#")))
         sentences += [s.strip() for s in _SENTENCE_END.split(body) if len(s.strip()) > 1]
     return sentences
 

@@ -32,33 +32,41 @@ SYSTEM_INSTRUCTIONS = (
 # letters become ASCII), case-folded, and the letters and colons of other scripts that read
 # as ASCII ones (Unicode's confusables in the Greek, Cyrillic, Armenian and Coptic blocks,
 # small capitals) mapped to them. A bracket whose skeleton reads `source:` is defanged.
-_BRACKETS: Final = re.compile("[\\[［❲⁅〔【⟦⦋⦍⦏﹇〚]")
+_BRACKETS: Final = re.compile("[\\[［❲⁅〔【⟦⦋⦍⦏﹇〚⹕⎡〖﹝⸢⸤〘⟬⦗]")
 _BLANK_FILLERS: Final = frozenset("\u115f\u1160\u3164\uffa0\u2800")
-_INVISIBLE: Final = frozenset({"Cf", "Mn", "Me", "Cc", "Zs", "Zl", "Zp"})
+# Format, combining, control, separator and unassigned characters: none is seen on a page.
+_INVISIBLE: Final = frozenset({"Cf", "Mn", "Me", "Cc", "Zs", "Zl", "Zp", "Cn"})
 _READS_AS: Final = str.maketrans(
     {
-        **dict.fromkeys("ѕꜱ", "s"),
-        **dict.fromkeys("οоօⲟᴏ", "o"),
-        **dict.fromkeys("υսᴜ", "u"),
-        **dict.fromkeys("гᴦꭇ", "r"),
-        **dict.fromkeys("сϲᴄⲥ", "c"),
-        **dict.fromkeys("еҽ", "e"),
-        **dict.fromkeys("։ː꞉∶˸׃⁚︰", ":"),
+        **dict.fromkeys("ѕꜱꓢᏚꮪ", "s"),
+        **dict.fromkeys("οоօⲟᴏഠꓳ0", "o"),
+        **dict.fromkeys("υսᴜꓴ", "u"),
+        **dict.fromkeys("гᴦꭇⲅꓣ", "r"),
+        **dict.fromkeys("сϲᴄⲥꓚᏟꮯ", "c"),
+        **dict.fromkeys("еҽεꓰᎬꭼ℮", "e"),
+        **dict.fromkeys("։ː꞉∶˸׃⁚︰‥ःઃ፡⦂꛴܃", ":"),
     }
 )
 _MARKER_SKELETON: Final = "source:"
-_SKELETON_WINDOW: Final = 64  # characters read after a bracket: room for invisible padding
+# Characters read after a bracket. One followed by more invisible ones than this, before it
+# reads seven visible ones, is taken for a marker too: no text needs that much padding.
+_SKELETON_WINDOW: Final = 256
 
 
 def _skeleton(text: str, start: int) -> str:
-    """What the characters from `start` read as, up to the length of `source:`."""
+    """What the characters from `start` read as, up to the length of `source:` (mapped before
+    and after NFKC: NFKC turns some look-alikes into others, U+FE30 into U+2025)."""
     read: list[str] = []
-    for char in text[start : start + _SKELETON_WINDOW]:
+    window = text[start : start + _SKELETON_WINDOW]
+    for char in window:
         if char in _BLANK_FILLERS or unicodedata.category(char) in _INVISIBLE:
             continue
-        read.append(unicodedata.normalize("NFKC", char).casefold().translate(_READS_AS))
+        folded = unicodedata.normalize("NFKC", char.translate(_READS_AS)).casefold()
+        read.append(folded.translate(_READS_AS))
         if sum(map(len, read)) >= len(_MARKER_SKELETON):
-            break
+            return "".join(read)
+    if len(window) == _SKELETON_WINDOW:
+        return _MARKER_SKELETON  # padded past the window: a marker hiding, not prose
     return "".join(read)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import (
@@ -141,7 +141,7 @@ def check_user_metadata(metadata: Mapping[str, object]) -> None:
 def check_location(loc: Location) -> None:
     for name in ("page", "start_line", "end_line"):
         value = getattr(loc, name)
-        if value is not None and (isinstance(value, bool) or value < 1):
+        if value is not None and (not _whole(value) or value < 1):
             raise _invalid(f"location.{name} must be a positive integer.")
     if loc.start_line is not None and loc.end_line is not None and loc.end_line < loc.start_line:
         raise _invalid("location.endLine must not precede startLine.")
@@ -156,6 +156,8 @@ def check_chunks(chunks: Sequence[ChunkInput]) -> None:
         raise _invalid("a source revision needs at least one passage.")
     seen: set[str] = set()
     for chunk in chunks:
+        if not isinstance(chunk, ChunkInput) or not isinstance(chunk.text, str):
+            raise _invalid("passages are ChunkInput objects holding text.")
         check_chunk_id(chunk.id)
         if chunk.id in seen:
             raise _invalid("chunk ids must be unique within a source.")
@@ -172,6 +174,8 @@ def check_index_request(request: IndexRequest) -> None:
     check_id("corpus", request.corpus)
     check_id("source id", request.source.id)
     check_id("revision", request.source.revision)
+    if not isinstance(request.source.title, str):
+        raise _invalid("title must be text.")
     if len(request.source.title) > 1024:
         raise _invalid("title must be at most 1024 characters.")
     check_text("title", request.source.title)
@@ -184,6 +188,15 @@ def check_index_request(request: IndexRequest) -> None:
     check_chunks(request.chunks)
 
 
+def _finite(value: object) -> bool:
+    """A number (not a bool, not a numeric string an in-process caller passed) and finite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_not_one_string(kind: str, values: Sequence[str]) -> None:
     """A `str` is a `Sequence[str]` to a type checker: `source_ids="battery-study"` searched
     sources "b", "a", "t", ... (a black-box test)."""
@@ -193,6 +206,8 @@ def check_not_one_string(kind: str, values: Sequence[str]) -> None:
 
 def check_search_request(request: SearchRequest) -> None:
     check_id("corpus", request.corpus)
+    if not isinstance(request.query, str):  # in-process: bytes, a number
+        raise _invalid("query must be text.")
     if not request.query.strip():
         raise _invalid("query must not be empty.")
     check_text("query", request.query)
@@ -204,22 +219,22 @@ def check_search_request(request: SearchRequest) -> None:
         or not 1 <= request.limit <= MAX_LIMIT
     ):
         raise _invalid(f"limit must be a whole number in 1..{MAX_LIMIT}.")
-    if request.mode not in SEARCH_MODES:
+    if not isinstance(request.mode, str) or request.mode not in SEARCH_MODES:
         raise _invalid("mode must be hybrid, dense or lexical.")
-    if request.min_score is not None and (
-        isinstance(request.min_score, bool) or not math.isfinite(request.min_score)
-    ):
+    if request.min_score is not None and not _finite(request.min_score):
         raise _invalid("minScore must be a finite number.")
-    if request.max_context_bytes is not None and request.max_context_bytes < 1:
+    if request.max_context_bytes is not None and (
+        not _whole(request.max_context_bytes) or request.max_context_bytes < 1
+    ):
         raise _invalid("maxContextBytes must be positive.")
     if request.max_age_s is not None and (
-        isinstance(request.max_age_s, bool)
-        or not math.isfinite(request.max_age_s)
-        or request.max_age_s <= 0
+        not _finite(request.max_age_s) or request.max_age_s <= 0
     ):
         raise _invalid("maxAgeS must be a positive number of seconds.")
     if request.source_ids is not None:
         check_not_one_string("source ids", request.source_ids)
+        if not isinstance(request.source_ids, Collection):  # a number, a generator
+            raise _invalid("source ids must be a list of ids.")
         if len(request.source_ids) > MAX_SOURCE_IDS:
             raise _invalid(f"at most {MAX_SOURCE_IDS} sourceIds.")
         for sid in request.source_ids:

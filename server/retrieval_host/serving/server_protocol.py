@@ -155,6 +155,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._pipeline_overflow = False
         # A problem to answer once the requests ahead of it have their answers (pipelining).
         self._deferred: tuple[RetrievalError, str] | None = None
+        self._reading_body = False  # whether the parser is in the body of `self.cycle`
+        self._unanswered = 0  # requests parsed (running or queued) whose answer has not ended
 
     @classmethod
     def with_timeouts(cls, header_s: float, body_s: float) -> type[HeaderDeadlineProtocol]:
@@ -266,6 +268,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._disarm_header_deadline()
         super().on_headers_complete()
+        self._unanswered += 1
+        self._reading_body = True  # of `self.cycle`, until its message completes
         self._disarm_body_deadline()
         # A little after the application's own body deadline, which answers first if the
         # application is reading.
@@ -275,6 +279,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm_body_deadline()
+        self._reading_body = False
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -316,19 +321,31 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         test). Until then nothing more is read: the parser stopped at the bad request."""
         if self._deferred is not None:
             return  # one problem per connection: it is answered, then the connection closes
-        if self._answers_pending():
+        if self._reading_body and self.cycle is not None:
+            # The body of the newest request broke: that request is never run (it was queued)
+            # or was already running, and the problem is its own answer (a second black-box
+            # test: deferred behind the request itself, it waited out the body deadline).
+            failing = self.cycle
+            queued = len(self.pipeline)
+            self.pipeline = type(self.pipeline)(e for e in self.pipeline if e[0] is not failing)
+            if len(self.pipeline) == queued:  # it was running: nothing is ahead of it
+                if failing.response_complete:
+                    self.transport.close()  # answered already (early, as a 401): no second one
+                    return
+                self._answer_problem(error, message)
+                return
+            self._unanswered -= 1  # never run: it is not one the problem waits for
+        if self._unanswered > 0:
             self._deferred = (error, message)
+            self._disarm_header_deadline()  # the headers came: no timeout to count as well
             self.flow.pause_reading()
             return
         self._answer_problem(error, message)
 
-    def _answers_pending(self) -> bool:
-        cycle = self.cycle
-        return bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
-
     def on_response_complete(self) -> None:
+        self._unanswered -= 1
         super().on_response_complete()
-        if self._deferred is not None and not self._answers_pending():
+        if self._deferred is not None and self._unanswered <= 0:
             error, message = self._deferred
             self._deferred = None
             self._answer_problem(error, message)
