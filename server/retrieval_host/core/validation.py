@@ -227,9 +227,7 @@ def check_search_request(request: SearchRequest) -> None:
         not _whole(request.max_context_bytes) or request.max_context_bytes < 1
     ):
         raise _invalid("maxContextBytes must be positive.")
-    if request.max_age_s is not None and (
-        not _finite(request.max_age_s) or request.max_age_s <= 0
-    ):
+    if request.max_age_s is not None and (not _finite(request.max_age_s) or request.max_age_s <= 0):
         raise _invalid("maxAgeS must be a positive number of seconds.")
     if request.source_ids is not None:
         check_not_one_string("source ids", request.source_ids)
