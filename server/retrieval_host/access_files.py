@@ -62,8 +62,9 @@ def _walk(given: str) -> str | None:
     while names:
         name = names.popleft()
         if name == "/":  # the root: from here (the start, or an absolute link's target)
-            reached = [("/", _enterable(os.stat("/")))]
-            why = _shared_directory("/", os.stat("/"), True)
+            root = os.stat("/")
+            reached = [("/", _enterable(root))]
+            why = _shared_directory("/", root, True)
             if why is not None:
                 return why
             continue

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from playwright.sync_api import (
     Browser,
     FilePayload,
+    Locator,
     Page,
     Playwright,
     Request,
@@ -488,6 +489,15 @@ def _signed_in(browser: Browser, console: Console, width: int = 1280) -> tuple[P
     return page, seen
 
 
+def _lexical_search(page: Page, query: str) -> Locator:
+    """Search from the Search page in lexical mode; the first hit."""
+    page.get_by_role("link", name="Search").click()
+    page.get_by_label("Mode").select_option("lexical")
+    page.get_by_label("Query").fill(query)
+    page.get_by_role("button", name="Search").click()
+    return page.locator(".hit").first
+
+
 def _fits(page: Page) -> bool:
     return bool(page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth"))
 
@@ -497,11 +507,7 @@ def test_a_hit_opens_the_revision_it_showed_never_the_text_that_replaced_it(
 ) -> None:
     _index(console, "policy", "v1", ["Refunds are granted within 30 days, quokkafruit."])
     page, _ = _signed_in(browser, console)
-    page.get_by_role("link", name="Search").click()
-    page.get_by_label("Mode").select_option("lexical")
-    page.get_by_label("Query").fill("quokkafruit refunds")
-    page.get_by_role("button", name="Search").click()
-    hit = page.locator(".hit").first
+    hit = _lexical_search(page, "quokkafruit refunds")
     expect(hit).to_contain_text("granted within 30 days")
     # The same chunk id, other text: the link still names what the hit showed.
     _index(console, "policy", "v2", ["Refunds are never granted, quokkafruit."])
@@ -746,11 +752,7 @@ def test_document_controlled_ids_and_metadata_neither_spoof_nor_break_a_page(
         )
     assert indexed.status_code == 200, indexed.text
     page, seen = _signed_in(browser, console)
-    page.get_by_role("link", name="Search").click()
-    page.get_by_label("Mode").select_option("lexical")
-    page.get_by_label("Query").fill("zebraquartz")
-    page.get_by_role("button", name="Search").click()
-    hit = page.locator(".hit").first
+    hit = _lexical_search(page, "zebraquartz")
     expect(hit).to_contain_text("msgU+202Egpj.exe")  # the message id, its control a mark
     expect(hit).to_contain_text("rU+202E1.fdp")  # and the revision
     hit.get_by_role("link", name="Open the passage in its source").click()
