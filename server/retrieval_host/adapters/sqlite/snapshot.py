@@ -16,15 +16,22 @@ from SQLite whatever changed since (the store's usual incremental reload). A sna
 missing, unreadable, unsafe (a link, someone else's, writable by others), from another format,
 corpus or descriptor is ignored: the index is loaded from SQLite and a new snapshot written.
 
+A damaged one is too. The header carries its own CRC-32 and, per array, the CRC-32 of each
+piece of its bytes (`snapshot_checks`); an open reads the whole file once and compares every
+piece before a row is used. A mismatch (bit rot, a copy cut short or patched) makes the file
+unusable, and a store that may write removes it, so that the next write does not take its
+generation for a current one. Format 1 files (before checksums) are still mapped as they are,
+unverified, and rewritten in the background.
+
 When one is written: by `SqliteVectorStore` after a load from SQLite of many rows (the first
 open of a store from before snapshots, or after a large change) and when enough rows changed
 since the last snapshot, on a background thread; and at `close()` when anything changed. It is
 written to a new private file (0600, `O_EXCL`), flushed, and renamed over the old one, so a
 reader maps the old snapshot or the new one, never a part. Dead rows (replaced or deleted
-revisions) are left out, their postings too (`_live_rows`): a snapshot holds only the text of
-revisions live when it was written. A delete has the store rewrite the corpus's snapshot in
-the background (`SqliteSnapshots._erase_from_snapshot`), so a deleted passage leaves the file
-too, not only SQLite.
+revisions) are left out, their postings too (`snapshot_image.live_rows`): a snapshot holds
+only the text of revisions live when it was written. A delete has the store rewrite the
+corpus's snapshot in the background (`SqliteSnapshots._erase_from_snapshot`), so a deleted
+passage leaves the file too, not only SQLite.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ import json
 import logging
 import mmap
 import os
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,12 +56,33 @@ from retrieval_host.adapters.sqlite.files import check_store_file
 from retrieval_host.adapters.sqlite.lexicon import KEY_BYTES, BasePostings, Lexicon
 from retrieval_host.adapters.sqlite.rows import Blob, Revision, Rows
 from retrieval_host.adapters.sqlite.segment import Segment, Span
+from retrieval_host.adapters.sqlite.snapshot_checks import (
+    Piece,
+    pieces_of,
+    placeholders,
+    problem,
+    written,
+)
+from retrieval_host.adapters.sqlite.snapshot_image import (
+    BYTE_ARRAYS,
+    Array,
+    NamespaceImage,
+    SourceEntry,
+    live_rows,
+    pieces,
+    postings,
+    source_of,
+)
 from retrieval_host.core.errors import RetrievalError
 
 _log = logging.getLogger(__name__)
 
-MAGIC: Final = b"RHSNAP\x00\x01"
-FORMAT: Final = 1
+MAGIC: Final = b"RHSNAP\x00\x02"
+FORMAT: Final = 2
+# Format 1 (no checksums), mapped unverified and rewritten: the release before checksums.
+MAGIC_1: Final = b"RHSNAP\x00\x01"
+# The magic, the header's length (8 bytes) and its CRC-32 (4 bytes).
+_PREFIX: Final = len(MAGIC) + 8 + 4
 ALIGN: Final = 4096
 # Room left after each array's rows (and text bytes), written as a hole: appends after an open
 # land in place. The larger of a quarter of the rows and this many.
@@ -72,7 +101,6 @@ _ROW_ARRAYS: Final = (
     "source_of",
     "lengths",
 )
-_BYTE_ARRAYS: Final = ("ids", "text", "documents")
 
 
 def snapshot_path(database: Path, corpus: str) -> Path:
@@ -84,203 +112,6 @@ def snapshot_path(database: Path, corpus: str) -> Path:
 # --- writing ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class SourceEntry:
-    """One live source of a snapshot: where its rows are and what SQLite must still hold."""
-
-    source_id: str
-    revision: str
-    document_sha256: str
-    generation: int
-    start: int
-    stop: int
-
-    def key(self) -> tuple[str, str, int, int]:
-        return (self.revision, self.document_sha256, self.generation, self.stop - self.start)
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceImage:
-    """A namespace's arrays as they were when captured (under the store's cache lock): rows
-    below `size` are never rewritten, so the arrays can be written out without the lock."""
-
-    namespace: str
-    size: int
-    arrays: dict[str, Array]
-    sources: list[SourceEntry]
-    postings: dict[str, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]]
-    base: BasePostings | None
-
-
-def image(namespace: str, segment: Segment) -> NamespaceImage:
-    """Capture a segment for writing (the caller holds the store's cache lock): references to
-    its arrays and copies of its small mutable parts, nothing of the size of the data."""
-    size = segment.size
-    rows = segment.rows
-    arrays: dict[str, Array] = {
-        "matrix": segment.matrix[:size],
-        "hashes": segment.hashes[:size],
-        "has_document": rows.has_document[:size],
-        "locations": rows.locations[:size],
-        "source_of": rows.source_of[:size],
-        "lengths": segment.lexicon.lengths[:size],
-    }
-    for name, blob in (("ids", rows.ids), ("text", rows.text), ("documents", rows.documents)):
-        arrays[name], arrays[f"{name}_ends"] = blob.arrays()
-    sources = [
-        SourceEntry(
-            sid, span.revision, span.source.document_sha256, span.source.generation, *span[1:3]
-        )
-        for sid, span in segment.spans.items()
-    ]
-    # Postings objects are appended to later (beyond `size`): keep the arrays and counts now.
-    postings = {term: [p.view()] for term, p in segment.lexicon.postings.items()}
-    return NamespaceImage(namespace, size, arrays, sources, postings, segment.lexicon.base)
-
-
-def _postings(ns: NamespaceImage) -> BasePostings:
-    """All of a namespace's postings as one block (the base's and the appended joined)."""
-    joined: dict[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]] = {}
-    if ns.base is not None:
-        for term, part in ns.base.items():
-            joined[term] = part
-    for term, parts in ns.postings.items():
-        slots, tfs = parts[0]
-        if term in joined:
-            first = joined[term]
-            slots, tfs = np.concatenate((first[0], slots)), np.concatenate((first[1], tfs))
-        joined[term] = (slots, tfs)
-    return BasePostings.build(joined)
-
-
-def _source_of(ns: NamespaceImage) -> npt.NDArray[np.int32]:
-    """Each row's source as its index in `ns.sources` (-1 for a dead row)."""
-    source_of = np.full(ns.size, -1, dtype=np.int32)
-    for i, entry in enumerate(ns.sources):
-        source_of[entry.start : entry.stop] = i
-    return source_of
-
-
-@dataclass(frozen=True, slots=True)
-class _Taken:
-    """Rows `kept` of `array`, gathered piece by piece as they are written: the live rows of a
-    large matrix are not copied whole. Runs of consecutive rows are written as they lie."""
-
-    array: npt.NDArray[Any]
-    kept: npt.NDArray[np.int64]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (len(self.kept), *self.array.shape[1:])
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return self.array.dtype
-
-    @property
-    def itemsize(self) -> int:
-        return int(self.array.itemsize)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
-
-    def __len__(self) -> int:
-        return len(self.kept)
-
-    def pieces(self) -> Iterator[npt.NDArray[Any]]:
-        for i in range(0, len(self.kept), _TAKE_ROWS):
-            yield np.ascontiguousarray(self.array[self.kept[i : i + _TAKE_ROWS]])
-
-
-@dataclass(frozen=True, slots=True)
-class _Runs:
-    """Byte ranges of `data` written one after another (a blob's live strings)."""
-
-    data: npt.NDArray[np.uint8]
-    runs: list[tuple[int, int]]
-    nbytes: int
-
-    shape = property(lambda self: (self.nbytes,))
-    dtype = property(lambda self: self.data.dtype)
-    itemsize = 1
-
-    def __len__(self) -> int:
-        return self.nbytes
-
-    def pieces(self) -> Iterator[npt.NDArray[Any]]:
-        for low, high in self.runs:
-            yield self.data[low:high]
-
-
-Array = npt.NDArray[Any] | _Taken | _Runs
-# Rows of a matrix gathered at a time when a snapshot leaves dead rows out (~6 MB at 384
-# dimensions).
-_TAKE_ROWS: Final = 4096
-
-
-def _taken_bytes(
-    data: npt.NDArray[np.uint8], ends: npt.NDArray[np.int64], kept: npt.NDArray[np.int64]
-) -> tuple[_Runs, npt.NDArray[np.int64]]:
-    """The strings at `kept` (ascending) as runs of `data`, and their new end offsets."""
-    if not len(kept):
-        return _Runs(data, [], 0), np.empty(0, np.int64)
-    starts = np.concatenate(([0], ends[:-1]))[kept]
-    lengths = ends[kept] - starts
-    new_ends = np.cumsum(lengths, dtype=np.int64)
-    breaks = np.flatnonzero(np.diff(kept) != 1) + 1
-    firsts = np.concatenate(([0], breaks)).tolist()
-    lasts = (np.concatenate((breaks, [len(kept)])) - 1).tolist()
-    begin, end = starts.tolist(), (starts + lengths).tolist()
-    runs = [(begin[f], end[la]) for f, la in zip(firsts, lasts, strict=True)]
-    return _Runs(data, runs, int(new_ends[-1])), new_ends
-
-
-def _captured(array: Array) -> npt.NDArray[Any]:
-    """An array of `image` (which captures arrays only; `_live_rows` makes the others)."""
-    if not isinstance(array, np.ndarray):
-        raise TypeError("an image's arrays are numpy arrays")
-    return array
-
-
-def _live_rows(ns: NamespaceImage) -> NamespaceImage:
-    """The image with only its live sources' rows, renumbered in row order, and the postings
-    of those rows only: dead rows' text, vectors and terms are not written to the file."""
-    ordered = sorted(ns.sources, key=lambda entry: entry.start)
-    live = sum(entry.stop - entry.start for entry in ordered)
-    if live == ns.size:
-        return ns
-    kept = (
-        np.concatenate([np.arange(e.start, e.stop, dtype=np.int64) for e in ordered])
-        if ordered
-        else np.empty(0, np.int64)
-    )
-    captured = {name: _captured(array) for name, array in ns.arrays.items()}
-    arrays: dict[str, Array] = {
-        name: captured[name][kept] for name in ("hashes", "has_document", "locations", "lengths")
-    }
-    arrays["matrix"] = _Taken(captured["matrix"], kept)
-    for name in _BYTE_ARRAYS:
-        arrays[name], arrays[f"{name}_ends"] = _taken_bytes(
-            captured[name], captured[f"{name}_ends"], kept
-        )
-    sources: list[SourceEntry] = []
-    at = 0
-    for entry in ordered:
-        n = entry.stop - entry.start
-        sources.append(replace(entry, start=at, stop=at + n))
-        at += n
-    remap = np.full(ns.size, -1, dtype=np.int64)
-    remap[kept] = np.arange(len(kept), dtype=np.int64)
-    postings: dict[str, list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]] = {}
-    for term, (slots, tfs) in _postings(ns).items():
-        moved = remap[slots]
-        keep = moved >= 0
-        if keep.any():
-            postings[term] = [(moved[keep], tfs[keep])]
-    return NamespaceImage(ns.namespace, live, arrays, sources, postings, None)
-
-
 def write(
     path: Path,
     corpus: str,
@@ -290,34 +121,36 @@ def write(
 ) -> int:
     """Write a snapshot to `path` (atomically replacing it) of the namespaces' live rows;
     returns the bytes written."""
-    namespaces = [_live_rows(ns) for ns in namespaces]
+    namespaces = [live_rows(ns) for ns in namespaces]
     header_namespaces: dict[str, Any] = {}
-    blocks: list[tuple[int, Array]] = []
+    # Each block with the list its pieces' checksums go into (placeholders of the same width
+    # until the block is written: the header's length is fixed before the data).
+    blocks: list[tuple[int, Array, list[str]]] = []
     offset = 0  # relative to the data start, fixed once the header's length is known
 
-    def place(array: Array, room: int) -> list[Any]:
+    def place(array: Array, room: int, extra: int) -> list[Any]:
         nonlocal offset
         at = offset
-        lazy = isinstance(array, _Taken | _Runs)
-        blocks.append((at, array if lazy else np.ascontiguousarray(array)))
+        checks = placeholders(array.nbytes)
+        blocks.append((at, array, checks))
         offset = _aligned(at + room)
-        return [at, array.dtype.str, list(array.shape)]
+        return [at, array.dtype.str, list(array.shape), extra, checks]
 
     for ns in namespaces:
         spare_rows = max(ns.size // 4, SPARE_ROWS)
         arrays = dict(ns.arrays)
-        arrays["source_of"] = _source_of(ns)
+        arrays["source_of"] = source_of(ns)
         placed: dict[str, Any] = {}
         for name in _ROW_ARRAYS:
             array = arrays[name]
             extra = spare_rows + (1 if name.endswith("_ends") else 0)
             row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-            placed[name] = [*place(array, array.nbytes + extra * row_bytes), extra]
-        for name in _BYTE_ARRAYS:
+            placed[name] = place(array, array.nbytes + extra * row_bytes, extra)
+        for name in BYTE_ARRAYS:
             array = arrays[name]
             extra = max(len(array) // 4, SPARE_BYTES)
-            placed[name] = [*place(array, array.nbytes + extra), extra]
-        base = _postings(ns)
+            placed[name] = place(array, array.nbytes + extra, extra)
+        base = postings(ns)
         terms_data, terms_ends = base.terms.arrays()
         for name, array in (
             ("terms", terms_data),
@@ -327,7 +160,7 @@ def write(
             ("slots", base.slots),
             ("tfs", base.tfs),
         ):
-            placed[name] = [*place(array, array.nbytes), 0]
+            placed[name] = place(array, array.nbytes, 0)
         header_namespaces[ns.namespace] = {
             "size": ns.size,
             "arrays": placed,
@@ -336,29 +169,29 @@ def write(
                 for e in ns.sources
             ],
         }
-    header = json.dumps(
-        {
-            "format": FORMAT,
-            "corpus": corpus,
-            "descriptor": descriptor_json,
-            "generation": generation,
-            "namespaces": header_namespaces,
-        },
-        separators=(",", ":"),
-    ).encode("utf-8")
-    data_start = _aligned(len(MAGIC) + 8 + len(header))
+    content = {
+        "format": FORMAT,
+        "corpus": corpus,
+        "descriptor": descriptor_json,
+        "generation": generation,
+        "namespaces": header_namespaces,
+    }
+    header = _header_bytes(content)
+    data_start = _aligned(_PREFIX + len(header))
     total = data_start + offset
     temporary = path.with_name(f"{path.name}.{os.getpid()}.{id(namespaces):x}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb", closefd=False) as out:
-            out.write(MAGIC + len(header).to_bytes(8, "little") + header)
-            for at, array in blocks:
+            out.write(bytes(data_start))  # the header goes here once the checksums are known
+            for at, array, checks in blocks:
                 out.seek(data_start + at)
-                pieces = array.pieces() if isinstance(array, _Taken | _Runs) else (array,)
-                for piece in pieces:
-                    if piece.size:  # an empty view has no bytes to write (nor cast)
-                        out.write(piece.data.cast("B"))
+                checks[:] = written(out, pieces(array))
+            final = _header_bytes(content)
+            if len(final) != len(header):
+                raise AssertionError("the snapshot header changed length")
+            out.seek(0)
+            out.write(_prefix(final) + final)
         os.ftruncate(fd, total)  # the room after the last array is a hole too
         os.fsync(fd)
     except BaseException:
@@ -370,6 +203,14 @@ def write(
     os.replace(temporary, path)
     _sync_directory(path.parent)
     return total
+
+
+def _header_bytes(content: Mapping[str, Any]) -> bytes:
+    return json.dumps(content, separators=(",", ":")).encode("utf-8")
+
+
+def _prefix(header: bytes) -> bytes:
+    return MAGIC + len(header).to_bytes(8, "little") + zlib.crc32(header).to_bytes(4, "little")
 
 
 def _aligned(value: int) -> int:
@@ -426,6 +267,14 @@ class SnapshotUnusable(Exception):
     """The snapshot cannot be used (the reason is logged; the index loads from SQLite)."""
 
 
+class SnapshotDamaged(SnapshotUnusable):
+    """The snapshot's bytes do not match its checksums (`identity`: the version of the file)."""
+
+    def __init__(self, message: str, identity: str) -> None:
+        super().__init__(message)
+        self.identity = identity
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """A mapped snapshot: its generation and per namespace the columns and live sources."""
@@ -433,15 +282,31 @@ class Snapshot:
     generation: int
     namespaces: dict[str, tuple[int, dict[str, npt.NDArray[Any]], list[SourceEntry]]]
     identity: str  # this version of the file (device, inode, change time, size): a graph key
+    verified: bool = True  # False: a format 1 file, which has no checksums
 
 
 def read(
-    path: Path, corpus: str, descriptor_json: str, dims: int, trusted_groups: frozenset[int]
+    path: Path,
+    corpus: str,
+    descriptor_json: str,
+    dims: int,
+    trusted_groups: frozenset[int],
+    *,
+    remove_damaged: bool = False,
 ) -> Snapshot | None:
-    """The snapshot at `path` mapped copy-on-write, or None (missing or unusable: logged)."""
+    """The snapshot at `path` mapped copy-on-write, its bytes checked, or None (missing or
+    unusable: logged). `remove_damaged`: a file whose bytes fail their checks is removed
+    (unless another has replaced it meanwhile)."""
     try:
-        return _read(path, corpus, descriptor_json, dims, trusted_groups)
+        return _read(path, corpus, descriptor_json, dims, trusted_groups, verify=True)
     except FileNotFoundError:
+        return None
+    except SnapshotDamaged as exc:
+        _log.error("index snapshot %s not used: it is damaged (%s)", path, exc)
+        if remove_damaged:
+            with contextlib.suppress(OSError), writing(path):
+                if current_identity(path) == exc.identity:
+                    path.unlink()
         return None
     except (SnapshotUnusable, RetrievalError, OSError, ValueError, KeyError, TypeError) as exc:
         _log.warning("index snapshot %s not used: %s", path, exc)
@@ -449,7 +314,13 @@ def read(
 
 
 def _read(
-    path: Path, corpus: str, descriptor_json: str, dims: int, trusted_groups: frozenset[int]
+    path: Path,
+    corpus: str,
+    descriptor_json: str,
+    dims: int,
+    trusted_groups: frozenset[int],
+    *,
+    verify: bool,
 ) -> Snapshot:
     check_store_file(path, "index snapshot", trusted_groups)
     before = os.lstat(path)
@@ -458,30 +329,57 @@ def _read(
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
             raise SnapshotUnusable("the file changed while it was opened")
-        if st.st_size < len(MAGIC) + 8:
+        if st.st_size < _PREFIX:
             raise SnapshotUnusable("the file is too short")
         mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
+        snap, pieces = _mapped(mapped, st, corpus, descriptor_json, dims)
+        found = problem(fd, pieces) if verify and snap.verified else None
+        if found is not None:
+            raise SnapshotDamaged(found, snap.identity)
     finally:
         os.close(fd)
-    if mapped[: len(MAGIC)] != MAGIC:
+    return snap
+
+
+def _mapped(
+    mapped: mmap.mmap, st: os.stat_result, corpus: str, descriptor_json: str, dims: int
+) -> tuple[Snapshot, list[Piece]]:
+    """The snapshot's arrays as views of `mapped`, and the pieces of the file to check
+    (offset, length, expected CRC-32, what they are of)."""
+    identity = file_identity(st)
+    magic = mapped[: len(MAGIC)]
+    if magic not in (MAGIC, MAGIC_1):
         raise SnapshotUnusable("not a snapshot of this format")
+    checked = magic == MAGIC
+    prefix = _PREFIX if checked else len(MAGIC) + 8
     length = int.from_bytes(mapped[len(MAGIC) : len(MAGIC) + 8], "little")
-    if length > st.st_size:
+    if prefix + length > st.st_size:
         raise SnapshotUnusable("the header is cut short")
-    header = json.loads(mapped[len(MAGIC) + 8 : len(MAGIC) + 8 + length])
-    if header.get("format") != FORMAT:
+    header_bytes = mapped[prefix : prefix + length]
+    expected = int.from_bytes(mapped[prefix - 4 : prefix], "little")
+    if checked and zlib.crc32(header_bytes) != expected:
+        raise SnapshotDamaged("its header does not match its checksum", identity)
+    header = json.loads(header_bytes)
+    if header.get("format") != (FORMAT if checked else 1):
         raise SnapshotUnusable(f"format {header.get('format')!r}, not {FORMAT}")
     if header.get("corpus") != corpus or header.get("descriptor") != descriptor_json:
         raise SnapshotUnusable("written for another corpus or descriptor")
-    data_start = _aligned(len(MAGIC) + 8 + length)
+    data_start = _aligned(prefix + length)
     namespaces: dict[str, tuple[int, dict[str, npt.NDArray[Any]], list[SourceEntry]]] = {}
+    pieces: list[Piece] = []
     for namespace, entry in header["namespaces"].items():
         size = int(entry["size"])
         arrays: dict[str, npt.NDArray[Any]] = {}
-        for name, (at, dtype, shape, extra) in entry["arrays"].items():
-            full = [int(shape[0]) + int(extra), *map(int, shape[1:])]
-            array = _view(mapped, data_start + int(at), np.dtype(dtype), full)
-            arrays[name] = array
+        for name, spec in entry["arrays"].items():
+            at, dtype, shape, extra = int(spec[0]), np.dtype(spec[1]), spec[2], int(spec[3])
+            full = [int(shape[0]) + extra, *map(int, shape[1:])]
+            arrays[name] = _view(mapped, data_start + at, dtype, full)
+            if checked:
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                found = pieces_of(name, data_start + at, nbytes, [str(c) for c in spec[4]])
+                if found is None:
+                    raise SnapshotDamaged(f"its {name} array has the wrong checks", identity)
+                pieces += found
         if arrays["matrix"].shape[1:] != (dims,) or len(arrays["hashes"]) < size:
             raise SnapshotUnusable("its arrays do not match the corpus")
         sources = [
@@ -491,7 +389,7 @@ def _read(
         if any(not 0 <= e.start <= e.stop <= size for e in sources):
             raise SnapshotUnusable("a source's rows lie outside the snapshot")
         namespaces[str(namespace)] = (size, arrays, sources)
-    return Snapshot(int(header["generation"]), namespaces, file_identity(st))
+    return Snapshot(int(header["generation"]), namespaces, identity, checked), pieces
 
 
 def file_identity(st: os.stat_result) -> str:
@@ -512,11 +410,14 @@ def current_identity(path: Path) -> str | None:
 def written_generation(
     path: Path, corpus: str, descriptor_json: str, dims: int, trusted_groups: frozenset[int]
 ) -> int | None:
-    """The commit generation of the snapshot at `path`, if it is one an open would use."""
+    """The commit generation of the snapshot at `path`, if it is one an open would use (its
+    bytes unchecked: a damaged one is removed by the open that finds it; a format 1 file
+    counts as none, so that any write replaces it)."""
     try:
-        return _read(path, corpus, descriptor_json, dims, trusted_groups).generation
+        found = _read(path, corpus, descriptor_json, dims, trusted_groups, verify=False)
     except (SnapshotUnusable, RetrievalError, OSError, ValueError, KeyError, TypeError):
         return None
+    return found.generation if found.verified else None
 
 
 def _view(
@@ -561,7 +462,7 @@ def segments(
                 kept.append((entry.source_id, entry.generation))
         segment.matrix = arrays["matrix"]
         segment.hashes = arrays["hashes"]
-        blobs = tuple(Blob(arrays[name], arrays[f"{name}_ends"], size) for name in _BYTE_ARRAYS)
+        blobs = tuple(Blob(arrays[name], arrays[f"{name}_ends"], size) for name in BYTE_ARRAYS)
         segment.rows = Rows.of(
             (blobs[0], blobs[1], blobs[2]),
             arrays["has_document"],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import apsw
 
-from retrieval_host.adapters.sqlite import graph_file, snapshot
+from retrieval_host.adapters.sqlite import graph_file, snapshot, snapshot_image
 from retrieval_host.adapters.sqlite.schema import translated
 from retrieval_host.adapters.sqlite.segment import CorpusState
 
@@ -47,8 +47,9 @@ class SqliteSnapshots:
     def _adopt_snapshot(self, state: CorpusState) -> bool:
         """Start a new corpus state from its snapshot, keeping only the sources SQLite holds
         exactly as written (the caller holds the db lock; `_refresh` then loads the rest).
-        Whether the file holds rows that are not live (deleted or replaced since it was
-        written, or written by a release that kept dead rows): its text must leave the disk."""
+        Whether the file must be rewritten: it holds rows that are not live (deleted or
+        replaced since it was written, or written by a release that kept dead rows; their text
+        must leave the disk), or it has no checksums (format 1)."""
         descriptor = state.descriptor
         path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
         mapped = snapshot.read(
@@ -57,6 +58,7 @@ class SqliteSnapshots:
             descriptor.canonical_json(),
             state.dimensions,
             self._trusted_groups,
+            remove_damaged=not self._read_only,
         )
         if mapped is None:
             return False
@@ -96,6 +98,11 @@ class SqliteSnapshots:
         )
         if dead and not self._read_only:
             state.unsnapshotted += dead  # a close rewrites it, if the eraser has not
+            return True
+        if not mapped.verified and not self._read_only:
+            # A file of the format before checksums: rewritten with them (a write never takes
+            # it for a current one: `written_generation`).
+            state.unsnapshotted += 1
             return True
         return False
 
@@ -144,7 +151,7 @@ class SqliteSnapshots:
                     return True  # closed, or replaced by a newer state of the corpus
                 if state.loaded_generation < 0:
                     return False  # a reload failed: the next search retries it
-                images = [snapshot.image(ns, seg) for ns, seg in state.segments.items()]
+                images = [snapshot_image.image(ns, seg) for ns, seg in state.segments.items()]
                 generation, changed = state.loaded_generation, state.unsnapshotted
             path = snapshot.snapshot_path(self._path, corpus)
             descriptor_json = state.descriptor.canonical_json()
