@@ -470,14 +470,21 @@ class _Journal:
 
 def _journal_line(line: bytes) -> bool:
     """Whether a journal's first line is one of its records (or the start of one, torn by a
-    crash during the first write)."""
-    if not line.endswith(b"\n"):
-        return line.startswith(b'{"')
+    crash or a full disk during the first write: it does not parse, has no line end, and
+    begins as a record does). A one-line JSON file without a line end (`json.dump` writes
+    host.json and ACL files so) parses: it is not a journal (a black-box test)."""
     try:
         entry = json.loads(line)
     except ValueError:
-        return False
+        return not line.endswith(b"\n") and any(
+            line.startswith(start) or start.startswith(line) for start in _RECORD_STARTS
+        )
     return isinstance(entry, dict) and entry.get("v") == JOURNAL_VERSION
+
+
+# How a record's line begins (its keys are sorted): `chunkCount` first, or `corpus` for one
+# that failed.
+_RECORD_STARTS: Final = (b'{"chunkCount":', b'{"corpus":')
 
 
 def _fsync_dir(directory: Path) -> None:

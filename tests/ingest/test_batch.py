@@ -335,7 +335,16 @@ def test_a_missing_journal_folder_is_a_journal_error(tmp_path: Path, host: Host)
 
 @pytest.mark.parametrize(
     "content",
-    [b'{\n  "listen": {"port": 8443}\n}\n', b"garbage\n", b'{"v": 99}\n', b"# notes\n"],
+    [
+        b'{\n  "listen": {"port": 8443}\n}\n',
+        b"garbage\n",
+        b'{"v": 99}\n',
+        b"# notes\n",
+        # One line without a line end, as `json.dump` writes a host.json or an ACL file.
+        b'{"listen": {"port": 8443}, "tokens": []}',
+        b'{"subjects": {"quickstart": {"namespace": "demo"}}}',
+        b'{"chunkCount": 1}',
+    ],
 )
 def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
     tmp_path: Path, host: Host, content: bytes
@@ -353,6 +362,7 @@ def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
     torn.write_bytes(b'{"chunkCount":1,"corp')
     report = ingest_paths(host.driver, CORPUS, files, context(), journal_path=torn)
     assert [i.status for i in report.items] == ["indexed"]
+    assert torn.read_bytes().startswith(b'{"chunkCount":1,"corp\n{"chunkCount":')
 
 
 def test_a_file_past_the_deadline_is_recorded_and_the_batch_goes_on(

@@ -68,21 +68,27 @@ class RecordStore(RunStore, UsageLog, Protocol):
     def close(self) -> None: ...
 
 
-def build_run_store(settings: HostSettings, environ: Mapping[str, str]) -> RecordStore:
+def build_run_store(
+    settings: HostSettings, environ: Mapping[str, str], *, migrate: bool = True
+) -> RecordStore:
     """Run records beside the passages: the same PostgreSQL database (so a replay works on any
-    replica), or a SQLite file (`runs.sqlitePath`, default `runs.db` beside the store)."""
+    replica), or a SQLite file (`runs.sqlitePath`, default `runs.db` beside the store).
+    `migrate=False` (the report commands): a store of an earlier schema is refused."""
     store = settings.store
     if store.postgres_dsn is not None:
         from retrieval_host.adapters.postgres import PgRunStore
 
         dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
-        return PgRunStore.open(dsn, schema=store.postgres_schema, lease_s=settings.runs.lease_s)
+        return PgRunStore.open(
+            dsn, schema=store.postgres_schema, lease_s=settings.runs.lease_s, migrate=migrate
+        )
     from retrieval_host.adapters.sqlite import SqliteRunStore
 
     return SqliteRunStore.open(
         sqlite_runs_path(settings),
         trusted_groups=_trusted_groups(settings),
         lease_s=settings.runs.lease_s,
+        migrate=migrate,
     )
 
 

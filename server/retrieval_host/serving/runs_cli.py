@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None
             "when it starts with a provider configured)."
         )
     try:
-        store = build_run_store(settings, environ)
+        store = build_run_store(settings, environ, migrate=False)
         try:
             runs, used = store.prune(args.before, usage=args.usage)
         finally:

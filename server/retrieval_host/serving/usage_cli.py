@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO = sys.
                 f"no usage records: {sqlite_runs_path(settings)} does not exist (a host "
                 "creates it when it starts with a provider configured)."
             )
-        store = build_run_store(settings, environ)
+        store = build_run_store(settings, environ, migrate=False)
         try:
             records = store.read_usage(since=args.since, subject=args.subject, limit=args.limit)
         finally:

@@ -14,6 +14,7 @@ from retrieval_host.adapters.postgres import PgRunStore, PgVectorStore
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, RunRecord
@@ -281,3 +282,31 @@ def test_prune_deletes_finished_runs_and_asked_for_usage_before_the_time(
     store.read_usage()  # this replica's queue written
     assert other.prune("2026-02-01T00:00:00.000Z", usage=True) == (0, 1)
     assert [u.input_tokens for u in other.read_usage()] == [2]
+
+
+def test_a_report_s_open_neither_creates_nor_migrates_the_run_tables(
+    pg_dsn: str, pg_schema: str, run_stores: Callable[[], PgRunStore]
+) -> None:
+    # `retrieval-host usage` and `runs prune` open with `migrate=False` (a black-box test:
+    # a new release's report migrated the tables under an older host, which then could
+    # not restart).
+    def schema_exists() -> bool:
+        with psycopg.connect(pg_dsn) as conn:
+            query = "SELECT 1 FROM pg_namespace WHERE nspname = %s"
+            return conn.execute(query, (pg_schema,)).fetchone() is not None
+
+    with pytest.raises(RetrievalError) as refused:
+        PgRunStore.open(pg_dsn, schema=pg_schema, migrate=False)
+    assert refused.value.reason == "schema-version" and "is not there yet" in str(refused.value)
+    assert not schema_exists()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for statement in pg_run_schema_statements(pg_schema, 3):
+            conn.execute(statement)
+    with pytest.raises(RetrievalError) as refused:
+        PgRunStore.open(pg_dsn, schema=pg_schema, migrate=False)
+    assert "has version 3" in str(refused.value)
+    with psycopg.connect(pg_dsn) as conn:
+        query = f"SELECT version FROM \"{pg_schema}\".schema_version WHERE component = 'run-store'"
+        assert conn.execute(query).fetchone() == (3,)
+    run_stores()  # the host's open migrates
+    PgRunStore.open(pg_dsn, schema=pg_schema, migrate=False).close()

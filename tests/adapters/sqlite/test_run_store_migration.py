@@ -14,6 +14,7 @@ from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.usage import UsageRecord
+from retrieval_host.serving.cli import main
 from retrieval_host.wire.run_storage import STORAGE_VERSION
 from retrieval_host.wire.runs import result_to_json
 from tests.support.run_records import (
@@ -225,3 +226,33 @@ def test_a_run_database_of_the_previous_main_gets_leases_for_new_runs_only(
     leases = {str(k): v for k, v in apsw.Connection(str(path)).execute(query).fetchall()}
     assert leases["run_old"] is None and isinstance(leases["run_new"], float)
     assert apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall()[0][0] == 4
+
+
+def test_the_report_commands_never_migrate_the_run_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A black-box test: `retrieval-host usage` (and `runs prune`) of a new release migrated
+    # the run database under the older host serving it, which then could not restart.
+    store_dir = tmp_path / "store"
+    store_dir.mkdir(mode=0o700)
+    path = store_dir / "runs.db"
+    old_database(path, SQLITE_RUNS_SCHEMA_V3, 3)
+    config = tmp_path / "host.json"
+    config.write_text(
+        json.dumps(
+            {
+                "tls": {"certFile": "c.pem", "keyFile": "k.pem"},
+                "store": {"sqlitePath": str(store_dir / "retrieval.sqlite")},
+            }
+        )
+    )
+    for argv in (["usage"], ["runs", "prune", "--before", "2026-02-01"]):
+        assert main([*argv, "--config", str(config)], environ={}) == 2
+        said = capsys.readouterr().err
+        assert "schema version 3" in said and "start the host of this release first" in said
+        assert apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall() == [(3,)]
+    with pytest.raises(RetrievalError) as refused:
+        SqliteRunStore.open(path, migrate=False)
+    assert refused.value.code == "UNSAFE_STORE" and refused.value.reason == "schema-version"
+    SqliteRunStore.open(path).close()  # the host's open migrates it
+    assert main(["usage", "--config", str(config)], environ={}) == 0

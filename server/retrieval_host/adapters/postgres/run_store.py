@@ -182,10 +182,12 @@ class PgRunStore:
         pool_size: int = 2,
         statement_timeout_ms: int = 30_000,
         lease_s: float = DEFAULT_LEASE_S,
+        migrate: bool = True,
     ) -> PgRunStore:
         """Connect and create (or check) the run table. `UNSAFE_STORE` for a foreign schema.
         `lease_s`: how long a running record stays so without its host renewing it
-        (`adapters.run_leases`)."""
+        (`adapters.run_leases`). `migrate=False`: tables of an earlier version, or none, are
+        refused rather than migrated or created (the report commands)."""
         check_schema_name(schema)
         if isinstance(statement_timeout_ms, bool) or statement_timeout_ms < 1:
             raise ValueError("statement_timeout_ms must be a positive integer")
@@ -203,7 +205,14 @@ class PgRunStore:
         try:
             with pool.connection() as conn:
                 ensure_schema_component(
-                    conn, schema, COMPONENT, SCHEMA_VERSION, _TABLES, _DDL, _MIGRATIONS
+                    conn,
+                    schema,
+                    COMPONENT,
+                    SCHEMA_VERSION,
+                    _TABLES,
+                    _DDL,
+                    _MIGRATIONS,
+                    migrate=migrate,
                 )
         except BaseException:
             pool.close()

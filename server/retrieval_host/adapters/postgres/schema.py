@@ -70,6 +70,8 @@ def ensure_schema_component(
     ddl: Sequence[str],
     migrations: Mapping[int, Sequence[str]] | None = None,
     backfill: Callable[[Connection, int], None] | None = None,
+    *,
+    migrate: bool = True,
 ) -> None:
     """Create `component`'s tables in `schema` on first use, or check they are ours.
 
@@ -79,7 +81,8 @@ def ensure_schema_component(
     given) is called with the connection and the version found, to fill what SQL alone
     cannot (the lexical index is analyzed from stored text in Python). Refuses (`UNSAFE_STORE`) a
     schema holding tables without our version table, our table names without our version row,
-    a version it cannot reach, or another table shape.
+    a version it cannot reach, or another table shape; with `migrate=False` also a component
+    of an earlier version or none (nothing is created or migrated: the report commands).
     """
     with translated("preparing the schema"), transaction(conn):
         conn.execute(
@@ -87,6 +90,8 @@ def ensure_schema_component(
         )
         exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
         if exists is None:
+            if not migrate:
+                raise _not_migrated(component, None, version)
             conn.execute(schema_sql(schema, "CREATE SCHEMA {s}"))
         present = {
             str(r[0])
@@ -98,6 +103,8 @@ def ensure_schema_component(
         }
         stored: int | None = None
         if "schema_version" not in present:
+            if not migrate:
+                raise _not_migrated(component, None, version)
             if present:
                 raise _unsafe(
                     f"schema {schema!r} holds tables of another application; point the store "
@@ -118,6 +125,8 @@ def ensure_schema_component(
                 (component,),
             ).fetchone()
             stored = None if row is None else int(row[0])
+        if not migrate and stored != version:
+            raise _not_migrated(component, stored, version)
         if stored is None:
             if present & set(tables):
                 raise _unsafe(
@@ -154,6 +163,16 @@ def ensure_schema_component(
                     (version, component),
                 )
             _check_shape(conn, schema, tables)
+
+
+def _not_migrated(component: str, stored: int | None, version: int) -> RetrievalError:
+    found = "is not there yet" if stored is None else f"has version {stored}"
+    return _unsafe(
+        f"the {component} schema {found}; this release reads version {version} and this "
+        "command does not create or migrate it: start the host of this release first (it "
+        "migrates at its start), or run the command of the release that serves the store.",
+        UnsafeStoreReason.SCHEMA_VERSION,
+    )
 
 
 def _check_shape(conn: Connection, schema: str, tables: Mapping[str, Mapping[str, str]]) -> None:

@@ -123,15 +123,17 @@ class SqliteRunStore:
         *,
         trusted_groups: frozenset[int] = frozenset(),
         lease_s: float = DEFAULT_LEASE_S,
+        migrate: bool = True,
     ) -> SqliteRunStore:
         """Open (creating if missing) the run database at `path` (`trusted_groups` as for
         `SqliteVectorStore.open`; `lease_s`: how long a running record stays so without its
-        host renewing it, `adapters.run_leases`).
+        host renewing it, `adapters.run_leases`; `migrate=False`: a database of an earlier
+        schema version is refused, not migrated, as by the report commands).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
         """
-        connection, _ = open_database(path, IDENTITY, trusted_groups)
+        connection, _ = open_database(path, IDENTITY, trusted_groups, upgrade=migrate)
         return cls(connection, lease_s=lease_s)
 
     def begin(self, record: RunRecord) -> RunRecord | None:

@@ -114,6 +114,7 @@ def open_database(
     trusted_groups: frozenset[int] = frozenset(),
     *,
     read_only: bool = False,
+    upgrade: bool = True,
 ) -> tuple[apsw.Connection, Path]:
     """Check the location, open (creating if missing) and check or create the database.
 
@@ -122,6 +123,9 @@ def open_database(
     `STORE_UNAVAILABLE` when SQLite cannot open the file. `trusted_groups`: see `files`.
     `read_only`: an existing store of the current schema version, opened without writing
     (no file, table or migration is made; `STORE_UNAVAILABLE` when there is none).
+    `upgrade=False`: a store of an earlier schema version, or a new file, is refused
+    (`UNSAFE_STORE`) instead of migrated or created (the operator's report commands: a
+    migration is the host's, at its start).
     """
     check_sqlite_version(apsw.sqlite_lib_version())
     if read_only and not os.path.lexists(path):
@@ -153,6 +157,8 @@ def open_database(
                         "create or migrate it.",
                     )
             else:
+                if not upgrade and version != identity.version:
+                    raise _not_migrated(version, identity)
                 configure(conn)
                 if version is None:
                     create_schema(conn, identity)
@@ -163,6 +169,17 @@ def open_database(
         conn.close()
         raise
     return conn, database
+
+
+def _not_migrated(version: int | None, identity: Identity) -> RetrievalError:
+    found = "holds no schema yet" if version is None else f"has schema version {version}"
+    return RetrievalError(
+        ErrorCode.UNSAFE_STORE,
+        f"the store {found}; this release reads version {identity.version} and this command "
+        "does not create or migrate it: start the host of this release first (it migrates at "
+        "its start), or run the command of the release that serves the store.",
+        reason=UnsafeStoreReason.SCHEMA_VERSION,
+    )
 
 
 def check_not_orphaned(database: Path) -> None:
