@@ -7,7 +7,7 @@ cannot be retracted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import source_unavailable
@@ -58,10 +58,36 @@ def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
         for h, p in run.evidence.items()
         if p.namespace != namespace or allowed.get(p.source_id) != p.revision
     ]
+    pinned = {p.source_id for h, p in run.evidence.items() if p.document_sha256}
+    if pinned and namespace is not None:
+        digests = current_digests(run.service, spec.corpus, namespace, pinned)
+        revoked += [
+            h
+            for h, p in run.evidence.items()
+            if h not in revoked
+            and p.document_sha256
+            and digests.get(p.source_id) != p.document_sha256
+        ]
     if revoked and not drop:
         raise source_unavailable()
     for handle in revoked:
         del run.evidence[handle]
+
+
+def current_digests(
+    service: RetrievalService, corpus_id: str, namespace: str, source_ids: Iterable[str]
+) -> dict[str, str]:
+    """The document digest of each source's current revision. Evidence is pinned to it, not to
+    the label alone: a source deleted and indexed again at the same label with other text (or
+    `r1` -> `r3` -> `r1`) keeps the label, and an answer written from the old text is no longer
+    grounded in what is served (a black-box test read such a run back, and replayed it)."""
+    corpus = service.corpus(corpus_id)
+    found: dict[str, str] = {}
+    for source_id in sorted(set(source_ids)):
+        stored = corpus.store.get_source(corpus.id, namespace, source_id)
+        if stored is not None:
+            found[source_id] = stored.document_sha256
+    return found
 
 
 def reauthorize_manifest(
@@ -85,9 +111,16 @@ def reauthorize_manifest(
     allowed = dict(grant.sources)
     if any(allowed.get(e.source_id) != e.revision for e in result.sources):
         raise source_unavailable()
-    if result.namespace is not None:
-        if result.namespace != grant.namespace:
+    if result.namespace is not None and result.namespace != grant.namespace:
+        raise source_unavailable()
+    pinned = [e for e in result.sources if e.document_sha256]
+    if pinned:
+        digests = current_digests(
+            retrieval, result.corpus, grant.namespace, {e.source_id for e in pinned}
+        )
+        if any(digests.get(e.source_id) != e.document_sha256 for e in pinned):
             raise source_unavailable()
+    if result.namespace is not None:
         return
     store = retrieval.corpus(result.corpus).store
     for entry in result.sources:

@@ -31,7 +31,14 @@ def build_result(
     spec = request.retrieval
     # With a context policy, what reached the model; else all the evidence (all of it did).
     manifest = [
-        ManifestEntry(p.handle, p.source_id, p.revision, p.location, p.title)
+        ManifestEntry(
+            p.handle,
+            p.source_id,
+            p.revision,
+            p.location,
+            p.title,
+            document_sha256=p.document_sha256 or None,
+        )
         for p in run.cited_evidence().values()
     ]
     artifact = None
