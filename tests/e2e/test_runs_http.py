@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import random
 import re
@@ -422,7 +423,9 @@ def test_replay_returns_the_recorded_answer_without_new_requests_until_its_sourc
     }
     assert_cited(replayed)
     streamed = stream_run(host, token, body)
-    assert [e["type"] for e in streamed.events] == ["run.started", "run.completed"]
+    # The recorded text as one delta: a reader that shows the deltas shows the answer.
+    assert [e["type"] for e in streamed.events] == ["run.started", "run.delta", "run.completed"]
+    assert streamed.events[1]["text"] == original["text"]
     assert streamed.events[-1]["result"]["replayed"] is True
     assert streamed.events[-1]["result"]["text"] == original["text"]
     assert_cited(streamed.events[-1]["result"])
@@ -439,7 +442,10 @@ def test_replay_returns_the_recorded_answer_without_new_requests_until_its_sourc
     assert fake.requests_count == counted
 
 
-def test_an_interrupted_run_refuses_replay(host: RunningHost, world: RunsWorld) -> None:
+def test_an_interrupted_run_refuses_replay(
+    host: RunningHost, world: RunsWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="retrieval_host.access")
     fake, token = world.fake, world.tokens["replayer"]
     fake.set_chat_mode("stall", chunks=2)
     body = run_body(provider="fake", model="gpt-test", corpus="remote", idempotencyKey="cut-1")
@@ -454,6 +460,18 @@ def test_an_interrupted_run_refuses_replay(host: RunningHost, world: RunsWorld) 
     wait_until(lambda: fake.chat_disconnects == 1, what="provider stream closed")
     record = get_run(host, token, run_id).json()
     assert (record["status"], record["result"]) == ("cancelled", None)
+    # Its access line says so: a stream the client left is not a plain 200 (a black-box test).
+
+    def cut_line() -> dict[str, Any] | None:
+        lines = [
+            getattr(r, "fields", {})
+            for r in caplog.records
+            if r.name == "retrieval_host.access" and getattr(r, "fields", {}).get("code")
+        ]
+        return next((f for f in lines if f.get("route") == "/v1/runs"), None)
+
+    wait_until(lambda: cut_line() is not None, what="the cut stream's access line")
+    assert cut_line() == {**(cut_line() or {}), "status": 200, "code": "CANCELLED"}
 
     chats = fake.chat_requests_count
     refused = post_run(host, token, body)

@@ -4,7 +4,13 @@ The routes follow the one request policy (`policy.py`) and call only the Driver.
 executes on the policy's worker executor; its events cross to the event loop through an unbounded
 queue, bounded by the run: progress events are few, and its text by `maxGenerationSteps` calls
 of at most `MAX_ANSWER_CHARS` each (`core/runs/generation.py`). A client that stops reading
-does not slow the run down: its answer waits in that queue until the run ends.
+does not slow the run down: its answer waits in that queue until the run ends. Text deltas the
+stream has not taken yet are joined into one (`_Text`, at most `MAX_DELTA_CHARS`): a provider
+streaming one character per chunk faster than the stream sends them queued an object and an
+SSE event each (100 MB of events for one 16-step run, a black-box test), and the stream, never
+waiting on a non-empty queue, kept the event loop from every other request, its own client's
+disconnect and the host's signals for tens of seconds; it now also lets the loop run between
+events.
 A client that disconnects cancels the run: the worker stops at its next check, the provider
 stream is closed, the record says `cancelled`, and the concurrency slot is released when this
 handler returns.
@@ -15,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Final
 
 import anyio
 from sse_starlette.event import ServerSentEvent
@@ -29,6 +37,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs_model import (
     RunCompleted,
+    RunDelta,
     RunEvent,
     RunFailed,
     RunRequest,
@@ -44,6 +53,43 @@ from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.http.sse import event_stream, wants_stream
 from retrieval_host.wire import runs as wire_runs
 from retrieval_host_client import run_models as wire
+
+# The most characters of text one joined `run.delta` carries.
+MAX_DELTA_CHARS: Final = 64 * 1024
+
+
+class _Text:
+    """Text deltas the run emitted that its stream has not taken yet: the worker adds to the
+    last one while it waits in the queue, the stream takes them as one `RunDelta`."""
+
+    __slots__ = ("_lock", "_parts", "_size", "_taken")
+
+    def __init__(self, text: str) -> None:
+        self._lock = threading.Lock()
+        self._parts = [text]
+        self._size = len(text)
+        self._taken = False
+
+    def add(self, text: str) -> bool:
+        """Join `text` to what waits, unless the stream took it already or it is full."""
+        with self._lock:
+            if self._taken or self._size + len(text) > MAX_DELTA_CHARS:
+                return False
+            self._parts.append(text)
+            self._size += len(text)
+            return True
+
+    def take(self) -> RunDelta:
+        with self._lock:
+            self._taken = True
+            return RunDelta("".join(self._parts))
+
+
+Queued = RunEvent | _Text | BaseException
+
+
+def _event(item: Queued) -> RunEvent | BaseException:
+    return item.take() if isinstance(item, _Text) else item
 
 
 def may_read_run(principal: Principal, record: RunRecord) -> bool:
@@ -103,7 +149,7 @@ class RunRoutes:
         context = self._policy.context(principal, request, idle_s=idle, observe_scans=False)
         queue = self._start(run_request, context)
         try:
-            first = await queue.get()
+            first = _event(await queue.get())
         except BaseException:
             context.cancel.cancel()
             raise
@@ -122,6 +168,10 @@ class RunRoutes:
                     yield item
                     if isinstance(item, RunCompleted | RunFailed):
                         return
+                    if not queue.empty():
+                        # A queue that is not empty never suspends: let the loop serve the
+                        # other requests, this client's disconnect and signals in between.
+                        await asyncio.sleep(0)
                     item = await self._next(queue, run_id)
             finally:
                 # A no-op once the run finished; on a disconnect it stops the worker at its
@@ -138,13 +188,12 @@ class RunRoutes:
             )
         return await self._collect(events(), request)
 
-    async def _next(
-        self, queue: asyncio.Queue[RunEvent | BaseException], run_id: str
-    ) -> RunEvent | BaseException:
+    async def _next(self, queue: asyncio.Queue[Queued], run_id: str) -> RunEvent | BaseException:
         """The run's next event; past the shutdown cutoff, a final `run.failed` that says so."""
         if self._shutdown is None:
-            return await queue.get()
-        item = await self._shutdown.next_item(queue)
+            return _event(await queue.get())
+        queued = await self._shutdown.next_item(queue)
+        item = None if queued is None else _event(queued)
         if item is None:
             # The worker did not end the run within the wind-down: the stream ends here.
             return RunFailed(run_id, shutting_down())
@@ -156,15 +205,14 @@ class RunRoutes:
             return RunFailed(item.run_id, shutting_down())
         return item
 
-    def _start(
-        self, run_request: RunRequest, context: RequestContext
-    ) -> asyncio.Queue[RunEvent | BaseException]:
+    def _start(self, run_request: RunRequest, context: RequestContext) -> asyncio.Queue[Queued]:
         """Run on the policy's worker executor; events cross to this loop through an unbounded
         queue (bounded by the run: see the module docstring). Not a task group: an SSE body is
         iterated in another task than the handler's, and the worker must not be tied to
         either."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RunEvent | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[Queued] = asyncio.Queue()
+        waiting: list[_Text | None] = [None]  # the last text put in the queue
 
         metrics = self._metrics
         scan_timer = metrics.scan_timer() if metrics is not None else None
@@ -174,6 +222,14 @@ class RunRoutes:
             if metrics is not None and scan_timer is not None:
                 scan_timer.observe_event(event)
                 metrics.observe_run_event(event)
+            if isinstance(event, RunDelta):
+                text = waiting[0]
+                if text is not None and text.add(event.text):
+                    return
+                waiting[0] = text = _Text(event.text)
+                loop.call_soon_threadsafe(queue.put_nowait, text)
+                return
+            waiting[0] = None  # text after this event is queued after it
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
         def work() -> None:
@@ -190,14 +246,22 @@ class RunRoutes:
     ) -> AsyncIterator[ServerSentEvent]:
         # aclosing: the inner generator's cleanup (cancel the run, release it from shutdown
         # tracking) runs when this stream ends, not whenever the garbage collector gets to it.
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if isinstance(event, RunFailed):
-                    note_stream_failure(scope, event.error.code.value, event.error.reason)
-                yield ServerSentEvent(
-                    data=json.dumps(wire_runs.event_json(event, request_id), ensure_ascii=False),
-                    event=event.type,
-                )
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if isinstance(event, RunFailed):
+                        note_stream_failure(scope, event.error.code.value, event.error.reason)
+                    yield ServerSentEvent(
+                        data=json.dumps(
+                            wire_runs.event_json(event, request_id), ensure_ascii=False
+                        ),
+                        event=event.type,
+                    )
+        except (GeneratorExit, asyncio.CancelledError):
+            # The client left before the run's last event: the run is cancelled, and the
+            # access line says so (it showed a plain 200, a black-box test).
+            note_stream_failure(scope, ErrorCode.CANCELLED.value, None)
+            raise
 
     async def _collect(self, events: AsyncIterator[RunEvent], request: Request) -> Response:
         outcome: RunEvent | None = None

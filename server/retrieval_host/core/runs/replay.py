@@ -10,7 +10,7 @@ from retrieval_host.core.reasons import ContextReplayUnavailableReason, InvalidR
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.runs.evidence import reauthorize_manifest
 from retrieval_host.core.runs.state import EventSink
-from retrieval_host.core.runs_model import RunCompleted, RunStarted
+from retrieval_host.core.runs_model import RunCompleted, RunDelta, RunStarted
 from retrieval_host.core.service import RetrievalService
 
 
@@ -21,9 +21,10 @@ def replay(
     context: RequestContext,
     emit: EventSink,
 ) -> None:
-    """Emit the recorded run (marked `replayed`), or raise: `INVALID_REQUEST` for a key used
-    with another request, `CONTEXT_REPLAY_UNAVAILABLE` for a run that did not complete,
-    `SOURCE_UNAVAILABLE` for evidence no longer readable."""
+    """Emit the recorded run (marked `replayed`; its text as one `RunDelta`, so that a reader
+    that shows the deltas shows the answer, a black-box test), or raise: `INVALID_REQUEST`
+    for a key used with another request, `CONTEXT_REPLAY_UNAVAILABLE` for a run that did not
+    complete, `SOURCE_UNAVAILABLE` for evidence no longer readable."""
     if existing.request_fingerprint != fingerprint:
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST,
@@ -52,4 +53,6 @@ def replay(
         )
     reauthorize_manifest(retrieval, existing.result, context)
     emit(RunStarted(existing.run_id, existing.created_at))
+    if existing.result.text:
+        emit(RunDelta(existing.result.text))
     emit(RunCompleted(replace(existing.result, replayed=True)))
