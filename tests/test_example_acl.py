@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +250,40 @@ def test_a_corpus_id_over_128_characters_is_refused_for_its_length(
     message = str(refused.value)
     assert message.startswith("applicationOptions.corpora: corpus id must be 1-128 characters")
     assert "secret" not in message and corpus_id not in message
+
+
+@pytest.mark.parametrize(
+    ("acl", "said"),
+    [
+        (
+            {"subjects": {"alice": {"namespace": "team", "serch": ["*"]}}},
+            "ACL subject 'alice': unknown key 'serch'",
+        ),
+        ({"subjects": {}, "subject": {}}, "unknown key 'subject'"),
+    ],
+)
+def test_an_acl_with_an_unknown_key_is_refused(
+    tmp_path: Path, registry: StoreRevisions, acl: dict[str, Any], said: str
+) -> None:
+    # A black-box test: a misspelled `serch` started a host that granted nothing, silently.
+    (tmp_path / "acl.json").write_text(json.dumps(acl))
+    refused = FileAcl(tmp_path / "acl.json", registry)
+    with pytest.raises(SettingsError, match=re.escape(said)):
+        refused.load()
+
+
+@pytest.mark.parametrize(
+    ("reranker", "said"),
+    [
+        ({"baseUrl": "https://rerank.example"}, "applicationOptions.reranker.model: Field"),
+        (
+            {"baseUrl": "https://rerank.example", "model": "m", "kind": "x"},
+            "applicationOptions.reranker.kind: Extra inputs",
+        ),
+    ],
+)
+def test_a_reranker_setting_error_names_its_key(
+    tmp_path: Path, reranker: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(SettingsError, match=re.escape(said)):
+        create_driver(example_settings(tmp_path, reranker=reranker), {})

@@ -51,6 +51,8 @@ def backup(source: Path, dest: Path, *, busy_timeout_ms: int = 10_000) -> int:
         # A backup is one self-contained file: one with a `-wal` or `-shm` beside it is a
         # database in use (`runs.db` typed for the backup's name, a review).
         raise BackupError(f"{dest} is a database in use (it has a -wal or -shm), not a backup")
+    if dest.is_dir():
+        raise BackupError(f"{dest} is a directory: name the backup file (e.g. {dest}/backup.db)")
     if dest.exists() and not (dest.is_file() and (_is_sqlite(dest) or not dest.stat().st_size)):
         raise BackupError(f"{dest} exists and is not a SQLite backup: it is left as it is")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest_dir)

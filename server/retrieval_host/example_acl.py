@@ -93,13 +93,26 @@ class SubjectAccess:
         return {"search": self.search, "index": self.index, "delete": self.delete}[operation]
 
 
+_SUBJECT_KEYS: Final = frozenset({"namespace", "search", "index", "delete"})
+
+
 def _parse_acl(data: Any) -> dict[str, SubjectAccess]:
     if not isinstance(data, dict) or not isinstance(data.get("subjects"), dict):
         raise ValueError('an ACL file is {"subjects": {SUBJECT: {...}}}')
+    if set(data) != {"subjects"}:
+        other = sorted(set(data) - {"subjects"})
+        raise ValueError(f'unknown key {other[0]!r} (an ACL file holds only "subjects")')
     subjects: dict[str, SubjectAccess] = {}
     for subject, entry in data["subjects"].items():
         if not isinstance(entry, dict) or not isinstance(entry.get("namespace"), str):
             raise ValueError(f"ACL subject {subject!r} needs a namespace")
+        unknown = sorted(set(entry) - _SUBJECT_KEYS)
+        if unknown:
+            # A typo (`serch`) granted nothing without a word (a black-box test).
+            raise ValueError(
+                f"ACL subject {subject!r}: unknown key {unknown[0]!r} (known: namespace, "
+                "search, index, delete)"
+            )
         lists = {}
         for op in ("search", "index", "delete"):
             ids = entry.get(op, [])
@@ -284,8 +297,11 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
         try:
             config = RerankerSettings.model_validate(reranker_options)
         except ValidationError as exc:
+            first = exc.errors(include_input=False)[0]
+            where = ".".join(str(part) for part in first["loc"])
+            # Which key (a black-box test: "Field required" named none).
             raise SettingsError(
-                f"applicationOptions.reranker: {exc.errors(include_input=False)[0]['msg']}"
+                f"applicationOptions.reranker{'.' + where if where else ''}: {first['msg']}"
             ) from None
         reranker = build_reranker(settings, config, environ)
         rerank = RerankSettings(candidates=config.candidates)

@@ -177,6 +177,7 @@ def test_backup_refuses_a_destination_that_is_the_live_database_or_not_a_backup(
             (config, "is not a SQLite backup"),
             (tmp_path / "missing" / "b.sqlite", "does not exist"),
             (runs, "is a database in use"),
+            (tmp_path, "is a directory: name the backup file"),
         ):
             result = run_script(BACKUP, str(live), str(dest))
             assert result.returncode == 1 and words in result.stderr, (dest, result.stderr)

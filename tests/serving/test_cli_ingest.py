@@ -456,3 +456,25 @@ def test_a_second_ctrl_c_quits_at_once_when_the_files_in_flight_do_not_stop(
     assert _journaled(journal) == [("a1.md", "indexed"), ("a2.md", "indexed")]
     rerun = _resume(config, environ, journal, folder, capsys)
     assert rerun[-1].startswith("6 indexed, 0 unchanged, 2 skipped, 0 failed"), rerun
+
+
+def test_the_default_journal_of_a_corpus_id_with_a_slash_is_one_file_here(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A black-box test: `--corpus team/a` named a journal in a folder `.retrieval-host-ingest-team`
+    # that did not exist (and `..` in an id would have walked out of the working directory).
+    config, environ = setup
+    environ = {
+        **environ,
+        "RETRIEVAL_HOST_APPLICATION_OPTIONS": json.dumps(
+            {"aclFile": "acl.json", "corpora": ["team/a"]}
+        ),
+    }
+    note = tmp_path / "note.md"
+    note.write_text("# Note\n\nThe ferry leaves at nine.\n")
+    monkeypatch.chdir(tmp_path)
+    args = _args(config, note, note)
+    args.corpus, args.journal = "team/a", None
+    out, err = io.StringIO(), io.StringIO()
+    assert run_ingest(args, environ, out, err) == 0, err.getvalue()
+    assert (tmp_path / ".retrieval-host-ingest-team%2Fa.jsonl").is_file()

@@ -99,6 +99,13 @@ def test_errors_are_one_line_without_a_traceback(
     assert main(["corpora", "--ca-bundle", str(not_pem)], environ=_env(world, "alice", host)) == 2
     refused = capsys.readouterr().err
     assert "is not a PEM certificate file" in refused and "Traceback" not in refused
+    # The two connection failures a newcomer meets first say what to try (a black-box test).
+    plain = {**_env(world, "alice", host), "RETRIEVAL_HOST_URL": f"http://127.0.0.1:{host.port}"}
+    assert main(["corpora", "--ca-bundle", ca], environ=plain) == 1
+    assert "give an https:// URL" in capsys.readouterr().err
+    assert main(["corpora"], environ=_env(world, "alice", host)) == 1
+    unverified = capsys.readouterr().err
+    assert "CERTIFICATE_VERIFY_FAILED" in unverified and "pass --ca-bundle" in unverified
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly(

@@ -84,7 +84,8 @@ def test_an_encrypted_key_without_its_password_is_one_settings_error(tmp_path: P
     )
     with pytest.raises(SettingsError, match=r"is encrypted: set tls\.keyPassword"):
         server_context(certs.cert_file, encrypted)
-    with pytest.raises(SettingsError, match="decrypted with keyPassword"):
+    with pytest.raises(SettingsError, match="decrypted with keyPassword") as wrong:
         server_context(certs.cert_file, encrypted, "wrong")
+    assert "is tls.keyPassword the key's password?" in str(wrong.value)
     assert isinstance(server_context(certs.cert_file, encrypted, "s3cret"), ssl.SSLContext)
     assert isinstance(server_context(certs.cert_file, certs.key_file), ssl.SSLContext)

@@ -167,7 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     ingest.add_argument(
         "--journal",
         type=Path,
-        help="progress journal (default: .retrieval-host-ingest-CORPUS.jsonl here); "
+        help="progress journal (default: .retrieval-host-ingest-CORPUS.jsonl here, the corpus "
+        "id percent-encoded); "
         "rerun with the same journal to resume",
     )
     ingest.add_argument(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
+from urllib.parse import quote
 
 from rich.console import Console
 from rich.progress import (
@@ -346,7 +347,10 @@ def run_ingest(
         _list_set_aside(plan.set_aside, out)
         print("retrieval-host: no PDF, Markdown, text, HTML or e-mail file to ingest", file=err)
         return 2
-    journal = args.journal or Path(f".retrieval-host-ingest-{args.corpus}.jsonl")
+    # A corpus id may hold `/` (and `..`): quoted, the default stays one file here (it named
+    # a folder that did not exist, a black-box test).
+    default = f".retrieval-host-ingest-{quote(args.corpus, safe='')}.jsonl"
+    journal = args.journal or Path(default)
     if not journal.parent.is_dir():
         print(f"retrieval-host: the journal's folder {journal.parent} does not exist", file=err)
         return 2

@@ -19,7 +19,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from retrieval_host.serving._args import whole_number
-from retrieval_host_client import TOKEN_ENV, Client, RetrievalHostError
+from retrieval_host_client import (
+    TOKEN_ENV,
+    Client,
+    RetrievalHostConnectionError,
+    RetrievalHostError,
+)
 
 URL_ENV = "RETRIEVAL_HOST_URL"
 
@@ -89,7 +94,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             else:
                 _show(client, args.corpus, args.source_id, args.json)
     except RetrievalHostError as exc:
-        print(f"retrieval-host: {exc}", file=sys.stderr)
+        print(f"retrieval-host: {exc}{_hint(exc, url, args.ca_bundle)}", file=sys.stderr)
         return 1
     except ValueError as exc:  # an option the client refuses before sending
         print(f"retrieval-host: {exc}", file=sys.stderr)
@@ -102,6 +107,21 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         )
         return 2
     return 0
+
+
+def _hint(exc: RetrievalHostError, url: str, ca_bundle: Path | None) -> str:
+    """What to try for the two connection failures a newcomer meets first (a black-box test
+    read only "RemoteProtocolError" and "CERTIFICATE_VERIFY_FAILED")."""
+    if not isinstance(exc, RetrievalHostConnectionError):
+        return ""
+    if url.lower().startswith("http://"):
+        return "; the host serves HTTPS: give an https:// URL"
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc) and ca_bundle is None:
+        return (
+            "; pass --ca-bundle with the CA that signed the host's certificate (the "
+            "quickstart's is state/ca.pem)"
+        )
+    return ""
 
 
 def _line(model: BaseModel) -> None:

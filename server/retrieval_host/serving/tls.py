@@ -54,10 +54,12 @@ def server_context(cert_file: Path, key_file: Path, password: str | None = None)
             password=password if password is not None else no_password,
         )
     except ssl.SSLError as exc:
+        # A wrong password reads as OpenSSL's "PEM lib" (a black-box test): say it may be.
+        maybe = "; is tls.keyPassword the key's password?" if password is not None else ""
         raise SettingsError(
             f"tls: {cert_file} and {key_file} are not a PEM certificate chain and its private "
             f"key{' (decrypted with keyPassword)' if password is not None else ''}: "
-            f"{exc.reason or exc}"
+            f"{exc.reason or exc}{maybe}"
         ) from None
     return context
 
