@@ -5,7 +5,7 @@ the test can revoke from, and a provider that records what it was asked."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +19,7 @@ from retrieval_host.core.models import ChunkInput, IndexRequest, Location, Sourc
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant, Reranker
 from retrieval_host.core.run_ports import GenerationEvent, GenerationProvider, GenerationRequest
 from retrieval_host.core.runs import RunEngine
+from retrieval_host.core.runs_model import RunEvent, RunProgress
 from retrieval_host.core.service import Corpus, RetrievalService
 
 DOCS = {
@@ -111,3 +112,18 @@ def open_run_world(
     finally:
         runs.close()
         store.close()
+
+
+def acting_at(
+    phase: str, action: Callable[[], object]
+) -> tuple[list[RunEvent], Callable[[RunEvent], None]]:
+    """A run's events as they come, and a sink that calls `action` when the run reports
+    `phase` (the application revoking or replacing a source at that point of the run)."""
+    events: list[RunEvent] = []
+
+    def sink(event: RunEvent) -> None:
+        events.append(event)
+        if isinstance(event, RunProgress) and event.phase == phase:
+            action()
+
+    return events, sink

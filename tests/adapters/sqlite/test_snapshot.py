@@ -99,6 +99,15 @@ def fresh_answers(path: Path) -> dict[str, Any]:
         return answers(store)
 
 
+def open_warned(path: Path, caplog: pytest.LogCaptureFixture, **options: Any) -> SqliteVectorStore:
+    """Open the store and its corpus with the snapshot's warnings captured (cleared first)."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=SNAPSHOT_LOG):
+        store = SqliteVectorStore.open(path, **options)
+        store.open_corpus(descriptor("c1"))
+    return store
+
+
 def open_mapped(path: Path, caplog: pytest.LogCaptureFixture, **options: Any) -> SqliteVectorStore:
     """Open the store and its corpus, asserting that the snapshot was mapped."""
     caplog.clear()
@@ -220,11 +229,7 @@ def test_an_unusable_snapshot_is_ignored_and_replaced(
     expected = fresh_answers(path)
     snap = snapshot_path(path, "c1")
     spoil(snap)
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=SNAPSHOT_LOG):
-        store = SqliteVectorStore.open(path)
-        store.open_corpus(descriptor("c1"))
-    with store:
+    with open_warned(path, caplog) as store:
         assert "index snapshot" in caplog.text and "not used" in caplog.text
         assert "mapped the index snapshot" not in caplog.text
         assert_same(answers(store), expected)

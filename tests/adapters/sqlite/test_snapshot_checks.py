@@ -5,7 +5,6 @@ and written anew. Format 1 files (before checksums) are mapped and rewritten wit
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
@@ -14,17 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from retrieval_host.adapters.sqlite import SqliteVectorStore, snapshot, snapshot_checks
+from retrieval_host.adapters.sqlite import snapshot, snapshot_checks
 from retrieval_host.adapters.sqlite.snapshot import snapshot_path
 from tests.adapters.sqlite.test_snapshot import (
-    SNAPSHOT_LOG,
     answers,
     assert_same,
     fill,
     fresh_answers,
     open_mapped,
+    open_warned,
 )
-from tests.support.sqlite_store import descriptor
 
 PREFIX = len(snapshot.MAGIC) + 8 + 4
 
@@ -82,11 +80,7 @@ def test_a_damaged_byte_in_any_array_is_found_and_the_file_rebuilt(
     for name, (low, high) in spans.items():
         for at in (low, (low + high) // 2, high - 1):
             place(snap, flipped(good, at))
-            caplog.clear()
-            with caplog.at_level(logging.WARNING, logger=SNAPSHOT_LOG):
-                store = SqliteVectorStore.open(path)
-                store.open_corpus(descriptor("c1"))
-            with store:
+            with open_warned(path, caplog) as store:
                 assert "not used: it is damaged" in caplog.text, (name, at)
                 assert not snap.exists(), "the damaged file was left in place"
                 assert_same(answers(store), expected)
@@ -105,10 +99,7 @@ def test_a_damaged_file_is_not_used_by_a_read_only_store_nor_removed(
     low, high = regions(good)["text"]
     damaged = flipped(good, (low + high) // 2)
     place(snap, damaged)
-    with caplog.at_level(logging.WARNING, logger=SNAPSHOT_LOG):
-        store = SqliteVectorStore.open(path, read_only=True)
-        store.open_corpus(descriptor("c1"))
-    with store:
+    with open_warned(path, caplog, read_only=True) as store:
         assert "damaged" in caplog.text and "mapped the index snapshot" not in caplog.text
         assert_same(answers(store), fresh_answers(path))
     assert snap.read_bytes() == damaged
@@ -130,11 +121,7 @@ def test_arrays_of_many_pieces_are_checked_piece_by_piece(
         assert_same(answers(store), expected)
     _, high = regions(good)["matrix"]
     place(snap, flipped(good, high - 5))  # in the last piece
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=SNAPSHOT_LOG):
-        store = SqliteVectorStore.open(path)
-        store.open_corpus(descriptor("c1"))
-    with store:
+    with open_warned(path, caplog) as store:
         assert "its matrix array's bytes changed" in caplog.text
         assert_same(answers(store), expected)
 

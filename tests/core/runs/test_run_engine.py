@@ -64,7 +64,7 @@ from retrieval_host.core.service import RetrievalService
 from retrieval_host_client import validate_source_citations
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
 from tests.support.fake_rerank import RERANK_MODEL, FakeReranker
-from tests.support.run_engine import DOCS, RunWorld, open_run_world
+from tests.support.run_engine import DOCS, RunWorld, acting_at, open_run_world
 
 ALICE = RequestContext("alice")
 
@@ -266,13 +266,8 @@ def test_a_source_revoked_between_search_and_generation_never_reaches_the_model(
     """Revoked evidence was dropped silently before the model call: a run left with none
     called the model without evidence and completed (a black-box test). The run's
     `sourceUnavailable` decides, as at recording: fail (the default), or go on without it."""
-    events: list[RunEvent] = []
-
-    def sink(event: RunEvent) -> None:
-        events.append(event)
-        if isinstance(event, RunProgress) and event.phase == "retrieval.receipt":
-            # The search has returned battery-1; the application revokes it now.
-            run_world.acl.search.pop("battery")
+    # At the receipt the search has returned battery-1; the application revokes it then.
+    events, sink = acting_at("retrieval.receipt", lambda: run_world.acl.search.pop("battery"))
 
     request = _before(fallbacks=Fallbacks(source_unavailable=fallback))
     run_world.engine.execute(request, ALICE, sink)
@@ -297,12 +292,7 @@ def test_a_run_whose_every_passage_is_revoked_before_the_model_call_never_calls_
     run_world: RunWorld,
 ) -> None:
     """With `continue` and nothing left, a `before` run has no evidence: `noEvidence`."""
-    events: list[RunEvent] = []
-
-    def sink(event: RunEvent) -> None:
-        events.append(event)
-        if isinstance(event, RunProgress) and event.phase == "retrieval.receipt":
-            run_world.acl.search.clear()
+    events, sink = acting_at("retrieval.receipt", run_world.acl.search.clear)
 
     request = _before(fallbacks=Fallbacks(source_unavailable="continue"))
     run_world.engine.execute(request, ALICE, sink)
@@ -314,12 +304,7 @@ def test_a_run_whose_every_passage_is_revoked_before_the_model_call_never_calls_
 def test_a_revocation_after_generation_fails_the_run_instead_of_recording_it(
     run_world: RunWorld,
 ) -> None:
-    events: list[RunEvent] = []
-
-    def sink(event: RunEvent) -> None:
-        events.append(event)
-        if isinstance(event, RunProgress) and event.phase == "recording":
-            run_world.acl.search.clear()
+    events, sink = acting_at("recording", run_world.acl.search.clear)
 
     run_world.engine.execute(_before(), ALICE, sink)
     assert isinstance(events[-1], RunFailed)
@@ -762,12 +747,7 @@ def test_a_passage_revoked_after_the_model_read_it_fails_the_run_even_with_conti
     recorded answer quoting and citing it, outside its manifest, served after the
     revocation): nothing is left to continue with, so the run fails; a fixed reply still
     answers."""
-    events: list[RunEvent] = []
-
-    def sink(event: RunEvent) -> None:
-        events.append(event)
-        if isinstance(event, RunProgress) and event.phase == "recording":
-            del run_world.acl.search["battery"]
+    events, sink = acting_at("recording", lambda: run_world.acl.search.pop("battery"))
 
     request = _before(fallbacks=Fallbacks(source_unavailable=fallback))
     run_world.engine.execute(request, ALICE, sink)

@@ -15,14 +15,12 @@ from retrieval_host.core.models import ChunkInput, DeleteRequest, IndexRequest, 
 from retrieval_host.core.runs.evidence import reauthorize_manifest
 from retrieval_host.core.runs_model import (
     RunCompleted,
-    RunEvent,
     RunFailed,
-    RunProgress,
     RunRequest,
     RunRetrieval,
 )
 from retrieval_host.wire.run_storage import decode_result, encode_result
-from tests.support.run_engine import DOCS, RunWorld
+from tests.support.run_engine import DOCS, RunWorld, acting_at
 
 ALICE = RequestContext("alice")
 QUESTION = "How long does the battery last?"
@@ -96,14 +94,11 @@ def test_a_label_rolled_back_to_with_other_text_makes_its_runs_unavailable(
 def test_a_label_recreated_during_a_run_fails_it_instead_of_recording_it(
     run_world: RunWorld,
 ) -> None:
-    events: list[RunEvent] = []
+    def recreate() -> None:
+        run_world.service.delete_context(DeleteRequest("library", "battery", "r1"), ALICE)
+        _write(run_world, "r1", OTHER)
 
-    def sink(event: RunEvent) -> None:
-        events.append(event)
-        if isinstance(event, RunProgress) and event.phase == "recording":
-            run_world.service.delete_context(DeleteRequest("library", "battery", "r1"), ALICE)
-            _write(run_world, "r1", OTHER)
-
+    events, sink = acting_at("recording", recreate)
     run_world.engine.execute(_request(), ALICE, sink)
     assert isinstance(events[-1], RunFailed), events[-1]
     assert events[-1].error.code is ErrorCode.SOURCE_UNAVAILABLE
