@@ -47,9 +47,6 @@ class EvidencePassage:
     # The namespace its search read it in: re-authorized against the caller's namespace too
     # (another namespace may hold a source of the same id at the same revision).
     namespace: str = ""
-    # The digest of its revision's document: a label deleted and written again with other
-    # text keeps its name, not its digest ("" when unknown).
-    document_sha256: str = ""
 
 
 @dataclass(frozen=True, slots=True)

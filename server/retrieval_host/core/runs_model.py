@@ -173,9 +173,9 @@ class ManifestEntry:
     location: Location
     title: str = ""
     origin: Literal["retrieval"] = "retrieval"
-    # The digest of the revision's document when the run read it (None in records made
-    # before it was kept): the revision label alone may be written again with other text.
-    document_sha256: str | None = None
+    # The SHA-256 of the passage's text as the run read it (None in records made before it
+    # was kept): a revision label may be written again with other text under the same ids.
+    text_sha256: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,7 +114,7 @@ def _hint(exc: RetrievalHostError, url: str, ca_bundle: Path | None) -> str:
     read only "RemoteProtocolError" and "CERTIFICATE_VERIFY_FAILED")."""
     if not isinstance(exc, RetrievalHostConnectionError):
         return ""
-    if url.lower().startswith("http://"):
+    if url.lower().startswith("http://") and "ConnectError" not in str(exc):
         return "; the host serves HTTPS: give an https:// URL"
     if "CERTIFICATE_VERIFY_FAILED" in str(exc) and ca_bundle is None:
         return (

@@ -10,8 +10,8 @@ of `RunResult` under their core (snake_case) names:
 
 `usage.rerank`, `citations` (the host's citation check: `[{"id", "quotes": [{"text",
 "found"}]}]` or null), `citation_failure`, `fallbacks` (`[{"outcome", "action"}]`), `state`,
-`verification`, `namespace` (where the evidence was read), the sources' `document_sha256`
-(the digest of the revision each passage was read at) and the receipts' `raw_query`,
+`verification`, `namespace` (where the evidence was read), the sources' `text_sha256`
+(the digest of each passage's text as the run read it) and the receipts' `raw_query`,
 `success`, `extensions` and `effect_error` were added to version 2 without a bump: a record
 written before them has none and reads as no reranking, no check, no fallback, no state, no
 verdict and no namespace, and a host that predates them ignores the keys.
@@ -77,7 +77,7 @@ def encode_result(result: RunResult) -> str:
                 "revision": s.revision,
                 "title": s.title,
                 "origin": s.origin,
-                "document_sha256": s.document_sha256,
+                "text_sha256": s.text_sha256,
                 "location": {
                     "page": s.location.page,
                     "start_line": s.location.start_line,
@@ -191,7 +191,7 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
                 ),
                 title=s["title"],
                 origin=s["origin"],
-                document_sha256=s.get("document_sha256"),
+                text_sha256=s.get("text_sha256"),
             )
             for s in body["sources"]
         ],

@@ -20,8 +20,9 @@ A damaged one is too. The header carries its own CRC-32 and, per array, the CRC-
 piece of its bytes (`snapshot_checks`); an open reads the whole file once and compares every
 piece before a row is used. A mismatch (bit rot, a copy cut short or patched) makes the file
 unusable, and a store that may write removes it, so that the next write does not take its
-generation for a current one. Format 1 files (before checksums) are still mapped as they are,
-unverified, and rewritten in the background.
+generation for a current one. A format 1 file (before checksums) is not used either: its
+rows could not be checked, and a rewrite from them would have certified any damage they held
+(a black-box test), so the first start of this format loads the index from SQLite once.
 
 When one is written: by `SqliteVectorStore` after a load from SQLite of many rows (the first
 open of a store from before snapshots, or after a large change) and when enough rows changed
@@ -79,8 +80,6 @@ _log = logging.getLogger(__name__)
 
 MAGIC: Final = b"RHSNAP\x00\x02"
 FORMAT: Final = 2
-# Format 1 (no checksums), mapped unverified and rewritten: the release before checksums.
-MAGIC_1: Final = b"RHSNAP\x00\x01"
 # The magic, the header's length (8 bytes) and its CRC-32 (4 bytes).
 _PREFIX: Final = len(MAGIC) + 8 + 4
 ALIGN: Final = 4096
@@ -267,6 +266,19 @@ class SnapshotUnusable(Exception):
     """The snapshot cannot be used (the reason is logged; the index loads from SQLite)."""
 
 
+# What reading a snapshot that does not parse as one raises (a header of another shape: a
+# short array spec was an IndexError that stopped the start, a black-box test).
+_UNUSABLE: Final = (
+    SnapshotUnusable,
+    RetrievalError,
+    OSError,
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+)
+
+
 class SnapshotDamaged(SnapshotUnusable):
     """The snapshot's bytes do not match its checksums (`identity`: the version of the file)."""
 
@@ -282,7 +294,6 @@ class Snapshot:
     generation: int
     namespaces: dict[str, tuple[int, dict[str, npt.NDArray[Any]], list[SourceEntry]]]
     identity: str  # this version of the file (device, inode, change time, size): a graph key
-    verified: bool = True  # False: a format 1 file, which has no checksums
 
 
 def read(
@@ -308,7 +319,7 @@ def read(
                 if current_identity(path) == exc.identity:
                     path.unlink()
         return None
-    except (SnapshotUnusable, RetrievalError, OSError, ValueError, KeyError, TypeError) as exc:
+    except _UNUSABLE as exc:
         _log.warning("index snapshot %s not used: %s", path, exc)
         return None
 
@@ -333,7 +344,7 @@ def _read(
             raise SnapshotUnusable("the file is too short")
         mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
         snap, pieces = _mapped(mapped, st, corpus, descriptor_json, dims)
-        found = problem(fd, pieces) if verify and snap.verified else None
+        found = problem(fd, pieces) if verify else None
         if found is not None:
             raise SnapshotDamaged(found, snap.identity)
     finally:
@@ -347,20 +358,18 @@ def _mapped(
     """The snapshot's arrays as views of `mapped`, and the pieces of the file to check
     (offset, length, expected CRC-32, what they are of)."""
     identity = file_identity(st)
-    magic = mapped[: len(MAGIC)]
-    if magic not in (MAGIC, MAGIC_1):
-        raise SnapshotUnusable("not a snapshot of this format")
-    checked = magic == MAGIC
-    prefix = _PREFIX if checked else len(MAGIC) + 8
+    if mapped[: len(MAGIC)] != MAGIC:
+        raise SnapshotUnusable("not a snapshot of this format (or one written before checksums)")
+    prefix = _PREFIX
     length = int.from_bytes(mapped[len(MAGIC) : len(MAGIC) + 8], "little")
     if prefix + length > st.st_size:
         raise SnapshotUnusable("the header is cut short")
     header_bytes = mapped[prefix : prefix + length]
     expected = int.from_bytes(mapped[prefix - 4 : prefix], "little")
-    if checked and zlib.crc32(header_bytes) != expected:
+    if zlib.crc32(header_bytes) != expected:
         raise SnapshotDamaged("its header does not match its checksum", identity)
     header = json.loads(header_bytes)
-    if header.get("format") != (FORMAT if checked else 1):
+    if header.get("format") != FORMAT:
         raise SnapshotUnusable(f"format {header.get('format')!r}, not {FORMAT}")
     if header.get("corpus") != corpus or header.get("descriptor") != descriptor_json:
         raise SnapshotUnusable("written for another corpus or descriptor")
@@ -374,12 +383,11 @@ def _mapped(
             at, dtype, shape, extra = int(spec[0]), np.dtype(spec[1]), spec[2], int(spec[3])
             full = [int(shape[0]) + extra, *map(int, shape[1:])]
             arrays[name] = _view(mapped, data_start + at, dtype, full)
-            if checked:
-                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-                found = pieces_of(name, data_start + at, nbytes, [str(c) for c in spec[4]])
-                if found is None:
-                    raise SnapshotDamaged(f"its {name} array has the wrong checks", identity)
-                pieces += found
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            found = pieces_of(name, data_start + at, nbytes, [str(c) for c in spec[4]])
+            if found is None:
+                raise SnapshotDamaged(f"its {name} array has the wrong checks", identity)
+            pieces += found
         if arrays["matrix"].shape[1:] != (dims,) or len(arrays["hashes"]) < size:
             raise SnapshotUnusable("its arrays do not match the corpus")
         sources = [
@@ -389,7 +397,7 @@ def _mapped(
         if any(not 0 <= e.start <= e.stop <= size for e in sources):
             raise SnapshotUnusable("a source's rows lie outside the snapshot")
         namespaces[str(namespace)] = (size, arrays, sources)
-    return Snapshot(int(header["generation"]), namespaces, identity, checked), pieces
+    return Snapshot(int(header["generation"]), namespaces, identity), pieces
 
 
 def file_identity(st: os.stat_result) -> str:
@@ -411,13 +419,12 @@ def written_generation(
     path: Path, corpus: str, descriptor_json: str, dims: int, trusted_groups: frozenset[int]
 ) -> int | None:
     """The commit generation of the snapshot at `path`, if it is one an open would use (its
-    bytes unchecked: a damaged one is removed by the open that finds it; a format 1 file
-    counts as none, so that any write replaces it)."""
+    bytes unchecked: a damaged one is removed by the open that finds it)."""
     try:
         found = _read(path, corpus, descriptor_json, dims, trusted_groups, verify=False)
-    except (SnapshotUnusable, RetrievalError, OSError, ValueError, KeyError, TypeError):
+    except _UNUSABLE:
         return None
-    return found.generation if found.verified else None
+    return found.generation
 
 
 def _view(

@@ -49,7 +49,7 @@ class SqliteSnapshots:
         exactly as written (the caller holds the db lock; `_refresh` then loads the rest).
         Whether the file must be rewritten: it holds rows that are not live (deleted or
         replaced since it was written, or written by a release that kept dead rows; their text
-        must leave the disk), or it has no checksums (format 1)."""
+        must leave the disk)."""
         descriptor = state.descriptor
         path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
         mapped = snapshot.read(
@@ -98,11 +98,6 @@ class SqliteSnapshots:
         )
         if dead and not self._read_only:
             state.unsnapshotted += dead  # a close rewrites it, if the eraser has not
-            return True
-        if not mapped.verified and not self._read_only:
-            # A file of the format before checksums: rewritten with them (a write never takes
-            # it for a current one: `written_generation`).
-            state.unsnapshotted += 1
             return True
         return False
 

@@ -12,7 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import source_unavailable
 from retrieval_host.core.evidence import fence
+from retrieval_host.core.fingerprint import sha256_text
 from retrieval_host.core.freshness import fresh_revisions
+from retrieval_host.core.inspection import StoredPassage
 from retrieval_host.core.run_ports import EvidencePassage
 from retrieval_host.core.runs.state import ActiveRun
 from retrieval_host.core.runs_model import RunProgress, RunResult, RunRetrieval
@@ -58,15 +60,14 @@ def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
         for h, p in run.evidence.items()
         if p.namespace != namespace or allowed.get(p.source_id) != p.revision
     ]
-    pinned = {p.source_id for h, p in run.evidence.items() if p.document_sha256}
-    if pinned and namespace is not None:
-        digests = current_digests(run.service, spec.corpus, namespace, pinned)
+    if namespace is not None:
+        # The passage itself, as the model read it: a label deleted and written again, or
+        # rolled back to, may hold other text under the same chunk ids.
+        current = _passages(run.service, spec.corpus, namespace, run.evidence.keys())
         revoked += [
             h
             for h, p in run.evidence.items()
-            if h not in revoked
-            and p.document_sha256
-            and digests.get(p.source_id) != p.document_sha256
+            if h not in revoked and not _same(current.get(h), p.source_id, p.revision, p.text)
         ]
     if revoked and not drop:
         raise source_unavailable()
@@ -74,20 +75,30 @@ def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
         del run.evidence[handle]
 
 
-def current_digests(
-    service: RetrievalService, corpus_id: str, namespace: str, source_ids: Iterable[str]
-) -> dict[str, str]:
-    """The document digest of each source's current revision. Evidence is pinned to it, not to
-    the label alone: a source deleted and indexed again at the same label with other text (or
-    `r1` -> `r3` -> `r1`) keeps the label, and an answer written from the old text is no longer
-    grounded in what is served (a black-box test read such a run back, and replayed it)."""
+def _passages(
+    service: RetrievalService, corpus_id: str, namespace: str, chunk_ids: Iterable[str]
+) -> dict[str, StoredPassage]:
+    """The passages stored now under these chunk ids in the namespace (missing ones left out).
+    Evidence is pinned to them, not to its revision label alone: a source deleted and indexed
+    again at the same label with other text (or `r1` -> `r3` -> `r1`), or the same text cut
+    into other passages under the same ids, keeps the label, and an answer written from the
+    old passages is no longer grounded in what is served (black-box tests read such runs back
+    and replayed them)."""
     corpus = service.corpus(corpus_id)
-    found: dict[str, str] = {}
-    for source_id in sorted(set(source_ids)):
-        stored = corpus.store.get_source(corpus.id, namespace, source_id)
+    found: dict[str, StoredPassage] = {}
+    for chunk_id in sorted(set(chunk_ids)):
+        stored = corpus.store.read_passage(corpus.id, namespace, chunk_id)
         if stored is not None:
-            found[source_id] = stored.document_sha256
+            found[chunk_id] = stored
     return found
+
+
+def _same(stored: StoredPassage | None, source_id: str, revision: str, text: str | None) -> bool:
+    """Whether `stored` is that source's passage at that revision, with that text (`text`
+    None: any, for records made before the text's digest was kept)."""
+    if stored is None or (stored.source_id, stored.revision) != (source_id, revision):
+        return False
+    return text is None or stored.text == text
 
 
 def reauthorize_manifest(
@@ -97,9 +108,11 @@ def reauthorize_manifest(
     its recorded revision, in the namespace it was read in.
 
     A subject the application moved to another namespace may hold there a source of the same
-    id at the same revision: the namespace decides. Records made before the namespace was kept
-    have none; for those each cited passage must be found in the caller's namespace now, as
-    the same source at the same revision."""
+    id at the same revision: the namespace decides. Each passage must be found in that
+    namespace now, as the same source at the same revision with the text the run read (its
+    SHA-256 is kept with the record). Records made before the namespace was kept are read in
+    the caller's namespace; those made before the text's digest was kept are checked by
+    their labels (and, without a namespace, by each passage's source and revision)."""
     if not result.sources:
         return
     if retrieval is None or result.corpus is None:
@@ -113,20 +126,13 @@ def reauthorize_manifest(
         raise source_unavailable()
     if result.namespace is not None and result.namespace != grant.namespace:
         raise source_unavailable()
-    pinned = [e for e in result.sources if e.document_sha256]
-    if pinned:
-        digests = current_digests(
-            retrieval, result.corpus, grant.namespace, {e.source_id for e in pinned}
-        )
-        if any(digests.get(e.source_id) != e.document_sha256 for e in pinned):
-            raise source_unavailable()
-    if result.namespace is not None:
-        return
-    store = retrieval.corpus(result.corpus).store
+    if result.namespace is not None and all(e.text_sha256 is None for e in result.sources):
+        return  # recorded before passages were pinned: the labels decide, as then
+    current = _passages(retrieval, result.corpus, grant.namespace, (e.id for e in result.sources))
     for entry in result.sources:
-        stored = store.read_passage(result.corpus, grant.namespace, entry.id)
-        if stored is None or (stored.source_id, stored.revision) != (
-            entry.source_id,
-            entry.revision,
+        stored = current.get(entry.id)
+        text = None if stored is None else stored.text
+        if not _same(stored, entry.source_id, entry.revision, None) or (
+            entry.text_sha256 is not None and sha256_text(text or "") != entry.text_sha256
         ):
             raise source_unavailable()

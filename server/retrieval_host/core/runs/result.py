@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from retrieval_host.core.fingerprint import sha256_text
 from retrieval_host.core.runs.state import ActiveRun
 from retrieval_host.core.runs_model import (
     CitationReport,
@@ -37,7 +38,7 @@ def build_result(
             p.revision,
             p.location,
             p.title,
-            document_sha256=p.document_sha256 or None,
+            text_sha256=sha256_text(p.text),
         )
         for p in run.cited_evidence().values()
     ]

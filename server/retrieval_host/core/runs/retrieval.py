@@ -208,7 +208,6 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
             hit.location,
             hit.text,
             hit.scope.namespace,
-            hit.document_sha256,
         )
         run.context_bytes += len(hit.text.encode("utf-8"))
     # effects: the application's, in order, after the success; a failure stops the rest

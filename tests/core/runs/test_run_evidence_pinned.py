@@ -1,7 +1,8 @@
-"""A run's evidence is pinned to the document its passages were read from, not to the revision
-label alone: a label deleted and written again with other text (or `r1` -> `r3` -> `r1`) keeps
-its name, and an answer written from the old text is not served as if it were grounded in the
-new one (a black-box test read such a run back and replayed it, on SQLite and PostgreSQL)."""
+"""A run's evidence is pinned to the passages it read, not to the revision label alone: a label
+deleted and written again with other text (or `r1` -> `r3` -> `r1`), or the same document cut
+into other passages under the same ids, keeps its name, and an answer written from the old
+passages is not served as if it were grounded in the new ones (black-box tests read such runs
+back and replayed them, on SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,16 @@ def _request(key: str | None = None) -> RunRequest:
     )
 
 
-def _write(world: RunWorld, revision: str, text: str) -> None:
+def _write(world: RunWorld, revision: str, *texts: str, digest: str | None = None) -> None:
     world.service.index_context(
         IndexRequest(
             "library",
             SourceInfo("battery", revision, title="Battery"),
-            [ChunkInput("battery-1", text, Location(page=1, start_line=1, end_line=2))],
+            [
+                ChunkInput(f"battery-{i}", text, Location(page=1, start_line=i, end_line=i))
+                for i, text in enumerate(texts, start=1)
+            ],
+            document_sha256=digest,
         ),
         ALICE,
     )
@@ -62,7 +67,7 @@ def test_a_label_recreated_with_other_text_makes_its_runs_unavailable(
 ) -> None:
     first = run_world.engine.run(_request("pinned"), ALICE)
     assert [s.source_id for s in first.sources] == ["battery"]
-    assert first.sources[0].document_sha256  # kept, and kept by the run store
+    assert first.sources[0].text_sha256  # kept, and kept by the run store
     assert run_world.engine.get_run(first.run_id, ALICE).result == first
     run_world.service.delete_context(DeleteRequest("library", "battery", "r1"), ALICE)
     _write(run_world, "r1", OTHER)
@@ -85,7 +90,7 @@ def test_a_label_rolled_back_to_with_other_text_makes_its_runs_unavailable(
     # A record made before digests were kept is checked by its label, as before.
     legacy = dataclasses.replace(
         first,
-        sources=[dataclasses.replace(s, document_sha256=None) for s in first.sources],
+        sources=[dataclasses.replace(s, text_sha256=None) for s in first.sources],
     )
     assert decode_result(encode_result(legacy)) == legacy
     reauthorize_manifest(run_world.service, legacy, ALICE)  # the label is current
@@ -108,3 +113,19 @@ def test_a_label_recreated_during_a_run_fails_it_instead_of_recording_it(
     events.clear()
     run_world.engine.execute(_request(), ALICE, events.append)
     assert isinstance(events[-1], RunCompleted), events[-1]
+
+
+@pytest.mark.parametrize("digest", [None, "a" * 64])
+def test_the_same_document_cut_otherwise_under_the_same_ids_makes_its_runs_unavailable(
+    run_world: RunWorld, digest: str | None
+) -> None:
+    # A black-box test: the document's digest (joined passages, or one the client sends) did
+    # not change, but the cited id now held another part of it, and the run read back 200.
+    first_half, second_half = DOCS["battery"].split(". ", 1)
+    _write(run_world, "r2", f"{first_half}.", second_half, digest=digest)
+    first = run_world.engine.run(_request("cut"), ALICE)
+    assert {s.id for s in first.sources} == {"battery-1", "battery-2"}
+    run_world.service.delete_context(DeleteRequest("library", "battery", "r2"), ALICE)
+    _write(run_world, "r2", first_half, f". {second_half}", digest=digest)
+    _refused(lambda: run_world.engine.get_run(first.run_id, ALICE))
+    _refused(lambda: run_world.engine.run(_request("cut"), ALICE))
