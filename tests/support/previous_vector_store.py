@@ -225,6 +225,15 @@ def pg_v1_schema(dsn: str, schema: str, descriptor: CorpusDescriptor, corpus: Ol
             sql.SQL("INSERT INTO {}.corpora VALUES (%s, %s, %s, %s)").format(s),
             (descriptor.corpus_id, previous_descriptor_json(descriptor), dims, payload_total),
         )
+    pg_v1_write(dsn, schema, descriptor, corpus)
+
+
+def pg_v1_write(dsn: str, schema: str, descriptor: CorpusDescriptor, corpus: OldCorpus) -> None:
+    """Write `corpus` at r1 as a replica of that release does (no terms, no statistics): into
+    its own schema, or one a newer replica has migrated while it still serves."""
+    dims = descriptor.embedding.dimensions
+    s = sql.Identifier(schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
         for (namespace, source_id), texts in corpus.items():
             vectors = old_vectors(source_id, len(texts), dims)
             payload = sum(len(t.encode()) for t in texts) + len(texts) * dims * 4

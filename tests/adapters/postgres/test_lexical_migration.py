@@ -17,7 +17,7 @@ from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, analyze, query_t
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.lexical_reference import reference
 from tests.support.pg import connect
-from tests.support.previous_vector_store import old_vectors, pg_v1_schema
+from tests.support.previous_vector_store import old_vectors, pg_v1_schema, pg_v1_write
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
 # What the service opens an old corpus with: its stored analyzer (`stored_lexical`).
@@ -100,3 +100,39 @@ def test_a_schema_of_the_previous_release_gets_its_lexical_index_at_open(
             CancelToken(),
         )
         assert [h.chunk_id for h in hits] == ["virus:0"]
+
+
+def test_what_an_earlier_replica_wrote_after_the_migration_is_analyzed_at_the_next_open(
+    pg_dsn: str, pg_schema: str
+) -> None:
+    # A black-box test: in a rolling upgrade, a replica of the release before the lexical
+    # index kept serving after a new one migrated the schema; its writes (no terms) were left
+    # out of lexical search for good, and its deletes left the namespace's counts behind.
+    pg_v1_schema(pg_dsn, pg_schema, descriptor("c1"), OLD)
+    with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
+        store.open_corpus(OPENED)  # migrated
+    late = {("ns", "late"): ["Late cells divide slowly.", "Division checkpoints."]}
+    pg_v1_write(pg_dsn, pg_schema, descriptor("c1"), late)
+    s = sql.Identifier(pg_schema)
+    with connect(pg_dsn) as conn:
+        conn.execute(sql.SQL("DELETE FROM {}.sources WHERE source_id = 'flood'").format(s))
+        conn.commit()
+    with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
+        store.open_corpus(OPENED)
+        docs = {**NS_DOCS, "late": late[("ns", "late")]}
+        grant = {sid: "r1" for sid in docs}
+        for query in ("cells", "division"):
+            hits = store.lexical_search(
+                "c1", "ns", grant, query_terms(query, ANALYZER_EN_SNOWBALL_1), 10, CancelToken()
+            )
+            assert [(h.chunk_id, round(h.score, 9)) for h in hits] == [
+                (c, round(s, 9)) for c, s in reference(docs, set(grant), query)
+            ]
+    with connect(pg_dsn) as conn:
+        spaces = conn.execute(
+            sql.SQL(
+                "SELECT namespace, passages, total_terms FROM {}.lexical_spaces ORDER BY namespace"
+            ).format(s)
+        ).fetchall()
+    terms = sum(len(analyze(t, ANALYZER_EN_SNOWBALL_1)) for texts in docs.values() for t in texts)
+    assert spaces == [("ns", 6, terms), ("other", 0, 0)]

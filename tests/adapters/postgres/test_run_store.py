@@ -310,3 +310,13 @@ def test_a_report_s_open_neither_creates_nor_migrates_the_run_tables(
         assert conn.execute(query).fetchone() == (3,)
     run_stores()  # the host's open migrates
     PgRunStore.open(pg_dsn, schema=pg_schema, migrate=False).close()
+
+
+def test_a_report_on_another_application_s_schema_says_so(pg_dsn: str, pg_schema: str) -> None:
+    # It said "not there yet: start the host", which the host then refused (a black-box test).
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{pg_schema}"')
+        conn.execute(f'CREATE TABLE "{pg_schema}".orders (id int)')
+    with pytest.raises(RetrievalError) as refused:
+        PgRunStore.open(pg_dsn, schema=pg_schema, migrate=False)
+    assert refused.value.reason == "unrelated-database"

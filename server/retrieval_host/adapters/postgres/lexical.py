@@ -139,8 +139,17 @@ def add_to_space(conn: Connection, schema: str, space_pk: int, passages: int, te
 def backfill(conn: Connection, schema: str, stored_version: int) -> None:
     """Build the lexical index of a version-1 schema from the stored passage text (inside
     the migration's transaction; no vector is read or changed)."""
-    if stored_version >= 2:
-        return
+    if stored_version < 2:
+        heal(conn, schema)
+
+
+def heal(conn: Connection, schema: str) -> int:
+    """Analyze every passage without terms (`term_count` NULL) and recount each namespace's
+    statistics from the rows; how many passages were analyzed. Only a replica of the release
+    before the lexical index writes such passages, and its deletes leave the counts behind:
+    one still serving after a newer one migrated the schema (a rolling upgrade, a black-box
+    test) left its writes out of lexical search for good. Run at every writable open, under
+    the schema's lock; those passages' corpora predate the other analyzers."""
     spaces: dict[tuple[str, str], int] = {}
     rows = conn.execute(
         schema_sql(
@@ -167,13 +176,13 @@ def backfill(conn: Connection, schema: str, stored_version: int) -> None:
     conn.execute(
         schema_sql(
             schema,
-            "UPDATE {s}.lexical_spaces l SET passages = t.passages, total_terms = t.terms "
-            "FROM (SELECT corpus_id, namespace, count(term_count) AS passages, "
-            "COALESCE(sum(term_count), 0) AS terms FROM {s}.chunks "
-            "GROUP BY corpus_id, namespace) t "
-            "WHERE l.corpus_id = t.corpus_id AND l.namespace = t.namespace",
+            # Every space, an emptied one too (to 0: a join with the groups left it as it was).
+            "UPDATE {s}.lexical_spaces l SET (passages, total_terms) = "
+            "(SELECT count(c.term_count), COALESCE(sum(c.term_count), 0) FROM {s}.chunks c "
+            "WHERE c.corpus_id = l.corpus_id AND c.namespace = l.namespace)",
         )
     )
+    return len(lengths)
 
 
 @dataclass(frozen=True, slots=True)

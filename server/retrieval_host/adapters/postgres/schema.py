@@ -103,14 +103,14 @@ def ensure_schema_component(
         }
         stored: int | None = None
         if "schema_version" not in present:
-            if not migrate:
-                raise _not_migrated(component, None, version)
             if present:
                 raise _unsafe(
                     f"schema {schema!r} holds tables of another application; point the store "
                     "at its own schema.",
                     UnsafeStoreReason.UNRELATED_DATABASE,
                 )
+            if not migrate:
+                raise _not_migrated(component, None, version)
             conn.execute(
                 schema_sql(
                     schema,
@@ -183,6 +183,15 @@ def _check_shape(conn: Connection, schema: str, tables: Mapping[str, Mapping[str
         (schema, list(tables)),
     ):
         found.setdefault(str(table), {})[str(column)] = str(udt)
+    if not found and tables:
+        # information_schema shows only what the role may use: a role without rights on the
+        # schema's tables sees none (it was told they "were not written by this host").
+        raise _unsafe(
+            f"the role cannot see the tables in schema {schema!r}: grant it USAGE on the "
+            "schema and SELECT, INSERT, UPDATE, DELETE on its tables (or connect as their "
+            "owner).",
+            UnsafeStoreReason.UNRELATED_DATABASE,
+        )
     if found != {name: dict(columns) for name, columns in tables.items()}:
         raise _unsafe(
             f"the tables in schema {schema!r} do not have the shape this host writes; they "

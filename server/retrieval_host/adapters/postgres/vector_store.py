@@ -18,6 +18,7 @@ type adapters and the timeouts.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Final
@@ -90,6 +91,8 @@ __all__ = ["PgSearchStats", "PgVectorStore", "StoreCounters"]
 
 MIN_PGVECTOR_HNSW: Final = (0, 5, 0)
 MIN_PGVECTOR_ITERATIVE: Final = (0, 8, 0)
+
+_log = logging.getLogger(__name__)
 
 
 class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
@@ -184,6 +187,20 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
                     VECTOR_MIGRATIONS,
                     lambda conn, found: lexical.backfill(conn, schema, found),
                 )
+                if not read_only:
+                    with translated("preparing the schema"), transaction(conn):
+                        conn.execute(
+                            "SELECT pg_advisory_xact_lock(%s)",
+                            (lock_key("retrieval-host-schema", schema),),
+                        )
+                        healed = lexical.heal(conn, schema)
+                    if healed:
+                        _log.warning(
+                            "analyzed %d passages that a replica of an earlier release wrote "
+                            "after the schema was migrated (stop every earlier replica before "
+                            "a release that migrates the schema)",
+                            healed,
+                        )
         except BaseException:
             pool.close()
             raise
