@@ -295,6 +295,17 @@ def test_serve_refuses_an_application_it_cannot_build_in_one_line(
     line = _serve_error(config, environ, {**body, "application": "unopenable_app:create"}, capsys)
     assert "STORE_UNAVAILABLE" in line and "opening the store" in line
     assert "(CantOpenError: unable to open database file)" in line
+    # libpq's words run over two lines ("Connection refused\n\tIs the server running ..."):
+    # they are joined onto the one (a black-box test).
+    (config.parent / "refused_app.py").write_text(
+        "import apsw\n"
+        "from retrieval_host.adapters.sqlite.schema import translated\n"
+        "def create(settings, environ):\n"
+        "    with translated('opening the store'):\n"
+        "        raise apsw.CantOpenError('refused\\n\\tIs the server running?')\n"
+    )
+    error = _serve_error(config, environ, {**body, "application": "refused_app:create"}, capsys)
+    assert error.endswith("(CantOpenError: refused Is the server running?)")
 
 
 def test_an_acl_file_broken_after_start_denies_everyone_until_it_is_fixed(

@@ -78,7 +78,10 @@ def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver |
         # own words go with it (callers never see them; the operator starting the host needs
         # "unable to open database file" or the PostgreSQL host and port that refused).
         cause = exc.__cause__
-        said = f" ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else ""
+        # One line: libpq's text runs over two ("Connection refused\n\tIs the server running
+        # ...", a black-box test).
+        words = " ".join(str(cause).split()) if cause is not None else ""
+        said = f" ({type(cause).__name__}: {words})" if words else ""
         raise SettingsError(f"application {settings.application}: {exc}{said}") from None
     except SettingsError:
         raise  # the factory's own word on its options, already one line
