@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import logging.config
 import shutil
 import socket
@@ -20,7 +21,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import SearchRequest
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.serving.cli import main
-from retrieval_host.serving.factory import build_driver, close_driver
+from retrieval_host.serving.factory import build_driver, close_driver, warn_of_idle_grants
 from retrieval_host.serving.ingest_cli import plan_files
 from retrieval_host.serving.workers import reuse_port_socket
 from retrieval_host.settings import load_settings
@@ -422,3 +423,28 @@ def test_quickstart_on_a_port_in_use_says_so_before_indexing(
     error = capsys.readouterr().err
     assert f"retrieval-host: cannot listen on 127.0.0.1:{port}: Address already in use" in error
     assert not state.exists()  # nothing prepared, nothing indexed
+
+
+def test_a_token_granting_what_the_host_lacks_is_named_at_start(
+    example_config: tuple[Path, dict[str, str]],
+    example_driver: Driver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A black-box test: `"providers": ["nope"]` and `"search": ["nolib"]` started silently
+    # (they grant nothing: a typo fails closed, but the operator never heard of it).
+    config, environ = example_config
+    settings = load_settings(config, environ)
+    [token] = settings.tokens
+    grants = token.retrieval.model_copy(update={"search": ("library", "nolib")})
+    typo = token.model_copy(update={"providers": ("nope",), "retrieval": grants})
+    with caplog.at_level(logging.WARNING, logger="retrieval_host"):
+        warn_of_idle_grants(settings, example_driver)
+        assert caplog.records == []  # the example's grants are all the host's
+        warn_of_idle_grants(settings.model_copy(update={"tokens": (typo,)}), example_driver)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "a token of subject 'alice' is granted the provider 'nope', which this host does not "
+        "have: that grant allows nothing",
+        "a token of subject 'alice' is granted the search corpus 'nolib', which this host does "
+        "not have: that grant allows nothing",
+    ]

@@ -31,7 +31,7 @@ from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.validation import check_id
 from retrieval_host.serving import inspect_cli, runs_cli, usage_cli
 from retrieval_host.serving._args import whole_number
-from retrieval_host.serving.factory import build_driver, close_driver
+from retrieval_host.serving.factory import build_driver, close_driver, warn_of_idle_grants
 from retrieval_host.serving.ingest_cli import run_ingest
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
@@ -65,6 +65,8 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
         return supervise(args.config, settings, environ)
     driver = build_driver(settings, environ)
+    if worker is None or worker.index == 0:  # once per host, not per worker
+        warn_of_idle_grants(settings, driver)
     try:
         run_server(settings, driver, environ, worker=worker)
     finally:

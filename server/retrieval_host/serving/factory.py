@@ -99,6 +99,28 @@ def build_driver(settings: HostSettings, environ: Mapping[str, str]) -> Driver |
     return driver
 
 
+def warn_of_idle_grants(settings: HostSettings, driver: Driver | None) -> None:
+    """Log each token grant naming a provider or corpus this host does not have: it grants
+    nothing (a typo fails closed), and a host started so said nothing (a black-box test)."""
+    corpora = set(driver.retrieval.corpora) if driver is not None else set()
+    for token in settings.tokens:
+        named = [("provider", name, name in settings.providers) for name in token.providers]
+        for operation in ("search", "index", "delete"):
+            named += [
+                (f"{operation} corpus", corpus, corpus in corpora)
+                for corpus in getattr(token.retrieval, operation)
+            ]
+        for what, name, known in named:
+            if not known:
+                _log.warning(
+                    "a token of subject %r is granted the %s %r, which this host does not "
+                    "have: that grant allows nothing",
+                    token.subject,
+                    what,
+                    name,
+                )
+
+
 def close_driver(driver: Driver | None) -> None:
     """Close what the factory opened (stores, run records, providers)."""
     if driver is not None:
