@@ -66,14 +66,19 @@ def flipped(data: bytes, at: int) -> bytes:
     return bytes(damaged)
 
 
+def written(path: Path, sources: int = 12) -> tuple[Path, bytes]:
+    """A store filled and closed (`fill`): its snapshot file and the bytes the close wrote."""
+    fill(path, sources=sources)
+    snap = snapshot_path(path, "c1")
+    return snap, snap.read_bytes()
+
+
 def test_a_damaged_byte_in_any_array_is_found_and_the_file_rebuilt(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A black-box test patched each page of a snapshot: hits came back with another
     # passage's text, garbage chunk ids and raw IndexErrors, for only the header was checked.
-    fill(path)
-    snap = snapshot_path(path, "c1")
-    good = snap.read_bytes()
+    snap, good = written(path)
     expected = fresh_answers(path)
     spans = regions(good)
     assert {"header", "matrix", "text", "ids", "source_of", "slots", "keys"} <= set(spans)
@@ -93,9 +98,7 @@ def test_a_damaged_byte_in_any_array_is_found_and_the_file_rebuilt(
 def test_a_damaged_file_is_not_used_by_a_read_only_store_nor_removed(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fill(path)
-    snap = snapshot_path(path, "c1")
-    good = snap.read_bytes()
+    snap, good = written(path)
     low, high = regions(good)["text"]
     damaged = flipped(good, (low + high) // 2)
     place(snap, damaged)
@@ -111,9 +114,7 @@ def test_arrays_of_many_pieces_are_checked_piece_by_piece(
     # Pieces that straddle pages and end mid-array, verified by the threads.
     monkeypatch.setattr(snapshot_checks, "CHECK_BYTES", 1000 + 3)
     monkeypatch.setattr(snapshot_checks, "READ_BYTES", 100)
-    fill(path, sources=40)
-    snap = snapshot_path(path, "c1")
-    good = snap.read_bytes()
+    snap, good = written(path, sources=40)
     _, _, header = layout(good)
     assert len(header["namespaces"]["ns"]["arrays"]["matrix"][4]) > 2
     expected = fresh_answers(path)
@@ -166,9 +167,8 @@ def test_a_file_whose_rows_cannot_be_checked_is_not_used_and_written_anew(
     # A black-box test: a damaged format 1 file (before checksums) was mapped unverified, and
     # its background rewrite certified the damage with fresh CRCs. Format 1 is not mapped
     # now: the first start loads the index from SQLite once and writes format 2.
-    fill(path)
-    snap = snapshot_path(path, "c1")
-    place(snap, spoil(snap.read_bytes()))
+    snap, good = written(path)
+    place(snap, spoil(good))
     expected = fresh_answers(path)
     with open_warned(path, caplog) as store:
         assert "not used" in caplog.text and "mapped the index snapshot" not in caplog.text

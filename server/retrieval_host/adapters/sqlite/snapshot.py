@@ -360,12 +360,11 @@ def _mapped(
     identity = file_identity(st)
     if mapped[: len(MAGIC)] != MAGIC:
         raise SnapshotUnusable("not a snapshot of this format (or one written before checksums)")
-    prefix = _PREFIX
     length = int.from_bytes(mapped[len(MAGIC) : len(MAGIC) + 8], "little")
-    if prefix + length > st.st_size:
+    if _PREFIX + length > st.st_size:
         raise SnapshotUnusable("the header is cut short")
-    header_bytes = mapped[prefix : prefix + length]
-    expected = int.from_bytes(mapped[prefix - 4 : prefix], "little")
+    header_bytes = mapped[_PREFIX : _PREFIX + length]
+    expected = int.from_bytes(mapped[_PREFIX - 4 : _PREFIX], "little")
     if zlib.crc32(header_bytes) != expected:
         raise SnapshotDamaged("its header does not match its checksum", identity)
     header = json.loads(header_bytes)
@@ -373,7 +372,7 @@ def _mapped(
         raise SnapshotUnusable(f"format {header.get('format')!r}, not {FORMAT}")
     if header.get("corpus") != corpus or header.get("descriptor") != descriptor_json:
         raise SnapshotUnusable("written for another corpus or descriptor")
-    data_start = _aligned(prefix + length)
+    data_start = _aligned(_PREFIX + length)
     namespaces: dict[str, tuple[int, dict[str, npt.NDArray[Any]], list[SourceEntry]]] = {}
     pieces: list[Piece] = []
     for namespace, entry in header["namespaces"].items():

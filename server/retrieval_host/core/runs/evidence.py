@@ -131,8 +131,7 @@ def reauthorize_manifest(
     current = _passages(retrieval, result.corpus, grant.namespace, (e.id for e in result.sources))
     for entry in result.sources:
         stored = current.get(entry.id)
-        text = None if stored is None else stored.text
-        if not _same(stored, entry.source_id, entry.revision, None) or (
-            entry.text_sha256 is not None and sha256_text(text or "") != entry.text_sha256
-        ):
+        if stored is None or not _same(stored, entry.source_id, entry.revision, None):
+            raise source_unavailable()
+        if entry.text_sha256 is not None and sha256_text(stored.text) != entry.text_sha256:
             raise source_unavailable()
