@@ -121,6 +121,26 @@ def test_one_string_given_as_source_ids_is_refused_not_split_into_letters(host: 
     assert [h.source.id for h in host.driver.retrieval.search_context(listed, context()).hits]
 
 
+def test_query_and_run_input_lengths_are_the_wires(host: Host) -> None:
+    # A black-box test: in-process took queries of 8,192 characters and run inputs of 65,536
+    # bytes where the wire refuses past 2,048 and 16,384 characters.
+    service = host.driver.retrieval
+    service.search_context(SearchRequest(CORPUS, "quay " + "q" * 2_043), context())
+    error = _refused(
+        lambda: service.search_context(SearchRequest(CORPUS, "quay " + "q" * 2_044), context())
+    )
+    assert "2048 characters" in error.detail
+    emoji = _refused(lambda: service.search_context(SearchRequest(CORPUS, "🚢" * 2_049), context()))
+    assert "2048 characters" in emoji.detail
+    check_run_request(RunRequest("extractive", "extractive", "w" * 16_384))
+    error = _refused(
+        lambda: check_run_request(RunRequest("extractive", "extractive", "w" * 16_385))
+    )
+    assert "16384 characters" in error.detail
+    surrogate = _refused(lambda: check_run_request(RunRequest("extractive", "extractive", LONE)))
+    assert "Unicode" in surrogate.detail or "surrogate" in surrogate.detail
+
+
 @pytest.mark.parametrize("deadline", [0.0, -1.0, float("nan")])
 def test_an_ingest_deadline_must_be_a_positive_number(host: Host, deadline: float) -> None:
     request = IngestRequest(CORPUS, "notes", "text/plain", b"Some notes.")

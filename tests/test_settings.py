@@ -20,6 +20,7 @@ from retrieval_host.adapters.wiring import build_run_store, build_vector_store
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.http.app import search_threads
+from retrieval_host.ingest.settings import IngestLimits
 from retrieval_host.settings import HostSettings, RerankerSettings, SettingsError, load_settings
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
@@ -217,6 +218,18 @@ def test_a_byte_limit_set_against_max_body_bytes_is_refused_not_replaced(
     edge = {"maxBodyBytes": 4096, "maxJsonBodyBytes": 4096, "maxIngestBytesInFlight": 4096}
     both = load_settings(_write(tmp_path, _minimal(limits=edge)), {}).limits
     assert (both.max_json_body_bytes, both.max_ingest_bytes_in_flight) == (4096, 4096)
+
+
+def test_a_body_limit_over_a_documents_own_is_refused(tmp_path: Path) -> None:
+    # A black-box test: 40 MiB was accepted and advertised, while every document over 32 MiB
+    # was still read in full and then refused by the document's own bound.
+    document = IngestLimits().max_bytes
+    at = load_settings(_write(tmp_path, _minimal(limits={"maxBodyBytes": document})), {})
+    assert at.limits.max_body_bytes == document
+    with pytest.raises(SettingsError, match="maxBodyBytes"):
+        load_settings(_write(tmp_path, _minimal(limits={"maxBodyBytes": document + 1})), {})
+    with pytest.raises(SettingsError, match="maxIngestBytesInFlight"):
+        load_settings(_write(tmp_path, _minimal(limits={"maxIngestBytesInFlight": 10**30})), {})
 
 
 def test_trust_own_group_opens_both_sqlite_stores_on_a_group_volume(tmp_path: Path) -> None:

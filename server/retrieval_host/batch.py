@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final, Literal
+from typing import BinaryIO, Final, Literal
 
 from retrieval_host.core.cancel import LinkedCancel
 from retrieval_host.core.context import RequestContext
@@ -115,6 +115,7 @@ class BatchItem:
     chunk_count: int | None = None
     error_code: str | None = None
     reason: str | None = None
+    detail: str | None = None  # a failure's own words ("... more than 2000 pages.")
 
 
 @dataclass(frozen=True)
@@ -310,11 +311,14 @@ def _one(
             raise too_large("bytes", f"the file is larger than {driver.ingest_limits.max_bytes}.")
         data = path.read_bytes()
     except RetrievalError as exc:
-        return _failed(journal, corpus, name, source_id, None, exc.code.value, exc.reason)
+        return _failed(journal, corpus, name, source_id, None, exc)
     except OSError:
-        return _failed(
-            journal, corpus, name, source_id, None, ErrorCode.INVALID_REQUEST.value, "unreadable"
+        unreadable = RetrievalError(
+            ErrorCode.INVALID_REQUEST,
+            "the file could not be read.",
+            reason=InvalidRequestReason.UNREADABLE,
         )
+        return _failed(journal, corpus, name, source_id, None, unreadable)
     file_sha256 = hashlib.sha256(data).hexdigest()
     journaled = done.get((source_id, file_sha256))
     if journaled is not None and _holds(driver, corpus, source_id, journaled, context):
@@ -326,7 +330,7 @@ def _one(
     except RetrievalError as exc:
         if exc.code not in _PER_FILE:
             raise
-        return _failed(journal, corpus, name, source_id, file_sha256, exc.code.value, exc.reason)
+        return _failed(journal, corpus, name, source_id, file_sha256, exc)
     journal.append(
         {
             "v": JOURNAL_VERSION,
@@ -360,8 +364,7 @@ def _failed(
     name: str,
     source_id: str,
     file_sha256: str | None,
-    code: str,
-    reason: str | None,
+    error: RetrievalError,
 ) -> BatchItem:
     # Recorded for the operator; a rerun tries failed files again.
     journal.append(
@@ -372,11 +375,13 @@ def _failed(
             "path": name,
             "fileSha256": file_sha256,
             "status": "failed",
-            "errorCode": code,
-            "reason": reason,
+            "errorCode": error.code.value,
+            "reason": error.reason,
         }
     )
-    return BatchItem(name, source_id, "failed", error_code=code, reason=reason)
+    return BatchItem(
+        name, source_id, "failed", None, None, error.code.value, error.reason, error.detail
+    )
 
 
 def _read_journal(path: Path, corpus: str) -> dict[tuple[str, str], str]:
@@ -434,7 +439,7 @@ class _Journal:
             _fsync_dir(self._path.parent)
         elif self._path.stat().st_size > 0:
             with self._path.open("rb") as existing:
-                if not _journal_line(existing.readline(64 * 1024)):
+                if not _is_journal(existing):
                     # `--journal state/host.json` appended records to the host's config (a
                     # black-box test): a file that is not a journal is never written to.
                     os.close(self._fd)
@@ -468,17 +473,31 @@ class _Journal:
                 ) from None
 
 
-def _journal_line(line: bytes) -> bool:
-    """Whether a journal's first line is one of its records (or the start of one, torn by a
-    crash or a full disk during the first write: it does not parse, has no line end, and
-    begins as a record does). A one-line JSON file without a line end (`json.dump` writes
-    host.json and ACL files so) parses: it is not a journal (a black-box test)."""
+def _is_journal(existing: BinaryIO) -> bool:
+    """Whether a file's first line is one of a journal's records, or the start of one torn by
+    a crash or a full disk during the first write: it does not parse, begins as a record
+    does, and is the last line or was closed by a later run, whose records follow (a black-box
+    test: a journal whose first line was torn resumed once, then was refused). A one-line JSON
+    file without a line end (`json.dump` writes host.json and ACL files so) parses: it is not
+    a journal (a black-box test)."""
+    line = existing.readline(64 * 1024)
     try:
-        entry = json.loads(line)
+        return _record(json.loads(line))
     except ValueError:
-        return not line.endswith(b"\n") and any(
-            line.startswith(start) or start.startswith(line) for start in _RECORD_STARTS
-        )
+        pass
+    head = line.removesuffix(b"\n")
+    if not head or not any(head.startswith(s) or s.startswith(head) for s in _RECORD_STARTS):
+        return False
+    if not line.endswith(b"\n"):
+        return True
+    following = existing.readline(64 * 1024)
+    try:
+        return not following or _record(json.loads(following))
+    except ValueError:
+        return False
+
+
+def _record(entry: object) -> bool:
     return isinstance(entry, dict) and entry.get("v") == JOURNAL_VERSION
 
 

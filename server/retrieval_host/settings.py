@@ -126,9 +126,10 @@ class TlsSettings(_Model):
 
 
 class LimitSettings(_Model):
-    """Limits shared by every route. Timeouts are in seconds."""
+    """Limits shared by every route, timeouts in seconds. `maxBodyBytes` can only lower a
+    document's own bound (`IngestLimits.max_bytes`)."""
 
-    max_body_bytes: Annotated[int, Field(strict=True, ge=1)] = 32 * 1024 * 1024
+    max_body_bytes: Annotated[int, Field(strict=True, ge=1, le=32 * 1024**2)] = 32 * 1024**2
     # The body of a JSON route (search, index, delete, runs; not a raw document to ingest),
     # also bounded by `maxBodyBytes`. Parsing JSON costs memory per value, not per byte (up to
     # ~50x the body for a body of empty objects): 8 MiB holds an index request of 10,000
@@ -141,15 +142,14 @@ class LimitSettings(_Model):
     # concurrency limit alone let 16 uploads of 31 MiB take a host past 1.5 GB (a black-box
     # test). At least `maxBodyBytes`, so that one upload of the largest size is always
     # admitted alone (unset, the default is raised to it; a smaller value set is refused).
-    max_ingest_bytes_in_flight: Annotated[int, Field(strict=True, ge=1)] = 64 * 1024 * 1024
+    max_ingest_bytes_in_flight: Annotated[int, Field(strict=True, ge=1, le=2**40)] = 64 * 2**20
     max_concurrency: Annotated[int, Field(strict=True, ge=1, le=10_000)] = 16
     # Requests one subject may have in flight (of `maxConcurrency`; a larger value is lowered
     # to it): past it that subject's next request is answered HOST_BUSY (reason
     # `subject-busy`) while other subjects keep the rest. None: no share, one subject may take
     # every slot (a client holding 16 slow uploads or streams locks every other out).
     max_concurrency_per_subject: Annotated[int, Field(strict=True, ge=1, le=10_000)] | None = None
-    # Deadline from the connection (or the first byte of a keep-alive request) to the end of
-    # the request headers. uvicorn has none of its own.
+    # From the connection (or a keep-alive request's first byte) to the headers' end.
     header_timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
     # Deadline from the request start to the last byte of the body.
     body_timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 60.0

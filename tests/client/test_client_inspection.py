@@ -4,7 +4,9 @@ show a source, open a citation, delete by the listed revision."""
 from __future__ import annotations
 
 import pytest
+from pydantic import JsonValue
 
+from retrieval_host.core.validation import MAX_METADATA_DEPTH
 from retrieval_host_client import (
     ChunkInput,
     IndexRequest,
@@ -171,3 +173,42 @@ def test_a_citation_pinned_to_its_revision_refuses_a_reused_chunk_id(
         assert api.get_passage(CORPUS, chunk, revision="r2").source.revision == "r2"
     finally:
         api.delete_context(corpus=CORPUS, source_id=source, revision="r2")
+
+
+def _nested(depth: int) -> dict[str, JsonValue]:
+    """A metadata object `depth` containers deep, itself counting 1."""
+    value: JsonValue = 1
+    for _ in range(depth - 1):
+        value = [value]
+    return {"x": value}
+
+
+def test_metadata_as_deep_as_the_host_keeps_reads_back_and_deeper_is_refused(
+    api: ClientApi, mode: str
+) -> None:
+    # A black-box test: metadata 197 deep was stored over HTTP, and every client listing and
+    # search of the corpus that held it then failed to parse (ProtocolError); 300 deep,
+    # stored in-process, made each such answer a 500.
+    source_id = f"deep-{mode}"
+    chunk = ChunkInput(id=f"{source_id}#0", text="The basalt quarry closes at dusk.")
+    api.index_context(
+        IndexRequest(
+            corpus=CORPUS,
+            source=SourceInput(id=source_id, revision="v1", metadata=_nested(MAX_METADATA_DEPTH)),
+            chunks=(chunk,),
+        )
+    )
+    hit = api.search_context(corpus=CORPUS, query="basalt quarry", source_ids=[source_id]).hits[0]
+    assert hit.metadata == _nested(MAX_METADATA_DEPTH)
+    assert any(s.id == source_id for s in api.list_sources(CORPUS))
+    with pytest.raises(InvalidRequestError) as refused:
+        api.index_context(
+            IndexRequest(
+                corpus=CORPUS,
+                source=SourceInput(id=source_id, revision="v2", metadata=_nested(33)),
+                chunks=(chunk,),
+            )
+        )
+    assert f"at most {MAX_METADATA_DEPTH} levels" in str(refused.value)
+    assert api.get_source(CORPUS, source_id).source.revision == "v1"
+    api.delete_context(corpus=CORPUS, source_id=source_id, revision="v1")

@@ -1,4 +1,5 @@
-"""Prepared passages' `source.metadata`: any JSON object within 16 KiB, never a NUL.
+"""Prepared passages' `source.metadata`: any JSON object within 16 KiB of UTF-8 and 32 levels,
+never a NUL.
 
 A black-box tester indexed metadata holding NUL through `POST /v1/retrieval/index`: SQLite kept
 it and gave it back, while PostgreSQL cannot store NUL in `jsonb` and no filter can name it.
@@ -14,6 +15,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import ChunkInput, IndexRequest, JSONValue, Location, SourceInfo
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
+from retrieval_host.core.validation import MAX_METADATA_BYTES, MAX_METADATA_DEPTH
 from tests.contract.conftest import StoreHarness
 
 
@@ -59,3 +61,33 @@ def test_nested_metadata_of_prepared_passages_is_kept_as_given(
     metadata: dict[str, JSONValue] = {"team": {"name": "ops", "tags": ["a", "b"]}, "k": "a\\u0000"}
     _index(service, metadata)
     assert service.get_source("docs", "s", RequestContext("reader")).source.metadata == metadata
+
+
+def test_metadata_bytes_are_counted_in_utf8_and_its_depth_is_bounded(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    # A black-box test: `é` counted the 6 bytes of its escape, so 5.4 KB of UTF-8 was refused
+    # as over 16 KiB; and metadata 300 deep was stored in-process, then every answer holding
+    # it was a 500 (the reply could not be serialized).
+    store = harness.open()
+    service = RetrievalService([Corpus("docs", "v1", local_embedding, store, _grant)])
+    fits: dict[str, JSONValue] = {"k": "é" * ((MAX_METADATA_BYTES - 10) // 2)}
+    _index(service, fits)
+    assert service.get_source("docs", "s", RequestContext("reader")).source.metadata == fits
+    deep: JSONValue = 1
+    for _ in range(MAX_METADATA_DEPTH):
+        deep = [deep]
+    refused: list[tuple[dict[str, JSONValue], str]] = [
+        ({"k": "é" * 8200}, "16384 bytes"),
+        ({"k": deep}, "32 levels"),
+    ]
+    for metadata, words in refused:
+        with pytest.raises(RetrievalError) as info:
+            _index(service, metadata)
+        assert info.value.code is ErrorCode.INVALID_REQUEST
+        assert words in info.value.detail
+    for _ in range(5_000):  # far past what json.dumps can recurse into
+        deep = [deep]
+    with pytest.raises(RetrievalError):
+        _index(service, {"k": deep})
+    assert store.current_revisions("docs", "ns") == {"s": "r1"}

@@ -221,3 +221,17 @@ def test_past_the_cutoff_a_silent_stream_is_ended_and_new_work_is_cancelled_at_o
     assert silent is None
     assert shutdown.wind_down_s / 2 <= waited < shutdown.wind_down_s
     assert shutdown.track(CancelToken()).cancelled  # work begun after the cutoff stops at once
+
+
+def test_an_idle_keep_alive_connection_does_not_hold_the_stop(tmp_path: Path) -> None:
+    # A black-box test: with a pooled client's idle connection open (it reads the socket only
+    # when it next sends), SIGTERM waited out the whole grace: a polite TLS close waits for the
+    # client's close_notify. The grace here is far longer than the wait allowed below.
+    with host_process(
+        tmp_path / "host", subjects={"writer": []}, limits={"shutdownGraceS": 600.0}
+    ) as host:
+        with host.client("writer") as client:
+            assert client.get("/readyz").status_code == 200  # the connection stays pooled
+            host.process.send_signal(signal.SIGTERM)
+            assert host.process.wait(timeout=20) == 0, host.log_text()
+        assert "graceful shutdown exceeded" not in host.log_text()

@@ -121,7 +121,7 @@ async def test_a_filter_the_rules_refuse_gets_a_typed_answer(
         ('{"tags": ["a"]}', 422, "metadata"),
         ('{"a": 1, "a": 2}', 400, "once"),
         (json.dumps({f"k{i}": i for i in range(17)}), 422, "metadata"),
-        (json.dumps({f"k{i}": "\u00e9" * 256 for i in range(4)}), 422, "4096 bytes"),
+        (json.dumps({f"k{i}": "\u00e9" * 256 for i in range(8)}), 422, "4096 bytes"),  # UTF-8
         (json.dumps({"lang": "x\u0000"}), 422, "metadata"),
         (json.dumps({" lang": "en"}), 422, "metadata key"),
     ],
@@ -141,3 +141,15 @@ async def test_bad_metadata_is_refused_and_the_previous_revision_stays(
     assert source.status_code == 200, source.text
     assert source.json()["source"]["revision"] == revision
     assert source.json()["source"]["metadata"]["v"] == 1
+
+
+async def test_metadata_bytes_are_counted_in_utf8(client: httpx.AsyncClient) -> None:
+    # A black-box test: `é` counted the 6 bytes of its escape, so 1,477 bytes of UTF-8 were
+    # refused as "over 4096 bytes".
+    given = {f"k{i}": "\u00e9" * 256 for i in range(7)}  # 3,654 bytes of UTF-8, 10,822 escaped
+    response = await ingest(
+        client, "accents", "The turbine manual, hub chapter.", json.dumps(given)
+    )
+    assert response.status_code == 200, response.text
+    shown = await client.get(f"/v1/corpora/{CORPUS}/sources/accents")
+    assert {k: v for k, v in shown.json()["source"]["metadata"].items() if k in given} == given

@@ -344,6 +344,8 @@ def test_a_missing_journal_folder_is_a_journal_error(tmp_path: Path, host: Host)
         b'{"listen": {"port": 8443}, "tokens": []}',
         b'{"subjects": {"quickstart": {"namespace": "demo"}}}',
         b'{"chunkCount": 1}',
+        b'{"chunkCount":1,"corp\n# notes\n',  # a record's start, then no record
+        b"\n",
     ],
 )
 def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
@@ -363,6 +365,16 @@ def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
     report = ingest_paths(host.driver, CORPUS, files, context(), journal_path=torn)
     assert [i.status for i in report.items] == ["indexed"]
     assert torn.read_bytes().startswith(b'{"chunkCount":1,"corp\n{"chunkCount":')
+    # ...and stays one: the run that closed the torn line left it first (a black-box test:
+    # every later run refused the journal).
+    again = ingest_paths(host.driver, CORPUS, files, context(), journal_path=torn)
+    assert [i.status for i in again.items] == ["skipped"]
+    closed = tmp_path / "closed.jsonl"
+    closed.write_bytes(b'{"chunkCount":1,"corp\n')  # closed, then stopped before a record
+    assert [
+        i.status
+        for i in ingest_paths(host.driver, CORPUS, files, context(), journal_path=closed).items
+    ] == ["unchanged"]
 
 
 def test_a_file_past_the_deadline_is_recorded_and_the_batch_goes_on(

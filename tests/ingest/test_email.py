@@ -397,6 +397,25 @@ def test_mail_limits_are_typed_errors(
     assert caught.value.reason == reason
 
 
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
+def test_a_header_section_is_refused_only_past_its_bound(
+    count_tokens: TokenCounter, newline: bytes
+) -> None:
+    # A black-box test: a file with LF line ends was refused two bytes short of the bound (each
+    # header line counted with a CRLF it did not have).
+    lines = [b"From: a@example.org", b"Subject: s"] + [
+        b"X-Pad-%02d: %s" % (n, b"p" * 180) for n in range(10)
+    ]
+    head = newline.join(lines)
+    bound = len(head)
+    message = head + newline + newline + b"Body text." + newline
+    prepared = prepare(message, count_tokens, "message/rfc822", max_header_bytes=bound)
+    assert [c.text for c in prepared.chunks] == ["Body text."]
+    with pytest.raises(RetrievalError) as caught:
+        prepare(message, count_tokens, "message/rfc822", max_header_bytes=bound - 1)
+    assert caught.value.reason == "header-bytes"
+
+
 def test_a_message_without_text_is_an_empty_document(count_tokens: TokenCounter) -> None:
     with pytest.raises(RetrievalError) as caught:
         prepare(b"From: a@example.org\r\nSubject: only headers\r\n", count_tokens, "message/rfc822")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.validation import MAX_METADATA_BYTES
+from retrieval_host.core.validation import MAX_METADATA_BYTES, json_bytes
 from retrieval_host.ingest import ChunkingSettings, PreparedDocument, prepare_document
 from tests.ingest.conftest import TokenCounter
 
@@ -95,6 +95,22 @@ def test_front_matter_is_metadata_and_never_a_passage(count_tokens: TokenCounter
     assert prepared.source.title == "Harbour guide"
     assert all("port-authority" not in c.text for c in prepared.chunks)
     assert min(c.location.start_line or 0 for c in prepared.chunks) == 5
+
+
+def test_front_matter_and_sections_count_their_bytes_in_utf8(count_tokens: TokenCounter) -> None:
+    # A black-box test: `é` counted the 6 bytes of its escape, so 20 front-matter values of
+    # 100 `é` kept 4 (840 bytes) of the 3,000 allowed, and CJK headings filled "11,000 bytes"
+    # of sections at 7,945.
+    front = "".join(f"k{n}: {'é' * 100}\n" for n in range(20))
+    doc = f"---\n{front}---\n\n" + "".join(f"## 章節{n:03}\n\n本文。\n\n" for n in range(800))
+    metadata = prepare(doc.encode(), count_tokens).source.metadata
+    kept = metadata["frontMatter"]
+    assert isinstance(kept, dict) and 13 <= len(kept) < 20
+    assert 2_800 < json_bytes(kept) <= 3_000
+    sections = metadata["sections"]
+    assert metadata["sectionsTruncated"] is True
+    assert 10_000 < json_bytes(sections) <= 11_000
+    assert json_bytes(metadata) <= MAX_METADATA_BYTES
 
 
 @pytest.mark.parametrize(

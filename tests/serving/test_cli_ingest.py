@@ -81,6 +81,22 @@ def test_files_the_host_cannot_take_are_listed_with_their_reason(
     assert lines[-1].startswith("1 indexed, 0 unchanged, 2 skipped, 0 failed")
 
 
+def test_a_failed_file_is_listed_with_the_hosts_own_words(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    # A black-box test: `failed blank2001.pdf PAYLOAD_TOO_LARGE pages` did not say the limit.
+    config, environ = setup
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "blank.md").write_text("   \n\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert run_ingest(_args(config, tmp_path / "j.jsonl", folder), environ, out, err) == 1
+    assert (
+        "failed    blank.md  INVALID_DOCUMENT empty-document: the document is empty."
+        in out.getvalue().splitlines()
+    ), out.getvalue()
+
+
 def test_a_batch_ingest_needs_no_generation_providers_key(
     setup: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:

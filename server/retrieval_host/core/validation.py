@@ -18,9 +18,14 @@ from retrieval_host.core.models import (
 )
 
 MAX_ID_CHARS = 256
+MAX_QUERY_CHARS = 2048
 MAX_QUERY_BYTES = 8192
 MAX_LIMIT = 100
 MAX_METADATA_BYTES = 16_384
+# Containers inside containers, the outer object counting 1: a reply nests metadata a few
+# levels down, and both the host's JSON parser and the client's stop near 200 levels (a
+# black-box test stored metadata 300 deep in-process: every answer holding it was a 500).
+MAX_METADATA_DEPTH = 32
 MAX_SOURCE_IDS = 10_000
 
 
@@ -81,33 +86,40 @@ def check_text(kind: str, value: str) -> None:
 
 
 def check_metadata(metadata: Metadata) -> None:
-    """Any JSON object within `MAX_METADATA_BYTES`, with no NUL in any key or string (the
-    PostgreSQL store cannot keep one in `jsonb`, and no filter could name it)."""
+    """Any JSON object of at most `MAX_METADATA_BYTES` of UTF-8 and `MAX_METADATA_DEPTH`
+    levels, with no NUL in any key or string (the PostgreSQL store cannot keep one in
+    `jsonb`, and no filter could name it)."""
+    _check_tree(metadata)
     try:
-        encoded = json.dumps(metadata, allow_nan=False, sort_keys=True)
+        size = json_bytes(metadata)
     except (TypeError, ValueError) as exc:
         raise _invalid("metadata must be JSON (finite numbers, string keys).") from exc
-    if len(encoded.encode("utf-8")) > MAX_METADATA_BYTES:
-        raise _invalid(f"metadata must be at most {MAX_METADATA_BYTES} bytes as JSON.")
-    if _holds_nul(metadata):
-        raise _invalid(
-            "metadata keys and strings must not contain the NUL character or a lone surrogate."
-        )
+    if size > MAX_METADATA_BYTES:
+        raise _invalid(f"metadata must be at most {MAX_METADATA_BYTES} bytes of JSON (UTF-8).")
 
 
-def _holds_nul(value: object) -> bool:
-    stack = [value]  # a stack, not recursion: json.dumps above has bounded the depth anyway
+def json_bytes(value: object) -> int:
+    """Bytes of `value` as compact JSON in UTF-8: what metadata bounds count (`é` is 2 bytes,
+    not the 6 of its escape)."""
+    encoded = json.dumps(value, allow_nan=False, sort_keys=True, ensure_ascii=False)
+    return len(encoded.encode("utf-8"))
+
+
+def _check_tree(value: object) -> None:
+    stack = [(value, 1)]  # a stack, not recursion: the depth is what is being checked
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             if "\x00" in item or _SURROGATES.search(item):
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return False
+                raise _invalid(
+                    "metadata keys and strings must not contain the NUL character or a lone "
+                    "surrogate."
+                )
+        elif isinstance(item, dict | list | tuple):
+            if depth > MAX_METADATA_DEPTH:
+                raise _invalid(f"metadata must nest at most {MAX_METADATA_DEPTH} levels deep.")
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
 
 
 MAX_USER_METADATA_KEYS = 16
@@ -118,8 +130,8 @@ MAX_USER_METADATA_BYTES = 4096
 def check_user_metadata(metadata: Mapping[str, object]) -> None:
     """Metadata a caller attaches to an ingested document (the wire's `metadata` parameter):
     at most 16 keys under the identifier rule, each a scalar; strings at most 256 characters
-    under the text rule, numbers finite; 4 KiB in all as ASCII-escaped JSON, so that it always
-    fits beside what a document yields. (Prepared passages take any JSON within 16 KiB.)"""
+    under the text rule, numbers finite; 4 KiB of JSON (UTF-8) in all, so that it always fits
+    beside what a document yields. (Prepared passages take any JSON within 16 KiB.)"""
     if len(metadata) > MAX_USER_METADATA_KEYS:
         raise _invalid(f"metadata has at most {MAX_USER_METADATA_KEYS} keys.")
     for key, value in metadata.items():
@@ -134,8 +146,8 @@ def check_user_metadata(metadata: Mapping[str, object]) -> None:
             raise _invalid("metadata numbers must be finite.")
         elif value is not None and not isinstance(value, bool | int | float):
             raise _invalid("metadata values are strings, numbers, booleans or null.")
-    if len(json.dumps(metadata)) > MAX_USER_METADATA_BYTES:
-        raise _invalid(f"metadata must be at most {MAX_USER_METADATA_BYTES} bytes as JSON.")
+    if json_bytes(metadata) > MAX_USER_METADATA_BYTES:
+        raise _invalid(f"metadata must be at most {MAX_USER_METADATA_BYTES} bytes of JSON (UTF-8).")
 
 
 def check_location(loc: Location) -> None:
@@ -204,6 +216,17 @@ def check_not_one_string(kind: str, values: Sequence[str]) -> None:
         raise _invalid(f"{kind} must be a list of ids, not one string.")
 
 
+def cut_query(text: str) -> str:
+    """The longest start of `text` a search accepts as its query (`MAX_QUERY_CHARS`
+    characters, `MAX_QUERY_BYTES` of UTF-8, whole characters): for a query the caller did not
+    write as one (a run's input), which a refusal would fail over a limit it cannot see."""
+    text = text[:MAX_QUERY_CHARS]
+    encoded = text.encode("utf-8", errors="surrogatepass")
+    if len(encoded) > MAX_QUERY_BYTES:
+        text = encoded[:MAX_QUERY_BYTES].decode("utf-8", errors="ignore")
+    return text.rstrip()
+
+
 def check_search_request(request: SearchRequest) -> None:
     check_id("corpus", request.corpus)
     if not isinstance(request.query, str):  # in-process: bytes, a number
@@ -211,8 +234,10 @@ def check_search_request(request: SearchRequest) -> None:
     if not request.query.strip():
         raise _invalid("query must not be empty.")
     check_text("query", request.query)
-    if len(request.query.encode("utf-8")) > MAX_QUERY_BYTES:
-        raise _invalid(f"query must be at most {MAX_QUERY_BYTES} bytes.")
+    if len(request.query) > MAX_QUERY_CHARS or len(request.query.encode()) > MAX_QUERY_BYTES:
+        raise _invalid(
+            f"query must be at most {MAX_QUERY_CHARS} characters and {MAX_QUERY_BYTES} bytes."
+        )
     if (
         isinstance(request.limit, bool)
         or not isinstance(request.limit, int)

@@ -41,7 +41,11 @@ def error_response(
             )
         else:
             logger.warning(
-                "%s: %s", error.code.value, error.detail, extra={"request_id": request_id}
+                "%s: %s%s",
+                error.code.value,
+                error.detail,
+                _cause(error),
+                extra={"request_id": request_id},
             )
     headers: dict[str, str] | None = None
     if error.code is ErrorCode.UNAUTHENTICATED:
@@ -51,6 +55,17 @@ def error_response(
     if run_id is None:
         run_id = error.run_id
     return problem_response(error, request_id, headers=headers, run_id=run_id)
+
+
+def _cause(error: RetrievalError) -> str:
+    """The driver's own words a store attached (`translating`), for the operator: its first
+    line only (PostgreSQL's DETAIL lines can quote values). A black-box test filled the disk:
+    the log said "the database failed" and never why."""
+    cause = error.__cause__
+    if cause is None:
+        return ""
+    words = str(cause).strip().splitlines()
+    return f" ({type(cause).__name__}: {words[0][:300] if words else 'no message'})"
 
 
 def problem_response(

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Final
 
 from retrieval_host.core.models import JSONValue
+from retrieval_host.core.validation import json_bytes
 
 _NEWLINES: Final = re.compile(r"\r\n?")
 _SURROGATES: Final = re.compile("[\ud800-\udfff]")
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
-# Source metadata must stay under core's 16 KiB (as JSON). Lists that can grow with the document
-# (sections, messages) get most of it; the rest is for scalar fields.
+# Source metadata must stay under core's 16 KiB (JSON in UTF-8). Lists that can grow with the
+# document (sections, messages) get most of it; the rest is for scalar fields.
 LIST_BUDGET_BYTES: Final = 11_000
 FIELD_CHARS: Final = 300
 # The byte-order marks of UTF-16 (little-, then big-endian): text, though not the UTF-8 that
@@ -42,8 +42,8 @@ def clip(value: str, limit: int = FIELD_CHARS) -> str:
 
 
 def json_size(value: JSONValue) -> int:
-    """Bytes of `value` as core's metadata check serializes it (ASCII-escaped JSON)."""
-    return len(json.dumps(value, sort_keys=True))
+    """Bytes of `value` as core's metadata check counts them (JSON in UTF-8)."""
+    return json_bytes(value)
 
 
 def bounded(

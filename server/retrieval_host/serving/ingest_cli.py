@@ -179,6 +179,8 @@ def item_line(item: BatchItem) -> str:
         detail = "stopped before its commit" if item.reason == IN_FLIGHT else "not started"
     if item.error_code is not None:
         detail = f"{item.error_code} {item.reason or ''}".strip()
+        if item.detail and item.detail != item.reason:
+            detail = f"{detail}: {item.detail}"
     return f"{item.status:<9} {item.source_id}  {detail}".rstrip()
 
 

@@ -120,10 +120,12 @@ class _PipelineTooDeep(Exception):
     """Raised from a parser callback to stop a connection queueing too many requests."""
 
 
-def _head_size(url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
-    """The request line and header lines as sent, less optional white space: `GET url
-    HTTP/1.1`, each `name: value`, their line ends and the blank line."""
-    return len(url) + 16 + sum(len(name) + len(value) + 4 for name, value in headers) + 2
+def _head_size(method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) -> int:
+    """The request line and header lines as sent, less optional white space: `METHOD url
+    HTTP/1.1`, each `name: value`, their line ends and the blank line. (A black-box test: a
+    method counted as four letters refused a GET one byte short of the bound.)"""
+    line = len(method) + 1 + len(url) + len(" HTTP/1.1\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in headers) + 2
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -255,7 +257,10 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self._arm_header_deadline()
 
     def on_headers_complete(self) -> None:
-        if self._head_bytes is not None and _head_size(self.url, self.headers) > MAX_HEADER_BYTES:
+        if (
+            self._head_bytes is not None
+            and _head_size(self.parser.get_method(), self.url, self.headers) > MAX_HEADER_BYTES
+        ):
             self._oversized_head = True
             # httptools turns this into an HttpParserError; uvicorn then calls
             # send_400_response, which answers the 431.
@@ -281,6 +286,17 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._disarm_body_deadline()
         self._reading_body = False
         super().on_message_complete()
+
+    def shutdown(self) -> None:
+        # A connection with nothing in flight and nothing left to send is dropped at once. A
+        # polite TLS close waits for the client's close_notify, which a pooled client sends
+        # only when it next touches the connection: each idle keep-alive connection held a
+        # stop for the whole `shutdownGraceS` (a black-box test: 25 s instead of 0.2 s).
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and not self.pipeline and not self.transport.get_write_buffer_size():
+            self.transport.abort()
+            return
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_deadline()

@@ -45,6 +45,7 @@ from retrieval_host.core.run_ports import (
 )
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs.evidence import reauthorize_manifest
+from retrieval_host.core.runs.request import MAX_INPUT_CHARS
 from retrieval_host.core.runs_model import (
     CitationPolicy,
     Fallbacks,
@@ -61,6 +62,7 @@ from retrieval_host.core.runs_model import (
     RunStarted,
 )
 from retrieval_host.core.service import RetrievalService
+from retrieval_host.core.validation import cut_query
 from retrieval_host_client import validate_source_citations
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
 from tests.support.fake_rerank import RERANK_MODEL, FakeReranker
@@ -426,6 +428,23 @@ def test_a_malformed_retrieval_refuses_the_run_before_it_starts(
     assert caught.value.code is ErrorCode.INVALID_REQUEST
     assert named in caught.value.detail
     assert run_world.provider.requests == []
+
+
+def test_an_input_longer_than_a_query_searches_its_start_and_a_longer_one_is_refused(
+    run_world: RunWorld,
+) -> None:
+    # A black-box test: an input within its 16,384 characters but over the search's 8 KiB
+    # failed "No authorized passage matched" (its search was refused, the limit unnamed).
+    question = "How long does the battery last? "
+    long_input = question + "é" * 9_000  # 18 KB of UTF-8, 9,032 characters
+    result = run_world.engine.run(_before(query=long_input), ALICE)
+    assert [r.status for r in result.receipts] == ["ok"]
+    assert result.receipts[0].query == cut_query(long_input) != long_input
+    assert "battery-1" in [s.id for s in result.sources]
+    with pytest.raises(RetrievalError) as caught:
+        run_world.engine.run(_before(query="x" * (MAX_INPUT_CHARS + 1)), ALICE)
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    assert f"{MAX_INPUT_CHARS} characters" in caught.value.detail
 
 
 def test_tool_mode_needs_at_least_one_query(run_world: RunWorld) -> None:

@@ -32,6 +32,7 @@ from retrieval_host.core.runs_model import (
     RunRetrieval,
 )
 from retrieval_host.core.service import RetrievalService
+from retrieval_host.core.validation import cut_query
 
 SEARCH_TOOL = ToolSpec(
     name="search_context",
@@ -81,7 +82,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     emit = run.emit
     started = run.clock()
     # prepare
-    query = " ".join(raw_query.split())
+    query = cut_query(" ".join(raw_query.split()))
     key = run.dedup_key(spec.corpus, spec.source_ids, query)
     run.sequence += 1
 
@@ -128,7 +129,7 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         return r
 
     # check input
-    if not query or len(query.encode("utf-8")) > 8192:
+    if not query:
         return receipt("failed", code=ErrorCode.INVALID_REQUEST.value)
     # dedup and quota
     if key in run.seen:
