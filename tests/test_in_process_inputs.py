@@ -122,16 +122,16 @@ def test_one_string_given_as_source_ids_is_refused_not_split_into_letters(host: 
 
 
 def test_query_and_run_input_lengths_are_the_wires(host: Host) -> None:
-    # A black-box test: in-process took queries of 8,192 characters and run inputs of 65,536
-    # bytes where the wire refuses past 2,048 and 16,384 characters.
+    # A black-box test: in-process took run inputs of 65,536 bytes where the wire refuses past
+    # 16,384 characters. Queries: 8 KiB of UTF-8 on both (the wire took 2,048 characters).
     service = host.driver.retrieval
-    service.search_context(SearchRequest(CORPUS, "quay " + "q" * 2_043), context())
+    service.search_context(SearchRequest(CORPUS, "quay " + "q" * 8_187), context())
     error = _refused(
-        lambda: service.search_context(SearchRequest(CORPUS, "quay " + "q" * 2_044), context())
+        lambda: service.search_context(SearchRequest(CORPUS, "quay " + "q" * 8_188), context())
     )
-    assert "2048 characters" in error.detail
+    assert "8192 bytes" in error.detail
     emoji = _refused(lambda: service.search_context(SearchRequest(CORPUS, "🚢" * 2_049), context()))
-    assert "2048 characters" in emoji.detail
+    assert "8192 bytes" in emoji.detail
     check_run_request(RunRequest("extractive", "extractive", "w" * 16_384))
     error = _refused(
         lambda: check_run_request(RunRequest("extractive", "extractive", "w" * 16_385))

@@ -280,6 +280,35 @@ async def test_passage_text_follows_one_rule_in_the_schema_and_the_host(
         _problem(response, 422, "INVALID_REQUEST")
 
 
+@pytest.mark.parametrize(
+    ("query", "valid"),
+    [
+        ("Which quay? " + "q" * 6_000, True),  # a paragraph (2,048 characters were refused)
+        ("q" * 8_192, True),
+        ("q" * 8_193, False),
+        ("港" * 2_730, True),  # 8,190 bytes
+        ("港" * 2_731, False),  # 2,731 characters, 8,193 bytes
+    ],
+    ids=["paragraph", "8192-ascii", "8193-ascii", "8190-bytes-cjk", "8193-bytes-cjk"],
+)
+async def test_a_query_is_bounded_by_its_utf8_bytes_in_the_schema_and_the_host(
+    client: httpx.AsyncClient, rules_world: World, query: str, valid: bool
+) -> None:
+    # A black-box test: ArguAna-shaped questions (a whole argument) passed in-process and
+    # were refused over HTTPS past 2,048 characters.
+    try:
+        wire.SearchRequest(corpus=CORPUS, query=query)
+        schema_valid = True
+    except ValidationError:
+        schema_valid = False
+    assert schema_valid is valid
+    body = {"corpus": CORPUS, "query": query}
+    response = await client.post("/v1/retrieval/search", json=body, headers=_auth(rules_world))
+    assert (response.status_code == 200) is valid, response.text
+    if not valid:
+        _problem(response, 422, "INVALID_REQUEST")
+
+
 # --- a client-chosen idle timeout is the client's limit: 408, not a 5xx ----------------------
 
 

@@ -176,3 +176,33 @@ def test_passage_context_none_builds_an_index_without_context(tmp_path: Path) ->
         assert descriptor is not None
         stored[context] = json.loads(descriptor)["chunking"].get("context")
     assert stored == {"none": None, "title-sections": "title-sections"}
+
+
+def test_a_refused_document_and_an_oversized_query_are_counted_not_fatal(tmp_path: Path) -> None:
+    # A black-box test: one empty record (or one with NUL) stopped the whole run with a
+    # traceback; a query over the search's bound did too, and placed first it made the report
+    # say every mode was "not supported by this build".
+    directory = _write_beir(tmp_path / "edges")
+    with (directory / "corpus.jsonl").open("a") as corpus:
+        corpus.write(json.dumps({"_id": "blank", "title": "", "text": "   "}) + "\n")
+    with (directory / "queries.jsonl").open("a") as queries:
+        queries.write(json.dumps({"_id": "q0", "text": "cells " * 2_000}) + "\n")  # 12 KB
+    qrels = directory / "qrels" / "train.tsv"
+    lines = qrels.read_text().splitlines()
+    qrels.write_text("\n".join([lines[0], "q0\td1\t1", "q0\tblank\t1", *lines[1:]]) + "\n")
+    dataset = quality.read_beir(directory, "train")
+    assert next(iter(dataset.queries)) == "q0"
+    embedding = LocalEmbedding(threads=1)
+    with quality.cached_index(
+        dataset, tmp_path / "cache", embedding, progress=lambda _: None
+    ) as index:
+        assert index.refused == {"blank": "INVALID_DOCUMENT empty-document"}
+        outcomes = {m: quality.search_all(index, dataset.queries, m) for m in ("dense", "hybrid")}
+    for outcome in outcomes.values():
+        assert outcome.run is not None and outcome.refused == 1
+        assert outcome.run["q0"] == {} and "d1" in outcome.run["q1"]
+        assert len(outcome.latencies_s) == 2
+    with quality.cached_index(
+        dataset, tmp_path / "cache", embedding, progress=lambda _: None
+    ) as again:
+        assert again.ingest_s is None and again.refused == index.refused

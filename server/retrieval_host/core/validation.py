@@ -18,7 +18,6 @@ from retrieval_host.core.models import (
 )
 
 MAX_ID_CHARS = 256
-MAX_QUERY_CHARS = 2048
 MAX_QUERY_BYTES = 8192
 MAX_LIMIT = 100
 MAX_METADATA_BYTES = 16_384
@@ -217,10 +216,9 @@ def check_not_one_string(kind: str, values: Sequence[str]) -> None:
 
 
 def cut_query(text: str) -> str:
-    """The longest start of `text` a search accepts as its query (`MAX_QUERY_CHARS`
-    characters, `MAX_QUERY_BYTES` of UTF-8, whole characters): for a query the caller did not
-    write as one (a run's input), which a refusal would fail over a limit it cannot see."""
-    text = text[:MAX_QUERY_CHARS]
+    """The longest start of `text` a search accepts as its query (`MAX_QUERY_BYTES` of UTF-8,
+    whole characters): for a query the caller did not write as one (a run's input), which a
+    refusal would fail over a limit it cannot see."""
     encoded = text.encode("utf-8", errors="surrogatepass")
     if len(encoded) > MAX_QUERY_BYTES:
         text = encoded[:MAX_QUERY_BYTES].decode("utf-8", errors="ignore")
@@ -234,10 +232,8 @@ def check_search_request(request: SearchRequest) -> None:
     if not request.query.strip():
         raise _invalid("query must not be empty.")
     check_text("query", request.query)
-    if len(request.query) > MAX_QUERY_CHARS or len(request.query.encode()) > MAX_QUERY_BYTES:
-        raise _invalid(
-            f"query must be at most {MAX_QUERY_CHARS} characters and {MAX_QUERY_BYTES} bytes."
-        )
+    if len(request.query.encode("utf-8")) > MAX_QUERY_BYTES:
+        raise _invalid(f"query must be at most {MAX_QUERY_BYTES} bytes of UTF-8.")
     if (
         isinstance(request.limit, bool)
         or not isinstance(request.limit, int)
