@@ -4,8 +4,10 @@ and a document past a limit answers a typed 422 with the previous revision still
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -91,8 +93,9 @@ def test_a_client_that_hangs_up_during_a_costly_parse_frees_its_slot_within_a_se
 
 
 def test_a_client_that_leaves_a_streamed_ingest_cancels_it_and_frees_its_slot(
-    hostile_host: RunningHost, hostile_world: World
+    hostile_host: RunningHost, hostile_world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="retrieval_host.access")
     pool = shared_parse_pool()
     killed = pool.counters.killed
     slow = docs.operator_heavy_pdf(SLOW_PDF_PAGES, SLOW_PDF_OPERATORS)
@@ -112,6 +115,20 @@ def test_a_client_that_leaves_a_streamed_ingest_cancels_it_and_frees_its_slot(
     assert time.monotonic() - hung_up < SLOT_RELEASE_BOUND_S
     wait_until(lambda: pool.counters.killed == killed + 1, what="the worker to be killed")
     assert hostile_world.stores[CORPUS].get_source(CORPUS, "team", "slow-streamed") is None
+
+    # Its access line says so, as a run's does (a black-box test: a plain 200, and nothing
+    # counted in the streamed failures).
+    def line() -> dict[str, Any] | None:
+        fields = [
+            getattr(r, "fields", {}) for r in caplog.records if r.name == "retrieval_host.access"
+        ]
+        return next((f for f in fields if f.get("route") == "/v1/retrieval/ingest"), None)
+
+    wait_until(lambda: line() is not None, what="the cut stream's access line")
+    assert {k: (line() or {}).get(k) for k in ("status", "code")} == {
+        "status": 200,
+        "code": "CANCELLED",
+    }
 
 
 def test_an_operator_bomb_over_https_is_a_typed_422_and_the_old_revision_stays(

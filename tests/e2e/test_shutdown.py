@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -233,5 +234,35 @@ def test_an_idle_keep_alive_connection_does_not_hold_the_stop(tmp_path: Path) ->
         with host.client("writer") as client:
             assert client.get("/readyz").status_code == 200  # the connection stays pooled
             host.process.send_signal(signal.SIGTERM)
+            assert host.process.wait(timeout=20) == 0, host.log_text()
+        assert "graceful shutdown exceeded" not in host.log_text()
+
+
+def test_a_request_answered_during_the_stop_does_not_hold_it_while_its_client_lingers(
+    tmp_path: Path,
+) -> None:
+    # A black-box test: a request in flight at SIGTERM was answered 1.2 s in, and the host
+    # still waited out the whole grace: its connection's TLS close waited for the client's
+    # close_notify, which a client that keeps its socket open never sends.
+    with host_process(
+        tmp_path / "host", subjects={"writer": []}, limits={"shutdownGraceS": 600.0}
+    ) as host:
+        body = json.dumps({"corpus": CORPUS, "query": "intake valve"}).encode()
+        head = (
+            "POST /v1/retrieval/search HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {host.tokens['writer']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        raw = socket.create_connection(("127.0.0.1", host.port))
+        with host.tls.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+            conn.sendall(head + body[:10])  # in flight: its body is still arriving
+            host.process.send_signal(signal.SIGTERM)
+            wait_until(lambda: "shutting down" in host.log_text(), what="the stop to begin")
+            conn.sendall(body[10:])
+            answer = b""
+            while chunk := conn.recv(65536):  # until the host ends the connection
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            # The socket stays open, unread and unclosed, while the host stops.
             assert host.process.wait(timeout=20) == 0, host.log_text()
         assert "graceful shutdown exceeded" not in host.log_text()

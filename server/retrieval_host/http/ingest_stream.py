@@ -94,6 +94,7 @@ async def streamed_ingest(
         raise first  # refused before any parsing: a plain problem response
 
     async def events() -> AsyncGenerator[ServerSentEvent, None]:
+        ended = False  # the ingest's outcome is known (its last event is being sent)
         try:
             yield _sse({"type": "ingest.started", "requestId": request_id})
             item: _Item = first
@@ -101,16 +102,24 @@ async def streamed_ingest(
                 if isinstance(item, _Done):
                     result = wire_retrieval.index_response(item.result)
                     body = {"type": "ingest.completed", "result": result.model_dump(by_alias=True)}
+                    ended = True
                     yield _sse(body)
                     return
                 if isinstance(item, BaseException):
                     failed = _failed(item, request_id)
                     problem = failed["problem"]
                     note_stream_failure(scope, problem["code"], problem.get("reason"))
+                    ended = True
                     yield _sse(failed)
                     return
                 yield _sse(item)
                 item = await _next(queue, shutdown)
+        except (GeneratorExit, asyncio.CancelledError):
+            if not ended:
+                # The client left before the outcome: the ingest is cancelled, and the access
+                # line and metrics say so, as for a run (a black-box test: a plain 200).
+                note_stream_failure(scope, ErrorCode.CANCELLED.value, None)
+            raise
         finally:
             # A no-op once the work ended; on a disconnect it stops the work at its next check.
             context.cancel.cancel()
