@@ -32,6 +32,8 @@ from tests.support.observability import (
 )
 
 GRACE_S = 4.0
+# Sources of 15 KB of metadata each: a listing of them (~4.5 MB) outgrows the kernel's buffers.
+SLOW_READER_SOURCES = 300
 # The cutoff comes a quarter of the grace period before its end (`http/shutdown.py`).
 CUTOFF_S = GRACE_S * 3 / 4
 # Passages of the large index: tens of ms each with the local model on one thread, so the
@@ -266,3 +268,40 @@ def test_a_request_answered_during_the_stop_does_not_hold_it_while_its_client_li
             # The socket stays open, unread and unclosed, while the host stops.
             assert host.process.wait(timeout=20) == 0, host.log_text()
         assert "graceful shutdown exceeded" not in host.log_text()
+
+
+def test_an_answer_still_on_its_way_to_a_slow_reader_is_delivered_whole(tmp_path: Path) -> None:
+    # A black-box test: dropping connections whose TLS layer had nothing left to send cut a
+    # 7 MB source listing at 3 MB for a client reading slowly when SIGTERM came (the bytes
+    # still queued under the TLS layer were lost).
+    metadata = {"note": "m" * 15_000}
+    with host_process(tmp_path / "host", subjects={"writer": []}) as host:
+        with host.client("writer") as client:
+            for i in range(SLOW_READER_SOURCES):
+                body = {
+                    "corpus": CORPUS,
+                    "source": {"id": f"big-{i:03}", "revision": "r1", "metadata": metadata},
+                    "chunks": [{"id": f"big-{i:03}-0", "text": f"Valve {i} is checked weekly."}],
+                }
+                assert client.post("/v1/retrieval/index", json=body).status_code == 200
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window, before SYN
+        raw.connect(("127.0.0.1", host.port))
+        with host.tls.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+            conn.sendall(
+                f"GET /v1/corpora/{CORPUS}/sources?limit=1000 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {host.tokens['writer']}\r\n\r\n".encode()
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:  # the answer has begun: it is in flight
+                head += conn.recv(4096)
+            host.process.send_signal(signal.SIGTERM)
+            wait_until(lambda: "shutting down" in host.log_text(), what="the stop to begin")
+            received = head
+            while chunk := conn.recv(65536):
+                received += chunk
+        header, _, payload = received.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: (\d+)", header.lower()).group(1))  # type: ignore[union-attr]
+        assert len(payload) == length > 4_000_000, host.log_text()[-4000:]
+        assert len(json.loads(payload)["sources"]) == SLOW_READER_SOURCES
+        assert host.process.wait(timeout=60) == 0, host.log_text()
