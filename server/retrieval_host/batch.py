@@ -475,26 +475,43 @@ class _Journal:
 
 def _is_journal(existing: BinaryIO) -> bool:
     """Whether a file's first line is one of a journal's records, or the start of one torn by
-    a crash or a full disk during the first write: it does not parse, begins as a record
-    does, and is the last line or was closed by a later run, whose records follow (a black-box
-    test: a journal whose first line was torn resumed once, then was refused). A one-line JSON
-    file without a line end (`json.dump` writes host.json and ACL files so) parses: it is not
-    a journal (a black-box test)."""
+    a crash or a full disk during a write: it does not parse, begins as a record does, and is
+    the last line, or a later run closed it and what follows is a record or torn alike (black-
+    box tests: a journal whose first record was torn resumed once and was then refused, and
+    one whose resume was torn too). A one-line JSON file without a line end (`json.dump`
+    writes host.json and ACL files so) parses: it is not a journal (a black-box test)."""
     line = existing.readline(64 * 1024)
+    if _journal_line(line):
+        return True
+    if not _torn(line):
+        return False
+    following = existing.readline(64 * 1024)
+    if not following:  # the torn line is the last, closed by a resume or not
+        return len(line.removesuffix(b"\n")) > 1  # `{` alone is no record's start
+    return _journal_line(following) or _torn(following)
+
+
+def _journal_line(line: bytes) -> bool:
     try:
         return _record(json.loads(line))
     except ValueError:
-        pass
-    head = line.removesuffix(b"\n")
-    if not head or not any(head.startswith(s) or s.startswith(head) for s in _RECORD_STARTS):
         return False
-    if not line.endswith(b"\n"):
-        return True
-    following = existing.readline(64 * 1024)
+
+
+def _torn(line: bytes) -> bool:
+    """A line that does not parse and begins as a record's line does."""
+    head = line.removesuffix(b"\n")
+    if not head or _parses(head):
+        return False
+    return any(head.startswith(s) or s.startswith(head) for s in _RECORD_STARTS)
+
+
+def _parses(data: bytes) -> bool:
     try:
-        return not following or _record(json.loads(following))
+        json.loads(data)
     except ValueError:
         return False
+    return True
 
 
 def _record(entry: object) -> bool:

@@ -91,3 +91,26 @@ def test_metadata_bytes_are_counted_in_utf8_and_its_depth_is_bounded(
     with pytest.raises(RetrievalError):
         _index(service, {"k": deep})
     assert store.current_revisions("docs", "ns") == {"s": "r1"}
+
+
+def test_the_bound_counts_compact_json_and_an_object_sharing_its_parts_is_refused_at_once(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    # Black-box tests: the count added a space after every `:` and `,` (flat metadata of
+    # 14,000 compact bytes was refused as over 16 KiB); an in-process object built as
+    # `a = [a, a]` many times over was walked path by path before its refusal (doubling per
+    # level: minutes at 30); an integer key was stored as a string.
+    store = harness.open()
+    service = RetrievalService([Corpus("docs", "v1", local_embedding, store, _grant)])
+    flat: dict[str, JSONValue] = {f"k{i:04}": "v" * 3 for i in range(1_170)}  # 16,381 bytes
+    _index(service, flat)
+    assert service.get_source("docs", "s", RequestContext("reader")).source.metadata == flat
+    shared: JSONValue = [1]
+    for _ in range(30):
+        shared = [shared, shared]  # 2**30 leaves, 31 levels
+    with pytest.raises(RetrievalError) as info:
+        _index(service, {"k": shared})
+    assert "16384 bytes" in info.value.detail
+    with pytest.raises(RetrievalError) as keyed:
+        _index(service, {"k": {1: "a"}})  # type: ignore[dict-item]
+    assert "keys must be strings" in keyed.value.detail

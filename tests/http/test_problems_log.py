@@ -9,6 +9,7 @@ import pytest
 
 from retrieval_host.adapters.sqlite.schema import translated
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.http import ingest_stream
 from retrieval_host.http.problems import error_response
 
 
@@ -41,3 +42,17 @@ def test_an_upstream_failure_logs_no_words_of_its_own(caplog: pytest.LogCaptureF
     except RetrievalError as exc:
         error_response(exc, "req-2")
     assert [r.getMessage() for r in caplog.records] == ["PROVIDER_FAILED: x"]
+
+
+def test_a_streamed_ingest_failure_is_logged_with_its_cause_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A black-box test: the full disk was named for a JSON answer, not for the `ingest.failed`
+    # event of a streamed ingest (the clients' default).
+    caplog.set_level(logging.WARNING, logger="retrieval_host.http")
+    failed = ingest_stream._failed(_raised(apsw.FullError("database or disk is full")), "req-3")
+    assert failed["problem"]["code"] == "STORE_UNAVAILABLE"
+    assert [r.getMessage() for r in caplog.records] == [
+        "STORE_UNAVAILABLE: the database failed while replacing a source. "
+        "(FullError: database or disk is full)"
+    ]

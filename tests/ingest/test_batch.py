@@ -346,6 +346,7 @@ def test_a_missing_journal_folder_is_a_journal_error(tmp_path: Path, host: Host)
         b'{"chunkCount": 1}',
         b'{"chunkCount":1,"corp\n# notes\n',  # a record's start, then no record
         b"\n",
+        b"{\n",
     ],
 )
 def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
@@ -369,6 +370,12 @@ def test_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
     # every later run refused the journal).
     again = ingest_paths(host.driver, CORPUS, files, context(), journal_path=torn)
     assert [i.status for i in again.items] == ["skipped"]
+    twice = tmp_path / "twice.jsonl"  # the first record torn, then the resume's first too
+    twice.write_bytes(b'{"chunkCount":1,"corp\n{"corpus":"lib')
+    assert [
+        i.status
+        for i in ingest_paths(host.driver, CORPUS, files, context(), journal_path=twice).items
+    ] == ["unchanged"]
     closed = tmp_path / "closed.jsonl"
     closed.write_bytes(b'{"chunkCount":1,"corp\n')  # closed, then stopped before a record
     assert [

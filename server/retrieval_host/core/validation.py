@@ -12,6 +12,7 @@ from retrieval_host.core.models import (
     SEARCH_MODES,
     ChunkInput,
     IndexRequest,
+    JSONValue,
     Location,
     Metadata,
     SearchRequest,
@@ -99,15 +100,24 @@ def check_metadata(metadata: Metadata) -> None:
 
 def json_bytes(value: object) -> int:
     """Bytes of `value` as compact JSON in UTF-8: what metadata bounds count (`é` is 2 bytes,
-    not the 6 of its escape)."""
-    encoded = json.dumps(value, allow_nan=False, sort_keys=True, ensure_ascii=False)
+    not the 6 of its escape; no space after `:` or `,`)."""
+    encoded = json.dumps(
+        value, allow_nan=False, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
     return len(encoded.encode("utf-8"))
 
 
 def _check_tree(value: object) -> None:
     stack = [(value, 1)]  # a stack, not recursion: the depth is what is being checked
+    seen = 0
     while stack:
         item, depth = stack.pop()
+        seen += 1
+        if seen > MAX_METADATA_BYTES:
+            # Every value takes at least a byte and a separator in JSON: past this many it
+            # cannot fit. Checked as it is walked (a black-box test: an in-process object
+            # sharing its parts, `a = [a, a]` 30 times over, would take minutes to serialize).
+            raise _invalid(f"metadata must be at most {MAX_METADATA_BYTES} bytes of JSON (UTF-8).")
         if isinstance(item, str):
             if "\x00" in item or _SURROGATES.search(item):
                 raise _invalid(
@@ -117,8 +127,46 @@ def _check_tree(value: object) -> None:
         elif isinstance(item, dict | list | tuple):
             if depth > MAX_METADATA_DEPTH:
                 raise _invalid(f"metadata must nest at most {MAX_METADATA_DEPTH} levels deep.")
+            if isinstance(item, dict) and not all(isinstance(key, str) for key in item):
+                raise _invalid("metadata keys must be strings.")  # json.dumps made 1 into "1"
             children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
+
+
+def shown_metadata(metadata: Metadata) -> Metadata:
+    """`metadata` as a reply shows it: as stored, except that containers deeper than
+    `MAX_METADATA_DEPTH` (stored before that bound, which an earlier release did not have)
+    become `DEEPER_THAN_SHOWN`: the wire's JSON and the client's parser stop near 200 levels,
+    and such a source made every answer holding it a 500 or a client error (a black-box
+    test, after an upgrade)."""
+    if _depth_within(metadata):
+        return metadata
+    return {key: _cut(value, 2) for key, value in metadata.items()}
+
+
+DEEPER_THAN_SHOWN = f"(nested deeper than {MAX_METADATA_DEPTH} levels: not shown)"
+
+
+def _depth_within(value: object) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_METADATA_DEPTH:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+def _cut(value: JSONValue, depth: int) -> JSONValue:
+    if not isinstance(value, dict | list):
+        return value
+    if depth > MAX_METADATA_DEPTH:
+        return DEEPER_THAN_SHOWN
+    if isinstance(value, dict):
+        return {key: _cut(child, depth + 1) for key, child in value.items()}
+    return [_cut(child, depth + 1) for child in value]
 
 
 MAX_USER_METADATA_KEYS = 16

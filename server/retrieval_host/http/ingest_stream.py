@@ -29,6 +29,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import IndexResult, JSONValue
 from retrieval_host.http.policy import RequestPolicy
+from retrieval_host.http.problems import log_failure
 from retrieval_host.http.request_id import note_stream_failure
 from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.http.sse import event_stream
@@ -148,6 +149,8 @@ def _failed(error: BaseException, request_id: str) -> dict[str, Any]:
     if not isinstance(error, RetrievalError):
         logger.error("ingest failed", exc_info=error)
         error = RetrievalError(ErrorCode.INTERNAL, "The host failed to ingest the document.")
+    else:
+        log_failure(error, request_id)  # as a JSON answer's (a full disk went unnamed)
     problem = problem_body(error.code, error.detail, request_id, reason=error.reason)
     return {"type": "ingest.failed", "problem": problem}
 

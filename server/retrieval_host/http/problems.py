@@ -29,24 +29,7 @@ def error_response(
 ) -> Response:
     """How a route's error is answered: its problem, with the headers its code calls for
     (logged when the host or its upstream is at fault). `run_id`: the run it ended."""
-    if error.status >= 500:
-        if error.code in UPSTREAM_CODES:
-            # An upstream's message can quote what it was sent (passages, the question): it
-            # goes to the caller in the problem body, never into the host's log.
-            logger.warning(
-                "%s: %s",
-                error.code.value,
-                error.reason or "failed",
-                extra={"request_id": request_id},
-            )
-        else:
-            logger.warning(
-                "%s: %s%s",
-                error.code.value,
-                error.detail,
-                _cause(error),
-                extra={"request_id": request_id},
-            )
+    log_failure(error, request_id)
     headers: dict[str, str] | None = None
     if error.code is ErrorCode.UNAUTHENTICATED:
         headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
@@ -55,6 +38,27 @@ def error_response(
     if run_id is None:
         run_id = error.run_id
     return problem_response(error, request_id, headers=headers, run_id=run_id)
+
+
+def log_failure(error: RetrievalError, request_id: str) -> None:
+    """Log an error the host or its upstream is at fault for (5xx), as a JSON answer or a
+    stream's `*.failed` event reports it."""
+    if error.status < 500:
+        return
+    if error.code in UPSTREAM_CODES:
+        # An upstream's message can quote what it was sent (passages, the question): it
+        # goes to the caller in the problem body, never into the host's log.
+        logger.warning(
+            "%s: %s", error.code.value, error.reason or "failed", extra={"request_id": request_id}
+        )
+    else:
+        logger.warning(
+            "%s: %s%s",
+            error.code.value,
+            error.detail,
+            _cause(error),
+            extra={"request_id": request_id},
+        )
 
 
 def _cause(error: RetrievalError) -> str:

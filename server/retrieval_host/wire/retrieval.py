@@ -13,6 +13,7 @@ import pydantic_core
 
 from retrieval_host.core import inspection
 from retrieval_host.core import models as core
+from retrieval_host.core.validation import shown_metadata
 from retrieval_host_client import models as wire
 
 
@@ -98,7 +99,7 @@ def _search_body(result: core.SearchResult) -> dict[str, Any]:
                     "lexical": h.scores.get("lexical"),
                     "rerank": h.scores.get("rerank"),
                 },
-                "metadata": h.metadata,
+                "metadata": shown_metadata(h.metadata),
                 "indexedAt": h.indexed_at,
             }
             for h in result.hits
@@ -218,7 +219,7 @@ def _source_listing(s: inspection.SourceSummary) -> wire.SourceListing:
         revision=s.revision,
         title=s.title,
         media_type=s.media_type,
-        metadata=dict(s.metadata),
+        metadata=dict(shown_metadata(s.metadata)),
         chunk_count=s.chunk_count,
         bytes=s.bytes,
         indexed_at=s.indexed_at,
@@ -251,5 +252,5 @@ def passage_response(passage: inspection.Passage) -> wire.PassageResponse:
         document_sha256=passage.document_sha256,
         retrieved_at=passage.retrieved_at,
         scope=wire.Scope.model_validate(_scope(passage.scope)),
-        metadata=dict(passage.metadata),
+        metadata=dict(shown_metadata(passage.metadata)),
     )
