@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
@@ -176,3 +178,33 @@ def test_a_file_whose_rows_cannot_be_checked_is_not_used_and_written_anew(
     assert snap.read_bytes().startswith(snapshot.MAGIC)  # the close wrote format 2
     with open_mapped(path, caplog) as store:
         assert_same(answers(store), expected)
+
+
+def test_on_a_tmpfs_a_snapshot_has_no_holes_and_one_with_holes_is_not_mapped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A black-box test filled a tmpfs holding the store: mapping the snapshot's sparse room
+    # then took pages the tmpfs no longer had, and the host died of SIGBUS, saying nothing.
+    shm = Path("/dev/shm")
+    assert snapshot.on_tmpfs(shm), "this machine's /dev/shm is a tmpfs"
+    directory = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        directory.chmod(0o700)
+        path = directory / "store.db"
+        snap, data = written(path)
+        assert snap.stat().st_blocks * 512 >= len(data)  # every byte allocated, no hole
+        store = open_mapped(path, caplog)
+        store.close()
+        place(snap, b"")
+        with snap.open("r+b") as sparse:  # the same bytes, each page of zeros a hole again
+            for at in range(0, len(data), 4096):
+                if any(data[at : at + 4096]):
+                    sparse.seek(at)
+                    sparse.write(data[at : at + 4096])
+            sparse.truncate(len(data))
+        assert snap.read_bytes() == data and snap.stat().st_blocks * 512 < len(data)
+        store = open_warned(path, caplog)
+        store.close()
+        assert "holes on a tmpfs" in caplog.text
+    finally:
+        shutil.rmtree(directory)

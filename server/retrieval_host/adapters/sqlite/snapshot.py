@@ -192,6 +192,11 @@ def write(
             out.seek(0)
             out.write(_prefix(final) + final)
         os.ftruncate(fd, total)  # the room after the last array is a hole too
+        if on_tmpfs(path.parent):
+            # On tmpfs a hole is taken from memory when the mapping first touches it, and a
+            # full tmpfs then kills the host with SIGBUS (a black-box test): its room is
+            # allocated here instead, where a full tmpfs is an error the writer logs.
+            os.posix_fallocate(fd, 0, total)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -202,6 +207,27 @@ def write(
     os.replace(temporary, path)
     _sync_directory(path.parent)
     return total
+
+
+def on_tmpfs(directory: Path) -> bool:
+    """Whether `directory` lies on a tmpfs (`/dev/shm`, a Kubernetes `emptyDir` in memory), by
+    the longest mount point above it in `/proc/self/mountinfo` (False where there is none)."""
+    try:
+        table = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    target = os.path.realpath(directory)
+    best, kind = "", ""
+    for line in table.splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        mount = parts[4].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, rest.split()[0]
+    return kind == "tmpfs"
 
 
 def _header_bytes(content: Mapping[str, Any]) -> bytes:
@@ -342,6 +368,8 @@ def _read(
             raise SnapshotUnusable("the file changed while it was opened")
         if st.st_size < _PREFIX:
             raise SnapshotUnusable("the file is too short")
+        if st.st_blocks * 512 < st.st_size and on_tmpfs(path.parent):
+            raise SnapshotUnusable("it has holes on a tmpfs, which a full tmpfs turns into SIGBUS")
         mapped = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
         snap, pieces = _mapped(mapped, st, corpus, descriptor_json, dims)
         found = problem(fd, pieces) if verify else None
