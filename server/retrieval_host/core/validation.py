@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import (
@@ -107,12 +107,22 @@ def json_bytes(value: object) -> int:
     return len(encoded.encode("utf-8"))
 
 
-def _check_tree(value: object) -> None:
-    stack = [(value, 1)]  # a stack, not recursion: the depth is what is being checked
-    seen = 0
+def _walk(value: object) -> Iterator[tuple[object, int]]:
+    """Every value in `value` (dict keys too) with its level, the outer one 1; a stack, not
+    recursion (the depth is what callers check). A container's children are reached only if
+    the caller asks for more after seeing it."""
+    stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        seen += 1
+        yield item, depth
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in (*item.keys(), *item.values()))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, depth + 1) for child in item)
+
+
+def _check_tree(value: object) -> None:
+    for seen, (item, depth) in enumerate(_walk(value), 1):
         if seen > MAX_METADATA_BYTES:
             # Every value takes at least a byte and a separator in JSON: past this many it
             # cannot fit. Checked as it is walked (a black-box test: an in-process object
@@ -129,8 +139,6 @@ def _check_tree(value: object) -> None:
                 raise _invalid(f"metadata must nest at most {MAX_METADATA_DEPTH} levels deep.")
             if isinstance(item, dict) and not all(isinstance(key, str) for key in item):
                 raise _invalid("metadata keys must be strings.")  # json.dumps made 1 into "1"
-            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
 
 
 def shown_metadata(metadata: Metadata) -> Metadata:
@@ -148,15 +156,11 @@ DEEPER_THAN_SHOWN = f"(nested deeper than {MAX_METADATA_DEPTH} levels: not shown
 
 
 def _depth_within(value: object) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > MAX_METADATA_DEPTH:
-                return False
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return True
+    return all(
+        depth <= MAX_METADATA_DEPTH
+        for item, depth in _walk(value)
+        if isinstance(item, dict | list | tuple)
+    )
 
 
 def _cut(value: JSONValue, depth: int) -> JSONValue:

@@ -41,11 +41,6 @@ def clip(value: str, limit: int = FIELD_CHARS) -> str:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-def json_size(value: JSONValue) -> int:
-    """Bytes of `value` as core's metadata check counts them (JSON in UTF-8)."""
-    return json_bytes(value)
-
-
 def bounded(
     items: Iterable[Mapping[str, JSONValue]], budget: int = LIST_BUDGET_BYTES
 ) -> tuple[list[JSONValue], bool]:
@@ -53,7 +48,7 @@ def bounded(
     kept: list[JSONValue] = []
     used = 2
     for item in items:
-        size = json_size(item) + 2
+        size = json_bytes(item) + 2
         if used + size > budget:
             return kept, True
         kept.append(dict(item))

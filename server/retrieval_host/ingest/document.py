@@ -31,8 +31,13 @@ from dataclasses import dataclass
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import ChunkInput, IndexRequest, JSONScalar, JSONValue, SourceInfo
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
-from retrieval_host.core.validation import MAX_METADATA_BYTES, check_id, check_user_metadata
-from retrieval_host.ingest._text import clip, json_size
+from retrieval_host.core.validation import (
+    MAX_METADATA_BYTES,
+    check_id,
+    check_user_metadata,
+    json_bytes,
+)
+from retrieval_host.ingest._text import clip
 from retrieval_host.ingest.chunking import Chunker, Extracted
 from retrieval_host.ingest.email import extract_email
 from retrieval_host.ingest.html import extract_html
@@ -188,7 +193,7 @@ def finish_document(
     final_title = title if title is not None else clip(extracted.title, 1024)
     given = dict(metadata or {})
     check_user_metadata(given)
-    merged = {**_fit_metadata(dict(extracted.metadata), json_size(given)), **given}
+    merged = {**_fit_metadata(dict(extracted.metadata), json_bytes(given)), **given}
     if revision is None:
         revision = "sha256:" + _digest(
             {
@@ -248,7 +253,7 @@ def _fit_metadata(metadata: dict[str, JSONValue], reserved: int) -> dict[str, JS
     """Last guard under core's metadata bound, `reserved` bytes kept for the caller's own
     metadata: growing lists give way first, flagged."""
     for key in ("sections", "messages", "frontMatter"):
-        if json_size(metadata) <= MAX_METADATA_BYTES - 512 - reserved:
+        if json_bytes(metadata) <= MAX_METADATA_BYTES - 512 - reserved:
             break
         if key in metadata:
             metadata[key] = [] if key != "frontMatter" else {}

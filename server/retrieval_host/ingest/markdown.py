@@ -32,12 +32,12 @@ from typing import Final
 
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason
+from retrieval_host.core.validation import json_bytes
 from retrieval_host.ingest._text import (
     FIELD_CHARS,
     UTF16_BOMS,
     bounded,
     clip,
-    json_size,
     normalize_text,
 )
 from retrieval_host.ingest.chunking import Block, Extracted, Segment
@@ -164,7 +164,7 @@ def _front_matter(lines: list[str]) -> tuple[dict[str, JSONValue], int]:
             continue
         key = match.group(1).strip()
         value = clip(_unquote((match.group(2) or "").strip()), FIELD_CHARS)
-        if json_size({**front, key: value}) > _FRONT_MATTER_BUDGET:
+        if json_bytes({**front, key: value}) > _FRONT_MATTER_BUDGET:
             break
         front[key] = value
     return front, end + 1
