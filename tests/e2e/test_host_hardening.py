@@ -134,6 +134,29 @@ def test_a_header_section_over_the_bound_sent_at_once_gets_431(
         assert getattr(lines[0], "request_id", None) == response.headers["x-request-id"]
 
 
+@pytest.mark.parametrize("keep_alive", [False, True], ids=["first-request", "keep-alive"])
+@pytest.mark.parametrize("over", [0, 1])
+def test_white_space_around_header_values_counts_toward_the_bound(
+    running_host: RunningHost, keep_alive: bool, over: int
+) -> None:
+    # A black-box test: a 100 KB head of values padded with spaces was served when it arrived
+    # in one read (only the parsed values, stripped of the padding, were measured).
+    start = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad:"
+    end = b"a \r\nConnection: close\r\n\r\n"
+    head = start + b" " * (MAX_HEADER_BYTES + over - len(start) - len(end)) + end
+    assert len(head) == MAX_HEADER_BYTES + over
+    with raw_connect(running_host) as conn:
+        if keep_alive:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert conn.read_response().status == 200
+        conn.sendall(head)
+        response = conn.read_response()
+    if over:
+        _assert_problem(response, 431, "headers-too-large")
+    else:
+        assert response.status == 200, response.body
+
+
 def test_a_connection_may_queue_a_few_pipelined_requests_and_is_closed_past_them(
     running_host: RunningHost,
 ) -> None:

@@ -19,12 +19,15 @@ could make the host hold megabytes of header per connection before any ASGI code
 the bytes fed to the parser while a request's headers are incomplete are counted, and past
 `MAX_HEADER_BYTES` the client gets a 431 problem and the connection is closed (at most one
 transport read, up to 256 KiB, is taken beyond the bound). Because a whole header section can
-arrive within one such read (a black-box tester's 66-160 KB headers were served), the parsed
-request line and headers are also measured when they are complete, and a section over the
-bound is refused there, before the application sees the request. A request the parser refuses
-(malformed framing, a request target over its bound) gets a 400 problem body with a request
-id, as every other error does, instead of uvicorn's plain-text line. A connection that queues
-more than `MAX_PIPELINED` requests behind the one being answered is closed.
+arrive within one such read (a black-box tester's 66-160 KB headers were served), a read is
+measured before the parser sees it, up to the blank line that ends the head, white space
+included (values padded with spaces were served when only parsed values were counted). A head
+that follows another request within one read (pipelined) is measured as parsed when complete,
+and one over the bound is refused there, before the application sees the request. A request
+the parser refuses (malformed framing, a request target over its bound) gets a 400 problem
+body with a request id, as every other error does, instead of uvicorn's plain-text line. A
+connection that queues more than `MAX_PIPELINED` requests behind the one being answered is
+closed.
 """
 
 from __future__ import annotations
@@ -133,6 +136,15 @@ def _head_size(method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) ->
     return line + sum(len(name) + len(value) + 4 for name, value in headers) + 2
 
 
+def _head_part(tail: bytes, data: bytes) -> int:
+    """How many bytes of `data` belong to a request head being read: up to the blank line that
+    ends it (found across `tail`, the end of the previous read), or all of them. Counted as
+    sent, optional white space included, before the parser strips it."""
+    seen = tail + data
+    ends = [at + len(end) for end in (b"\n\r\n", b"\n\n") if (at := seen.find(end)) >= 0]
+    return max(0, min(ends) - len(tail)) if ends else len(data)
+
+
 def _unsent(transport: asyncio.Transport) -> int:
     """Bytes written to `transport` that its client has not acknowledged yet, as far as they
     can be seen: the TLS layer's buffer and the kernel's send queue (Linux `TIOCOUTQ`, unsent
@@ -177,6 +189,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         # Bytes fed to the parser since the current request's headers began (None: complete).
         self._head_bytes: int | None = 0
         self._oversized_head = False  # the complete header section measured over the bound
+        self._head_tail = b""  # the last bytes read, for a head's end split between reads
         self._began = self.loop.time()  # of the connection, then of each request's first byte
         self._pipeline_overflow = False
         # A problem to answer once the requests ahead of it have their answers (pipelining).
@@ -221,7 +234,15 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._deferred is not None:
             return  # the parser stopped at a bad request; its answer waits for those ahead
-        counting = self._head_bytes is not None
+        # Bytes of the current head already read (a new request's, 0, between requests).
+        before = self._head_bytes
+        if before is None and not self._reading_body:
+            before = 0
+        if before is not None and before + _head_part(self._head_tail, data) > MAX_HEADER_BYTES:
+            self._refuse_oversized_head()
+            return
+        self._head_tail = data[-2:]
+        counting = before is not None
         super().data_received(data)
         # Counted after feeding: the headers may have completed within this piece. Bytes that
         # arrived after a request's headers were counted for the next (pipelined) request.
