@@ -11,6 +11,8 @@ PUBLIC = {
     # the application boundary
     "Driver", "IngestRequest", "RequestContext", "CancelToken",
     "RetrievalService", "Corpus", "CommitEvent", "RunEngine",
+    # an application's own retrievals on the same lifecycle (`Driver.retrieve`)
+    "Retrieval", "Retrieved", "Effect",
     # retrieval requests and results
     "SearchRequest", "SearchResult", "IndexRequest", "IndexResult", "DeleteRequest",
     "DeleteResult", "ChunkInput", "SourceInfo", "Location", "Hit", "SourceRef", "Scope",

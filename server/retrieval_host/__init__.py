@@ -29,6 +29,7 @@ from retrieval_host.core.inspection import (
     SourcePage,
     SourceSummary,
 )
+from retrieval_host.core.lifecycle import Effect, Retrieval, Retrieved
 from retrieval_host.core.models import (
     ChunkInput,
     DeleteRequest,
@@ -94,6 +95,7 @@ __all__ = [
     "DeleteRequest",
     "DeleteResult",
     "Driver",
+    "Effect",
     "EmbeddingAdapter",
     "EmbeddingUsage",
     "ErrorCode",
@@ -113,8 +115,10 @@ __all__ = [
     "PassageSummary",
     "PreparedDocument",
     "RequestContext",
+    "Retrieval",
     "RetrievalError",
     "RetrievalService",
+    "Retrieved",
     "RunCompleted",
     "RunDelta",
     "RunEngine",
