@@ -18,10 +18,11 @@ from retrieval_host.core.models import (
     SearchRequest,
     SourceInfo,
 )
+from retrieval_host.core.validation import DERIVED_CHUNK_ID
 from retrieval_host.driver import IngestRequest
-from retrieval_host.ingest import ChunkingSettings
+from retrieval_host.ingest import ChunkingSettings, chunk_id
 from tests.support import ingest_documents as docs
-from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context, make_host
+from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context, dump_index, make_host
 
 GUIDE = b"""# Harbour guide
 
@@ -241,3 +242,33 @@ def test_a_hit_shows_its_own_section_and_the_source_keeps_them_all(host: Host) -
     assert passage.metadata == hit.metadata
     stored = host.corpus.store.get_source(CORPUS, NAMESPACE, "guide")
     assert stored is not None and len(stored.metadata["sections"]) == 2  # type: ignore[arg-type]
+
+
+def test_prepared_passages_cannot_take_ids_of_the_shape_ingestion_derives(host: Host) -> None:
+    # A black-box test: ingestion's chunk ids are a public digest of the source id, revision,
+    # position and text, so a writer allowed one source of its own could index a guessed
+    # passage under the id it derives for another source and read the answer: a conflict
+    # (the guess is that source's text) or success. Such ids are refused whatever is stored.
+    ingested = ingest(host, GUIDE)
+    rows = sorted(
+        (row for row in dump_index(host, ["guide"])), key=lambda row: row[4].start_line or 0
+    )
+    held = rows[0][2]
+    assert DERIVED_CHUNK_ID.fullmatch(held)
+    unheld = chunk_id("guide", ingested.source.revision, 99, "a guess")
+    failures = []
+    for chunk in (held, unheld):
+        mine = IndexRequest(CORPUS, SourceInfo("mine", "r1"), [ChunkInput(chunk, rows[0][3])])
+        with pytest.raises(RetrievalError) as caught:
+            host.driver.index_context(mine, context())
+        failures.append(caught.value)
+    assert [(f.code, f.reason) for f in failures] == [
+        (ErrorCode.INVALID_REQUEST, "reserved-chunk-id")
+    ] * 2
+    assert [str(f).replace(held, unheld) for f in failures] == [str(failures[1])] * 2
+    assert host.store.get_source(CORPUS, NAMESPACE, "mine") is None
+    # Ids of another shape stay the application's to choose (ingestion's own ids pass: each is
+    # its passage's digest, as every ingest test shows).
+    ours = [ChunkInput(f"mine-{i}", row[3]) for i, row in enumerate(rows)]
+    mine = IndexRequest(CORPUS, SourceInfo("mine", "r1"), ours)
+    assert host.driver.index_context(mine, context()).status == "indexed"

@@ -106,6 +106,8 @@ class InvalidRequestReason(StrEnum):
     TOKEN_BUDGET_EXHAUSTED = "token-budget-exhausted"  # noqa: S105 - a reason, not a secret
     INVALID_CURSOR = "invalid-cursor"  # a page cursor that was edited or is of another listing
     PAGE_LIMIT = "page-limit"  # a listing's `limit` outside 1..1000 (400)
+    # A prepared passage's id has ingestion's shape but is not that passage's digest (422).
+    RESERVED_CHUNK_ID = "reserved-chunk-id"
 
 
 class InvalidDocumentReason(StrEnum):

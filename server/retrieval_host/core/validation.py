@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Final
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import (
@@ -17,6 +19,7 @@ from retrieval_host.core.models import (
     Metadata,
     SearchRequest,
 )
+from retrieval_host.core.reasons import InvalidRequestReason
 
 MAX_ID_CHARS = 256
 MAX_QUERY_BYTES = 8192
@@ -214,11 +217,27 @@ def check_location(loc: Location) -> None:
         check_text("location.documentId", loc.document_id)
 
 
-def check_chunks(chunks: Sequence[ChunkInput]) -> None:
+# The shape of the ids ingestion derives (`derived_chunk_id`), reserved for them.
+DERIVED_CHUNK_ID: Final = re.compile(r"p[0-9a-f]{24}")
+
+
+def derived_chunk_id(source_id: str, revision: str, ordinal: int, text: str) -> str:
+    """The id ingestion gives the `ordinal`-th passage (from 0) of a source revision: a
+    digest of the four, the same whenever the same document is ingested again."""
+    material = "\x1f".join((source_id, revision, str(ordinal), text))
+    return "p" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
+
+
+def check_chunks(chunks: Sequence[ChunkInput], source_id: str, revision: str) -> None:
+    """The passages of one source revision. An id of ingestion's shape is refused unless it is
+    that passage's own digest (`derived_chunk_id` of this source, revision, position and text):
+    the digest is public, so a writer who could index any id of that shape under a source of
+    its own could test guesses of another source's whole text by the `CHUNK_ID_CONFLICT` they
+    draw (a black-box test confirmed a price in a source it could neither read nor write)."""
     if not chunks:
         raise _invalid("a source revision needs at least one passage.")
     seen: set[str] = set()
-    for chunk in chunks:
+    for ordinal, chunk in enumerate(chunks):
         if not isinstance(chunk, ChunkInput) or not isinstance(chunk.text, str):
             raise _invalid("passages are ChunkInput objects holding text.")
         check_chunk_id(chunk.id)
@@ -228,6 +247,16 @@ def check_chunks(chunks: Sequence[ChunkInput]) -> None:
         if not chunk.text.strip():
             raise _invalid("passage text must not be empty.")
         check_text("passage text", chunk.text)
+        if DERIVED_CHUNK_ID.fullmatch(chunk.id) and chunk.id != derived_chunk_id(
+            source_id, revision, ordinal, chunk.text
+        ):
+            raise RetrievalError(
+                ErrorCode.INVALID_REQUEST,
+                f"chunk id {chunk.id!r} has the shape of the ids ingestion derives ('p' and 24 "
+                "hex digits), which is reserved for the passage whose digest it is: choose "
+                "another id.",
+                reason=InvalidRequestReason.RESERVED_CHUNK_ID,
+            )
         check_location(chunk.location)
         for heading in chunk.section_path:
             check_text("section heading", heading)
@@ -248,7 +277,7 @@ def check_index_request(request: IndexRequest) -> None:
         or any(c not in "0123456789abcdef" for c in request.document_sha256)
     ):
         raise _invalid("documentSha256 must be 64 lowercase hex digits.")
-    check_chunks(request.chunks)
+    check_chunks(request.chunks, request.source.id, request.source.revision)
 
 
 def _finite(value: object) -> bool:

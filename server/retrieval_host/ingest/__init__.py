@@ -6,7 +6,8 @@ same atomic path as prepared passages; `retrieval_host.batch.ingest_paths`, abov
 ingests many files resumably.
 """
 
-from retrieval_host.ingest.document import PreparedDocument, chunk_id, prepare_document
+from retrieval_host.core.validation import derived_chunk_id as chunk_id
+from retrieval_host.ingest.document import PreparedDocument, prepare_document
 from retrieval_host.ingest.settings import (
     CHUNKING_SCHEME,
     MEDIA_TYPES,

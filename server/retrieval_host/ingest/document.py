@@ -35,6 +35,7 @@ from retrieval_host.core.validation import (
     MAX_METADATA_BYTES,
     check_id,
     check_user_metadata,
+    derived_chunk_id,
     json_bytes,
 )
 from retrieval_host.ingest._text import clip
@@ -206,18 +207,14 @@ def finish_document(
             }
         )
     chunks = tuple(
-        ChunkInput(chunk_id(source_id, revision, ordinal, p.text), p.text, p.location, p.path)
+        ChunkInput(
+            derived_chunk_id(source_id, revision, ordinal, p.text), p.text, p.location, p.path
+        )
         for ordinal, p in enumerate(passages)
     )
     return PreparedDocument(
         SourceInfo(source_id, revision, final_title, merged), chunks, document_sha256
     )
-
-
-def chunk_id(source_id: str, revision: str, ordinal: int, text: str) -> str:
-    """The deterministic id of the `ordinal`-th passage of a source revision."""
-    material = "\x1f".join((source_id, revision, str(ordinal), text))
-    return "p" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:24]
 
 
 def _extract(
