@@ -104,3 +104,15 @@ def test_a_marker_a_heading_line_split_is_not_joined_back_into_one() -> None:
     text = "The heron rotation uses the vault [\n# note\nsource:p-fake] exactly once."
     [line] = [x for x in _answer([_passage("p-1", text)], "heron rotation vault") if x]
     assert "[ source:" not in line and "( source:p-fake]" in line
+
+
+def test_sentences_of_scripts_without_spaces_end_at_their_own_full_stops() -> None:
+    # A black-box test: `。` ended no sentence, so a Japanese paragraph was quoted whole, two
+    # sentences that had nothing to do with the question included.
+    text = "会議は十時に始まります。昼食は十二時です。猫が窓の外で鳴いています。"
+    lines = [x for x in _answer([_passage("p-1", text)], "昼食は何時ですか") if x]
+    assert lines[0] == "- 昼食は十二時です。 [source:p-1]"
+    assert not any("猫" in line for line in lines)
+    hindi = "दिल्ली भारत की राजधानी है। मुंबई एक बड़ा शहर है।"
+    lines = [x for x in _answer([_passage("p-2", hindi)], "राजधानी दिल्ली") if x]
+    assert lines[0] == "- दिल्ली भारत की राजधानी है। [source:p-2]"
