@@ -166,6 +166,47 @@ def test_a_pdf_without_a_text_layer_says_so(count_tokens: TokenCounter) -> None:
     assert caught.value.reason == "pdf-no-text-layer"
 
 
+def test_a_page_whose_glyphs_no_font_maps_is_a_page_without_text(
+    count_tokens: TokenCounter,
+) -> None:
+    # A black-box test: such a page was indexed as a passage of U+FFFD, searchable and cited,
+    # and counted in `pagesWithText`.
+    data = docs.missing_font_pdf()
+    assert "\ufffd" in pypdf.PdfReader(io.BytesIO(data)).pages[1].extract_text()
+    prepared = prepare_document(data, "application/pdf", source_id="x", token_counter=count_tokens)
+    assert [c.location.page for c in prepared.chunks] == [1]
+    assert "\ufffd" not in "".join(c.text for c in prepared.chunks)
+    assert (prepared.source.metadata["pageCount"], prepared.source.metadata["pagesWithText"]) == (
+        2,
+        1,
+    )
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(
+            docs.missing_font_pdf(readable_page=False),
+            "application/pdf",
+            source_id="x",
+            token_counter=count_tokens,
+        )
+    assert (caught.value.code, caught.value.reason) == (
+        ErrorCode.INVALID_DOCUMENT,
+        "pdf-no-text-layer",
+    )
+    assert "cannot be decoded" in str(caught.value)
+
+
+def test_a_damaged_page_refuses_the_pdf_and_is_named(count_tokens: TokenCounter) -> None:
+    # A black-box test: "the PDF could not be read" did not tell one bad page from a broken file.
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(
+            docs.damaged_page_pdf(), "application/pdf", source_id="x", token_counter=count_tokens
+        )
+    assert (caught.value.code, caught.value.reason) == (
+        ErrorCode.INVALID_DOCUMENT,
+        "pdf-malformed",
+    )
+    assert caught.value.detail.startswith("page 2 of the PDF could not be read")
+
+
 @pytest.mark.parametrize(
     "data",
     [

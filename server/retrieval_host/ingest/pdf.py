@@ -103,10 +103,19 @@ class _PypdfLog(logging.Handler):
 
 
 _PYPDF_LOG: Final = _PypdfLog()
+REPLACEMENT: Final = "\ufffd"  # what pypdf extracts for a glyph it cannot map to text
 _pypdf_logger = logging.getLogger("pypdf")
 _pypdf_logger.setLevel(logging.WARNING)
 _pypdf_logger.propagate = False
 _pypdf_logger.addHandler(_PYPDF_LOG)
+
+
+class _PageUnreadable(Exception):
+    """pypdf failed on one page's content (the cause): which page, for the refusal."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(number)
+        self.number = number
 
 
 def extract_pdf(
@@ -135,6 +144,14 @@ def extract_pdf(
             return _extract(data, title, limits, cancel)
     except RetrievalError:
         raise
+    except _PageUnreadable as exc:
+        # One damaged page refuses the file (indexing the rest would drop its text unseen);
+        # the detail names it, so a broken file and one bad page can be told apart.
+        _log.info("unreadable PDF page %d: %s", exc.number, type(exc.__cause__).__name__)
+        raise invalid_document(
+            InvalidDocumentReason.PDF_MALFORMED,
+            f"page {exc.number} of the PDF could not be read (its content is damaged).",
+        ) from exc.__cause__
     except LimitReachedError as exc:
         raise too_large(
             PayloadTooLargeReason.PDF_RESOURCE_LIMIT,
@@ -209,12 +226,18 @@ def _extract(
     _check_content_streams(pages, limits, cancel)
     texts: list[str] = []
     total = 0
+    undecodable = 0  # pages whose every glyph extracted as U+FFFD
     segments: list[Segment] = []
     for number, page in enumerate(pages, start=1):
         if cancel is not None:
             cancel.check()
         _PYPDF_LOG.skipped_forms = False
-        page_text = normalize_text(page.extract_text())
+        try:
+            page_text = normalize_text(page.extract_text())
+        except (RetrievalError, LimitReachedError, RecursionError):
+            raise
+        except Exception as exc:
+            raise _PageUnreadable(number) from exc
         if _PYPDF_LOG.skipped_forms:
             # pypdf stops following form XObjects past its bound and returns the text before
             # them: indexed, the page would be short with nothing to say so.
@@ -231,12 +254,20 @@ def _extract(
         texts.append(page_text)
         if not page_text.strip():
             continue
+        if not page_text.replace(REPLACEMENT, "").strip():
+            # Every glyph came out as U+FFFD (a font without a usable encoding or ToUnicode
+            # map): a passage of replacement characters is no text (a black-box test saw one
+            # indexed, searchable and cited).
+            undecodable += 1
+            continue
         lines = tuple(page_text.split("\n"))
         segments.append(Segment(lines, 1, paragraph_blocks(lines), page=number))
     if not segments:
         raise invalid_document(
             InvalidDocumentReason.PDF_NO_TEXT_LAYER,
-            "the PDF has no text layer (scanned pages need OCR before ingestion).",
+            "the PDF's text cannot be decoded (its fonts map no glyph to a character)."
+            if undecodable
+            else "the PDF has no text layer (scanned pages need OCR before ingestion).",
         )
 
     metadata: dict[str, JSONValue] = {
