@@ -6,8 +6,11 @@ letters, ligatures and words broken by a soft hyphen not their plain form, and C
 Japanese text only by whole runs. A new corpus is analyzed by `en-snowball-2`, which folds all of
 these; a corpus built before it keeps `en-snowball-1`, whose stored term frequencies its
 queries must keep matching. A black-box probe then found version numbers invisible (`1.4.8-2`
-is all one-character parts) and `C++` the same as `C`: `en-snowball-3`, the newest, adds a term
-for such compounds; a corpus built with `en-snowball-2` keeps it. Over each store adapter,
+is all one-character parts) and `C++` the same as `C`: `en-snowball-3` adds a term for such
+compounds; a corpus built with `en-snowball-2` keeps it. A third probe found Hindi, Tamil and
+pointed Arabic or Hebrew words invisible (cut at every combining mark) and a one-character
+Chinese or Japanese word never matched: `en-snowball-4`, the newest, keeps marks in words,
+folds Semitic points away and gives passages their CJK characters. Over each store adapter,
 through the service.
 """
 
@@ -25,6 +28,7 @@ from retrieval_host.core.lexical import (
     ANALYZER_EN_SNOWBALL_1,
     ANALYZER_EN_SNOWBALL_2,
     ANALYZER_EN_SNOWBALL_3,
+    ANALYZER_EN_SNOWBALL_4,
 )
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SearchRequest, SourceInfo
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
@@ -47,6 +51,10 @@ TEXTS = {
     "v146": "Release 1.4.6-1 of tdb fixes the lock.",
     "cpp": "The parser is written in C++ with bindings.",
     "plain-c": "The parser is written in C with bindings.",
+    "hindi": "दिल्ली भारत की राजधानी है।",
+    "arabic": "كَتَبَ الوَلَدُ الدَّرْسَ",
+    "hebrew": "שָלוֹם עֲלֵיכֶם",
+    "cat": "猫が窓の外で鳴いています。",
 }
 
 
@@ -97,8 +105,39 @@ def ranked(svc: RetrievalService, query: str) -> list[str]:
 
 def test_a_new_corpus_is_analyzed_by_the_newest_analyzer(new_corpus: RetrievalService) -> None:
     corpus = new_corpus.corpora[CORPUS]
-    assert corpus.analyzer == ANALYZER_EN_SNOWBALL_3
-    assert corpus.descriptor.lexical == LexicalDescriptor(ANALYZER_EN_SNOWBALL_3)
+    assert corpus.analyzer == ANALYZER_EN_SNOWBALL_4
+    assert corpus.descriptor.lexical == LexicalDescriptor(ANALYZER_EN_SNOWBALL_4)
+
+
+@pytest.mark.parametrize(
+    ("query", "source_id"),
+    [
+        ("दिल्ली", "hindi"),  # the document's own spelling
+        ("राजधानी", "hindi"),
+        ("كَتَبَ", "arabic"),
+        ("كتب الولد", "arabic"),  # unpointed, as users type it
+        ("שלום", "hebrew"),
+        ("猫", "cat"),  # a one-character word
+        ("窓の外", "cat"),
+    ],
+)
+def test_words_of_other_scripts_are_found(
+    new_corpus: RetrievalService, query: str, source_id: str
+) -> None:
+    assert found(new_corpus, query) == [source_id]
+
+
+def test_a_corpus_built_with_the_third_analyzer_keeps_it(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    built = _indexed(
+        service(harness, local_embedding, lexical=LexicalDescriptor(ANALYZER_EN_SNOWBALL_3))
+    )
+    assert found(built, "दिल्ली") == []  # the third analyzer has no term for it
+    reopened = service(harness, local_embedding)
+    assert reopened.corpora[CORPUS].analyzer == ANALYZER_EN_SNOWBALL_3
+    assert found(reopened, "猫") == []
+    assert ranked(reopened, "1.4.8-2")[0] == "v148"
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def test_a_stored_lexical_identity_is_read_back_whole() -> None:
 
 def test_lexical_parameters_are_part_of_the_identity() -> None:
     stored = _corpus().canonical_json()
-    assert json.loads(stored)["lexical"] == {"analyzer": "en-snowball-3", "k1": 0.9, "b": 0.4}
+    assert json.loads(stored)["lexical"] == {"analyzer": "en-snowball-4", "k1": 0.9, "b": 0.4}
     assert _corpus(b=0.75).mismatch(stored) == ["lexical.b"]
     assert _corpus(k1=0.9, b=0.4).mismatch(stored) == []
 

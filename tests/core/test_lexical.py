@@ -11,6 +11,7 @@ from retrieval_host.core.lexical import (
     ANALYZER_EN_SNOWBALL_1,
     ANALYZER_EN_SNOWBALL_2,
     ANALYZER_EN_SNOWBALL_3,
+    ANALYZER_EN_SNOWBALL_4,
     Bm25,
     analyze,
     query_terms,
@@ -46,6 +47,40 @@ def test_the_third_analyzer_adds_a_term_for_versions_and_language_names(
 ) -> None:
     second = analyze(text, ANALYZER_EN_SNOWBALL_2)
     assert analyze(text, ANALYZER_EN_SNOWBALL_3) == second + compounds
+
+
+@pytest.mark.parametrize(
+    ("text", "terms"),
+    [
+        # Vowel signs and viramas are not `\w`: the third analyzer cut these words to nothing.
+        ("दिल्ली", ["दिल्ली"]),
+        ("சென்னை நகரம்", ["சென்னை", "நகரம்"]),
+        ("ঢাকা", ["ঢাকা"]),
+        # Harakat, tatweel and Hebrew points are folded away, as Latin accents are.
+        ("كَتَبَ", ["كتب"]),
+        ("عـــربي", ["عربي"]),
+        ("שָלוֹם", ["שלום"]),
+        # ASCII and Latin text: the third analyzer's terms.
+        ("Résumé of tdb 1.4.8-2 in C++", ["resum", "tdb", "1.4.8-2", "c++"]),
+    ],
+)
+def test_the_fourth_analyzer_keeps_marks_inside_words_and_folds_semitic_points(
+    text: str, terms: list[str]
+) -> None:
+    assert query_terms(text, ANALYZER_EN_SNOWBALL_4) == terms
+    assert term_frequencies(text, ANALYZER_EN_SNOWBALL_4) == dict.fromkeys(terms, 1)
+
+
+def test_the_fourth_analyzer_gives_a_passage_its_cjk_characters_beside_the_pairs() -> None:
+    # A one-character word is a query term; a passage held only pairs, so it never matched.
+    assert query_terms("猫", ANALYZER_EN_SNOWBALL_4) == ["猫"]
+    assert query_terms("天気予報", ANALYZER_EN_SNOWBALL_4) == ["天気", "気予", "予報"]
+    passage = term_frequencies("猫が好き。天気", ANALYZER_EN_SNOWBALL_4)
+    assert passage == dict.fromkeys(["猫が", "が好", "好き", "天気", "猫", "が", "好", "き"], 1) | {
+        "天": 1,
+        "気": 1,
+    }
+    assert "猫" not in term_frequencies("猫が好き", ANALYZER_EN_SNOWBALL_3)
 
 
 def test_term_frequencies_count_each_term() -> None:

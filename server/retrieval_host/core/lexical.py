@@ -33,9 +33,24 @@ convex fusion as the stores do): hybrid nDCG@10 0.7381 vs 0.7386, lexical 0.6943
 a term for every joined compound cost 0.0064 in hybrid, hence the rule. `bench/quality.py` on a
 new index: hybrid 0.741 / recall@100 0.943 as with `en-snowball-2`, lexical 0.692 (0.691).
 
-Passages and queries go through the same analyzer. A change to any step is a new analyzer
-name: the name is part of the corpus descriptor, and the stores keep term frequencies computed
-by it.
+Analyzer `en-snowball-4`, the default of corpora created since (a corpus keeps the analyzer it
+was built with): `en-snowball-3`, with three changes for scripts other than Latin, Greek and
+Cyrillic (on ASCII text all four give the same terms):
+- combining marks (Unicode Mn, Mc, Me: Indic vowel signs and viramas, among others) stay
+  inside a word. They are not word characters to `\\w`, so a word was cut at each of them:
+  `दिल्ली`, `சென்னை` and `ঢাকা` had no term at all, and a search for the document's own
+  spelling found nothing (a black-box probe);
+- Arabic vowel marks (harakat) and tatweel and Hebrew points are removed in folding, as Latin
+  accents are: `كَتَبَ` and `كتب`, `שָלוֹם` and `שלום` are one term;
+- a passage's CJK runs also give each character as a term, beside the pairs (a query's run of
+  two or more still gives pairs only): a one-character word (`猫`) is a query term that no
+  passage held, since passages had only pairs, so it never matched.
+The first two apply to queries and passages alike; the third only to passages
+(`term_frequencies`; `query_terms` does not add it).
+
+Passages and queries go through the same analyzer (but for `en-snowball-4`'s passage
+characters). A change to any step is a new analyzer name: the name is part of the corpus
+descriptor, and the stores keep term frequencies computed by it.
 
 Scoring is BM25 in the variant bm25s calls "lucene": for each query term occurrence,
 
@@ -64,17 +79,29 @@ from typing import Final
 
 import Stemmer
 
+from retrieval_host.core.unicode_marks import MARK_RANGES
+
 ANALYZER_EN_SNOWBALL_1: Final = "en-snowball-1"
 ANALYZER_EN_SNOWBALL_2: Final = "en-snowball-2"
 ANALYZER_EN_SNOWBALL_3: Final = "en-snowball-3"
+ANALYZER_EN_SNOWBALL_4: Final = "en-snowball-4"
 ANALYZERS: Final = frozenset(
-    {ANALYZER_EN_SNOWBALL_1, ANALYZER_EN_SNOWBALL_2, ANALYZER_EN_SNOWBALL_3}
+    {ANALYZER_EN_SNOWBALL_1, ANALYZER_EN_SNOWBALL_2, ANALYZER_EN_SNOWBALL_3, ANALYZER_EN_SNOWBALL_4}
 )
 # What a corpus created now is analyzed with.
-DEFAULT_ANALYZER: Final = ANALYZER_EN_SNOWBALL_3
+DEFAULT_ANALYZER: Final = ANALYZER_EN_SNOWBALL_4
 
 _TOKEN: Final = re.compile(r"(?u)\b\w\w+\b")
 _WORD: Final = re.compile(r"(?u)\w+")
+# `en-snowball-4`'s words: word characters and combining marks.
+_MARKS: Final = "".join(f"\\U{start:08x}-\\U{end:08x}" for start, end in MARK_RANGES)
+_WORD_WITH_MARKS: Final = re.compile(f"[\\w{_MARKS}]+")
+# Removed by `en-snowball-4`'s folding: Hebrew points and cantillation, Arabic honorific and
+# Quranic marks, harakat, superscript alef and tatweel (a letter-stretching character).
+_SEMITIC_POINTS: Final = re.compile(
+    "[\u0591-\u05bd\u05bf\u05c1\u05c2\u05c4\u05c5\u05c7\u0610-\u061a\u0640\u064b-\u065f"
+    "\u0670\u06d6-\u06dc\u06df-\u06e4\u06e7\u06e8\u06ea-\u06ed]"
+)
 # `en-snowball-3`'s compounds: word runs joined by `.`, `-`, `+` or `#` (a trailing `+`/`#`
 # kept: `c++`); a term when `_COMPOUND_KEPT` finds a `.`, `+` or `#`, or two joints. Linear
 # in the text: a match starts only where a word run does (`(?<!\w)`) and never gives back what
@@ -97,6 +124,7 @@ _CJK_CLASS: Final = (
 )
 _CJK: Final = re.compile(f"[{_CJK_CLASS}]")
 _CJK_OR_NOT: Final = re.compile(f"[{_CJK_CLASS}]+|[^{_CJK_CLASS}]+")
+_CJK_RUN: Final = re.compile(f"[{_CJK_CLASS}]{{2,}}")
 # bm25s's `STOPWORDS_EN` (bm25s 0.2, `bm25s/stopwords.py`), copied as data: the analyzer must
 # not change when that package does.
 STOP_WORDS_EN: Final = frozenset(
@@ -118,8 +146,9 @@ def _stemmer() -> Stemmer.Stemmer:
     return stemmer
 
 
-def analyze(text: str, analyzer: str) -> list[str]:
-    """The terms of `text` by `analyzer`, in order, repeated as often as they occur."""
+def analyze(text: str, analyzer: str, *, passage: bool = False) -> list[str]:
+    """The terms of `text` by `analyzer`, in order, repeated as often as they occur; with
+    `passage`, as a passage is analyzed (`en-snowball-4` adds CJK characters)."""
     if analyzer == ANALYZER_EN_SNOWBALL_1:
         words = _TOKEN.findall(text.lower())
     elif analyzer == ANALYZER_EN_SNOWBALL_2:
@@ -127,6 +156,13 @@ def analyze(text: str, analyzer: str) -> list[str]:
     elif analyzer == ANALYZER_EN_SNOWBALL_3:
         folded = fold(text)
         words = _words(folded) + _compounds(folded)
+    elif analyzer == ANALYZER_EN_SNOWBALL_4:
+        folded = fold(text)
+        if not folded.isascii():
+            folded = _SEMITIC_POINTS.sub("", folded)
+        words = _words(folded, _WORD_WITH_MARKS) + _compounds(folded)
+        if passage and not folded.isascii():
+            words += _cjk_characters(folded)
     else:
         raise ValueError(f"unknown lexical analyzer {analyzer!r}")
     tokens = [t for t in words if t not in STOP_WORDS_EN]
@@ -143,12 +179,13 @@ def fold(text: str) -> str:
     return unicodedata.normalize("NFC", _DIACRITICS.sub("", unicodedata.normalize("NFD", text)))
 
 
-def _words(folded: str) -> list[str]:
-    """Runs of two or more word characters; CJK runs as overlapping pairs (module docstring)."""
+def _words(folded: str, word: re.Pattern[str] = _WORD) -> list[str]:
+    """Runs of two or more word characters (as `word` finds them); CJK runs as overlapping
+    pairs (module docstring)."""
     if folded.isascii():
         return _TOKEN.findall(folded)
     words: list[str] = []
-    for run in _WORD.findall(folded):
+    for run in word.findall(folded):
         if not _CJK.search(run):
             if len(run) > 1:
                 words.append(run)
@@ -164,6 +201,12 @@ def _words(folded: str) -> list[str]:
     return words
 
 
+def _cjk_characters(folded: str) -> list[str]:
+    """`en-snowball-4`'s passage terms: each character of a CJK run of two or more (a lone one
+    is a word already)."""
+    return [c for run in _CJK_RUN.findall(folded) for c in run]
+
+
 def _compounds(folded: str) -> list[str]:
     """`en-snowball-3`'s compound terms (module docstring), in order, after the words."""
     return [
@@ -174,8 +217,8 @@ def _compounds(folded: str) -> list[str]:
 
 
 def term_frequencies(text: str, analyzer: str) -> dict[str, int]:
-    """Term -> count in `text` (a new dict); the passage's length is the sum of the counts."""
-    return dict(Counter(analyze(text, analyzer)))
+    """Term -> count in the passage `text` (a new dict); its length is the sum of the counts."""
+    return dict(Counter(analyze(text, analyzer, passage=True)))
 
 
 def query_terms(text: str, analyzer: str) -> list[str]:
