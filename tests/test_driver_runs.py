@@ -7,13 +7,15 @@ from dataclasses import replace
 
 import pytest
 
+from retrieval_host.core import validation
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.models import SearchRequest
+from retrieval_host.core.models import ChunkInput, IndexRequest, SearchRequest, SourceInfo
 from retrieval_host.core.reasons import TimeoutReason
 from retrieval_host.core.run_ports import GenerationEvent, GenerationRequest, TextDelta
 from retrieval_host.core.runs_model import (
+    CitationPolicy,
     RunCompleted,
     RunDelta,
     RunFailed,
@@ -127,3 +129,35 @@ def test_a_runs_idle_timeout_ends_a_silent_run_in_process(run_world: RunWorld) -
         assert not caller.cancel.cancelled  # only the run timed out
     finally:
         silent.release.set()
+
+
+def test_a_passage_whose_stored_id_no_marker_can_cite_is_left_out_of_a_runs_evidence(
+    run_world: RunWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A black-box test: ids an earlier release accepted (`kite tail`, `[frame]`) were chosen
+    # as evidence and cited, and every answer citing them failed the citation check.
+    with monkeypatch.context() as earlier:  # what the earlier release let through
+        earlier.setattr(validation, "check_chunk_id", lambda value: None)
+        run_world.service.index_context(
+            IndexRequest(
+                "library",
+                SourceInfo("battery", "r2", title="Battery"),
+                [
+                    ChunkInput("battery tail", "The measured battery lifetime was 1,200 cycles."),
+                    ChunkInput("battery-2", "Battery capacity fell to 80 percent after that."),
+                ],
+            ),
+            RequestContext("alice"),
+        )
+    run_world.acl.search["battery"] = "r2"
+    request = replace(_request(), citations=CitationPolicy(require=True, quotes=True))
+    driver = Driver(run_world.service, runs=run_world.engine)
+    result = driver.run(request, RequestContext("alice"))
+    assert [s.id for s in result.sources if s.source_id == "battery"] == ["battery-2"]
+    assert "battery tail" not in result.text and "[source:battery-2]" in result.text
+    assert result.citations is not None
+    # The passage is still searched and read as before.
+    found = driver.search_context(
+        SearchRequest("library", "battery lifetime"), RequestContext("alice")
+    )
+    assert "battery tail" in [h.chunk_id for h in found.hits]

@@ -18,16 +18,22 @@ import sys
 import time
 from pathlib import Path
 
+import apsw
 import pytest
 from rich.console import Console
 from rich.progress import Progress
 
+from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.batch import BatchItem
+from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.serving.cli import main
 from retrieval_host.serving.factory import build_driver
 from retrieval_host.serving.ingest_cli import _Bars, plan_files, run_ingest
 from retrieval_host.settings import SettingsError, load_settings
+from tests.adapters.sqlite.test_run_store_migration import old_database
 from tests.support.ingest_cli_child import HOLD
+from tests.support.previous_vector_store import sqlite_v2_database
+from tests.support.run_records import SQLITE_RUNS_SCHEMA_V3
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "server" / "retrieval_host" / "samples"
@@ -482,3 +488,38 @@ def test_the_default_journal_of_a_corpus_id_with_a_slash_is_one_file_here(
     out, err = io.StringIO(), io.StringIO()
     assert run_ingest(args, environ, out, err) == 0, err.getvalue()
     assert (tmp_path / ".retrieval-host-ingest-team%2Fa.jsonl").is_file()
+
+
+@pytest.mark.parametrize("old", ["vector-store", "run-store"])
+def test_the_ingest_command_never_migrates_a_store_of_an_earlier_release(
+    setup: tuple[Path, dict[str, str]],
+    tmp_path: Path,
+    local_embedding: LocalEmbedding,
+    capsys: pytest.CaptureFixture[str],
+    old: str,
+) -> None:
+    # A black-box test: this release's `ingest`, run from an operator's updated venv beside
+    # the earlier host still serving the store, migrated both files, even with nothing to
+    # ingest; the earlier host then failed its next start (`UNSAFE_STORE`).
+    config, environ = setup
+    store_dir = Path(environ["RETRIEVAL_HOST_STORE__SQLITE_PATH"]).parent
+    store_dir.mkdir(mode=0o700)
+    vectors, runs = store_dir / "retrieval.sqlite", store_dir / "runs.db"
+    if old == "vector-store":
+        described = CorpusDescriptor("library", "passages-v1", local_embedding.descriptor)
+        sqlite_v2_database(vectors, described, {("docs", "old"): ["An old passage."]})
+    else:
+        old_database(runs, SQLITE_RUNS_SCHEMA_V3, 3)
+        host = json.loads(config.read_text())  # a provider: the driver opens run records
+        host["providers"] = {"local": {"kind": "extractive"}}
+        config.write_text(json.dumps(host))
+    path = vectors if old == "vector-store" else runs
+    before = apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall()
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "note.md").write_text("# Note\n\nThe ferry leaves at nine.\n")
+    assert main(_argv(config, tmp_path / "j.jsonl", folder), environ=environ) == 2
+    said = capsys.readouterr().err
+    assert "start the host of this release first" in said, said
+    assert apsw.Connection(str(path)).execute("PRAGMA user_version").fetchall() == before
+    assert before in ([(2,)], [(3,)])  # an earlier release's

@@ -4,8 +4,10 @@ own authorizer."""
 
 from __future__ import annotations
 
+import contextlib
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Protocol
 
@@ -29,10 +31,27 @@ from retrieval_host.settings import (
     is_loopback,
 )
 
+# False while an operator's command builds its driver (`without_migration`).
+_MIGRATING: ContextVar[bool] = ContextVar("retrieval_host_migrating", default=True)
+
+
+@contextlib.contextmanager
+def without_migration() -> Iterator[None]:
+    """Stores built meanwhile (by these functions, whatever factory calls them) refuse a
+    schema of an earlier release rather than migrate it, and still create a new one: an
+    operator's command (`ingest`) run from an updated venv must not change the format under
+    the release still serving the store (it then failed its next start: a black-box test)."""
+    token = _MIGRATING.set(False)
+    try:
+        yield
+    finally:
+        _MIGRATING.reset(token)
+
 
 def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> VectorStore:
     """SQLite at `store.sqlitePath`, or PostgreSQL + pgvector at `store.postgresDsn`."""
     store = settings.store
+    migrate = _MIGRATING.get()
     if store.postgres_dsn is not None:
         from retrieval_host.adapters.postgres import PgVectorStore
 
@@ -44,6 +63,7 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
             ef_search=store.ef_search,
             pool_size=store.pool_size,
             read_only=store.read_only,
+            migrate=migrate,
         )
     if store.sqlite_path is None:
         raise RetrievalError(
@@ -57,6 +77,7 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
         read_only=store.read_only,
         snapshots=store.index_snapshots,
         approximate_min_rows=store.approximate_min_rows,
+        migrate=migrate,
     )
 
 
@@ -69,18 +90,26 @@ class RecordStore(RunStore, UsageLog, Protocol):
 
 
 def build_run_store(
-    settings: HostSettings, environ: Mapping[str, str], *, migrate: bool = True
+    settings: HostSettings, environ: Mapping[str, str], *, migrate: bool | None = None
 ) -> RecordStore:
     """Run records beside the passages: the same PostgreSQL database (so a replay works on any
     replica), or a SQLite file (`runs.sqlitePath`, default `runs.db` beside the store).
-    `migrate=False` (the report commands): a store of an earlier schema is refused."""
+    `migrate=False` (the report commands): a store of an earlier schema, or none, is refused.
+    None: migrated and created, except under `without_migration` (refused, created)."""
     store = settings.store
+    create = migrate
+    if migrate is None:
+        migrate, create = _MIGRATING.get(), True
     if store.postgres_dsn is not None:
         from retrieval_host.adapters.postgres import PgRunStore
 
         dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
         return PgRunStore.open(
-            dsn, schema=store.postgres_schema, lease_s=settings.runs.lease_s, migrate=migrate
+            dsn,
+            schema=store.postgres_schema,
+            lease_s=settings.runs.lease_s,
+            migrate=migrate,
+            create=create,
         )
     from retrieval_host.adapters.sqlite import SqliteRunStore
 
@@ -89,6 +118,7 @@ def build_run_store(
         trusted_groups=_trusted_groups(settings),
         lease_s=settings.runs.lease_s,
         migrate=migrate,
+        create=create,
     )
 
 

@@ -65,6 +65,12 @@ def check_id(kind: str, value: str) -> None:
 _NOT_IN_HANDLES = re.compile(r"[\s\[\]]")
 
 
+def is_citation_handle(chunk_id: str) -> bool:
+    """Whether a stored chunk id can be cited as `[source:ID]` (an earlier release stored ids
+    with white space or brackets, which no marker can hold)."""
+    return _NOT_IN_HANDLES.search(chunk_id) is None
+
+
 def check_chunk_id(value: str) -> None:
     """The identifier rule, and no whitespace, `[` or `]`: a chunk id is the handle a model
     cites as `[source:ID]`, and a marker ends at the first of them (the wire schema's

@@ -45,6 +45,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from retrieval_host.adapters.wiring import without_migration
 from retrieval_host.batch import (
     IN_FLIGHT,
     NOT_STARTED,
@@ -360,7 +361,10 @@ def run_ingest(
     if clash is not None:
         print(f"retrieval-host: {clash}", file=err)
         return 2
-    driver = build_driver(_without_provider_keys(settings), environ)
+    # The host migrates its stores at its start; this command refuses ones of an earlier
+    # release (they would no longer open under the host still serving them).
+    with without_migration():
+        driver = build_driver(_without_provider_keys(settings), environ)
     if driver is None:
         raise SettingsError("ingest needs an application (the factory that builds the corpora)")
     try:

@@ -4,15 +4,18 @@ re-embedding, and then ranks exactly as a store written by this release."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from psycopg import sql
 
 from retrieval_host.adapters.postgres import PgVectorStore
 from retrieval_host.adapters.postgres.schema import VECTOR_SCHEMA_VERSION
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import LexicalDescriptor
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, analyze, query_terms
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.lexical_reference import reference
@@ -136,3 +139,37 @@ def test_what_an_earlier_replica_wrote_after_the_migration_is_analyzed_at_the_ne
         ).fetchall()
     terms = sum(len(analyze(t, ANALYZER_EN_SNOWBALL_1)) for texts in docs.values() for t in texts)
     assert spaces == [("ns", 6, terms), ("other", 0, 0)]
+
+
+def test_without_migration_an_earlier_schema_is_refused_and_the_migration_is_logged(
+    pg_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Black-box tests: this release's `ingest` migrated the schema under the earlier host
+    # still serving it, and no log line said a migration had happened.
+    pg_v1_schema(pg_dsn, pg_schema, descriptor("c1"), OLD)
+
+    def version() -> int:
+        with connect(pg_dsn) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT version FROM {}.schema_version WHERE component = %s").format(
+                    sql.Identifier(pg_schema)
+                ),
+                ("vector-store",),
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with pytest.raises(RetrievalError) as refused:
+        PgVectorStore.open(pg_dsn, schema=pg_schema, migrate=False)
+    assert (refused.value.code, refused.value.reason) == ("UNSAFE_STORE", "schema-version")
+    assert "start the host of this release first" in refused.value.detail
+    assert version() == 1
+    caplog.set_level(logging.INFO, logger="retrieval_host.adapters.postgres.schema")
+    with PgVectorStore.open(pg_dsn, schema=pg_schema):
+        pass
+    assert version() == VECTOR_SCHEMA_VERSION
+    said = [r.getMessage() for r in caplog.records if "migrated" in r.getMessage()]
+    assert said == [
+        f"migrated the vector-store schema {pg_schema!r} from version 1 to "
+        f"{VECTOR_SCHEMA_VERSION} (an earlier release can no longer open it)"
+    ]

@@ -4,6 +4,7 @@ migrate; a database of a newer release is refused."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -229,7 +230,7 @@ def test_a_run_database_of_the_previous_main_gets_leases_for_new_runs_only(
 
 
 def test_the_report_commands_never_migrate_the_run_database(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     # A black-box test: `retrieval-host usage` (and `runs prune`) of a new release migrated
     # the run database under the older host serving it, which then could not restart.
@@ -254,5 +255,10 @@ def test_the_report_commands_never_migrate_the_run_database(
     with pytest.raises(RetrievalError) as refused:
         SqliteRunStore.open(path, migrate=False)
     assert refused.value.code == "UNSAFE_STORE" and refused.value.reason == "schema-version"
-    SqliteRunStore.open(path).close()  # the host's open migrates it
+    with caplog.at_level(logging.INFO, logger="retrieval_host.adapters.sqlite.schema"):
+        SqliteRunStore.open(path).close()  # the host's open migrates it, and says so
+    assert [r.getMessage() for r in caplog.records if "migrated" in r.getMessage()] == [
+        f"migrated the run store at {path} from schema version 3 to 4 (an earlier release "
+        "can no longer open it)"
+    ]
     assert main(["usage", "--config", str(config)], environ={}) == 0

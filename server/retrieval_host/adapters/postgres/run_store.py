@@ -183,11 +183,12 @@ class PgRunStore:
         statement_timeout_ms: int = 30_000,
         lease_s: float = DEFAULT_LEASE_S,
         migrate: bool = True,
+        create: bool | None = None,
     ) -> PgRunStore:
         """Connect and create (or check) the run table. `UNSAFE_STORE` for a foreign schema.
         `lease_s`: how long a running record stays so without its host renewing it
-        (`adapters.run_leases`). `migrate=False`: tables of an earlier version, or none, are
-        refused rather than migrated or created (the report commands)."""
+        (`adapters.run_leases`). `migrate=False`: tables of an earlier version are refused
+        rather than migrated, and none are created unless `create` (the operator's commands)."""
         check_schema_name(schema)
         if isinstance(statement_timeout_ms, bool) or statement_timeout_ms < 1:
             raise ValueError("statement_timeout_ms must be a positive integer")
@@ -213,6 +214,7 @@ class PgRunStore:
                     _DDL,
                     _MIGRATIONS,
                     migrate=migrate,
+                    create=create,
                 )
         except BaseException:
             pool.close()

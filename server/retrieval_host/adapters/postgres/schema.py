@@ -72,6 +72,7 @@ def ensure_schema_component(
     backfill: Callable[[Connection, int], None] | None = None,
     *,
     migrate: bool = True,
+    create: bool | None = None,
 ) -> None:
     """Create `component`'s tables in `schema` on first use, or check they are ours.
 
@@ -82,15 +83,17 @@ def ensure_schema_component(
     cannot (the lexical index is analyzed from stored text in Python). Refuses (`UNSAFE_STORE`) a
     schema holding tables without our version table, our table names without our version row,
     a version it cannot reach, or another table shape; with `migrate=False` also a component
-    of an earlier version or none (nothing is created or migrated: the report commands).
+    of an earlier version, and one not there yet unless `create` (default: `migrate`): a
+    migration is the host's, at its start, not an operator command's.
     """
+    creates = migrate if create is None else create
     with translated("preparing the schema"), transaction(conn):
         conn.execute(
             "SELECT pg_advisory_xact_lock(%s)", (lock_key("retrieval-host-schema", schema),)
         )
         exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
         if exists is None:
-            if not migrate:
+            if not creates:
                 raise _not_migrated(component, None, version)
             conn.execute(schema_sql(schema, "CREATE SCHEMA {s}"))
         present = {
@@ -109,7 +112,7 @@ def ensure_schema_component(
                     "at its own schema.",
                     UnsafeStoreReason.UNRELATED_DATABASE,
                 )
-            if not migrate:
+            if not creates:
                 raise _not_migrated(component, None, version)
             conn.execute(
                 schema_sql(
@@ -125,7 +128,9 @@ def ensure_schema_component(
                 (component,),
             ).fetchone()
             stored = None if row is None else int(row[0])
-        if not migrate and stored != version:
+        if stored is None and not creates:
+            raise _not_migrated(component, stored, version)
+        if stored is not None and stored != version and not migrate:
             raise _not_migrated(component, stored, version)
         if stored is None:
             if present & set(tables):
@@ -162,15 +167,24 @@ def ensure_schema_component(
                     ),
                     (version, component),
                 )
+                _log.info(
+                    "migrated the %s schema %r from version %d to %d (an earlier release can "
+                    "no longer open it)",
+                    component,
+                    schema,
+                    stored,
+                    version,
+                )
             _check_shape(conn, schema, tables)
 
 
 def _not_migrated(component: str, stored: int | None, version: int) -> RetrievalError:
     found = "is not there yet" if stored is None else f"has version {stored}"
+    verb = "create" if stored is None else "migrate"
     return _unsafe(
         f"the {component} schema {found}; this release reads version {version} and this "
-        "command does not create or migrate it: start the host of this release first (it "
-        "migrates at its start), or run the command of the release that serves the store.",
+        f"command does not {verb} it: start the host of this release first (it migrates at "
+        "its start), or run the command of the release that serves the store.",
         UnsafeStoreReason.SCHEMA_VERSION,
     )
 

@@ -135,6 +135,7 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
         hnsw_min_rows: int = 2000,
         statement_timeout_ms: int = 30_000,
         read_only: bool = False,
+        migrate: bool = True,
     ) -> PgVectorStore:
         """Connect, make sure pgvector and our schema exist (or check them), return the store.
 
@@ -145,7 +146,9 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
 
         `read_only` (a hot standby, a role without write rights): every session is read-only
         (`default_transaction_read_only`), nothing is created, the schema must be current and
-        the corpora must exist; writes are `STORE_READ_ONLY`.
+        the corpora must exist; writes are `STORE_READ_ONLY`. `migrate=False` refuses
+        (`UNSAFE_STORE`) a schema of an earlier version instead of migrating it (the ingest
+        command: a migration is the host's, at its start).
         """
         check_schema_name(schema)
         for name, value in (
@@ -186,6 +189,8 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
                     VECTOR_DDL,
                     VECTOR_MIGRATIONS,
                     lambda conn, found: lexical.backfill(conn, schema, found),
+                    migrate=migrate,
+                    create=True,
                 )
                 if not read_only:
                     with translated("preparing the schema"), transaction(conn):

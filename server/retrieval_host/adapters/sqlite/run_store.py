@@ -88,7 +88,7 @@ _MIGRATIONS: Final = {
 }
 # `tables`: those every version has (`usage` came with version 3).
 IDENTITY: Final = Identity(
-    APPLICATION_ID, SCHEMA_VERSION, frozenset({"runs"}), _SCHEMA, _MIGRATIONS
+    APPLICATION_ID, SCHEMA_VERSION, frozenset({"runs"}), _SCHEMA, _MIGRATIONS, "run store"
 )
 # A record, and whether it is running on a lease that lapsed before `?`.
 _SELECT_LAPSED: Final = (
@@ -124,16 +124,20 @@ class SqliteRunStore:
         trusted_groups: frozenset[int] = frozenset(),
         lease_s: float = DEFAULT_LEASE_S,
         migrate: bool = True,
+        create: bool | None = None,
     ) -> SqliteRunStore:
         """Open (creating if missing) the run database at `path` (`trusted_groups` as for
         `SqliteVectorStore.open`; `lease_s`: how long a running record stays so without its
         host renewing it, `adapters.run_leases`; `migrate=False`: a database of an earlier
-        schema version is refused, not migrated, as by the report commands).
+        schema version is refused, not migrated, and so is a new one unless `create`, as by
+        the operator's commands).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
         """
-        connection, _ = open_database(path, IDENTITY, trusted_groups, upgrade=migrate)
+        connection, _ = open_database(
+            path, IDENTITY, trusted_groups, upgrade=migrate, create=create
+        )
         return cls(connection, lease_s=lease_s)
 
     def begin(self, record: RunRecord) -> RunRecord | None:

@@ -55,6 +55,7 @@ class Identity:
     tables: frozenset[str]
     schema: Sequence[str]
     migrations: Mapping[int, Sequence[str]] = field(default_factory=dict)
+    name: str = "store"  # what the log calls it ("migrated the run store at ...")
 
 
 # One lock per database file for the whole process: writers from several store instances on the
@@ -115,6 +116,7 @@ def open_database(
     *,
     read_only: bool = False,
     upgrade: bool = True,
+    create: bool | None = None,
 ) -> tuple[apsw.Connection, Path]:
     """Check the location, open (creating if missing) and check or create the database.
 
@@ -123,9 +125,9 @@ def open_database(
     `STORE_UNAVAILABLE` when SQLite cannot open the file. `trusted_groups`: see `files`.
     `read_only`: an existing store of the current schema version, opened without writing
     (no file, table or migration is made; `STORE_UNAVAILABLE` when there is none).
-    `upgrade=False`: a store of an earlier schema version, or a new file, is refused
-    (`UNSAFE_STORE`) instead of migrated or created (the operator's report commands: a
-    migration is the host's, at its start).
+    `upgrade=False`: a store of an earlier schema version is refused (`UNSAFE_STORE`) instead
+    of migrated (the operator's commands: a migration is the host's, at its start); so is a
+    new file, unless `create` (default: `upgrade`).
     """
     check_sqlite_version(apsw.sqlite_lib_version())
     if read_only and not os.path.lexists(path):
@@ -157,13 +159,16 @@ def open_database(
                         "create or migrate it.",
                     )
             else:
-                if not upgrade and version != identity.version:
+                creates = upgrade if create is None else create
+                if version is None and not creates:
+                    raise _not_migrated(version, identity)
+                if version is not None and version != identity.version and not upgrade:
                     raise _not_migrated(version, identity)
                 configure(conn)
                 if version is None:
                     create_schema(conn, identity)
                 else:
-                    migrate(conn, identity)
+                    migrate(conn, identity, database)
         check_sidecars(database, trusted_groups)  # SQLite created them just now: same checks
     except BaseException:
         conn.close()
@@ -173,10 +178,11 @@ def open_database(
 
 def _not_migrated(version: int | None, identity: Identity) -> RetrievalError:
     found = "holds no schema yet" if version is None else f"has schema version {version}"
+    verb = "create" if version is None else "migrate"
     return RetrievalError(
         ErrorCode.UNSAFE_STORE,
-        f"the store {found}; this release reads version {identity.version} and this command "
-        "does not create or migrate it: start the host of this release first (it migrates at "
+        f"the {identity.name} {found}; this release reads version {identity.version} and this "
+        f"command does not {verb} it: start the host of this release first (it migrates at "
         "its start), or run the command of the release that serves the store.",
         reason=UnsafeStoreReason.SCHEMA_VERSION,
     )
@@ -372,8 +378,9 @@ def create_schema(conn: apsw.Connection, identity: Identity) -> None:
         conn.execute(f"PRAGMA user_version={identity.version}")
 
 
-def migrate(conn: apsw.Connection, identity: Identity) -> None:
-    """Bring a database of an earlier release to the current version, in one transaction."""
+def migrate(conn: apsw.Connection, identity: Identity, database: Path | None = None) -> None:
+    """Bring a database of an earlier release to the current version, in one transaction, and
+    say so in the log (an operator going back needs the backup from then on)."""
     with immediate(conn):
         # Checked again under the write lock: another process may have migrated it already.
         version = check_identity(conn, identity)
@@ -383,3 +390,11 @@ def migrate(conn: apsw.Connection, identity: Identity) -> None:
             for statement in identity.migrations[step]:
                 conn.execute(statement)
         conn.execute(f"PRAGMA user_version={identity.version}")  # a constant, not input
+    _log.info(
+        "migrated the %s at %s from schema version %d to %d (an earlier release can no "
+        "longer open it)",
+        identity.name,
+        database if database is not None else "?",
+        version,
+        identity.version,
+    )

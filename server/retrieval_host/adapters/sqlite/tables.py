@@ -95,6 +95,7 @@ IDENTITY: Final = Identity(
     frozenset({"corpora", "sources", "chunks"}),
     _SCHEMA,
     _MIGRATIONS,
+    "vector store",
 )
 
 

@@ -175,6 +175,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         read_only: bool = False,
         snapshots: bool = True,
         approximate_min_rows: int = DEFAULT_MIN_ROWS,
+        migrate: bool = True,
     ) -> SqliteVectorStore:
         """Open (creating if missing) the store at `path` after the private-location checks.
 
@@ -187,6 +188,8 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         `snapshot`; a read-only store maps them but never writes one).
         `approximate_min_rows`: a search allowed every live row of a namespace of at least
         this many rows ranks with an approximate graph (`approximate`); 0 never does.
+        `migrate=False` refuses (`UNSAFE_STORE`) a store of an earlier schema version instead
+        of migrating it (the ingest command: a migration is the host's, at its start).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
@@ -197,7 +200,9 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
             raise ValueError("grant_cache_bytes must be a non-negative integer")
         if isinstance(approximate_min_rows, bool) or approximate_min_rows < 0:
             raise ValueError("approximate_min_rows must be a non-negative integer")
-        conn, database = open_database(path, IDENTITY, trusted_groups, read_only=read_only)
+        conn, database = open_database(
+            path, IDENTITY, trusted_groups, read_only=read_only, upgrade=migrate, create=True
+        )
         return cls(
             conn,
             database,

@@ -32,7 +32,7 @@ from retrieval_host.core.runs_model import (
     RunRetrieval,
 )
 from retrieval_host.core.service import RetrievalService
-from retrieval_host.core.validation import cut_query
+from retrieval_host.core.validation import cut_query, is_citation_handle
 
 SEARCH_TOOL = ToolSpec(
     name="search_context",
@@ -190,8 +190,12 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         return receipt("failed", code=error.code.value)
     run.embedding += result.usage
     run.rerank += result.rerank_usage
-    # check result: one passage once, and only passages of the requested corpus
-    new = [h for h in result.hits if h.chunk_id not in run.evidence]
+    # check result: one passage once, only passages of the requested corpus, and only ones a
+    # marker can cite (an id an earlier release stored with white space or a bracket made
+    # every answer citing it fail the citation check: a black-box test)
+    new = [
+        h for h in result.hits if h.chunk_id not in run.evidence and is_citation_handle(h.chunk_id)
+    ]
     for hit in new:
         if hit.scope.corpus != spec.corpus:  # pragma: no cover - the service guarantees it
             raise RetrievalError(ErrorCode.INTERNAL, "Internal error.")
