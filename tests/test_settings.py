@@ -80,6 +80,52 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
     assert settings.path("acl.json") == tmp_path / "acl.json"
 
 
+def test_relative_paths_follow_a_linked_configuration_as_named(tmp_path: Path) -> None:
+    # A black-box test: a Kubernetes ConfigMap volume links `host.json` to
+    # `..data/host.json` and `..data` to a timestamped folder. Resolved through the links, the
+    # relative `aclFile` named a file in that folder, which the next update deleted: every
+    # request was then denied until a restart.
+    volume = tmp_path / "config"
+    first = volume / "..2026_12_06_14_00_00.1"
+    first.mkdir(parents=True)
+    _write(first, _minimal())
+    (volume / "..data").symlink_to(first.name)
+    (volume / "host.json").symlink_to("..data/host.json")
+    settings = load_settings(volume / "host.json", {})
+    assert settings.config_dir == volume
+    assert settings.path("acl.json") == volume / "acl.json"
+
+
+@pytest.mark.parametrize(
+    ("data", "environ", "said"),
+    [
+        (_minimal(configDir="/elsewhere"), {}, "configDir is no setting"),
+        (_minimal(), {"RETRIEVAL_HOST_CONFIG_DIR": "/elsewhere"}, "configDir is no setting"),
+        (_minimal(listen={"host": ""}), {}, "listen.host"),
+        (_minimal(), {"RETRIEVAL_HOST_LISTEN__HOST": ""}, "listen.host"),
+        (_minimal(runs={"heartbeatS": 1e-9}), {}, "runs.heartbeatS"),
+        (_minimal(limits={"headerTimeoutS": 1e-300}), {}, "limits.headerTimeoutS"),
+        (_minimal(store={"readOnly": "yes"}), {}, "store.readOnly"),
+        (_minimal(console={"enabled": 1}), {}, "console.enabled"),
+        (_minimal(), {"RETRIEVAL_HOST_BEHIND_PROXY": "no"}, "behindProxy"),
+        (
+            _minimal(store={"postgresDsn": {"env": "DSN"}}, runs={"sqlitePath": "runs.db"}),
+            {},
+            "runs.sqlitePath does not apply beside store.postgresDsn",
+        ),
+    ],
+)
+def test_settings_an_operator_would_not_mean_are_refused(
+    tmp_path: Path, data: dict[str, Any], environ: dict[str, str], said: str
+) -> None:
+    # Black-box tests, each accepted before: `configDir` re-rooted every relative path, an
+    # empty listen host bound every interface, a nanosecond heartbeat spun a core per stream,
+    # `"yes"` read as true, and `runs.sqlitePath` was ignored beside PostgreSQL.
+    with pytest.raises(SettingsError, match=said):
+        load_settings(_write(tmp_path, data), environ)
+    assert load_settings(_write(tmp_path, _minimal()), {"RETRIEVAL_HOST_STORE__READ_ONLY": "true"})
+
+
 def test_secrets_come_from_a_file_or_an_environment_variable(tmp_path: Path) -> None:
     (tmp_path / "key-password").write_text("s3cret\n")
     from_file = load_settings(

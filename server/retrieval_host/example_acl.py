@@ -65,12 +65,8 @@ from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.waits import locked
 from retrieval_host.driver import Driver
 from retrieval_host.ingest import ChunkingSettings
-from retrieval_host.settings import (
-    HostSettings,
-    RerankerSettings,
-    SettingsError,
-    load_unique_json,
-)
+from retrieval_host.settings import HostSettings, RerankerSettings, SettingsError
+from retrieval_host.unique_json import load_unique_json
 
 ALL_SOURCES: Final = "*"
 
@@ -270,7 +266,7 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
         )
     corpora = _corpus_ids(options.get("corpora", ["library"]))
     threads = options.get("embeddingThreads")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
+    if threads is not None and (type(threads) is not int or threads < 1):
         raise SettingsError("applicationOptions.embeddingThreads must be a positive integer")
     arithmetic = options.get("queryArithmetic", "float32")
     if arithmetic not in ("float32", "int8"):

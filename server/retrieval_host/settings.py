@@ -12,14 +12,15 @@ in snake case or camel case, case-insensitively (`RETRIEVAL_HOST_LISTEN__PORT=94
 `RETRIEVAL_HOST_LIMITS__MAX_BODY_BYTES=1048576`). A value that parses as JSON is used as that
 JSON value (numbers, booleans, lists), anything else as a string.
 
-Numeric settings take JSON numbers only (`strict`): `true` or `"5"` is refused (more likely a
-mistake than a count); an override's value is parsed as JSON first, so `...__PORT=9443` is one.
+Numeric and boolean settings take JSON numbers and booleans only (`strict`): `true` or `"5"`
+for a count, `"yes"` or `1` for a switch are refused (more likely a mistake than meant); an
+override's value is parsed as JSON first, so `...__PORT=9443` and `...__READ_ONLY=true` are.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +40,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from retrieval_host.access_files import shared_access_file
+from retrieval_host.unique_json import DuplicateKeyError, load_unique_json
 
 __all__ = [
     "ENV_PREFIX",
@@ -63,6 +65,9 @@ CorpusId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 class SettingsError(Exception):
     """The configuration cannot be used; the message names the field, never a secret value."""
+
+
+Flag = Annotated[bool, Field(strict=True)]  # a JSON boolean, nothing that reads like one
 
 
 class _Model(BaseModel):
@@ -110,7 +115,7 @@ class SecretRef(_Model):
 
 
 class ListenSettings(_Model):
-    host: str = "127.0.0.1"
+    host: Annotated[str, Field(min_length=1)] = "127.0.0.1"  # "" would be every interface
     port: Annotated[int, Field(strict=True, ge=0, le=65535)] = 8443
     # Worker processes accepting on the one listening socket (see `retrieval_host.serving.workers`).
     workers: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
@@ -150,9 +155,9 @@ class LimitSettings(_Model):
     # every slot (a client holding 16 slow uploads or streams locks every other out).
     max_concurrency_per_subject: Annotated[int, Field(strict=True, ge=1, le=10_000)] | None = None
     # From the connection (or a keep-alive request's first byte) to the headers' end.
-    header_timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 10.0
+    header_timeout_s: Annotated[float, Field(strict=True, ge=0.1, le=3600)] = 10.0
     # Deadline from the request start to the last byte of the body.
-    body_timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 60.0
+    body_timeout_s: Annotated[float, Field(strict=True, ge=0.1, le=3600)] = 60.0
     # On SIGTERM: how long in-flight requests and open run streams may take to finish before
     # the host cancels them (streams then end with a final `run.failed`) and exits. Keep it
     # below the orchestrator's kill timeout (Kubernetes' default grace period is 30 s).
@@ -219,7 +224,7 @@ class TokenSettings(_Model):
     providers: tuple[str, ...] = ()
     retrieval: RetrievalGrants = Field(default_factory=RetrievalGrants)
     # May read `GET /metrics` (Prometheus text) on the main port.
-    metrics: bool = False
+    metrics: Flag = False
 
 
 class StoreSettings(_Model):
@@ -231,21 +236,21 @@ class StoreSettings(_Model):
     postgres_schema: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = (
         "retrieval_host"
     )
-    hnsw: bool = False
+    hnsw: Flag = False
     ef_search: Annotated[int, Field(strict=True, ge=1, le=1000)] = 100
     pool_size: Annotated[int, Field(strict=True, ge=1, le=100)] = 4
     # SQLite: accept a store directory and files writable by the host process's own groups,
     # as a volume provisioned for a pod is (Kubernetes fsGroup, OpenShift's gid 0). Off: the
     # directory must be private (`adapters.sqlite.files`).
-    trust_own_group: bool = False
+    trust_own_group: Flag = False
     # Open the store without writing to it (a snapshot, a hot standby): searches only; index
     # and delete answer STORE_READ_ONLY, and discovery says so. Run records need a writable
     # `runs.sqlitePath` then.
-    read_only: bool = False
+    read_only: Flag = False
     # SQLite: keep each corpus's in-memory index in a snapshot file beside the database, mapped
     # at start and shared by the worker processes (`adapters.sqlite.snapshot`). Off: every
     # start reads the whole index from SQLite, and each worker holds its own copy.
-    index_snapshots: bool = True
+    index_snapshots: Flag = True
     # SQLite: a search allowed every live passage of a namespace of at least this many ranks
     # with an approximate graph, re-scored exactly (`adapters.sqlite.approximate`); any other
     # search scans its allowed rows exactly. 0: every search scans.
@@ -290,7 +295,7 @@ class OpenAIProviderSettings(_Model):
     base_url: Annotated[str, StringConstraints(pattern=r"^https?://\S+$")]
     api_key: SecretRef | None = None
     ca_file: Path | None = None
-    allow_plain_http: bool = False  # the key over http:// to another machine
+    allow_plain_http: Flag = False  # the key over http:// to another machine
     timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 120.0
     max_output_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     # The account the calls are billed to, as usage records name it (None: unnamed).
@@ -308,7 +313,7 @@ class RerankerSettings(_Model):
     account_id: Annotated[str, StringConstraints(min_length=1, max_length=128)] = "default"
     api_key: SecretRef | None = None
     ca_file: Path | None = None
-    allow_plain_http: bool = False  # the key over http:// to another machine
+    allow_plain_http: Flag = False  # the key over http:// to another machine
     timeout_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 30.0
     # The authorized top candidates of a search sent to the reranker (a search with a higher
     # limit sends limit + 1).
@@ -324,7 +329,8 @@ class RunSettings(_Model):
     """Grounded runs: SSE heartbeat interval, the lease of a running record
     (`adapters.run_leases`) and (for SQLite) where run records live."""
 
-    heartbeat_s: Annotated[float, Field(strict=True, gt=0, le=3600)] = 15.0
+    # At least 0.05 s: a tiny interval made every waiting stream a busy loop (a black-box test).
+    heartbeat_s: Annotated[float, Field(strict=True, ge=0.05, le=3600)] = 15.0
     # How long a run stays `running` without its host renewing the lease (every quarter of
     # it): after a host stops mid-run, its runs read as failed, `INTERRUPTED`, within this.
     lease_s: Annotated[float, Field(strict=True, ge=1, le=3600)] = 60.0
@@ -344,7 +350,7 @@ class ConsoleSettings(_Model):
     """The operator console at `/console/` (static files, same origin as the API; see
     `http/console.py`). Off unless enabled; the quickstart enables it."""
 
-    enabled: bool = False
+    enabled: Flag = False
 
 
 class HostSettings(_Model):
@@ -353,7 +359,7 @@ class HostSettings(_Model):
     listen: ListenSettings = Field(default_factory=ListenSettings)
     tls: TlsSettings | None = None
     # Plain HTTP is allowed only behind a TLS-terminating proxy on the same machine.
-    behind_proxy: bool = False
+    behind_proxy: Flag = False
     limits: LimitSettings = Field(default_factory=LimitSettings)
     tokens: tuple[TokenSettings, ...] = ()
     # A JSON file holding more `tokens` entries (a mounted Secret, so that rotating tokens
@@ -374,7 +380,8 @@ class HostSettings(_Model):
     allowed_origins: tuple[str, ...] = ()
     # Host header names this host answers to (port ignored); empty accepts any (see http/hosts.py).
     allowed_hosts: tuple[str, ...] = ()
-    # Directory that relative paths in this configuration are resolved against.
+    # Directory that relative paths in this configuration are resolved against: the file's
+    # own, as named (not through links); set by `load_settings`, never by the file.
     config_dir: Path = Field(default_factory=Path.cwd)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -407,6 +414,8 @@ class HostSettings(_Model):
         hashes = [t.sha256 for t in self.tokens]
         if len(set(hashes)) != len(hashes):
             raise ValueError("two tokens share one sha256")
+        if self.store.postgres_dsn is not None and self.runs.sqlite_path is not None:
+            raise ValueError("runs.sqlitePath does not apply beside store.postgresDsn: remove it")
         if self.limits.inline_search_ms > 0 and self.store.postgres_dsn is not None:
             # A search on the event loop waiting on the network holds every request up, and
             # only the SQLite store refuses its waits there (`core.waits`).
@@ -445,31 +454,6 @@ def is_loopback(host: str) -> bool:
 
 def _norm(name: str) -> str:
     return name.replace("_", "").lower()
-
-
-class DuplicateKeyError(ValueError):
-    """A JSON object of a configuration file holds a key twice."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            # Only the key: a value may be secret. (Not `http.strict.check_unique_keys`, the
-            # requests' rule: it names no key, and an operator must find the line to fix.)
-            raise DuplicateKeyError(
-                f"the key {json.dumps(key)} appears twice in one object (a JSON object may "
-                "hold each key once; remove the one that is not meant)"
-            )
-        seen[key] = value
-    return seen
-
-
-def load_unique_json(text: str) -> Any:
-    """The JSON document, refusing an object with a key twice at any depth: `json` keeps the
-    last one silently, so an edit that left a stale key above its replacement would be served
-    as whichever came last (requests follow the same rule, `http.strict`)."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def _apply_override(
@@ -520,6 +504,9 @@ def load_settings(
     config_dir = Path.cwd()
     if path is not None:
         file = Path(path).expanduser().resolve()
+        # Relative paths follow the file as named, not its link target: a Kubernetes
+        # ConfigMap links it into a timestamped folder that the next update deletes.
+        config_dir = Path(os.path.abspath(Path(path).expanduser())).parent
         if (shared := shared_access_file(file, "the configuration file")) is not None:
             raise SettingsError(shared)
         try:
@@ -533,14 +520,15 @@ def load_settings(
         if not isinstance(loaded, dict):
             raise SettingsError(f"{file} must hold a JSON object")
         data = loaded
-        config_dir = file.parent
     for key in sorted(environ):
         if key in CLIENT_VARIABLES:
             continue  # the client's own variables share the prefix; they configure no host
         if key.startswith(prefix) and len(key) > len(prefix):
             parts = key[len(prefix) :].split("__")
             _apply_override(data, HostSettings, parts, environ[key], key)
-    data.setdefault("configDir", str(config_dir))
+    if {"configDir", "config_dir"} & set(data):
+        raise SettingsError("configDir is no setting: relative paths are relative to the file")
+    data["configDir"] = str(config_dir)
     settings = _validated(data)
     if settings.tokens_file is not None:
         listed = _read_tokens_file(settings.path(settings.tokens_file))

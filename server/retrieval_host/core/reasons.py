@@ -220,6 +220,7 @@ class StoreUnavailableReason(StrEnum):
     CORPUS_MISSING = "corpus-missing"  # the corpus disappeared from the database
     MISSING_DIRECTORY = "missing-directory"  # the store's directory does not exist
     MISSING_STORE = "missing-store"  # no store to open read-only, or only its WAL left
+    UNWRITABLE = "unwritable"  # the store's file or directory cannot be created there
     SQLITE_ERROR = "sqlite-error"  # SQLite failed
     JOURNAL_MODE = "journal-mode"  # SQLite could not switch to WAL mode
     PRAGMA = "pragma"  # SQLite could not set a required PRAGMA

@@ -46,12 +46,8 @@ from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.server import check_listen_address, run_server
 from retrieval_host.serving.tls import DEFAULT_HOSTS, ensure_local_certificates
 from retrieval_host.serving.tokens import new_token, token_config_entry
-from retrieval_host.settings import (
-    DuplicateKeyError,
-    SettingsError,
-    load_settings,
-    load_unique_json,
-)
+from retrieval_host.settings import SettingsError, load_settings
+from retrieval_host.unique_json import DuplicateKeyError, load_unique_json
 from retrieval_host_client import validate_source_citations
 
 CORPUS: Final = "library"

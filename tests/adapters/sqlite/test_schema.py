@@ -9,7 +9,7 @@ import apsw
 import numpy as np
 import pytest
 
-from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteRunStore, SqliteVectorStore
 from retrieval_host.adapters.sqlite.schema import (
     check_identity,
     check_sqlite_version,
@@ -228,3 +228,20 @@ def test_a_store_of_the_previous_version_gets_the_index_of_passages_without_term
         assert raw.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         raw.close()
+
+
+@pytest.mark.parametrize("store", [SqliteVectorStore, SqliteRunStore], ids=["vectors", "runs"])
+def test_a_store_that_cannot_be_created_where_it_is_configured_is_a_typed_refusal(
+    store: type[SqliteVectorStore] | type[SqliteRunStore],
+) -> None:
+    # A black-box test: a store on a read-only volume (and the run records beside a store
+    # served read-only from one) stopped the start with an untyped OSError and a traceback.
+    # sysfs refuses a new file to every user, root included, as a read-only mount does.
+    with pytest.raises(RetrievalError) as refused:
+        store.open("/sys/retrieval-host-test.sqlite")
+    assert (refused.value.code, refused.value.reason) == (
+        ErrorCode.STORE_UNAVAILABLE,
+        "unwritable",
+    )
+    assert refused.value.detail.startswith("cannot create /sys/retrieval-host-test.sqlite: ")
+    assert "store.readOnly" in refused.value.detail

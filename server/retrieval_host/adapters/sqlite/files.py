@@ -149,8 +149,25 @@ def _ensure_directory(directory: Path, trusted_groups: frozenset[int]) -> None:
     # The parent must be safe before anything is created inside it.
     check_directory_chain(parent, trusted_groups)
     with contextlib.suppress(FileExistsError):  # a concurrent opener created it: checked below
-        os.mkdir(directory, 0o700)
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise _cannot_create(directory, exc) from exc
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+
+
+def _cannot_create(path: Path, exc: OSError) -> RetrievalError:
+    """A typed start failure for a store that cannot be made at `path` (a read-only volume,
+    a folder the host may not write): it was an untyped OSError and a traceback."""
+    return RetrievalError(
+        ErrorCode.STORE_UNAVAILABLE,
+        f"cannot create {path}: {exc.strerror or type(exc).__name__}. A store is created on "
+        "a writable volume; one served from a read-only volume needs store.readOnly, and its "
+        "run records a writable runs.sqlitePath.",
+        reason=StoreUnavailableReason.UNWRITABLE,
+    )
 
 
 def _create_database_file(path: Path) -> None:
@@ -160,6 +177,8 @@ def _create_database_file(path: Path) -> None:
         fd = os.open(path, flags, 0o600)
     except FileExistsError:
         return  # created concurrently; the caller checks it like any existing file
+    except OSError as exc:
+        raise _cannot_create(path, exc) from exc
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, 0o600)
