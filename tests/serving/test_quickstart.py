@@ -105,6 +105,10 @@ def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) 
     indexed = [line for line in again.stdout.splitlines() if "passages, revision" in line]
     assert len(indexed) == 3
     assert all(line.split()[0] == "unchanged" for line in indexed), again.stdout
+    # Each names its source id, as `sources show` takes it (it printed the file name).
+    assert all(Path(line.split()[2].strip("():")).stem == line.split()[1] for line in indexed), (
+        again.stdout
+    )
     # What to run to serve the state it left (a black-box test found no word of it).
     assert "Serve it later with: retrieval-host serve --config state/host.json" in again.stdout
 

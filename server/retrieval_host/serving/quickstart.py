@@ -245,9 +245,10 @@ def index_samples(driver: Driver, samples: list[Path]) -> None:
             IngestRequest(CORPUS, path.stem, media_type_for_path(path), path.read_bytes()),
             context,
         )
+        # The source id, not the file name: `sources show` looks a source up by its id.
         print(
-            f"  {result.status:<9} {path.name}: {result.chunk_count} passages, "
-            f"revision {_short(result.source.revision)}",
+            f"  {result.status:<9} {result.source.id} ({path.name}): {result.chunk_count} "
+            f"passages, revision {_short(result.source.revision)}",
             flush=True,
         )
 
