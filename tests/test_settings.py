@@ -515,6 +515,19 @@ def test_a_key_is_sent_over_plain_http_only_to_loopback_or_when_allowed(tmp_path
     build_reranker(settings, allowed, {}).close()
 
 
+@pytest.mark.parametrize("content", ["sk-test\n\n", "sk test\n", "\n", "sk-\ttest"])
+def test_a_key_no_request_could_send_is_refused_at_start(tmp_path: Path, content: str) -> None:
+    # A black-box test: a key file ending in a blank line started a healthy host whose every
+    # run then failed `api-key-unavailable`.
+    from retrieval_host.adapters.wiring import build_providers
+
+    (tmp_path / "key").write_text(content)
+    provider = {"kind": "openai", "baseUrl": "https://llm.example/v1", "apiKey": {"file": "key"}}
+    settings = load_settings(_write(tmp_path, _minimal(providers={"hosted": provider})), {})
+    with pytest.raises(SettingsError, match=r"apiKey of https://llm\.example/v1: the key is empty"):
+        build_providers(settings, {})
+
+
 @pytest.mark.parametrize(
     ("listen", "workers", "refused"),
     [(9100, 1, True), (9101, 2, True), (9102, 2, False), (9099, 1, False)],

@@ -96,9 +96,15 @@ def read_api_key(
     except Exception:
         raise unavailable(f"the {service} API key could not be read.") from None
     # Reject what would break or split the header; the value itself is never echoed.
-    if not isinstance(key, str) or not key or not key.isprintable() or " " in key:
+    if not isinstance(key, str) or malformed_key(key):
         raise unavailable(f"the {service} API key is empty or malformed.")
     return key
+
+
+def malformed_key(key: str) -> bool:
+    """Whether `key` cannot go in an `Authorization` header: empty, or holding white space or
+    a control character."""
+    return not key or not key.isprintable() or " " in key
 
 
 def request_headers(key: str | None) -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import httpx
 
+from retrieval_host.adapters._openai_http import malformed_key
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
 from retrieval_host.adapters.rerank_http import HttpReranker
@@ -175,6 +176,13 @@ def _hosted_access(
             "loopback address, or set allowPlainHttp: true"
         )
     key = None if secret is None else secret.resolve(environ, settings.config_dir)
+    if key is not None and malformed_key(key.get_secret_value()):
+        # Every call would fail `api-key-unavailable` on a host that started healthy (a file
+        # ending in a blank line, a black-box test): refused here, the value never echoed.
+        raise SettingsError(
+            f"apiKey of {config.base_url}: the key is empty or holds white space or a control "
+            "character (a blank line at the end of its file?)"
+        )
     verify: bool | ssl.SSLContext = True
     if ca_file is not None:
         path = settings.path(ca_file)
