@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import logging
 import ssl
 from pathlib import Path
 
@@ -89,3 +90,20 @@ def test_an_encrypted_key_without_its_password_is_one_settings_error(tmp_path: P
     assert "is tls.keyPassword the key's password?" in str(wrong.value)
     assert isinstance(server_context(certs.cert_file, encrypted, "s3cret"), ssl.SSLContext)
     assert isinstance(server_context(certs.cert_file, certs.key_file), ssl.SSLContext)
+
+
+def test_a_key_every_user_may_read_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A black-box test: a 0666 key behind a 0777 link started without a word, though the
+    # host refuses such modes on every file that grants access.
+    certs = ensure_local_certificates(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="retrieval_host.serving"):
+        server_context(certs.cert_file, certs.key_file)
+        assert not caplog.records  # the quickstart's own key is private
+        certs.key_file.chmod(0o644)
+        server_context(certs.cert_file, certs.key_file)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"tls.keyFile {certs.key_file} is readable or writable by every user (mode 0644): "
+        "chmod 0400 it"
+    ]

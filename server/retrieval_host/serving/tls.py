@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import logging
 import os
 import ssl
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from retrieval_host.settings import SettingsError
 
 TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
+_log = logging.getLogger("retrieval_host.serving")
 
 
 def server_context(cert_file: Path, key_file: Path, password: str | None = None) -> ssl.SSLContext:
@@ -41,6 +43,15 @@ def server_context(cert_file: Path, key_file: Path, password: str | None = None)
                 pass
         except OSError as exc:
             raise SettingsError(f"tls.{name}: cannot read {path}: {exc.strerror}") from None
+    mode = key_file.stat().st_mode & 0o777
+    if mode & 0o007:
+        # The one secret file (deploy/README: 0400 for the host's user). Group bits are left
+        # alone: a Kubernetes Secret mounted for the pod's fsGroup reads 0440.
+        _log.warning(
+            "tls.keyFile %s is readable or writable by every user (mode %04o): chmod 0400 it",
+            key_file,
+            mode,
+        )
 
     def no_password() -> str:
         # Called only for an encrypted key: without it OpenSSL prompted on the terminal (a
