@@ -260,7 +260,7 @@ def test_a_state_dir_that_holds_other_files_or_is_a_file_is_refused_untouched(
     for given in (str(shared), ""):
         done = _quickstart(given, cwd=shared)
         assert done.returncode == 2, done.stderr
-        assert "already holds other files and is not a quickstart state" in done.stderr
+        assert "holds files a quickstart does not make (someone-elses-file)" in done.stderr
         assert "Traceback" not in done.stderr
     assert _mode(shared) == 0o1777
     assert sorted(p.name for p in shared.iterdir()) == ["someone-elses-file"]

@@ -423,10 +423,12 @@ def _check_state_dir(state_dir: Path) -> None:
             f"--state-dir {_display(state_dir)} cannot be read: {exc.strerror}."
         ) from None
     if foreign:
+        names = sorted(p.name for p in foreign)
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         raise SettingsError(
-            f"--state-dir {_display(state_dir)} already holds other files and is not a "
-            "quickstart state: name a new or an empty directory (the quickstart makes it "
-            "private, mode 0700)."
+            f"--state-dir {_display(state_dir)} already holds files a quickstart does not make "
+            f"({shown}) and is not a quickstart state: name a new or an empty directory, or "
+            "move those out (the quickstart makes it private, mode 0700)."
         )
 
 
