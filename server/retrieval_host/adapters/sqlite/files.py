@@ -34,7 +34,6 @@ On systems without POSIX ownership (Windows) the ownership and mode checks are s
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from pathlib import Path
@@ -148,14 +147,13 @@ def _ensure_directory(directory: Path, trusted_groups: frozenset[int]) -> None:
         )
     # The parent must be safe before anything is created inside it.
     check_directory_chain(parent, trusted_groups)
-    with contextlib.suppress(FileExistsError):  # a concurrent opener created it: checked below
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            raise
-        except OSError as exc:
-            raise _cannot_create(directory, exc) from exc
-        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        return  # a concurrent opener created it: checked below
+    except OSError as exc:
+        raise _cannot_create(directory, exc) from exc
+    os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
 
 
 def _cannot_create(path: Path, exc: OSError) -> RetrievalError:
