@@ -35,7 +35,7 @@ new index: hybrid 0.741 / recall@100 0.943 as with `en-snowball-2`, lexical 0.69
 
 Analyzer `en-snowball-4`, the default of corpora created since (a corpus keeps the analyzer it
 was built with): `en-snowball-3`, with three changes for scripts other than Latin, Greek and
-Cyrillic (on ASCII text all four give the same terms):
+Cyrillic (on ASCII text it gives `en-snowball-3`'s terms):
 - combining marks (Unicode Mn, Mc, Me: Indic vowel signs and viramas, among others) stay
   inside a word. They are not word characters to `\\w`, so a word was cut at each of them:
   `दिल्ली`, `சென்னை` and `ঢাকা` had no term at all, and a search for the document's own
