@@ -121,15 +121,17 @@ def _listening_on_all_interfaces(port: int) -> bool:
 
 
 def test_container_mode_serves_every_interface_with_the_operators_names(tmp_path: Path) -> None:
-    port = free_port()
+    port, given = free_port(), free_port()
     state = tmp_path / "state"
     environ = {
         **os.environ,
         "RETRIEVAL_HOST_TLS_NAMES": "rh.example.test, 10.9.8.7",
-        # A setting from the environment, as `serve` takes them: only these Host names.
+        # Settings from the environment, as `serve` takes them: only these Host names, and
+        # the port (the commands printed named `--port`'s, a black-box test).
         "RETRIEVAL_HOST_ALLOWED_HOSTS": '["127.0.0.1", "rh.example.test"]',
+        "RETRIEVAL_HOST_LISTEN__PORT": str(port),
     }
-    command = [*cli(), "quickstart", "--container", "--state-dir", str(state), "--port", str(port)]
+    command = [*cli(), "quickstart", "--container", "--state-dir", str(state), "--port", str(given)]
     with serving(command, tmp_path, state / "ca.pem", port, environ) as served:
         lines = served.lines
         output = "".join(lines)

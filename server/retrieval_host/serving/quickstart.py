@@ -376,6 +376,9 @@ def quickstart(
         _print_container_secrets(state_dir, new_token_made)
     # Only the configuration file, unless in a container (configured by its environment).
     settings = load_settings(host_file, environ if container else {})
+    # What it serves on: in a container `RETRIEVAL_HOST_LISTEN__PORT` may move it (a black-box
+    # test saw the commands printed with `--port` while the host listened elsewhere).
+    port = settings.listen.port
     print(f"Indexing the sample documents into corpus {CORPUS!r} with the local model:")
     driver = build_driver(settings, environ)
     assert driver is not None
