@@ -112,33 +112,30 @@ def _one_page_objects() -> dict[int, bytes]:
 def missing_font_pdf(*, readable_page: bool = True) -> bytes:
     """A PDF whose (last) page draws its text with a font its resources do not hold, which
     pypdf extracts as U+FFFD; with `readable_page`, a readable page comes before it."""
-    unreadable = b"BT /F9 12 Tf 72 700 Td (Glyphs no font maps to text) Tj ET"
-    kids = b"[3 0 R 6 0 R]" if readable_page else b"[6 0 R]"
-    return assemble_pdf(
-        {
-            1: _CATALOG,
-            2: b"<< /Type /Pages /Kids %s /Count %d >>" % (kids, 2 if readable_page else 1),
-            3: _page(4),
-            4: _stream(_HELLO),
-            5: _FONT,
-            6: _page(7),
-            7: _stream(unreadable),
-        }
+    return _after_a_readable_page(
+        b"BT /F9 12 Tf 72 700 Td (Glyphs no font maps to text) Tj ET", first=readable_page
     )
 
 
 def damaged_page_pdf() -> bytes:
     """Two pages; the second's content stream does not parse (an array closed in a string)."""
-    broken = b"BT /F1 12 Tf 50 750 Td (unbalanced [ ( paren) Tj ] TJ q q q Q garbage%%% ET"
+    return _after_a_readable_page(
+        b"BT /F1 12 Tf 50 750 Td (unbalanced [ ( paren) Tj ] TJ q q q Q garbage%%% ET"
+    )
+
+
+def _after_a_readable_page(content: bytes, *, first: bool = True) -> bytes:
+    """A PDF of a page drawing `content`, after a readable page when `first`."""
+    kids = b"[3 0 R 6 0 R]" if first else b"[6 0 R]"
     return assemble_pdf(
         {
             1: _CATALOG,
-            2: b"<< /Type /Pages /Kids [3 0 R 6 0 R] /Count 2 >>",
+            2: b"<< /Type /Pages /Kids %s /Count %d >>" % (kids, 2 if first else 1),
             3: _page(4),
             4: _stream(_HELLO),
             5: _FONT,
             6: _page(7),
-            7: _stream(broken),
+            7: _stream(content),
         }
     )
 
