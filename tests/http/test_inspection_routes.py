@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from retrieval_host.adapters.embedding_local import LocalEmbedding
+from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.core.context import RequestContext
+from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.service import Corpus, RetrievalService
+from retrieval_host.driver import Driver
 from retrieval_host.http.app import HostApp, create_app
 from tests.support.host import CORPUS, HANDBOOK, World
 
@@ -228,3 +236,50 @@ async def test_an_ingested_document_lists_its_media_type_and_ids_may_hold_slashe
     assert "Otters" in passage.json()["text"]
     delete = {"corpus": CORPUS, "sourceId": source_id, "revision": revision}
     assert (await client.post("/v1/retrieval/delete", json=delete, headers=auth)).status_code == 200
+
+
+async def test_a_corpus_whose_id_holds_a_slash_is_one_escaped_segment(
+    http_world: World, local_embedding: LocalEmbedding, tmp_path: Path
+) -> None:
+    # A black-box test: corpus ids may hold `/`, and `/v1/corpora/team%2Fa/sources` (how the
+    # client and the console escape one) was unescaped before routing: no such route.
+    store = SqliteVectorStore.open(tmp_path / "team.sqlite")
+
+    def everyone(request: AuthorizationRequest, context: RequestContext) -> Grant:
+        if request.operation == "search":
+            return Grant("ns", {"notes/q3": "r1"})
+        return Grant("ns", {sid: ANY_REVISION for sid in request.source_ids or ()})
+
+    corpus = Corpus("team/a", "passages-v1", local_embedding, store, everyone)
+    driver = Driver(RetrievalService([corpus], query_cache_entries=0))
+    chunk = ChunkInput("notes/q3-1", "The third quarter closed early.", Location(start_line=1))
+    driver.index_context(
+        IndexRequest("team/a", SourceInfo("notes/q3", "r1"), [chunk]), RequestContext("w")
+    )
+    token = "team-token-0123456789abcdef"
+    entry = {
+        "subject": "reader",
+        "sha256": hashlib.sha256(token.encode()).hexdigest(),
+        "retrieval": {"search": ["team/a"]},
+    }
+    app = create_app(http_world.settings(tokens=[entry]), driver)
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="https://host.test"
+        ) as client:
+            listed = await client.get("/v1/corpora/team%2Fa/sources?limit=5", headers=headers)
+            assert listed.status_code == 200, listed.text
+            assert [s["id"] for s in listed.json()["sources"]] == ["notes/q3"]
+            source = await client.get("/v1/corpora/team%2Fa/sources/notes%2Fq3", headers=headers)
+            assert source.status_code == 200, source.text
+            passage = await client.get("/v1/corpora/team%2Fa/passages/notes/q3-1", headers=headers)
+            assert passage.json()["text"] == chunk.text
+            # Unescaped, the path names corpus `team`, which this host does not have.
+            _problem(
+                await client.get("/v1/corpora/team/a/sources", headers=headers),
+                404,
+                "INVALID_REQUEST",
+            )
+    finally:
+        store.close()

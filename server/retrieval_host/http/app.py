@@ -2,6 +2,7 @@
 
 The stack, outermost first, all pure ASGI:
 
+0. `CorpusSegments` — a corpus id holding `/` stays one (escaped) segment of the path;
 1. `RequestIdMiddleware` — the request id, and `INTERNAL` for anything that escapes;
 2. `RequestObserver` — request metrics and the access log line, by route template;
 3. `AllowedHostsMiddleware` — the optional Host allow-list (`allowedHosts`);
@@ -33,6 +34,7 @@ from retrieval_host.cpus import usable_cores
 from retrieval_host.driver import Driver
 from retrieval_host.http.auth import TokenAuthenticator
 from retrieval_host.http.console import ConsoleRoutes
+from retrieval_host.http.corpus_paths import CorpusSegments
 from retrieval_host.http.hosts import AllowedHostsMiddleware
 from retrieval_host.http.hygiene import HygieneMiddleware
 from retrieval_host.http.limits import LimitCounters, LimitsMiddleware, SubjectShares
@@ -220,5 +222,10 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
     )
     observed = RequestObserver(hosts, metrics, table)
     return HostApp(
-        RequestIdMiddleware(observed), routes, limits, origins, metrics=metrics, shutdown=shutdown
+        CorpusSegments(RequestIdMiddleware(observed)),
+        routes,
+        limits,
+        origins,
+        metrics=metrics,
+        shutdown=shutdown,
     )

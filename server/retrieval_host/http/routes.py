@@ -27,6 +27,7 @@ from retrieval_host.core.models import IndexResult, Operation
 from retrieval_host.core.reasons import InvalidRequestReason
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.http.auth import Principal
+from retrieval_host.http.corpus_paths import corpus_param
 from retrieval_host.http.ingest_stream import streamed_ingest
 from retrieval_host.http.inline import kind_of
 from retrieval_host.http.metrics import HostMetrics
@@ -267,7 +268,7 @@ class Routes:
 
     async def list_sources(self, request: Request) -> Response:
         principal = self.policy.authenticate(request)
-        corpus = request.path_params["corpus"]
+        corpus = corpus_param(request)
         filters = _take(request, ("title", "mediaType"))
         page = self._page_params(request, skip=filters.keys())
         where = SourceFilter(filters.get("title"), filters.get("mediaType"))
@@ -287,7 +288,7 @@ class Routes:
     async def get_source(self, request: Request) -> Response:
         _no_trailing_slash(request.path_params["sourceId"])
         principal = self.policy.authenticate(request)
-        corpus, source_id = request.path_params["corpus"], request.path_params["sourceId"]
+        corpus, source_id = corpus_param(request), request.path_params["sourceId"]
         page = self._page_params(request)
         context = self._context(principal, "search", corpus, request)
         driver = self._driver()
@@ -303,7 +304,7 @@ class Routes:
     async def get_passage(self, request: Request) -> Response:
         _no_trailing_slash(request.path_params["chunkId"])
         principal = self.policy.authenticate(request)
-        corpus, chunk_id = request.path_params["corpus"], request.path_params["chunkId"]
+        corpus, chunk_id = corpus_param(request), request.path_params["chunkId"]
         query = utf8_query_params(request.scope.get("query_string", b""))
         try:
             params = wire.PassageParams.model_validate(
