@@ -116,3 +116,12 @@ def test_sentences_of_scripts_without_spaces_end_at_their_own_full_stops() -> No
     hindi = "दिल्ली भारत की राजधानी है। मुंबई एक बड़ा शहर है।"
     lines = [x for x in _answer([_passage("p-2", hindi)], "राजधानी दिल्ली") if x]
     assert lines[0] == "- दिल्ली भारत की राजधानी है। [source:p-2]"
+
+
+def test_a_closing_quote_after_a_full_stop_stays_with_its_sentence() -> None:
+    # A black-box test: `。` ended the sentence before its closing quote, so the answer quoted
+    # an opening mark with no closing one.
+    text = "他说：“价格很好。”我们明天再谈。「会議室は三階です。」と彼は言った。"
+    lines = [x for x in _answer([_passage("p-1", text)], "价格 会議室") if x]
+    assert "- 他说：“价格很好。” [source:p-1]" in lines
+    assert "- 「会議室は三階です。」 [source:p-1]" in lines

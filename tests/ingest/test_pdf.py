@@ -169,17 +169,17 @@ def test_a_pdf_without_a_text_layer_says_so(count_tokens: TokenCounter) -> None:
 def test_a_page_whose_glyphs_no_font_maps_is_a_page_without_text(
     count_tokens: TokenCounter,
 ) -> None:
-    # A black-box test: such a page was indexed as a passage of U+FFFD, searchable and cited,
-    # and counted in `pagesWithText`.
-    data = docs.missing_font_pdf()
-    assert "\ufffd" in pypdf.PdfReader(io.BytesIO(data)).pages[1].extract_text()
-    prepared = prepare_document(data, "application/pdf", source_id="x", token_counter=count_tokens)
-    assert [c.location.page for c in prepared.chunks] == [1]
-    assert "\ufffd" not in "".join(c.text for c in prepared.chunks)
-    assert (prepared.source.metadata["pageCount"], prepared.source.metadata["pagesWithText"]) == (
-        2,
-        1,
-    )
+    # Black-box tests: such a page was indexed as a passage of U+FFFD, searchable and cited,
+    # and counted in `pagesWithText`; then still so when its page number was readable.
+    for data in (docs.missing_font_pdf(), docs.missing_font_pdf(page_number=True)):
+        assert "\ufffd" in pypdf.PdfReader(io.BytesIO(data)).pages[1].extract_text()
+        prepared = prepare_document(
+            data, "application/pdf", source_id="x", token_counter=count_tokens
+        )
+        assert [c.location.page for c in prepared.chunks] == [1]
+        assert "\ufffd" not in "".join(c.text for c in prepared.chunks)
+        metadata = prepared.source.metadata
+        assert (metadata["pageCount"], metadata["pagesWithText"]) == (2, 1)
     with pytest.raises(RetrievalError) as caught:
         prepare_document(
             docs.missing_font_pdf(readable_page=False),

@@ -109,12 +109,14 @@ def _one_page_objects() -> dict[int, bytes]:
     }
 
 
-def missing_font_pdf(*, readable_page: bool = True) -> bytes:
+def missing_font_pdf(*, readable_page: bool = True, page_number: bool = False) -> bytes:
     """A PDF whose (last) page draws its text with a font its resources do not hold, which
-    pypdf extracts as U+FFFD; with `readable_page`, a readable page comes before it."""
-    return _after_a_readable_page(
-        b"BT /F9 12 Tf 72 700 Td (Glyphs no font maps to text) Tj ET", first=readable_page
-    )
+    pypdf extracts as U+FFFD; with `readable_page`, a readable page comes before it; with
+    `page_number`, that page's number is drawn in a font it holds."""
+    content = b"BT /F9 12 Tf 72 700 Td (Glyphs no font maps to text at all here) Tj ET"
+    if page_number:
+        content += b" BT /F1 10 Tf 300 30 Td (Page 2) Tj ET"
+    return _after_a_readable_page(content, first=readable_page)
 
 
 def damaged_page_pdf() -> bytes:

@@ -31,9 +31,13 @@ LABEL = "Extractive answer (sentences quoted from the evidence; no language mode
 DECLINED = "No sentence of the evidence shares a word with the question: it does not answer it."
 # A sentence ends at `.`, `!` or `?` before white space, at the full stops and marks of
 # Chinese, Japanese, Arabic and Devanagari text with or without it (those scripts put no space
-# after them: a black-box test saw a whole Japanese paragraph quoted as one sentence), or at a
-# line break.
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[。！？｡．؟۔।॥])\s*|\n+")
+# after them: a black-box test saw a whole Japanese paragraph quoted as one sentence), after a
+# closing quote or bracket that follows one (`“价格很好。”` is one sentence), or at a line break.
+_STOPS = "。！？｡．؟۔।॥"
+_CLOSERS = "”’」』）)〉》"
+_SENTENCE_END = re.compile(
+    rf"(?<=[.!?])\s+|(?<=[{_STOPS}])(?![{_CLOSERS}])\s*|(?<=[{_STOPS}][{_CLOSERS}])\s*|\n+"
+)
 _STOP = frozenset(
     "a an and are as at be by can do does for from how i in is it its of on or that the this "
     "to was what when where which who why will with you your".split()

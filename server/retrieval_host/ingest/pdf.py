@@ -110,6 +110,12 @@ _pypdf_logger.propagate = False
 _pypdf_logger.addHandler(_PYPDF_LOG)
 
 
+def _mostly_undecodable(page_text: str) -> bool:
+    """At least half of the page's visible characters are U+FFFD."""
+    unreadable = page_text.count(REPLACEMENT)
+    return unreadable > 0 and 2 * unreadable >= sum(not c.isspace() for c in page_text)
+
+
 class _PageUnreadable(Exception):
     """pypdf failed on one page's content (the cause): which page, for the refusal."""
 
@@ -254,10 +260,10 @@ def _extract(
         texts.append(page_text)
         if not page_text.strip():
             continue
-        if not page_text.replace(REPLACEMENT, "").strip():
-            # Every glyph came out as U+FFFD (a font without a usable encoding or ToUnicode
-            # map): a passage of replacement characters is no text (a black-box test saw one
-            # indexed, searchable and cited).
+        if _mostly_undecodable(page_text):
+            # Its glyphs came out as U+FFFD (a font without a usable encoding or ToUnicode
+            # map), but for a page number or so: a passage of replacement characters is no text
+            # (black-box tests saw one indexed, searchable and cited, with and without "Page 2").
             undecodable += 1
             continue
         lines = tuple(page_text.split("\n"))

@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             settings.tls.cert_file,
             settings.tls.key_file,
             password.get_secret_value() if password is not None else None,
+            warn=args.worker is None,  # once per start, not again in each worker
         )
     worker = None
     if args.worker is not None:

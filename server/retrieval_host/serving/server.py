@@ -68,6 +68,7 @@ def uvicorn_config(
             settings.tls.cert_file,
             settings.tls.key_file,
             password.get_secret_value() if password is not None else None,
+            warn=False,  # said at the start's own check (`serving.cli`)
         )
         config_kwargs["ssl_context_factory"] = lambda _config, _default: context
     elif not settings.behind_proxy:

@@ -28,7 +28,9 @@ TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
 _log = logging.getLogger("retrieval_host.serving")
 
 
-def server_context(cert_file: Path, key_file: Path, password: str | None = None) -> ssl.SSLContext:
+def server_context(
+    cert_file: Path, key_file: Path, password: str | None = None, *, warn: bool = True
+) -> ssl.SSLContext:
     """The host's TLS server context: TLS 1.2 minimum, AEAD suites, ALPN http/1.1."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -44,7 +46,7 @@ def server_context(cert_file: Path, key_file: Path, password: str | None = None)
         except OSError as exc:
             raise SettingsError(f"tls.{name}: cannot read {path}: {exc.strerror}") from None
     mode = key_file.stat().st_mode & 0o777
-    if mode & 0o007:
+    if warn and mode & 0o007:
         # The one secret file (deploy/README: 0400 for the host's user). Group bits are left
         # alone: a Kubernetes Secret mounted for the pod's fsGroup reads 0440.
         _log.warning(

@@ -245,3 +245,13 @@ def test_a_store_that_cannot_be_created_where_it_is_configured_is_a_typed_refusa
     )
     assert refused.value.detail.startswith("cannot create /sys/retrieval-host-test.sqlite: ")
     assert "store.readOnly" in refused.value.detail
+
+
+def test_a_store_under_a_file_says_that_it_is_no_directory(tmp_path: Path) -> None:
+    # A black-box test: "the directory ... does not exist; create it first" for a path that
+    # existed as a regular file.
+    (tmp_path / "token").write_text("x")
+    with pytest.raises(RetrievalError) as refused:
+        SqliteVectorStore.open(tmp_path / "token" / "x" / "store.sqlite")
+    assert (refused.value.code, refused.value.reason) == ("UNSAFE_STORE", "not-a-directory")
+    assert refused.value.detail == f"{tmp_path / 'token'} is not a directory."

@@ -139,6 +139,8 @@ def _ensure_directory(directory: Path, trusted_groups: frozenset[int]) -> None:
     if os.path.lexists(directory):
         return
     parent = Path(os.path.realpath(directory.parent))
+    if os.path.lexists(parent) and not parent.is_dir():  # it exists: "create it" would mislead
+        raise _unsafe(f"{parent} is not a directory.", UnsafeStoreReason.NOT_A_DIRECTORY)
     if not parent.is_dir():
         raise RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
