@@ -5,9 +5,11 @@ re-embedding, and then ranks exactly as a store written by this release."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
 
 import numpy as np
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -18,6 +20,7 @@ from retrieval_host.core.descriptor import LexicalDescriptor
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, analyze, query_terms
 from retrieval_host.core.ports import CapacityLimits
+from tests.support.host import wait_until
 from tests.support.lexical_reference import reference
 from tests.support.pg import connect
 from tests.support.previous_vector_store import old_vectors, pg_v1_schema, pg_v1_write
@@ -173,3 +176,57 @@ def test_without_migration_an_earlier_schema_is_refused_and_the_migration_is_log
         f"migrated the vector-store schema {pg_schema!r} from version 1 to "
         f"{VECTOR_SCHEMA_VERSION} (an earlier release can no longer open it)"
     ]
+
+
+def test_the_recount_at_open_keeps_a_concurrent_writers_counts(pg_dsn: str, pg_schema: str) -> None:
+    # A black-box test: a writer (index or delete on another replica) holding its namespace's
+    # counts when a store opened had its change overwritten by the recount, computed from the
+    # snapshot taken before it committed; the counts fell behind the rows, and deleting the
+    # last source then broke their check (503) until the next open.
+    pg_v1_schema(pg_dsn, pg_schema, descriptor("c1"), OLD)
+    with PgVectorStore.open(pg_dsn, schema=pg_schema) as store:
+        store.open_corpus(OPENED)  # migrated: counts kept by writers from now on
+    s = sql.Identifier(pg_schema)
+
+    def counts(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[object, ...] | None:
+        return conn.execute(
+            sql.SQL(
+                "SELECT l.passages, (SELECT count(c.term_count) FROM {}.chunks c WHERE "
+                "c.corpus_id = l.corpus_id AND c.namespace = l.namespace) FROM {}.lexical_spaces "
+                "l WHERE l.namespace = 'ns'"
+            ).format(s, s)
+        ).fetchone()
+
+    with psycopg.connect(pg_dsn) as writer, connect(pg_dsn) as watcher:
+        # As the store's index does in one transaction: a passage, then the namespace's counts.
+        writer.execute(
+            sql.SQL(
+                "INSERT INTO {}.chunks (source_pk, corpus_id, namespace, chunk_id, ordinal, text, "
+                "page, start_line, end_line, document_id, dimensions, embedding, term_count) "
+                "SELECT source_pk, corpus_id, namespace, 'late-0', 100000, text, page, "
+                "start_line, end_line, document_id, dimensions, embedding, term_count "
+                "FROM {}.chunks WHERE namespace = 'ns' AND term_count IS NOT NULL LIMIT 1"
+            ).format(s, s)
+        )
+        writer.execute(
+            sql.SQL(
+                "UPDATE {}.lexical_spaces SET passages = passages + 1 WHERE namespace = 'ns'"
+            ).format(s)
+        )
+        opened = threading.Thread(
+            target=lambda: PgVectorStore.open(pg_dsn, schema=pg_schema, pool_size=1).close()
+        )
+        opened.start()
+        wait_until(
+            lambda: (
+                watcher.execute(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+                ).fetchone()
+                == (1,)
+            ),
+            what="the open's recount waiting for the writer",
+        )
+        writer.commit()
+        opened.join(timeout=60)
+        assert not opened.is_alive()
+        assert counts(watcher) == (5, 5)

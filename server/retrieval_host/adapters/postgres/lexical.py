@@ -173,6 +173,12 @@ def heal(conn: Connection, schema: str) -> int:
         cur.executemany(
             schema_sql(schema, "UPDATE {s}.chunks SET term_count = %s WHERE id = %s"), lengths
         )
+    # Writers keep the counts in their own transactions (`passages + n`) without the schema's
+    # lock: the rows are locked first, so the recount's own statement, with a snapshot taken
+    # once every writer holding one has committed, counts their passages. Counted from the
+    # snapshot of a single statement, a write committed while it waited was overwritten (a
+    # black-box test: the counts fell behind the rows and a later delete broke their check).
+    conn.execute(schema_sql(schema, "SELECT id FROM {s}.lexical_spaces ORDER BY id FOR UPDATE"))
     conn.execute(
         schema_sql(
             schema,
