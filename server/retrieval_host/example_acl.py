@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -55,7 +55,13 @@ from pydantic import ValidationError
 from retrieval_host.access_files import shared_access_file
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.rerank_http import HttpReranker
-from retrieval_host.adapters.wiring import build_reranker, build_run_engine, build_vector_store
+from retrieval_host.adapters.wiring import (
+    RecordStore,
+    build_reranker,
+    build_run_engine,
+    build_run_store,
+    build_vector_store,
+)
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import check_label
 from retrieval_host.core.errors import RetrievalError
@@ -278,6 +284,26 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
         embedding.check_query_arithmetic()
     except ValueError as exc:
         raise SettingsError(f"applicationOptions.queryArithmetic: {exc}") from None
+    # Run records first: a command that refuses them (`ingest` beside an earlier release's
+    # host) must do so before a corpus is created in the vector store (a black-box test found
+    # one written, with an analyzer the earlier host could not open).
+    records = build_run_store(settings, environ) if settings.providers else None
+    try:
+        return _driver(settings, environ, corpora, embedding, records)
+    except BaseException:
+        if records is not None:
+            records.close()
+        raise
+
+
+def _driver(
+    settings: HostSettings,
+    environ: Mapping[str, str],
+    corpora: Sequence[str],
+    embedding: LocalEmbedding,
+    records: RecordStore | None,
+) -> Driver:
+    options = settings.application_options
     store = build_vector_store(settings, environ)
     acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), store.current_revisions)
     try:
@@ -317,4 +343,4 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
             for corpus_id in corpora
         ]
     )
-    return Driver(service, runs=build_run_engine(settings, environ, service))
+    return Driver(service, runs=build_run_engine(settings, environ, service, store=records))

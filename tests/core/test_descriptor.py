@@ -99,6 +99,17 @@ def test_a_stored_lexical_identity_is_read_back_whole() -> None:
     assert stored_lexical(stored) == LexicalDescriptor("en-snowball-1", 1.5, 0.5)
 
 
+def test_an_analyzer_a_later_release_stored_is_said_to_be_so() -> None:
+    # A black-box test: a corpus a newer replica created stopped an earlier one's start with
+    # "unknown lexical analyzer", as if its own configuration had named one.
+    stored = json.loads(_corpus().canonical_json())
+    stored["lexical"]["analyzer"] = "en-snowball-99"
+    with pytest.raises(RetrievalError) as refused:
+        stored_lexical(json.dumps(stored))
+    assert refused.value.code is ErrorCode.DESCRIPTOR_MISMATCH
+    assert "'en-snowball-99' is not one this release knows (a later release" in str(refused.value)
+
+
 def test_lexical_parameters_are_part_of_the_identity() -> None:
     stored = _corpus().canonical_json()
     assert json.loads(stored)["lexical"] == {"analyzer": "en-snowball-4", "k1": 0.9, "b": 0.4}

@@ -230,12 +230,19 @@ def build_reranker(
 
 
 def build_run_engine(
-    settings: HostSettings, environ: Mapping[str, str], retrieval: RetrievalService | None
+    settings: HostSettings,
+    environ: Mapping[str, str],
+    retrieval: RetrievalService | None,
+    *,
+    store: RecordStore | None = None,
 ) -> RunEngine | None:
-    """The run engine, or None when the configuration names no provider."""
+    """The run engine, or None when the configuration names no provider. `store`: the run
+    records already opened (`build_run_store`), else they are opened here."""
     providers = build_providers(settings, environ)
     if not providers:
+        if store is not None:
+            store.close()
         return None
-    store = build_run_store(settings, environ)
+    store = store if store is not None else build_run_store(settings, environ)
     # The run store is also the usage sink (`core.usage`): runs, searches and ingests record there.
     return RunEngine(retrieval, providers, store, usage=store)

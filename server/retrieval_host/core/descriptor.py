@@ -185,6 +185,15 @@ def stored_lexical(stored_json: str) -> LexicalDescriptor:
     lexical = stored.get("lexical")
     if not isinstance(lexical, dict):
         raise RetrievalError(ErrorCode.DESCRIPTOR_MISMATCH, "the stored descriptor is not valid.")
+    if lexical.get("analyzer") not in ANALYZERS:
+        # A later release's (a rollback, or an earlier replica beside a newer one): said so,
+        # not "unknown lexical analyzer" as if the configuration had named it.
+        raise RetrievalError(
+            ErrorCode.DESCRIPTOR_MISMATCH,
+            f"its lexical analyzer {lexical.get('analyzer')!r} is not one this release knows "
+            "(a later release created it): serve it with that release, or index its sources "
+            "into another corpus.",
+        )
     return LexicalDescriptor(
         str(lexical.get("analyzer")), float(lexical.get("k1", 0.9)), float(lexical.get("b", 0.4))
     )

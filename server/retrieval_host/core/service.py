@@ -117,7 +117,10 @@ class RetrievalService:
             stored = corpus.store.stored_descriptor(corpus.id)
             chunking = stored_chunking(stored) if stored is not None else None
             corpus = replace(corpus, chunking=resolve_chunking(corpus.chunking, chunking))
-            previous = stored_lexical(stored) if stored is not None else None
+            try:
+                previous = stored_lexical(stored) if stored is not None else None
+            except RetrievalError as exc:
+                raise RetrievalError(exc.code, f"corpus {corpus.id!r}: {exc.detail}") from None
             if corpus.lexical is None:
                 corpus = replace(corpus, lexical=previous or LexicalDescriptor().resolved(None))
             else:
