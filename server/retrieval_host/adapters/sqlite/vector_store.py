@@ -4,9 +4,8 @@ Durability. Sources and passages live in one SQLite file, opened and checked by 
 safety, identity, pragmas). A source revision is replaced in one `BEGIN IMMEDIATE` transaction,
 so a reader (in this process or another) sees the old revision or the new one.
 
-Lexical search. Each corpus namespace also has an in-memory inverted index (`lexicon.Lexicon`,
-which gives the measurement behind choosing it over FTS5), built from the term frequencies
-stored with each passage and changed in the same step as the vectors.
+Lexical search. Each corpus namespace also has an in-memory inverted index (`lexicon.Lexicon`:
+why not FTS5), built from the passages' stored term frequencies, changed with the vectors.
 
 Search. Vectors are never read from SQLite per query: each corpus namespace is held in memory
 (`segment.Segment`). A query collects the row spans of the allowed `(source, revision)` pairs
@@ -17,10 +16,9 @@ own commits and reloaded per changed source when a per-corpus generation counter
 another connection committed.
 
 Snapshots. The in-memory index of a corpus is also written to a file beside the database
-(`snapshot`; written and adopted by `snapshotting`), which a later open maps instead of reading
-every row from SQLite, and which the worker processes of one host share. SQLite stays the
-authority: an open keeps only the snapshot's sources that SQLite still holds as written, and
-loads what changed since.
+(`snapshot`, `snapshotting`) that a later open maps instead of reading every row from SQLite,
+shared by the worker processes of one host. SQLite stays the authority: an open keeps only the
+snapshot's sources SQLite still holds as written, and loads what changed since.
 
 Concurrency. Writers are serialised by a process-wide lock per database file and, across
 processes, by SQLite's own locking (with a busy timeout). A search holds no lock while scoring.
@@ -180,16 +178,14 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
         """Open (creating if missing) the store at `path` after the private-location checks.
 
         `grant_cache_bytes` bounds the copies of repeatedly searched, scattered grants (see
-        `GrantCache`); 0 turns the cache off. `trusted_groups` may write to the store's
-        directory and files (`files.own_groups()` on a volume provisioned for the host's
-        group; see `adapters.sqlite.files`). `read_only` opens an existing store (a snapshot,
-        a copy) without writing anything to it: writes are `STORE_READ_ONLY`. `snapshots`:
-        map each corpus's index snapshot at open and write one when enough changed (see
-        `snapshot`; a read-only store maps them but never writes one).
+        `GrantCache`; 0: off). `trusted_groups` may write to the store's directory and files
+        (`files.own_groups()` on a volume provisioned for the host's group; see `files`).
+        `read_only` opens an existing store (a snapshot, a copy) without writing to it: writes
+        are `STORE_READ_ONLY`. `snapshots`: map each corpus's index snapshot at open and write
+        one when enough changed (`snapshot`; a read-only store maps them, never writes one).
         `approximate_min_rows`: a search allowed every live row of a namespace of at least
         this many rows ranks with an approximate graph (`approximate`); 0 never does.
-        `migrate=False` refuses (`UNSAFE_STORE`) a store of an earlier schema version instead
-        of migrating it (the ingest command: a migration is the host's, at its start).
+        `migrate=False`: an earlier schema version is `UNSAFE_STORE`, not migrated (`ingest`).
 
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
