@@ -30,10 +30,9 @@ from retrieval_host.serving.cli import main
 from retrieval_host.serving.factory import build_driver
 from retrieval_host.serving.ingest_cli import _Bars, plan_files, run_ingest
 from retrieval_host.settings import SettingsError, load_settings
-from tests.adapters.sqlite.test_run_store_migration import old_database
 from tests.support.ingest_cli_child import HOLD
 from tests.support.previous_vector_store import sqlite_v2_database
-from tests.support.run_records import SQLITE_RUNS_SCHEMA_V3
+from tests.support.run_records import SQLITE_RUNS_SCHEMA_V3, old_database
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "server" / "retrieval_host" / "samples"

@@ -7,6 +7,10 @@ The previous release stored a result as its public wire JSON with no version fie
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import apsw
+
 from retrieval_host.core.models import EmbeddingUsage, Location
 from retrieval_host.core.runs_model import (
     GenerationUsage,
@@ -178,3 +182,18 @@ def pg_run_schema_statements(schema: str, version: int) -> list[str]:
     if version == 3:
         statements += [_PG_USAGE.format(s=s), f"CREATE INDEX usage_at ON {s}.usage (at)"]
     return statements
+
+
+def old_database(
+    path: Path, schema: str, version: int, *rows: tuple[str, tuple[object, ...]]
+) -> None:
+    """A run database as the release of schema `version` left it, holding `rows` (each an
+    INSERT statement and its values)."""
+    db = apsw.Connection(str(path))
+    with db:
+        db.execute(schema)
+        db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
+        db.execute(f"PRAGMA user_version={version}")
+        for statement, values in rows:
+            db.execute(statement, values)
+    db.close()

@@ -76,7 +76,7 @@ def check_chunk_id(value: str) -> None:
     cites as `[source:ID]`, and a marker ends at the first of them (the wire schema's
     `CHUNK_ID_PATTERN`). Checked where passages are indexed; stored ids are read as they are."""
     check_id("chunk id", value)
-    if _NOT_IN_HANDLES.search(value):
+    if not is_citation_handle(value):
         raise _invalid(
             "a chunk id is the passage's citation handle [source:ID]: it must not contain "
             "whitespace, '[' or ']'."

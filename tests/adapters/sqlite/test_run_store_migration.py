@@ -23,11 +23,11 @@ from tests.support.run_records import (
     OLD_PLAIN_JSON,
     OLD_RESULT,
     OLD_RESULT_JSON,
-    SQLITE_RUNS_APPLICATION_ID,
     SQLITE_RUNS_SCHEMA_V1,
     SQLITE_RUNS_SCHEMA_V2,
     SQLITE_RUNS_SCHEMA_V3,
     a_result,
+    old_database,
 )
 
 USAGE = UsageRecord(
@@ -42,21 +42,6 @@ USAGE = UsageRecord(
     1,
     7,
 )
-
-
-def old_database(
-    path: Path, schema: str, version: int, *rows: tuple[str, tuple[object, ...]]
-) -> None:
-    """A run database as the release of schema `version` left it, holding `rows` (each an
-    INSERT statement and its values)."""
-    db = apsw.Connection(str(path))
-    with db:
-        db.execute(schema)
-        db.execute(f"PRAGMA application_id={SQLITE_RUNS_APPLICATION_ID}")
-        db.execute(f"PRAGMA user_version={version}")
-        for statement, values in rows:
-            db.execute(statement, values)
-    db.close()
 
 
 def make_v1_database(path: Path) -> None:
