@@ -182,6 +182,25 @@ def test_invalid_configurations_are_refused_without_echoing_values(
     assert "inline-secret" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("token", "field"),
+    [
+        ({"subject": " alice"}, "subject"),
+        ({"subject": "ali\u0085ce"}, "subject"),
+        ({"subject": "*"}, "subject"),
+        ({"subject": "app", "retrieval": {"search": ["library "]}}, "search"),
+        ({"subject": "app", "retrieval": {"index": ["lib\tary"]}}, "index"),
+        ({"subject": "app", "providers": ["local model"]}, "providers"),
+    ],
+)
+def test_a_token_entry_no_request_could_match_is_refused_naming_its_field(
+    tmp_path: Path, token: dict[str, Any], field: str
+) -> None:
+    # Accepted before: every request of such a subject, or to such a corpus, was refused 403.
+    with pytest.raises(SettingsError, match=field):
+        load_settings(_write(tmp_path, _minimal(tokens=[{"sha256": HASH, **token}])), {})
+
+
 def test_files_that_grant_access_must_not_be_writable_by_every_user(open_dir: Path) -> None:
     # A black-box test started hosts whose host.json or tokensFile was 0666.
     (open_dir / "tokens.json").write_text(json.dumps([{"sha256": HASH, "subject": "app"}]))
@@ -216,6 +235,19 @@ def test_an_unknown_override_is_an_error() -> None:
         load_settings(
             None, {"RETRIEVAL_HOST_BEHIND_PROXY": "true", "RETRIEVAL_HOST_LIMITS__MAX_BODY": "1"}
         )
+
+
+def test_a_bad_override_is_told_by_its_variable_and_a_bad_file_value_by_its_key(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path, _minimal(limits={"maxConcurrency": "many"}))
+    env = {"RETRIEVAL_HOST_LISTEN__PORT": "-1", "RETRIEVAL_HOST_TOKENS": '[{"subject": "a"}]'}
+    with pytest.raises(SettingsError) as refused:
+        load_settings(path, env)
+    said = str(refused.value)
+    assert "listen.port (from RETRIEVAL_HOST_LISTEN__PORT):" in said, said
+    assert "tokens.0.sha256 (from RETRIEVAL_HOST_TOKENS):" in said, said
+    assert "limits.maxConcurrency: " in said, said
 
 
 def test_the_example_host_file_is_a_valid_configuration(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -40,6 +41,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from retrieval_host.access_files import shared_access_file
+from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.validation import check_id
+from retrieval_host.setting_overrides import CLIENT_VARIABLES, apply_override
 from retrieval_host.unique_json import DuplicateKeyError, load_unique_json
 
 __all__ = [
@@ -60,7 +64,20 @@ __all__ = [
 
 ENV_PREFIX: Final = "RETRIEVAL_HOST_"
 
-CorpusId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+def _identifier(value: str) -> str:
+    # The rule every request's identifiers follow: a subject or grant no request could match
+    # (" alice", a control character) was accepted and then only ever answered 403.
+    try:
+        check_id("an identifier", value)
+    except RetrievalError as exc:
+        raise ValueError(exc.detail) from None
+    return value
+
+
+Identifier = Annotated[str, AfterValidator(_identifier)]
+CorpusId = Identifier
+ProviderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
 
 
 class SettingsError(Exception):
@@ -220,8 +237,8 @@ class TokenSettings(_Model):
     """One bearer token, stored as the SHA-256 hex digest of the token string."""
 
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-    subject: Annotated[str, StringConstraints(min_length=1, max_length=256)]
-    providers: tuple[str, ...] = ()
+    subject: Identifier
+    providers: tuple[ProviderName, ...] = ()
     retrieval: RetrievalGrants = Field(default_factory=RetrievalGrants)
     # May read `GET /metrics` (Prometheus text) on the main port.
     metrics: Flag = False
@@ -365,10 +382,7 @@ class HostSettings(_Model):
     # A JSON file holding more `tokens` entries (a mounted Secret, so that rotating tokens
     # touches neither the configuration nor the environment); read once at load.
     tokens_file: Path | None = None
-    providers: dict[
-        Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")],
-        ProviderSettings,
-    ] = Field(default_factory=dict)
+    providers: dict[ProviderName, ProviderSettings] = Field(default_factory=dict)
     runs: RunSettings = Field(default_factory=RunSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
@@ -452,50 +466,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _norm(name: str) -> str:
-    return name.replace("_", "").lower()
-
-
-def _apply_override(
-    data: dict[str, Any], model: type[BaseModel], path: list[str], raw: str, variable: str
-) -> None:
-    fields = {_norm(name): (name, info) for name, info in model.model_fields.items()}
-    key = _norm(path[0])
-    if key not in fields:
-        raise SettingsError(f"unknown setting {variable}")
-    name, info = fields[key]
-    alias = info.alias or name
-    if len(path) == 1:
-        try:
-            data[alias] = load_unique_json(raw)
-        except DuplicateKeyError as exc:
-            raise SettingsError(f"setting {variable}: {exc}") from None
-        except ValueError:
-            data[alias] = raw
-        return
-    nested = info.annotation
-    # Optional nested models (`tls`) are declared as `X | None`: find the model class.
-    candidates = [nested, *getattr(nested, "__args__", ())]
-    sub = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-    if sub is None:
-        raise SettingsError(f"setting {variable}: {path[0]} has no nested fields")
-    current = data.get(alias)
-    if current is None:
-        current = data.get(name)
-    target: dict[str, Any] = dict(current) if isinstance(current, dict) else {}
-    _apply_override(target, sub, path[1:], raw, variable)
-    data.pop(name, None)
-    data[alias] = target
-
-
-# Variables with the prefix that are no host setting: the client's token and the inspection
-# commands' address (`retrieval-host corpora|sources`), and the extra certificate names of
-# `quickstart --container`.
-CLIENT_VARIABLES: Final = frozenset(
-    {"RETRIEVAL_HOST_TOKEN", "RETRIEVAL_HOST_URL", "RETRIEVAL_HOST_TLS_NAMES"}
-)
-
-
 def load_settings(
     path: str | Path | None, environ: Mapping[str, str], *, prefix: str = ENV_PREFIX
 ) -> HostSettings:
@@ -520,28 +490,33 @@ def load_settings(
         if not isinstance(loaded, dict):
             raise SettingsError(f"{file} must hold a JSON object")
         data = loaded
+    # Each overridden field's location -> its variable, so that an error names what to fix.
+    origins: dict[str, str] = {}
     for key in sorted(environ):
         if key in CLIENT_VARIABLES:
             continue  # the client's own variables share the prefix; they configure no host
         if key.startswith(prefix) and len(key) > len(prefix):
             parts = key[len(prefix) :].split("__")
-            _apply_override(data, HostSettings, parts, environ[key], key)
+            try:
+                origins[apply_override(data, HostSettings, parts, environ[key], key)] = key
+            except ValueError as exc:
+                raise SettingsError(str(exc)) from None
     if {"configDir", "config_dir"} & set(data):
         raise SettingsError("configDir is no setting: relative paths are relative to the file")
     data["configDir"] = str(config_dir)
-    settings = _validated(data)
+    settings = _validated(data, origins)
     if settings.tokens_file is not None:
         listed = _read_tokens_file(settings.path(settings.tokens_file))
         data["tokens"] = [*(data.get("tokens") or []), *listed]
-        settings = _validated(data)
+        settings = _validated(data, origins)
     return _resolved(settings)
 
 
-def _validated(data: dict[str, Any]) -> HostSettings:
+def _validated(data: dict[str, Any], origins: Mapping[str, str]) -> HostSettings:
     try:
         return HostSettings.model_validate(data)
     except ValidationError as exc:
-        raise SettingsError(_describe(exc)) from None
+        raise SettingsError(_describe(exc, origins)) from None
 
 
 def _read_tokens_file(file: Path) -> list[Any]:
@@ -578,10 +553,13 @@ def _resolved(settings: HostSettings) -> HostSettings:
     return settings.model_copy(update=updates)
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, origins: Mapping[str, str]) -> str:
     # Only locations and messages: input values may hold something secret-looking.
     parts = []
     for error in exc.errors(include_input=False, include_url=False)[:10]:
         loc = ".".join(str(p) for p in error["loc"]) or "(root)"
-        parts.append(f"{loc}: {error['msg']}")
+        # A location under an overridden field (`tokens.0.subject` under `tokens`) came
+        # from its variable, not from the file.
+        variable = next((v for o, v in origins.items() if f"{loc}.".startswith(f"{o}.")), None)
+        parts.append(f"{loc}{f' (from {variable})' if variable else ''}: {error['msg']}")
     return "invalid configuration: " + "; ".join(parts)
