@@ -411,6 +411,35 @@ def test_a_postgres_dsn_that_cannot_be_parsed_is_one_line_that_never_shows_it(
             assert secret not in shown and "127.0.0.1" not in shown and "root" not in shown
 
 
+def test_an_empty_dsn_is_said_so_and_a_secret_file_every_user_may_read_is_warned_of(
+    tls_config: tuple[Path, dict[str, str], dict[str, object]],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # libpq took an empty DSN for the local socket: the error named a server nobody had set.
+    config, environ, body = tls_config
+    del environ["RETRIEVAL_HOST_STORE__SQLITE_PATH"]
+    dsn = config.parent / "dsn"
+    dsn.write_text("\n")
+    dsn.chmod(0o644)
+    store = {"postgresDsn": {"file": "dsn"}}
+    config.write_text(json.dumps({**body, "store": store, "limits": {}}))
+    assert main(["serve", "--config", str(config)], environ=environ) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    assert "retrieval-host: store.postgresDsn: the secret is empty" in error, error
+    warned = [r.getMessage() for r in caplog.records if "store.postgresDsn" in r.getMessage()]
+    assert warned == [
+        f"store.postgresDsn file {dsn} is readable or writable by every user (mode 0644): "
+        "chmod 0400 it"
+    ]
+    caplog.clear()
+    dsn.chmod(0o600)
+    assert main(["serve", "--config", str(config)], environ=environ) == 2
+    assert "the secret is empty" in capsys.readouterr().err
+    assert not [r for r in caplog.records if "store.postgresDsn" in r.getMessage()]
+
+
 def test_quickstart_on_a_port_in_use_says_so_before_indexing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

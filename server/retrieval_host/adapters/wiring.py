@@ -56,9 +56,8 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
     if store.postgres_dsn is not None:
         from retrieval_host.adapters.postgres import PgVectorStore
 
-        dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
         return PgVectorStore.open(
-            dsn,
+            _postgres_dsn(settings, environ),
             schema=store.postgres_schema,
             hnsw=store.hnsw,
             ef_search=store.ef_search,
@@ -80,6 +79,16 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
         approximate_min_rows=store.approximate_min_rows,
         migrate=migrate,
     )
+
+
+def _postgres_dsn(settings: HostSettings, environ: Mapping[str, str]) -> str:
+    assert settings.store.postgres_dsn is not None
+    dsn = settings.store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
+    if not dsn.strip():
+        # libpq reads an empty DSN as "the local socket, as the process's user": the error was
+        # a connection failure to a server nobody named.
+        raise SettingsError("store.postgresDsn: the secret is empty (its file or variable)")
+    return dsn
 
 
 class RecordStore(RunStore, UsageLog, Protocol):
@@ -104,9 +113,8 @@ def build_run_store(
     if store.postgres_dsn is not None:
         from retrieval_host.adapters.postgres import PgRunStore
 
-        dsn = store.postgres_dsn.resolve(environ, settings.config_dir).get_secret_value()
         return PgRunStore.open(
-            dsn,
+            _postgres_dsn(settings, environ),
             schema=store.postgres_schema,
             lease_s=settings.runs.lease_s,
             migrate=migrate,

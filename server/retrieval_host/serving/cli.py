@@ -31,7 +31,12 @@ from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.validation import check_id
 from retrieval_host.serving import inspect_cli, runs_cli, usage_cli
 from retrieval_host.serving._args import whole_number
-from retrieval_host.serving.factory import build_driver, close_driver, warn_of_idle_grants
+from retrieval_host.serving.factory import (
+    build_driver,
+    close_driver,
+    warn_of_exposed_secrets,
+    warn_of_idle_grants,
+)
 from retrieval_host.serving.ingest_cli import run_ingest
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
@@ -56,6 +61,8 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             password.get_secret_value() if password is not None else None,
             warn=args.worker is None,  # once per start, not again in each worker
         )
+    if args.worker is None:  # once per start, not again in each worker
+        warn_of_exposed_secrets(settings)
     worker = None
     if args.worker is not None:
         from retrieval_host.serving.workers import worker_seat

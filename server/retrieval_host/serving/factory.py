@@ -121,6 +121,35 @@ def warn_of_idle_grants(settings: HostSettings, driver: Driver | None) -> None:
                 )
 
 
+def warn_of_exposed_secrets(settings: HostSettings) -> None:
+    """Log each secret file (`{"file": PATH}`: the PostgreSQL DSN, the TLS key's password,
+    a provider's key) that every user may read, as the TLS key itself is (`serving.tls`).
+    Group bits are left alone: a Kubernetes Secret mounted for the pod's fsGroup reads 0440."""
+    named = [
+        ("store.postgresDsn", settings.store.postgres_dsn),
+        ("tls.keyPassword", settings.tls.key_password if settings.tls is not None else None),
+        *(
+            (f"providers.{n}.apiKey", getattr(p, "api_key", None))
+            for n, p in settings.providers.items()
+        ),
+    ]
+    for field, secret in named:
+        if secret is None or secret.file is None:
+            continue
+        path = settings.path(secret.file)
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            continue  # reading it says why, with the field's name
+        if mode & 0o007:
+            _log.warning(
+                "%s file %s is readable or writable by every user (mode %04o): chmod 0400 it",
+                field,
+                path,
+                mode,
+            )
+
+
 def close_driver(driver: Driver | None) -> None:
     """Close what the factory opened (stores, run records, providers)."""
     if driver is not None:
