@@ -32,6 +32,12 @@ def _embedding(**overrides: object) -> EmbeddingDescriptor:
     "value",
     [
         "sk-proj-abcdefghijklmnop1234",
+        "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+        "xoxb-1234-5678-abcdefgh",
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnop",
+        "glpat-xxxxxxxx1xxxxxxxxxxx",
+        "AIzaSyA1234567890abcdefghijklmnopqrstuv",
         "Bearer abc",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
         "AKIAIOSFODNN7EXAMPLE",
@@ -49,9 +55,25 @@ def test_secret_or_address_shaped_labels_are_refused(value: str) -> None:
         _embedding(account_id=value)
 
 
-def test_plain_labels_are_accepted() -> None:
-    assert check_label("model", "text-embedding-3-small") == "text-embedding-3-small"
-    assert check_label("provider", "org/team:embeddings.v2") == "org/team:embeddings.v2"
+@pytest.mark.parametrize(
+    "value",
+    [
+        "text-embedding-3-small",
+        "org/team:embeddings.v2",
+        "skunkworks-notes",
+        "skyline-embeddings",
+        "pkg-docs-internal",
+        "ghost-team-01",
+        "rkt-cluster-a1",
+        "sk-learn-models",
+        "AKIA-team",
+        "acme-corp-production-embeddings-eu-west-1",
+        "org-AbCdEf1234567890XyZ",
+    ],
+)
+def test_plain_labels_are_accepted(value: str) -> None:
+    # Words that begin as a vendor's key prefix does are labels (black-box probe A).
+    assert check_label("corpus id", value) == value
 
 
 def test_mismatch_names_every_differing_field() -> None:
