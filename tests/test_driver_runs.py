@@ -4,9 +4,11 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
+from retrieval_host.core import cancel as cancel_module
 from retrieval_host.core import validation
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
@@ -129,6 +131,44 @@ def test_a_runs_idle_timeout_ends_a_silent_run_in_process(run_world: RunWorld) -
         assert not caller.cancel.cancelled  # only the run timed out
     finally:
         silent.release.set()
+
+
+def test_text_a_provider_delivers_is_progress_though_it_never_says_so(
+    run_world: RunWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Black-box probe A: a plug-in streaming a delta every 0.3 s, never calling
+    # `cancel.progress()` itself, was ended as idle by a 1 s timeout. The tokens' clock is
+    # the provider's to advance here: 0.15 s per delta, past the 0.2 s timeout in all.
+    now = [time.monotonic()]
+    monkeypatch.setattr(cancel_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    class Trickle:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            for word in ("one ", "two ", "three ", "four ", "five"):
+                now[0] += 0.15
+                yield TextDelta(word)
+
+    driver = Driver(run_world.service, runs=run_world.with_provider("local", Trickle()))
+    request = replace(_request(), idle_timeout_ms=200)
+    result = driver.run(request, RequestContext("alice"))
+    assert result.text == "one two three four five", result.text
+
+    class Stalls(Trickle):
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            yield TextDelta("one ")
+            now[0] += 0.25  # a gap longer than the timeout is still idle
+            yield TextDelta("two")
+
+    driver = Driver(run_world.service, runs=run_world.with_provider("local", Stalls()))
+    with pytest.raises(RetrievalError) as idle:
+        driver.run(request, RequestContext("alice"))
+    assert idle.value.reason == TimeoutReason.IDLE_TIMEOUT
 
 
 def test_a_passage_whose_stored_id_no_marker_can_cite_is_left_out_of_a_runs_evidence(

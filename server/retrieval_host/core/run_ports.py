@@ -80,11 +80,14 @@ GenerationEvent: TypeAlias = TextDelta | ToolCallRequested | UsageReported
 class GenerationProvider(Protocol):
     """A generation account. Streams events; raises `PROVIDER_FAILED` (never retries).
 
-    Implementations call `cancel.check()` while streaming and `cancel.progress()` on each
-    chunk received, so an idle timeout counts real progress only. A provider that serves a
-    fixed set of models may name them in a `models` attribute (a set of strings): a run naming
-    another is then refused before it starts (`INVALID_REQUEST`, reason `unknown-model`);
-    without it, the model name is the vendor's to judge.
+    Implementations call `cancel.check()` while streaming. Each non-empty event yielded counts
+    as progress for an idle timeout (the engine marks it); a provider that receives chunks
+    it yields nothing for (a model's reasoning, keep-alives with content) calls
+    `cancel.progress()` on them itself, so an idle timeout counts real progress only.
+
+    A provider that serves a fixed set of models may name them in a `models` attribute (a set
+    of strings): a run naming another is then refused before it starts (`INVALID_REQUEST`,
+    reason `unknown-model`); without it, the model name is the vendor's to judge.
     """
 
     @property

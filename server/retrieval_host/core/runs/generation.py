@@ -92,6 +92,11 @@ def generate_step(
         try:
             for event in provider.generate(asked, run.context.cancel):
                 run.context.cancel.check()
+                if not isinstance(event, TextDelta) or event.text:
+                    # What the provider delivered is progress, whether or not its adapter said
+                    # so (a plug-in streaming text every 0.3 s was idle to a 1 s timeout); an
+                    # empty delta is a keep-alive, and heartbeats are not progress.
+                    run.context.cancel.progress()
                 if isinstance(event, TextDelta):
                     if event.text:
                         size += len(event.text) + DELTA_OVERHEAD
