@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jsonschema
@@ -217,6 +218,11 @@ def test_inspection_routes_document_their_path_and_page_parameters(
     }
     passage = parameters("/v1/corpora/{corpus}/passages/{chunkId}")
     assert set(passage) == {("path", "corpus"), ("path", "chunkId"), ("query", "revision")}
+    # A corpus id holding `/` is one escaped segment the host serves (probe B: the pattern
+    # refused it).
+    corpus_pattern = re.compile(listing[("path", "corpus")]["schema"]["pattern"])
+    assert corpus_pattern.match("team/a") and corpus_pattern.match("library")
+    assert not corpus_pattern.match("/team") and not corpus_pattern.match("a" * 129)
     assert not passage[("query", "revision")]["required"]
     success = document["paths"]["/v1/corpora/{corpus}/passages/{chunkId}"]["get"]["responses"]
     schema = _resolve(document, success["200"]["content"]["application/json"]["schema"])

@@ -471,6 +471,39 @@ async def test_equal_keys_in_different_objects_are_not_duplicates(
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize(
+    ("path", "raw"),
+    [
+        ("/v1/retrieval/search", '{"corpus": "library", "query": "a", "limit": NaN}'),
+        ("/v1/retrieval/search", '{"corpus": "library", "query": "a", "minScore": -Infinity}'),
+        ("/v1/retrieval/search", '{"corpus": "library", "query": "a", "filters": {"x": NaN}}'),
+        (
+            "/v1/retrieval/index",
+            '{"corpus": "library", "source": {"id": "d", "revision": "1",'
+            ' "metadata": {"w": Infinity}}, "chunks": [{"id": "d-1", "text": "t"}]}',
+        ),
+    ],
+)
+async def test_nan_and_infinity_are_not_json_so_a_body_holding_one_is_400(
+    client: httpx.AsyncClient, rules_world: World, path: str, raw: str
+) -> None:
+    # Probe B: the model's parser read them as numbers, and the answer was 422 (a wrong value)
+    # where a body that is not JSON is 400.
+    response = await client.post(
+        path,
+        content=raw.encode(),
+        headers={**_auth(rules_world), "Content-Type": "application/json"},
+    )
+    assert "NaN and Infinity" in _problem(response, 400, "INVALID_REQUEST")["detail"]
+    # In a string they are text.
+    response = await client.post(
+        "/v1/retrieval/search",
+        content=b'{"corpus": "library", "query": "NaN or -Infinity", "limit": 1}',
+        headers={**_auth(rules_world), "Content-Type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+
+
 # --- a token anywhere in the query string is refused --------------------------------------------
 
 

@@ -200,9 +200,9 @@ def _operations() -> list[_Operation]:
     ]
 
 
-# Path segments. A corpus id here is one segment (corpus ids may hold `/`; such a corpus is
-# not addressable by these routes); source and chunk ids take the rest of the path, `/` and all.
-_CORPUS_SEGMENT: Final = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"}
+# Path segments. A corpus id is one segment, a `/` in it escaped (`team%2Fa`:
+# `http.corpus_paths`); source and chunk ids take the rest of the path, `/` and all.
+_CORPUS_SEGMENT: Final = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"}
 _ID_SEGMENT: Final = {
     "type": "string",
     "minLength": 1,
@@ -456,7 +456,9 @@ def build_openapi(
             "title": "retrieval-host",
             "version": version,
             "description": "Authenticated retrieval over HTTPS: ingest, index, authorized search "
-            "and delete. Errors are application/problem+json with a stable `code`.",
+            "and delete. Errors are application/problem+json with a stable `code`. A path no "
+            "route serves answers 404 and a method its path does not serve 405 with `Allow` "
+            "(`INVALID_REQUEST`, reason `route`), on every path.",
         },
         "paths": paths,
         "components": {

@@ -52,6 +52,7 @@ from retrieval_host.http.strict import (
     authorization_header,
     check_unique_keys,
     key_names,
+    refuse_non_json_constants,
 )
 from retrieval_host_client import models as wire
 
@@ -366,6 +367,7 @@ def _parse_json(raw: bytes, model: type[M]) -> M:
         body = model.model_validate_json(raw, strict=True, by_alias=True, by_name=False)
     except ValidationError as exc:
         check_unique_keys(raw)  # a repeated key is the first thing wrong with a body
+        refuse_non_json_constants(raw)
         invalid = [e for e in exc.errors() if e["type"] == "json_invalid"]
         if any("recursion limit" in str(e.get("ctx", {}).get("error")) for e in invalid):
             raise InvalidRequest(
@@ -383,4 +385,5 @@ def _parse_json(raw: bytes, model: type[M]) -> M:
         raise InvalidRequest(validation_detail(exc, "body")) from None
     if not key_names(model).rule_out_duplicates(raw):
         check_unique_keys(raw)
+    refuse_non_json_constants(raw)
     return body

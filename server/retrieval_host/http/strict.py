@@ -31,6 +31,7 @@ __all__ = [
     "check_unique_keys",
     "key_names",
     "query_pairs",
+    "refuse_non_json_constants",
     "utf8_query_params",
 ]
 
@@ -169,6 +170,30 @@ def check_unique_keys(raw: bytes) -> None:
         ) from None
     except ValueError:
         return  # not JSON (or not UTF-8): the model's own parser says so, with its status
+
+
+def refuse_non_json_constants(raw: bytes) -> None:
+    """Refuse `NaN`, `Infinity` and `-Infinity` outside strings: the model's parser reads
+    them as numbers, but they are not JSON (RFC 8259), so such a body is malformed (400), not
+    a body with a wrong value (422). A byte search first: only a body naming one is parsed."""
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return
+    try:
+        json.loads(raw, parse_constant=_not_json)
+    except _NotJson:
+        raise InvalidRequest(
+            "The body is not valid JSON (NaN and Infinity are not JSON numbers).", status=400
+        ) from None
+    except ValueError:
+        return  # not JSON for another reason: the model's own parser says so
+
+
+class _NotJson(Exception):
+    pass
+
+
+def _not_json(constant: str) -> object:
+    raise _NotJson(constant)
 
 
 class _DuplicateKey(Exception):
