@@ -125,3 +125,64 @@ def test_a_closing_quote_after_a_full_stop_stays_with_its_sentence() -> None:
     lines = [x for x in _answer([_passage("p-1", text)], "价格 会議室") if x]
     assert "- 他说：“价格很好。” [source:p-1]" in lines
     assert "- 「会議室は三階です。」 [source:p-1]" in lines
+
+
+def test_a_word_only_the_heading_holds_answers_with_the_sentences_under_it() -> None:
+    # Probe Q: `loadavg` is named only in its section's heading; the top hit was declined as
+    # sharing no word with the question, and `os.loadavg` quoted sentences sharing "os".
+    text = (
+        "## `os.loadavg()`\n\n* Returns: {number\\[]}\n\n"
+        "Returns an array containing the 1, 5, and 15 minute load averages.\n\n"
+        "## `os.machine()`\n\nReturns the machine type as a string."
+    )
+    other = _passage("p-2", "The `node:os` module provides operating system utilities.")
+    lines = [x for x in _answer([_passage("p-1", text), other], "loadavg") if x]
+    assert lines and all(line.endswith("[source:p-1]") for line in lines), lines
+    assert "- Returns an array containing the 1, 5, and 15 minute load averages. [source:p-1]" in (
+        lines
+    )
+    assert not any("machine type" in line for line in lines)
+    lines = [x for x in _answer([other, _passage("p-1", text)], "os.loadavg") if x]
+    assert any("load averages" in line for line in lines), lines
+
+
+def test_code_blocks_are_never_quoted_blank_lines_and_all() -> None:
+    # Probe Q: a blank line inside a fenced block split it, and its second half was quoted as
+    # prose with the closing fence.
+    text = (
+        "Split the PATH variable with path.delimiter.\n\n"
+        "```js\nconsole.log(process.env.PATH);\n\n"
+        "process.env.PATH.split(path.delimiter);\n```\n\n"
+        "The delimiter is ; on Windows and : on POSIX."
+    )
+    lines = [x for x in _answer([_passage("p-1", text)], "split PATH delimiter") if x]
+    assert lines == [
+        "- Split the PATH variable with path.delimiter. [source:p-1]",
+        "- The delimiter is ; on Windows and : on POSIX. [source:p-1]",
+    ]
+    # A passage cut from inside a block begins with its closing fence.
+    tail = "split(path.delimiter);\n```\n\nThe PATH delimiter differs by platform."
+    lines = [x for x in _answer([_passage("p-2", tail)], "PATH delimiter") if x]
+    assert lines == ["- The PATH delimiter differs by platform. [source:p-2]"]
+
+
+def test_a_rare_word_the_answer_shares_outweighs_common_ones_others_share() -> None:
+    # Probe Q: "Why was seccomp turned off in the file package?" quoted other packages'
+    # changelog lines sharing "file" and "package", not the one message about seccomp.
+    common = [
+        _passage(f"p-{n}", f"Update the {name} package to build every file again.")
+        for n, name in enumerate(("binutils", "systemd", "make", "tar"))
+    ]
+    answer = _passage("p-9", "Explicitly disable seccomp support. Closes: #948522.")
+    lines = [
+        x for x in _answer([*common, answer], "why was seccomp turned off in the file package") if x
+    ]
+    assert "- Explicitly disable seccomp support. [source:p-9]" in lines, lines
+    # Equal scores go to the passage the search ranked first.
+    ranked = [_passage(f"p-{c}", f"Walrus note {c}.") for c in "dcba"]
+    lines = [x for x in _answer(ranked, "walrus") if x]
+    assert [line.rsplit(" ", 1)[1] for line in lines] == [
+        "[source:p-d]",
+        "[source:p-c]",
+        "[source:p-b]",
+    ]

@@ -8,8 +8,10 @@ question give the same answer.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.evidence import defang
@@ -53,25 +55,70 @@ def _terms(text: str) -> set[str]:
     return {t for t in analyze(text, DEFAULT_ANALYZER) if t not in _STOP_STEMS}
 
 
-def _sentences(passage: EvidencePassage) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class _Sentence:
+    text: str
+    terms: frozenset[str]
+    heading: frozenset[str]  # the terms of the heading above it in the passage, if any
+
+
+_FENCE = ("```", "~~~")
+
+
+def _sentences(passage: EvidencePassage) -> list[_Sentence]:
     # A quoted sentence must not smuggle a citation marker of its own into the answer.
     text = defang(passage.text)
-    sentences: list[str] = []
-    # Lines of one paragraph form one text (documents wrap sentences across lines); Markdown
-    # headings and code fences are structure, not sentences to quote.
+    lines = [line.strip() for line in text.splitlines()]
+    fences = [line for line in lines if line.startswith(_FENCE)]
+    # A passage cut from inside a code block starts with its closing fence: an odd count whose
+    # first is bare (an opening fence usually names its language) means it began in code.
+    in_code = len(fences) % 2 == 1 and fences[0].rstrip("`~") == ""
+    heading: frozenset[str] = frozenset()
+    sentences: list[_Sentence] = []
+    # Lines of one paragraph form one text (documents wrap sentences across lines). Code
+    # blocks are not sentences, blank lines inside them included (the closing fence was quoted
+    # with the code's second half). A heading is not quoted: its words count for the
+    # sentences under it (`os.loadavg()` names its section only in the heading).
     for paragraph in re.split(r"\n\s*\n", text):
-        lines = [line.strip() for line in paragraph.splitlines()]
-        if lines and lines[0].startswith("```"):
-            continue
+        kept: list[str] = []
+        for line in (raw.strip() for raw in paragraph.splitlines()):
+            if line.startswith(_FENCE):
+                in_code = not in_code
+            elif in_code or not line:
+                continue
+            elif line.startswith("#"):
+                heading = frozenset(_terms(line.lstrip("#")))
+            else:
+                kept.append(line)
         # Defanged again once joined: a `#` line dropped from inside `[`...`source:ID]` made
         # the two halves one marker (a black-box test).
-        body = defang(" ".join(line for line in lines if line and not line.startswith("#")))
-        sentences += [s.strip() for s in _SENTENCE_END.split(body) if len(s.strip()) > 1]
+        body = defang(" ".join(kept))
+        for piece in _SENTENCE_END.split(body):
+            if len(piece.strip()) > 1:
+                sentences.append(_Sentence(piece.strip(), frozenset(_terms(piece)), heading))
     return sentences
 
 
+# A question word found only in the heading above a sentence counts half as much as in it.
+HEADING_WEIGHT = 0.5
+
+
+def _rarity(question: set[str], sentences: list[_Sentence]) -> dict[str, float]:
+    """Each question term's weight, `log(1 + N / n)` over the N sentences of the evidence, n
+    holding it (or under a heading that does): a rare word the answer shares ("seccomp")
+    outweighs two common ones another sentence shares ("file", "package"; a black-box
+    test quoted other packages' changelogs over the message that answered)."""
+    held = {t: 0 for t in question}
+    for sentence in sentences:
+        for term in question & (sentence.terms | sentence.heading):
+            held[term] += 1
+    total = len(sentences)
+    return {t: math.log1p(total / n) if n else 0.0 for t, n in held.items()}
+
+
 class ExtractiveProvider:
-    """Picks the sentences sharing most terms with the question, each cited `[source:ID]`."""
+    """Picks the sentences sharing the rarest terms with the question (a heading's words
+    counting for the sentences under it), each cited `[source:ID]`."""
 
     # Usage records name this account: the calls cost nothing and leave the machine never.
     account_id = "local"
@@ -98,29 +145,38 @@ class ExtractiveProvider:
             yield ToolCallRequested(ToolCall(f"call_{request.step}", "search_context", arguments))
             return
         question = _terms(request.question)
-        ranked: list[tuple[int, int, int, str, str]] = []
-        for p_index, passage in enumerate(request.evidence):
-            for s_index, sentence in enumerate(_sentences(passage)):
-                overlap = len(question & _terms(sentence))
-                ranked.append((-overlap, p_index, s_index, sentence, passage.handle))
+        found = [
+            (p_index, s_index, sentence, passage.handle)
+            for p_index, passage in enumerate(request.evidence)
+            for s_index, sentence in enumerate(_sentences(passage))
+        ]
+        weight = _rarity(question, [f[2] for f in found])
+        ranked: list[tuple[float, int, int, str, str]] = []
+        for p_index, s_index, sentence, handle in found:
+            shared = question & sentence.terms
+            score = sum(weight[t] for t in shared) + sum(
+                HEADING_WEIGHT * weight[t] for t in (question & sentence.heading) - shared
+            )
+            # Ties go to the passage the search ranked first (the evidence's order).
+            ranked.append((-score, p_index, s_index, sentence.text, handle))
         ranked.sort()
         # Neighbouring passages share their boundary sentences (the chunker's overlap): a
         # sentence is quoted once, under the passage that ranked it first.
-        unique: dict[str, tuple[int, int, int, str, str]] = {}
+        unique: dict[str, tuple[float, int, int, str, str]] = {}
         for entry in ranked:
             unique.setdefault(" ".join(entry[3].split()).casefold(), entry)
         ranked = list(unique.values())
-        # Only sentences that share a word with the question: it quoted the first sentence
-        # whatever it said ("how do I bake a chocolate cake" was answered "- 4.", a list
-        # number, with a valid citation; a black-box test), so no question was ever declined.
+        # Only sentences that share a word with the question (or whose heading does): it
+        # quoted the first sentence whatever it said ("how do I bake a chocolate cake" was
+        # answered "- 4.", a list number, with a valid citation; a black-box test).
         chosen = [r for r in ranked if r[0] < 0][: self._max]
         # Keep the chosen sentences in document order, so the answer reads naturally.
         chosen.sort(key=lambda r: (r[1], r[2]))
         yield TextDelta(LABEL + "\n")
         if not chosen:
             yield TextDelta(DECLINED + "\n")
-        for _, _, _, sentence, handle in chosen:
+        for _, _, _, quoted, handle in chosen:
             cancel.check()
-            yield TextDelta(f"- {sentence} [source:{handle}]\n")
+            yield TextDelta(f"- {quoted} [source:{handle}]\n")
             cancel.progress()
         yield UsageReported(GenerationUsage(input_tokens=0, output_tokens=0))
