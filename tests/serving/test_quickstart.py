@@ -243,6 +243,23 @@ def test_a_rerun_refuses_a_configuration_with_a_key_twice_and_leaves_it(tmp_path
     assert not (state / "host.json.bak").exists()
 
 
+def test_a_rerun_after_the_demo_token_was_rotated_says_its_commands_will_be_refused(
+    tmp_path: Path,
+) -> None:
+    # Probe D: rotated as deploy/README says (host.json's hash replaced, the file left), the
+    # rerun printed curl commands with `$(cat state/token)`, each answered 401, and no word.
+    done = _quickstart("state", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "is no longer one of host.json's tokens" not in done.stdout
+    host_file = tmp_path / "state" / "host.json"
+    config = json.loads(host_file.read_text())
+    config["tokens"][0]["sha256"] = hashlib.sha256(b"rh_rotated").hexdigest()
+    host_file.write_text(json.dumps(config))
+    done = _quickstart("state", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "note: state/token is no longer one of host.json's tokens (rotated?)" in done.stdout
+
+
 def _quickstart(state_dir: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*cli(), "quickstart", "--state-dir", state_dir, "--port", str(free_port()), "--no-serve"],

@@ -41,6 +41,7 @@ from retrieval_host.core.models import Location
 from retrieval_host.core.runs_model import RunRequest, RunRetrieval
 from retrieval_host.driver import Driver, IngestRequest
 from retrieval_host.example_acl import acl_file_content
+from retrieval_host.http.auth import token_sha256
 from retrieval_host.ingest import media_type_for_path
 from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.server import check_listen_address, run_server
@@ -379,6 +380,15 @@ def quickstart(
     # What it serves on: in a container `RETRIEVAL_HOST_LISTEN__PORT` may move it (a black-box
     # test saw the commands printed with `--port` while the host listened elsewhere).
     port = settings.listen.port
+    token = (state_dir / "token").read_text(encoding="utf-8").strip()
+    if token_sha256(token) not in {t.sha256 for t in settings.tokens}:
+        # Rotated as deploy/README says (host.json edited, the file left): every command
+        # printed below answered 401 while the quickstart said nothing (a black-box test).
+        print(
+            f"  note: {_display(state_dir / 'token')} is no longer one of host.json's tokens "
+            "(rotated?): the commands below answer 401 until it holds a token the host "
+            "accepts (or remove it and run the quickstart again for a new one)."
+        )
     print(f"Indexing the sample documents into corpus {CORPUS!r} with the local model:")
     driver = build_driver(settings, environ)
     assert driver is not None
