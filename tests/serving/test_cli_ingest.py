@@ -129,6 +129,32 @@ def test_a_missing_path_says_no_such_file_and_ingests_nothing(
     assert not journal.exists()
 
 
+def test_a_read_only_store_is_named_as_what_to_change_not_a_journal_to_rerun(
+    setup: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    # Probe R: "rerun with the journal to resume" against a store no rerun could write.
+    config, environ = setup
+    note = tmp_path / "note.md"
+    note.write_text("# Note\n\nThe ferry leaves at nine.\n")
+    assert (
+        run_ingest(_args(config, tmp_path / "j.jsonl", note), environ, io.StringIO(), io.StringIO())
+        == 0
+    )
+    note.write_text("# Note\n\nThe ferry leaves at ten.\n")
+    read_only = {
+        **environ,
+        "RETRIEVAL_HOST_STORE__READ_ONLY": "true",
+        "RETRIEVAL_HOST_RUNS__SQLITE_PATH": str(tmp_path / "runs.db"),
+    }
+    err = io.StringIO()
+    code = run_ingest(_args(config, tmp_path / "k.jsonl", note), read_only, io.StringIO(), err)
+    assert code == 2, err.getvalue()
+    assert "STORE_READ_ONLY" in err.getvalue() and "point --config at the writable store" in (
+        err.getvalue()
+    )
+    assert "rerun with the journal" not in err.getvalue()
+
+
 def test_a_journal_in_use_by_another_run_is_refused(
     setup: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -315,6 +315,9 @@ def _stopped(exc: RetrievalError, args: argparse.Namespace, journal: Path) -> st
         # Raised only by the plan, before any file (a file's own request error is its item):
         # a rerun would meet the same paths.
         return f"nothing was ingested: {exc}"
+    if exc.code is ErrorCode.STORE_READ_ONLY:
+        # No rerun against this configuration can write (probe R): name what would.
+        return f"nothing was ingested: {exc} (point --config at the writable store)"
     return f"the batch stopped: {exc} (rerun with the journal {journal} to resume)"
 
 

@@ -480,10 +480,11 @@ class AsksThreeTimes:
     [
         # The first passage spends the whole budget: no later search is made.
         (len(DOCS["battery"].encode()), ["ok", "quota-exceeded", "quota-exceeded"], ["battery"]),
-        # Room for the first two passages only: the third search finds nothing that fits.
+        # Room for the first two passages only: the third search's new passage does not fit
+        # (not an empty result: probe R).
         (
             len(DOCS["battery"].encode()) + len(DOCS["solar"].encode()) + 5,
-            ["ok", "ok", "ok"],
+            ["ok", "ok", "quota-exceeded"],
             ["battery", "solar"],
         ),
     ],
@@ -516,6 +517,28 @@ def test_max_context_bytes_covers_every_search_of_a_run_together(
     # What the model was given is exactly that evidence, whole passages only.
     assert sorted(p.source_id for p in seen[-1].evidence) == held
     assert all(p.text == DOCS[p.source_id] for p in seen[-1].evidence)
+
+
+def test_a_run_whose_byte_budget_leaves_out_every_match_says_so_not_no_evidence(
+    run_world: RunWorld,
+) -> None:
+    # Probe R: the receipt said `empty` with the matches in its raw hits, the run took its
+    # `noEvidence` reply ("not covered") and its detail said "No authorized passage matched".
+    retrieval = RunRetrieval(corpus="library", max_context_bytes=10)
+    request = replace(
+        _before(), retrieval=retrieval, fallbacks=Fallbacks(no_evidence=FixedAnswer("none"))
+    )
+    with pytest.raises(RetrievalError) as caught:
+        run_world.engine.run(request, ALICE)
+    assert caught.value.code is ErrorCode.NO_RETRIEVAL_EVIDENCE
+    assert "byte budget (maxContextBytes)" in caught.value.detail
+    assert "No authorized passage matched" not in caught.value.detail
+    # An empty result is still `empty`, and its declared reply still answers.
+    lexical = RunRetrieval(corpus="library", search_mode="lexical")
+    empty = replace(request, input="zzqx", retrieval=lexical)
+    result = run_world.engine.run(empty, ALICE)
+    assert [r.outcome for r in result.receipts] == ["empty"]
+    assert result.text == "none"
 
 
 @pytest.mark.parametrize(

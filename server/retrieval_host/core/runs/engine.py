@@ -436,6 +436,16 @@ def _without_evidence(
 ) -> str | None:
     """The fallback of a run that found no passage: `search_failed` when one of its searches
     did not answer and the run declared it, else `no_evidence` (`error`)."""
+    cut = next((r for r in run.receipts if r.status == "quota-exceeded" and r.raw_hits), None)
+    if cut is not None:
+        # Its searches matched, the caller's byte budget left every passage out: no fallback
+        # for "the documents do not cover it" applies (they may), so the run fails saying so.
+        raise RetrievalError(
+            ErrorCode.NO_RETRIEVAL_EVIDENCE,
+            f"Search {cut.sequence} of the run matched {len(cut.raw_hits)} authorized "
+            "passage(s), but none fits the run's byte budget (maxContextBytes); nothing was "
+            "generated.",
+        )
     failed = next((r for r in run.receipts if r.outcome in ("unavailable", "failed")), None)
     if failed is None:
         return _fallback(run, taken, "no-evidence", fallbacks.no_evidence, error)

@@ -69,6 +69,8 @@ def tool_call(run: ActiveRun, spec: RunRetrieval, call: ToolCall) -> str | list[
     receipt = retrieve(run, spec, query)
     if receipt.status == "ok":
         return list(receipt.source_ids)
+    if receipt.status == "quota-exceeded" and receipt.raw_hits:
+        return "The run's context budget has no room for the passages this search found."
     return {
         "duplicate": "This query was already searched in this run.",
         "quota-exceeded": "The search quota of this run is used up.",
@@ -199,7 +201,17 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     for hit in new:
         if hit.scope.corpus != spec.corpus:  # pragma: no cover - the service guarantees it
             raise RetrievalError(ErrorCode.INTERNAL, "Internal error.")
-    new, _ = apply_byte_budget(new, remaining)
+    fresh = new
+    new, _ = apply_byte_budget(fresh, remaining)
+    if fresh and not new:
+        # The byte budget left out every passage new to the run: not an empty result (a run
+        # answered "not covered" by its `noEvidence` reply while 6 authorized passages had
+        # matched: probe R). Not a success either; the search was made (its raw hits kept).
+        return receipt(
+            "quota-exceeded",
+            [h.chunk_id for h in result.hits if h.chunk_id in run.evidence],
+            raw=result.hits,
+        )
     # count successes and sources
     run.successes += 1
     titles = _titles(service, spec.corpus, new)
