@@ -837,3 +837,251 @@ def test_a_message_whose_headers_the_thread_did_not_keep_says_so(
     _shot(page, "message-headers-not-kept")
     _delete(console, "thread", "1")
     page.context.close()
+
+
+# --- findings of a black-box probe (session 34) ---------------------------------------------
+
+RLO = "\u202e"
+# Any bidirectional control the console shows as a mark, in a DOM text node.
+_RAW_CONTROLS = """(selector) => [...document.querySelectorAll(selector)].some((root) => {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+        const text = walker.currentNode.data;
+        if (/[\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069]/u.test(text)) return true;
+    }
+    return false;
+})"""
+
+
+def _ask(
+    page: Page,
+    question: str,
+    *,
+    provider: str = "local",
+    model: str = "extractive",
+    mode: str = "before",
+    search_mode: str = "hybrid",
+) -> None:
+    page.get_by_role("link", name="Ask").click()
+    page.get_by_label("Provider").fill(provider)
+    page.get_by_label("Model").fill(model)
+    page.locator("#ask-form select[name=mode]").select_option(mode)
+    page.locator("#ask-form select[name=searchMode]").select_option(search_mode)
+    page.get_by_label("Question").fill(question)
+    page.get_by_role("button", name="Ask").click()
+
+
+def test_bidi_controls_in_an_answer_neither_reverse_it_nor_its_isolated_markers(
+    browser: Browser, console: Console
+) -> None:
+    # A black-box test: the extractive provider quotes a passage holding U+202E, which reversed
+    # the rest of the answer line, its citation links included ("[…p:ecruos]"); the receipts'
+    # JSON obeyed the control too.
+    _index(console, "okapi", "1", [f"Rotate the okapi key {RLO} gpj.exe now and restart."])
+    page, seen = _signed_in(browser, console)
+    _ask(page, f"How do I rotate the okapi key {RLO}?", search_mode="lexical")
+    expect(page.locator("#run-phase")).to_have_text("completed", timeout=60_000)
+    answer = page.locator("#answer")
+    expect(answer).to_contain_text("okapi key U+202E gpj.exe")
+    expect(answer.locator(".control")).not_to_have_count(0)
+    assert not page.evaluate(_RAW_CONTROLS, "#answer")
+    citations = answer.locator("a.citation")
+    expect(citations).not_to_have_count(0)
+    # Each marker is isolated from the text around it, and the answer takes its direction
+    # from its own text.
+    assert page.evaluate(
+        "() => [...document.querySelectorAll('#answer .citation')]"
+        ".every((c) => c.parentElement.tagName === 'BDI')"
+    )
+    expect(answer.locator("pre")).to_have_attribute("dir", "auto")
+    page.locator("#receipts summary").click()
+    receipts = page.locator("#receipts pre")
+    expect(receipts).to_contain_text("okapi key \\u202e?")
+    assert not page.evaluate(_RAW_CONTROLS, "#receipts")
+    _shot(page, "30-answer-bidi-marked")
+    assert seen.errors == []
+    page.context.close()
+    _delete(console, "okapi", "1")
+
+
+def test_a_source_s_metadata_shows_its_bidi_controls_escaped(
+    browser: Browser, console: Console
+) -> None:
+    source = {
+        "id": "meta-bidi",
+        "revision": "1",
+        "title": "Mail",
+        "metadata": {"subject": f"Re: token {RLO}gpj.exe", f"k{RLO}ey": "x"},
+    }
+    chunk = {"id": "meta-bidi-c1", "text": "A message.", "location": {"startLine": 1}}
+    with console.api() as api:
+        body = {"corpus": "library", "source": source, "chunks": [chunk]}
+        assert api.post("/v1/retrieval/index", json=body).status_code == 200
+    page, _ = _signed_in(browser, console)
+    page.evaluate("() => { location.hash = '#/source/library/meta-bidi'; }")
+    page.get_by_text("Metadata").click()
+    metadata = page.locator("main details pre")
+    expect(metadata).to_contain_text('"subject": "Re: token \\u202egpj.exe"')
+    expect(metadata).to_contain_text('"k\\u202eey": "x"')
+    assert not page.evaluate(_RAW_CONTROLS, "main details pre")
+    page.context.close()
+    _delete(console, "meta-bidi", "1")
+
+
+def test_a_deep_link_opened_in_a_new_tab_is_the_page_shown_after_sign_in(
+    browser: Browser, console: Console
+) -> None:
+    # A black-box test: a citation opened in a new tab (or reloaded) landed on the corpora.
+    ids = _index(console, "deep", "d1", ["First, deeplinkmoss.", "Second, deeplinkmoss."])
+    address = f"#/passage/library/{ids[1]}?revision=d1"
+    page = browser.new_context().new_page()
+    page.goto(f"{console.base}/console/{address}")
+    _sign_in(page, console.token)
+    expect(page.locator("#cited")).to_have_text("Second, deeplinkmoss.")
+    assert page.evaluate("() => location.hash") == address
+    # After a reload, the same page again; after signing out, the corpora.
+    page.reload()
+    _sign_in(page, console.token)
+    expect(page.locator("#cited")).to_have_text("Second, deeplinkmoss.")
+    page.get_by_role("button", name="Sign out").click()
+    _sign_in(page, console.token)
+    expect(page.locator("#corpora")).to_be_visible()
+    assert page.evaluate("() => location.hash") == "#/corpora"
+    page.context.close()
+    _delete(console, "deep", "d1")
+
+
+def test_a_failed_or_stopped_run_s_text_is_labelled_not_an_answer(
+    browser: Browser, console: Console
+) -> None:
+    # A black-box test: a tool-mode run that the host failed (NO_RETRIEVAL_EVIDENCE) left the
+    # model's text on screen, looking like an answer.
+    console.fake.script_chat(
+        [PlannedResponse(f"Valid [source:none] unknown {RLO} gpj.exe [source:nosuch] end.")]
+    )
+    page, seen = _signed_in(browser, console)
+    _ask(page, QUESTION, provider="fake", model="gpt-scripted", mode="tool")
+    expect(page.locator("#run-phase")).to_have_text("failed", timeout=60_000)
+    expect(page.locator("#error")).to_contain_text("NO_RETRIEVAL_EVIDENCE")
+    note = page.locator("#answer-note")
+    expect(note).to_have_text("The run failed: this text was not checked and is not an answer.")
+    unchecked = page.locator("#answer pre.unchecked")
+    expect(unchecked).to_contain_text("unknown U+202E gpj.exe")  # the streamed text, marked
+    assert not page.evaluate(_RAW_CONTROLS, "#answer")
+    expect(page.locator("#answer a")).to_have_count(0)
+    _shot(page, "31-failed-run-unchecked")
+
+    console.fake.set_chat_mode("stall", chunks=3)
+    try:
+        _ask(page, QUESTION, provider="fake", model="gpt-held")
+        wait_until(lambda: console.fake.stalled_streams == 1, timeout=60, what="the held stream")
+        expect(page.locator("#answer")).to_contain_text("Based on")
+        expect(note).to_have_count(0)  # a new run starts clean
+        page.get_by_role("button", name="Stop").click()
+        expect(page.locator("#run-phase")).to_have_text("stopped")
+        expect(note).to_have_text(
+            "The run was stopped: this text was not checked and is not an answer."
+        )
+        expect(unchecked).to_contain_text("Based on")
+    finally:
+        console.fake.set_chat_mode("ok")
+        console.fake.release_stalls()
+    assert seen.errors == []
+    page.context.close()
+
+
+def test_a_chosen_file_s_bidi_name_shows_as_text_with_its_mark(
+    browser: Browser, console: Console
+) -> None:
+    page, _ = _signed_in(browser, console)
+    page.get_by_role("link", name="Ingest").click()
+    name = f"<img src=x onerror=window.__xss=60>{RLO}dm.exe.md"
+    chosen = FilePayload(name=name, mimeType="text/markdown", buffer=b"# x\n")
+    page.locator("input[type=file]").set_input_files(files=[chosen])
+    expect(page.locator("#chosen")).to_have_text(
+        "<img src=x onerror=window.__xss=60>U+202Edm.exe.md"
+    )
+    expect(page.locator("#chosen .control")).to_have_count(1)
+    assert page.evaluate("() => window.__xss === undefined")
+    page.context.close()
+
+
+def test_a_passage_of_a_source_a_browser_cannot_list_is_shown_without_its_neighbours(
+    browser: Browser, console: Console
+) -> None:
+    # A black-box test: a passage whose source id is "." or ".." could not be opened at all,
+    # even from a citation; the passage route needs only its chunk id.
+    ids = _index(console, ".", "1", ["Dotted source, lemurquill."], prefix="dotted")
+    page, seen = _signed_in(browser, console)
+    hit = _lexical_search(page, "lemurquill")
+    expect(hit).to_contain_text("Dotted source")
+    expect(hit.locator('a[href="#/source/library/."]')).to_have_count(0)  # no dead link
+    hit.get_by_role("link", name="Open the passage in its source").click()
+    expect(page.locator("#cited")).to_have_text("Dotted source, lemurquill.")
+    expect(page.locator("#source-unopenable")).to_contain_text('a browser drops "."')
+    expect(page.locator("#error")).to_be_hidden()
+    assert page.evaluate("() => location.hash").startswith(f"#/passage/library/{ids[0]}?")
+    assert seen.errors == []
+    page.context.close()
+    _delete(console, ".", "1")
+
+
+def test_a_citation_pinned_to_a_replaced_revision_says_so_and_links_the_source(
+    browser: Browser, console: Console
+) -> None:
+    ids = _index(console, "stale-src", "v1", ["Old text, tapirglass."])
+    _index(console, "stale-src", "v2", ["New text, tapirglass."])
+    page, _ = _signed_in(browser, console)
+    page.evaluate("(id) => { location.hash = '#/passage/library/' + id + '?revision=v1'; }", ids[0])
+    expect(page.locator("#stale")).to_contain_text("revision v1, which may no longer be indexed")
+    expect(page.locator("#error")).to_contain_text("SOURCE_UNAVAILABLE")
+    expect(page.locator("main")).not_to_contain_text("New text")
+    current = page.locator("#stale-source a")
+    expect(current).to_have_attribute("href", "#/source/library/stale-src")
+    _shot(page, "32-stale-citation-explained")
+    current.click()
+    expect(page.locator("main dl.facts")).to_contain_text("v2")
+    # A passage that exists at no revision: no source to link.
+    page.evaluate("() => { location.hash = '#/passage/library/no-such-chunk?revision=v1'; }")
+    expect(page.locator("#stale")).to_be_visible()
+    expect(page.locator("#stale-source")).to_have_count(0)
+    page.context.close()
+    _delete(console, "stale-src", "v2")
+
+
+def test_right_to_left_text_takes_its_own_direction_and_empty_locations_no_parentheses(
+    browser: Browser, console: Console
+) -> None:
+    arabic = "لتدوير مفتاح الوصول، أنشئ مفتاحا جديدا. token rotation"
+    source = {"id": "rtl", "revision": "1", "title": "تدوير المفاتيح"}
+    chunks = [
+        {"id": "rtl-c1", "text": arabic},  # no location at all
+        {"id": "rtl-c2", "text": "ثانيا، احذف المفتاح القديم."},
+    ]
+    with console.api() as api:
+        body = {"corpus": "library", "source": source, "chunks": chunks}
+        indexed = api.post("/v1/retrieval/index", json=body)
+    assert indexed.status_code == 200, indexed.text
+    page, _ = _signed_in(browser, console)
+    direction = "(el) => getComputedStyle(el).direction"
+    hit = _lexical_search(page, "لتدوير")
+    assert hit.locator("pre").evaluate(direction) == "rtl"
+    hit.get_by_role("link", name="Open the passage in its source").click()
+    cited = page.locator("#cited")
+    expect(cited).to_have_text(arabic)
+    assert cited.evaluate(direction) == "rtl"
+    # A passage without a location: its headings hold no empty parentheses.
+    expect(page.locator("main h2")).to_have_text(["Cited passage", "After"])
+    page.evaluate("() => { location.hash = '#/source/library/rtl'; }")
+    heading = page.locator("main h1")
+    expect(heading).to_have_text("تدوير المفاتيح")
+    assert heading.evaluate(direction) == "rtl"
+    page.evaluate(
+        "() => { location.hash = '#/sources/library?title=' + encodeURIComponent('تدوير'); }"
+    )
+    title_cell = page.locator("#sources tbody td").nth(1)
+    expect(title_cell).to_have_text("تدوير المفاتيح")
+    assert title_cell.evaluate(direction) == "rtl"
+    _shot(page, "33-rtl")
+    page.context.close()
+    _delete(console, "rtl", "1")

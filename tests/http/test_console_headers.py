@@ -52,3 +52,64 @@ async def test_every_console_answer_carries_the_security_headers(
         problem = response.json()
         assert response.headers["content-type"] == "application/problem+json"
         assert (problem["code"], problem["reason"]) == ("INVALID_REQUEST", "route")
+
+
+@pytest.fixture
+async def listed_client(http_world: World) -> AsyncIterator[httpx.AsyncClient]:
+    settings = http_world.settings(
+        console={"enabled": True}, allowedOrigins=["https://listed.example"]
+    )
+    transport = httpx.ASGITransport(app=create_app(settings, None))
+    async with httpx.AsyncClient(transport=transport, base_url="https://host.test") as client:
+        yield client
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "GET"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "status", "reason"),
+    [
+        # A black-box test: the Origin check answered these before the console's routes ran,
+        # and its answers carried none of the headers (a cross-site form post gets this page).
+        ("GET", "/console/", {"Origin": "https://evil.example"}, 403, "origin-not-allowed"),
+        ("POST", "/console", {"Origin": "https://evil.example"}, 403, "origin-not-allowed"),
+        ("GET", "/console/x/y", {"Origin": "null"}, 403, "origin-not-allowed"),
+        (
+            "OPTIONS",
+            "/console/",
+            {"Origin": "https://evil.example", **PREFLIGHT},
+            403,
+            "origin-not-allowed",
+        ),
+        # A listed origin's preflight is answered by the CORS middleware, also before routing.
+        ("OPTIONS", "/console/", {"Origin": "https://listed.example", **PREFLIGHT}, 200, None),
+        # The hygiene check answers before routing too.
+        ("GET", "/console/?access_token=x", {}, 401, "token-in-query"),
+    ],
+)
+async def test_console_answers_given_before_routing_carry_the_security_headers(
+    listed_client: httpx.AsyncClient,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    status: int,
+    reason: str | None,
+) -> None:
+    response = await listed_client.request(method, path, headers=headers)
+    assert response.status_code == status
+    for name, value in SECURITY_HEADERS.items():
+        assert response.headers.get_list(name) == [value], name
+    if reason is not None:
+        assert response.json()["reason"] == reason
+
+
+async def test_api_answers_outside_the_console_get_no_console_policy(
+    listed_client: httpx.AsyncClient,
+) -> None:
+    refused = await listed_client.get("/v1/corpora", headers={"Origin": "https://evil.example"})
+    assert refused.status_code == 403
+    assert "content-security-policy" not in refused.headers
+    # `/consoles` is not under `/console/`.
+    other = await listed_client.get("/consoles", headers={"Origin": "https://evil.example"})
+    assert "content-security-policy" not in other.headers

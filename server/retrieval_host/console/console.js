@@ -50,8 +50,10 @@ const CITATION_OPEN = new RegExp(`\\[[${SPACE}]*source[${SPACE}]*:`, "giu");
 const CITATION = new RegExp(`\\[source:([^\\[\\]${SPACE}]+)\\]`, "uy");
 const MALFORMED_CITATION = new RegExp(`\\[[${SPACE}]*source[${SPACE}]*:(?:[^\\[\\]\\n]*\\])?`, "iuy");
 // Bidirectional controls in an id or a title can make "gpj.exe" read "exe.jpg": shown as
-// visible marks where ids, titles and headers are shown (passages stay as indexed).
+// visible marks where ids, titles, headers and answers are shown, escaped in JSON (passages
+// stay as indexed).
 const BIDI_CONTROLS = /([\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069])/u;
+const BIDI_CONTROLS_ALL = new RegExp(BIDI_CONTROLS.source, "gu");
 const TOKEN = /^[\x21-\x7e]+$/;
 
 // --- DOM ------------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ function facts(pairs) {
     "dl",
     { class: "facts" },
     pairs.filter(([, value]) => value !== null && value !== undefined && value !== "")
-      .map(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]),
+      .map(([term, value]) => [h("dt", {}, term), h("dd", { dir: "auto" }, value)]),
   );
 }
 
@@ -125,11 +127,28 @@ function passageHash(corpus, chunkId, revision) {
 // An id as one segment of an API path. Browsers drop "." and ".." path segments (escaped or
 // not) before a request leaves, so such an id cannot be asked for from here.
 function segment(id) {
-  if (id === "." || id === "..") {
+  if (unopenable(id)) {
     throw new Error(`The id "${id}" cannot be opened in a browser, which drops "." and ".." ` +
       "from a URL path. Read it with the client or the command line.");
   }
   return encodeURIComponent(id);
+}
+
+function unopenable(id) {
+  return id === "." || id === "..";
+}
+
+// A link to a source's page, or its id alone when a browser cannot ask for it ("." and "..").
+function sourceLink(corpus, id, text) {
+  if (!unopenable(id)) return link(hash("source", corpus, id), text);
+  return h("span", { title: `A browser drops "${id}" from a URL path: this source cannot be opened here.` }, text);
+}
+
+// JSON for reading, its bidirectional controls escaped as JSON escapes (`\u202e`): a header in
+// a source's metadata or a receipt must not read reversed (a black-box test).
+function json(value) {
+  return JSON.stringify(value === undefined ? null : value, null, 2).replace(BIDI_CONTROLS_ALL,
+    (control) => "\\u" + control.codePointAt(0).toString(16).padStart(4, "0"));
 }
 
 // An id, title or header as text, its bidirectional controls shown as marks.
@@ -160,6 +179,12 @@ function where(location) {
   if (location.documentId) parts.push(["message ", named(location.documentId)]);
   if (!parts.length) return "";
   return parts.flatMap((part, i) => (i ? [", ", part] : [part]));
+}
+
+// A heading naming a passage's location, when it has one: "Cited passage (page 2)".
+function located(label, location) {
+  const at = where(location);
+  return at === "" ? label : [label, " (", at, ")"];
 }
 
 function number(value, digits = 3) {
@@ -366,7 +391,9 @@ function signInView() {
       state.signedIn = true;
       document.getElementById("nav").hidden = false;
       showError(null);
-      if (location.hash === "#/corpora") render();
+      // The address the console was opened at (a citation in a new tab, a reload) holds no
+      // secret: it is the page to show. Signing out leaves "#/", which shows the corpora.
+      if (/^#\/./.test(location.hash)) render();
       else location.hash = "#/corpora";
     } catch (error) {
       state.token = null;
@@ -414,7 +441,7 @@ async function corporaView(signal) {
       h("tbody", {}, state.corpora.map((corpus) => h(
         "tr",
         {},
-        h("td", {}, link(hash("sources", corpus.id), named(corpus.id))),
+        h("td", { dir: "auto" }, link(hash("sources", corpus.id), named(corpus.id))),
         h("td", { class: "ops" }, corpus.operations.map((op) => h("span", {}, op))),
         h("td", {}, corpus.sources),
         h("td", {}, corpus.passages),
@@ -452,7 +479,7 @@ async function sourcesView(corpus, params, signal) {
   const nextParams = new URLSearchParams(params);
   if (page.nextCursor) nextParams.set("cursor", page.nextCursor);
   show(
-    h("h1", {}, "Sources of ", named(corpus)),
+    h("h1", { dir: "auto" }, "Sources of ", named(corpus)),
     filter,
     page.sources.length === 0 ? h("p", { class: "muted" }, "No source on this page.") : null,
     h("div", { class: "table-wrap" }, h(
@@ -463,8 +490,8 @@ async function sourcesView(corpus, params, signal) {
       h("tbody", {}, page.sources.map((source) => h(
         "tr",
         {},
-        h("td", {}, link(hash("source", corpus, source.id), named(source.id))),
-        h("td", {}, named(source.title)),
+        h("td", { dir: "auto" }, sourceLink(corpus, source.id, named(source.id))),
+        h("td", { dir: "auto" }, named(source.title)),
         h("td", {}, source.mediaType || "–"),
         h("td", { title: source.revision }, short(source.revision)),
         h("td", {}, source.chunkCount),
@@ -493,7 +520,7 @@ async function sourceView(corpus, sourceId, params, signal) {
     `/v1/corpora/${segment(corpus)}/sources/${segment(sourceId)}?${query}`, signal);
   const source = detail.source;
   show(
-    h("h1", {}, named(source.title || source.id)),
+    h("h1", { dir: "auto" }, named(source.title || source.id)),
     facts([
       ["Corpus", link(hash("sources", corpus), named(corpus))],
       ["Source", named(source.id)],
@@ -503,7 +530,7 @@ async function sourceView(corpus, sourceId, params, signal) {
       ["Passages", String(source.chunkCount)],
       ["Bytes", String(source.bytes)],
     ]),
-    h("details", {}, h("summary", {}, "Metadata"), h("pre", {}, JSON.stringify(source.metadata, null, 2))),
+    h("details", {}, h("summary", {}, "Metadata"), h("pre", { id: "metadata" }, json(source.metadata))),
     h("h2", {}, "Passages in document order"),
     h("div", { class: "table-wrap" }, h(
       "table",
@@ -512,7 +539,7 @@ async function sourceView(corpus, sourceId, params, signal) {
       h("tbody", {}, detail.passages.map((passage) => h(
         "tr",
         {},
-        h("td", {}, link(passageHash(corpus, passage.chunkId, source.revision),
+        h("td", { dir: "auto" }, link(passageHash(corpus, passage.chunkId, source.revision),
           named(passage.chunkId))),
         h("td", {}, where(passage.location)),
         h("td", {}, passage.bytes),
@@ -530,7 +557,14 @@ async function sourceView(corpus, sourceId, params, signal) {
 // while the page loads never puts two revisions on it: an unpinned link is read again.
 async function passageView(corpus, chunkId, revision, signal) {
   for (let attempt = 1; ; attempt += 1) {
-    const read = await readPassage(corpus, chunkId, revision, signal);
+    let read;
+    try {
+      read = await readPassage(corpus, chunkId, revision, signal);
+    } catch (error) {
+      if (!revision || !(error instanceof ProblemError) || error.status !== 404) throw error;
+      await showStaleCitation(corpus, chunkId, revision, error, signal);
+      return;
+    }
     if (read !== null) {
       showPassage(corpus, chunkId, read);
       return;
@@ -543,13 +577,43 @@ async function passageView(corpus, chunkId, revision, signal) {
   }
 }
 
+// A link pinned to a revision the passage route no longer has (404): most often the source was
+// re-indexed or deleted since the link was made. The host's problem stays on screen; the page
+// says what it likely means and, when the passage's source can be read now, links to its
+// current listing (never to the new text itself: the link cited another).
+async function showStaleCitation(corpus, chunkId, revision, error, signal) {
+  let current = null;
+  try {
+    current = await getJson(
+      `/v1/corpora/${segment(corpus)}/passages/${segment(chunkId)}`, signal);
+  } catch (unread) {
+    if (signal.aborted) throw unread;
+  }
+  showError(error);
+  const sourceId = current ? current.source.id : null;
+  show(
+    h("h1", {}, "Passage ", named(chunkId)),
+    h("p", { id: "stale" }, "This link cites revision ",
+      h("span", { title: revision }, short(revision)),
+      ", which may no longer be indexed: the source was re-indexed or deleted since the link " +
+      "was made, or this token may not read it. The host never shows another revision's text " +
+      "in its place."),
+    sourceId !== null && !unopenable(sourceId)
+      ? h("p", { id: "stale-source" }, "The source as indexed now: ",
+        link(hash("source", corpus, sourceId), named(sourceId)), ".")
+      : null,
+  );
+}
+
 // The passage, its source and its neighbours at one revision; null when the source is found at
-// another revision than the passage (re-indexed between two reads).
+// another revision than the passage (re-indexed between two reads). A source whose id is "."
+// or ".." cannot be listed from a browser: its passage comes alone (`source` null).
 async function readPassage(corpus, chunkId, revision, signal) {
   const base = `/v1/corpora/${segment(corpus)}`;
   const at = (rev) => "?" + new URLSearchParams({ revision: rev });
   const passage = await getJson(
     `${base}/passages/${segment(chunkId)}${revision ? at(revision) : ""}`, signal);
+  if (unopenable(passage.source.id)) return { passage, source: null, before: null, after: null };
   const pinned = at(passage.source.revision);
   // The source's passages in document order, page after page, until the cited passage and the
   // one after it are known (a source may hold up to 10,000, pages hold 1,000).
@@ -582,13 +646,16 @@ async function readPassage(corpus, chunkId, revision, signal) {
 }
 
 function showPassage(corpus, chunkId, { passage, source, before, after }) {
-  const message = messageOf(source.metadata, passage.location.documentId);
+  const metadata = source ? source.metadata : null;
+  const message = messageOf(metadata, passage.location.documentId);
   show(
-    h("h1", {}, "Passage ", named(chunkId)),
+    h("h1", { dir: "auto" }, "Passage ", named(chunkId)),
     facts([
-      ["Source", link(hash("source", corpus, source.id), named(source.title || source.id))],
+      ["Source", source
+        ? link(hash("source", corpus, source.id), named(source.title || source.id))
+        : named(passage.source.id)],
       ["Revision", named(passage.source.revision)],
-      ["Media type", source.mediaType],
+      ["Media type", source ? source.mediaType : null],
       ["Where", where(passage.location)],
       ["Page", passage.location.page === null ? null : String(passage.location.page)],
     ]),
@@ -597,18 +664,22 @@ function showPassage(corpus, chunkId, { passage, source, before, after }) {
       ["Message-ID", named(message.messageId)],
       ["Attachments", named((message.attachments || []).map((a) => a.filename).join(", "))],
     ])] : null,
-    !message && passage.location.documentId && source.metadata
-      && source.metadata.messagesTruncated === true
+    !message && passage.location.documentId && metadata
+      && metadata.messagesTruncated === true
       ? [h("h2", {}, "Message headers"), h("p", { class: "muted" },
         "Not kept: this thread's header list was cut short at "
-        + `${(source.metadata.messages || []).length} of ${source.metadata.messageCount} messages.`)]
+        + `${(metadata.messages || []).length} of ${metadata.messageCount} messages.`)]
       : null,
-    before ? [h("h2", {}, "Before (", where(before.location), ")"),
-      h("pre", { class: "passage around" }, before.text)] : null,
-    h("h2", {}, "Cited passage (", where(passage.location), ")"),
-    h("pre", { class: "passage cited", id: "cited" }, passage.text),
-    after ? [h("h2", {}, "After (", where(after.location), ")"),
-      h("pre", { class: "passage around" }, after.text)] : null,
+    source ? null : h("p", { class: "notice", id: "source-unopenable" },
+      `The passages around it and its source's page are not shown: a browser drops ` +
+      `"${passage.source.id}" from a URL path, so this source cannot be listed from here ` +
+      "(the client or the command line can)."),
+    before ? [h("h2", {}, located("Before", before.location)),
+      h("pre", { class: "passage around", dir: "auto" }, before.text)] : null,
+    h("h2", {}, located("Cited passage", passage.location)),
+    h("pre", { class: "passage cited", id: "cited", dir: "auto" }, passage.text),
+    after ? [h("h2", {}, located("After", after.location)),
+      h("pre", { class: "passage around", dir: "auto" }, after.text)] : null,
   );
 }
 
@@ -678,11 +749,11 @@ function renderHits(target, body, result) {
         h("span", { class: "score" }, `lexical ${number(hit.scores && hit.scores.lexical)}`),
         hit.scores && hit.scores.rerank !== null && hit.scores.rerank !== undefined
           ? h("span", { class: "score" }, `rerank ${number(hit.scores.rerank)}`) : null,
-        link(hash("source", body.corpus, hit.source.id), named(hit.source.id)),
+        h("span", { dir: "auto" }, sourceLink(body.corpus, hit.source.id, named(hit.source.id))),
         h("span", { title: hit.source.revision }, short(hit.source.revision)),
         h("span", {}, where(hit.location)),
       ),
-      h("pre", { class: "passage" }, highlighted(hit.text, body.query)),
+      h("pre", { class: "passage", dir: "auto" }, highlighted(hit.text, body.query)),
       link(passageHash(body.corpus, hit.chunkId, hit.source.revision),
         "Open the passage in its source"),
     ))),
@@ -706,7 +777,7 @@ function askView(signal) {
   const bar = h("progress", { id: "run-progress", max: String(PHASES.length - 1), value: "0", "aria-label": "Run progress" });
   const phase = h("span", { id: "run-phase", "aria-live": "polite" }, "not started");
   const runId = h("span", { id: "run-id" }); // to read the run's record later: GET /v1/runs/{id}
-  const answer = h("div", { class: "answer", id: "answer", "aria-live": "polite" });
+  const answer = h("div", { class: "answer", id: "answer", "aria-live": "polite", dir: "auto" });
   const after = h("section", { id: "run-details" });
   const stop = form.querySelector("#stop");
   const ask = form.querySelector("button[type=submit]");
@@ -731,6 +802,7 @@ function askView(signal) {
     const current = AbortSignal.any([signal, running.signal]);
     stop.disabled = false;
     ask.disabled = true;
+    let outcome = null; // "completed" or "failed", once the host said so
     try {
       const response = await request("/v1/runs", {
         method: "POST", body: JSON.stringify(body), type: "application/json",
@@ -742,21 +814,32 @@ function askView(signal) {
         if (at > bar.value) bar.value = at;
         if (name === "run.progress" || name === "run.started") phase.textContent = step;
         if (name === "run.started" && payload.runId) runId.replaceChildren(`run ${payload.runId}`);
-        if (name === "run.delta") answer.append(document.createTextNode(payload.text));
+        if (name === "run.delta") append(answer, [named(payload.text)]);
         if (name === "run.completed") {
+          outcome = "completed";
           bar.value = PHASES.length - 1;
           phase.textContent = "completed";
           renderAnswer(answer, after, payload.result, body.retrieval.corpus);
         }
         if (name === "run.failed") {
+          outcome = "failed";
           phase.textContent = "failed";
           showError(new ProblemError(payload.problem ? payload.problem.status : 500, payload.problem || payload));
+          markUnchecked(answer, "The run failed");
         }
+      }
+      if (outcome === null) {
+        phase.textContent = "failed";
+        showError(new Error("The run's stream ended before the host said how the run ended."));
+        markUnchecked(answer, "The run did not complete");
       }
     } catch (error) {
       if (signal.aborted) return; // the page was left: the run ended with it
-      phase.textContent = error.name === "AbortError" ? "stopped" : "failed";
-      if (error.name !== "AbortError") showError(error);
+      if (outcome !== null) return; // Stop pressed after the host said how the run ended
+      const stopped = error.name === "AbortError";
+      phase.textContent = stopped ? "stopped" : "failed";
+      if (!stopped) showError(error);
+      markUnchecked(answer, stopped ? "The run was stopped" : "The run failed");
     } finally {
       stop.disabled = true;
       ask.disabled = false;
@@ -771,10 +854,26 @@ function askView(signal) {
   );
 }
 
+// Text a run streamed before it failed or was stopped: the host checked none of its citations
+// and recorded no answer, so it stays readable (what the model said, for the operator) but under
+// a label and greyed and struck through, its markers not links.
+function markUnchecked(answer, what) {
+  if (!answer.hasChildNodes()) return;
+  const streamed = [...answer.childNodes];
+  answer.replaceChildren(
+    h("p", { class: "unchecked-note", id: "answer-note" },
+      `${what}: this text was not checked and is not an answer.`),
+    h("pre", { class: "unchecked", dir: "auto" }, streamed),
+  );
+}
+
 // The answer with its `[source:ID]` markers as links to the cited passages, at the revision the
 // run's source manifest names; a marker that names no entry is marked invalid, and one the
 // host's check calls malformed (wrong case, spaces, an empty id) is marked malformed. Neither
-// is a link.
+// is a link. The text around the markers comes from documents and models: its bidirectional
+// controls are shown as marks, and each marker is isolated (`<bdi>`), so neither the text nor
+// a right-to-left passage quoted in it reorders a marker (a black-box test saw
+// "[source:p…]" read "[…p:ecruos]").
 function renderAnswer(answer, after, result, corpus) {
   const manifest = new Map((result.sources || []).map((source) => [source.id, source]));
   const text = result.text;
@@ -783,34 +882,34 @@ function renderAnswer(answer, after, result, corpus) {
   let last = 0;
   for (const opening of text.matchAll(CITATION_OPEN)) {
     if (opening.index < last) continue;
-    pieces.push(text.slice(last, opening.index));
+    pieces.push(named(text.slice(last, opening.index)));
     CITATION.lastIndex = opening.index;
     const match = CITATION.exec(text);
     const entry = match ? manifest.get(match[1]) : undefined;
     if (entry) {
       counts.valid += 1;
       const href = passageHash(corpus, entry.id, entry.source.revision);
-      pieces.push(h("a", { class: "citation", href }, named(match[0])));
+      pieces.push(h("bdi", {}, h("a", { class: "citation", href }, named(match[0]))));
       last = opening.index + match[0].length;
     } else if (match) {
       counts.invalid += 1;
-      pieces.push(h("span", {
+      pieces.push(h("bdi", {}, h("span", {
         class: "citation invalid", title: "Not in the run's source manifest",
-      }, named(match[0]), " (invalid)"));
+      }, named(match[0]), " (invalid)")));
       last = opening.index + match[0].length;
     } else {
       counts.malformed += 1;
       MALFORMED_CITATION.lastIndex = opening.index;
       const marker = MALFORMED_CITATION.exec(text)[0];
-      pieces.push(h("span", {
+      pieces.push(h("bdi", {}, h("span", {
         class: "citation invalid malformed",
         title: "A malformed marker: the host's citation check refuses it (malformed-marker)",
-      }, named(marker), " (malformed)"));
+      }, named(marker), " (malformed)")));
       last = opening.index + marker.length;
     }
   }
-  pieces.push(text.slice(last));
-  answer.replaceChildren(h("pre", {}, pieces));
+  pieces.push(named(text.slice(last)));
+  answer.replaceChildren(h("pre", { dir: "auto" }, pieces));
   append(after, [
     h("p", { id: "citation-check" },
       `${counts.valid + counts.invalid + counts.malformed} citation(s): ${counts.valid} checked ` +
@@ -823,7 +922,7 @@ function renderAnswer(answer, after, result, corpus) {
       h("span", { title: source.source.revision }, short(source.source.revision)), " ",
       where(source.location)))),
     h("details", { id: "receipts" }, h("summary", {}, `Receipts (${(result.receipts || []).length})`),
-      h("pre", {}, JSON.stringify(result.receipts || [], null, 2))),
+      h("pre", {}, json(result.receipts || []))),
   ]);
 }
 
@@ -850,7 +949,8 @@ function ingestView(signal) {
   let filledId = "";
   const choose = (file) => {
     chosen = file;
-    chosenName.replaceChildren(file ? named(file.name) : "No file chosen.");
+    chosenName.replaceChildren(); // `named()` may return an array: `append` flattens it
+    append(chosenName, [file ? named(file.name) : "No file chosen."]);
     if (file && (sourceId.value === "" || sourceId.value === filledId)) {
       filledId = file.name.replace(/\.[^.]*$/, "");
       sourceId.value = filledId;
@@ -923,7 +1023,7 @@ function ingestView(signal) {
           const readable = state.corpora.some((c) => c.id === data.get("corpus"));
           outcome.append(h("p", { id: "ingested" }, `${result.status}: ${result.chunkCount} passage(s) of `,
             readable
-              ? link(hash("source", data.get("corpus"), result.source.id), named(result.source.id))
+              ? sourceLink(data.get("corpus"), result.source.id, named(result.source.id))
               : named(result.source.id),
             " at revision ", short(result.source.revision), "."));
         }

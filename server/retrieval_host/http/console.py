@@ -3,9 +3,13 @@
 Served only when `console.enabled`. The files are read from the package once, when the app is
 built; the router knows their names, so no request path reaches the filesystem. Every console
 response carries the same headers, errors included (a 404 at any depth under `/console/`, a
-405 for another method than GET or HEAD): a Content-Security-Policy that allows
-scripts, styles and fetches from this origin only (no inline script or style, no frames, no
-plugins, no form posts), `X-Frame-Options: DENY`, `nosniff`, `no-referrer` and `no-store`.
+405 for another method than GET or HEAD, and the answers middleware gives before any route
+runs: an Origin refusal or a CORS preflight, a token in the query string, a body too large):
+a Content-Security-Policy that allows scripts, styles and fetches from this origin only (no
+inline script or style, no frames, no plugins, no form posts), `X-Frame-Options: DENY`,
+`nosniff`, `no-referrer` and `no-store`. The routes set them on their own answers;
+`with_console_headers` sets them on whatever `OriginMiddleware` and the middleware inside it
+send for a console path (see there).
 
 The console holds the bearer token the user pastes in a JavaScript variable of the tab: never in
 a URL, a cookie or web storage, so closing the tab forgets it. Its API calls are same-origin
@@ -21,7 +25,7 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.http.problems import problem_response
@@ -39,6 +43,10 @@ SECURITY_HEADERS: Final = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+_SECURITY_HEADER_LINES: Final = tuple(
+    (name.lower().encode("ascii"), value.encode("ascii"))
+    for name, value in SECURITY_HEADERS.items()
+)
 ALLOWED_METHODS: Final = ("GET", "HEAD")
 ASSETS: Final = {
     "index.html": "text/html; charset=utf-8",
@@ -94,3 +102,23 @@ class _Endpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._answer(Request(scope, receive))(scope, receive, send)
+
+
+def is_console_path(path: str) -> bool:
+    """Whether `path` is the console's: `/console` or anything under `/console/`."""
+    return path == "/console" or path.startswith("/console/")
+
+
+def with_console_headers(send: Send) -> Send:
+    """`send` with the console's security headers on the response, in place of any header of
+    the same name the answer set (never twice): for answers given before the console's routes
+    run (a black-box test found an Origin refusal under `/console/` without them)."""
+    names = {name for name, _ in _SECURITY_HEADER_LINES}
+
+    async def secured(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+            message = {**message, "headers": [*kept, *_SECURITY_HEADER_LINES]}
+        await send(message)
+
+    return secured
