@@ -57,7 +57,9 @@ async def test_every_console_answer_carries_the_security_headers(
 @pytest.fixture
 async def listed_client(http_world: World) -> AsyncIterator[httpx.AsyncClient]:
     settings = http_world.settings(
-        console={"enabled": True}, allowedOrigins=["https://listed.example"]
+        console={"enabled": True},
+        allowedOrigins=["https://listed.example"],
+        allowedHosts=["host.test"],
     )
     transport = httpx.ASGITransport(app=create_app(settings, None))
     async with httpx.AsyncClient(transport=transport, base_url="https://host.test") as client:
@@ -84,8 +86,9 @@ PREFLIGHT = {"Access-Control-Request-Method": "GET"}
         ),
         # A listed origin's preflight is answered by the CORS middleware, also before routing.
         ("OPTIONS", "/console/", {"Origin": "https://listed.example", **PREFLIGHT}, 200, None),
-        # The hygiene check answers before routing too.
+        # The hygiene check answers before routing too, and the Host check before both.
         ("GET", "/console/?access_token=x", {}, 401, "token-in-query"),
+        ("GET", "/console/", {"Host": "rebound.example"}, 400, "host-not-allowed"),
     ],
 )
 async def test_console_answers_given_before_routing_carry_the_security_headers(

@@ -3,6 +3,7 @@
 The stack, outermost first, all pure ASGI:
 
 0. `CorpusSegments` — a corpus id holding `/` stays one (escaped) segment of the path;
+   `ConsoleHeaders` (console on) — its security headers on every answer under `/console/`;
 1. `RequestIdMiddleware` — the request id, and `INTERNAL` for anything that escapes;
 2. `RequestObserver` — request metrics and the access log line, by route template;
 3. `AllowedHostsMiddleware` — the optional Host allow-list (`allowedHosts`);
@@ -33,7 +34,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.cpus import usable_cores
 from retrieval_host.driver import Driver
 from retrieval_host.http.auth import TokenAuthenticator
-from retrieval_host.http.console import ConsoleRoutes
+from retrieval_host.http.console import ConsoleHeaders, ConsoleRoutes
 from retrieval_host.http.corpus_paths import CorpusSegments
 from retrieval_host.http.hosts import AllowedHostsMiddleware
 from retrieval_host.http.hygiene import HygieneMiddleware
@@ -221,8 +222,11 @@ def create_app(settings: HostSettings, driver: Driver | None) -> HostApp:
         stores=driver.stores if driver is not None else [],
     )
     observed = RequestObserver(hosts, metrics, table)
+    outer: ASGIApp = RequestIdMiddleware(observed)
+    if settings.console.enabled:
+        outer = ConsoleHeaders(outer)
     return HostApp(
-        CorpusSegments(RequestIdMiddleware(observed)),
+        CorpusSegments(outer),
         routes,
         limits,
         origins,

@@ -8,8 +8,8 @@ runs: an Origin refusal or a CORS preflight, a token in the query string, a body
 a Content-Security-Policy that allows scripts, styles and fetches from this origin only (no
 inline script or style, no frames, no plugins, no form posts), `X-Frame-Options: DENY`,
 `nosniff`, `no-referrer` and `no-store`. The routes set them on their own answers;
-`with_console_headers` sets them on whatever `OriginMiddleware` and the middleware inside it
-send for a console path (see there).
+`ConsoleHeaders`, outside every other middleware but the path's own, sets them on whatever is
+sent for a console path (the Host and Origin checks' refusals included).
 
 The console holds the bearer token the user pastes in a JavaScript variable of the tab: never in
 a URL, a cookie or web storage, so closing the tab forgets it. Its API calls are same-origin
@@ -25,7 +25,7 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.http.problems import problem_response
@@ -109,16 +109,25 @@ def is_console_path(path: str) -> bool:
     return path == "/console" or path.startswith("/console/")
 
 
-def with_console_headers(send: Send) -> Send:
-    """`send` with the console's security headers on the response, in place of any header of
-    the same name the answer set (never twice): for answers given before the console's routes
-    run (a black-box test found an Origin refusal under `/console/` without them)."""
-    names = {name for name, _ in _SECURITY_HEADER_LINES}
+class ConsoleHeaders:
+    """The console's security headers on every answer to a console path, in place of any
+    header of the same name the answer set (never twice): also on answers given before the
+    console's routes run (a black-box test found an Origin refusal under `/console/` without
+    them; a Host refusal and an `INTERNAL` are covered the same way)."""
 
-    async def secured(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
-            message = {**message, "headers": [*kept, *_SECURITY_HEADER_LINES]}
-        await send(message)
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
-    return secured
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_console_path(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        names = {name for name, _ in _SECURITY_HEADER_LINES}
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message = {**message, "headers": [*kept, *_SECURITY_HEADER_LINES]}
+            await send(message)
+
+        await self.app(scope, receive, secured)

@@ -11,10 +11,6 @@ scheme the host is reached by and its `Host` header exactly, passes too: it come
 this host served. A page elsewhere cannot claim that origin for a request the browser sends to
 this host; DNS rebinding, the way to try, meets the certificate (a name it was not issued for)
 and `allowedHosts`. No CORS headers are added: a same-origin response needs none.
-
-With the console enabled, every answer to a console path sent from here or from inside (this
-middleware's refusal, a CORS preflight, the hygiene and limits refusals, the routes) carries the
-console's security headers (`with_console_headers`), as README and `http/console.py` promise.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.http.console import is_console_path, with_console_headers
 from retrieval_host.http.problems import send_problem
 from retrieval_host.http.request_id import request_id_of
 
@@ -59,8 +54,6 @@ class OriginMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if self.same_origin and is_console_path(scope["path"]):
-                send = with_console_headers(send)
             origins = [v for k, v in scope["headers"] if k == b"origin"]
             if not origins:
                 # Not from a browser page: no CORS headers to add, only the `Vary: Origin`
