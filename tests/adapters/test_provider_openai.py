@@ -285,17 +285,29 @@ def test_a_server_that_ignores_stream_and_answers_json_is_read_too(
     ]
 
 
-def test_sse_comments_are_not_progress_for_the_idle_timeout(
-    server: FakeOpenAI, make: Factory
+@pytest.mark.parametrize(
+    "keep_alive",
+    [
+        b": keep-alive\n\n",
+        # Probe H: data events that bring nothing kept a run alive past its idle timeout.
+        b'data: {"choices": [{"index": 0, "delta": {}}]}\n\n',
+        b'data: {"choices": [{"index": 0, "delta": {"content": ""}}]}\n\n',
+        b'data: {"choices": []}\n\n',
+    ],
+    ids=["comment", "empty-delta", "empty-content", "no-choice"],
+)
+def test_keep_alives_are_not_progress_for_the_idle_timeout(
+    server: FakeOpenAI, make: Factory, keep_alive: bytes
 ) -> None:
-    """A proxy's keep-alive comments flow, but no data: the run's idle timeout still fires."""
+    """A proxy's keep-alive comments, or a server's empty chunks, flow but bring nothing: the
+    run's idle timeout still fires."""
 
     def heartbeats(fake: FakeOpenAI, _: RecordedRequest, __: int) -> Reply:
         def body() -> Iterator[bytes]:
             yield b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
             for _ in range(100):
                 fake.wait(0.05)  # paces the heartbeats; returns at once when the server stops
-                yield b": keep-alive\n\n"
+                yield keep_alive
 
         return Reply(200, content_type="text/event-stream", stream=body())
 

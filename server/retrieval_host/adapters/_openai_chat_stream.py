@@ -135,6 +135,9 @@ class ChatStream:
         self._usage: GenerationUsage | None = None
         self._finished = False  # a finish_reason arrived
         self.done = False  # `[DONE]` arrived
+        # Grows with what the answer received (text, tool call parts, a finish, usage): a data
+        # event that leaves it alone (`{"delta": {}}`, `"content": ""`) is no progress.
+        self.received = 0
 
     def data(self, data: str, key: str | None) -> Iterator[GenerationEvent]:
         if data.strip() == "[DONE]":
@@ -220,6 +223,7 @@ class ChatStream:
             if not isinstance(text, str):
                 raise malformed(f"a delta whose {field} is not text.")
             if text:
+                self.received += len(text)
                 yield TextDelta(text)
         calls = delta.get("tool_calls")
         if calls is None:
@@ -242,6 +246,7 @@ class ChatStream:
                 raise malformed("a tool call whose id is not text.")
             if call_id and call.id and call_id != call.id:
                 raise malformed(f"two ids for the tool call with index {index}.")
+            self.received += len(call_id)
             call.id = call.id or call_id
         function = fragment.get("function")
         if function is None:
@@ -254,6 +259,7 @@ class ChatStream:
                 continue
             if not isinstance(part, str):
                 raise malformed(f"a tool call whose {field} is not text.")
+            self.received += len(part)
             if field == "name":
                 call.name += part
             else:
@@ -267,6 +273,7 @@ class ChatStream:
             return
         if not isinstance(reason, str):
             raise malformed("a finish_reason that is not text.")
+        self.received += 1
         self._finished = True
 
     def _read_usage(self, usage: object) -> None:
@@ -278,4 +285,5 @@ class ChatStream:
         counts = [usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)]
         if not all(type(n) is int and n >= 0 for n in counts):
             raise malformed("usage whose token counts are not counts.")
+        self.received += 1
         self._usage = GenerationUsage(input_tokens=counts[0], output_tokens=counts[1])

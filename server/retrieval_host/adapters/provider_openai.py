@@ -238,19 +238,29 @@ class OpenAIChatProvider:
         for chunk in resp.iter_bytes():
             cancel.check()
             for data in decoder.feed(chunk):
-                cancel.progress()  # a data event is real progress; an SSE comment is not
-                yield from stream.data(data, key)
+                yield from self._progressed(stream, data, key, cancel)
                 if stream.done:
                     return
         for data in decoder.end():
-            cancel.progress()
-            yield from stream.data(data, key)
+            yield from self._progressed(stream, data, key, cancel)
             if stream.done:
                 return
         # The watchdog shuts a cancelled call's socket down, and a body that ends when the
         # connection closes (no length, no chunking) reads that as its end: a cancel, not a
         # stream the provider ended early.
         cancel.check()
+
+    @staticmethod
+    def _progressed(
+        stream: ChatStream, data: str, key: str | None, cancel: CancelToken
+    ) -> Iterator[GenerationEvent]:
+        # A data event is progress when it brought something (text, a tool call's part, the
+        # finish, usage, `[DONE]`); an SSE comment is not, nor an empty delta: a server sending
+        # `{"delta": {}}` every 0.2 s kept a run alive past its idle timeout (probe H).
+        before, done = stream.received, stream.done
+        yield from stream.data(data, key)
+        if stream.received != before or stream.done != done:
+            cancel.progress()
 
 
 # --- the wire format of messages and tools ---------------------------------------------------

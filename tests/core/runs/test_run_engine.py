@@ -839,6 +839,43 @@ def test_a_failed_citation_check_can_answer_with_a_fixed_reply_or_continue(
     assert [(f.outcome, f.action) for f in kept.fallbacks] == [("invalid-citation", "continue")]
 
 
+def test_an_answer_citing_a_handle_it_was_not_given_never_completes_unchecked(
+    run_world: RunWorld,
+) -> None:
+    # Probe H (issue 5: every completed answer's citations pass `validate_source_citations`
+    # against its manifest): a model inventing a handle completed when the caller had not
+    # asked for the check.
+    class Invents:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            yield TextDelta(request.question + " [source:pdoesnotexist000000000000000]")
+
+    engine = run_world.with_provider("local", Invents())
+    with pytest.raises(RetrievalError) as info:
+        engine.run(_before(), ALICE)
+    assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_CITATION, "unknown-source")
+    replied = engine.run(
+        _before(fallbacks=Fallbacks(invalid_citation=FixedAnswer("Unsure."))), ALICE
+    )
+    assert replied.text == "Unsure."
+
+    # Without the check asked for, nothing is required and no report is given: an answer
+    # citing nothing, or only passages of its manifest, completes as before.
+    class Honest(Invents):
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            cited = " ".join(f"[source:{p.handle}]" for p in request.evidence[:1])
+            yield TextDelta(f'Battery notes {cited}, "quoted loosely".')
+
+    done = run_world.with_provider("local", Honest()).run(_before(), ALICE)
+    assert done.citations is None
+    assert validate_source_citations(done.text, [s.id for s in done.sources])
+
+
 class Judge:
     """An application verifier with a fixed decision, recording what it was shown."""
 

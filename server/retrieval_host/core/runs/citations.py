@@ -33,7 +33,11 @@ from retrieval_host.core.runs_model import (
     QuoteCheck,
 )
 
-__all__ = ["check_citations"]
+__all__ = ["MARKERS_ONLY", "check_citations"]
+
+# The check every answer gets when its run asked for none: its markers well formed and naming
+# passages of the manifest, no citation required, quotes not checked.
+MARKERS_ONLY: Final = CitationPolicy(require=False, quotes=False)
 
 # The client's rule (`retrieval_host_client._citations`): any `[source:`, in any case and with
 # spaces around `source`, opens a marker; one that is not `[source:ID]` is malformed.

@@ -26,7 +26,7 @@ from retrieval_host.core.run_ports import (
     RunStore,
     Verifier,
 )
-from retrieval_host.core.runs.citations import check_citations
+from retrieval_host.core.runs.citations import MARKERS_ONLY, check_citations
 from retrieval_host.core.runs.evidence import reauthorize_manifest, recheck_evidence
 from retrieval_host.core.runs.generation import (
     ToolRound,
@@ -349,10 +349,18 @@ class RunEngine:
                 fixed = replied if replied is not None else fixed
         answer = fixed if fixed is not None else "".join(text)
         report = None
-        if request.citations is not None and fixed is None:
-            run.emit(RunProgress("citations", {"sources": len(run.evidence)}))
+        if fixed is None:
+            # Every completed answer's markers name passages of its manifest (issue 5; a model
+            # inventing a handle completed unless the caller asked for the check): without
+            # `citations`, the check of markers alone, and no report.
+            asked = request.citations is not None
+            if asked:
+                run.emit(RunProgress("citations", {"sources": len(run.evidence)}))
             try:
-                report = check_citations(answer, run.cited_evidence(), request.citations)
+                checked = check_citations(
+                    answer, run.cited_evidence(), request.citations or MARKERS_ONLY
+                )
+                report = checked if asked else None
             except RetrievalError as error:
                 replied = _fallback(
                     run, taken, "invalid-citation", fallbacks.invalid_citation, error
