@@ -393,6 +393,15 @@ def test_tokens_can_come_from_a_mounted_file(tmp_path: Path) -> None:
     (tmp_path / "tokens.json").write_text('{"sha256": "x"}')
     with pytest.raises(SettingsError, match="JSON list"):
         load_settings(path, {})
+    # A bad entry is named by the file and its place there, never by a variable that set
+    # `tokens` (probe V: "tokens.1.subject (from RETRIEVAL_HOST_TOKENS)").
+    (tmp_path / "tokens.json").write_text(json.dumps([{**listed[0], "subject": " eve"}]))
+    env = {"RETRIEVAL_HOST_TOKENS": json.dumps([inline])}
+    with pytest.raises(SettingsError) as refused:
+        load_settings(path, env)
+    said = str(refused.value)
+    assert f"tokensFile {tmp_path / 'tokens.json'}, entry 0: subject: " in said, said
+    assert "RETRIEVAL_HOST_TOKENS" not in said
     (tmp_path / "tokens.json").unlink()
     with pytest.raises(SettingsError, match="cannot read tokensFile"):
         load_settings(path, {})

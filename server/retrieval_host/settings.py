@@ -69,7 +69,7 @@ def _identifier(value: str) -> str:
     # The rule every request's identifiers follow: a subject or grant no request could match
     # (" alice", a control character) was accepted and then only ever answered 403.
     try:
-        check_id("an identifier", value)
+        check_id("identifier", value)
     except RetrievalError as exc:
         raise ValueError(exc.detail) from None
     return value
@@ -77,7 +77,8 @@ def _identifier(value: str) -> str:
 
 Identifier = Annotated[str, AfterValidator(_identifier)]
 CorpusId = Identifier
-ProviderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+PROVIDER_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+ProviderName = Annotated[str, StringConstraints(pattern=PROVIDER_NAME.pattern)]
 
 
 class SettingsError(Exception):
@@ -534,6 +535,14 @@ def _read_tokens_file(file: Path) -> list[Any]:
         raise SettingsError(f"tokensFile {file} is not valid JSON") from None
     if not isinstance(loaded, list):
         raise SettingsError(f"tokensFile {file} must hold a JSON list of token entries")
+    for index, entry in enumerate(loaded):
+        # Each entry checked here, so that an error names the file and its entry (merged into
+        # `tokens`, it read as `tokens.N`, or as RETRIEVAL_HOST_TOKENS's: probe V).
+        try:
+            TokenSettings.model_validate(entry)
+        except ValidationError as exc:
+            said = _describe(exc, {}).removeprefix("invalid configuration: ")
+            raise SettingsError(f"tokensFile {file}, entry {index}: {said}") from None
     return loaded
 
 

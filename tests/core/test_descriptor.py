@@ -38,6 +38,11 @@ def _embedding(**overrides: object) -> EmbeddingDescriptor:
         "github_pat_11ABCDEFG0123456789_abcdefghijklmnop",
         "glpat-xxxxxxxx1xxxxxxxxxxx",
         "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+        # Probe V: keys whose random body happens to hold no digit.
+        "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZaBcDeFgHiJ",
+        "glpat-xYzAbCdEfGhIjKlMnOpQ",
+        "sk_live_AbCdEfGhIjKlMnOpQrStUvWx",
+        "ghp_aBcDeFgHiJ-kLmNoPqRsTuVwXyZaBcDeFgHiJ",
         "Bearer abc",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
         "AKIAIOSFODNN7EXAMPLE",

@@ -169,6 +169,9 @@ def test_token_new_refuses_names_the_host_would_refuse_or_never_match(
         (["--subject", ""], "subject must be"),
         (["--subject", "x", "--search", " library"], "without surrounding spaces"),
         (["--subject", "x", "--index", "*"], "wildcard"),
+        # Probe V: the provider-name rule of `serve`, not only the identifier rule.
+        (["--subject", "x", "--provider", "open ai"], "a provider name is"),
+        (["--subject", "x", "--provider", "x/y"], "a provider name is"),
     ):
         assert main(["token", "new", *argv]) == 2
         printed = capsys.readouterr()
@@ -423,16 +426,25 @@ def test_an_empty_dsn_is_said_so_and_a_secret_file_every_user_may_read_is_warned
     dsn.write_text("\n")
     dsn.chmod(0o644)
     store = {"postgresDsn": {"file": "dsn"}}
+    reranker_key = config.parent / "rerank-key"
+    reranker_key.write_text("rk\n")
+    reranker_key.chmod(0o604)
+    options = {"aclFile": "acl.example.json", "reranker": {"apiKey": {"file": "rerank-key"}}}
+    environ["RETRIEVAL_HOST_APPLICATION_OPTIONS"] = json.dumps(options)
     config.write_text(json.dumps({**body, "store": store, "limits": {}}))
     assert main(["serve", "--config", str(config)], environ=environ) == 2
     error = capsys.readouterr().err
     assert "Traceback" not in error
     assert "retrieval-host: store.postgresDsn: the secret is empty" in error, error
-    warned = [r.getMessage() for r in caplog.records if "store.postgresDsn" in r.getMessage()]
-    assert warned == [
+    warned = [r.getMessage() for r in caplog.records if "every user" in r.getMessage()]
+    assert (
         f"store.postgresDsn file {dsn} is readable or writable by every user (mode 0644): "
-        "chmod 0400 it"
-    ]
+        "chmod 0400 it" in warned
+    )
+    assert (
+        f"applicationOptions.reranker.apiKey file {reranker_key} is readable or writable "
+        "by every user (mode 0604): chmod 0400 it" in warned
+    )
     caplog.clear()
     dsn.chmod(0o600)
     assert main(["serve", "--config", str(config)], environ=environ) == 2

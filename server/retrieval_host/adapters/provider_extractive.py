@@ -62,58 +62,120 @@ class _Sentence:
     heading: frozenset[str]  # the terms of the heading above it in the passage, if any
 
 
-_FENCE = ("```", "~~~")
+# Markdown structure, as CommonMark spells it: a fence opens with 3+ backticks or tildes (and
+# may name a language) and closes with 3+ of the same character and nothing else; an ATX
+# heading is 1-6 `#` and a space (`#include <stdio.h>` and `# apt-get install` prompts are
+# text); a setext heading underlines its paragraph; a line indented 4 spaces after a blank
+# line is code.
+_FENCE = re.compile(r"^(`{3,}|~{3,})(.*)$")
+_ATX = re.compile(r"^#{1,6}(?:[ \t]+|$)")
+_SETEXT = re.compile(r"^(?:=+|-+)[ \t]*$")
+_INDENTED = re.compile(r"^(?: {4}|\t)")
+_PROSE = re.compile(r"[^\W\d_]|\s")  # letters and spaces: most of prose, less of code
+
+
+def _prose_share(lines: list[str]) -> float:
+    text = "".join(lines)
+    return len(_PROSE.findall(text)) / len(text) if text else 1.0
+
+
+def _began_in_code(lines: list[str]) -> bool:
+    """Whether a passage begins inside a code block (the chunker cut a long block): its first
+    fence is bare and unpaired, and the text before it reads less like prose than the text
+    after it (a passage that opens a bare block and is cut reads the other way round)."""
+    fences = [i for i, line in enumerate(lines) if _FENCE.match(line)]
+    if not fences or len(fences) % 2 == 0:
+        return False
+    first = _FENCE.match(lines[fences[0]])
+    if first is None or first.group(2).strip():
+        return False  # a fence naming a language opens a block
+    before = [line for line in lines[: fences[0]] if line]
+    if not before:
+        return False
+    after_end = fences[1] if len(fences) > 1 else len(lines)
+    after = [line for line in lines[fences[0] + 1 : after_end] if line]
+    if not after:
+        return _prose_share(before) < 0.8
+    return _prose_share(before) < _prose_share(after)
 
 
 def _sentences(passage: EvidencePassage) -> list[_Sentence]:
     # A quoted sentence must not smuggle a citation marker of its own into the answer.
-    text = defang(passage.text)
-    lines = [line.strip() for line in text.splitlines()]
-    fences = [line for line in lines if line.startswith(_FENCE)]
-    # A passage cut from inside a code block starts with its closing fence: an odd count whose
-    # first is bare (an opening fence usually names its language) means it began in code.
-    in_code = len(fences) % 2 == 1 and fences[0].rstrip("`~") == ""
+    raw_lines = defang(passage.text).splitlines()
+    lines = [line.strip() for line in raw_lines]
+    closing: re.Pattern[str] | None = None  # what ends the code block the line is in
+    if _began_in_code(lines):
+        closing = re.compile(r"^(`{3,}|~{3,})[ \t]*$")
     heading: frozenset[str] = frozenset()
     sentences: list[_Sentence] = []
-    # Lines of one paragraph form one text (documents wrap sentences across lines). Code
-    # blocks are not sentences, blank lines inside them included (the closing fence was quoted
-    # with the code's second half). A heading is not quoted: its words count for the
-    # sentences under it (`os.loadavg()` names its section only in the heading).
-    for paragraph in re.split(r"\n\s*\n", text):
-        kept: list[str] = []
-        for line in (raw.strip() for raw in paragraph.splitlines()):
-            if line.startswith(_FENCE):
-                in_code = not in_code
-            elif in_code or not line:
-                continue
-            elif line.startswith("#"):
-                heading = frozenset(_terms(line.lstrip("#")))
-            else:
-                kept.append(line)
-        # Defanged again once joined: a `#` line dropped from inside `[`...`source:ID]` made
-        # the two halves one marker (a black-box test).
+    kept: list[str] = []
+
+    def flush() -> None:
+        # Lines of one paragraph form one text (documents wrap sentences across lines);
+        # defanged again once joined.
         body = defang(" ".join(kept))
+        kept.clear()
         for piece in _SENTENCE_END.split(body):
             if len(piece.strip()) > 1:
                 sentences.append(_Sentence(piece.strip(), frozenset(_terms(piece)), heading))
+
+    # Code is not sentences, blank lines inside a block included (the closing fence was quoted
+    # with the code's second half). A heading is not quoted: its words count for the sentences
+    # under it (`os.loadavg()` names its section only in its heading).
+    for raw, line in zip(raw_lines, lines, strict=True):
+        if closing is not None:
+            if closing.match(line):
+                closing = None
+            continue
+        fence = _FENCE.match(line)
+        if fence:
+            flush()
+            mark = fence.group(1)
+            closing = re.compile(rf"^{re.escape(mark[0])}{{{len(mark)},}}[ \t]*$")
+        elif not line:
+            flush()
+        elif _ATX.match(line):
+            flush()
+            heading = frozenset(_terms(line.lstrip("#")))
+        elif _SETEXT.match(line) and kept:
+            heading = frozenset(_terms(" ".join(kept)))
+            kept.clear()
+        elif not kept and (_INDENTED.match(raw) or _SETEXT.match(line)):
+            continue  # indented code, or a thematic break
+        else:
+            kept.append(line)
+    flush()
     return sentences
 
 
-# A question word found only in the heading above a sentence counts half as much as in it.
+# A question word found only in the heading above a sentence counts half as much as in it,
+# and only when the heading holds at least half the question's words: "loadavg" is answered
+# from the `os.loadavg()` section, but a question about bicycles is not answered from a
+# "Troubleshooting" section because it says "troubleshooting" (probe V).
 HEADING_WEIGHT = 0.5
 
 
 def _rarity(question: set[str], sentences: list[_Sentence]) -> dict[str, float]:
-    """Each question term's weight, `log(1 + N / n)` over the N sentences of the evidence, n
-    holding it (or under a heading that does): a rare word the answer shares ("seccomp")
-    outweighs two common ones another sentence shares ("file", "package"; a black-box
-    test quoted other packages' changelogs over the message that answered)."""
+    """Each question term's weight, `log((N + 1) / n)` over the N sentences of the evidence, n
+    holding it (or under a heading that does). Two words outweigh one only when each is held
+    by fewer than √(N + 1) sentences: the one sentence sharing "seccomp" beats sentences
+    sharing "file" and "package" (black-box probes Q and V: other packages' changelogs were
+    quoted over the message that answered)."""
     held = {t: 0 for t in question}
     for sentence in sentences:
         for term in question & (sentence.terms | sentence.heading):
             held[term] += 1
     total = len(sentences)
-    return {t: math.log1p(total / n) if n else 0.0 for t, n in held.items()}
+    return {t: math.log((total + 1) / n) if n else 0.0 for t, n in held.items()}
+
+
+def _score(question: set[str], sentence: _Sentence, weight: dict[str, float]) -> float:
+    shared = question & sentence.terms
+    score = sum(weight[t] for t in shared)
+    titled = question & sentence.heading
+    if 2 * len(titled) >= len(question):
+        score += HEADING_WEIGHT * sum(weight[t] for t in titled - shared)
+    return score
 
 
 class ExtractiveProvider:
@@ -153,10 +215,7 @@ class ExtractiveProvider:
         weight = _rarity(question, [f[2] for f in found])
         ranked: list[tuple[float, int, int, str, str]] = []
         for p_index, s_index, sentence, handle in found:
-            shared = question & sentence.terms
-            score = sum(weight[t] for t in shared) + sum(
-                HEADING_WEIGHT * weight[t] for t in (question & sentence.heading) - shared
-            )
+            score = _score(question, sentence, weight)
             # Ties go to the passage the search ranked first (the evidence's order).
             ranked.append((-score, p_index, s_index, sentence.text, handle))
         ranked.sort()

@@ -23,12 +23,16 @@ from retrieval_host.core.models import JSONScalar
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _LABEL_MAX = 128  # characters, as `_LABEL` allows
 # Shapes of secrets that must never be used as a label (they end up in logs and descriptors).
-# Each vendor's prefix is matched with its separator and a key body holding a digit, as keys
-# are: a bare `^(sk|gho|...)` prefix refused `skunkworks-notes` and `ghost-team-01`, and a
-# 40-character run counting hyphens refused `acme-corp-production-embeddings-eu-west-1`
-# (black-box probe A). Every shape here matches only what the earlier shapes refused.
+# Each vendor's prefix is matched with its separator and a key body that reads as random: a
+# digit in it, or 16 letters and digits in a row (no word of a name is that long; a GitHub
+# or GitLab key without a digit is). A bare `^(sk|gho|...)` prefix refused
+# `skunkworks-notes` and `ghost-team-01`, and a 40-character run counting hyphens refused
+# `acme-corp-production-embeddings-eu-west-1` (black-box probes A and V). Every shape here
+# matches only what the earlier shapes refused.
+_KEY_PREFIX = r"^(?:sk|pk|rk|xox[abpr]|ghp|gho|github_pat|glpat)[-_]"
 _SECRET_SHAPES = (
-    re.compile(r"^(sk|pk|rk|xox[abpr]|gh[pousr]|github_pat|glpat)[-_](?=[^0-9]*[0-9])[-_\w]{8,}"),
+    re.compile(_KEY_PREFIX + r"(?=[-_\w]*[0-9])[-_\w]{8,}"),
+    re.compile(_KEY_PREFIX + r"[-_\w]*[A-Za-z0-9]{16}"),
     re.compile(r"^AKIA[0-9A-Z]{16}"),  # an AWS access key id
     re.compile(r"^AIza[-_A-Za-z0-9]{35}"),  # a Google API key
     re.compile(r"^(bearer|basic)[\s:]", re.IGNORECASE),

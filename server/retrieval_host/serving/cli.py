@@ -39,7 +39,7 @@ from retrieval_host.serving.factory import (
 )
 from retrieval_host.serving.ingest_cli import run_ingest
 from retrieval_host.serving.tokens import new_token, token_config_entry
-from retrieval_host.settings import SettingsError, load_settings
+from retrieval_host.settings import PROVIDER_NAME, SettingsError, load_settings
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -99,6 +99,16 @@ def _token_new(args: argparse.Namespace) -> int:
     except RetrievalError as exc:
         print(f"retrieval-host: {exc.detail}", file=sys.stderr)
         return 2
+    for name in args.provider:
+        if not PROVIDER_NAME.match(name):
+            # The provider-name rule `serve` applies to `providers` (probe V: `token new`
+            # printed "open ai", which `serve` then refused to start with).
+            print(
+                f"retrieval-host: --provider {name!r}: a provider name is 1-64 letters, "
+                "digits and . _ : -, the first a letter or digit.",
+                file=sys.stderr,
+            )
+            return 2
     token = new_token()
     entry = token_config_entry(
         token,

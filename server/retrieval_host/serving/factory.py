@@ -133,10 +133,17 @@ def warn_of_exposed_secrets(settings: HostSettings) -> None:
             for n, p in settings.providers.items()
         ),
     ]
-    for field, secret in named:
-        if secret is None or secret.file is None:
+    files = [(field, secret.file) for field, secret in named if secret is not None]
+    # The example application's reranker key, in its free-form options (probe V).
+    reranker = settings.application_options.get("reranker")
+    key = reranker.get("apiKey") if isinstance(reranker, dict) else None
+    file = key.get("file") if isinstance(key, dict) else None
+    if isinstance(file, str):
+        files.append(("applicationOptions.reranker.apiKey", Path(file)))
+    for field, named_file in files:
+        if named_file is None:
             continue
-        path = settings.path(secret.file)
+        path = settings.path(named_file)
         try:
             mode = path.stat().st_mode & 0o777
         except OSError:

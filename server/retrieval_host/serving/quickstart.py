@@ -387,7 +387,7 @@ def quickstart(
         print(
             f"  note: {_display(state_dir / 'token')} is no longer one of host.json's tokens "
             "(rotated?): the commands below answer 401 until it holds a token the host "
-            "accepts (or remove it and run the quickstart again for a new one)."
+            "accepts."
         )
     print(f"Indexing the sample documents into corpus {CORPUS!r} with the local model:")
     driver = build_driver(settings, environ)

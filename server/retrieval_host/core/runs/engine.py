@@ -451,8 +451,8 @@ def _without_evidence(
         raise RetrievalError(
             ErrorCode.NO_RETRIEVAL_EVIDENCE,
             f"Search {cut.sequence} of the run matched {len(cut.raw_hits)} authorized "
-            "passage(s), but none fits the run's byte budget (maxContextBytes); nothing was "
-            "generated.",
+            "passage(s), but none fits the run's byte budget (maxContextBytes); the run has "
+            "no evidence to answer from.",
         )
     failed = next((r for r in run.receipts if r.outcome in ("unavailable", "failed")), None)
     if failed is None:
