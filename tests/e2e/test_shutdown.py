@@ -226,6 +226,12 @@ def test_past_the_cutoff_a_silent_stream_is_ended_and_new_work_is_cancelled_at_o
     assert shutdown.track(CancelToken()).cancelled  # work begun after the cutoff stops at once
 
 
+# Far below the 600 s grace these hosts are given, so a stop that waited for it fails; far
+# above a stop's own time on a loaded machine (exiting alone took 9-10 s at load average 18,
+# and a fresh-clone CI run beside four probes missed an earlier 20 s).
+STOPS_WITHIN_S = 120
+
+
 def test_an_idle_keep_alive_connection_does_not_hold_the_stop(tmp_path: Path) -> None:
     # A black-box test: with a pooled client's idle connection open (it reads the socket only
     # when it next sends), SIGTERM waited out the whole grace: a polite TLS close waits for the
@@ -236,7 +242,7 @@ def test_an_idle_keep_alive_connection_does_not_hold_the_stop(tmp_path: Path) ->
         with host.client("writer") as client:
             assert client.get("/readyz").status_code == 200  # the connection stays pooled
             host.process.send_signal(signal.SIGTERM)
-            assert host.process.wait(timeout=20) == 0, host.log_text()
+            assert host.process.wait(timeout=STOPS_WITHIN_S) == 0, host.log_text()
         assert "graceful shutdown exceeded" not in host.log_text()
 
 
@@ -266,7 +272,7 @@ def test_a_request_answered_during_the_stop_does_not_hold_it_while_its_client_li
                 answer += chunk
             assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
             # The socket stays open, unread and unclosed, while the host stops.
-            assert host.process.wait(timeout=20) == 0, host.log_text()
+            assert host.process.wait(timeout=STOPS_WITHIN_S) == 0, host.log_text()
         assert "graceful shutdown exceeded" not in host.log_text()
 
 
