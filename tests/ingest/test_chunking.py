@@ -214,6 +214,17 @@ def test_chunking_settings_round_trip_through_the_corpus_identity() -> None:
     with pytest.raises(RetrievalError) as caught:
         ChunkingSettings.from_identity({**identity, "scheme": "someone-else/3"})
     assert caught.value.code == ErrorCode.DESCRIPTOR_MISMATCH
+    # A mapping written by hand is no chunker's: said so, with the way to write one (probe I:
+    # it read "chunked by another scheme" on a corpus nothing had been chunked into).
+    with pytest.raises(RetrievalError) as caught:
+        ChunkingSettings.from_identity({"max_tokens": 128, "overlap_tokens": 32})
+    assert (caught.value.code, caught.value.reason) == (
+        ErrorCode.INVALID_REQUEST,
+        "chunking-settings",
+    )
+    assert "ChunkingSettings(max_tokens=..., overlap_tokens=...).as_identity()" in (
+        caught.value.detail
+    )
 
 
 @pytest.mark.parametrize(("max_tokens", "overlap"), [(8, 0), (256, 200), (256, -1), (100_000, 0)])

@@ -162,6 +162,15 @@ class ChunkingSettings:
         context = context_of(identity)
         if not set(identity) - {CONTEXT_KEY}:
             return cls(context=context)
+        if "scheme" not in identity:
+            # Written by hand (`{"max_tokens": 128}`), never by a chunker: it read "chunked by
+            # another scheme" on a corpus nothing had been chunked into (probe I).
+            raise _invalid_settings(
+                f"the corpus's chunking {sorted(identity)} is not an ingestion identity: open "
+                "it with ChunkingSettings(max_tokens=..., overlap_tokens=...).as_identity() "
+                "(or {} for the defaults); as part of the corpus's identity it needs a new "
+                "corpus id."
+            )
         if identity.get("scheme") != CHUNKING_SCHEME or set(identity) - {CONTEXT_KEY} != {
             "scheme",
             "max_tokens",
