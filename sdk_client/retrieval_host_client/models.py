@@ -261,7 +261,13 @@ class SourceInput(_Request):
     id: Identifier
     revision: Revision
     title: Annotated[str, StringConstraints(max_length=1024, pattern=TEXT_PATTERN)] = ""
-    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    metadata: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        # What JSON Schema cannot say of a free-form value (a probe compared the schema with
+        # the host): the rule for every nested key and string, and the bounds.
+        description="Any JSON object of at most 16,384 bytes (compact UTF-8) and 32 levels; "
+        "no key or string anywhere in it may hold NUL (U+0000).",
+    )
 
 
 class ChunkInput(_Request):
