@@ -405,6 +405,17 @@ async def test_two_authorization_headers_are_400(
 # --- JSON objects: each key once, at any depth --------------------------------------------------
 
 
+async def _post_json(
+    client: httpx.AsyncClient, world: World, path: str, raw: str
+) -> httpx.Response:
+    """`raw` as the JSON body of a POST, sent as written (keys twice, non-JSON numbers)."""
+    return await client.post(
+        path,
+        content=raw.encode(),
+        headers={**_auth(world), "Content-Type": "application/json"},
+    )
+
+
 @pytest.mark.parametrize(
     ("path", "raw"),
     [
@@ -440,11 +451,7 @@ async def test_two_authorization_headers_are_400(
 async def test_a_repeated_json_key_at_any_depth_is_400(
     client: httpx.AsyncClient, rules_world: World, path: str, raw: str
 ) -> None:
-    response = await client.post(
-        path,
-        content=raw.encode(),
-        headers={**_auth(rules_world), "Content-Type": "application/json"},
-    )
+    response = await _post_json(client, rules_world, path, raw)
     assert _problem(response, 400, "INVALID_REQUEST")["reason"] == "duplicate-key"
 
 
@@ -455,19 +462,11 @@ async def test_equal_keys_in_different_objects_are_not_duplicates(
         '{"corpus": "library", "source": {"id": "twins", "revision": "1", "metadata": {"id": 1}},'
         ' "chunks": [{"id": "twins-1", "text": "one"}, {"id": "twins-2", "text": "two"}]}'
     )
-    response = await client.post(
-        "/v1/retrieval/index",
-        content=raw.encode(),
-        headers={**_auth(rules_world), "Content-Type": "application/json"},
-    )
+    response = await _post_json(client, rules_world, "/v1/retrieval/index", raw)
     assert response.status_code == 200, response.text
     # A string value that looks like a key is not a key.
     tricky = '{"corpus": "library", "query": "\\"corpus\\": x", "limit": 1}'
-    response = await client.post(
-        "/v1/retrieval/search",
-        content=tricky.encode(),
-        headers={**_auth(rules_world), "Content-Type": "application/json"},
-    )
+    response = await _post_json(client, rules_world, "/v1/retrieval/search", tricky)
     assert response.status_code == 200, response.text
 
 
@@ -489,18 +488,11 @@ async def test_nan_and_infinity_are_not_json_so_a_body_holding_one_is_400(
 ) -> None:
     # Probe B: the model's parser read them as numbers, and the answer was 422 (a wrong value)
     # where a body that is not JSON is 400.
-    response = await client.post(
-        path,
-        content=raw.encode(),
-        headers={**_auth(rules_world), "Content-Type": "application/json"},
-    )
+    response = await _post_json(client, rules_world, path, raw)
     assert "NaN and Infinity" in _problem(response, 400, "INVALID_REQUEST")["detail"]
     # In a string they are text.
-    response = await client.post(
-        "/v1/retrieval/search",
-        content=b'{"corpus": "library", "query": "NaN or -Infinity", "limit": 1}',
-        headers={**_auth(rules_world), "Content-Type": "application/json"},
-    )
+    text = '{"corpus": "library", "query": "NaN or -Infinity", "limit": 1}'
+    response = await _post_json(client, rules_world, "/v1/retrieval/search", text)
     assert response.status_code == 200, response.text
 
 
