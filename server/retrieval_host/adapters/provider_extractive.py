@@ -64,9 +64,8 @@ class _Sentence:
 
 # Markdown structure, as CommonMark spells it: a fence opens with 3+ backticks or tildes (and
 # may name a language) and closes with 3+ of the same character and nothing else; an ATX
-# heading is 1-6 `#` and a space (`#include <stdio.h>` and `# apt-get install` prompts are
-# text); a setext heading underlines its paragraph; a line indented 4 spaces after a blank
-# line is code.
+# heading is 1-6 `#` and a space or the line's end (`#include <stdio.h>` is text); a setext
+# heading underlines its paragraph; a line indented 4 spaces outside a paragraph is code.
 _FENCE = re.compile(r"^(`{3,}|~{3,})(.*)$")
 _ATX = re.compile(r"^#{1,6}(?:[ \t]+|$)")
 _SETEXT = re.compile(r"^(?:=+|-+)[ \t]*$")
