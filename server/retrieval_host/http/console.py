@@ -47,6 +47,7 @@ _SECURITY_HEADER_LINES: Final = tuple(
     (name.lower().encode("ascii"), value.encode("ascii"))
     for name, value in SECURITY_HEADERS.items()
 )
+_SECURITY_HEADER_NAMES: Final = frozenset(name for name, _ in _SECURITY_HEADER_LINES)
 ALLOWED_METHODS: Final = ("GET", "HEAD")
 ASSETS: Final = {
     "index.html": "text/html; charset=utf-8",
@@ -122,11 +123,14 @@ class ConsoleHeaders:
         if scope["type"] != "http" or not is_console_path(scope["path"]):
             await self.app(scope, receive, send)
             return
-        names = {name for name, _ in _SECURITY_HEADER_LINES}
 
         async def secured(message: Message) -> None:
             if message["type"] == "http.response.start":
-                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                kept = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.lower() not in _SECURITY_HEADER_NAMES
+                ]
                 message = {**message, "headers": [*kept, *_SECURITY_HEADER_LINES]}
             await send(message)
 

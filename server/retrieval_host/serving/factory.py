@@ -12,6 +12,7 @@ from pathlib import Path
 
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.driver import Driver
+from retrieval_host.serving.tls import warn_if_exposed
 from retrieval_host.settings import HostSettings, SettingsError
 
 _log = logging.getLogger("retrieval_host.serving")
@@ -122,9 +123,9 @@ def warn_of_idle_grants(settings: HostSettings, driver: Driver | None) -> None:
 
 
 def warn_of_exposed_secrets(settings: HostSettings) -> None:
-    """Log each secret file (`{"file": PATH}`: the PostgreSQL DSN, the TLS key's password,
-    a provider's key) that every user may read, as the TLS key itself is (`serving.tls`).
-    Group bits are left alone: a Kubernetes Secret mounted for the pod's fsGroup reads 0440."""
+    """Log each secret file (`{"file": PATH}`: the PostgreSQL DSN, the TLS key's password, a
+    provider's key, the example application's reranker key) that every user may read, as the
+    TLS key itself is (`serving.tls.warn_if_exposed`)."""
     named = [
         ("store.postgresDsn", settings.store.postgres_dsn),
         ("tls.keyPassword", settings.tls.key_password if settings.tls is not None else None),
@@ -133,7 +134,7 @@ def warn_of_exposed_secrets(settings: HostSettings) -> None:
             for n, p in settings.providers.items()
         ),
     ]
-    files = [(field, secret.file) for field, secret in named if secret is not None]
+    files = [(field, s.file) for field, s in named if s is not None and s.file is not None]
     # The example application's reranker key, in its free-form options (probe V).
     reranker = settings.application_options.get("reranker")
     key = reranker.get("apiKey") if isinstance(reranker, dict) else None
@@ -141,20 +142,7 @@ def warn_of_exposed_secrets(settings: HostSettings) -> None:
     if isinstance(file, str):
         files.append(("applicationOptions.reranker.apiKey", Path(file)))
     for field, named_file in files:
-        if named_file is None:
-            continue
-        path = settings.path(named_file)
-        try:
-            mode = path.stat().st_mode & 0o777
-        except OSError:
-            continue  # reading it says why, with the field's name
-        if mode & 0o007:
-            _log.warning(
-                "%s file %s is readable or writable by every user (mode %04o): chmod 0400 it",
-                field,
-                path,
-                mode,
-            )
+        warn_if_exposed(f"{field} file", settings.path(named_file))
 
 
 def close_driver(driver: Driver | None) -> None:

@@ -28,6 +28,24 @@ TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!MD5:!DSS"
 _log = logging.getLogger("retrieval_host.serving")
 
 
+def warn_if_exposed(field: str, path: Path) -> None:
+    """Log a secret file (the TLS key, a `{"file": ...}` secret) every user may read or
+    write (deploy/README: 0400 for the host's user). Group bits are left alone: a Kubernetes
+    Secret mounted for the pod's fsGroup reads 0440. A file that cannot be stat'ed is left to
+    its reader, which names the field."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return
+    if mode & 0o007:
+        _log.warning(
+            "%s %s is readable or writable by every user (mode %04o): chmod 0400 it",
+            field,
+            path,
+            mode,
+        )
+
+
 def server_context(
     cert_file: Path, key_file: Path, password: str | None = None, *, warn: bool = True
 ) -> ssl.SSLContext:
@@ -45,15 +63,8 @@ def server_context(
                 pass
         except OSError as exc:
             raise SettingsError(f"tls.{name}: cannot read {path}: {exc.strerror}") from None
-    mode = key_file.stat().st_mode & 0o777
-    if warn and mode & 0o007:
-        # The one secret file (deploy/README: 0400 for the host's user). Group bits are left
-        # alone: a Kubernetes Secret mounted for the pod's fsGroup reads 0440.
-        _log.warning(
-            "tls.keyFile %s is readable or writable by every user (mode %04o): chmod 0400 it",
-            key_file,
-            mode,
-        )
+    if warn:
+        warn_if_exposed("tls.keyFile", key_file)
 
     def no_password() -> str:
         # Called only for an encrypted key: without it OpenSSL prompted on the terminal (a
