@@ -253,9 +253,20 @@ def test_an_operator_signs_in_browses_searches_follows_a_citation_asks_and_inges
     expect(page.locator("#citation-check")).to_contain_text("0 invalid, 0 malformed")
     expect(page.locator("#run-id")).to_contain_text("run ")
     _shot(page, "07-ask")
+    answer_text = page.locator("#answer").inner_text()
+    run_line = page.locator("#run-id").inner_text()
+    cited = links.count()
     links.first.click()
     expect(page.locator("#cited")).to_contain_text("rotate")
     _shot(page, "08-cited-answer-passage")
+    # Back from the cited passage shows the same run's answer, read from its record.
+    page.go_back()
+    expect(page.locator("#run-phase")).to_have_text("completed")
+    expect(page.locator("#run-id")).to_have_text(run_line)
+    expect(page.locator("#answer")).to_have_text(answer_text)
+    expect(page.locator("#answer a.citation")).to_have_count(cited)
+    expect(page.locator("#citation-check")).to_contain_text("0 invalid, 0 malformed")
+    _shot(page, "08b-back-to-the-answer")
 
     # Ingest a Markdown file holding markup, watch it to the end, find it listed and searched.
     page.get_by_role("link", name="Ingest").click()
@@ -664,6 +675,14 @@ def test_an_answer_with_malformed_or_unknown_markers_fails_and_is_not_shown_as_o
     expect(page.locator("#answer pre.unchecked")).to_contain_text("[source:javascript:alert(1)]")
     expect(page.locator("#answer a")).to_have_count(0)
     _shot(page, "24-malformed-markers")
+    # Away and Back: the run's record says how it ended; the unchecked text is not kept.
+    page.get_by_role("link", name="Search").click()
+    page.go_back()
+    expect(page.locator("#run-phase")).to_have_text("failed")
+    expect(page.locator("#answer-note")).to_have_text(
+        "This run ended without an answer (failed, INVALID_CITATION)."
+    )
+    expect(page.locator("#answer a")).to_have_count(0)
     page.context.close()
 
 

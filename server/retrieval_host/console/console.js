@@ -762,7 +762,11 @@ function renderHits(target, body, result) {
 
 // --- ask ------------------------------------------------------------------------------------
 
-function askView(signal) {
+// The Ask page. Once a run starts, the address names it (`#/ask?run=ID&corpus=C`, replacing the
+// entry, so no extra Back step): following a citation and coming Back shows the run's record,
+// its answer with checked citations if it completed, what ended it if not. The question is not
+// in the address (addresses hold ids only) and the record does not keep it.
+async function askView(signal, params) {
   const corpora = corporaFor("search");
   const form = h("form", { class: "panel", id: "ask-form" },
     field("Corpus", select("corpus", corpora, corpora[0])),
@@ -813,7 +817,11 @@ function askView(signal) {
         const at = PHASES.indexOf(step);
         if (at > bar.value) bar.value = at;
         if (name === "run.progress" || name === "run.started") phase.textContent = step;
-        if (name === "run.started" && payload.runId) runId.replaceChildren(`run ${payload.runId}`);
+        if (name === "run.started" && payload.runId) {
+          runId.replaceChildren(`run ${payload.runId}`);
+          const names = new URLSearchParams({ run: payload.runId, corpus: body.retrieval.corpus });
+          history.replaceState(null, "", `${hash("ask")}?${names}`);
+        }
         if (name === "run.delta") append(answer, [named(payload.text)]);
         if (name === "run.completed") {
           outcome = "completed";
@@ -852,6 +860,36 @@ function askView(signal) {
     answer,
     after,
   );
+  const recorded = params.get("run");
+  if (recorded) {
+    const shown = { bar, phase, runId, answer, after, form };
+    await showRecordedRun(recorded, params.get("corpus"), shown, signal);
+  }
+}
+
+async function showRecordedRun(id, corpus, { bar, phase, runId, answer, after, form }, signal) {
+  runId.replaceChildren(`run ${id}`);
+  if (corpus && form.elements.corpus && [...form.elements.corpus.options].some((o) => o.value === corpus)) {
+    form.elements.corpus.value = corpus;
+  }
+  let record;
+  try {
+    record = await getJson(`/v1/runs/${segment(id)}`, signal);
+  } catch (error) {
+    if (signal.aborted) return;
+    phase.textContent = "not found";
+    showError(error);
+    return;
+  }
+  phase.textContent = record.status;
+  if (record.result) {
+    bar.value = PHASES.length - 1;
+    renderAnswer(answer, after, record.result, corpus || form.elements.corpus?.value);
+  } else {
+    append(answer, [h("p", { class: "notice", id: "answer-note" }, record.status === "running"
+      ? "This run is still running: reload the page to see its answer once it ends."
+      : `This run ended without an answer (${record.status}${record.errorCode ? `, ${record.errorCode}` : ""}).`)]);
+  }
 }
 
 // Text a run streamed before it failed or was stopped: the host checked none of its citations
@@ -1083,7 +1121,7 @@ async function render() {
     else if (route === "passage" && parts[2]) {
       await passageView(parts[1], parts[2], params.get("revision"), signal);
     } else if (route === "search") searchView(signal);
-    else if (route === "ask") askView(signal);
+    else if (route === "ask") await askView(signal, params);
     else if (route === "ingest") ingestView(signal);
     else show(h("h1", {}, "Not found"), h("p", {}, "No such page in the console."), link("#/corpora", "Corpora"));
   } catch (error) {
