@@ -519,6 +519,40 @@ def test_max_context_bytes_covers_every_search_of_a_run_together(
     assert all(p.text == DOCS[p.source_id] for p in seen[-1].evidence)
 
 
+def test_a_budget_cut_search_tells_the_model_which_of_its_hits_it_already_holds(
+    run_world: RunWorld,
+) -> None:
+    # Probe V: the tool message said only that the budget had no room, while the receipt
+    # listed a passage the run already held.
+    seen: list[GenerationRequest] = []
+
+    class TwoSearches:
+        kind = "test"
+
+        def generate(
+            self, request: GenerationRequest, cancel: CancelToken
+        ) -> Iterator[GenerationEvent]:
+            seen.append(request)
+            if request.step <= 2:
+                query = json.dumps({"query": "battery" if request.step == 1 else "battery solar"})
+                yield ToolCallRequested(ToolCall(f"c{request.step}", "search_context", query))
+            else:
+                yield TextDelta(" ".join(f"[source:{p.handle}]" for p in request.evidence))
+
+    budget = len(DOCS["battery"].encode()) + 5
+    retrieval = RunRetrieval(
+        corpus="library", mode="tool", limit=3, max_context_bytes=budget, search_mode="lexical"
+    )
+    request = RunRequest(provider="local", model="m", input="q", retrieval=retrieval)
+    result = run_world.with_provider("local", TwoSearches()).run(request, ALICE)
+    assert [r.status for r in result.receipts] == ["ok", "quota-exceeded"]
+    held = result.receipts[1].source_ids
+    assert [e.source_id for e in result.sources] == ["battery"] and held == [result.sources[0].id]
+    note = seen[-1].messages[-1].content
+    assert "no room for the new passages" in note
+    assert note.endswith(f"already in your evidence above: [source:{held[0]}].")
+
+
 def test_a_run_whose_byte_budget_leaves_out_every_match_says_so_not_no_evidence(
     run_world: RunWorld,
 ) -> None:

@@ -70,7 +70,11 @@ def tool_call(run: ActiveRun, spec: RunRetrieval, call: ToolCall) -> str | list[
     if receipt.status == "ok":
         return list(receipt.source_ids)
     if receipt.status == "quota-exceeded" and receipt.raw_hits:
-        return "The run's context budget has no room for the passages this search found."
+        note = "The run's context budget has no room for the new passages this search found."
+        if receipt.source_ids:  # its hits the run already holds: the model has read them
+            held = " ".join(f"[source:{i}]" for i in receipt.source_ids)
+            note += f" It also found these, already in your evidence above: {held}."
+        return note
     return {
         "duplicate": "This query was already searched in this run.",
         "quota-exceeded": "The search quota of this run is used up.",
