@@ -226,6 +226,56 @@ def test_mislabelled_8bit_text_reads_as_mail_readers_show_it(
     assert expected in prepared.chunks[0].text
 
 
+# Probe D (session 35): correct labels read as mojibake (unknown to Python) or losing the
+# characters their senders' supersets add, and a neighbour with each (髙橋 became "\ufffd煖ｴ").
+@pytest.mark.parametrize(
+    ("charset", "text", "encoding"),
+    [
+        ("iso-8859-8-i", "\u05e9\u05dc\u05d5\u05dd \u05e2\u05d5\u05dc\u05dd", "iso8859_8"),
+        ("windows-874", "\u0e40\u0e0b\u0e34\u0e23\u0e4c\u0e1f", "cp874"),
+        ("Windows-31J", "\u30b5\u30fc\u30d0\u30fc\u306f\u505c\u6b62", "cp932"),
+        ("x-gbk", "\u670d\u52a1\u5668\u5468\u4e8c", "gbk"),
+        ("x-mac-roman", "caf\u00e9 \u2014 fin", "mac_roman"),
+        ("gb2312", "\u6731\u9555\u57fa \u8bf4", "gbk"),  # 镕 is GBK, not GB 2312
+        ("Shift_JIS", "\u2460\u306e\u624b\u9806 \u9ad9\u6a4b\u3055\u3093", "cp932"),
+        ("ks_c_5601-1987", "\ub620\uc58c\uafcd", "cp949"),  # Outlook's label of CP949
+        ("iso-8859-9", "\u201cT\u00fcrk\u00e7e\u201d", "cp1254"),
+    ],
+)
+def test_a_label_reads_as_the_superset_its_senders_write(
+    count_tokens: TokenCounter, charset: str, text: str, encoding: str
+) -> None:
+    raw = docs.message(
+        text.encode(encoding),
+        content_type=f"text/plain; charset={charset}",
+        extra_headers=["Content-Transfer-Encoding: 8bit"],
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert prepared.chunks[0].text == text
+
+
+def test_iso_2022_jp_holds_the_windows_rows_and_encoded_subjects_their_supersets(
+    count_tokens: TokenCounter,
+) -> None:
+    # ① and ㈱ (NEC row 13) as Outlook and Thunderbird write them: Python's codec refuses the
+    # row, and its replacement ate the escape back to ASCII.
+    body = b"\x1b$B-!\x1b(B restart \x1b$B-j$3$s$K$A$O\x1b(B ok \x1b(I12\x1b(B."
+    subject = "=?gb2312?b?" + base64.b64encode("\u6731\u9555\u57fa".encode("gbk")).decode()
+    raw = docs.message(
+        body,
+        subject=subject + "?= =?iso-2022-jp?B?GyRCLSEbKEI=?= report",
+        content_type="text/plain; charset=ISO-2022-JP",
+        extra_headers=["Content-Transfer-Encoding: 7bit"],
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert prepared.chunks[0].text == (
+        "\u2460 restart \u3231\u3053\u3093\u306b\u3061\u306f ok \uff71\uff72."
+    )
+    assert prepared.source.title == "\u6731\u9555\u57fa\u2460 report"
+    messages: Any = prepared.source.metadata["messages"]
+    assert messages[0]["subject"] == prepared.source.title
+
+
 def test_raw_8bit_headers_read_as_text(count_tokens: TokenCounter) -> None:
     # A black-box test: latin-1 bytes in a Subject became U+FFFD in the title and metadata.
     raw = docs.message("Body.\n", subject="SUBJ").replace(

@@ -117,6 +117,17 @@ def test_the_declared_charset_decodes_and_utf8_is_the_default(
     assert "Café on the quay." in prepare(undeclared, count_tokens).chunks[0].text
     bom16 = "\ufeff<p>Café on the quay.</p>".encode("utf-16-le")
     assert "Café on the quay." in prepare(bom16, count_tokens).chunks[0].text
+    # Labels read as the HTML standard reads them (probe D, session 35): the superset of
+    # "gb2312" and "shift_jis", "windows-874" (unknown to Python), Latin-1 as windows-1252.
+    for label, text, encoding in [
+        ("gb2312", "朱镕基的报告", "gbk"),
+        ("shift_jis", "①の手順、髙橋さん", "cp932"),
+        ("windows-874", "เซิร์ฟเวอร์", "cp874"),
+        ("iso-8859-1", "“Café” – on the quay", "cp1252"),
+        ("us-ascii", "“Café” – on the quay", "cp1252"),
+    ]:
+        page = f'<meta charset="{label}"><p>{text}</p>'.encode(encoding)
+        assert prepare(page, count_tokens).chunks[0].text == text, label
 
 
 def test_a_line_shift_changes_the_revision_but_crlf_does_not(

@@ -47,7 +47,6 @@ windows-1252 too). Header values with raw 8-bit bytes are read the same way.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import itertools
 import logging
@@ -65,6 +64,7 @@ from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
 from retrieval_host.ingest._text import bounded, clip, normalize_text
+from retrieval_host.ingest.charsets import encoded_words, read_by_superset, read_text, utf8_or_1252
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
 from retrieval_host.ingest.html import visible_lines
 from retrieval_host.ingest.settings import (
@@ -101,8 +101,6 @@ _DASH_LINE: Final = re.compile(rb"^--([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _MSG_ID = re.compile(r"<[^<>\s]+>")
-# Codec names (`codecs.lookup(...).name`) read by `_utf8_or_1252` instead of as declared.
-_GUESSED_LABELS: Final = frozenset({"ascii", "iso8859-1", "latin-1", "utf-8"})
 _RAW_BYTE = re.compile("[\udc80-\udcff]")
 
 
@@ -429,7 +427,7 @@ def _collect(
         attachments.append(_attachment(part, content_type))
         return
     payload = _payload(part)
-    text = _decode(payload, _safe(part.get_content_charset))
+    text = read_text(payload, _safe(part.get_content_charset))
     if content_type == "text/html":
         html.bytes_left -= len(payload)
         if html.bytes_left < 0:
@@ -492,47 +490,6 @@ def _safe(getter: Callable[[], _T]) -> _T | None:
         return None
 
 
-def _decode(payload: bytes, charset: str | None) -> str:
-    """Bytes to text with the declared charset, replacing what does not decode.
-
-    An unknown charset, or a codec that is not a text encoding (`base64`, `zlib`, ... are
-    codecs too), reads as no label. No label, ASCII, ISO-8859-1 and UTF-8 labels go through
-    `_utf8_or_1252` (module docstring): the labels mailers get wrong.
-    """
-    name = None
-    if charset:
-        try:
-            info = codecs.lookup(charset)
-        except (LookupError, ValueError, TypeError):
-            info = None
-        if info is not None and getattr(info, "_is_text_encoding", True):
-            name = info.name
-    if name is None or name in _GUESSED_LABELS:
-        return _utf8_or_1252(payload)
-    try:
-        return payload.decode(name, errors="replace")
-    except Exception:  # a codec that fails anyway (some are stricter than "replace")
-        return _utf8_or_1252(payload)
-
-
-def _utf8_or_1252(data: bytes) -> str:
-    """UTF-8 where the bytes are UTF-8, and each byte that is not read as windows-1252 (its
-    `0x81`-style holes as U+FFFD): a Latin-1 message quoting one UTF-8 line keeps both its own
-    accents and the quote (a review: every accent became U+FFFD)."""
-    return data.decode("utf-8", errors=_CP1252_FALLBACK)
-
-
-def _cp1252_bytes(error: UnicodeError) -> tuple[str, int]:
-    if not isinstance(error, UnicodeDecodeError):
-        raise error
-    undecoded = error.object[error.start : error.end]
-    return bytes(undecoded).decode("windows-1252", errors="replace"), error.end
-
-
-_CP1252_FALLBACK: Final = "retrieval-host-cp1252"
-codecs.register_error(_CP1252_FALLBACK, _cp1252_bytes)
-
-
 def _message_id(message: Message, raw: bytes) -> str:
     value = _header(message, "Message-ID")
     if value is not None:
@@ -565,12 +522,16 @@ def _header(message: Message, name: str) -> str | None:
     """A header's decoded value, or its raw text if the structured parser trips over it.
 
     Raw 8-bit bytes in a header (against RFC 5322, common in old mailers) are read as text
-    is (`_utf8_or_1252`), not replaced by U+FFFD."""
+    is (`utf8_or_1252`), not replaced by U+FFFD."""
     for key, raw in message.raw_items():
         if key.lower() == name.lower():
             if isinstance(raw, str) and _RAW_BYTE.search(raw):
                 data = raw.encode("ascii", errors="surrogateescape")
-                return " ".join(_utf8_or_1252(data).split())
+                return " ".join(utf8_or_1252(data).split())
+            if isinstance(raw, str) and read_by_superset(raw):
+                words = encoded_words(raw)
+                if words is not None:
+                    return words
             break
     try:
         value = message.get(name)

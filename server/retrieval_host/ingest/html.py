@@ -26,7 +26,9 @@ and nothing recurses. Start tags are counted as they stream (`IngestLimits.max_h
 - Blocks: text of one block element (`p`, `li`, `td`, ...) stays in one passage when it fits;
   `<pre>` keeps its lines and indentation and is split by whole lines only.
 - Encoding: a byte-order mark, else a `<meta charset>` (or XML) declaration in the first
-  4 KiB (found by BeautifulSoup's `EncodingDetector`), else UTF-8 if the bytes are UTF-8,
+  4 KiB (found by BeautifulSoup's `EncodingDetector`; its label read as the HTML standard
+  reads it: ASCII and ISO-8859-1 as windows-1252, "gb2312" as GBK, "shift_jis" as
+  windows-31j, `charsets.text_codec`), else UTF-8 if the bytes are UTF-8,
   else windows-1252, the HTML standard's fallback. Undecodable bytes become U+FFFD: HTML is
   decoded the way browsers decode it, never refused for its encoding.
 """
@@ -45,6 +47,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import DocumentTooComplexReason, InvalidDocumentReason
 from retrieval_host.ingest._text import bounded, clip, normalize_text
+from retrieval_host.ingest.charsets import text_codec
 from retrieval_host.ingest.chunking import Block, Extracted, Segment
 from retrieval_host.ingest.settings import HTML, IngestLimits, invalid_document, too_complex
 
@@ -158,6 +161,9 @@ def _visible_text(sections: list[tuple[_Section, dict[int, str]]], line_count: i
     return "\n".join(" ".join(visible.get(n, ())) for n in range(1, line_count + 1))
 
 
+_AS_WINDOWS_1252: Final = {"ascii": "cp1252", "iso8859-1": "cp1252"}
+
+
 def _decode(data: bytes) -> str:
     for bom, encoding in _BOMS:
         if data.startswith(bom):
@@ -168,19 +174,12 @@ def _decode(data: bytes) -> str:
             "the bytes are not text, so they are not HTML.",
         )
     declared = EncodingDetector.find_declared_encoding(data[:DECLARATION_BYTES], is_html=True)
-    if declared:
-        try:
-            info = codecs.lookup(declared)
-        except LookupError:
-            info = None
-        # A declaration of UTF-16 in bytes that are not UTF-16 (no BOM) means UTF-8 (the
-        # HTML standard's rule); codecs that are not text encodings are never used.
-        if (
-            info is not None
-            and getattr(info, "_is_text_encoding", True)
-            and not info.name.startswith("utf-16")
-        ):
-            return data.decode(info.name, errors="replace")
+    # Read as the HTML standard reads the label (`charsets.text_codec`; ASCII and ISO-8859-1
+    # as windows-1252). A declaration of UTF-16 in bytes that are not UTF-16 (no BOM) means
+    # UTF-8 (the standard's rule); codecs that are not text encodings are never used.
+    name = text_codec(declared)
+    if name is not None and not name.startswith("utf-16"):
+        return data.decode(_AS_WINDOWS_1252.get(name, name), errors="replace")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
