@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import TimeoutReason
@@ -20,9 +21,29 @@ class CancelToken:
         self._event = threading.Event()
         self._idle = idle_timeout_s
         self._last = time.monotonic()
+        self._lock = threading.Lock()
+        self._linked: weakref.WeakSet[CancelToken] = weakref.WeakSet()
 
     def cancel(self) -> None:
+        """Cancel this token and every token linked to it (`LinkedCancel`), waking their
+        waits."""
         self._event.set()
+        with self._lock:
+            linked = list(self._linked)
+        for token in linked:
+            token.cancel()
+
+    def _link(self, token: CancelToken) -> None:
+        with self._lock:
+            self._linked.add(token)
+        if self._event.is_set():
+            token.cancel()
+
+    def _idle_left(self) -> float | None:
+        """Seconds until the inactivity timeout runs out; None without one."""
+        if self._idle is None:
+            return None
+        return self._idle - (time.monotonic() - self._last)
 
     @property
     def cancelled(self) -> bool:
@@ -37,8 +58,8 @@ class CancelToken:
     def wait(self, seconds: float) -> None:
         """Wait up to `seconds` (a backoff), ending at once when cancelled and at the latest
         when the inactivity timeout runs out (a wait is not progress); then `check`."""
-        if self._idle is not None:
-            left = self._idle - (time.monotonic() - self._last)
+        left = self._idle_left()
+        if left is not None:
             seconds = min(seconds, max(left, 0.0) + 0.001)
         if seconds > 0:
             self._event.wait(seconds)
@@ -63,6 +84,9 @@ class LinkedCancel(CancelToken):
     def __init__(self, parent: CancelToken, idle_timeout_s: float | None = None) -> None:
         super().__init__(idle_timeout_s)
         self._parent = parent
+        # The caller's cancel wakes this token's waits (a run's backoff went on for its whole
+        # Retry-After after the client had left: a black-box probe).
+        parent._link(self)
 
     @property
     def cancelled(self) -> bool:
@@ -74,6 +98,10 @@ class LinkedCancel(CancelToken):
 
     def idle_expired(self) -> bool:
         return self._parent.idle_expired() or super().idle_expired()
+
+    def _idle_left(self) -> float | None:
+        lefts = [x for x in (self._parent._idle_left(), super()._idle_left()) if x is not None]
+        return min(lefts) if lefts else None
 
     def check(self) -> None:
         self._parent.check()
