@@ -141,8 +141,10 @@ class APIStatusError(RetrievalHostError):
     `code` is the problem's stable code (switch on it, never on `title` or `detail`); for an
     error body that is not a problem document it is `HTTP_<status>`. `problem` is the parsed
     `application/problem+json` body, or None when there was none. `retry_after` is the
-    answer's `Retry-After` in seconds (the host sends one with `HOST_BUSY`), or None: the
-    client never retries on its own, so this is the caller's hint for when to.
+    answer's `Retry-After` in seconds (the host sends one with `HOST_BUSY`, and with a
+    `PROVIDER_FAILED` whose model asked to be left alone longer than a run waits), else the
+    problem's `retryAfter` (a stream's `run.failed` has no headers), or None: the client
+    never retries on its own, so this is the caller's hint for when to.
     """
 
     code = "HTTP_ERROR"
@@ -359,7 +361,7 @@ def error_from_problem(
         request_id=problem.request_id,
         reason=problem.reason,
         problem=problem,
-        retry_after=retry_after,
+        retry_after=retry_after if retry_after is not None else problem.retry_after,
     )
 
 

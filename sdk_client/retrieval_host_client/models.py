@@ -504,6 +504,9 @@ class Problem(_Response):
     request_id: str
     reason: str | None = None
     run_id: str | None = None
+    # Whole seconds the service behind a failure asked to be left alone (a model's 429
+    # `Retry-After`, which the host did not wait out): when to try again.
+    retry_after: int | None = None
 
 
 class ProtocolLimits(_Response):

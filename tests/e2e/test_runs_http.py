@@ -29,8 +29,9 @@ import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
+from retrieval_host_client import Problem, ProviderFailedError, validate_source_citations
 from retrieval_host_client import run_models as wire
-from retrieval_host_client import validate_source_citations
+from retrieval_host_client._errors import error_from_problem
 from tests.support.fake_openai import (
     DEFAULT_API_KEY,
     FakeOpenAI,
@@ -334,6 +335,14 @@ def test_a_run_asks_the_model_again_after_a_server_error_when_it_allows_attempts
     failed = stream_run(host, world.tokens["alice"], run_body(provider="fake", model="gpt-test"))
     problem = failed.events[-1]["problem"]
     assert (problem["code"], problem["reason"]) == ("PROVIDER_FAILED", "rate-limited")
+    # The model's Retry-After (1 s) reaches the caller, who decides when (probe B, session 35).
+    assert problem["retryAfter"] == 1
+    world.fake.set_chat_mode("rate-limited", times=1)
+    answered = post_run(host, world.tokens["alice"], run_body(provider="fake", model="gpt-test"))
+    assert answered.status_code == 502 and answered.headers["retry-after"] == "1"
+    assert answered.json()["retryAfter"] == 1
+    typed = error_from_problem(Problem.model_validate(problem))
+    assert isinstance(typed, ProviderFailedError) and typed.retry_after == 1
     too_many = post_run(
         host, world.tokens["alice"], run_body(provider="fake", model="gpt-test", maxAttempts=6)
     )

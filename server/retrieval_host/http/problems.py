@@ -15,7 +15,12 @@ from starlette.types import Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.http.auth import WWW_AUTHENTICATE
-from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
+from retrieval_host.wire.problems import (
+    PROBLEM_MEDIA_TYPE,
+    encode_problem,
+    problem_body,
+    retry_after,
+)
 
 logger = logging.getLogger("retrieval_host.http")
 # Failures of a model or service the host calls, whose details carry that service's words.
@@ -35,6 +40,8 @@ def error_response(
         headers = {"WWW-Authenticate": WWW_AUTHENTICATE}
     elif error.code is ErrorCode.HOST_BUSY:
         headers = {"Retry-After": "1"}  # as the limits middleware's own refusals say
+    elif (wait := retry_after(error)) is not None:
+        headers = {"Retry-After": str(wait)}  # the model's own word (a 429's Retry-After)
     if run_id is None:
         run_id = error.run_id
     return problem_response(error, request_id, headers=headers, run_id=run_id)
@@ -82,7 +89,13 @@ def problem_response(
 ) -> Response:
     code = status if status is not None else error.status
     body = problem_body(
-        error.code, error.detail, request_id, status=code, reason=error.reason, run_id=run_id
+        error.code,
+        error.detail,
+        request_id,
+        status=code,
+        reason=error.reason,
+        run_id=run_id,
+        retry_after_s=retry_after(error),
     )
     return Response(
         encode_problem(body),

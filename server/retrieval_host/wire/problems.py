@@ -8,8 +8,9 @@ carries the same fields and a request id.
 from __future__ import annotations
 
 import json
+import math
 
-from retrieval_host.core.errors import STATUS, TITLES, ErrorCode
+from retrieval_host.core.errors import STATUS, TITLES, ErrorCode, RetrievalError, TransientError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -27,6 +28,7 @@ def problem_body(
     status: int | None = None,
     reason: str | None = None,
     run_id: str | None = None,
+    retry_after_s: int | None = None,
 ) -> dict[str, object]:
     """The problem document. `status` overrides the table only for HTTP-level statuses that
     have no code of their own (404/405 for an unknown route or method, 408 for a slow client)."""
@@ -42,7 +44,17 @@ def problem_body(
         body["reason"] = reason
     if run_id is not None:
         body["runId"] = run_id
+    if retry_after_s is not None:
+        body["retryAfter"] = retry_after_s
     return body
+
+
+def retry_after(error: RetrievalError) -> int | None:
+    """Whole seconds the service behind a failure asked to be left alone (a model's 429 or 503
+    with `Retry-After`), for the caller to decide when to try again; None when it did not say."""
+    if isinstance(error, TransientError) and error.retry_after_s is not None:
+        return max(math.ceil(error.retry_after_s), 0)
+    return None
 
 
 def encode_problem(body: dict[str, object]) -> bytes:

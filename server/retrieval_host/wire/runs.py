@@ -27,7 +27,7 @@ from retrieval_host.core.runs_model import (
     RunRetrieval,
     RunStarted,
 )
-from retrieval_host.wire.problems import problem_body
+from retrieval_host.wire.problems import problem_body, retry_after
 from retrieval_host_client import run_models as wire
 
 
@@ -100,7 +100,12 @@ def event_json(event: RunEvent, request_id: str) -> dict[str, Any]:
         "type": event.type,
         "runId": event.run_id,
         "problem": problem_body(
-            error.code, error.detail, request_id, reason=error.reason, run_id=event.run_id or None
+            error.code,
+            error.detail,
+            request_id,
+            reason=error.reason,
+            run_id=event.run_id or None,
+            retry_after_s=retry_after(error),
         ),
     }
 
