@@ -55,6 +55,11 @@ __all__ = [
 Label = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 ]
+# A model name may also hold `@` (Vertex AI's `claude-3-5-sonnet-v2@20241022`).
+ModelName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"),
+]
 InputText = Annotated[str, StringConstraints(min_length=1, max_length=16_384, pattern=NOT_BLANK)]
 
 
@@ -134,7 +139,7 @@ class RunRequest(_Request):
     """A grounded generation request. `provider` must be granted to the caller's token."""
 
     provider: Label
-    model: Label
+    model: ModelName
     input: InputText
     retrieval: RunRetrieval | None = None
     output_artifact: OutputArtifactSpec | None = None

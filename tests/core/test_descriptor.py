@@ -13,6 +13,7 @@ from retrieval_host.core.descriptor import (
     stored_lexical,
 )
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host_client.run_models import RunRequest
 
 
 def _embedding(**overrides: object) -> EmbeddingDescriptor:
@@ -79,6 +80,22 @@ def test_secret_or_address_shaped_labels_are_refused(value: str) -> None:
 def test_plain_labels_are_accepted(value: str) -> None:
     # Words that begin as a vendor's key prefix does are labels (black-box probe A).
     assert check_label("corpus id", value) == value
+
+
+def test_a_model_name_may_hold_an_at_sign_and_other_labels_may_not() -> None:
+    # Probe B (session 35): Vertex AI names versions with `@`; README says the endpoint judges.
+    for name in ("claude-3-5-sonnet-v2@20241022", "gemini-1.5-pro@002"):
+        assert check_label("model", name, model=True) == name
+        with pytest.raises(RetrievalError):
+            check_label("provider", name)
+    with pytest.raises(RetrievalError, match="e-mail"):
+        check_label("model", "someone@example.com", model=True)
+    with pytest.raises(RetrievalError, match="@"):
+        check_label("model", "@latest", model=True)
+    wire = RunRequest.model_validate(
+        {"provider": "p", "model": "claude-3-5-sonnet-v2@20241022", "input": "q"}
+    )
+    assert wire.model == "claude-3-5-sonnet-v2@20241022"
 
 
 def test_mismatch_names_every_differing_field() -> None:

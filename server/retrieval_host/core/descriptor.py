@@ -21,6 +21,8 @@ from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, ANALYZERS, DEFAU
 from retrieval_host.core.models import JSONScalar
 
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+# A model name may also hold `@` (Vertex AI's `claude-3-5-sonnet-v2@20241022`).
+_MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
 _LABEL_MAX = 128  # characters, as `_LABEL` allows
 # Shapes of secrets that must never be used as a label (they end up in logs and descriptors).
 # Each vendor's prefix is matched with its separator and a key body that reads as random: a
@@ -42,27 +44,29 @@ _SECRET_SHAPES = (
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 
-def check_label(kind: str, value: str) -> str:
-    """Accept a non-secret identifier; reject anything shaped like a key, token or address."""
+def check_label(kind: str, value: str, *, model: bool = False) -> str:
+    """Accept a non-secret identifier; reject anything shaped like a key, token or address.
+    `model`: a model name, which may also hold `@`."""
     if not 1 <= len(value) <= _LABEL_MAX:
         # The length rule answers first: a long plain id (130 characters of `my-corpus-...`)
         # was refused as secret-shaped by the run-of-key-material rule below.
-        raise _not_a_label(kind)
+        raise _not_a_label(kind, model=model)
     if _EMAIL.search(value):
         raise RetrievalError(ErrorCode.INVALID_REQUEST, f"{kind} must not be an e-mail address.")
     if any(p.search(value) for p in _SECRET_SHAPES):
         raise RetrievalError(
             ErrorCode.INVALID_REQUEST, f"{kind} looks like a secret; use a non-secret label."
         )
-    if not _LABEL.match(value):
-        raise _not_a_label(kind)
+    if not (_MODEL if model else _LABEL).match(value):
+        raise _not_a_label(kind, model=model)
     return value
 
 
-def _not_a_label(kind: str) -> RetrievalError:
+def _not_a_label(kind: str, *, model: bool = False) -> RetrievalError:
     return RetrievalError(
         ErrorCode.INVALID_REQUEST,
-        f"{kind} must be 1-128 characters of letters, digits and . _ : / -",
+        f"{kind} must be 1-128 characters of letters, digits and . _ : / -"
+        + (" @" if model else ""),
     )
 
 

@@ -73,6 +73,8 @@ _PATTERN_WORDS: Final = {
     "^[0-9a-f]+$": "must be lowercase hexadecimal digits",
     r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$": "must start with a letter or digit and hold only letters, "
     "digits and . _ : / -",
+    r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$": "must start with a letter or digit and hold only "
+    "letters, digits and . _ : / @ -",
 }
 
 

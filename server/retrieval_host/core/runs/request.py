@@ -86,7 +86,7 @@ def check_model(provider: object, request: RunRequest) -> None:
 def check_run_request(request: RunRequest) -> None:
     """Raise `INVALID_REQUEST` for a request no run may start from."""
     check_label("provider", request.provider)
-    check_label("model", request.model)
+    check_label("model", request.model, model=True)
     if (
         not isinstance(request.input, str)
         or not request.input.strip()
