@@ -93,6 +93,7 @@ ChatMode = Literal[
     "rate-limited",  # 429 with an OpenAI error body
     "drop-connection",  # closes the socket without answering
     "ignore-stream",  # one `chat.completion` JSON object although `stream` was requested
+    "html-page",  # 200 with an HTML page (a baseUrl that is not the API's, a proxy's page)
 ]
 
 
@@ -832,6 +833,10 @@ def _chat_completions(server: FakeOpenAI, request: RecordedRequest, _: int) -> R
     bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
     if mode == "drop-connection":
         return Reply(drop=True)
+    if mode == "html-page":
+        return Reply(
+            200, b"<html><body>Sign in to the portal</body></html>", content_type="text/html"
+        )
     if mode == "server-error":
         return openai_error(
             500,

@@ -233,6 +233,13 @@ class OpenAIChatProvider:
             cancel.progress()
             yield from stream.completion(raw, key)
             return
+        if media_type in _PAGES:
+            # A baseUrl that is not the API's, or a proxy's page: not a stream that ended early
+            # (which points at the connection, and is retried; probe B, session 35).
+            raise malformed(
+                f"a {media_type} page with status 200, not an event stream or JSON (is baseUrl "
+                "the API's?)."
+            )
         decoder = SSEDecoder()
         # iter_bytes, not iter_raw: a proxy may compress the stream.
         for chunk in resp.iter_bytes():
@@ -295,6 +302,9 @@ def _tool(t: ToolSpec) -> dict[str, Any]:
             "parameters": dict(t.parameters),
         },
     }
+
+
+_PAGES: Final = frozenset({"text/html", "application/xhtml+xml"})
 
 
 def _status_error(
