@@ -166,6 +166,38 @@ def test_a_pdf_without_a_text_layer_says_so(count_tokens: TokenCounter) -> None:
     assert caught.value.reason == "pdf-no-text-layer"
 
 
+@pytest.mark.parametrize(
+    "labels",
+    [["Page 1", "Page 2"], ["- 1 -", "2 of 2"], ["ACME000123", "ACME000124"], ["1", "p. 2"]],
+)
+def test_a_scan_whose_only_text_is_its_page_numbers_has_no_text_layer(
+    count_tokens: TokenCounter, labels: list[str]
+) -> None:
+    # Probe A (session 35): a scanned contract with a digital page number was "indexed" as
+    # passages "Page 1" and "Page 2", while without them it was refused as needing OCR.
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(
+            docs.text_pdf([[label] for label in labels]),
+            "application/pdf",
+            source_id="x",
+            token_counter=count_tokens,
+        )
+    assert (caught.value.code, caught.value.reason) == (
+        ErrorCode.INVALID_DOCUMENT,
+        "pdf-no-text-layer",
+    )
+    assert "only text is page numbers" in caught.value.detail
+    # A page of text keeps its number; a page of only a number beside it is not a passage.
+    prepared = prepare_document(
+        docs.text_pdf([["Harbour dues are paid monthly.", "Page 1"], ["Page 2"]]),
+        "application/pdf",
+        source_id="x",
+        token_counter=count_tokens,
+    )
+    assert [c.location.page for c in prepared.chunks] == [1]
+    assert prepared.source.metadata["pagesWithText"] == 1
+
+
 def test_a_page_whose_glyphs_no_font_maps_is_a_page_without_text(
     count_tokens: TokenCounter,
 ) -> None:
@@ -205,21 +237,37 @@ def test_a_damaged_page_refuses_the_pdf_and_is_named(count_tokens: TokenCounter)
         "pdf-malformed",
     )
     assert caught.value.detail.startswith("page 2 of the PDF could not be read")
+    # So is a page whose stream does not decode, found while the streams are measured (probe
+    # A, session 35: "the PDF could not be read").
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(
+            docs.undecodable_stream_pdf(),
+            "application/pdf",
+            source_id="x",
+            token_counter=count_tokens,
+        )
+    assert caught.value.reason == "pdf-malformed"
+    assert caught.value.detail.startswith("page 2 of the PDF could not be read")
 
 
 @pytest.mark.parametrize(
-    "data",
+    ("data", "said"),
     [
-        pytest.param(docs.one_page_pdf()[:180], id="truncated"),
-        pytest.param(b"%PDF-1.7\n" + bytes(range(256)) * 8, id="garbage-after-header"),
-        pytest.param(docs.cyclic_page_tree_pdf(), id="cyclic-page-tree"),
+        # A file cut short says so (probe A, session 35): its sender can fetch it again.
+        pytest.param(docs.one_page_pdf()[:180], "looks cut short", id="truncated"),
+        pytest.param(
+            docs.one_page_pdf().rstrip().removesuffix(b"%%EOF"), "looks cut short", id="no-eof"
+        ),
+        pytest.param(b"%PDF-1.7\n" + bytes(range(256)) * 8, "cut short", id="garbage-after-header"),
+        pytest.param(docs.cyclic_page_tree_pdf(), "could not be read", id="cyclic-page-tree"),
     ],
 )
-def test_an_unreadable_pdf_is_malformed(data: bytes, count_tokens: TokenCounter) -> None:
+def test_an_unreadable_pdf_is_malformed(data: bytes, said: str, count_tokens: TokenCounter) -> None:
     with pytest.raises(RetrievalError) as caught:
         prepare_document(data, "application/pdf", source_id="x", token_counter=count_tokens)
     assert caught.value.code == ErrorCode.INVALID_DOCUMENT
     assert caught.value.reason == "pdf-malformed"
+    assert said in caught.value.detail
 
 
 def test_a_page_whose_content_is_not_a_stream_refuses_the_document(

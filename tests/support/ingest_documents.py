@@ -126,7 +126,13 @@ def damaged_page_pdf() -> bytes:
     )
 
 
-def _after_a_readable_page(content: bytes, *, first: bool = True) -> bytes:
+def undecodable_stream_pdf() -> bytes:
+    """Two pages; the second's content stream is filtered ASCII85 but holds other bytes (a
+    damaged stream, which pypdf fails to decode before any text is read)."""
+    return _after_a_readable_page(b"\xff\xfe\x80 not ascii85 at all ~>", filters=b"/ASCII85Decode")
+
+
+def _after_a_readable_page(content: bytes, *, first: bool = True, filters: bytes = b"") -> bytes:
     """A PDF of a page drawing `content`, after a readable page when `first`."""
     kids = b"[3 0 R 6 0 R]" if first else b"[6 0 R]"
     return assemble_pdf(
@@ -137,7 +143,7 @@ def _after_a_readable_page(content: bytes, *, first: bool = True) -> bytes:
             4: _stream(_HELLO),
             5: _FONT,
             6: _page(7),
-            7: _stream(content),
+            7: _stream(content, b" /Filter " + filters if filters else b""),
         }
     )
 

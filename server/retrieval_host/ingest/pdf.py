@@ -18,8 +18,10 @@ pypdf repairs what it safely can) under tighter resource bounds than pypdf's def
 Outcomes: a limit → `PAYLOAD_TOO_LARGE` (`pages`, `bytes` or `pdf-resource-limit`); a
 password → `INVALID_DOCUMENT`/`pdf-encrypted` (a file encrypted with an empty user password,
 i.e. only restricted by an owner password, opens as any viewer would open it); no text on any
-page → `pdf-no-text-layer` (scanned images need OCR first); anything pypdf cannot read →
-`pdf-malformed`. Line numbers count the lines of `page.extract_text()` for that page, from 1.
+page → `pdf-no-text-layer` (scanned images need OCR first; a page whose only text is its
+page number or a Bates stamp counts as a page without text, and is not indexed); anything
+pypdf cannot read → `pdf-malformed`. Line numbers count the lines of `page.extract_text()`
+for that page, from 1.
 """
 
 from __future__ import annotations
@@ -110,10 +112,29 @@ _pypdf_logger.propagate = False
 _pypdf_logger.addHandler(_PYPDF_LOG)
 
 
+# A line that only numbers its page: "3", "- 3 -", "Page 3", "p. 3 of 12", "3/12", or a Bates
+# stamp ("ACME000123").
+_PAGE_LABEL: Final = re.compile(
+    r"(?:(?:page|pg\.?|p\.|seite|p[aá]gina)\s*)?[-–—]?\s*\d{1,6}\s*(?:(?:of|/|von|de)\s*\d{1,6})?"
+    r"\s*[-–—]?|[A-Z]{2,10}[-_ ]?\d{4,10}",
+    re.IGNORECASE,
+)
+
+
+def _only_page_labels(page_text: str) -> bool:
+    """The page's every line that holds text is a page number or a Bates stamp."""
+    lines = [line.strip() for line in page_text.split("\n") if line.strip()]
+    return bool(lines) and all(_PAGE_LABEL.fullmatch(line) for line in lines)
+
+
 def _mostly_undecodable(page_text: str) -> bool:
     """At least half of the page's visible characters are U+FFFD."""
     unreadable = page_text.count(REPLACEMENT)
     return unreadable > 0 and 2 * unreadable >= sum(not c.isspace() for c in page_text)
+
+
+# The PDF standard puts `%%EOF` in the last 1024 bytes of a file.
+_EOF_WINDOW: Final = 1024
 
 
 class _PageUnreadable(Exception):
@@ -171,9 +192,18 @@ def extract_pdf(
         # pypdf raises many exception types on hostile input (its own, ValueError, KeyError,
         # struct.error, ...); whichever it is, the file is unreadable, not the host broken.
         _log.info("unreadable PDF: %s", type(exc).__name__)
-        raise invalid_document(
-            InvalidDocumentReason.PDF_MALFORMED, "the PDF could not be read."
-        ) from exc
+        raise invalid_document(InvalidDocumentReason.PDF_MALFORMED, _unreadable(data)) from exc
+
+
+def _unreadable(data: bytes) -> str:
+    """Why a PDF pypdf cannot read is refused: one that does not end with `%%EOF` looks cut
+    short (a partial download or copy), which its sender can fix (probe A, session 35)."""
+    if b"%%EOF" not in data[-_EOF_WINDOW:]:
+        return (
+            "the PDF could not be read: it does not end with %%EOF, so it looks cut short "
+            "(a partial download or copy?)."
+        )
+    return "the PDF could not be read."
 
 
 def _extract(
@@ -233,6 +263,7 @@ def _extract(
     texts: list[str] = []
     total = 0
     undecodable = 0  # pages whose every glyph extracted as U+FFFD
+    labelled = 0  # pages whose only text is a page number or a Bates stamp
     segments: list[Segment] = []
     for number, page in enumerate(pages, start=1):
         if cancel is not None:
@@ -260,6 +291,11 @@ def _extract(
         texts.append(page_text)
         if not page_text.strip():
             continue
+        if _only_page_labels(page_text):
+            # A scanned page whose only text layer is its page number or Bates stamp: no
+            # text to index (probe A, session 35: a scan indexed as passages "Page 1", ...).
+            labelled += 1
+            continue
         if _mostly_undecodable(page_text):
             # Its glyphs came out as U+FFFD (a font without a usable encoding or ToUnicode
             # map), but for a page number or so: a passage of replacement characters is no text
@@ -273,6 +309,8 @@ def _extract(
             InvalidDocumentReason.PDF_NO_TEXT_LAYER,
             "the PDF's text cannot be decoded (its fonts map no glyph to a character)."
             if undecodable
+            else "the PDF's only text is page numbers (scanned pages need OCR before ingestion)."
+            if labelled
             else "the PDF has no text layer (scanned pages need OCR before ingestion).",
         )
 
@@ -315,6 +353,12 @@ def _check_content_streams(
                 # One stream decodes past `MAX_STREAM_OUTPUT` (pypdf stops it): a page whose
                 # content is too large, like several streams adding up past the limit.
                 raise _content_too_large(limits) from exc
+            except RetrievalError:
+                raise
+            except Exception as exc:
+                # A stream that does not decode (a damaged Flate or ASCII85 filter) names its
+                # page, as one that fails at extraction does (probe A, session 35).
+                raise _PageUnreadable(number) from exc
             if data is None:
                 break
             page_bytes += len(data)
