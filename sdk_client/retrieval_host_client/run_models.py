@@ -100,9 +100,10 @@ class CitationPolicy(_Request):
     """Ask the host to check the answer's citations before the run completes: every
     `[source:ID]` well formed and in the run's manifest (re-authorized at its current
     revision), at least one when `require`, and with `quotes` every text quoted next to a
-    citation found in that passage (whitespace-normalized). A failed check fails the run with
-    `INVALID_CITATION` (reasons `malformed-marker`, `unknown-source`, `no-citation`,
-    `quote-not-in-passage`)."""
+    citation found in that passage (whitespace-normalized, compatibility forms such as
+    ligatures folded, a word hyphenated at a line end matched hyphenated or joined). A failed
+    check fails the run with `INVALID_CITATION` (reasons `malformed-marker`,
+    `unknown-source`, `no-citation`, `quote-not-in-passage`)."""
 
     require: bool = True
     quotes: bool = True

@@ -3,6 +3,9 @@ and quotes placed next to a citation, each failure typed, the report per cited p
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -120,3 +123,115 @@ def test_quotes_belong_to_their_own_marker_on_one_long_line_and_after_a_line_bre
     # A quote on an earlier line belongs to no marker of a later one.
     spread = '"not in any passage"\nThen [source:solar-1].'
     assert check_citations(spread, EVIDENCE, CHECK).cited == [CitedSource("solar-1", ())]
+
+
+def pdf_evidence(text: str) -> dict[str, EvidencePassage]:
+    return {"pdf-1": EvidencePassage("pdf-1", "pdf", "r1", "Licence", Location(page=2), text)}
+
+
+def found_in(passage_text: str, quote: str) -> bool:
+    """Whether `quote`, next to a citation of a passage holding `passage_text`, is found; and
+    when it is not, that the check fails the answer for it."""
+    answer = f'It says "{quote}" [source:pdf-1].'
+    evidence = pdf_evidence(passage_text)
+    report = check_citations(answer, evidence, CitationPolicy(quotes=False))
+    (cited,) = report.cited
+    (check,) = cited.quotes
+    assert check.text == quote
+    if check.found:
+        assert check_citations(answer, evidence, CHECK).cited == report.cited
+    else:
+        with pytest.raises(RetrievalError, match="quote at character 8 ") as excinfo:
+            check_citations(answer, evidence, CHECK)
+        assert excinfo.value.reason == "quote-not-in-passage"
+    return check.found
+
+
+def test_a_ligature_glyph_reads_as_its_letters_on_either_side() -> None:
+    # pypdf gives a ligature glyph as U+FB01 `ﬁ`; a model quoting the plain word was refused
+    # while the Markdown twin of the same licence passed (a black-box probe).
+    pdf = "whose speci\ufb01cation is available to the general public"
+    assert found_in(pdf, "whose specification is available")
+    assert found_in(pdf, "whose speci\ufb01cation is available")
+    assert found_in("whose specification is available", "speci\ufb01cation")
+    assert found_in("an e\ufb03cient and \ufb02at \ufb00ect", "efficient and flat ffect")
+    # Other encodings of the same text: full-width letters, a decomposed accent.
+    assert found_in("the \uff30\uff24\uff26 caf\u0065\u0301 menu", "the PDF café menu")
+    # Folded, not loosened: another letter, or another case, is still not in the passage.
+    assert not found_in(pdf, "whose specitication")
+    assert not found_in(pdf, "Whose specification")
+    assert not found_in("whose specitication", "speci\ufb01cation")
+
+
+def test_a_word_hyphenated_at_a_line_end_is_found_hyphenated_or_joined() -> None:
+    pdf = "the same conditions they recei-\nved it, and may"
+    for quote in ("they received it", "they recei-ved it", "they recei- ved it", "recei-"):
+        assert found_in(pdf, quote), quote
+    # Spaces around the line break, a Unicode hyphen, a soft hyphen: the same word.
+    assert found_in("they recei- \n  ved it", "they received it")
+    assert found_in("they recei\u2010\nved it", "they received it")
+    assert found_in("they recei\u2010\nved it", "they recei\u2010ved it")
+    assert found_in("they recei\u00ad\nved it", "they received it")
+    assert found_in("they recei\u00ad\nved it", "they recei-ved it")
+    # Several in one quote, each read its own way, with a ligature on the next line.
+    two = "a recei-\nved speci-\n\ufb01cation and well-\nknown terms"
+    assert found_in(two, "a received speci-fication and well-known terms")
+    assert found_in(two, "a recei- ved specification and wellknown terms")
+    # The quote is matched as text, not as a pattern.
+    assert found_in("see (a.b* recei-\nved) [x]", "(a.b* received) [x]")
+    assert not found_in("see (a.b* recei-\nved) [x]", "(axb* received) [x]")
+
+
+def test_a_hyphenated_line_end_accepts_nothing_but_the_word() -> None:
+    pdf = "the same conditions they recei-\nved it, and may"
+    for quote in (
+        "they receiXved it",  # a letter where the break is
+        "they recei ved it",  # the hyphen dropped but the halves kept apart
+        "they receved it",  # a letter lost
+        "they recei--ved it",
+        "they recei-Xved it",
+        "they Received it",
+    ):
+        assert not found_in(pdf, quote), quote
+    # Only at a line end between word characters: a hyphen mid-line, a dash before a line
+    # break and a hyphen before a blank line are text as written.
+    assert not found_in("a well-known term", "a wellknown term")
+    assert not found_in("the rest -\nand more", "the rest and more")
+    assert found_in("the rest -\nand more", "the rest - and more")
+    assert not found_in("the rest-\n\nand more", "the restand more")
+
+
+def test_a_soft_hyphen_no_reader_sees_is_ignored_on_either_side() -> None:
+    assert found_in("a speci\u00adfication", "a specification")
+    assert found_in("a specification", "a speci\u00adfication")
+    assert not found_in("a speci\u00adfication", "a speciXfication")
+
+
+def test_hyphenated_line_ends_are_read_each_its_own_way_and_nothing_else() -> None:
+    # Against every reading spelled out: passages of line pieces joined by `-` and a line break,
+    # quotes cut from one reading (some with a character changed) or made up.
+    rng = random.Random(35)
+    for _ in range(1500):
+        lines = [_line(rng) for _ in range(rng.randint(2, 4))]
+        readings = [
+            lines[0] + "".join(r + line for r, line in zip(choice, lines[1:], strict=True))
+            for choice in itertools.product(("", "-", "- "), repeat=len(lines) - 1)
+        ]
+        cut = rng.choice(readings)
+        start = rng.randrange(len(cut))
+        quote = list(cut[start : rng.randint(start + 1, len(cut))])
+        if rng.random() < 0.5:
+            quote[rng.randrange(len(quote))] = rng.choice("ab- ")
+        if rng.random() < 0.2:
+            quote = [rng.choice("ab- ") for _ in range(rng.randint(1, 6))]
+        said = " ".join("".join(quote).split())
+        if not said:
+            continue
+        expected = any(said in reading for reading in readings)
+        assert found_in("-\n".join(lines), said) is expected, (lines, said)
+
+
+def _line(rng: random.Random) -> str:
+    """A piece of a line that starts and ends with a letter, so each join is a break."""
+    middle = "".join(rng.choice("ab- -") for _ in range(rng.randint(0, 5)))
+    return " ".join(f"{rng.choice('ab')}{middle}{rng.choice('ab')}".split())
