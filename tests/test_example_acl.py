@@ -24,6 +24,7 @@ from retrieval_host.core.models import (
     SourceInfo,
 )
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.reasons import SourceConflictReason
 from retrieval_host.core.service import RetrievalService
 from retrieval_host.example_acl import FileAcl, acl_file_content, create_driver
 from retrieval_host.settings import HostSettings, SettingsError
@@ -220,7 +221,11 @@ def test_a_commit_whose_writer_died_before_the_application_heard_of_it_stays_usa
                     driver.close()
         with pytest.raises(RetrievalError) as stale:
             host.delete_context(DeleteRequest("library", "handbook", "r1"), alice)
-        assert stale.value.code in (ErrorCode.SOURCE_UNAVAILABLE, ErrorCode.SOURCE_CONFLICT)
+        # The writer learns that another replaced it: fetch the current revision and retry.
+        assert (stale.value.code, stale.value.reason) == (
+            ErrorCode.SOURCE_CONFLICT,
+            SourceConflictReason.STALE_REVISION,
+        )
         assert (
             host.delete_context(DeleteRequest("library", "handbook", "r2"), alice).deleted_chunks
             == 1

@@ -519,3 +519,41 @@ def test_corpus_totals_count_a_source_replaced_while_they_are_read(world: World,
     [summary] = world.service.list_corpora(world.context())
     assert (summary.sources, summary.passages) == (2, 3)
     assert world.acl.searches == 4  # grant, check after; again: grant, check after
+
+
+# --- found by a black-box test (session 35) ---------------------------------------------
+
+
+def _size(source_id: str, revision: str) -> int:
+    return sum(len(text.encode("utf-8")) for text in texts(source_id, revision))
+
+
+def test_corpus_totals_count_a_source_replaced_while_another_is_deleted(world: World) -> None:
+    """The check after the read no longer granted a deleted source, and the totals were
+    counted again at the first grant's revisions with no check after: a source replaced in
+    between counted nothing though it existed throughout (11-50 of 1,200-4,600 reads)."""
+    world.acl.before = world.delete_at(2, "b", "r1")
+    world.acl.after = world.replace_at(2, "a", "r2")  # once the check has granted a@r1
+    [summary] = world.service.list_corpora(world.context())
+    assert (summary.sources, summary.passages, summary.bytes) == (1, 2, _size("a", "r2"))
+    assert world.acl.searches == 4  # grant, check after; again: grant, check after
+
+
+def test_corpus_totals_never_count_a_source_deleted_after_each_read(world: World) -> None:
+    """A source deleted after every read and added again before the next grant: the totals
+    stop after `GRANT_ATTEMPTS` reads, and count the other source only."""
+    revisions = (f"r{n}" for n in itertools.count(2))
+    current = ["r1"]
+
+    def churn(n: int) -> None:
+        if n % 2 == 0:  # the check after each read
+            request = DeleteRequest(CORPUS, "b", current[0])
+            world.writer.run(lambda: world.writing.delete_context(request, RequestContext("w")))
+        elif n > 1:  # each grant after the first
+            current[0] = next(revisions)
+            world.writer.run(lambda: world.index("b", current[0]))
+
+    world.acl.before = churn
+    [summary] = world.service.list_corpora(world.context())
+    assert (summary.sources, summary.passages, summary.bytes) == (1, 2, _size("a", "r1"))
+    assert world.acl.searches == 2 * GRANT_ATTEMPTS

@@ -80,7 +80,9 @@ POSITIVE_STATUSES = {
     "/v1/retrieval/index": {200, 409, 413, 422},
     # An ingest may also outlive the idle timeout it chose itself (408).
     "/v1/retrieval/ingest": {200, 408, 409, 413, 422},
-    "/v1/retrieval/delete": {200, 404},
+    # A delete may also name another revision of a source an earlier case indexed (409
+    # `stale-revision`).
+    "/v1/retrieval/delete": {200, 404, 409},
     # A run may also find no evidence or meet relations the schema cannot state (422), name
     # an unavailable source (404), replay a failed run's key (409), or outlive the idle
     # timeout it chose itself (408).

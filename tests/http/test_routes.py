@@ -90,6 +90,46 @@ async def test_index_search_delete_round_trip_with_prepared_passages(
     assert "faq" not in http_world.registry.current(CORPUS, "team")
 
 
+async def test_a_delete_naming_a_replaced_revision_answers_409_stale_revision(
+    client: httpx.AsyncClient, http_world: World
+) -> None:
+    """The example application grants a delete at the store's current revision: a delete of
+    an older one answered 404, as for a source never stored (a black-box test), where the
+    writer needs to tell "replaced: fetch the revision and retry" from "gone"."""
+    auth = _auth(http_world)
+    for revision in ("v1", "v2"):
+        index = {
+            "corpus": CORPUS,
+            "source": {"id": "stale-del", "revision": revision, "title": "Stale"},
+            "chunks": [{"id": f"stale-del-{revision}", "text": f"Kettle notes, {revision}."}],
+        }
+        indexed = await client.post("/v1/retrieval/index", json=index, headers=auth)
+        assert indexed.status_code == 200, indexed.text
+
+    def delete(source_id: str, revision: str) -> dict[str, str]:
+        return {"corpus": CORPUS, "sourceId": source_id, "revision": revision}
+
+    stale = await client.post("/v1/retrieval/delete", json=delete("stale-del", "v1"), headers=auth)
+    assert _problem(stale, 409, "SOURCE_CONFLICT")["reason"] == "stale-revision"
+    # A subject that may delete a source it may not search learns that it is stored, not at
+    # which revision.
+    hidden = await client.post(
+        "/v1/retrieval/delete", json=delete("secret", "r0"), headers=_auth(http_world, "alice")
+    )
+    assert _problem(hidden, 409, "SOURCE_CONFLICT")["reason"] == "stale-revision"
+    assert "r1" not in hidden.text
+
+    deleted = await client.post(
+        "/v1/retrieval/delete", json=delete("stale-del", "v2"), headers=auth
+    )
+    assert deleted.status_code == 200, deleted.text
+    gone = await client.post("/v1/retrieval/delete", json=delete("stale-del", "v1"), headers=auth)
+    never = await client.post("/v1/retrieval/delete", json=delete("never-was", "v1"), headers=auth)
+    gone_body = _problem(gone, 404, "SOURCE_UNAVAILABLE")
+    never_body = _problem(never, 404, "SOURCE_UNAVAILABLE")
+    assert {**gone_body, "requestId": ""} == {**never_body, "requestId": ""}
+
+
 async def test_ingest_takes_the_raw_document_with_its_content_type(
     client: httpx.AsyncClient, http_world: World
 ) -> None:
