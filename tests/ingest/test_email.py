@@ -276,6 +276,33 @@ def test_iso_2022_jp_holds_the_windows_rows_and_encoded_subjects_their_supersets
     assert messages[0]["subject"] == prepared.source.title
 
 
+@pytest.mark.parametrize(
+    ("delsp", "expected"),
+    [
+        # Apple Mail's soft line ends: a word broken at one is whole again (probe D, session
+        # 35: `archi ving` was stored, and lexical search for `archiving` found nothing).
+        ("yes", "The retention rule for archiving applies to every mailbox."),
+        ("no", "The retention rule for archi ving applies to every mailbox."),
+    ],
+)
+def test_format_flowed_text_reads_as_its_reader_shows_it(
+    count_tokens: TokenCounter, delsp: str, expected: str
+) -> None:
+    soft = " " if delsp == "yes" else ""
+    body = (
+        f"The retention rule for archi \nving applies to every {soft}\nmailbox.\n\n"
+        f"> An earlier {soft}\n> note.\n"
+        "-- \nAlice\n"
+    )
+    raw = docs.message(
+        body, content_type=f"text/plain; charset=utf-8; format=flowed; delsp={delsp}"
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    text = prepared.chunks[0].text
+    assert text.split("\n")[:3] == [expected, "", "> An earlier note."]
+    assert text.endswith("-- \nAlice") or text.endswith("--\nAlice")
+
+
 def test_raw_8bit_headers_read_as_text(count_tokens: TokenCounter) -> None:
     # A black-box test: latin-1 bytes in a Subject became U+FFFD in the title and metadata.
     raw = docs.message("Body.\n", subject="SUBJ").replace(

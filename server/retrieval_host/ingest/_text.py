@@ -35,6 +35,36 @@ def normalize_text(text: str) -> str:
     return _SURROGATES.sub("\ufffd", text)
 
 
+def unflowed(text: str, *, delsp: bool) -> str:
+    """`format=flowed` text (RFC 3676) as its reader shows it: a line ending in a space goes
+    on in the next line of the same quote depth (with `delsp`, without that space, so a word
+    a mailer broke at a soft line end is whole again); space-stuffing is removed; `-- ` (a
+    signature separator) is a line of its own. Each paragraph keeps its first line's quote
+    markers."""
+    out: list[str] = []
+    paragraph: list[str] = []
+    prefix, depth = "", -1
+    for line in text.split("\n"):
+        quotes = len(line) - len(line.lstrip(">"))
+        body = line[quotes:]
+        marker = line[:quotes]
+        if body.startswith(" "):  # stuffed (or the space after `>` markers)
+            body, marker = body[1:], marker + " " if quotes else marker
+        if paragraph and quotes != depth:  # a flowed line ends where the depth changes
+            out.append(prefix + "".join(paragraph))
+            paragraph = []
+        if not paragraph:
+            prefix, depth = marker, quotes
+        flowed = body.endswith(" ") and body != "-- "
+        paragraph.append(body[:-1] if flowed and delsp else body)
+        if not flowed:
+            out.append(prefix + "".join(paragraph))
+            paragraph = []
+    if paragraph:
+        out.append(prefix + "".join(paragraph))
+    return "\n".join(out)
+
+
 def clip(value: str, limit: int = FIELD_CHARS) -> str:
     """A short single-line label for metadata: control characters removed, length bounded."""
     value = " ".join(_CONTROL.sub(" ", normalize_text(value)).split())

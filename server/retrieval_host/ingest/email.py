@@ -63,7 +63,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
-from retrieval_host.ingest._text import bounded, clip, normalize_text
+from retrieval_host.ingest._text import bounded, clip, normalize_text, unflowed
 from retrieval_host.ingest.charsets import encoded_words, read_by_superset, read_text, utf8_or_1252
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
 from retrieval_host.ingest.html import visible_lines
@@ -428,6 +428,8 @@ def _collect(
         return
     payload = _payload(part)
     text = read_text(payload, _safe(part.get_content_charset))
+    if content_type == "text/plain" and _param(part, "format") == "flowed":
+        text = unflowed(normalize_text(text), delsp=_param(part, "delsp") == "yes")
     if content_type == "text/html":
         html.bytes_left -= len(payload)
         if html.bytes_left < 0:
@@ -481,6 +483,12 @@ def _payload(part: Message) -> bytes:
     except Exception:  # a broken transfer encoding: nothing readable
         return b""
     return payload if isinstance(payload, bytes) else b""
+
+
+def _param(part: Message, name: str) -> str | None:
+    """A Content-Type parameter's plain value, in lower case."""
+    value = _safe(lambda: part.get_param(name))
+    return value.strip().lower() if isinstance(value, str) else None
 
 
 def _safe(getter: Callable[[], _T]) -> _T | None:
