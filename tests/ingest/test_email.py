@@ -303,6 +303,13 @@ def test_format_flowed_text_reads_as_its_reader_shows_it(
     assert text.endswith("-- \nAlice") or text.endswith("--\nAlice")
 
 
+def test_a_nul_in_a_body_separates_the_words_around_it(count_tokens: TokenCounter) -> None:
+    # Probe D (session 35): the NUL was dropped, joining `before` and `after` into one word.
+    raw = docs.message(b"before\x00after and more text.\n")
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert prepared.chunks[0].text == "before after and more text."
+
+
 def test_raw_8bit_headers_read_as_text(count_tokens: TokenCounter) -> None:
     # A black-box test: latin-1 bytes in a Subject became U+FFFD in the title and metadata.
     raw = docs.message("Body.\n", subject="SUBJ").replace(

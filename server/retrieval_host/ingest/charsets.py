@@ -148,14 +148,16 @@ _CP1252_FALLBACK: Final = "retrieval-host-cp1252"
 
 
 def read_text(payload: bytes, charset: str | None) -> str:
-    """A mail part's bytes as text in its declared charset, replacing what does not decode."""
+    """A mail part's bytes as text in its declared charset, replacing what does not decode.
+    A NUL (which no store keeps) separates what it stood between, as a space (dropped, it
+    joined two words into one no search found: a black-box probe)."""
     name = text_codec(charset)
     if name is None or name in _GUESSED_LABELS:
-        return utf8_or_1252(payload)
+        return utf8_or_1252(payload).replace("\x00", " ")
     try:
-        return payload.decode(name, errors="replace")
+        return payload.decode(name, errors="replace").replace("\x00", " ")
     except Exception:  # a codec that fails anyway (some are stricter than "replace")
-        return utf8_or_1252(payload)
+        return utf8_or_1252(payload).replace("\x00", " ")
 
 
 def utf8_or_1252(data: bytes) -> str:
