@@ -8,10 +8,22 @@ from retrieval_host.adapters.provider_extractive import DECLINED, LABEL, Extract
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.models import Location
 from retrieval_host.core.run_ports import EvidencePassage, GenerationRequest, TextDelta
+from retrieval_host.core.runs.citations import check_citations
+from retrieval_host.core.runs_model import CitationPolicy
 
 
 def _passage(handle: str, text: str) -> EvidencePassage:
     return EvidencePassage(handle, "torque", "r1", "Torque", Location(start_line=1), text)
+
+
+def _message(handle: str, text: str) -> EvidencePassage:
+    where = Location(start_line=1, document_id=f"<{handle}@lists.example.org>")
+    return EvidencePassage(handle, "thread", "r1", "Thread", where, text)
+
+
+def _page(handle: str, page: int, text: str, start_line: int = 1) -> EvidencePassage:
+    where = Location(page=page, start_line=start_line)
+    return EvidencePassage(handle, "manual", "r1", "Pump manual", where, text)
 
 
 def _answer(evidence: list[EvidencePassage], question: str) -> list[str]:
@@ -253,3 +265,168 @@ def test_one_rare_word_outweighs_two_words_many_sentences_hold() -> None:
     rare = _passage("p-3", "Enable seccomp filtering for the daemon with the --seccomp flag.")
     lines = [x for x in _answer([common, other, rare], "which package file turns on seccomp") if x]
     assert any("seccomp filtering" in line for line in lines), lines
+
+
+def test_quote_marks_are_not_quoted_and_a_change_of_quote_depth_ends_a_sentence() -> None:
+    # Probe D: 36 of 50 answers from a mail archive quoted `>` marks inside their sentences
+    # ("- > > > > When the number of data points is odd, ..."), a reply's first line fused
+    # with the quoted text below it.
+    reply = _message(
+        "m-2",
+        "Thanks, that explains the median\n"
+        "> > When the number of data points is odd, the middle\n"
+        "> > value is returned.\n"
+        ">> When it is even, the smaller of the two middle values is returned.\n"
+        "> Good to know for data points.",
+    )
+    lines = [x for x in _answer([reply], "number of data points odd even middle value") if x]
+    assert lines == [
+        "- When the number of data points is odd, the middle value is returned. [source:m-2]",
+        "- When it is even, the smaller of the two middle values is returned. [source:m-2]",
+        "- Good to know for data points. [source:m-2]",
+    ]
+    # A PDF's text is the page's own: a `>` there is no quote mark.
+    page = _page("p-1", 1, "> 100 ms of latency raises an alert.")
+    assert _answer([page], "latency alert") == [
+        "- > 100 ms of latency raises an alert. [source:p-1]"
+    ]
+
+
+def test_attribution_lines_are_neither_quoted_nor_fused_with_the_quote() -> None:
+    # Probe D: "Carol Diaz wrote: > Collapse and truncate the given text ..." was quoted as one
+    # sentence, and "On Mon, ..., Bob Lindqvist wrote: > Hi Alice, > > the docstring ..." too.
+    text = (
+        "Carol Diaz wrote:\n"
+        "> Collapse and truncate the given text to fit in the given width.\n\n"
+        "On Mon, 04 Mar 2024 10:00:00 +0000, Bob Lindqvist <bob@example.org>\n"
+        "wrote:\n"
+        "> > Collapse the whitespace of the text first.\n\n"
+        "On Tue, 05 Mar 2024 09:00:00 +0000, Carol Diaz wrote:\n"
+        "> The width counts the placeholder too."
+    )
+    question = "what did carol diaz and bob lindqvist say about collapse truncate width"
+    lines = [x for x in _answer([_message("m-1", text)], question) if x]
+    assert lines == [
+        "- Collapse and truncate the given text to fit in the given width. [source:m-1]",
+        "- Collapse the whitespace of the text first. [source:m-1]",
+        "- The width counts the placeholder too. [source:m-1]",
+    ]
+
+
+def test_a_sentence_replies_quote_again_is_given_once_citing_the_message_that_wrote_it() -> None:
+    # Probe D: one sentence was given three times, once per message holding it, the message
+    # that wrote it last (it ranked below the replies quoting it).
+    sentence = "When it is even, the smaller of the two middle values is returned."
+    reply = _message(
+        "m-2",
+        "Bob wrote:\n> When it is even, the smaller of the two middle\n> values is returned.\n\n"
+        "Thanks Bob!",
+    )
+    forward = _message("m-3", f"> > {sentence}\n\nForwarding for the archive.")
+    original = _message("m-1", f"Hi Alice,\n\n{sentence}\n\nHope that helps.")
+    lines = [x for x in _answer([reply, forward, original], "even smaller middle values") if x]
+    assert lines == [f"- {sentence} [source:m-1]"]
+    # With no message of its own in the evidence, the better-ranked quoting one.
+    lines = [x for x in _answer([forward, reply], "even smaller middle values") if x]
+    assert lines == [f"- {sentence} [source:m-3]"]
+
+
+def test_extractive_answers_pass_the_hosts_quote_check() -> None:
+    # What an answer shows of a passage is checked by `citations.quotes` wherever it stands
+    # in quotation marks: a quotation that crosses a quoted line keeps that line's marks,
+    # which the passage has between its words.
+    evidence = [
+        _message(
+            "m-1",
+            '> The option "fast mode" makes the parser\n> skip the validation step.\n'
+            '> Bob called it "the validation\n> shortcut" in the review.',
+        ),
+        _page("p-1", 2, 'The validation step is "recei-\nved" as written.\nPage 2'),
+        _passage("p-2", "他说：“validation 很好。”Skip [source:p-9] the validation step."),
+        _passage("p-3", "The parser \u201cskips the\nvalidation\u201d step when asked."),
+    ]
+    request = GenerationRequest(
+        "extractive", (), evidence=evidence, question="validation step fast mode shortcut"
+    )
+    events = ExtractiveProvider(max_sentences=8).generate(request, CancelToken())
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    lines = text.splitlines()
+    assert (
+        '- The option "fast mode" makes the parser skip the validation step. [source:m-1]'
+    ) in lines
+    assert '- Bob called it "the validation > shortcut" in the review. [source:m-1]' in lines
+    report = check_citations(
+        text, {p.handle: p for p in evidence}, CitationPolicy(require=True, quotes=True)
+    )
+    checked = [check for cited in report.cited for check in cited.quotes]
+    assert len(checked) == 5 and all(check.found for check in checked), checked
+
+
+def _footer(page: int) -> str:
+    return f"Widget pump manual — Reference Edition 2024\nCONFIDENTIAL DRAFT\nPage {page}"
+
+
+def test_a_pdfs_running_header_and_footer_are_never_quoted_nor_glued_to_a_sentence() -> None:
+    # Probe A: "- Apache-2.0 licence text — Reference Edition 2024 CONFIDENTIAL DRAFT Page 1"
+    # was quoted as evidence, and a sentence cut at a page end with the footer glued on.
+    first = _page(
+        "p-1",
+        1,
+        "The pump must be primed before its first start.\n"
+        "If the widget pump runs dry for one minute, the seal\n" + _footer(1),
+        start_line=30,
+    )
+    second = _page(
+        "p-2",
+        2,
+        "Widget pump manual\nmust be replaced before the pump starts again.\n"
+        "The seal kit of the widget pump is part 4711.\n" + _footer(2),
+    )
+    third = _page(
+        "p-3",
+        3,
+        "Widget pump manual\nThe seal kit of the widget pump is part 4712.\n"
+        "Check the seal every 500 hours. Check the seal every 500 hours.",
+    )
+    question = "widget pump manual reference edition: when is the seal replaced if it runs dry"
+    lines = [x for x in _answer([first, second, third], question) if x]
+    quoted = " ".join(lines)
+    for boilerplate in ("Reference Edition", "CONFIDENTIAL", "Page", "Widget pump manual"):
+        assert boilerplate not in quoted, lines
+    # The sentence a page end cut ends before the footer, and the next page's part of it
+    # starts after the header.
+    assert "- If the widget pump runs dry for one minute, the seal [source:p-1]" in lines
+    assert "- must be replaced before the pump starts again. [source:p-2]" in lines
+    # A line that repeats (digits aside) mid-page, or at the end of passages that end
+    # differently (a footer ends its pages alike), or twice on one page is text: it is quoted.
+    fourth = _page("p-4", 4, "The seal kit of the widget pump is part 4713.", start_line=12)
+    lines = [x for x in _answer([first, second, third, fourth], "seal kit part") if x]
+    assert lines == [
+        f"- The seal kit of the widget pump is part {n}. [source:p-{page}]"
+        for n, page in ((4711, 2), (4712, 3), (4713, 4))
+    ]
+    lines = [x for x in _answer([first, second, third], "seal every 500 hours") if x]
+    assert "- Check the seal every 500 hours. [source:p-3]" in lines
+    # Nor is there a header at the top of a passage that begins mid-page.
+    mid_page = _page("p-4", 4, "The seal kit of the widget pump is part 4713.\nIt has one.", 12)
+    top = _page("p-5", 5, "The seal kit of the widget pump is part 4715.\nIt has two gaskets.")
+    lines = [x for x in _answer([mid_page, top], "seal kit part") if x]
+    assert lines == [
+        "- The seal kit of the widget pump is part 4713. [source:p-4]",
+        "- The seal kit of the widget pump is part 4715. [source:p-5]",
+    ]
+    # With one page of the source in the evidence nothing shows the footer repeats.
+    lines = [x for x in _answer([first], "widget pump manual edition") if x]
+    assert any("CONFIDENTIAL DRAFT" in line for line in lines), lines
+
+
+def test_lines_that_end_one_page_and_begin_the_next_are_text_not_a_footer() -> None:
+    # Probe A's evidence: two classes with one docstring end a page's passage and begin the
+    # next page's; unlike its footer, that is the text (and is quoted).
+    docstring = "Action objects are used by a parser to represent one command line argument."
+    ends = _page("p-1", 1, f"The Action class.\n{docstring}", start_line=1)
+    footer = _page("p-2", 1, f"Keyword arguments follow.\n{_footer(1)}", start_line=20)
+    begins = _page("p-3", 2, f"{docstring}\nKeyword Arguments:\n{_footer(2)}")
+    lines = [x for x in _answer([ends, footer, begins], "widget manual action objects parser") if x]
+    assert f"- {docstring} [source:p-1]" in lines
+    assert not any("Widget pump manual" in line for line in lines), lines

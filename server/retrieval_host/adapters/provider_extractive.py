@@ -3,17 +3,24 @@
 No language model is involved. It exists so the whole product works on one machine with no
 account, and it is labelled as extractive in every answer. Deterministic: the same evidence and
 question give the same answer.
+
+Each line of an answer quotes one sentence as the cited passage has it modulo white space,
+less the `>` marks that begin quoted e-mail lines. Where leaving them out would put in the
+answer a quotation (text in quotation marks) that the passage does not hold, the sentence
+keeps them: the host's quote check (`citations.quotes`) passes every answer.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.evidence import defang
 from retrieval_host.core.lexical import DEFAULT_ANALYZER, analyze
 from retrieval_host.core.run_ports import (
@@ -25,7 +32,8 @@ from retrieval_host.core.run_ports import (
     ToolCallRequested,
     UsageReported,
 )
-from retrieval_host.core.runs_model import GenerationUsage
+from retrieval_host.core.runs.citations import check_citations
+from retrieval_host.core.runs_model import CitationPolicy, GenerationUsage
 
 LABEL = "Extractive answer (sentences quoted from the evidence; no language model was used):"
 # What it says when no sentence of the evidence shares a word with the question: no citation,
@@ -57,9 +65,11 @@ def _terms(text: str) -> set[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Sentence:
-    text: str
+    text: str  # as shown: white space normalized, no quote marks
     terms: frozenset[str]
     heading: frozenset[str]  # the terms of the heading above it in the passage, if any
+    depth: int  # how many `>` marks its lines began with (0: the message's own text)
+    verbatim: str  # `text` with the marks of the lines it continues onto, if it does
 
 
 # Markdown structure, as CommonMark spells it: a fence opens with 3+ backticks or tildes (and
@@ -98,30 +108,75 @@ def _began_in_code(lines: list[str]) -> bool:
     return _prose_share(before) < _prose_share(after)
 
 
-def _sentences(passage: EvidencePassage) -> list[_Sentence]:
-    # A quoted sentence must not smuggle a citation marker of its own into the answer.
-    raw_lines = defang(passage.text).splitlines()
-    lines = [line.strip() for line in raw_lines]
+# Quoted e-mail (and a Markdown block quote): the `>` marks that begin a line, each with an
+# optional space, are its quote depth, not its text: "- > > > > When the number of data points
+# is odd, ..." was quoted (probe D). An attribution introduces quoted text and says nothing
+# ("Carol Diaz wrote: > Collapse and truncate ..." was quoted as one sentence).
+_QUOTE_MARKS = re.compile(r" {0,3}((?:>[ \t]?)+)")
+_ATTRIBUTION = re.compile(r"(?:on\s.{0,200}|\S(?:[^.!?]|\.(?!\s)){0,100}?)\swrote:", re.IGNORECASE)
+
+
+def _sentences(lines: list[str], drop: set[int], quoting: bool) -> list[_Sentence]:
+    """The sentences of a passage's `lines` (defanged), less the lines in `drop` (a running
+    header or footer); with `quoting`, leading `>` marks are read as a quote depth, a change
+    of which ends a paragraph as a blank line does."""
+    marked = [_QUOTE_MARKS.match(raw) if quoting else None for raw in lines]
+    marks = [m.group(1).strip() if m else "" for m in marked]
+    bodies = [raw[m.end() :] if m else raw for raw, m in zip(lines, marked, strict=True)]
+    contents = [body.strip() for body in bodies]
+    depth = marks[0].count(">") if marks else 0
     closing: re.Pattern[str] | None = None  # what ends the code block the line is in
-    if _began_in_code(lines):
+    block_depth = depth  # the quote depth of that block: a line quoted less ends it
+    if _began_in_code(contents):
         closing = re.compile(r"^(`{3,}|~{3,})[ \t]*$")
     heading: frozenset[str] = frozenset()
     sentences: list[_Sentence] = []
-    kept: list[str] = []
+    kept: list[int] = []  # the paragraph's lines, by index
 
     def flush() -> None:
         # Lines of one paragraph form one text (documents wrap sentences across lines);
-        # defanged again once joined.
-        body = defang(" ".join(kept))
+        # defanged again once joined (which keeps every character's offset).
+        joined = " ".join(contents[i] for i in kept)
+        body = defang(joined)
+        # Where each continuation line begins in `body`, and the marks it had there.
+        starts: list[tuple[int, str]] = []
+        offset = 0
+        for i in kept:
+            if offset and marks[i]:
+                starts.append((offset, marks[i]))
+            offset += len(contents[i]) + 1
         kept.clear()
-        for piece in _SENTENCE_END.split(body):
-            if len(piece.strip()) > 1:
-                sentences.append(_Sentence(piece.strip(), frozenset(_terms(piece)), heading))
+        at = 0  # the first of `starts` not before the current sentence
+        begin = 0
+        ends = [(m.start(), m.end()) for m in _SENTENCE_END.finditer(body)]
+        for end, after in [*ends, (len(body), len(body))]:
+            piece = body[begin:end].strip()
+            if len(piece) > 1:
+                while at < len(starts) and starts[at][0] <= begin:
+                    at += 1
+                pieces: list[str] = []
+                last = begin
+                while at < len(starts) and starts[at][0] < end:
+                    pieces.append(f"{joined[last : starts[at][0]]}{starts[at][1]} ")
+                    last = starts[at][0]
+                    at += 1
+                verbatim = defang("".join(pieces) + joined[last:end]).strip() if pieces else piece
+                terms = frozenset(_terms(piece))
+                sentences.append(_Sentence(piece, terms, heading, depth, verbatim))
+            begin = after
 
     # Code is not sentences, blank lines inside a block included (the closing fence was quoted
     # with the code's second half). A heading is not quoted: its words count for the sentences
     # under it (`os.loadavg()` names its section only in its heading).
-    for raw, line in zip(raw_lines, lines, strict=True):
+    for index, (unmarked, line) in enumerate(zip(bodies, contents, strict=True)):
+        if index in drop:
+            flush()
+            continue
+        if marks[index].count(">") != depth:
+            flush()
+            depth = marks[index].count(">")
+            if closing is not None and depth < block_depth:
+                closing = None  # a block in a quote ends with the quote (CommonMark)
         if closing is not None:
             if closing.match(line):
                 closing = None
@@ -131,20 +186,104 @@ def _sentences(passage: EvidencePassage) -> list[_Sentence]:
             flush()
             mark = fence.group(1)
             closing = re.compile(rf"^{re.escape(mark[0])}{{{len(mark)},}}[ \t]*$")
-        elif not line:
-            flush()
+            block_depth = depth
+        elif not line or (quoting and _ATTRIBUTION.fullmatch(line)):
+            flush()  # a blank line, or an attribution (not quoted)
+        elif quoting and 0 < len(kept) < 3 and _attribution([*kept, index], contents):
+            # An attribution a mail client wrapped: "On ..., Bob <bob@example.org>" / "wrote:".
+            kept.clear()
         elif _ATX.match(line):
             flush()
             heading = frozenset(_terms(line.lstrip("#")))
         elif _SETEXT.match(line) and kept:
-            heading = frozenset(_terms(" ".join(kept)))
+            heading = frozenset(_terms(" ".join(contents[i] for i in kept)))
             kept.clear()
-        elif not kept and (_INDENTED.match(raw) or _SETEXT.match(line)):
+        elif not kept and (_INDENTED.match(unmarked) or _SETEXT.match(line)):
             continue  # indented code, or a thematic break
         else:
-            kept.append(line)
+            kept.append(index)
     flush()
     return sentences
+
+
+def _attribution(indices: list[int], contents: list[str]) -> bool:
+    """Whether these lines, joined, are an attribution."""
+    return _ATTRIBUTION.fullmatch(" ".join(contents[i] for i in indices)) is not None
+
+
+# A PDF's running header and footer stay in each page's text: "Apache-2.0 licence text —
+# Reference Edition 2024 CONFIDENTIAL DRAFT Page 1" was quoted as a sentence, and a sentence
+# cut at a page end was quoted with the footer glued on (probe A). Such a line repeats, its
+# digits aside, at the top (or the bottom) of other pages of the source. Genuine lines repeat
+# across pages too: a reference's summary table and its entries say "Return the median (middle
+# value) of numeric data." on pages 1 and 2, in mid-page; two classes with one docstring end a
+# page and begin the next with the same lines.
+_DIGITS = re.compile(r"\d+")
+_Line = tuple[str, str, str, str]  # namespace, source, revision, text with digits masked
+
+
+def _boilerplate(evidence: Sequence[EvidencePassage], lines: list[list[str]]) -> list[set[int]]:
+    """Per passage, the lines (by index) that are a running header or footer: the lines of
+    the run at its top (if it begins its page) or bottom whose every line repeats on another
+    page of the source, each found in such a run on two pages or more, a run that begins (or
+    ends) with the same line. None in a passage with no page, nor while the evidence holds
+    one page of the source."""
+    nonblank: list[list[int]] = []  # per passage, its lines that hold text
+    keys: list[list[_Line]] = []  # and what they read as
+    on_pages: dict[_Line, set[int]] = {}
+    for passage, its_lines in zip(evidence, lines, strict=True):
+        page = passage.location.page
+        scope = (passage.namespace, passage.source_id, passage.revision)
+        written = [i for i, line in enumerate(its_lines) if line.strip()]
+        nonblank.append(written if page is not None else [])
+        keys.append(
+            [(*scope, _DIGITS.sub("0", " ".join(its_lines[i].split()))) for i in nonblank[-1]]
+        )
+        for key in keys[-1]:
+            on_pages.setdefault(key, set()).add(page or 0)
+
+    def repeated(key: _Line) -> bool:
+        return len(on_pages[key]) > 1
+
+    # By the line and its run's first (or last): a header begins its pages alike and a footer
+    # ends them alike, while the same text can end one passage and begin the next page's.
+    at_top: dict[tuple[_Line, _Line], set[int]] = {}
+    at_bottom: dict[tuple[_Line, _Line], set[int]] = {}
+    for passage, its_keys in zip(evidence, keys, strict=True):
+        head, tail = _runs(passage, its_keys, repeated, repeated)
+        for found, run in ((at_top, head), (at_bottom, tail)):
+            for at in run:
+                page = passage.location.page or 0
+                found.setdefault((its_keys[at], its_keys[run[0]]), set()).add(page)
+    drop: list[set[int]] = []
+    for passage, its_keys, indices in zip(evidence, keys, nonblank, strict=True):
+        if not its_keys:
+            drop.append(set())
+            continue
+
+        def header(key: _Line, first: _Line = its_keys[0]) -> bool:
+            return len(at_top.get((key, first), ())) > 1
+
+        def footer(key: _Line, last: _Line = its_keys[-1]) -> bool:
+            return len(at_bottom.get((key, last), ())) > 1
+
+        head, tail = _runs(passage, its_keys, header, footer)
+        drop.append({indices[at] for at in (*head, *tail)})
+    return drop
+
+
+def _runs(
+    passage: EvidencePassage,
+    keys: list[_Line],
+    top: Callable[[_Line], bool],
+    bottom: Callable[[_Line], bool],
+) -> tuple[list[int], list[int]]:
+    """The positions in `keys` of the run at the passage's top (if it begins its page) whose
+    every line satisfies `top`, and of the run at its bottom whose lines satisfy `bottom`."""
+    starts_page = passage.location.start_line in (None, 1)
+    head = [*itertools.takewhile(lambda at: top(keys[at]), range(len(keys)))] if starts_page else []
+    tail = [*itertools.takewhile(lambda at: bottom(keys[at]), reversed(range(len(keys))))]
+    return head, tail
 
 
 # A question word found only in the heading above a sentence counts half as much as in it,
@@ -177,6 +316,24 @@ def _score(question: set[str], sentence: _Sentence, weight: dict[str, float]) ->
     return score
 
 
+# A quotation in a sentence is checked against the cited passage (`citations.quotes`): one that
+# crossed a line whose marks were left out is not in the passage so written.
+_QUOTES_CHECKED = CitationPolicy(require=False, quotes=True)
+
+
+def _line(sentence: _Sentence, passage: EvidencePassage) -> str:
+    """The answer's line quoting `sentence`: without the marks of the quoted lines it
+    continues onto, unless the host's quote check then fails it."""
+    line = f"- {sentence.text} [source:{passage.handle}]\n"
+    if sentence.verbatim == sentence.text:
+        return line
+    try:
+        check_citations(line, {passage.handle: passage}, _QUOTES_CHECKED)
+    except RetrievalError:
+        return f"- {sentence.verbatim} [source:{passage.handle}]\n"
+    return line
+
+
 class ExtractiveProvider:
     """Picks the sentences sharing the rarest terms with the question (a heading's words
     counting for the sentences under it), each cited `[source:ID]`."""
@@ -206,35 +363,43 @@ class ExtractiveProvider:
             yield ToolCallRequested(ToolCall(f"call_{request.step}", "search_context", arguments))
             return
         question = _terms(request.question)
+        evidence = request.evidence
+        lines = [defang(passage.text).splitlines() for passage in evidence]
+        drop = _boilerplate(evidence, lines)
         found = [
-            (p_index, s_index, sentence, passage.handle)
-            for p_index, passage in enumerate(request.evidence)
-            for s_index, sentence in enumerate(_sentences(passage))
+            (p_index, s_index, sentence, passage)
+            for p_index, passage in enumerate(evidence)
+            # `>` marks are quote marks but in a PDF's text, where they are the page's own.
+            for s_index, sentence in enumerate(
+                _sentences(lines[p_index], drop[p_index], passage.location.page is None)
+            )
         ]
         weight = _rarity(question, [f[2] for f in found])
-        ranked: list[tuple[float, int, int, str, str]] = []
-        for p_index, s_index, sentence, handle in found:
-            score = _score(question, sentence, weight)
-            # Ties go to the passage the search ranked first (the evidence's order).
-            ranked.append((-score, p_index, s_index, sentence.text, handle))
-        ranked.sort()
-        # Neighbouring passages share their boundary sentences (the chunker's overlap): a
-        # sentence is quoted once, under the passage that ranked it first.
-        unique: dict[str, tuple[float, int, int, str, str]] = {}
-        for entry in ranked:
-            unique.setdefault(" ".join(entry[3].split()).casefold(), entry)
-        ranked = list(unique.values())
+        # Ties go to the passage the search ranked first (the evidence's order).
+        scored = [(-_score(question, f[2], weight), *f) for f in found]
+        # Neighbouring passages share their boundary sentences (the chunker's overlap), and
+        # replies quote a message's sentences again: a sentence is given once, in the place
+        # its best-scored occurrence ranks, from a passage where it is not quoted if there is
+        # one (the message that wrote it: replies quoting it often rank above it), else from
+        # the one that ranked it first.
+        place: dict[str, tuple[float, int, int]] = {}
+        shown: dict[str, tuple[float, int, int, _Sentence, EvidencePassage]] = {}
+        for entry in sorted(scored, key=lambda e: (e[3].depth > 0, e[:3])):
+            key = " ".join(entry[3].text.split()).casefold()
+            place[key] = min(place.get(key, entry[:3]), entry[:3])
+            shown.setdefault(key, entry)
+        ranked = sorted((position, key) for key, position in place.items())
         # Only sentences that share a word with the question (or whose heading does): it
         # quoted the first sentence whatever it said ("how do I bake a chocolate cake" was
         # answered "- 4.", a list number, with a valid citation; a black-box test).
-        chosen = [r for r in ranked if r[0] < 0][: self._max]
+        chosen = [shown[key] for position, key in ranked if position[0] < 0][: self._max]
         # Keep the chosen sentences in document order, so the answer reads naturally.
-        chosen.sort(key=lambda r: (r[1], r[2]))
+        chosen.sort(key=lambda c: (c[1], c[2]))
         yield TextDelta(LABEL + "\n")
         if not chosen:
             yield TextDelta(DECLINED + "\n")
-        for _, _, _, quoted, handle in chosen:
+        for _, _, _, sentence, passage in chosen:
             cancel.check()
-            yield TextDelta(f"- {quoted} [source:{handle}]\n")
+            yield TextDelta(_line(sentence, passage))
             cancel.progress()
         yield UsageReported(GenerationUsage(input_tokens=0, output_tokens=0))
