@@ -240,6 +240,12 @@ def test_mislabelled_8bit_text_reads_as_mail_readers_show_it(
         ("Shift_JIS", "\u2460\u306e\u624b\u9806 \u9ad9\u6a4b\u3055\u3093", "cp932"),
         ("ks_c_5601-1987", "\ub620\uc58c\uafcd", "cp949"),  # Outlook's label of CP949
         ("iso-8859-9", "\u201cT\u00fcrk\u00e7e\u201d", "cp1254"),
+        # The rest of the standard's table (probe V): labels Python does not know.
+        ("koi8", "\u041f\u0440\u0438\u0432\u0435\u0442", "koi8_r"),
+        ("iso88597", "\u0393\u03b5\u03b9\u03ac", "iso8859_7"),
+        ("visual", "\u05e9\u05dc\u05d5\u05dd", "iso8859_8"),
+        ("ucs-2", "caf\u00e9 \u2603", "utf-16-le"),
+        ("iso-2022-kr", "\ud55c\uad6d\uc5b4", "iso2022_kr"),  # a browser shows nothing
     ],
 )
 def test_a_label_reads_as_the_superset_its_senders_write(
@@ -252,6 +258,38 @@ def test_a_label_reads_as_the_superset_its_senders_write(
     )
     prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
     assert prepared.chunks[0].text == text
+
+
+@pytest.mark.parametrize("label", ["idna", "undefined", "punycode", "unicode_escape", "cp037"])
+def test_a_label_the_standard_does_not_know_reads_as_none(
+    count_tokens: TokenCounter, label: str
+) -> None:
+    # Probe V (session 35): Python codecs no mailer declares garbled text (or crashed HTML).
+    raw = docs.message(
+        "caf\u00e9 C:\\new\\table \u201cok\u201d".encode(),
+        content_type=f"text/plain; charset={label}",
+        extra_headers=["Content-Transfer-Encoding: 8bit"],
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert prepared.chunks[0].text == "caf\u00e9 C:\\new\\table \u201cok\u201d"
+
+
+def test_encoded_words_read_as_bodies_and_iso_2022_jp_marks_other_sets_unreadable(
+    count_tokens: TokenCounter,
+) -> None:
+    # Probe V (session 35): an ISO-8859-1 encoded word holding windows-1252 quotes showed C1
+    # controls; in ISO-2022-JP with the Windows rows, an escape to another set (KS C 5601)
+    # left its bytes as text.
+    quoted = base64.b64encode("\u201chi\u201d caf\u00e9".encode("cp1252")).decode()
+    raw = docs.message(
+        b"\x1b$B$3-!\x1b$(C0!\x1b(B tail",
+        subject=f"=?iso-8859-1?B?{quoted}?=",
+        content_type="text/plain; charset=iso-2022-jp",
+        extra_headers=["Content-Transfer-Encoding: 7bit"],
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    assert prepared.source.title == "\u201chi\u201d caf\u00e9"
+    assert prepared.chunks[0].text == "\u3053\u2460\ufffd tail"
 
 
 def test_iso_2022_jp_holds_the_windows_rows_and_encoded_subjects_their_supersets(

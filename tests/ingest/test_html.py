@@ -128,6 +128,11 @@ def test_the_declared_charset_decodes_and_utf8_is_the_default(
     ]:
         page = f'<meta charset="{label}"><p>{text}</p>'.encode(encoding)
         assert prepare(page, count_tokens).chunks[0].text == text, label
+    # Labels the standard does not know read as undeclared (probe V: `idna`, `undefined` and
+    # `punycode` answered 500; `unicode_escape` and EBCDIC garbled the page).
+    for label in ("idna", "undefined", "punycode", "unicode_escape", "cp037", "utf-7"):
+        page = f'<meta charset="{label}"><p>Café at C:\\new\\table</p>'.encode()
+        assert prepare(page, count_tokens).chunks[0].text == "Café at C:\\new\\table", label
 
 
 def test_a_line_shift_changes_the_revision_but_crlf_does_not(

@@ -64,7 +64,12 @@ from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
 from retrieval_host.ingest._text import bounded, clip, normalize_text, unflowed
-from retrieval_host.ingest.charsets import encoded_words, read_by_superset, read_text, utf8_or_1252
+from retrieval_host.ingest.charsets import (
+    encoded_words,
+    has_encoded_words,
+    read_text,
+    utf8_or_1252,
+)
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
 from retrieval_host.ingest.html import visible_lines
 from retrieval_host.ingest.settings import (
@@ -536,7 +541,7 @@ def _header(message: Message, name: str) -> str | None:
             if isinstance(raw, str) and _RAW_BYTE.search(raw):
                 data = raw.encode("ascii", errors="surrogateescape")
                 return " ".join(utf8_or_1252(data).split())
-            if isinstance(raw, str) and read_by_superset(raw):
+            if isinstance(raw, str) and has_encoded_words(raw):
                 words = encoded_words(raw)
                 if words is not None:
                     return words

@@ -36,6 +36,7 @@ and nothing recurses. Start tags are counted as they stream (`IngestLimits.max_h
 from __future__ import annotations
 
 import codecs
+import contextlib
 import html as html_text
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
@@ -161,9 +162,6 @@ def _visible_text(sections: list[tuple[_Section, dict[int, str]]], line_count: i
     return "\n".join(" ".join(visible.get(n, ())) for n in range(1, line_count + 1))
 
 
-_AS_WINDOWS_1252: Final = {"ascii": "cp1252", "iso8859-1": "cp1252"}
-
-
 def _decode(data: bytes) -> str:
     for bom, encoding in _BOMS:
         if data.startswith(bom):
@@ -174,12 +172,15 @@ def _decode(data: bytes) -> str:
             "the bytes are not text, so they are not HTML.",
         )
     declared = EncodingDetector.find_declared_encoding(data[:DECLARATION_BYTES], is_html=True)
-    # Read as the HTML standard reads the label (`charsets.text_codec`; ASCII and ISO-8859-1
-    # as windows-1252). A declaration of UTF-16 in bytes that are not UTF-16 (no BOM) means
-    # UTF-8 (the standard's rule); codecs that are not text encodings are never used.
-    name = text_codec(declared)
-    if name is not None and not name.startswith("utf-16"):
-        return data.decode(_AS_WINDOWS_1252.get(name, name), errors="replace")
+    # Read as the HTML standard reads the label (`charsets.text_codec`: only its labels, ASCII
+    # and ISO-8859-1 as windows-1252). A declaration of UTF-16 in bytes that are not UTF-16
+    # (no BOM) means UTF-8 (the standard's rule).
+    info = text_codec(declared)
+    if info is not None and not info.name.startswith("utf-16"):
+        if info.name == "x-user-defined":  # the standard's rule for a page declaring it
+            info = codecs.lookup("cp1252")
+        with contextlib.suppress(Exception):  # a codec that fails anyway: read as undeclared
+            return info.decode(data, "replace")[0]
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
