@@ -334,7 +334,7 @@ def test_keep_alives_are_not_progress_for_the_idle_timeout(
         ("drop-connection", "connection-failed", "could not reach", True),
         ("error-event", "stream-error", "The model overloaded", True),
         # It was stream-ended-early, and retried (probe B, session 35).
-        ("html-page", "malformed-chunk", "a text/html page with status 200", False),
+        ("html-page", "malformed-chunk", "a page (text/html) with status 200", False),
     ],
 )
 def test_each_failure_is_provider_failed_with_its_reason_after_exactly_one_request(

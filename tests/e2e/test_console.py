@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import ssl
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -267,6 +268,12 @@ def test_an_operator_signs_in_browses_searches_follows_a_citation_asks_and_inges
     expect(page.locator("#answer a.citation")).to_have_count(cited)
     expect(page.locator("#citation-check")).to_contain_text("0 invalid, 0 malformed")
     _shot(page, "08b-back-to-the-answer")
+    # The address's corpus is believed only when this token may search it (probe V: a
+    # crafted address pointed the citation links at another corpus).
+    page.goto(re.sub(r"corpus=[^&]*", "corpus=elsewhere", page.url))
+    expect(page.locator("#answer a.citation")).to_have_count(cited)
+    for href in page.locator("#answer a.citation").evaluate_all("(as) => as.map(a => a.hash)"):
+        assert href.startswith("#/passage/library/"), href
 
     # Ingest a Markdown file holding markup, watch it to the end, find it listed and searched.
     page.get_by_role("link", name="Ingest").click()

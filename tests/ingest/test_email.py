@@ -339,6 +339,13 @@ def test_format_flowed_text_reads_as_its_reader_shows_it(
     text = prepared.chunks[0].text
     assert text.split("\n")[:3] == [expected, "", "> An earlier note."]
     assert text.endswith("-- \nAlice") or text.endswith("--\nAlice")
+    # A signature separator after a flowed line is a line of its own (probe V, session 35).
+    raw = docs.message(
+        "Regards, \n-- \nJohn\n", content_type="text/plain; charset=utf-8; format=flowed"
+    )
+    lines = prepare(raw, count_tokens, "message/rfc822").chunks[0].text.split("\n")
+    assert lines[0] == "Regards, " or lines[0] == "Regards,"
+    assert lines[1].rstrip() == "--" and lines[2] == "John"
 
 
 def test_a_nul_in_a_body_separates_the_words_around_it(count_tokens: TokenCounter) -> None:

@@ -237,8 +237,8 @@ class OpenAIChatProvider:
             # A baseUrl that is not the API's, or a proxy's page: not a stream that ended early
             # (which points at the connection, and is retried; probe B, session 35).
             raise malformed(
-                f"a {media_type} page with status 200, not an event stream or JSON (is baseUrl "
-                "the API's?)."
+                f"a page ({media_type}) with status 200, not an event stream or JSON (is "
+                "baseUrl the API's?)."
             )
         decoder = SSEDecoder()
         # iter_bytes, not iter_raw: a proxy may compress the stream.

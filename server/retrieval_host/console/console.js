@@ -867,11 +867,12 @@ async function askView(signal, params) {
   }
 }
 
-async function showRecordedRun(id, corpus, { bar, phase, runId, answer, after, form }, signal) {
+async function showRecordedRun(id, named, { bar, phase, runId, answer, after, form }, signal) {
   runId.replaceChildren(`run ${id}`);
-  if (corpus && form.elements.corpus && [...form.elements.corpus.options].some((o) => o.value === corpus)) {
-    form.elements.corpus.value = corpus;
-  }
+  // The record does not name the corpus: the address does, and only a corpus this token may
+  // search is believed (a crafted address pointed the citation links at another corpus).
+  const corpus = corporaFor("search").includes(named) ? named : form.elements.corpus?.value;
+  if (corpus && form.elements.corpus) form.elements.corpus.value = corpus;
   let record;
   try {
     record = await getJson(`/v1/runs/${segment(id)}`, signal);
@@ -884,7 +885,7 @@ async function showRecordedRun(id, corpus, { bar, phase, runId, answer, after, f
   phase.textContent = record.status;
   if (record.result) {
     bar.value = PHASES.length - 1;
-    renderAnswer(answer, after, record.result, corpus || form.elements.corpus?.value);
+    renderAnswer(answer, after, record.result, corpus);
   } else {
     append(answer, [h("p", { class: "notice", id: "answer-note" }, record.status === "running"
       ? "This run is still running: reload the page to see its answer once it ends."

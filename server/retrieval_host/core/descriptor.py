@@ -42,6 +42,9 @@ _SECRET_SHAPES = (
     re.compile(r"[A-Za-z0-9]{40,}"),  # a long opaque run of key material
 )
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+# In a model name, `@` names a version (`gemini@1.5-pro`): an address there is one whose
+# domain ends in a name of letters.
+_MODEL_EMAIL = re.compile(r"[^@\s]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}(?![A-Za-z0-9.-])")
 
 
 def check_label(kind: str, value: str, *, model: bool = False) -> str:
@@ -51,7 +54,7 @@ def check_label(kind: str, value: str, *, model: bool = False) -> str:
         # The length rule answers first: a long plain id (130 characters of `my-corpus-...`)
         # was refused as secret-shaped by the run-of-key-material rule below.
         raise _not_a_label(kind, model=model)
-    if _EMAIL.search(value):
+    if (_MODEL_EMAIL if model else _EMAIL).search(value):
         raise RetrievalError(ErrorCode.INVALID_REQUEST, f"{kind} must not be an e-mail address.")
     if any(p.search(value) for p in _SECRET_SHAPES):
         raise RetrievalError(

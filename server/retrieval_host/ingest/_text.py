@@ -50,7 +50,8 @@ def unflowed(text: str, *, delsp: bool) -> str:
         marker = line[:quotes]
         if body.startswith(" "):  # stuffed (or the space after `>` markers)
             body, marker = body[1:], marker + " " if quotes else marker
-        if paragraph and quotes != depth:  # a flowed line ends where the depth changes
+        if paragraph and (quotes != depth or body == "-- "):
+            # a flowed paragraph ends where the depth changes, and before a signature
             out.append(prefix + "".join(paragraph))
             paragraph = []
         if not paragraph:

@@ -53,8 +53,12 @@ def retry_after(error: RetrievalError) -> int | None:
     """Whole seconds the service behind a failure asked to be left alone (a model's 429 or 503
     with `Retry-After`), for the caller to decide when to try again; None when it did not say."""
     if isinstance(error, TransientError) and error.retry_after_s is not None:
-        return max(math.ceil(error.retry_after_s), 0)
+        # at most a day: a service's 10^20 s is passed on as no integer parser overflows
+        return max(math.ceil(min(error.retry_after_s, MAX_RETRY_AFTER_S)), 0)
     return None
+
+
+MAX_RETRY_AFTER_S = 86_400
 
 
 def encode_problem(body: dict[str, object]) -> bytes:
