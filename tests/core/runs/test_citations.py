@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
+import unicodedata
+from typing import Any
 
 import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import Location
 from retrieval_host.core.run_ports import EvidencePassage
+from retrieval_host.core.runs import citations
 from retrieval_host.core.runs.citations import check_citations
 from retrieval_host.core.runs_model import CitationPolicy, CitedSource, QuoteCheck
 
@@ -208,22 +212,28 @@ def test_a_soft_hyphen_no_reader_sees_is_ignored_on_either_side() -> None:
 
 
 def test_hyphenated_line_ends_are_read_each_its_own_way_and_nothing_else() -> None:
-    # Against every reading spelled out: passages of line pieces joined by `-` and a line break,
-    # quotes cut from one reading (some with a character changed) or made up.
+    # Against every reading spelled out: passages of line pieces joined by `-` and a line break
+    # (between two letters: joined, `-` or `- `; next to a digit or `²`: `-` or `- ` only),
+    # quotes cut from one reading (some with a character changed) or made up. `²` and `2` are
+    # different characters to the reference, as to the check.
     rng = random.Random(35)
-    for _ in range(1500):
+    for _ in range(2000):
         lines = [_line(rng) for _ in range(rng.randint(2, 4))]
+        joins = [
+            ("", "-", "- ") if before[-1].isalpha() and after[0].isalpha() else ("-", "- ")
+            for before, after in itertools.pairwise(lines)
+        ]
         readings = [
             lines[0] + "".join(r + line for r, line in zip(choice, lines[1:], strict=True))
-            for choice in itertools.product(("", "-", "- "), repeat=len(lines) - 1)
+            for choice in itertools.product(*joins)
         ]
         cut = rng.choice(readings)
         start = rng.randrange(len(cut))
         quote = list(cut[start : rng.randint(start + 1, len(cut))])
         if rng.random() < 0.5:
-            quote[rng.randrange(len(quote))] = rng.choice("ab- ")
+            quote[rng.randrange(len(quote))] = rng.choice("ab12\u00b2- ")
         if rng.random() < 0.2:
-            quote = [rng.choice("ab- ") for _ in range(rng.randint(1, 6))]
+            quote = [rng.choice("ab12\u00b2- ") for _ in range(rng.randint(1, 6))]
         said = " ".join("".join(quote).split())
         if not said:
             continue
@@ -232,6 +242,120 @@ def test_hyphenated_line_ends_are_read_each_its_own_way_and_nothing_else() -> No
 
 
 def _line(rng: random.Random) -> str:
-    """A piece of a line that starts and ends with a letter, so each join is a break."""
-    middle = "".join(rng.choice("ab- -") for _ in range(rng.randint(0, 5)))
-    return " ".join(f"{rng.choice('ab')}{middle}{rng.choice('ab')}".split())
+    """A piece of a line that starts and ends with a word character, so each join is a line-end
+    hyphen: between letters a word's, else a range's."""
+    middle = "".join(rng.choice(_LINE_CHARACTERS + "- -") for _ in range(rng.randint(0, 5)))
+    first, last = rng.choice(_LINE_CHARACTERS), rng.choice(_LINE_CHARACTERS)
+    return " ".join(f"{first}{middle}{last}".split())
+
+
+_LINE_CHARACTERS = "ab1\u00b2"
+
+
+def test_superscripts_and_subscripts_are_kept_not_read_as_plain_digits_or_letters() -> None:
+    # A black-box probe: NFKC read `10⁶` as `106`, so a quote with another number passed.
+    assert not found_in("the limit is 10\u2076 bytes", "limit is 106 bytes")
+    assert found_in("the limit is 10\u2076 bytes", "limit is 10\u2076 bytes")
+    assert not found_in("the limit is 106 bytes", "limit is 10\u2076 bytes")
+    assert not found_in("raised to 2\u00b3", "raised to 23")
+    assert not found_in("x\u00b2 growth", "x2 growth")
+    # Subscripts and superscript letters alike: a quote writes them as the passage does.
+    assert not found_in("H\u2082O is water", "H2O is water")
+    assert found_in("H\u2082O is water", "H\u2082O is water")
+    assert not found_in("x\u207f and Acme\u2122", "xn and AcmeTM")
+    assert found_in("x\u207f and Acme\u2122", "x\u207f and Acme\u2122")
+    # Next to them, every other compatibility form still folds: a ligature, full-width digits
+    # and letters, a decomposed accent.
+    passage = "an e\ufb03cient \uff11\uff10\u2076 ops caf\u0065\u0301\u00b2 \uff30\u2082"
+    assert found_in(passage, "an efficient 10\u2076 ops caf\u00e9\u00b2 P\u2082")
+    assert not found_in(passage, "an efficient 106 ops")
+
+
+def test_superscripts_and_subscripts_are_found_in_their_blocks_only() -> None:
+    # The check finds them in a few Unicode blocks (a scan of all of it is too slow for each
+    # start): a Python whose Unicode adds one elsewhere must add its block.
+    everywhere = {
+        chr(code)
+        for code in range(0x110000)
+        if unicodedata.decomposition(chr(code)).startswith(("<super>", "<sub>"))
+    }
+    assert everywhere == citations._SUPER_SUB
+    assert len(everywhere) >= 251
+
+
+def test_a_line_end_hyphen_next_to_a_digit_is_a_hyphen_never_joined() -> None:
+    # A black-box probe: `1-⏎2 apples` (a range broken at a line end) accepted "12 apples".
+    assert not found_in("1-\n2 apples", "12 apples")
+    assert found_in("1-\n2 apples", "1-2 apples")
+    assert found_in("1-\n2 apples", "1- 2 apples")
+    assert found_in("1\u2010\n2 apples", "1\u20102 apples")
+    assert not found_in("10-\n20 mg", "1020 mg")
+    assert found_in("10-\n20 mg", "10-20 mg")
+    # A digit on one side is enough; two letters still join.
+    assert not found_in("COVID-\n19 cases", "COVID19 cases")
+    assert found_in("COVID-\n19 cases", "COVID-19 cases")
+    assert not found_in("page 4-\nb", "page 4b")
+    # In one quote with a word's line end, each read its own way.
+    passage = "pages 1-\n2 were recei-\nved, pages 3-\n4 were not"
+    assert found_in(passage, "pages 1- 2 were received, pages 3-4")
+    assert found_in(passage, "pages 1-2 were recei- ved, pages 3- 4")
+    assert not found_in(passage, "pages 1-2 were received, pages 34")
+    assert not found_in(passage, "pages 12 were recei-ved")
+
+
+class _CountingSearches:
+    """The `re` module as `citations` uses it, counting the pattern searches and the passage
+    characters each scans."""
+
+    def __init__(self) -> None:
+        self.scanned: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(re, name)
+
+    def search(self, pattern: str, string: str) -> re.Match[str] | None:
+        self.scanned.append(len(string))
+        return re.search(pattern, string)
+
+
+def test_the_pattern_search_work_of_one_answer_is_bounded_and_fails_safe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A black-box probe: with a passage of line-end hyphens, a quote reading them in mixed
+    # ways costs a pattern search of up to the passage's length times the quote's; an answer
+    # may hold hundreds of distinct ones.
+    passage = "ab-\n" * 1000  # folded: 3,000 characters
+    rng = random.Random(4)
+    units = ["abab", "ab-ab", "ab- ab"] * 30
+    bodies = {"".join(rng.sample(units, len(units))) for _ in range(300)}  # in the passage
+    assert len(bodies) == 300 and {len(body) for body in bodies} == {450}
+    made_up = [body + "a-b" for body in bodies]  # not: it fails only at its end
+    faithful = "ab-ababab- ab-ab-ab"  # mixed readings, in the passage
+    uniform = "ab-ab-ab-ab"  # one reading: found without a pattern search
+    late = "".join(rng.sample(units, len(units)))  # as `bodies`, after the budget is spent
+    assert late not in bodies
+    quotes = [faithful, *made_up, faithful, uniform, late]
+    answer = " ".join(f'"{quote}" [source:pdf-1]' for quote in quotes)
+    counter = _CountingSearches()
+    monkeypatch.setattr(citations, "re", counter)
+    report = check_citations(answer, pdf_evidence(passage), CitationPolicy(quotes=False))
+
+    (cited,) = report.cited
+    assert [check.found for check in cited.quotes] == [True, *[False] * 300, True, True, False]
+    # The work as the budget counts it (quote length times the passage's folded length, plus
+    # compiling the pattern) is bounded: the probe's answer searched every quote. A verdict
+    # once found is kept.
+    assert set(counter.scanned) == {3000}
+    searched = len(counter.scanned) - 1  # the made-up quotes searched, besides `faithful`
+    per_character = 3000 + citations._COMPILE_WORK
+    assert 0 < searched < 100
+    assert (searched * 453 + len(faithful)) * per_character <= citations._PATTERN_BUDGET
+
+    # With `quotes`, distinct faithful quotes each need a search: past the budget one is not
+    # found, never accepted unsearched, and the check says why.
+    answer = " ".join(f'"{body}" [source:pdf-1]' for body in bodies)
+    before = len(counter.scanned)
+    with pytest.raises(RetrievalError, match=r"budget .* is spent") as excinfo:
+        check_citations(answer, pdf_evidence(passage), CHECK)
+    assert excinfo.value.reason == "quote-not-in-passage"
+    assert 0 < len(counter.scanned) - before <= citations._PATTERN_BUDGET // (450 * per_character)

@@ -13,16 +13,30 @@ folding what differs only in how text was encoded, on both sides alike:
 - white space: every run of it is one space;
 - compatibility forms, by NFKC (as the lexical analyzer folds them): a PDF's ligature glyph
   `ﬁ` (U+FB01) is `fi`, a full-width letter its ASCII one, a decomposed accent the composed
-  letter. This also reads `²` as `2` and `…` as `...`;
+  letter, `…` is `...`. Superscript and subscript characters (those Unicode decomposes as
+  `<super>` or `<sub>`: `²`, `⁶`, `₂`, `ⁿ`, `™`) are kept as they are, never read as the plain
+  digit or letter: `10⁶` is not `106`, so a quote must write `10⁶` (and `H₂O`, not `H2O`);
 - a soft hyphen (U+00AD), which no reader sees, is removed;
-- a hyphen (`-`, U+2010 or a soft hyphen) that ends a line between two word characters
-  (spaces around the line break allowed) is a word hyphenated at a line end, as PDF text
-  has them: the quote may read it hyphenated (`recei-ved`, `recei- ved`, with `-` or U+2010)
-  or joined (`received`), each such line end in its own way (`well-known` and `received` in
-  one quote). Quotes hold no line break, so only a passage has such hyphens.
+- a hyphen (`-`, U+2010 or a soft hyphen) that ends a line between two letters (spaces
+  around the line break allowed) is a word hyphenated at a line end, as PDF text has them:
+  the quote may read it hyphenated (`recei-ved`, `recei- ved`, with `-` or U+2010) or joined
+  (`received`), each such line end in its own way (`well-known` and `received` in one quote).
+  Between word characters not both letters (a digit on either side: `1-⏎2`, `COVID-⏎19`) it
+  is a hyphen the text has (a range, a code): the quote may read it `1-2` or `1- 2`, never
+  joined (`12`). Quotes hold no line break, so only a passage has such hyphens.
 A quote that differs from the passage in anything else (a letter, a digit, punctuation, a
 hyphen mid-line, case) is not found. Every such quote is reported per cited passage; with
 `quotes`, one not found fails the check.
+
+Work: a quote is looked for in each uniform reading of the passage's line-end hyphens (every
+one joined, every one hyphenated, …), which costs about the passage's length. Only a quote that
+reads them in different ways needs a pattern search, costing up to the passage's length times
+the quote's (and compiling it, the quote's length); one answer may spend `_PATTERN_BUDGET` of
+that work in all (about 38 such quotes of 400 characters against passages of 4,000; under half
+a second at worst). Beyond it a quote not found by the uniform readings is reported not found
+(with `quotes`, the check fails, its detail saying the budget was spent): the check fails safe,
+never accepting a quote it did not find, and an answer of many made-up quotes costs bounded
+time.
 
 What this cannot tell: whether the passage supports the sentence, and anything about text
 outside quotation marks.
@@ -57,17 +71,72 @@ MARKERS_ONLY: Final = CitationPolicy(require=False, quotes=False)
 _OPEN: Final = re.compile(r"\[\s*source\s*:", re.IGNORECASE)
 _WELL_FORMED: Final = re.compile(r"\[source:([^\[\]\s]+)\]")
 _QUOTE: Final = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|«([^»\n]+)»')
-# A hyphen at a line end between word characters, where a PDF's text breaks a word. In a folded
-# passage each becomes `_BREAK`, a character folding first removes from both sides (text never
-# needs a NUL), so a quote can be matched against the joined and the hyphenated reading.
+# A hyphen at a line end between word characters, where a PDF's text breaks a word or a range.
+# In a folded passage each becomes `_BREAK` (between two letters: the word joined or
+# hyphenated) or `_KEPT_HYPHEN` (else: hyphenated only), characters folding first removes from
+# both sides (text never needs a NUL or a U+0001), so a quote can be matched against each
+# reading.
 _LINE_END_HYPHEN: Final = re.compile(r"(?<=\w)[-\u2010\u00ad][^\S\n]*\n[^\S\n]*(?=\w)")
 _BREAK: Final = "\x00"
+_KEPT_HYPHEN: Final = "\x01"
 _SOFT_HYPHEN: Final = "\u00ad"
 _HYPHENS: Final = frozenset("-\u2010")
-# What a quote's text reads as at a `_BREAK` besides nothing; each such reading, and every
-# other hyphen with the space after it, is removed to give a text's hyphen-free form.
+# What a quote's text reads as at a `_BREAK` besides nothing, and at a `_KEPT_HYPHEN`; each
+# such reading, and every other hyphen with the space after it, is removed to give a text's
+# hyphen-free form.
 _HYPHEN_READING: Final = re.compile("[-\u2010] ?")
-_WORD_CHARACTER: Final = re.compile(r"\w")
+# The uniform readings, (`_BREAK`, `_KEPT_HYPHEN`) each: together they find any quote that
+# crosses at most one line-end hyphen, or reads all of them alike.
+_UNIFORM_READINGS: Final = (("", "-"), ("-", "-"), ("- ", "- "))
+# The blocks that hold every character Unicode decomposes as `<super>` or `<sub>` (a test
+# checks that no other code point is one): NFKC would read `⁶` as `6`, so runs of them are left
+# out of it. Built once, from these blocks only (a scan of all of Unicode takes 0.1 s).
+_SUPER_SUB_BLOCKS: Final = (
+    (0x00A0, 0x00FF),  # Latin-1: ª ² ³ ¹ º
+    (0x02B0, 0x02FF),  # spacing modifier letters
+    (0x10A0, 0x10FF),  # Georgian
+    (0x1D00, 0x1DBF),  # phonetic extensions
+    (0x2070, 0x209F),  # superscripts and subscripts
+    (0x2100, 0x214F),  # letterlike symbols: ℠ ™
+    (0x2C60, 0x2C7F),  # Latin extended-C
+    (0x2D30, 0x2D7F),  # Tifinagh
+    (0x3190, 0x319F),  # Kanbun
+    (0xA640, 0xA69F),  # Cyrillic extended-B
+    (0xA700, 0xA7FF),  # Latin extended-D
+    (0xAB30, 0xAB6F),  # Latin extended-E
+    (0x10780, 0x107BF),  # Latin extended-F
+    (0x1E030, 0x1E08F),  # Cyrillic extended-D
+    (0x1F100, 0x1F1FF),  # enclosed alphanumeric supplement: 🅪 🅫 🅬
+)
+_SUPER_SUB: Final = frozenset(
+    chr(code)
+    for first, last in _SUPER_SUB_BLOCKS
+    for code in range(first, last + 1)
+    if unicodedata.decomposition(chr(code)).startswith(("<super>", "<sub>"))
+)
+
+
+def _ranges(characters: frozenset[str]) -> str:
+    """A character class's body for `characters`, each run of consecutive code points as a
+    range (which `re` matches faster than a long list)."""
+    codes = {ord(character) for character in characters}
+    body = []
+    for start in sorted(code for code in codes if code - 1 not in codes):
+        end = start
+        while end + 1 in codes:
+            end += 1
+        body.append(re.escape(chr(start)) + ("" if end == start else f"-{re.escape(chr(end))}"))
+    return "".join(body)
+
+
+_SUPER_SUB_RUN: Final = re.compile(f"([{_ranges(_SUPER_SUB)}]+)")
+# Pattern-search work one answer may spend (module docstring), in quote characters times
+# passage characters scanned, compiling a quote's pattern counted as scanning
+# `_COMPILE_WORK` more (it costs about 7 µs per quote character, a scan 3 ns per pair): under
+# half a second at worst; 38 quotes of 400 characters that each read the line ends of a
+# passage of 4,000 characters in mixed ways.
+_PATTERN_BUDGET: Final = 100_000_000
+_COMPILE_WORK: Final = 2_500
 
 
 def check_citations(
@@ -77,6 +146,7 @@ def check_citations(
     problem of a failing one."""
     quotes: dict[str, list[QuoteCheck]] = {}
     folded: dict[str, _FoldedPassage] = {}  # per cited passage, as quotes are compared with it
+    budget = _Budget(_PATTERN_BUDGET)
     segment_start = 0
     for opening in _OPEN.finditer(text):
         match = _WELL_FORMED.match(text, opening.start())
@@ -103,15 +173,21 @@ def check_citations(
             said = next(g for g in quoted.groups() if g is not None)
             if handle not in folded:
                 folded[handle] = _FoldedPassage(passage.text)
-            found = folded[handle].holds(_folded(said))
-            if not found and policy.quotes:
+            verdict = folded[handle].holds(_folded(said), budget)
+            if not verdict and policy.quotes:
                 # Only positions in the detail: problem bodies carry no generated text.
+                where = (
+                    f"the quote at character {offset + quoted.start()} of the answer, next to "
+                    f"[source:{handle}],"
+                )
                 raise _invalid(
                     InvalidCitationReason.QUOTE_NOT_IN_PASSAGE,
-                    f"the quote at character {offset + quoted.start()} of the answer, next to "
-                    f"[source:{handle}], is not in that passage.",
+                    f"{where} is not in that passage."
+                    if verdict is not None
+                    else f"{where} is not in that passage as its line-end hyphens read "
+                    "uniformly, and the answer's budget for searching mixed readings is spent.",
                 )
-            checks.append(QuoteCheck(said, found))
+            checks.append(QuoteCheck(said, verdict is True))
         segment_start = match.end()
     if policy.require and not quotes:
         raise _invalid(
@@ -124,11 +200,49 @@ def _folded(text: str) -> str:
     """`text` as quotes and passages are compared (module docstring): with every handle marker
     as a model is shown it (`defang`: a passage holding `[source:` reaches the model, and the
     extractive provider's quotes, as `(source:`, so a faithful quote of it must be found),
-    NFKC-folded, each hyphenated line end turned into `_BREAK`, soft hyphens removed and white
-    space normalized."""
-    text = unicodedata.normalize("NFKC", defang(text).replace(_BREAK, ""))
-    text = _LINE_END_HYPHEN.sub(_BREAK, text).replace(_SOFT_HYPHEN, "")
+    NFKC-folded but for superscripts and subscripts, each hyphenated line end turned into
+    `_BREAK` or `_KEPT_HYPHEN`, soft hyphens removed and white space normalized."""
+    text = _nfkc_but_super_sub(_without_sentinels(defang(text)))
+    text = _LINE_END_HYPHEN.sub(_line_end, text).replace(_SOFT_HYPHEN, "")
     return " ".join(text.split())
+
+
+def _without_sentinels(text: str) -> str:
+    """`text` without the characters folding gives line-end hyphens."""
+    return text.replace(_BREAK, "").replace(_KEPT_HYPHEN, "")
+
+
+def _nfkc_but_super_sub(text: str) -> str:
+    """`text` NFKC-normalized, each run of superscript and subscript characters kept as it is
+    (the pieces between normalized on their own)."""
+    if text.isascii() or _SUPER_SUB.isdisjoint(text):
+        return unicodedata.normalize("NFKC", text)
+    pieces = _SUPER_SUB_RUN.split(text)  # other text at even indices, runs kept at odd ones
+    pieces[::2] = [unicodedata.normalize("NFKC", piece) for piece in pieces[::2]]
+    return "".join(pieces)
+
+
+def _line_end(match: re.Match[str]) -> str:
+    """What a line-end hyphen between word characters stands for: between two letters, a word
+    broken there; else a hyphen the text has (`1-2`, `COVID-19`)."""
+    text = match.string
+    if text[match.start() - 1].isalpha() and text[match.end()].isalpha():
+        return _BREAK
+    return _KEPT_HYPHEN
+
+
+class _Budget:
+    """The pattern-search work an answer's check may still spend (module docstring)."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def spend(self, work: int) -> bool:
+        """Whether `work` is allowed, taking it from what is left if so."""
+        if work > self.left:
+            return False
+        self.left -= work
+        return True
 
 
 class _FoldedPassage:
@@ -137,43 +251,57 @@ class _FoldedPassage:
 
     def __init__(self, text: str) -> None:
         self.text = _folded(text)
-        self.breaks = _BREAK in self.text
-        # Every break read alike: together these find any quote that crosses at most one.
+        self.breaks = _BREAK in self.text or _KEPT_HYPHEN in self.text
         self.readings = (
-            tuple(self.text.replace(_BREAK, r) for r in ("", "-", "- ")) if self.breaks else ()
+            tuple(
+                self.text.replace(_BREAK, joined).replace(_KEPT_HYPHEN, kept)
+                for joined, kept in _UNIFORM_READINGS
+            )
+            if self.breaks
+            else ()
         )
         self.hyphen_free = _hyphen_free(self.text) if self.breaks else ""
+        self.longest = len(self.readings[-1]) if self.breaks else len(self.text)
         self.verdicts: dict[str, bool] = {}
 
-    def holds(self, quote: str) -> bool:
-        """Whether the folded `quote` is in the passage, each break read as a hyphen, a hyphen
-        and a space, or nothing (module docstring)."""
+    def holds(self, quote: str, budget: _Budget) -> bool | None:
+        """Whether the folded `quote` is in the passage, each `_BREAK` read as a hyphen, a
+        hyphen and a space, or nothing, each `_KEPT_HYPHEN` as one of the first two (module
+        docstring); None when only a pattern search could tell and `budget` does not allow
+        it."""
         if not self.breaks:
             return quote in self.text
         if any(quote in reading for reading in self.readings):
             return True
-        # A quote with no hyphen reads every break it crosses as nothing: the first reading
-        # was exact. One whose hyphen-free form the passage's lacks is in no reading at all.
+        # A quote with no hyphen reads every break it crosses as nothing (and crosses no kept
+        # hyphen): the first reading was exact. One whose hyphen-free form the passage's lacks
+        # is in no reading at all.
         if not _HYPHENS.intersection(quote) or _hyphen_free(quote) not in self.hyphen_free:
             return False
-        # Left: a quote that reads breaks in different ways, or nearly matches. The pattern
-        # search costs up to the two lengths' product, so its verdicts are kept.
+        # Left: a quote that reads line ends in different ways, or nearly matches. The pattern
+        # search costs up to the two lengths' product (and compiling, the quote's length): its
+        # verdicts are kept, and what one answer spends on them is bounded.
         if quote not in self.verdicts:
+            if len(quote) > self.longest:
+                return False  # longer than the passage reads even with every hyphen spaced
+            if not budget.spend(len(quote) * (len(self.text) + _COMPILE_WORK)):
+                return None
             found = re.search(_break_tolerant(quote), self.text) is not None
             self.verdicts[quote] = found
         return self.verdicts[quote]
 
 
 def _hyphen_free(text: str) -> str:
-    """`text` without breaks and without hyphens (each with the space after it): a quote
-    found in a passage is found in this form of it too, the converse not always."""
-    return _HYPHEN_READING.sub("", text.replace(_BREAK, ""))
+    """`text` without line-end hyphens and without hyphens (each with the space after it): a
+    quote found in a passage is found in this form of it too, the converse not always."""
+    return _HYPHEN_READING.sub("", _without_sentinels(text))
 
 
 def _break_tolerant(quote: str) -> str:
     """A pattern of `quote` in which a hyphen (with the space after it) may also be a
-    passage's `_BREAK`, and one may stand between two word characters (the joined word).
-    Nothing is optional but the `_BREAK`s, so it matches only text that reads as the quote."""
+    passage's `_BREAK` or `_KEPT_HYPHEN`, and a `_BREAK` may stand between two letters (the
+    joined word). Nothing is optional but the `_BREAK`s, so it matches only text that reads as
+    the quote."""
     pieces: list[str] = []
     previous = ""
     at = 0
@@ -181,11 +309,11 @@ def _break_tolerant(quote: str) -> str:
         char = quote[at]
         if char in _HYPHENS:
             written = quote[at : at + 2] if quote.startswith(" ", at + 1) else char
-            pieces.append(f"(?:{_BREAK}|{re.escape(written)})")
+            pieces.append(f"(?:{_BREAK}|{_KEPT_HYPHEN}|{re.escape(written)})")
             at += len(written)
             previous = written[-1]
             continue
-        if _WORD_CHARACTER.match(previous) and _WORD_CHARACTER.match(char):
+        if previous.isalpha() and char.isalpha():
             pieces.append(f"{_BREAK}?")
         pieces.append(re.escape(char))
         previous = char
