@@ -168,7 +168,15 @@ def test_a_pdf_without_a_text_layer_says_so(count_tokens: TokenCounter) -> None:
 
 @pytest.mark.parametrize(
     "labels",
-    [["Page 1", "Page 2"], ["- 1 -", "2 of 2"], ["ACME000123", "ACME000124"], ["1", "p. 2"]],
+    [
+        ["Page 1", "Page 2"],
+        ["- 1 -", "2 of 2"],
+        ["ACME000123", "ACME000124"],
+        ["1", "p. 2"],
+        ["PAGE 1", "Seite 2 von 2"],
+        # A page number and a Bates stamp on one page, a line each.
+        ["Page 1\nACME000123", "ACME-000124\n2"],
+    ],
 )
 def test_a_scan_whose_only_text_is_its_page_numbers_has_no_text_layer(
     count_tokens: TokenCounter, labels: list[str]
@@ -177,7 +185,7 @@ def test_a_scan_whose_only_text_is_its_page_numbers_has_no_text_layer(
     # passages "Page 1" and "Page 2", while without them it was refused as needing OCR.
     with pytest.raises(RetrievalError) as caught:
         prepare_document(
-            docs.text_pdf([[label] for label in labels]),
+            docs.text_pdf([label.split("\n") for label in labels]),
             "application/pdf",
             source_id="x",
             token_counter=count_tokens,
@@ -196,6 +204,32 @@ def test_a_scan_whose_only_text_is_its_page_numbers_has_no_text_layer(
     )
     assert [c.location.page for c in prepared.chunks] == [1]
     assert prepared.source.metadata["pagesWithText"] == 1
+
+
+@pytest.mark.parametrize(
+    "pages",
+    [
+        [["Strategy 2030"], ["Our plan for the decade ahead is growth."]],
+        [["Report 2024"]],
+        [["ISO 9001"], ["Quality manual body text."]],
+        [["Handbook"], ["Copyright 2024"], ["Body text here about safety."]],
+        [["Price list"], ["1200", "3400", "5600", "7800"]],
+        [["Price list"], ["1200", "3400"]],
+    ],
+)
+def test_a_short_page_of_words_or_figures_is_text_not_a_page_number(
+    count_tokens: TokenCounter, pages: list[list[str]]
+) -> None:
+    # A black-box test: "Strategy 2030", "ISO 9001" and "Copyright 2024" pages were dropped
+    # as Bates stamps, a page of figures as page numbers, and a one-page "Report 2024" was
+    # refused as "only page numbers".
+    prepared = prepare_document(
+        docs.text_pdf(pages), "application/pdf", source_id="x", token_counter=count_tokens
+    )
+    assert {c.location.page for c in prepared.chunks} == set(range(1, len(pages) + 1))
+    assert prepared.source.metadata["pagesWithText"] == len(pages)
+    text = "\n".join(c.text for c in prepared.chunks)
+    assert all(line in text for lines in pages for line in lines)
 
 
 def test_a_page_whose_glyphs_no_font_maps_is_a_page_without_text(
@@ -247,6 +281,27 @@ def test_a_damaged_page_refuses_the_pdf_and_is_named(count_tokens: TokenCounter)
             token_counter=count_tokens,
         )
     assert caught.value.reason == "pdf-malformed"
+    assert caught.value.detail.startswith("page 2 of the PDF could not be read")
+
+
+def test_a_page_whose_flate_stream_does_not_inflate_refuses_the_pdf(
+    count_tokens: TokenCounter,
+) -> None:
+    # A black-box test: pypdf logs zlib's error and reads such a page as empty, and the file
+    # was indexed without it.
+    whole = prepare_document(
+        docs.flate_page_pdf(), "application/pdf", source_id="x", token_counter=count_tokens
+    )
+    assert {c.location.page for c in whole.chunks} == {1, 2}
+    assert "Second page text behind a Flate filter" in "\n".join(c.text for c in whole.chunks)
+    damaged = docs.flate_page_pdf(damaged=True)
+    assert pypdf.PdfReader(io.BytesIO(damaged)).pages[1].extract_text() == ""
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(damaged, "application/pdf", source_id="x", token_counter=count_tokens)
+    assert (caught.value.code, caught.value.reason) == (
+        ErrorCode.INVALID_DOCUMENT,
+        "pdf-malformed",
+    )
     assert caught.value.detail.startswith("page 2 of the PDF could not be read")
 
 

@@ -268,6 +268,17 @@ def many_pages_pdf(pages: int, *, declared: int | None = None) -> bytes:
     return assemble_pdf(objects)
 
 
+def flate_page_pdf(*, damaged: bool = False) -> bytes:
+    """Two pages; the second's content stream is Flate-compressed, and with `damaged` its
+    compressed bytes are scrambled (all but the zlib header and checksum): pypdf inflates
+    no content from it, logs zlib's error and reads the page as empty."""
+    content = b"BT /F1 12 Tf 72 700 Td (Second page text behind a Flate filter) Tj ET"
+    compressed = bytearray(zlib.compress(content, 9))
+    if damaged:
+        compressed[2:-4] = bytes(byte ^ 0xA5 for byte in compressed[2:-4])
+    return _after_a_readable_page(bytes(compressed), filters=b"/FlateDecode")
+
+
 # --- e-mail --------------------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import pypdf
 from pypdf import PageObject, PasswordType
-from pypdf.errors import LimitReachedError
+from pypdf.errors import LimitReachedError, PdfStreamError
 from pypdf.generic import (
     ArrayObject,
     ByteStringObject,
@@ -81,9 +81,12 @@ _log = logging.getLogger(__name__)
 class _PypdfLog(logging.Handler):
     """pypdf's log. It logs every repair it makes to a damaged file as a warning: for uploaded
     files that is log volume an attacker controls (one line per broken object), so warnings
-    are dropped and errors passed on. One warning matters: text extraction gave up on a
-    page's form XObjects past its invocation bound and returned the text before them, so it
-    is noted for the thread extracting (`skipped_forms`)."""
+    are dropped and errors passed on. Two warnings matter, each noted for the thread that
+    reads: text extraction gave up on a page's form XObjects past its invocation bound and
+    returned the text before them (`skipped_forms`); and a Flate stream failed to inflate,
+    for which pypdf logs zlib's error ("Error -3 while decompressing data: invalid code
+    lengths set") and returns only the bytes before the damage, often none (`damaged_stream`).
+    """
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -97,11 +100,21 @@ class _PypdfLog(logging.Handler):
     def skipped_forms(self, value: bool) -> None:
         self._local.skipped_forms = value
 
+    @property
+    def damaged_stream(self) -> bool:
+        return bool(getattr(self._local, "damaged_stream", False))
+
+    @damaged_stream.setter
+    def damaged_stream(self, value: bool) -> None:
+        self._local.damaged_stream = value
+
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.ERROR:
             _log.handle(record)
         elif "form XObject invocations" in str(record.msg):
             self.skipped_forms = True
+        elif record.name == "pypdf.filters" and "while decompressing" in str(record.msg):
+            self.damaged_stream = True
 
 
 _PYPDF_LOG: Final = _PypdfLog()
@@ -112,19 +125,29 @@ _pypdf_logger.propagate = False
 _pypdf_logger.addHandler(_PYPDF_LOG)
 
 
-# A line that only numbers its page: "3", "- 3 -", "Page 3", "p. 3 of 12", "3/12", or a Bates
-# stamp ("ACME000123").
-_PAGE_LABEL: Final = re.compile(
-    r"(?:(?:page|pg\.?|p\.|seite|p[aá]gina)\s*)?[-–—]?\s*\d{1,6}\s*(?:(?:of|/|von|de)\s*\d{1,6})?"
-    r"\s*[-–—]?|[A-Z]{2,10}[-_ ]?\d{4,10}",
-    re.IGNORECASE,
+# A line that only numbers its page: "3", "- 3 -", "Page 3", "p. 3 of 12", "3/12" (the words
+# in any case).
+_PAGE_NUMBER: Final = re.compile(
+    r"(?i:(?:page|pg\.?|p\.|seite|p[aá]gina)\s*)?[-–—]?\s*\d{1,6}\s*"
+    r"(?:(?i:of|/|von|de)\s*\d{1,6})?\s*[-–—]?"
 )
+# A Bates stamp: capitals, then digits ("ACME000123", "ACME-000123"). Case-sensitive and
+# without a space, so "Report 2024", "Strategy 2030" or "ISO 9001" are text (a black-box
+# test: such title pages were dropped, and a one-page "Report 2024" refused).
+_BATES_STAMP: Final = re.compile(r"[A-Z]{2,10}[-_]?\d{4,10}")
 
 
 def _only_page_labels(page_text: str) -> bool:
-    """The page's every line that holds text is a page number or a Bates stamp."""
-    lines = [line.strip() for line in page_text.split("\n") if line.strip()]
-    return bool(lines) and all(_PAGE_LABEL.fullmatch(line) for line in lines)
+    """The page's only text is a page number, a Bates stamp, or one of each, a line each: a
+    column of figures ("1200", "3400", ...) is text."""
+    kinds = [_label_kind(line.strip()) for line in page_text.split("\n") if line.strip()]
+    return bool(kinds) and None not in kinds and len(set(kinds)) == len(kinds)
+
+
+def _label_kind(line: str) -> str | None:
+    if _PAGE_NUMBER.fullmatch(line):
+        return "number"
+    return "stamp" if _BATES_STAMP.fullmatch(line) else None
 
 
 def _mostly_undecodable(page_text: str) -> bool:
@@ -343,6 +366,7 @@ def _check_content_streams(
         if cancel is not None:
             cancel.check()
         _check_contents_object(page, number)
+        _PYPDF_LOG.damaged_stream = False
         page_bytes = 0
         page_ops = 0
         streams = _page_streams(page)
@@ -367,6 +391,11 @@ def _check_content_streams(
             page_ops += _count_operators(data, limits.max_page_operators - page_ops + 1)
             if page_ops > limits.max_page_operators:
                 raise _too_many_operators(f"a page has more than {limits.max_page_operators}")
+        if _PYPDF_LOG.damaged_stream:
+            # pypdf inflates a damaged Flate stream up to the damage and logs the rest away:
+            # the page would be indexed short or empty (a black-box test: indexed without
+            # page 2).
+            raise _PageUnreadable(number) from PdfStreamError("a Flate stream does not inflate")
         document += page_ops
         if document > limits.max_document_operators:
             raise _too_many_operators(f"the PDF has more than {limits.max_document_operators}")
