@@ -22,19 +22,7 @@ def test_a_wait_ends_when_the_inactivity_timeout_runs_out() -> None:
 
 def test_a_wait_ends_when_cancelled_from_another_thread() -> None:
     token = CancelToken()
-    waiting = threading.Event()
-    outcome: list[ErrorCode] = []
-
-    def wait() -> None:
-        waiting.set()
-        try:
-            token.wait(600.0)
-        except RetrievalError as error:
-            outcome.append(error.code)
-
-    worker = threading.Thread(target=wait)
-    worker.start()
-    assert waiting.wait(30.0)
+    worker, outcome = _wait_in_a_thread(token)
     token.cancel()
     worker.join(30.0)
     assert not worker.is_alive() and outcome == [ErrorCode.CANCELLED]

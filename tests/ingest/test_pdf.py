@@ -34,6 +34,13 @@ def assert_located(text: str, page_lines: list[str], start: int, end: int) -> No
     assert parts[1:-1] == page_lines[start : end - 1]
 
 
+def refusal(data: bytes, count_tokens: TokenCounter) -> RetrievalError:
+    """The error a PDF is refused with."""
+    with pytest.raises(RetrievalError) as caught:
+        prepare_document(data, "application/pdf", source_id="x", token_counter=count_tokens)
+    return caught.value
+
+
 def test_known_text_comes_back_with_its_page_and_lines(count_tokens: TokenCounter) -> None:
     data = docs.text_pdf(PAGES)
     prepared = prepare_document(
@@ -183,18 +190,9 @@ def test_a_scan_whose_only_text_is_its_page_numbers_has_no_text_layer(
 ) -> None:
     # Probe A (session 35): a scanned contract with a digital page number was "indexed" as
     # passages "Page 1" and "Page 2", while without them it was refused as needing OCR.
-    with pytest.raises(RetrievalError) as caught:
-        prepare_document(
-            docs.text_pdf([label.split("\n") for label in labels]),
-            "application/pdf",
-            source_id="x",
-            token_counter=count_tokens,
-        )
-    assert (caught.value.code, caught.value.reason) == (
-        ErrorCode.INVALID_DOCUMENT,
-        "pdf-no-text-layer",
-    )
-    assert "only text is page numbers" in caught.value.detail
+    error = refusal(docs.text_pdf([label.split("\n") for label in labels]), count_tokens)
+    assert (error.code, error.reason) == (ErrorCode.INVALID_DOCUMENT, "pdf-no-text-layer")
+    assert "only text is page numbers" in error.detail
     # A page of text keeps its number; a page of only a number beside it is not a passage.
     prepared = prepare_document(
         docs.text_pdf([["Harbour dues are paid monthly.", "Page 1"], ["Page 2"]]),
@@ -246,18 +244,9 @@ def test_a_page_whose_glyphs_no_font_maps_is_a_page_without_text(
         assert "\ufffd" not in "".join(c.text for c in prepared.chunks)
         metadata = prepared.source.metadata
         assert (metadata["pageCount"], metadata["pagesWithText"]) == (2, 1)
-    with pytest.raises(RetrievalError) as caught:
-        prepare_document(
-            docs.missing_font_pdf(readable_page=False),
-            "application/pdf",
-            source_id="x",
-            token_counter=count_tokens,
-        )
-    assert (caught.value.code, caught.value.reason) == (
-        ErrorCode.INVALID_DOCUMENT,
-        "pdf-no-text-layer",
-    )
-    assert "cannot be decoded" in str(caught.value)
+    error = refusal(docs.missing_font_pdf(readable_page=False), count_tokens)
+    assert (error.code, error.reason) == (ErrorCode.INVALID_DOCUMENT, "pdf-no-text-layer")
+    assert "cannot be decoded" in str(error)
 
 
 def test_a_damaged_page_refuses_the_pdf_and_is_named(count_tokens: TokenCounter) -> None:
@@ -273,15 +262,9 @@ def test_a_damaged_page_refuses_the_pdf_and_is_named(count_tokens: TokenCounter)
     assert caught.value.detail.startswith("page 2 of the PDF could not be read")
     # So is a page whose stream does not decode, found while the streams are measured (probe
     # A, session 35: "the PDF could not be read").
-    with pytest.raises(RetrievalError) as caught:
-        prepare_document(
-            docs.undecodable_stream_pdf(),
-            "application/pdf",
-            source_id="x",
-            token_counter=count_tokens,
-        )
-    assert caught.value.reason == "pdf-malformed"
-    assert caught.value.detail.startswith("page 2 of the PDF could not be read")
+    error = refusal(docs.undecodable_stream_pdf(), count_tokens)
+    assert error.reason == "pdf-malformed"
+    assert error.detail.startswith("page 2 of the PDF could not be read")
 
 
 def test_a_page_whose_flate_stream_does_not_inflate_refuses_the_pdf(
@@ -357,14 +340,9 @@ def test_a_repairable_self_referencing_xref_still_reads(count_tokens: TokenCount
 def test_bytes_that_are_not_a_pdf_are_a_content_type_mismatch(
     count_tokens: TokenCounter,
 ) -> None:
-    with pytest.raises(RetrievalError) as caught:
-        prepare_document(
-            b"# A Markdown file\n\nNot a PDF.\n",
-            "application/pdf",
-            source_id="x",
-            token_counter=count_tokens,
-        )
-    assert caught.value.reason == "content-type-mismatch"
+    assert refusal(b"# A Markdown file\n\nNot a PDF.\n", count_tokens).reason == (
+        "content-type-mismatch"
+    )
 
 
 def test_a_page_whose_form_xobjects_pypdf_stops_following_is_refused(
