@@ -39,10 +39,11 @@ starts with `From ` but is not one (mid-paragraph, without a date: "From here on
 sentence: "From 09:00 to 17:00 in 2024 ...") stays body text of its message; quoted `>From `
 body lines are kept as written.
 
-Text is decoded with the declared charset, except that a label of ASCII, ISO-8859-1 or
-UTF-8, or none, reads the bytes as UTF-8 where they are UTF-8 and each other byte as
-windows-1252 (what mailers that mislabel send; the HTML standard reads ISO-8859-1 as
-windows-1252 too). Header values with raw 8-bit bytes are read the same way.
+Text is decoded with the declared charset as `charsets.read_text` reads it (the HTML
+standard's label table, by the superset senders write), except that a label the standard
+reads as windows-1252 (ASCII, ISO-8859-1, windows-1252) or UTF-8, or none, reads the bytes as
+UTF-8 where they are UTF-8 and each other byte as windows-1252 (what mailers that mislabel
+send). Header values with raw 8-bit bytes, and RFC 2047 words, are read the same way.
 """
 
 from __future__ import annotations
