@@ -88,7 +88,7 @@ def test_a_model_name_may_hold_an_at_sign_and_other_labels_may_not() -> None:
         assert check_label("model", name, model=True) == name
         with pytest.raises(RetrievalError):
             check_label("provider", name)
-    for address in ("someone@example.com", "a.b@mail.example.org", "x@y.io"):
+    for address in ("someone@example.com", "a.b@mail.example.org", "x@y.io", "j@example.com."):
         with pytest.raises(RetrievalError, match="e-mail"):
             check_label("model", address, model=True)
     with pytest.raises(RetrievalError, match="@"):

@@ -274,6 +274,59 @@ def test_a_label_the_standard_does_not_know_reads_as_none(
     assert prepared.chunks[0].text == "caf\u00e9 C:\\new\\table \u201cok\u201d"
 
 
+@pytest.mark.parametrize(
+    ("charset", "body", "expected"),
+    [
+        # Probe W (session 35): labels mailers send outside the standard's table were read as
+        # UTF-8 or windows-1252, a BOM was ignored, x-user-defined gave private-use characters.
+        ("utf-7", "Caf\u00e9 na\u00efve".encode("utf-7"), "Caf\u00e9 na\u00efve"),
+        ("cp850", "Gr\u00f6\u00dfe fa\u00e7ade".encode("cp850"), "Gr\u00f6\u00dfe fa\u00e7ade"),
+        ("ibm437", "Gr\u00f6\u00dfe".encode("cp437"), "Gr\u00f6\u00dfe"),
+        ("euc-cn", "\u4e2d\u6587\u6d4b\u8bd5".encode("gb2312"), "\u4e2d\u6587\u6d4b\u8bd5"),
+        ("latin9", "5 \u20ac \u0153uvre".encode("iso8859_15"), "5 \u20ac \u0153uvre"),
+        ("utf-32", "Hello w\u00f6rld".encode("utf-32"), "Hello w\u00f6rld"),
+        (
+            "iso-2022-jp-2",
+            "\u65e5\u672c\u8a9e \u00c4".encode("iso2022_jp_2"),
+            "\u65e5\u672c\u8a9e \u00c4",
+        ),
+        (
+            "utf-16",
+            "Hello w\u00f6rld".encode("utf-16-be").join([b"\xfe\xff", b""]),
+            "Hello w\u00f6rld",
+        ),
+        ("utf-16", b"\xff\xfe" + "Hello w\u00f6rld".encode("utf-16-le"), "Hello w\u00f6rld"),
+        ("x-user-defined", "caf\u00e9 na\u00efve".encode("cp1252"), "caf\u00e9 na\u00efve"),
+        ("iso-2022-cn", b"\x1b$)A\x0e\x3d\x3b\x0f ok", ""),  # no decoder: unreadable
+    ],
+)
+def test_labels_mailers_send_outside_the_table_and_byte_order_marks_are_read(
+    count_tokens: TokenCounter, charset: str, body: bytes, expected: str
+) -> None:
+    raw = docs.message(
+        base64.b64encode(body) + b"\n",
+        content_type=f"text/plain; charset={charset}",
+        extra_headers=["Content-Transfer-Encoding: base64"],
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    text = prepared.chunks[0].text.strip()
+    if expected:
+        assert text == expected
+    else:  # all of it unreadable, none of its escape bytes shown as text
+        assert set(text) == {"\ufffd"}
+
+
+def test_an_address_header_keeps_its_quoted_display_name(count_tokens: TokenCounter) -> None:
+    # Probe W (session 35): read as a subject is, `"Doe, José" <...>` lost its quotes.
+    raw = docs.message("Body.\n").replace(
+        b"From: Alice <alice@example.org>",
+        b"From: =?utf-8?Q?Doe=2C_Jos=C3=A9?= <jose@example.org>",
+    )
+    prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+    messages: Any = prepared.source.metadata["messages"]
+    assert messages[0]["from"] == '"Doe, Jos\u00e9" <jose@example.org>'
+
+
 def test_encoded_words_read_as_bodies_and_iso_2022_jp_marks_other_sets_unreadable(
     count_tokens: TokenCounter,
 ) -> None:

@@ -44,7 +44,7 @@ _SECRET_SHAPES = (
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 # In a model name, `@` names a version (`gemini@1.5-pro`): an address there is one whose
 # domain ends in a name of letters.
-_MODEL_EMAIL = re.compile(r"[^@\s]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}(?![A-Za-z0-9.-])")
+_MODEL_EMAIL = re.compile(r"[^@\s]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}\.?(?![A-Za-z0-9-])")
 
 
 def check_label(kind: str, value: str, *, model: bool = False) -> str:

@@ -26,24 +26,51 @@ if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12
     from typing_extensions import Buffer
 
 
-def text_codec(label: str | None) -> codecs.CodecInfo | None:
-    """The codec that reads text declared as `label`; None for no label or one the HTML
-    standard does not know."""
+def text_codec(label: str | None, *, mail: bool = False) -> codecs.CodecInfo | None:
+    """The codec that reads text declared as `label`; None for no label or an unknown one.
+    With `mail`, a label outside the standard's table that names one of Python's character
+    sets is read by it (`utf-7`, `cp850`, `iso-2022-jp-2`, `utf-32`, `euc-cn`: mailers send
+    them); codecs that are not character sets never are."""
     if not label:
         return None
     encoding = webencodings.lookup(label)
     if encoding is None:
-        return None
+        return _python_charset(label) if mail else None
     if encoding.name == "iso-2022-jp":
         return _ISO_2022_JP
-    if encoding.name == "gbk":  # the standard's GBK decoder is its gb18030 decoder
-        return codecs.lookup("gb18030")
+    if encoding.name in ("gbk", "x-user-defined"):
+        # the standard's GBK decoder is its gb18030 decoder; x-user-defined is what a page
+        # declaring it is read as: windows-1252 (its own bytes are private-use characters)
+        return codecs.lookup("gb18030" if encoding.name == "gbk" else "cp1252")
     if encoding.name == "replacement":
-        try:
-            return codecs.lookup(label.strip().lower())
-        except LookupError:
-            return None
+        return _python_charset(label) or cast(codecs.CodecInfo, encoding.codec_info)
     return cast(codecs.CodecInfo, encoding.codec_info)
+
+
+# Python codecs that are no character set a mailer declares: transforms, IDNA, escapes, and
+# EBCDIC (a page or message in it garbled whole).
+_NOT_CHARSETS: Final = frozenset(
+    {"idna", "punycode", "undefined", "unicode-escape", "raw-unicode-escape", "mbcs", "oem"}
+    | {"cp037", "cp273", "cp424", "cp500", "cp875", "cp1026", "cp1140"}
+)
+_PYTHON_SUPERSETS: Final = {
+    "gb2312": "gb18030",
+    "gbk": "gb18030",
+    "shift_jis": "cp932",
+    "euc_kr": "cp949",
+    "big5": "big5hkscs",
+}
+
+
+def _python_charset(label: str) -> codecs.CodecInfo | None:
+    try:
+        info = codecs.lookup(label.strip().lower())
+    except (LookupError, ValueError):
+        return None
+    if not getattr(info, "_is_text_encoding", True) or info.name in _NOT_CHARSETS:
+        return None
+    superset = _PYTHON_SUPERSETS.get(info.name)
+    return codecs.lookup(superset) if superset else info
 
 
 # ISO-2022-JP as mailers write it: JIS X 0208 rows with the NEC and IBM rows in them (circled
@@ -139,13 +166,21 @@ _ISO_2022_JP: Final = codecs.CodecInfo(
 _GUESSED: Final = frozenset({"cp1252", "utf-8"})  # the standard reads ASCII and Latin-1 as 1252
 _ENCODED_WORD_CHARSET: Final = re.compile(r"=\?([^?*\s]+)(?:\*[^?\s]*)?\?[bBqQ]\?", re.ASCII)
 _CP1252_FALLBACK: Final = "retrieval-host-cp1252"
+_BOMS: Final = (
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
 
 
 def read_text(payload: bytes, charset: str | None) -> str:
     """A mail part's bytes as text in its declared charset, replacing what does not decode.
     A NUL (which no store keeps) separates what it stood between, as a space (dropped, it
     joined two words into one no search found: a black-box probe)."""
-    info = text_codec(charset)
+    info = text_codec(charset, mail=True)
+    for bom, unicode in _BOMS:  # a byte-order mark wins over the label, as the standard reads
+        if payload.startswith(bom) and not (info and info.name.startswith("utf-32")):
+            return payload[len(bom) :].decode(unicode, "replace").replace("\x00", " ")
     if info is None or info.name in _GUESSED:
         return utf8_or_1252(payload).replace("\x00", " ")
     try:

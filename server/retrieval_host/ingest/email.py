@@ -542,7 +542,9 @@ def _header(message: Message, name: str) -> str | None:
             if isinstance(raw, str) and _RAW_BYTE.search(raw):
                 data = raw.encode("ascii", errors="surrogateescape")
                 return " ".join(utf8_or_1252(data).split())
-            if isinstance(raw, str) and has_encoded_words(raw):
+            # Subject words read as bodies are; an address header's stay with the structured
+            # parser, which keeps `"Doe, José" <...>` one quoted name (a black-box probe)
+            if name == "Subject" and isinstance(raw, str) and has_encoded_words(raw):
                 words = encoded_words(raw)
                 if words is not None:
                     return words
