@@ -430,3 +430,74 @@ def test_lines_that_end_one_page_and_begin_the_next_are_text_not_a_footer() -> N
     lines = [x for x in _answer([ends, footer, begins], "widget manual action objects parser") if x]
     assert f"- {docstring} [source:p-1]" in lines
     assert not any("Widget pump manual" in line for line in lines), lines
+
+
+def test_a_leading_greater_than_sign_is_a_quote_mark_only_in_mail() -> None:
+    # Probe W: every passage without a page was read as mail, so plain text, HTML and Markdown
+    # lost a leading `>`: ">5 mg/kg of compound X is lethal" was quoted "5 mg/kg ...", which
+    # says something else, and a REPL's `>>> import os` line lost its prompt.
+    dose = "Toxicity of compound X.\n>5 mg/kg of compound X is lethal to rats.\n<1 mg/kg is safe."
+    lines = _answer([_passage("p-1", dose)], "how many mg/kg of compound X is lethal")
+    assert "- >5 mg/kg of compound X is lethal to rats. [source:p-1]" in lines, lines
+    session = "Example session:\n>>> import os\n>>> os.getcwd() returns the current directory."
+    lines = _answer([_passage("p-2", session)], "getcwd current directory")
+    assert lines == [
+        "- Example session: >>> import os >>> os.getcwd() returns the current directory."
+        " [source:p-2]"
+    ]
+    # Nor is a line saying who wrote something taken for a mail attribution there.
+    said = "Carol Diaz wrote:\nThe 5 mg/kg dose is lethal to rats."
+    lines = _answer([_passage("p-3", said)], "carol diaz lethal dose")
+    assert lines == ["- Carol Diaz wrote: The 5 mg/kg dose is lethal to rats. [source:p-3]"]
+    # In a message (its location names it) the marks are still its quote depth.
+    lines = _answer([_message("m-1", dose)], "how many mg/kg of compound X is lethal")
+    assert "- 5 mg/kg of compound X is lethal to rats. [source:m-1]" in lines, lines
+
+
+def test_only_a_page_number_ending_a_line_is_set_aside_in_finding_a_running_header() -> None:
+    # Probe W: with every figure masked, lines that differ only in their figures were taken
+    # for a running header or footer and never quoted, and the run declined.
+    pumps = [
+        _page("p-1", 1, "Model P-100 pumps deliver at most 40 litres per minute.\nFor ponds."),
+        _page("p-2", 2, "Model P-200 pumps deliver at most 95 litres per minute.\nFor tanks."),
+    ]
+    lines = _answer(pumps, "how many litres per minute does model P-200 deliver")
+    assert "- Model P-200 pumps deliver at most 95 litres per minute. [source:p-2]" in lines
+    serviced = [
+        _page(f"p-{n}", n, f"The pump must be serviced every {n * 3} months in zone {n}.\nMore.")
+        for n in (1, 2, 3)
+    ]
+    lines = _answer(serviced, "how often must the pump be serviced months zone")
+    assert lines == [
+        f"- The pump must be serviced every {n * 3} months in zone {n}. [source:p-{n}]"
+        for n in (1, 2, 3)
+    ]
+    totals = [
+        _page(
+            f"p-{n}",
+            n,
+            f"Valve list for section {n}.\nTotal pressure loss in section {n}: {n * 7} kPa.",
+        )
+        for n in (1, 2)
+    ]
+    lines = _answer(totals, "total pressure loss kPa")
+    assert lines == [
+        f"- Total pressure loss in section {n}: {n * 7} kPa. [source:p-{n}]" for n in (1, 2)
+    ]
+    warnings = [
+        _page(f"p-{n}", n, f"Warning: never open the valve under pressure {n}.") for n in (1, 2)
+    ]
+    lines = _answer(warnings, "never open the valve under pressure")
+    assert lines == [
+        f"- Warning: never open the valve under pressure {n}. [source:p-{n}]" for n in (1, 2)
+    ]
+    # A header that ends with its page number, however it is written, is still one.
+    header = "Apache-2.0 licence text — Reference Edition 2024 CONFIDENTIAL DRAFT"
+    forms = ("Page {}", "p. {}", "{}", "- {} -", "{} of 12", "{}/12", "| Page {}", "— {}")
+    for form in forms:
+        pages = [
+            _page(f"p-{n}", n, f"{header} {form.format(n)}\nThe licence text of part {n}.")
+            for n in (1, 3)
+        ]
+        lines = _answer(pages, "licence text reference edition")
+        assert lines == [f"- The licence text of part {n}. [source:p-{n}]" for n in (1, 3)], form

@@ -108,10 +108,12 @@ def _began_in_code(lines: list[str]) -> bool:
     return _prose_share(before) < _prose_share(after)
 
 
-# Quoted e-mail (and a Markdown block quote): the `>` marks that begin a line, each with an
-# optional space, are its quote depth, not its text: "- > > > > When the number of data points
-# is odd, ..." was quoted (probe D). An attribution introduces quoted text and says nothing
-# ("Carol Diaz wrote: > Collapse and truncate ..." was quoted as one sentence).
+# Quoted e-mail: the `>` marks that begin a line of a message, each with an optional space, are
+# its quote depth, not its text: "- > > > > When the number of data points is odd, ..." was
+# quoted (probe D). An attribution introduces quoted text and says nothing ("Carol Diaz wrote:
+# > Collapse and truncate ..." was quoted as one sentence). Only in mail: in any other text a
+# leading `>` is the text's own (">5 mg/kg ... is lethal" was quoted "5 mg/kg ...", and a
+# REPL's `>>> import os` line fused with the next; probe W).
 _QUOTE_MARKS = re.compile(r" {0,3}((?:>[ \t]?)+)")
 _ATTRIBUTION = re.compile(r"(?:on\s.{0,200}|\S(?:[^.!?]|\.(?!\s)){0,100}?)\swrote:", re.IGNORECASE)
 
@@ -214,12 +216,26 @@ def _attribution(indices: list[int], contents: list[str]) -> bool:
 # A PDF's running header and footer stay in each page's text: "Apache-2.0 licence text —
 # Reference Edition 2024 CONFIDENTIAL DRAFT Page 1" was quoted as a sentence, and a sentence
 # cut at a page end was quoted with the footer glued on (probe A). Such a line repeats, its
-# digits aside, at the top (or the bottom) of other pages of the source. Genuine lines repeat
-# across pages too: a reference's summary table and its entries say "Return the median (middle
-# value) of numeric data." on pages 1 and 2, in mid-page; two classes with one docstring end a
-# page and begin the next with the same lines.
-_DIGITS = re.compile(r"\d+")
-_Line = tuple[str, str, str, str]  # namespace, source, revision, text with digits masked
+# page number aside, at the top (or the bottom) of other pages of the source. Genuine lines
+# repeat across pages too: a reference's summary table and its entries say "Return the median
+# (middle value) of numeric data." on pages 1 and 2, in mid-page; two classes with one
+# docstring end a page and begin the next with the same lines. Only a page number at the
+# line's end (after a space or a separator) is set aside, not every figure: data-sheet pages
+# opening "Model P-100 pumps deliver at most 40 litres per minute." and "Model P-200 ... 95
+# litres per minute." are no running header (probe W). The forms: "3", "Page 3", "p. 3",
+# "Page iv", "- 3 -", "3 of 12", "3/12".
+_PAGE_NUMBER = re.compile(
+    r"(?:^|(?<=\s)|(?<=[—–|·•]))[-–—]?\s*"
+    r"(?:(?:page|pg\.?|p\.)\s*(?:\d+|[ivxlcdm]+\b)|\d+)(?:\s*(?:of|/)\s*\d+)?\s*[-–—]?$",
+    re.IGNORECASE,
+)
+_Line = tuple[str, str, str, str]  # namespace, source, revision, text less its page number
+
+
+def _running_text(line: str) -> str:
+    """What `line` reads as on every page it runs on: white space normalized, less the page
+    number that ends it, if one does."""
+    return _PAGE_NUMBER.sub("", " ".join(line.split())).rstrip()
 
 
 def _boilerplate(evidence: Sequence[EvidencePassage], lines: list[list[str]]) -> list[set[int]]:
@@ -236,9 +252,7 @@ def _boilerplate(evidence: Sequence[EvidencePassage], lines: list[list[str]]) ->
         scope = (passage.namespace, passage.source_id, passage.revision)
         written = [i for i, line in enumerate(its_lines) if line.strip()]
         nonblank.append(written if page is not None else [])
-        keys.append(
-            [(*scope, _DIGITS.sub("0", " ".join(its_lines[i].split()))) for i in nonblank[-1]]
-        )
+        keys.append([(*scope, _running_text(its_lines[i])) for i in nonblank[-1]])
         for key in keys[-1]:
             on_pages.setdefault(key, set()).add(page or 0)
 
@@ -369,9 +383,10 @@ class ExtractiveProvider:
         found = [
             (p_index, s_index, sentence, passage)
             for p_index, passage in enumerate(evidence)
-            # `>` marks are quote marks but in a PDF's text, where they are the page's own.
+            # `>` marks are quote marks only in a message (its location names it), elsewhere
+            # the text's own.
             for s_index, sentence in enumerate(
-                _sentences(lines[p_index], drop[p_index], passage.location.page is None)
+                _sentences(lines[p_index], drop[p_index], passage.location.document_id is not None)
             )
         ]
         weight = _rarity(question, [f[2] for f in found])
