@@ -182,7 +182,7 @@ def test_a_pdf_without_a_text_layer_says_so(count_tokens: TokenCounter) -> None:
         ["1", "p. 2"],
         ["PAGE 1", "Seite 2 von 2"],
         # A page number and a Bates stamp on one page, a line each.
-        ["Page 1\nACME000123", "ACME-000124\n2"],
+        ["Page 1\nACME000123", "ACME000124\n2"],
     ],
 )
 def test_a_scan_whose_only_text_is_its_page_numbers_has_no_text_layer(
@@ -210,6 +210,9 @@ def test_a_scan_whose_only_text_is_its_page_numbers_has_no_text_layer(
         [["Strategy 2030"], ["Our plan for the decade ahead is growth."]],
         [["Report 2024"]],
         [["ISO 9001"], ["Quality manual body text."]],
+        # Probe W (session 35): a hyphen is no stamp, a number past the page count no number.
+        [["ISO-27001"], ["Information security policy body text."]],
+        [["2024"], ["Body text of the yearly review follows here."]],
         [["Handbook"], ["Copyright 2024"], ["Body text here about safety."]],
         [["Price list"], ["1200", "3400", "5600", "7800"]],
         [["Price list"], ["1200", "3400"]],
@@ -286,6 +289,25 @@ def test_a_page_whose_flate_stream_does_not_inflate_refuses_the_pdf(
         "pdf-malformed",
     )
     assert caught.value.detail.startswith("page 2 of the PDF could not be read")
+
+
+def test_a_page_whose_flate_stream_is_cut_short_refuses_the_pdf(
+    count_tokens: TokenCounter,
+) -> None:
+    # Probe W (session 35): pypdf inflates the half that is there without logging, and the
+    # file was indexed with page 2 empty. A bad checksum or a line end after the data is
+    # no damage: the text is all there.
+    truncated = docs.flate_page_pdf(truncated=True)
+    assert "Second page" not in pypdf.PdfReader(io.BytesIO(truncated)).pages[1].extract_text()
+    error = refusal(truncated, count_tokens)
+    assert (error.code, error.reason) == (ErrorCode.INVALID_DOCUMENT, "pdf-malformed")
+    assert error.detail.startswith("page 2 of the PDF could not be read")
+    for data in (docs.flate_page_pdf(bad_checksum=True), docs.flate_page_pdf(tail=b"\r\n")):
+        prepared = prepare_document(
+            data, "application/pdf", source_id="x", token_counter=count_tokens
+        )
+        assert {c.location.page for c in prepared.chunks} == {1, 2}
+        assert "behind a Flate filter" in "\n".join(c.text for c in prepared.chunks)
 
 
 @pytest.mark.parametrize(

@@ -268,15 +268,23 @@ def many_pages_pdf(pages: int, *, declared: int | None = None) -> bytes:
     return assemble_pdf(objects)
 
 
-def flate_page_pdf(*, damaged: bool = False) -> bytes:
+def flate_page_pdf(
+    *, damaged: bool = False, truncated: bool = False, bad_checksum: bool = False, tail: bytes = b""
+) -> bytes:
     """Two pages; the second's content stream is Flate-compressed, and with `damaged` its
     compressed bytes are scrambled (all but the zlib header and checksum): pypdf inflates
-    no content from it, logs zlib's error and reads the page as empty."""
+    no content from it, logs zlib's error and reads the page as empty. With `truncated` it
+    is cut to half its bytes (pypdf inflates that half without a word), with `bad_checksum`
+    its Adler-32 is wrong, and `tail` follows it inside the stream."""
     content = b"BT /F1 12 Tf 72 700 Td (Second page text behind a Flate filter) Tj ET"
     compressed = bytearray(zlib.compress(content, 9))
     if damaged:
         compressed[2:-4] = bytes(byte ^ 0xA5 for byte in compressed[2:-4])
-    return _after_a_readable_page(bytes(compressed), filters=b"/FlateDecode")
+    if bad_checksum:
+        compressed[-4:] = bytes(byte ^ 0xFF for byte in compressed[-4:])
+    if truncated:
+        del compressed[len(compressed) // 2 :]
+    return _after_a_readable_page(bytes(compressed) + tail, filters=b"/FlateDecode")
 
 
 # --- e-mail --------------------------------------------------------------------------------

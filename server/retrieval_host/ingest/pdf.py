@@ -30,6 +30,7 @@ import codecs
 import logging
 import re
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from io import BytesIO
@@ -126,26 +127,29 @@ _pypdf_logger.addHandler(_PYPDF_LOG)
 
 
 # A line that only numbers its page: "3", "- 3 -", "Page 3", "p. 3 of 12", "3/12" (the words
-# in any case).
+# in any case); a page number only up to the document's page count ("2024" is a year).
 _PAGE_NUMBER: Final = re.compile(
-    r"(?i:(?:page|pg\.?|p\.|seite|p[aá]gina)\s*)?[-–—]?\s*\d{1,6}\s*"
+    r"(?i:(?:page|pg\.?|p\.|seite|p[aá]gina)\s*)?[-–—]?\s*(?P<n>\d{1,6})\s*"
     r"(?:(?i:of|/|von|de)\s*\d{1,6})?\s*[-–—]?"
 )
-# A Bates stamp: capitals, then digits ("ACME000123", "ACME-000123"). Case-sensitive and
-# without a space, so "Report 2024", "Strategy 2030" or "ISO 9001" are text (a black-box
-# test: such title pages were dropped, and a one-page "Report 2024" refused).
-_BATES_STAMP: Final = re.compile(r"[A-Z]{2,10}[-_]?\d{4,10}")
+# A Bates stamp: capitals directly followed by digits ("ACME000123"). Case-sensitive, without
+# a space or hyphen, so "Report 2024", "ISO 9001" or "ISO-27001" are text (black-box tests:
+# such title pages were dropped, and a one-page "Report 2024" refused).
+_BATES_STAMP: Final = re.compile(r"[A-Z]{2,10}\d{4,10}")
 
 
-def _only_page_labels(page_text: str) -> bool:
+def _only_page_labels(page_text: str, page_count: int) -> bool:
     """The page's only text is a page number, a Bates stamp, or one of each, a line each: a
     column of figures ("1200", "3400", ...) is text."""
-    kinds = [_label_kind(line.strip()) for line in page_text.split("\n") if line.strip()]
+    kinds = [
+        _label_kind(line.strip(), page_count) for line in page_text.split("\n") if line.strip()
+    ]
     return bool(kinds) and None not in kinds and len(set(kinds)) == len(kinds)
 
 
-def _label_kind(line: str) -> str | None:
-    if _PAGE_NUMBER.fullmatch(line):
+def _label_kind(line: str, page_count: int) -> str | None:
+    number = _PAGE_NUMBER.fullmatch(line)
+    if number and int(number["n"]) <= page_count:
         return "number"
     return "stamp" if _BATES_STAMP.fullmatch(line) else None
 
@@ -314,7 +318,7 @@ def _extract(
         texts.append(page_text)
         if not page_text.strip():
             continue
-        if _only_page_labels(page_text):
+        if _only_page_labels(page_text, count):
             # A scanned page whose only text layer is its page number or Bates stamp: no
             # text to index (probe A, session 35: a scan indexed as passages "Page 1", ...).
             labelled += 1
@@ -391,10 +395,10 @@ def _check_content_streams(
             page_ops += _count_operators(data, limits.max_page_operators - page_ops + 1)
             if page_ops > limits.max_page_operators:
                 raise _too_many_operators(f"a page has more than {limits.max_page_operators}")
-        if _PYPDF_LOG.damaged_stream:
-            # pypdf inflates a damaged Flate stream up to the damage and logs the rest away:
-            # the page would be indexed short or empty (a black-box test: indexed without
-            # page 2).
+        if _PYPDF_LOG.damaged_stream or any(map(_cut_short, _raw_streams(page))):
+            # pypdf inflates a damaged Flate stream up to the damage and logs the rest away,
+            # and one cut short without a word: the page would be indexed short or empty
+            # (black-box tests: indexed without page 2).
             raise _PageUnreadable(number) from PdfStreamError("a Flate stream does not inflate")
         document += page_ops
         if document > limits.max_document_operators:
@@ -435,6 +439,10 @@ def _page_streams(page: PageObject) -> Iterator[bytes]:
     contents = page.get_contents()
     if contents is not None:
         yield contents.get_data()
+    yield from (form.get_data() for form in _forms(page))
+
+
+def _forms(page: PageObject) -> Iterator[StreamObject]:
     try:
         resources: Any = page.get("/Resources")
         xobjects: Any = resources.get_object().get("/XObject") if resources else None
@@ -444,7 +452,32 @@ def _page_streams(page: PageObject) -> Iterator[bytes]:
     for item in items:
         xobject = item.get_object()
         if isinstance(xobject, StreamObject) and xobject.get("/Subtype") == "/Form":
-            yield xobject.get_data()
+            yield xobject
+
+
+def _raw_streams(page: PageObject) -> Iterator[StreamObject]:
+    """The page's content streams (checked by `_check_contents_object`) and form XObjects."""
+    contents = page.get("/Contents", NullObject()).get_object()
+    for part in contents if isinstance(contents, ArrayObject) else [contents]:
+        if isinstance(stream := part.get_object(), StreamObject):
+            yield stream
+    yield from _forms(page)
+
+
+def _cut_short(stream: StreamObject) -> bool:
+    """A Flate stream whose compressed bytes end before the stream does: pypdf inflates the
+    part there silently (probe W, session 35). Other zlib errors (a bad checksum, which pypdf
+    accepts) and other filters are pypdf's to judge."""
+    filters = stream.get("/Filter", NullObject()).get_object()
+    first = filters[0].get_object() if isinstance(filters, ArrayObject) and filters else filters
+    if first not in ("/FlateDecode", "/Fl"):
+        return False
+    inflater = zlib.decompressobj()
+    try:  # the raw bytes pypdf keeps; bounded, so a bomb costs nothing
+        inflater.decompress(stream._data, max_length=MAX_STREAM_OUTPUT)
+    except zlib.error:
+        return False
+    return not inflater.eof and not inflater.unconsumed_tail
 
 
 def _count_operators(data: bytes, stop_after: int) -> int:
