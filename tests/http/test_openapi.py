@@ -82,6 +82,16 @@ def test_every_problem_response_uses_the_problem_schema(document: dict[str, Any]
                 }
 
 
+def test_the_answers_that_can_say_when_to_retry_declare_retry_after() -> None:
+    # A 503 HOST_BUSY says Retry-After: 1; a model's 502 passes on the model's own wait.
+    document = build_openapi(version="1", ingest_media_types=ingest_media_types(), runs=True)
+    responses = document["paths"]["/v1/runs"]["post"]["responses"]
+    for status in ("502", "503"):
+        header = responses[status]["headers"]["Retry-After"]
+        assert header["schema"] == {"type": "integer", "minimum": 0, "maximum": 86400}
+    assert "Retry-After" not in responses["422"]["headers"]
+
+
 def _problem_schema(document: dict[str, Any]) -> dict[str, Any]:
     schema = document["paths"]["/v1/retrieval/search"]["post"]["responses"]["422"]["content"]
     return _resolve(document, schema["application/problem+json"]["schema"])

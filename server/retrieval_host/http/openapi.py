@@ -345,6 +345,17 @@ def _query_parameter(name: str, required: bool, schema: dict[str, Any]) -> dict[
     return parameter
 
 
+# On a 503 `HOST_BUSY` (1 s) and on a 502 whose model or embedding service said how long to wait
+# (`problems.retry_after`); the problem body's `retryAfter` says the same.
+_RETRY_AFTER: dict[str, Any] = {
+    "description": (
+        "Seconds to wait before trying again, when known: 1 on `HOST_BUSY`; on a 502, the "
+        "upstream service's own `Retry-After` (at most 86400), as the problem's `retryAfter`."
+    ),
+    "schema": {"type": "integer", "minimum": 0, "maximum": 86400},
+}
+
+
 def build_openapi(
     *,
     version: str,
@@ -366,6 +377,8 @@ def build_openapi(
                 "description": "The Bearer challenge.",
                 "schema": {"type": "string"},
             }
+        elif status in (502, 503):
+            headers["Retry-After"] = _RETRY_AFTER
         return {
             "description": text or _STATUS_TEXT[status],
             "headers": headers,
