@@ -79,6 +79,13 @@ _OPERATOR: Final = re.compile(
 _log = logging.getLogger(__name__)
 
 
+class _Noted(threading.local):
+    """What pypdf's log said while this thread read (`_PypdfLog`); each thread starts False."""
+
+    skipped_forms = False
+    damaged_stream = False
+
+
 class _PypdfLog(logging.Handler):
     """pypdf's log. It logs every repair it makes to a damaged file as a warning: for uploaded
     files that is log volume an attacker controls (one line per broken object), so warnings
@@ -91,31 +98,15 @@ class _PypdfLog(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self._local = threading.local()
-
-    @property
-    def skipped_forms(self) -> bool:
-        return bool(getattr(self._local, "skipped_forms", False))
-
-    @skipped_forms.setter
-    def skipped_forms(self, value: bool) -> None:
-        self._local.skipped_forms = value
-
-    @property
-    def damaged_stream(self) -> bool:
-        return bool(getattr(self._local, "damaged_stream", False))
-
-    @damaged_stream.setter
-    def damaged_stream(self, value: bool) -> None:
-        self._local.damaged_stream = value
+        self.noted = _Noted()
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.ERROR:
             _log.handle(record)
         elif "form XObject invocations" in str(record.msg):
-            self.skipped_forms = True
+            self.noted.skipped_forms = True
         elif record.name == "pypdf.filters" and "while decompressing" in str(record.msg):
-            self.damaged_stream = True
+            self.noted.damaged_stream = True
 
 
 _PYPDF_LOG: Final = _PypdfLog()
@@ -295,14 +286,14 @@ def _extract(
     for number, page in enumerate(pages, start=1):
         if cancel is not None:
             cancel.check()
-        _PYPDF_LOG.skipped_forms = False
+        _PYPDF_LOG.noted.skipped_forms = False
         try:
             page_text = normalize_text(page.extract_text())
         except (RetrievalError, LimitReachedError, RecursionError):
             raise
         except Exception as exc:
             raise _PageUnreadable(number) from exc
-        if _PYPDF_LOG.skipped_forms:
+        if _PYPDF_LOG.noted.skipped_forms:
             # pypdf stops following form XObjects past its bound and returns the text before
             # them: indexed, the page would be short with nothing to say so.
             raise _too_many_operators(
@@ -370,7 +361,7 @@ def _check_content_streams(
         if cancel is not None:
             cancel.check()
         _check_contents_object(page, number)
-        _PYPDF_LOG.damaged_stream = False
+        _PYPDF_LOG.noted.damaged_stream = False
         page_bytes = 0
         page_ops = 0
         streams = _page_streams(page)
@@ -395,7 +386,7 @@ def _check_content_streams(
             page_ops += _count_operators(data, limits.max_page_operators - page_ops + 1)
             if page_ops > limits.max_page_operators:
                 raise _too_many_operators(f"a page has more than {limits.max_page_operators}")
-        if _PYPDF_LOG.damaged_stream or any(map(_cut_short, _raw_streams(page))):
+        if _PYPDF_LOG.noted.damaged_stream or any(map(_cut_short, _raw_streams(page))):
             # pypdf inflates a damaged Flate stream up to the damage and logs the rest away,
             # and one cut short without a word: the page would be indexed short or empty
             # (black-box tests: indexed without page 2).
