@@ -813,3 +813,46 @@ def test_a_multipart_message_without_a_boundary_is_malformed_not_empty(
         prepare(raw, count_tokens, "message/rfc822")
     assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_DOCUMENT, "email-malformed")
     assert "no boundary" in info.value.detail
+
+
+BASE64 = ["Content-Transfer-Encoding: base64"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Plain text labelled base64: its letters decode, around the spaces, to bytes nobody
+        # wrote (its 24 letters make whole groups of four).
+        b"The valve is closed weekly ok\n",
+        b"The valve, it is closed weekly!\n",
+        # Two encodings run together: Python's parser stopped at the first `=`.
+        base64.b64encode(b"First half.") + base64.b64encode(b"Second half, never read.") + b"\n",
+    ],
+)
+def test_a_text_part_marked_base64_that_is_not_is_refused_naming_its_message(
+    count_tokens: TokenCounter, body: bytes
+) -> None:
+    # Probe D (session 35): such a body was decoded leniently and indexed as garbage.
+    good = docs.message("The gauge reads two bar.\n", message_id="<good@x>")
+    bad = docs.message(body, message_id="<bad@x>", extra_headers=BASE64)
+    with pytest.raises(RetrievalError) as info:
+        prepare(docs.mbox(good, bad), count_tokens, "application/mbox")
+    assert (info.value.code, info.value.reason) == (ErrorCode.INVALID_DOCUMENT, "email-malformed")
+    assert "<bad@x>" in info.value.detail and "base64" in info.value.detail
+
+
+def test_a_base64_body_without_padding_or_cut_short_still_reads(
+    count_tokens: TokenCounter,
+) -> None:
+    text = "The gauge reads two bar after the valve is closed, and the log says so: Café!!"
+    encoded = base64.encodebytes(text.encode())  # lines of 76, ending `=`
+    whole = base64.encodebytes(text.encode()[:-1])  # a multiple of three bytes: no padding
+    assert encoded.rstrip().endswith(b"=") and len(whole.replace(b"\n", b"")) % 4 == 0
+    # Without its padding; with spaces after its lines and one character cut short after them.
+    cases = [(encoded.rstrip(b"=\n"), text), (whole.replace(b"\n", b"  \n") + b"Q", text[:-1])]
+    for body, expected in cases:
+        raw = docs.message(body + b"\n", extra_headers=BASE64)
+        prepared: PreparedDocument = prepare(raw, count_tokens, "message/rfc822")
+        assert prepared.chunks[0].text.strip() == expected
+    # An attachment's transfer encoding is never read for text: listed, whatever its bytes.
+    assert prepare(attachment_message(), count_tokens, "message/rfc822").chunks

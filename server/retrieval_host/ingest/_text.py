@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -12,6 +13,7 @@ from retrieval_host.core.validation import json_bytes
 _NEWLINES: Final = re.compile(r"\r\n?")
 _SURROGATES: Final = re.compile("[\ud800-\udfff]")
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_NOT_BASE64: Final = re.compile(rb"[^A-Za-z0-9+/]")
 
 # Source metadata must stay under core's 16 KiB (JSON in UTF-8). Lists that can grow with the
 # document (sections, messages) get most of it; the rest is for scalar fields.
@@ -64,6 +66,20 @@ def unflowed(text: str, *, delsp: bool) -> str:
     if paragraph:
         out.append(prefix + "".join(paragraph))
     return "\n".join(out)
+
+
+def base64_body(encoded: bytes) -> bytes | None:
+    """A base64 body (RFC 2045) decoded, or None when it is not base64. Line breaks and white
+    space around lines are skipped, missing padding is added, and a last group cut short (one
+    character: a message cut off) is dropped. Any other character, a space within a line or
+    `=` before the end included, means text labelled base64 that is something else: decoding
+    around it, as the RFC allows and Python's parser does, makes bytes its sender never wrote,
+    which would be indexed as text."""
+    data = b"".join(line.strip() for line in encoded.splitlines()).rstrip(b"=")
+    if _NOT_BASE64.search(data):
+        return None
+    data = data[: len(data) - (len(data) % 4 == 1)]
+    return base64.b64decode(data + b"=" * (-len(data) % 4))
 
 
 def clip(value: str, limit: int = FIELD_CHARS) -> str:

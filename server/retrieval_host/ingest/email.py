@@ -11,7 +11,8 @@ is used only when there is no plain one with text, and it is read as an HTML fil
 (`ingest.html`): line n of its text is what a reader sees on line n of the decoded HTML part
 (scripts, styles and comments dropped; blank where a line has no visible text), so a citation
 of an HTML-only message points at the lines of its HTML. Charsets are decoded with replacement; an
-unknown or non-text charset is read as UTF-8 with replacement. Nothing ever raises on bad bytes.
+unknown or non-text charset is read as UTF-8 with replacement: bad bytes never raise, but a
+body text part marked base64 that is not base64 (`_text.base64_body`) is `email-malformed`.
 
 Attachments (any part marked `Content-Disposition: attachment`, any other part with a filename
 except inline text/plain, which is body text, any part that is not text/plain or text/html,
@@ -64,7 +65,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
-from retrieval_host.ingest._text import bounded, clip, normalize_text, unflowed
+from retrieval_host.ingest._text import base64_body, bounded, clip, normalize_text, unflowed
 from retrieval_host.ingest.charsets import (
     encoded_words,
     has_encoded_words,
@@ -137,7 +138,14 @@ def extract_email(
         message_id = _unique(_message_id(message, raw), taken)
         texts: list[str] = []
         attachments: list[dict[str, JSONValue]] = []
-        _collect(message, texts, attachments, html, top=True)
+        try:
+            _collect(message, texts, attachments, html, top=True)
+        except _NotBase64 as exc:
+            raise invalid_document(
+                InvalidDocumentReason.EMAIL_MALFORMED,
+                f"message {clip(message_id, 100)}: a text part is marked base64 but holds "
+                "characters base64 does not use, so its text cannot be read.",
+            ) from exc
         body = "\n\n".join(t for t in texts if t.strip())
         bodies.append(body)
         info = _message_info(message, message_id, attachments)
@@ -432,7 +440,7 @@ def _collect(
     ):
         attachments.append(_attachment(part, content_type))
         return
-    payload = _payload(part)
+    payload = _body_payload(part)
     text = read_text(payload, _safe(part.get_content_charset))
     if content_type == "text/plain" and _param(part, "format") == "flowed":
         text = unflowed(normalize_text(text), delsp=_param(part, "delsp") == "yes")
@@ -489,6 +497,21 @@ def _payload(part: Message) -> bytes:
     except Exception:  # a broken transfer encoding: nothing readable
         return b""
     return payload if isinstance(payload, bytes) else b""
+
+
+class _NotBase64(Exception):
+    """A body text part marked base64 whose payload is not (`_text.base64_body`)."""
+
+
+def _body_payload(part: Message) -> bytes:
+    """The bytes of a body text part: a base64 one read strictly (`_NotBase64` otherwise)."""
+    if str(part.get("content-transfer-encoding", "")).strip().lower() != "base64":
+        return _payload(part)
+    raw = part.get_payload()  # bytes outside ASCII come as lone surrogates: not base64 either
+    decoded = base64_body(raw.encode()) if isinstance(raw, str) and raw.isascii() else None
+    if decoded is None:
+        raise _NotBase64
+    return decoded
 
 
 def _param(part: Message, name: str) -> str | None:
