@@ -23,6 +23,7 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.evidence import defang
 from retrieval_host.core.lexical import DEFAULT_ANALYZER, analyze
+from retrieval_host.core.mail_quotes import ATTRIBUTION, QUOTE_MARKS, is_attribution
 from retrieval_host.core.run_ports import (
     EvidencePassage,
     GenerationEvent,
@@ -108,21 +109,17 @@ def _began_in_code(lines: list[str]) -> bool:
     return _prose_share(before) < _prose_share(after)
 
 
-# Quoted e-mail: the `>` marks that begin a line of a message, each with an optional space, are
-# its quote depth, not its text: "- > > > > When the number of data points is odd, ..." was
+# Quoted e-mail (`core.mail_quotes`): the `>` marks that begin a line of a message are its
+# quote depth, not its text: "- > > > > When the number of data points is odd, ..." was
 # quoted (probe D). An attribution introduces quoted text and says nothing ("Carol Diaz wrote:
 # > Collapse and truncate ..." was quoted as one sentence). Only in mail: in any other text a
 # leading `>` is the text's own (">5 mg/kg ... is lethal" was quoted "5 mg/kg ...", and a
 # REPL's `>>> import os` line fused with the next; probe W).
-_QUOTE_MARKS = re.compile(r" {0,3}((?:>[ \t]?)+)")
-_ATTRIBUTION = re.compile(r"(?:on\s.{0,200}|\S(?:[^.!?]|\.(?!\s)){0,100}?)\swrote:", re.IGNORECASE)
-
-
 def _sentences(lines: list[str], drop: set[int], quoting: bool) -> list[_Sentence]:
     """The sentences of a passage's `lines` (defanged), less the lines in `drop` (a running
     header or footer); with `quoting`, leading `>` marks are read as a quote depth, a change
     of which ends a paragraph as a blank line does."""
-    marked = [_QUOTE_MARKS.match(raw) if quoting else None for raw in lines]
+    marked = [QUOTE_MARKS.match(raw) if quoting else None for raw in lines]
     marks = [m.group(1).strip() if m else "" for m in marked]
     bodies = [raw[m.end() :] if m else raw for raw, m in zip(lines, marked, strict=True)]
     contents = [body.strip() for body in bodies]
@@ -189,9 +186,11 @@ def _sentences(lines: list[str], drop: set[int], quoting: bool) -> list[_Sentenc
             mark = fence.group(1)
             closing = re.compile(rf"^{re.escape(mark[0])}{{{len(mark)},}}[ \t]*$")
             block_depth = depth
-        elif not line or (quoting and _ATTRIBUTION.fullmatch(line)):
+        elif not line or (quoting and ATTRIBUTION.fullmatch(line)):
             flush()  # a blank line, or an attribution (not quoted)
-        elif quoting and 0 < len(kept) < 3 and _attribution([*kept, index], contents):
+        elif (
+            quoting and 0 < len(kept) < 3 and is_attribution([contents[i] for i in (*kept, index)])
+        ):
             # An attribution a mail client wrapped: "On ..., Bob <bob@example.org>" / "wrote:".
             kept.clear()
         elif _ATX.match(line):
@@ -206,11 +205,6 @@ def _sentences(lines: list[str], drop: set[int], quoting: bool) -> list[_Sentenc
             kept.append(index)
     flush()
     return sentences
-
-
-def _attribution(indices: list[int], contents: list[str]) -> bool:
-    """Whether these lines, joined, are an attribution."""
-    return _ATTRIBUTION.fullmatch(" ".join(contents[i] for i in indices)) is not None
 
 
 # A PDF's running header and footer stay in each page's text: "Apache-2.0 licence text —

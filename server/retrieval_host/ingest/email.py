@@ -1,18 +1,19 @@
 """E-mail: one `.eml` message or an mbox thread as a single versioned source.
 
-Each message is parsed with the standard library (`email.policy.default`); its body text is
-one segment whose passages carry the Message-ID as `location.documentId` (the `<...>` id, without
-the comments RFC 5322 allows around it; a missing or unusable Message-ID becomes `<sha256:HEX>`
-of the message's bytes, so it is deterministic; the n-th message of a document with an id
-already used gets `ID#n`, so no two messages cite alike). Line numbers
-count the lines of that message's extracted body text: its readable text parts, joined by a
-blank line. Per part, text/plain is preferred; in `multipart/alternative` the HTML version
+Each message is parsed with the standard library (`email.policy.default`); its body text is one
+segment (split around the quotes of text another message of the thread says itself, which are
+not indexed: `core.mail_quotes`) whose passages carry the Message-ID as `location.documentId`
+(the `<...>` id, without the comments RFC 5322 allows around it; a missing or unusable
+Message-ID becomes `<sha256:HEX>` of the message's bytes, so it is deterministic; the n-th
+message of a document with an id already used gets `ID#n`, so no two messages cite alike). Line
+numbers count the lines of that message's extracted body text: its readable text parts, joined
+by a blank line. Per part, text/plain is preferred; in `multipart/alternative` the HTML version
 is used only when there is no plain one with text, and it is read as an HTML file is
 (`ingest.html`): line n of its text is what a reader sees on line n of the decoded HTML part
-(scripts, styles and comments dropped; blank where a line has no visible text), so a citation
-of an HTML-only message points at the lines of its HTML. Charsets are decoded with replacement; an
-unknown or non-text charset is read as UTF-8 with replacement: bad bytes never raise, but a
-body text part marked base64 that is not base64 (`_text.base64_body`) is `email-malformed`.
+(scripts, styles and comments dropped; blank where a line has no visible text), so a citation of
+an HTML-only message points at the lines of its HTML. Charsets are decoded with replacement; an
+unknown or non-text charset is read as UTF-8 with replacement: bad bytes never raise, but a body
+text part marked base64 that is not base64 (`_text.base64_body`) is `email-malformed`.
 
 Attachments (any part marked `Content-Disposition: attachment`, any other part with a filename
 except inline text/plain, which is body text, any part that is not text/plain or text/html,
@@ -49,7 +50,6 @@ send). Header values with raw 8-bit bytes, and RFC 2047 words, are read the same
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import re
@@ -63,17 +63,14 @@ from typing import Final, TypeVar
 
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.mail_quotes import repeated_quote_lines
 from retrieval_host.core.models import JSONValue
 from retrieval_host.core.reasons import InvalidDocumentReason, PayloadTooLargeReason
 from retrieval_host.ingest._text import base64_body, bounded, clip, normalize_text, unflowed
-from retrieval_host.ingest.charsets import (
-    encoded_words,
-    has_encoded_words,
-    read_text,
-    utf8_or_1252,
-)
+from retrieval_host.ingest.charsets import read_text
 from retrieval_host.ingest.chunking import Extracted, Segment, paragraph_blocks
 from retrieval_host.ingest.html import visible_lines
+from retrieval_host.ingest.mail_headers import message_id_of, message_info, unique_id
 from retrieval_host.ingest.settings import (
     MBOX,
     IngestLimits,
@@ -84,9 +81,6 @@ from retrieval_host.ingest.settings import (
 
 # html.parser handles roughly a megabyte a second; this bounds the time spent on HTML bodies.
 MAX_HTML_BYTES: Final = 4 * MiB
-MAX_ATTACHMENTS_LISTED: Final = 20
-# Characters: RFC 5322's line length, less room for `#n` (`_unique`) under core's 998.
-MAX_MESSAGE_ID: Final = 990
 
 # Envelope lines after the first (`_envelopes`). Each pattern is linear in the line's length:
 # one nesting of lazy quantifiers took 34 s on a 16 KB line (a review found it).
@@ -107,8 +101,6 @@ _BOUNDARY: Final = re.compile(rb'boundary\s*=\s*(?:"([^"\r\n]{1,200})"|([^\s;"]{
 _DASH_LINE: Final = re.compile(rb"^--([^\r\n]*?)[ \t]*\r?$", re.MULTILINE)
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-_MSG_ID = re.compile(r"<[^<>\s]+>")
-_RAW_BYTE = re.compile("[\udc80-\udcff]")
 
 
 def extract_email(
@@ -121,10 +113,10 @@ def extract_email(
     """Extract a message or a thread (see the module docstring for the rules and bounds)."""
     raws = _split_mbox(data, limits) if media_type == MBOX else [_single(data)]
     html = _HtmlBudget(MAX_HTML_BYTES, limits.max_html_elements, cancel)
-    segments: list[Segment] = []
     bodies: list[str] = []
     infos: list[dict[str, JSONValue]] = []
     taken: dict[str, int] = {}
+    read: list[tuple[str, tuple[str, ...], str]] = []  # the messages with text
     no_boundary = False
     for raw in raws:
         if cancel is not None:
@@ -135,7 +127,7 @@ def extract_email(
             for part in message.walk()
             for defect in part.defects
         )
-        message_id = _unique(_message_id(message, raw), taken)
+        message_id = unique_id(message_id_of(message, raw), taken)
         texts: list[str] = []
         attachments: list[dict[str, JSONValue]] = []
         try:
@@ -148,16 +140,14 @@ def extract_email(
             ) from exc
         body = "\n\n".join(t for t in texts if t.strip())
         bodies.append(body)
-        info = _message_info(message, message_id, attachments)
+        info = message_info(message, message_id, attachments)
         if body.strip():
-            lines = tuple(body.split("\n"))
             subject = info["subject"]
-            path = (subject,) if isinstance(subject, str) else ()
-            blocks = paragraph_blocks(lines)
-            segments.append(Segment(lines, 1, blocks, document_id=message_id, path=path))
+            read.append((message_id, (subject,) if isinstance(subject, str) else (), body))
         infos.append(info)
         if cancel is not None:
             cancel.progress()
+    segments = _segments(read)
     if not segments:
         if no_boundary:
             # Its parts cannot be told apart, so none is read: a malformed message, not an
@@ -182,6 +172,24 @@ def extract_email(
         first_subject = infos[0].get("subject") if infos else None
         title = first_subject if isinstance(first_subject, str) else ""
     return Extracted(tuple(segments), "\f".join(bodies), title, metadata)
+
+
+def _segments(read: list[tuple[str, tuple[str, ...], str]]) -> list[Segment]:
+    """The messages' passages' segments: each body's lines, less the quotes of text another
+    message of the thread says itself (`core.mail_quotes`), split where those were."""
+    bodies = [tuple(body.split("\n")) for _, _, body in read]
+    segments: list[Segment] = []
+    for (message_id, path, _), lines, left in zip(
+        read, bodies, repeated_quote_lines(bodies), strict=True
+    ):
+        for dropped, run in itertools.groupby(range(len(lines)), left.__contains__):
+            indices = list(run)
+            part = lines[indices[0] : indices[-1] + 1]
+            if not dropped and any(line.strip() for line in part):
+                blocks = paragraph_blocks(part)
+                segment = Segment(part, indices[0] + 1, blocks, document_id=message_id, path=path)
+                segments.append(segment)
+    return segments
 
 
 # --- framing -----------------------------------------------------------------------------------
@@ -525,73 +533,3 @@ def _safe(getter: Callable[[], _T]) -> _T | None:
         return getter()
     except Exception:  # malformed header parameters never stop ingestion
         return None
-
-
-def _message_id(message: Message, raw: bytes) -> str:
-    value = _header(message, "Message-ID")
-    if value is not None:
-        value = clip(value, MAX_MESSAGE_ID)
-        # RFC 5322 allows comments and folding around the id: `(sent by x) <id@host>`.
-        bracketed = _MSG_ID.findall(value)
-        if len(bracketed) == 1:
-            return str(bracketed[0])
-        if value and " " not in value:
-            return value
-    return "<sha256:" + hashlib.sha256(raw).hexdigest() + ">"
-
-
-def _unique(message_id: str, taken: dict[str, int]) -> str:
-    """The id, or for its n-th use in the document (n >= 2) `id#n`: two messages of one thread
-    with one Message-ID (a resent message, a broken mailer, two identical messages without an
-    id) must not cite alike. A suffix another message already cites (its own Message-ID read
-    `id#2`, written without angle brackets) is passed over."""
-    uses = taken.get(message_id, 0) + 1
-    cited = message_id if uses == 1 else f"{message_id}#{uses}"
-    while uses > 1 and cited in taken:
-        uses += 1
-        cited = f"{message_id}#{uses}"
-    taken[message_id] = uses
-    taken.setdefault(cited, 1)
-    return cited
-
-
-def _header(message: Message, name: str) -> str | None:
-    """A header's decoded value, or its raw text if the structured parser trips over it.
-
-    Raw 8-bit bytes in a header (against RFC 5322, common in old mailers) are read as text
-    is (`utf8_or_1252`), not replaced by U+FFFD."""
-    for key, raw in message.raw_items():
-        if key.lower() == name.lower():
-            if isinstance(raw, str) and _RAW_BYTE.search(raw):
-                data = raw.encode("ascii", errors="surrogateescape")
-                return " ".join(utf8_or_1252(data).split())
-            # Subject words read as bodies are; an address header's stay with the structured
-            # parser, which keeps `"Doe, José" <...>` one quoted name (a black-box probe)
-            if name == "Subject" and isinstance(raw, str) and has_encoded_words(raw):
-                words = encoded_words(raw)
-                if words is not None:
-                    return words
-            break
-    try:
-        value = message.get(name)
-        return None if value is None else str(value)
-    except Exception:
-        for key, raw in message.raw_items():
-            if key.lower() == name.lower():
-                return str(raw)
-        return None
-
-
-def _message_info(
-    message: Message, message_id: str, attachments: list[dict[str, JSONValue]]
-) -> dict[str, JSONValue]:
-    # Clipped as the id in passage locations is (`_message_id`): the two must match.
-    info: dict[str, JSONValue] = {"messageId": clip(message_id, MAX_MESSAGE_ID)}
-    for key, header in (("from", "From"), ("date", "Date"), ("subject", "Subject")):
-        value = _header(message, header)
-        info[key] = clip(value) if value is not None else None
-    listed: list[JSONValue] = list(attachments[:MAX_ATTACHMENTS_LISTED])
-    info["attachments"] = listed
-    if len(attachments) > MAX_ATTACHMENTS_LISTED:
-        info["attachmentCount"] = len(attachments)
-    return info
