@@ -507,6 +507,37 @@ def test_a_whole_namespace_search_leaves_a_source_deleted_after_the_read_out(
     assert passages(result.hits, "b") == whole("b", "r1")
 
 
+def _top_one(world: World) -> SearchResult:
+    """A dense search with `limit` 1: its read of two candidates finds only `a`'s passages."""
+    world.progress.clear()
+    request = SearchRequest(CORPUS, "sea otters sleeping", mode="dense", limit=1)
+    return world.service.search_context(request, world.context())
+
+
+def test_a_source_deleted_after_the_read_leaves_its_places_to_the_other_sources(
+    world: World,
+) -> None:
+    # Probe P (session 36): a search over the whole grant beside a deleting writer answered no
+    # hit, `truncated: false`: the deleted source's passages had taken the read's places.
+    assert [h.source.id for h in _top_one(world).hits] == ["a"]
+    world.acl.searches = 0
+    world.acl.before = world.delete_at(2, "a", "r1")
+    result = _top_one(world)
+    assert [(h.source.id, h.text) for h in result.hits] == [("b", texts("b", "r1")[0])]
+    assert not result.truncated  # b holds one passage: nothing was left out
+    assert world.checks() == ["before-read", "after-read", "before-read", "after-read"]
+
+
+def test_a_search_whose_last_read_is_overtaken_too_says_it_is_truncated(world: World) -> None:
+    # Each check grants a revision committed just before it: each read finds `a`'s passages,
+    # and the check after it grants a newer revision.
+    world.acl.before = world.replace_every_time("a")
+    result = _top_one(world)
+    assert world.checks() == ["before-read", "after-read"] * GRANT_ATTEMPTS
+    # The last read's places went to revisions the check did not grant: not claimed whole.
+    assert result.truncated and all(h.source.id == "b" for h in result.hits)
+
+
 @pytest.mark.parametrize("hook", ["after-grant", "after-read"])
 def test_corpus_totals_count_a_source_replaced_while_they_are_read(world: World, hook: str) -> None:
     """`list_corpora` read its totals under one grant and kept them when a commit overtook

@@ -205,11 +205,17 @@ class CorpusSearch:
                 grant.attempt >= GRANT_ATTEMPTS
                 or recheck is None
                 or recheck.namespace != grant.namespace
-                or not overtaken(grant.granted, searchable(recheck))
+                or not (
+                    overtaken(grant.granted, searchable(recheck))
+                    or (prepared.source_ids is None and _vanished(found, searchable(recheck)))
+                )
             ):
                 break
             # A source was replaced between the grant and this check: the read missed it, or
-            # found passages of the revision now gone. Authorize and read again, whole.
+            # found passages of the revision now gone. Or one the read found was deleted: its
+            # passages took places in the `limit + 1` read that other sources' matches must
+            # fill (a probe saw empty answers, `truncated: false`, beside a deleting writer).
+            # Authorize and read again, whole.
             context.cancel.check()
             grant = self._authorize(prepared, context, grant.attempt + 1)
             context.cancel.check()
@@ -230,10 +236,14 @@ class CorpusSearch:
             ):
                 # Overtaken again, or deleted or revoked since it was granted.
                 raise source_unavailable()
+        lost = False
         if recheck is None or recheck.namespace != grant.namespace:
             candidates = []
         else:
             candidates = [c for c in candidates if recheck.sources.get(c.source_id) == c.revision]
+            # Passages dropped here (the last attempt was overtaken too) may have hidden
+            # matches the read did not reach: the answer does not claim to be whole.
+            lost = len(candidates) < len(found.candidates)
         scores = found.scores
         rerank_usage = RerankUsage()
         if grant.reranking and candidates and corpus.reranker is not None:
@@ -268,10 +278,15 @@ class CorpusSearch:
             for c in shown
         ]
         kept, dropped = apply_byte_budget(hits, request.max_context_bytes)
-        truncated = dropped or len(candidates) > request.limit
+        truncated = dropped or lost or len(candidates) > request.limit
         return SearchResult(
             kept, truncated, grant.retrieved_at, grant.scope, found.usage, rerank_usage
         )
+
+
+def _vanished(found: Found, current: Mapping[str, str]) -> bool:
+    """Whether the read found passages of a source no longer searchable (deleted, revoked)."""
+    return any(c.source_id not in current for c in found.candidates)
 
 
 def _indexed_at(
