@@ -253,7 +253,9 @@ def test_a_request_answered_during_the_stop_does_not_hold_it_while_its_client_li
     # still waited out the whole grace: its connection's TLS close waited for the client's
     # close_notify, which a client that keeps its socket open never sends.
     with host_process(
-        tmp_path / "host", subjects={"writer": []}, limits={"shutdownGraceS": 600.0}
+        tmp_path / "host",
+        subjects={"writer": [], METRICS_SCRAPER: []},
+        limits={"shutdownGraceS": 600.0},
     ) as host:
         body = json.dumps({"corpus": CORPUS, "query": "intake valve"}).encode()
         head = (
@@ -264,6 +266,9 @@ def test_a_request_answered_during_the_stop_does_not_hold_it_while_its_client_li
         raw = socket.create_connection(("127.0.0.1", host.port))
         with host.tls.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as conn:
             conn.sendall(head + body[:10])  # in flight: its body is still arriving
+            # Once the host has read its head: before that the connection is idle to uvicorn,
+            # which closes it at the stop unanswered (a loaded machine can be that late).
+            wait_until(lambda: _in_use(host) == 1, timeout=60, what="the request to be read")
             host.process.send_signal(signal.SIGTERM)
             wait_until(lambda: "shutting down" in host.log_text(), what="the stop to begin")
             conn.sendall(body[10:])
