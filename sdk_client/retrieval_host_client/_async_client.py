@@ -205,7 +205,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 yield _chunks(source), length
 
     async def discover(self) -> ProtocolInfo:
-        """`GET /v1/protocol`: name, version, capabilities, limits and auth scheme (no token)."""
+        """`GET /v1/protocol`: name, version, capabilities, limits and auth scheme (no token).
+
+        The client keeps the host's heartbeat interval (`limits.heartbeat_s`): later streams'
+        reads wait at least that plus 5 s, instead of the 20 s assumed of a host not asked."""
         return await self._send(self._discover())
 
     async def search_context(
@@ -253,8 +256,10 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
 
         The host streams the ingest's progress (`stream=False` asks for one JSON answer):
         `on_progress` gets each `IngestProgressEvent` (`phase` parse, embed or commit, with
-        passages done and total), and the host's heartbeats keep the reads alive however long
-        the document takes, so `timeout` bounds only the silence. Leaving early (an exception
+        passages done and total). The host sends a heartbeat every `runs.heartbeatS`
+        (15 s by default), and the stream's reads wait that long plus 5 s even when `timeout`
+        is shorter (20 s unless `discover()` told another interval), so the heartbeats keep
+        the reads alive however long the document takes. Leaving early (an exception
         in `on_progress`, a cancelled task) closes the connection: the host cancels the
         ingest and keeps the previous revision. `idle_timeout_ms` asks the host to end the
         ingest (`HostTimeoutError`, reason `idle-timeout`) after that long without progress.
@@ -333,10 +338,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         """
         call = self._stream_run(request, fields)
         assert isinstance(call.body, bytes)
-        self._check_open()
-        http_request = self._http.build_request(
-            call.method, call.path, headers=call.headers, content=call.body
-        )
+        http_request = self._request(call, call.body, None)
         try:
             response = await self._http.send(http_request, stream=True)
         except httpx.RequestError as exc:

@@ -56,13 +56,16 @@ from retrieval_host_client.models import (
 from retrieval_host_client.run_models import RunRecord, RunRequest, RunResult
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_S",
     "DEFAULT_TIMEOUT",
+    "HEARTBEAT_MARGIN_S",
     "TOKEN_ENV",
     "BaseClient",
     "Call",
     "DocumentInput",
     "TimeoutTypes",
     "Upload",
+    "stream_timeout",
 ]
 
 TOKEN_ENV: Final = "RETRIEVAL_HOST_TOKEN"  # noqa: S105 - a variable name, not a secret
@@ -191,6 +194,34 @@ def _seconds(value: object) -> bool:
     )
 
 
+DEFAULT_HEARTBEAT_S: Final = 15.0
+"""The host's default `runs.heartbeatS`: assumed of a host whose interval the client was not
+told (`discover()` not called, or a host from before `limits.heartbeatS`)."""
+
+HEARTBEAT_MARGIN_S: Final = 5.0
+"""Added to the interval for a ping sent late: a host busy on its event loop, the network."""
+
+
+def stream_timeout(timeout: httpx.Timeout, heartbeat_s: float | None) -> httpx.Timeout:
+    """The timeout of a streamed ingest or run: `timeout`, with its read part raised to the
+    heartbeat interval plus `HEARTBEAT_MARGIN_S` when shorter (20 s for an interval not known).
+
+    A stream is silent up to one interval between events, and a read that gives up then closes
+    the stream, which the host takes for the caller leaving: it cancels the ingest or run. So
+    `timeout` alone cannot be a stream's read timeout, nor can a fixed floor alone (a host may
+    beat every hour). Connect, write and pool keep `timeout`'s; `None` (no limit) stays.
+    """
+    if timeout.read is None:
+        return timeout
+    interval = DEFAULT_HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+    floor = min(interval + HEARTBEAT_MARGIN_S, MAX_TIMEOUT_S)
+    if timeout.read >= floor:
+        return timeout
+    return httpx.Timeout(
+        connect=timeout.connect, read=floor, write=timeout.write, pool=timeout.pool
+    )
+
+
 # --- calls ------------------------------------------------------------------------------------
 
 
@@ -260,6 +291,8 @@ class Call(Generic[T]):
     body: bytes | Upload | None = None
     params: Mapping[str, str] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    # An event stream: read with `stream_timeout`, not the client's timeout alone.
+    streamed: bool = False
 
 
 def _coerce(model: type[R], request: R | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> R:
@@ -318,6 +351,8 @@ class BaseClient(Generic[H]):
             "follow_redirects": False,
         }
         self.has_token = token is not None
+        # The host's heartbeat interval, once `discover()` has read it (see `stream_timeout`).
+        self._heartbeat_s: float | None = None
         self._http: H = self._open(self._http_options)
 
     def _open(self, options: Mapping[str, Any]) -> H:
@@ -346,14 +381,31 @@ class BaseClient(Generic[H]):
         headers = dict(call.headers)
         if length is not None:
             headers["Content-Length"] = str(length)
+        timeout = self._http.timeout
+        if call.streamed:
+            timeout = stream_timeout(timeout, self._heartbeat_s)
         return self._http.build_request(
-            call.method, call.path, params=call.params, headers=headers, content=content
+            call.method,
+            call.path,
+            params=call.params,
+            headers=headers,
+            content=content,
+            timeout=timeout,
         )
 
     # Each builder returns the Call of one method; the shells only execute it.
 
     def _discover(self) -> Call[ProtocolInfo]:
-        return Call("GET", "/v1/protocol", parser(ProtocolInfo))
+        parse = parser(ProtocolInfo)
+
+        def remember(status: int, headers: httpx.Headers, content: bytes) -> ProtocolInfo:
+            # Asking costs a request, so only `discover()` does; streams made after it read
+            # with this host's own interval, whatever it is.
+            info = parse(status, headers, content)
+            self._heartbeat_s = info.limits.heartbeat_s
+            return info
+
+        return Call("GET", "/v1/protocol", remember)
 
     def _search(
         self, request: SearchRequest | Mapping[str, Any] | None, fields: Mapping[str, Any]
@@ -420,6 +472,7 @@ class BaseClient(Generic[H]):
                 "Content-Type": upload.media_type,
                 "Accept": f"{EVENT_STREAM}, {JSON_TYPES}" if stream else JSON_TYPES,
             },
+            streamed=stream,
         )
 
     def _delete(
@@ -461,6 +514,7 @@ class BaseClient(Generic[H]):
             parse,
             _json_body(body),
             headers={"Content-Type": "application/json", "Accept": EVENT_STREAM},
+            streamed=True,
         )
 
     def _get_run(self, run_id: str) -> Call[RunRecord]:

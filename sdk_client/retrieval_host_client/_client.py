@@ -142,7 +142,9 @@ class Client(BaseClient[httpx.Client]):
     - `token`: the bearer token; when omitted, `RETRIEVAL_HOST_TOKEN` is read once, here.
     - `ca_bundle`: a PEM file (or an `ssl.SSLContext`) to trust instead of the default CAs.
     - `timeout`: seconds (or an `httpx.Timeout`) for connecting, each read and each write;
-      `None` waits forever. A streamed run's heartbeats keep its reads alive.
+      `None` waits forever. A stream's reads (`stream_run`, a streamed ingest) wait at least
+      the host's heartbeat interval plus 5 s (20 s, or what `discover()` read), so its
+      heartbeats keep them alive whatever `timeout` is.
     - `trust_env`: honour `HTTPS_PROXY`/`NO_PROXY` (and `SSL_CERT_FILE` when no `ca_bundle`).
 
     Nothing is retried automatically, reads included: a mutation whose answer was lost raises
@@ -195,7 +197,10 @@ class Client(BaseClient[httpx.Client]):
                 yield iter(functools.partial(source, UPLOAD_CHUNK_BYTES), b""), length
 
     def discover(self) -> ProtocolInfo:
-        """`GET /v1/protocol`: name, version, capabilities, limits and auth scheme (no token)."""
+        """`GET /v1/protocol`: name, version, capabilities, limits and auth scheme (no token).
+
+        The client keeps the host's heartbeat interval (`limits.heartbeat_s`): later streams'
+        reads wait at least that plus 5 s, instead of the 20 s assumed of a host not asked."""
         return self._send(self._discover())
 
     def search_context(
@@ -243,8 +248,10 @@ class Client(BaseClient[httpx.Client]):
 
         The host streams the ingest's progress (`stream=False` asks for one JSON answer):
         `on_progress` gets each `IngestProgressEvent` (`phase` parse, embed or commit, with
-        passages done and total), and the host's heartbeats keep the reads alive however long
-        the document takes, so `timeout` bounds only the silence. Leaving early (an exception
+        passages done and total). The host sends a heartbeat every `runs.heartbeatS`
+        (15 s by default), and the stream's reads wait that long plus 5 s even when `timeout`
+        is shorter (20 s unless `discover()` told another interval), so the heartbeats keep
+        the reads alive however long the document takes. Leaving early (an exception
         in `on_progress`, a cancelled task) closes the connection: the host cancels the
         ingest and keeps the previous revision. `idle_timeout_ms` asks the host to end the
         ingest (`HostTimeoutError`, reason `idle-timeout`) after that long without progress.
@@ -323,10 +330,7 @@ class Client(BaseClient[httpx.Client]):
         """
         call = self._stream_run(request, fields)
         assert isinstance(call.body, bytes)
-        self._check_open()
-        http_request = self._http.build_request(
-            call.method, call.path, headers=call.headers, content=call.body
-        )
+        http_request = self._request(call, call.body, None)
         try:
             response = self._http.send(http_request, stream=True)
         except httpx.RequestError as exc:

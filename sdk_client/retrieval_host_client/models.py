@@ -517,6 +517,10 @@ class ProtocolLimits(_Response):
     header_timeout_s: float
     body_timeout_s: float
     ingest_media_types: list[str] = Field(default_factory=list)
+    # Seconds between a stream's heartbeat comments (`runs.heartbeatS`): the longest a streamed
+    # ingest or run stays silent, so the shortest read timeout that outlasts it. None: a host
+    # from before the field (the host's default then was 15 s too).
+    heartbeat_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
 
 
 class ProtocolAuth(_Response):

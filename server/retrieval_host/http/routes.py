@@ -112,6 +112,9 @@ class Routes:
                 header_timeout_s=limits.header_timeout_s,
                 body_timeout_s=limits.body_timeout_s,
                 ingest_media_types=ingest_media_types() if self.driver is not None else [],
+                # What a client's stream reads must outlast (the client raises its read
+                # timeout to it): without it, a timeout under the interval cut quiet streams.
+                heartbeat_s=self.settings.runs.heartbeat_s,
             ),
             auth=wire.ProtocolAuth(scheme="bearer"),
         )
