@@ -43,9 +43,10 @@ ACL file:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -57,16 +58,17 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.adapters.wiring import (
     RecordStore,
+    build_providers,
     build_reranker,
-    build_run_engine,
     build_run_store,
     build_vector_store,
 )
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import check_label
 from retrieval_host.core.errors import RetrievalError
-from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant, VectorStore
 from retrieval_host.core.rerank import RerankSettings
+from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import Corpus, RetrievalService
 from retrieval_host.core.waits import locked
 from retrieval_host.driver import Driver
@@ -259,7 +261,9 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     none). One local embedding model and one store (`store.sqlitePath` or
     `store.postgresDsn`) serve every corpus; the store is also the
     record of current revisions (`registryFile` of earlier versions is ignored, see the
-    module doc).
+    module doc). The options, the ACL file, the reranker and the providers are checked before
+    a store is opened (and migrated): a `SettingsError` for any of them leaves the stores as
+    they were, for the release that wrote them.
     """
     options = settings.application_options
     environ = {} if environ is None else environ
@@ -284,63 +288,108 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
         embedding.check_query_arithmetic()
     except ValueError as exc:
         raise SettingsError(f"applicationOptions.queryArithmetic: {exc}") from None
-    # Run records first: a command that refuses them (`ingest` beside an earlier release's
-    # host) must do so before a corpus is created in the vector store (a black-box test found
-    # one written, with an analyzer the earlier host could not open).
-    records = build_run_store(settings, environ) if settings.providers else None
+    # Whatever can refuse the start is checked before a store opens: opening one migrates an
+    # earlier release's schema, which that release then refuses, so a start refused after it
+    # (an ACL key this release does not know, a provider key that is not set) left no way
+    # back to it (probe U). The ACL is given the store's revisions once the store is open.
+    acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), _no_store_yet)
+    acl.load()
+    with contextlib.ExitStack() as on_failure:
+        reranker, rerank = _reranker(settings, environ)
+        if reranker is not None:
+            on_failure.callback(reranker.close)
+        providers = build_providers(settings, environ)
+        on_failure.callback(_close_each, providers.values())
+        store, records = _open_stores(settings, environ, on_failure, runs=bool(providers))
+        acl.revisions = store.current_revisions
+        chunking = ChunkingSettings().as_identity()
+        service = RetrievalService(
+            [
+                Corpus(
+                    id=corpus_id,
+                    version=str(options.get("indexVersion", "passages-v1")),
+                    embedding=embedding,
+                    store=store,
+                    authorize=acl.authorize,
+                    chunking=chunking,
+                    reranker=reranker,
+                    rerank=rerank,
+                    query_embedding=embedding.queries,
+                )
+                for corpus_id in corpora
+            ]
+        )
+        # The run store is also the usage sink (`core.usage`): runs, searches and ingests
+        # record there.
+        runs = None if records is None else RunEngine(service, providers, records, usage=records)
+        driver = Driver(service, runs=runs)
+        on_failure.pop_all()  # the driver closes them from now on
+    return driver
+
+
+def _no_store_yet(
+    corpus: str, namespace: str, source_ids: Collection[str] | None
+) -> Mapping[str, str]:
+    raise AssertionError("the ACL was asked for revisions before the store was open")
+
+
+def _close_each(closables: Iterable[object]) -> None:
+    for closable in closables:
+        close = getattr(closable, "close", None)  # providers that hold connections
+        if callable(close):
+            close()
+
+
+def _reranker(
+    settings: HostSettings, environ: Mapping[str, str]
+) -> tuple[HttpReranker | None, RerankSettings]:
+    """`applicationOptions.reranker` as an adapter (None when not set) and the candidates it
+    reranks; `SettingsError` naming the key that is wrong."""
+    options = settings.application_options.get("reranker")
+    if options is None:
+        return None, RerankSettings()
     try:
-        return _driver(settings, environ, corpora, embedding, records)
-    except BaseException:
-        if records is not None:
-            records.close()
-        raise
+        config = RerankerSettings.model_validate(options)
+    except ValidationError as exc:
+        first = exc.errors(include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        # Which key (a black-box test: "Field required" named none).
+        raise SettingsError(
+            f"applicationOptions.reranker{'.' + where if where else ''}: {first['msg']}"
+        ) from None
+    reranker = build_reranker(settings, config, environ)
+    return reranker, RerankSettings(candidates=config.candidates)
 
 
-def _driver(
+def _open_stores(
     settings: HostSettings,
     environ: Mapping[str, str],
-    corpora: Sequence[str],
-    embedding: LocalEmbedding,
-    records: RecordStore | None,
-) -> Driver:
-    options = settings.application_options
-    store = build_vector_store(settings, environ)
-    acl = FileAcl(settings.path(str(options.get("aclFile", "acl.json"))), store.current_revisions)
-    try:
-        acl.load()
-    except SettingsError:
-        store.close()
-        raise
-    chunking = ChunkingSettings().as_identity()
-    reranker_options = options.get("reranker")
-    reranker: HttpReranker | None = None
-    rerank = RerankSettings()
-    if reranker_options is not None:
-        try:
-            config = RerankerSettings.model_validate(reranker_options)
-        except ValidationError as exc:
-            first = exc.errors(include_input=False)[0]
-            where = ".".join(str(part) for part in first["loc"])
-            # Which key (a black-box test: "Field required" named none).
-            raise SettingsError(
-                f"applicationOptions.reranker{'.' + where if where else ''}: {first['msg']}"
-            ) from None
-        reranker = build_reranker(settings, config, environ)
-        rerank = RerankSettings(candidates=config.candidates)
-    service = RetrievalService(
-        [
-            Corpus(
-                id=corpus_id,
-                version=str(options.get("indexVersion", "passages-v1")),
-                embedding=embedding,
-                store=store,
-                authorize=acl.authorize,
-                chunking=chunking,
-                reranker=reranker,
-                rerank=rerank,
-                query_embedding=embedding.queries,
-            )
-            for corpus_id in corpora
-        ]
-    )
-    return Driver(service, runs=build_run_engine(settings, environ, service, store=records))
+    on_failure: contextlib.ExitStack,
+    *,
+    runs: bool,
+) -> tuple[VectorStore, RecordStore | None]:
+    """The vector store and, when `runs`, the run records; each closed by `on_failure`.
+
+    Run records first: a command that refuses them (`ingest` beside an earlier release's host)
+    must do so before a corpus is created in the vector store (a black-box test found one
+    written, with an analyzer the earlier host could not open). Unless the vector store is
+    read-only: opening it writes nothing, and its refusal of an earlier release's schema
+    (`STORE_READ_ONLY`) must come before the run records are migrated (probe U)."""
+
+    def vectors() -> VectorStore:
+        store = build_vector_store(settings, environ)
+        on_failure.callback(store.close)
+        return store
+
+    def records() -> RecordStore | None:
+        if not runs:
+            return None
+        store = build_run_store(settings, environ)
+        on_failure.callback(store.close)
+        return store
+
+    if settings.store.read_only:
+        store = vectors()
+        return store, records()
+    run_records = records()
+    return vectors(), run_records

@@ -429,7 +429,9 @@ def test_an_empty_dsn_is_said_so_and_a_secret_file_every_user_may_read_is_warned
     reranker_key = config.parent / "rerank-key"
     reranker_key.write_text("rk\n")
     reranker_key.chmod(0o604)
-    options = {"aclFile": "acl.example.json", "reranker": {"apiKey": {"file": "rerank-key"}}}
+    # A reranker the host can use: its options are checked before the store is opened.
+    reranker = {"baseUrl": "https://rerank.example", "model": "m", "apiKey": {"file": "rerank-key"}}
+    options = {"aclFile": "acl.example.json", "reranker": reranker}
     environ["RETRIEVAL_HOST_APPLICATION_OPTIONS"] = json.dumps(options)
     config.write_text(json.dumps({**body, "store": store, "limits": {}}))
     assert main(["serve", "--config", str(config)], environ=environ) == 2

@@ -44,7 +44,7 @@ from retrieval_host.settings import PROVIDER_NAME, SettingsError, load_settings
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from retrieval_host.http.logs import log_config
-    from retrieval_host.serving.server import run_server
+    from retrieval_host.serving.server import check_listeners, run_server
 
     settings = load_settings(args.config, environ)
     # JSON lines from the start: the application factory may log while it opens stores.
@@ -72,6 +72,9 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         from retrieval_host.serving.workers import supervise
 
         return supervise(args.config, settings, environ)
+    # Before the factory opens the stores, which migrates an earlier release's (that release
+    # then refuses them): a start refused for a port in use must change nothing (probe U).
+    check_listeners(settings, worker)
     driver = build_driver(settings, environ)
     if worker is None or worker.index == 0:  # once per host, not per worker
         warn_of_idle_grants(settings, driver)

@@ -169,10 +169,7 @@ def loopback_metrics(
     try:
         server, thread = _metrics_server(port, app.metrics.registry)
     except OSError as exc:
-        which = f"metrics.port + {offset}, worker {offset}'s" if offset else "metrics.port"
-        raise SettingsError(
-            f"cannot serve metrics on 127.0.0.1:{port} ({which}): {exc.strerror or exc}"
-        ) from exc
+        raise _metrics_refused(port, offset, exc) from exc
     logger.info("metrics on http://127.0.0.1:%d/metrics", port)
     try:
         yield port
@@ -180,6 +177,13 @@ def loopback_metrics(
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def _metrics_refused(port: int, offset: int, exc: OSError) -> SettingsError:
+    which = f"metrics.port + {offset}, worker {offset}'s" if offset else "metrics.port"
+    return SettingsError(
+        f"cannot serve metrics on 127.0.0.1:{port} ({which}): {exc.strerror or exc}"
+    )
 
 
 def _metrics_server(port: int, registry: CollectorRegistry) -> tuple[WSGIServer, threading.Thread]:
@@ -210,13 +214,35 @@ def check_listen_address(host: str, port: int) -> None:
     """`SettingsError` (one line, exit 2) when the host's address cannot be bound (in use,
     not an address of this machine); uvicorn would log it and exit 3. Bound the way uvicorn
     binds (`SO_REUSEADDR`), then released for it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
+        _probe_bind(host, port)
     except OSError as exc:
         raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def check_listeners(settings: HostSettings, worker: WorkerSeat | None = None) -> None:
+    """`SettingsError` when this process could not bind what it serves on: the host's address
+    (a worker's is its seat, bound already) and the loopback metrics port. Called before the
+    application factory opens the stores, which migrates a store of an earlier release (that
+    release then refuses it): a start refused for a port in use must have changed nothing
+    (probe U). `serve` still checks when it binds, for a port taken in between."""
+    if worker is None:
+        check_listen_address(settings.listen.host, settings.listen.port)
+    if settings.metrics.port is not None:
+        offset = 0 if worker is None else worker.index
+        try:
+            _probe_bind("127.0.0.1", settings.metrics.port + offset)
+        except OSError as exc:
+            raise _metrics_refused(settings.metrics.port + offset, offset, exc) from exc
+
+
+def _probe_bind(host: str, port: int) -> None:
+    # SO_REUSEADDR as uvicorn and the metrics server (`http.server`) bind: a port whose last
+    # connections wait out TIME_WAIT passes here as it would there.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def serve(
