@@ -293,6 +293,11 @@ class StoreSettings(_Model):
             raise ValueError(
                 f"store.{', store.'.join(stray)} does not apply beside store.{which}: remove it"
             )
+        # Likewise ignored: only the HNSW index reads it (a black-box probe).
+        if "ef_search" in self.model_fields_set and not self.hnsw:
+            raise ValueError(
+                "store.efSearch applies only beside store.hnsw: true: set that, or remove it"
+            )
         return self
 
 

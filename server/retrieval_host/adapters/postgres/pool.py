@@ -324,13 +324,18 @@ def _ended(conn: Connection) -> bool:
 def transaction(
     conn: Connection, *, repeatable_read: bool = False, read_only: bool = False
 ) -> contextlib.AbstractContextManager[Any]:
-    """A transaction block on an autocommit connection with the given characteristics."""
+    """A transaction block on an autocommit connection with the given characteristics.
+
+    `read_only` can only narrow: without it the block keeps the session's access mode, so a
+    read-only store's sessions (`default_transaction_read_only`, `schema.session_setup`) cannot
+    write whatever the block does. Forcing READ WRITE here let a read-only store create and
+    migrate its schema (a black-box probe)."""
     conn.isolation_level = (
         psycopg.IsolationLevel.REPEATABLE_READ
         if repeatable_read
         else psycopg.IsolationLevel.READ_COMMITTED
     )
-    conn.read_only = read_only
+    conn.read_only = True if read_only else None  # None: the session's default
     return conn.transaction()
 
 

@@ -8,6 +8,7 @@ and an untyped `vector` column, so corpora of different dimensions share the tab
 schema whose tables exist without our version row, with another version, or another shape
 (`UNSAFE_STORE`, reasons `unrelated-database` / `schema-version`, as SQLite). The `vector`
 extension is created if missing (that needs the privilege; otherwise a DBA creates it once).
+A read-only store creates and migrates nothing, extension included: it only checks.
 The only composed SQL parts are the schema identifier (checked against `[a-z_][a-z0-9_]*`, then
 quoted) and, for the HNSW index, the corpus dimension (an integer from the descriptor).
 """
@@ -36,7 +37,7 @@ from retrieval_host.core.reasons import StoreUnavailableReason, UnsafeStoreReaso
 
 DEFAULT_SCHEMA: Final = "retrieval_host"
 VECTOR_COMPONENT: Final = "vector-store"
-VECTOR_SCHEMA_VERSION: Final = 3
+VECTOR_SCHEMA_VERSION: Final = 4
 HNSW_MAX_DIMENSIONS: Final = 2000  # pgvector's limit for an HNSW index on `vector`
 HNSW_BUILD_MEMORY: Final = "512MB"
 HNSW_BUILD_WAIT_S: Final = 3600.0  # how long a replica waits for another one's index build
@@ -73,6 +74,7 @@ def ensure_schema_component(
     *,
     migrate: bool = True,
     create: bool | None = None,
+    read_only: bool = False,
 ) -> None:
     """Create `component`'s tables in `schema` on first use, or check they are ours.
 
@@ -84,17 +86,27 @@ def ensure_schema_component(
     schema holding tables without our version table, our table names without our version row,
     a version it cannot reach, or another table shape; with `migrate=False` also a component
     of an earlier version, and one not there yet unless `create` (default: `migrate`): a
-    migration is the host's, at its start, not an operator command's.
+    migration is the host's, at its start, not an operator command's. `read_only` (a read-only
+    store) only checks, in a read-only transaction: a component not there, or of an earlier
+    version, is refused as SQLite refuses such a store (`STORE_UNAVAILABLE` `missing-store`,
+    `STORE_READ_ONLY`), never created or migrated.
     """
-    creates = migrate if create is None else create
-    with translated("preparing the schema"), transaction(conn):
+    creates = not read_only and (migrate if create is None else create)
+    migrate = migrate and not read_only
+
+    def refused(stored: int | None) -> RetrievalError:
+        if read_only:
+            return _read_only_refusal(schema, component, stored, version)
+        return _not_migrated(component, stored, version)
+
+    with translated("preparing the schema"), transaction(conn, read_only=read_only):
         conn.execute(
             "SELECT pg_advisory_xact_lock(%s)", (lock_key("retrieval-host-schema", schema),)
         )
         exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
         if exists is None:
             if not creates:
-                raise _not_migrated(component, None, version)
+                raise refused(None)
             conn.execute(schema_sql(schema, "CREATE SCHEMA {s}"))
         present = {
             str(r[0])
@@ -113,7 +125,7 @@ def ensure_schema_component(
                     UnsafeStoreReason.UNRELATED_DATABASE,
                 )
             if not creates:
-                raise _not_migrated(component, None, version)
+                raise refused(None)
             conn.execute(
                 schema_sql(
                     schema,
@@ -129,9 +141,9 @@ def ensure_schema_component(
             ).fetchone()
             stored = None if row is None else int(row[0])
         if stored is None and not creates:
-            raise _not_migrated(component, stored, version)
+            raise refused(stored)
         if stored is not None and stored != version and not migrate:
-            raise _not_migrated(component, stored, version)
+            raise refused(stored)
         if stored is None:
             if present & set(tables):
                 raise _unsafe(
@@ -189,6 +201,30 @@ def _not_migrated(component: str, stored: int | None, version: int) -> Retrieval
     )
 
 
+def _read_only_refusal(
+    schema: str, component: str, stored: int | None, version: int
+) -> RetrievalError:
+    """Why a read-only store cannot open the component, in the words of the SQLite store's
+    refusals (`sqlite.schema.open_database`)."""
+    if stored is None:
+        return RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"there is no {component} in schema {schema!r} to open read-only, and a read-only "
+            "store creates nothing: check store.postgresSchema, or open it writable once first.",
+            reason=StoreUnavailableReason.MISSING_STORE,
+        )
+    if stored > version:
+        return _unsafe(
+            f"the {component} schema has version {stored}; this host reads version {version}.",
+            UnsafeStoreReason.SCHEMA_VERSION,
+        )
+    return RetrievalError(
+        ErrorCode.STORE_READ_ONLY,
+        f"a store opened read-only must be of schema version {version} (the {component} "
+        f"schema {schema!r} is {stored}); open it writable once to migrate it.",
+    )
+
+
 def _check_shape(conn: Connection, schema: str, tables: Mapping[str, Mapping[str, str]]) -> None:
     found: dict[str, dict[str, str]] = {}
     for table, column, udt in conn.execute(
@@ -233,7 +269,7 @@ def session_setup(statement_timeout_ms: int, read_only: bool) -> Callable[[Conne
 
     def setup(conn: Connection) -> None:
         if not extension_schema:
-            extension_schema.append(ensure_extension(conn)[0])
+            extension_schema.append(ensure_extension(conn, create=not read_only)[0])
         conn.execute(
             "SELECT set_config('search_path', quote_ident(%s), false), "
             "set_config('statement_timeout', %s, false), "
@@ -251,11 +287,19 @@ def session_setup(statement_timeout_ms: int, read_only: bool) -> Callable[[Conne
     return setup
 
 
-def ensure_extension(conn: Connection) -> tuple[str, tuple[int, ...]]:
-    """The schema and version of the `vector` extension, creating it when allowed."""
+def ensure_extension(conn: Connection, *, create: bool = True) -> tuple[str, tuple[int, ...]]:
+    """The schema and version of the `vector` extension, creating it when allowed (`create`:
+    not for a read-only store, which creates nothing)."""
     found = extension(conn)
     if found is not None:
         return found
+    if not create:
+        raise RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            "the pgvector extension is not installed in this database, so it holds no store to "
+            "open read-only: check store.postgresDsn, or open the store writable once first.",
+            reason=StoreUnavailableReason.PGVECTOR_MISSING,
+        )
     try:
         with transaction(conn):
             conn.execute(
@@ -402,10 +446,22 @@ _SOURCE_RECORD_DDL: Final = (
     "ALTER TABLE {s}.sources ADD COLUMN media_type text",
     "ALTER TABLE {s}.sources ADD COLUMN indexed_at text",
 )
+# Schema version 4: the media type of those sources, when ingested, read back from the
+# metadata ingestion wrote it into (`sqlite.tables._MEDIA_TYPE_BACKFILL` says why and which
+# sources: every passage id of ingestion's shape, a type the host ingests). Data only: a new
+# schema has nothing to fill. (`{{24}}`: a brace of the regex, not a placeholder.)
+_MEDIA_TYPE_BACKFILL: Final = (
+    "UPDATE {s}.sources s SET media_type = s.metadata ->> 'mediaType' "
+    "WHERE s.media_type IS NULL AND s.metadata ->> 'mediaType' IN ('application/mbox', "
+    "'application/pdf', 'message/rfc822', 'text/html', 'text/markdown', 'text/plain') "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.chunks c WHERE c.source_pk = s.id "
+    "AND c.chunk_id COLLATE \"C\" !~ '^p[0-9a-f]{{24}}$')"
+)
 VECTOR_DDL: Final = (*_VECTOR_DDL_V1, *_LEXICAL_DDL, *_SOURCE_RECORD_DDL)
 VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[str]]] = {
     1: _LEXICAL_DDL,
     2: _SOURCE_RECORD_DDL,
+    3: (_MEDIA_TYPE_BACKFILL,),
 }
 
 # Binary COPY column types of `chunks`, in the order `replace_source` writes them.

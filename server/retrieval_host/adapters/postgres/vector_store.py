@@ -145,10 +145,12 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
         ours, `STORE_UNAVAILABLE` when the database or pgvector cannot be used.
 
         `read_only` (a hot standby, a role without write rights): every session is read-only
-        (`default_transaction_read_only`), nothing is created, the schema must be current and
-        the corpora must exist; writes are `STORE_READ_ONLY`. `migrate=False` refuses
-        (`UNSAFE_STORE`) a schema of an earlier version instead of migrating it (the ingest
-        command: a migration is the host's, at its start).
+        (`default_transaction_read_only`), nothing is created or migrated, the schema must be
+        current (`STORE_UNAVAILABLE` `missing-store` when it is not there, `STORE_READ_ONLY`
+        when it is of an earlier version) and the corpora must exist; writes are
+        `STORE_READ_ONLY`. `migrate=False` refuses (`UNSAFE_STORE`) a schema of an earlier
+        version instead of migrating it (the ingest command: a migration is the host's, at its
+        start).
         """
         check_schema_name(schema)
         for name, value in (
@@ -191,6 +193,7 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
                     lambda conn, found: lexical.backfill(conn, schema, found),
                     migrate=migrate,
                     create=True,
+                    read_only=read_only,
                 )
                 if not read_only:
                     with translated("preparing the schema"), transaction(conn):

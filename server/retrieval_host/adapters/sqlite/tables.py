@@ -26,7 +26,7 @@ from retrieval_host.core.ports import CapacityLimits
 from retrieval_host.core.reasons import StoreUnavailableReason
 
 APPLICATION_ID: Final = 0x52485653  # "RHVS": retrieval-host vector store
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 # The passages still without term frequencies (see `backfill_terms`): normally none, so the
 # check at every corpus open reads this empty index instead of every passage (1.2 GB at 300k
@@ -81,6 +81,22 @@ _SCHEMA: Final = (
 # also analyzed at load, so the index never misses a passage.
 # Version 2 recorded no media type and commit time (NULL for the sources it holds).
 # Version 3 had no index of the passages without terms (built once, by the migration).
+# Version 4 kept NULL the media type of the sources written before version 3 (a black-box
+# probe: `mediaType: null`, hidden by the media-type filter, kept by an `unchanged` re-ingest).
+# Ingestion also wrote the type into the source's metadata, and it is read back from there for
+# ingested sources only: a prepared-passage source (NULL by contract) may carry a `mediaType`
+# key of its own. Ingested: every passage id has ingestion's shape (`DERIVED_CHUNK_ID`, "p"
+# and 24 lowercase hex digits, refused to prepared passages since 2026-12 unless it is their
+# own digest); and the value is a type the host ingests (`ingest.MEDIA_TYPES`, spelt out: the
+# migration repairs what earlier releases wrote). The same rule as `postgres.schema`'s.
+_MEDIA_TYPE_BACKFILL: Final = (
+    "UPDATE sources SET media_type = metadata_json ->> '$.mediaType' "
+    "WHERE media_type IS NULL AND metadata_json ->> '$.mediaType' IN ('application/mbox', "
+    "'application/pdf', 'message/rfc822', 'text/html', 'text/markdown', 'text/plain') "
+    "AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.source_pk = sources.id AND NOT ("
+    "length(c.chunk_id) = 25 AND c.chunk_id GLOB 'p*' "  # GLOB: case-sensitive
+    "AND substr(c.chunk_id, 2) NOT GLOB '*[^0-9a-f]*'))"
+)
 _MIGRATIONS: Final = {
     1: ("ALTER TABLE chunks ADD COLUMN terms TEXT",),
     2: (
@@ -88,6 +104,7 @@ _MIGRATIONS: Final = {
         "ALTER TABLE sources ADD COLUMN indexed_at TEXT",
     ),
     3: (_WITHOUT_TERMS,),
+    4: (_MEDIA_TYPE_BACKFILL,),
 }
 IDENTITY: Final = Identity(
     APPLICATION_ID,
