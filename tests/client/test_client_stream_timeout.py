@@ -28,7 +28,6 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.core.cancel import CancelToken
-from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.ports import EmbeddingBatch
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import RetrievalService
@@ -47,6 +46,7 @@ from retrieval_host_client import (
 from retrieval_host_client.models import ProtocolLimits
 from tests.client.modes import ClientApi, PortalClient
 from tests.support.host import CORPUS, RunningHost, World, build_world, serve_in_thread
+from tests.support.ingest_driver import CountingEmbedding
 
 HOLD = "lighthouse-quiet-stretch"
 HEARTBEAT_S = 60.0
@@ -59,31 +59,20 @@ DOCUMENT = (
 ).encode()
 
 
-class HeldEmbedding:
+class HeldEmbedding(CountingEmbedding):
     """The real local model; a call whose texts hold `HOLD` waits for `release` first."""
 
     def __init__(self, inner: LocalEmbedding) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.entered = threading.Event()
         self.release = threading.Event()
-
-    @property
-    def descriptor(self) -> EmbeddingDescriptor:
-        return self.inner.descriptor
-
-    @property
-    def max_input_tokens(self) -> int:
-        return self.inner.max_input_tokens
-
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        return self.inner.count_tokens(texts)
 
     def embed(self, texts: Sequence[str], cancel: CancelToken) -> EmbeddingBatch:
         if any(HOLD in text for text in texts):
             self.entered.set()
             if not self.release.wait(timeout=30):
                 raise AssertionError("the held embedding was never released")
-        return self.inner.embed(texts, cancel)
+        return super().embed(texts, cancel)
 
 
 @dataclasses.dataclass

@@ -132,21 +132,6 @@ def test_a_read_only_store_refuses_an_earlier_schema_version_and_leaves_it_unmig
         assert [h.chunk_id for h in hits] == ["otters:1"]
 
 
-def test_a_newer_schema_version_is_unsafe_for_a_read_only_store_too(
-    pg_dsn: str, pg_schema: str
-) -> None:
-    PgVectorStore.open(pg_dsn, schema=pg_schema).close()
-    with connect(pg_dsn) as conn:
-        conn.execute(
-            sql.SQL(
-                "UPDATE {}.schema_version SET version = %s WHERE component = 'vector-store'"
-            ).format(sql.Identifier(pg_schema)),
-            (VECTOR_SCHEMA_VERSION + 1,),
-        )
-    error = refused(lambda: PgVectorStore.open(pg_dsn, schema=pg_schema, read_only=True))
-    assert (error.code, error.reason) == (ErrorCode.UNSAFE_STORE, "schema-version")
-
-
 def test_a_read_only_session_s_transactions_cannot_write(pg_dsn: str, pg_schema: str) -> None:
     # `transaction` set READ WRITE on every block, overriding the read-only session default.
     PgVectorStore.open(pg_dsn, schema=pg_schema).close()

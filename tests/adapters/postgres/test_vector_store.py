@@ -98,7 +98,8 @@ def test_a_schema_holding_another_applications_tables_is_refused_and_left_alone(
     assert tables == [("invoices",)]
 
 
-def test_a_newer_schema_version_is_refused(pg_dsn: str, pg_schema: str) -> None:
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_newer_schema_version_is_refused(pg_dsn: str, pg_schema: str, read_only: bool) -> None:
     PgVectorStore.open(pg_dsn, schema=pg_schema).close()
     with connect(pg_dsn) as conn:
         conn.execute(
@@ -110,7 +111,7 @@ def test_a_newer_schema_version_is_refused(pg_dsn: str, pg_schema: str) -> None:
     expect(
         ErrorCode.UNSAFE_STORE,
         "schema-version",
-        lambda: PgVectorStore.open(pg_dsn, schema=pg_schema),
+        lambda: PgVectorStore.open(pg_dsn, schema=pg_schema, read_only=read_only),
     )
 
 
