@@ -112,6 +112,23 @@ def _metrics_port_in_use(host: dict[str, Any], config: Path, stack: contextlib.E
     return f"cannot serve metrics on 127.0.0.1:{port} (metrics.port): Address already in use"
 
 
+def _second_worker_s_metrics_port_in_use(
+    host: dict[str, Any], config: Path, stack: contextlib.ExitStack
+) -> str:
+    # Worker 0 opens (and migrates) the stores: worker 1's port is checked before it starts.
+    while True:
+        port = _held_port(stack)
+        try:
+            with socket.socket() as free:
+                free.bind(("127.0.0.1", port - 1))
+        except OSError:
+            continue  # taken: hold another
+        break
+    host["listen"]["workers"] = 2
+    host["metrics"] = {"port": port - 1}
+    return f"cannot serve metrics on 127.0.0.1:{port} (metrics.port + 1, worker 1's)"
+
+
 def _acl_with_an_unknown_key(
     host: dict[str, Any], config: Path, stack: contextlib.ExitStack
 ) -> str:
@@ -151,6 +168,7 @@ Refusal = Callable[[dict[str, Any], Path, contextlib.ExitStack], str]
     [
         _port_in_use,
         _metrics_port_in_use,
+        _second_worker_s_metrics_port_in_use,
         _acl_with_an_unknown_key,
         _provider_key_not_set,
         _reranker_without_a_model,

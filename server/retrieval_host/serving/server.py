@@ -229,11 +229,16 @@ def check_listeners(settings: HostSettings, worker: WorkerSeat | None = None) ->
     if worker is None:
         check_listen_address(settings.listen.host, settings.listen.port)
     if settings.metrics.port is not None:
-        offset = 0 if worker is None else worker.index
-        try:
-            _probe_bind("127.0.0.1", settings.metrics.port + offset)
-        except OSError as exc:
-            raise _metrics_refused(settings.metrics.port + offset, offset, exc) from exc
+        check_metrics_port(settings.metrics.port, 0 if worker is None else worker.index)
+
+
+def check_metrics_port(port: int, offset: int) -> None:
+    """`SettingsError` when worker `offset`'s loopback metrics port (`port + offset`) cannot be
+    bound."""
+    try:
+        _probe_bind("127.0.0.1", port + offset)
+    except OSError as exc:
+        raise _metrics_refused(port + offset, offset, exc) from exc
 
 
 def _probe_bind(host: str, port: int) -> None:

@@ -45,7 +45,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-from retrieval_host.serving.server import check_listen_address
+from retrieval_host.serving.server import check_listen_address, check_metrics_port
 from retrieval_host.settings import HostSettings, SettingsError
 
 logger = logging.getLogger("retrieval_host.workers")
@@ -171,6 +171,11 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
     metrics_port = settings.metrics.port
     if metrics_port is not None and metrics_port + settings.listen.workers - 1 > 65535:
         raise SettingsError("metrics.port + listen.workers - 1 must be a port number")
+    if metrics_port is not None:
+        # Every worker's, before any starts: worker 0 opens (and migrates) the stores, so a
+        # refusal by a later worker would come after an earlier release's stores changed.
+        for index in range(settings.listen.workers):
+            check_metrics_port(metrics_port, index)
     # Held (bound, never listening: it takes no connections) until the workers have stopped,
     # so the port, also a port 0 chosen here, stays the host's.
     lock = port_lock(settings.listen.host, settings.listen.port)
