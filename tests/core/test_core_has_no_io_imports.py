@@ -13,7 +13,7 @@ ALLOWED_ROOTS = {
     "functools",
     "hashlib", "json", "math", "operator",
     "re", "secrets", "threading", "time", "typing", "numpy", "retrieval_host", "Stemmer",
-    "unicodedata", "weakref",
+    "unicodedata", "weakref", "zlib",
 }  # fmt: skip
 FORBIDDEN_ROOTS = {
     "starlette", "fastapi", "uvicorn", "httpx", "requests", "urllib", "http", "socket", "ssl",

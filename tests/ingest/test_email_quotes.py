@@ -44,70 +44,86 @@ def _prepare(data: bytes, count_tokens: TokenCounter) -> PreparedDocument:
 def test_a_reply_keeps_its_own_words_and_drops_the_quote_the_thread_holds(
     count_tokens: TokenCounter,
 ) -> None:
+    # Top-posted, as Gmail and Outlook write: the reply, its signature, then the quote.
     reply = (
-        "Will the fuel dock stay open?\n\nOn Mon, 1 Jan 2024, Ann <ann@x> wrote:\n"
-        + QUOTED
-        + "\nRegards,\nBob\n"
+        "Will the fuel dock stay open?\n\nRegards,\nBob\n\n"
+        "On Mon, 1 Jan 2024 at 10:00, Ann <ann@x> wrote:\n" + QUOTED
     )
     prepared = _prepare(_thread(ORIGINAL, reply), count_tokens)
     by_id: dict[str | None, list[Any]] = {}
     for chunk in prepared.chunks:
         by_id.setdefault(chunk.location.document_id, []).append(chunk)
     assert [c.text for c in by_id["<m1@x>"]] == [ORIGINAL.strip()]
-    replies = by_id["<m2@x>"]
-    assert all("dredging" not in c.text and "wrote:" not in c.text for c in replies)
-    # Its own lines keep their numbers in the message: split around the lines left out.
-    located = [(c.text, c.location.start_line, c.location.end_line) for c in replies]
-    assert located == [("Will the fuel dock stay open?", 1, 1), ("Regards,\nBob", 8, 9)]
-    # The text of the document, its checksum's basis, is the whole message still.
+    located = [(c.text, c.location.start_line, c.location.end_line) for c in by_id["<m2@x>"]]
+    assert located == [("Will the fuel dock stay open?\n\nRegards,\nBob", 1, 4)]
     assert prepared.source.metadata["messageCount"] == 2
 
 
-def test_inline_answers_quotes_from_elsewhere_and_changed_quotes_stay(
+def test_quotes_the_reply_answers_or_the_thread_does_not_hold_stay(
     count_tokens: TokenCounter,
 ) -> None:
-    inline = QUOTED + "Yes, and the fuel dock stays open throughout.\n"
-    elsewhere = (
-        "Forwarding what the harbour master wrote last year:\n\n"
-        "> Dredging of the east quay is planned for the spring, dates to follow once the\n"
-        "> contractor has confirmed its schedule with the port authority.\n"
-    )
-    changed = QUOTED.replace("twelve metres", "ten metres")
-    prepared = _prepare(_thread(ORIGINAL, inline, elsewhere, changed), count_tokens)
-    texts = {
-        chunk.location.document_id: chunk.text
-        for chunk in prepared.chunks
-        if chunk.location.document_id != "<m1@x>"
+    # Probe V (session 36): each of these lost text said nowhere else, or its context.
+    bodies = {
+        "<m2@x>": QUOTED + "\nYes, and the fuel dock stays open throughout.\n",  # bottom-posted
+        "<m3@x>": (  # a message not in the file
+            "Forwarding what the harbour master wrote last year:\n\n"
+            "> Dredging of the east quay is planned for the spring, dates to follow once the\n"
+            "> contractor has confirmed its schedule with the port authority.\n"
+        ),
+        "<m4@x>": "Noted.\n\n" + QUOTED.replace("twelve metres", "ten metres"),  # changed
+        # A short answer quoted within the quote, said only there.
+        "<m5@x>": "Noted.\n\n> Bob wrote:\n"
+        + QUOTED.replace("> ", ">> ")
+        + "> Agreed, ship it Monday.\n",
+        # A sentence of the reply's own that ends in "wrote:".
+        "<m6@x>": "On the fuel dock: it stays open. For the quay, here is what Ann wrote:\n"
+        + QUOTED,
     }
+    prepared = _prepare(_thread(ORIGINAL, *bodies.values()), count_tokens)
+    texts: dict[str | None, str] = {}
+    for chunk in prepared.chunks:
+        texts[chunk.location.document_id] = texts.get(chunk.location.document_id, "") + chunk.text
     assert "dredging" in texts["<m2@x>"] and "fuel dock" in texts["<m2@x>"]
     assert "contractor has confirmed" in texts["<m3@x>"]
     assert "ten metres" in texts["<m4@x>"]
+    assert "ship it Monday" in texts["<m5@x>"]
+    assert "fuel dock" in texts["<m6@x>"]
 
 
-def test_a_quote_of_a_quote_goes_and_short_quotes_go_with_a_long_one() -> None:
-    original = ["Ship the spare pumps to the north depot before the audit on Friday, please."]
-    done = "Done, they left this morning on the early truck to the depot."
-    reply = [done, "", "> " + original[0]]
+ORIGINAL_LINE = "Ship the spare pumps to the north depot before the audit on Friday, please."
+DONE = "Done, they left this morning on the early truck to the depot."
+
+
+def test_a_quote_of_a_quote_goes_and_a_lone_message_keeps_everything() -> None:
+    reply = [DONE, "", "On Mon, 1 Jan 2024, Ann <ann@x> wrote:", "> " + ORIGINAL_LINE]
     second = [
         "Thanks!",
         "",
-        ">> Ship the spare pumps to the north depot before the audit on Friday, please.",
-        "> " + done,
-        "",
-        "> Ok?",  # too short to tell on its own: stays
+        "> " + DONE,
+        ">",
+        "> On Mon, 1 Jan 2024, Ann <ann@x> wrote:",
+        ">> " + ORIGINAL_LINE,
     ]
-    assert repeated_quote_lines([original, reply, second]) == [
+    assert repeated_quote_lines([[ORIGINAL_LINE], reply, second]) == [
         frozenset(),
-        frozenset({2}),
         frozenset({2, 3}),
+        frozenset({2, 3, 4, 5}),
     ]
+    assert repeated_quote_lines([reply]) == [frozenset()]
 
 
-def test_attributions_go_with_their_quote_only() -> None:
-    original = ["Ship the spare pumps to the north depot before the audit on Friday, please."]
+def test_only_an_attribution_that_looks_like_one_goes_with_its_quote() -> None:
+    quote = "> " + ORIGINAL_LINE
     wrapped = ["On Mon, 1 Jan 2024 at 10:00, Ann Example", "<ann@example.org> wrote:"]
-    reply = ["Sure.", "", *wrapped, "> " + original[0], "", "Bob wrote:", "", "> Ok?"]
-    assert repeated_quote_lines([original, reply]) == [frozenset(), frozenset({2, 3, 4})]
-    # An attribution in its own paragraph, right before the quote, goes too.
-    apart = ["Sure.", "", "Ann wrote:", "", "> " + original[0]]
-    assert repeated_quote_lines([original, apart])[1] == frozenset({2, 4})
+    assert repeated_quote_lines([[ORIGINAL_LINE], ["Sure.", "", *wrapped, quote]])[1] == frozenset(
+        {2, 3, 4}
+    )
+    # In a paragraph of its own, right before the quote: it goes too.
+    apart = ["Sure.", "", "Carol Diaz wrote:", "", quote]
+    assert repeated_quote_lines([[ORIGINAL_LINE], apart])[1] == frozenset({2, 4})
+    # A sentence that ends in "wrote:" is the reply's own: it and the quote it opens stay.
+    for own in (
+        "Our insurer, Marsh Maritime of Rotterdam, needs the dates Ann wrote:",
+        "On the dock: it stays open. For the quay, here is what Ann wrote:",
+    ):
+        assert repeated_quote_lines([[ORIGINAL_LINE], ["Sure.", "", own, quote]])[1] == frozenset()
