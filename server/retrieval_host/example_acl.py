@@ -49,7 +49,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from pydantic import ValidationError
 
@@ -62,6 +62,7 @@ from retrieval_host.adapters.wiring import (
     build_reranker,
     build_run_store,
     build_vector_store,
+    check_vector_store,
 )
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.descriptor import check_label
@@ -261,9 +262,9 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
     none). One local embedding model and one store (`store.sqlitePath` or
     `store.postgresDsn`) serve every corpus; the store is also the
     record of current revisions (`registryFile` of earlier versions is ignored, see the
-    module doc). The options, the ACL file, the reranker and the providers are checked before
-    a store is opened (and migrated): a `SettingsError` for any of them leaves the stores as
-    they were, for the release that wrote them.
+    module doc). The options, the ACL file, the reranker, the providers and the corpora's
+    stored descriptors are checked before a store is migrated: a refusal of any of them leaves
+    the stores as they were, for the release that wrote them.
     """
     options = settings.application_options
     environ = {} if environ is None else environ
@@ -300,11 +301,10 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
             on_failure.callback(reranker.close)
         providers = build_providers(settings, environ)
         on_failure.callback(_close_each, providers.values())
-        store, records = _open_stores(settings, environ, on_failure, runs=bool(providers))
-        acl.revisions = store.current_revisions
         chunking = ChunkingSettings().as_identity()
-        service = RetrievalService(
-            [
+
+        def configured(store: VectorStore) -> list[Corpus]:
+            return [
                 Corpus(
                     id=corpus_id,
                     version=str(options.get("indexVersion", "passages-v1")),
@@ -318,7 +318,12 @@ def create_driver(settings: HostSettings, environ: Mapping[str, str] | None = No
                 )
                 for corpus_id in corpora
             ]
-        )
+
+        # The check reads the corpora's identities only, never their store.
+        check_vector_store(settings, environ, configured(cast(VectorStore, None)))
+        store, records = _open_stores(settings, environ, on_failure, runs=bool(providers))
+        acl.revisions = store.current_revisions
+        service = RetrievalService(configured(store))
         # The run store is also the usage sink (`core.usage`): runs, searches and ingests
         # record there.
         runs = None if records is None else RunEngine(service, providers, records, usage=records)

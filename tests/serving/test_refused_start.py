@@ -160,6 +160,42 @@ def _read_only_store(host: dict[str, Any], config: Path, stack: contextlib.ExitS
     return "STORE_READ_ONLY: a store opened read-only must be of schema version"
 
 
+def _another_index_version(
+    host: dict[str, Any], config: Path, stack: contextlib.ExitStack
+) -> str:
+    # The stored corpus was built as passages-v1: found when the corpus is opened, which came
+    # after both stores were migrated.
+    host["applicationOptions"]["indexVersion"] = "passages-v2"
+    return (
+        "DESCRIPTOR_MISMATCH: corpus 'library' was built with a different descriptor; "
+        "differing fields: index_version"
+    )
+
+
+def _a_newer_release_s_vector_store(
+    host: dict[str, Any], config: Path, stack: contextlib.ExitStack
+) -> str:
+    # A later release's vector store beside the earlier run records (a half-done rollback):
+    # the vector store refused after the run records were migrated.
+    db = apsw.Connection(str(config.parent / "state" / "store" / "retrieval.sqlite"))
+    try:
+        db.execute("PRAGMA user_version = 99")
+    finally:
+        db.close()
+    return "UNSAFE_STORE: the store has schema version 99"
+
+
+def _another_application_s_database(
+    host: dict[str, Any], config: Path, stack: contextlib.ExitStack
+) -> str:
+    db = apsw.Connection(str(config.parent / "state" / "store" / "retrieval.sqlite"))
+    try:
+        db.execute("PRAGMA application_id = 1234")
+    finally:
+        db.close()
+    return "UNSAFE_STORE: "
+
+
 Refusal = Callable[[dict[str, Any], Path, contextlib.ExitStack], str]
 
 
@@ -173,6 +209,9 @@ Refusal = Callable[[dict[str, Any], Path, contextlib.ExitStack], str]
         _provider_key_not_set,
         _reranker_without_a_model,
         _read_only_store,
+        _another_index_version,
+        _a_newer_release_s_vector_store,
+        _another_application_s_database,
     ],
 )
 def test_a_start_that_refuses_leaves_an_earlier_release_s_stores_as_they_were(
@@ -182,9 +221,9 @@ def test_a_start_that_refuses_leaves_an_earlier_release_s_stores_as_they_were(
 ) -> None:
     config, host = earlier_state
     store = config.parent / "state" / "store"
-    before = _files(store)
     with contextlib.ExitStack() as stack:
         said = refusal(host, config, stack)
+        before, versions = _files(store), _versions(store)
         config.write_text(json.dumps(host))
         assert main(["serve", "--config", str(config)], environ={}) == 2
     error = capsys.readouterr().err
@@ -192,7 +231,8 @@ def test_a_start_that_refuses_leaves_an_earlier_release_s_stores_as_they_were(
     [line] = [line for line in error.splitlines() if line.startswith("retrieval-host: ")]
     assert said in line
     assert _files(store) == before
-    assert _versions(store) == [2, 3]  # still the earlier release's
+    assert _versions(store) == versions
+    assert versions[1] == 3  # the run records are still the earlier release's
 
 
 def test_the_same_state_started_without_a_refusal_is_migrated(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Protocol
@@ -14,9 +14,11 @@ from typing import Protocol
 import httpx
 
 from retrieval_host.adapters._openai_http import malformed_key
+from retrieval_host.adapters._store_rules import check_descriptor
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.provider_openai import OpenAIChatProvider
 from retrieval_host.adapters.rerank_http import HttpReranker
+from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.ports import VectorStore
@@ -79,6 +81,34 @@ def build_vector_store(settings: HostSettings, environ: Mapping[str, str]) -> Ve
         approximate_min_rows=store.approximate_min_rows,
         migrate=migrate,
     )
+
+
+def check_vector_store(
+    settings: HostSettings, environ: Mapping[str, str], corpora: Sequence[Corpus]
+) -> None:
+    """Raise what opening the configured vector store and `corpora` in it would (`UNSAFE_STORE`
+    for another application's or a newer release's store, `DESCRIPTOR_MISMATCH` for a corpus
+    configured unlike the one stored), reading without writing: a start must refuse before
+    the store or the run records are migrated, which the release that wrote them then refuses
+    (probe U). `corpora`'s stores are not used. Nothing to check for a read-only store (its
+    open writes nothing) or under `without_migration` (nothing is migrated)."""
+    store = settings.store
+    if store.read_only or not _MIGRATING.get():
+        return
+    if store.postgres_dsn is not None:
+        from retrieval_host.adapters.postgres.catalog import peek_descriptors as peek_pg
+
+        stored = peek_pg(_postgres_dsn(settings, environ), store.postgres_schema)
+    elif store.sqlite_path is not None:
+        from retrieval_host.adapters.sqlite.catalog import peek_descriptors
+
+        stored = peek_descriptors(settings.path(store.sqlite_path), _trusted_groups(settings))
+    else:
+        return  # the open says what is missing
+    for corpus in corpora:
+        found = stored.get(corpus.id)
+        if found is not None:
+            check_descriptor(corpus.resolved(found).descriptor, found)
 
 
 def _postgres_dsn(settings: HostSettings, environ: Mapping[str, str]) -> str:

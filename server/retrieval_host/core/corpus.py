@@ -4,13 +4,20 @@ and the event its commits report; `RetrievalService` serves a set of them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal
 
-from retrieval_host.core.descriptor import CorpusDescriptor, LexicalDescriptor
+from retrieval_host.core.descriptor import (
+    CorpusDescriptor,
+    LexicalDescriptor,
+    stored_chunking,
+    stored_lexical,
+)
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.fusion import FusionSettings
 from retrieval_host.core.models import JSONScalar
+from retrieval_host.core.passage_context import resolve_chunking
 from retrieval_host.core.ports import (
     Authorizer,
     CapacityLimits,
@@ -93,3 +100,18 @@ class Corpus:
             self._lexical,
             self.reranker.descriptor if self.reranker is not None else None,
         )
+
+    def resolved(self, stored: str | None) -> Corpus:
+        """The corpus as it opens over `stored`, the descriptor its store holds (canonical
+        JSON; None for a new corpus): the chunking and lexical settings its configuration
+        leaves unset are the stored corpus's. Pure, so a start can compare a configuration with
+        a store before opening (and migrating) it (`adapters.wiring.check_vector_store`)."""
+        chunking = stored_chunking(stored) if stored is not None else None
+        corpus = replace(self, chunking=resolve_chunking(self.chunking, chunking))
+        try:
+            previous = stored_lexical(stored) if stored is not None else None
+        except RetrievalError as exc:
+            raise RetrievalError(exc.code, f"corpus {corpus.id!r}: {exc.detail}") from None
+        if corpus.lexical is None:
+            return replace(corpus, lexical=previous or LexicalDescriptor().resolved(None))
+        return replace(corpus, lexical=corpus.lexical.resolved(previous))

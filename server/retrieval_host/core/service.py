@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import replace
 from typing import Literal
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import CommitEvent, Corpus, utc_now
 from retrieval_host.core.descriptor import (
-    LexicalDescriptor,
     check_label,
-    stored_chunking,
-    stored_lexical,
 )
 from retrieval_host.core.errors import (
     ErrorCode,
@@ -55,7 +51,7 @@ from retrieval_host.core.models import (
     SearchResult,
     SourceRef,
 )
-from retrieval_host.core.passage_context import embedding_text, resolve_chunking
+from retrieval_host.core.passage_context import embedding_text
 from retrieval_host.core.passage_metadata import passage_metadata
 from retrieval_host.core.ports import (
     ANY_REVISION,
@@ -115,17 +111,7 @@ class RetrievalService:
                 raise RetrievalError(ErrorCode.INVALID_REQUEST, f"duplicate corpus {corpus.id!r}")
             # A chunking or lexical setting the configuration leaves unset takes the stored
             # corpus's.
-            stored = corpus.store.stored_descriptor(corpus.id)
-            chunking = stored_chunking(stored) if stored is not None else None
-            corpus = replace(corpus, chunking=resolve_chunking(corpus.chunking, chunking))
-            try:
-                previous = stored_lexical(stored) if stored is not None else None
-            except RetrievalError as exc:
-                raise RetrievalError(exc.code, f"corpus {corpus.id!r}: {exc.detail}") from None
-            if corpus.lexical is None:
-                corpus = replace(corpus, lexical=previous or LexicalDescriptor().resolved(None))
-            else:
-                corpus = replace(corpus, lexical=corpus.lexical.resolved(previous))
+            corpus = corpus.resolved(corpus.store.stored_descriptor(corpus.id))
             # Checked here, before anything can embed: an incompatible descriptor never gets
             # as far as spending an embedding request.
             corpus.store.open_corpus(corpus.descriptor)

@@ -7,7 +7,64 @@ from collections.abc import Collection
 
 from psycopg import Connection
 
-from retrieval_host.adapters.postgres.schema import schema_sql
+from retrieval_host.adapters.postgres.pool import (
+    ConnectionPool,
+    answer_timeout_s,
+    transaction,
+    translated,
+)
+from retrieval_host.adapters.postgres.schema import (
+    VECTOR_COMPONENT,
+    VECTOR_DDL,
+    VECTOR_SCHEMA_VERSION,
+    VECTOR_TABLES,
+    check_schema_name,
+    ensure_schema_component,
+    schema_sql,
+    session_setup,
+)
+from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.reasons import StoreUnavailableReason
+
+_TIMEOUT_MS = 30_000
+
+
+def peek_descriptors(dsn: str, schema: str) -> dict[str, str]:
+    """Corpus id -> the descriptor stored for it (canonical JSON) in `schema`, read in a
+    read-only session (nothing is created or migrated); {} when the schema holds no vector
+    store yet. Raises what opening the store would for a schema that is not ours or of a newer
+    release (`UNSAFE_STORE`), so a start refuses before the run records or this store are
+    migrated, which the release that wrote them then refuses
+    (`adapters.wiring.check_vector_store`)."""
+    check_schema_name(schema)
+    pool = ConnectionPool(
+        dsn, 1, session_setup(_TIMEOUT_MS, True), answer_timeout_s=answer_timeout_s(_TIMEOUT_MS)
+    )
+    try:
+        with pool.connection() as conn:
+            try:
+                ensure_schema_component(
+                    conn,
+                    schema,
+                    VECTOR_COMPONENT,
+                    VECTOR_SCHEMA_VERSION,
+                    VECTOR_TABLES,
+                    VECTOR_DDL,
+                    read_only=True,
+                )
+            except RetrievalError as exc:
+                if exc.reason == StoreUnavailableReason.MISSING_STORE:
+                    return {}  # the open creates it
+                if exc.code is not ErrorCode.STORE_READ_ONLY:
+                    raise  # not ours, or newer
+                # An earlier version: the open migrates it; its descriptors are read as stored.
+            with translated("reading the corpus descriptors"), transaction(conn, read_only=True):
+                rows = conn.execute(
+                    schema_sql(schema, "SELECT corpus_id, descriptor_json FROM {s}.corpora")
+                ).fetchall()
+        return {str(corpus): str(stored) for corpus, stored in rows}
+    finally:
+        pool.close()
 
 
 def read_descriptor(conn: Connection, schema: str, corpus: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections.abc import Collection
 from pathlib import Path
@@ -13,9 +14,43 @@ from pathlib import Path
 import apsw
 
 from retrieval_host.adapters._store_rules import check_descriptor
-from retrieval_host.adapters.sqlite.schema import BUSY_TIMEOUT_MS, read_only_target, translated
-from retrieval_host.adapters.sqlite.tables import backfill_terms
+from retrieval_host.adapters.sqlite.schema import (
+    BUSY_TIMEOUT_MS,
+    check_not_orphaned,
+    open_database,
+    read_only_target,
+    translated,
+)
+from retrieval_host.adapters.sqlite.tables import IDENTITY, backfill_terms
 from retrieval_host.core.descriptor import CorpusDescriptor
+
+
+def peek_descriptors(
+    path: str | os.PathLike[str], trusted_groups: frozenset[int] = frozenset()
+) -> dict[str, str]:
+    """Corpus id -> the descriptor stored for it (canonical JSON) in the store at `path`, read
+    without writing anything (no file is made, nothing migrated); {} when there is no store
+    yet. Raises what opening the store would: `UNSAFE_STORE` for an unsafe location, another
+    application's or a newer release's database. A start checks this before the run records
+    or this store are migrated, which the release that wrote them then refuses
+    (`adapters.wiring.check_vector_store`)."""
+    if not os.path.lexists(path):
+        check_not_orphaned(Path(path))  # the open would refuse it
+        return {}
+    conn, _ = open_database(path, IDENTITY, trusted_groups, read_only=True, earlier=True)
+    try:
+        with translated("reading the corpus descriptors"):
+            if (
+                conn.execute(
+                    "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'corpora'"
+                ).fetchone()
+                is None
+            ):
+                return {}  # an empty file: the open makes the schema
+            rows = conn.execute("SELECT corpus_id, descriptor_json FROM corpora").fetchall()
+            return {str(corpus): str(stored) for corpus, stored in rows}
+    finally:
+        conn.close()
 
 
 def read_descriptor(conn: apsw.Connection, corpus: str) -> str | None:

@@ -117,6 +117,7 @@ def open_database(
     read_only: bool = False,
     upgrade: bool = True,
     create: bool | None = None,
+    earlier: bool = False,
 ) -> tuple[apsw.Connection, Path]:
     """Check the location, open (creating if missing) and check or create the database.
 
@@ -127,7 +128,8 @@ def open_database(
     (no file, table or migration is made; `STORE_UNAVAILABLE` when there is none).
     `upgrade=False`: a store of an earlier schema version is refused (`UNSAFE_STORE`) instead
     of migrated (the operator's commands: a migration is the host's, at its start); so is a
-    new file, unless `create` (default: `upgrade`).
+    new file, unless `create` (default: `upgrade`). `earlier` (with `read_only`): a store of an
+    earlier schema version is opened too, to be read before a migration.
     """
     check_sqlite_version(apsw.sqlite_lib_version())
     if read_only and not os.path.lexists(path):
@@ -151,7 +153,7 @@ def open_database(
             conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
             version = check_identity(conn, identity)
             if read_only:
-                if version != identity.version:
+                if version != identity.version and not earlier:
                     raise RetrievalError(
                         ErrorCode.STORE_READ_ONLY,
                         "a store opened read-only must be of schema version "
