@@ -160,9 +160,7 @@ def _read_only_store(host: dict[str, Any], config: Path, stack: contextlib.ExitS
     return "STORE_READ_ONLY: a store opened read-only must be of schema version"
 
 
-def _another_index_version(
-    host: dict[str, Any], config: Path, stack: contextlib.ExitStack
-) -> str:
+def _another_index_version(host: dict[str, Any], config: Path, stack: contextlib.ExitStack) -> str:
     # The stored corpus was built as passages-v1: found when the corpus is opened, which came
     # after both stores were migrated.
     host["applicationOptions"]["indexVersion"] = "passages-v2"
