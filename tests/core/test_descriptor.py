@@ -44,6 +44,13 @@ def _embedding(**overrides: object) -> EmbeddingDescriptor:
         "glpat-xYzAbCdEfGhIjKlMnOpQ",
         "sk_live_AbCdEfGhIjKlMnOpQrStUvWx",
         "ghp_aBcDeFgHiJ-kLmNoPqRsTuVwXyZaBcDeFgHiJ",
+        # Probe C (session 37): token shapes the prefixes above did not know.
+        "hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567",
+        "hf_abcdefghijklmnopqrstuvwxyzabcdefgh",
+        "npm_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+        "r8_AbCdEfGhIjKlMnOpQrStUvWx0123456789",
+        "ya29.a0AfH6SMBx1234567890abcdef",
+        "AbCdEfGhIjKlMnOpQrStUvWxYz012345",
         "Bearer abc",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig",
         "AKIAIOSFODNN7EXAMPLE",
@@ -75,6 +82,12 @@ def test_secret_or_address_shaped_labels_are_refused(value: str) -> None:
         "AKIA-team",
         "acme-corp-production-embeddings-eu-west-1",
         "org-AbCdEf1234567890XyZ",
+        "hf_tei_1",
+        "hf-inference-embeddings-2024",
+        "npm_registry_docs",
+        "3f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c",  # 32 hex: also a Cloudflare account id
+        "123e4567e89b12d3a456426614174000",
+        "ya29-notes",
     ],
 )
 def test_plain_labels_are_accepted(value: str) -> None:
