@@ -507,6 +507,32 @@ def test_a_whole_namespace_search_leaves_a_source_deleted_after_the_read_out(
     assert passages(result.hits, "b") == whole("b", "r1")
 
 
+def test_an_authorizer_still_granting_a_source_deleted_after_the_read_gets_none_of_it(
+    world: World,
+) -> None:
+    # The application's records lag the store: its check after the read still grants the
+    # revision the writer has just deleted. Deleted passages stop appearing once the delete
+    # commits (SPEC 3.4), whatever the grant says (left alone in session 36).
+    world.acl.pinned = {"a": "r1"}
+    world.acl.before = world.delete_at(2, "a", "r1")
+    result = world.search()
+    assert world.checks() == ["before-read", "after-read"]
+    assert passages(result.hits, "a") == []
+    assert passages(result.hits, "b") == whole("b", "r1")
+    assert result.truncated  # the read's places the deleted passages took are not claimed
+
+
+def test_a_named_source_deleted_after_the_read_is_unavailable_whatever_the_grant_says(
+    world: World,
+) -> None:
+    world.acl.pinned = {"a": "r1"}
+    world.acl.before = world.delete_at(2, "a", "r1")
+    with pytest.raises(RetrievalError) as excinfo:
+        world.search(["a"])
+    assert excinfo.value.code is ErrorCode.SOURCE_UNAVAILABLE
+    assert world.checks() == ["before-read", "after-read"]
+
+
 def _top_one(world: World) -> SearchResult:
     """A dense search with `limit` 1: its read of two candidates finds only `a`'s passages."""
     world.progress.clear()

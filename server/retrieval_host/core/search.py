@@ -237,10 +237,21 @@ class CorpusSearch:
                 # Overtaken again, or deleted or revoked since it was granted.
                 raise source_unavailable()
         lost = False
+        times: Mapping[str, tuple[str, str | None]] = {}
         if recheck is None or recheck.namespace != grant.namespace:
             candidates = []
         else:
-            candidates = [c for c in candidates if recheck.sources.get(c.source_id) == c.revision]
+            # The store's sources too: an application's grant may still list a source deleted
+            # since the read (its own records lag the store's), and deleted passages stop
+            # appearing once the delete commits (SPEC 3.4). A source replaced since the check
+            # answers the revision the check granted, as before: that one is whole.
+            times = corpus.store.indexed_at(
+                corpus.id, grant.namespace, {c.source_id for c in candidates}
+            )
+            stored = [c for c in candidates if c.source_id in times]
+            if prepared.source_ids is not None and len(stored) < len(candidates):
+                raise source_unavailable()  # named, and deleted since the read
+            candidates = [c for c in stored if recheck.sources.get(c.source_id) == c.revision]
             # Passages dropped here (the last attempt was overtaken too) may have hidden
             # matches the read did not reach: the answer does not claim to be whole.
             lost = len(candidates) < len(found.candidates)
@@ -260,7 +271,6 @@ class CorpusSearch:
             candidates = [c for c in candidates if c.score >= request.min_score]
 
         shown = candidates[: request.limit]
-        times = corpus.store.indexed_at(corpus.id, grant.namespace, {c.source_id for c in shown})
         hits = [
             Hit(
                 chunk_id=c.chunk_id,
