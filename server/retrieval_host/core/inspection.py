@@ -267,7 +267,12 @@ def decode_cursor(
     if kind == "sources" and not isinstance(after, str):
         raise invalid_cursor()
     if kind == "passages" and (
-        isinstance(after, bool) or not isinstance(after, int) or not isinstance(revision, str)
+        isinstance(after, bool)
+        or not isinstance(after, int)
+        # A position the stores' 64-bit ordinals can hold: a larger one, which any client can
+        # write (the format is public, only checksummed), was a 500 (probe A, session 37).
+        or not 0 <= after < 2**63
+        or not isinstance(revision, str)
     ):
         raise invalid_cursor()
     return Cursor(kind, corpus, after, source_id, revision)
