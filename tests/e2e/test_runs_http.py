@@ -669,6 +669,29 @@ def test_a_run_asking_for_checked_citations_completes_only_with_valid_ones(
         assert record["status"] == "failed" and record["errorCode"] == "INVALID_CITATION"
 
 
+def test_line_separators_in_an_answer_or_a_question_keep_each_event_on_one_line(
+    host: RunningHost, world: RunsWorld
+) -> None:
+    # Probe B (session 37): httpx's `iter_lines` (and `str.splitlines`) also end lines at
+    # U+2028, U+2029 and U+0085, which the events' JSON carried raw: a reader as the README
+    # shows got `run.delta` and `run.completed` cut in two. `stream_run` reads that way.
+    answer = [
+        "The battery lasts\u2028",
+        "1,200 cycles\u2029",
+        "at 25\x85degrees [source:battery-1]",
+    ]
+    world.fake.script_chat([PlannedResponse(text=answer)])
+    question = QUESTION + "\u2028Per cell?"
+    streamed = stream_run(
+        host, world.tokens["alice"], run_body(provider="fake", model="gpt-test", question=question)
+    )
+    assert streamed.status == 200
+    result = streamed.events[-1]["result"]
+    assert result["text"] == "".join(answer)
+    assert "".join(e["text"] for e in streamed.of_type("run.delta")) == "".join(answer)
+    assert result["receipts"][0]["rawQuery"] == question
+
+
 def test_a_run_s_min_score_leaves_an_off_topic_question_without_evidence(
     host: RunningHost, world: RunsWorld
 ) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -32,7 +31,7 @@ from retrieval_host.http.policy import RequestPolicy
 from retrieval_host.http.problems import log_failure
 from retrieval_host.http.request_id import note_stream_failure
 from retrieval_host.http.shutdown import Shutdown, shutting_down
-from retrieval_host.http.sse import event_stream
+from retrieval_host.http.sse import event_stream, json_event
 from retrieval_host.wire import retrieval as wire_retrieval
 from retrieval_host.wire.problems import problem_body
 
@@ -156,7 +155,7 @@ def _failed(error: BaseException, request_id: str) -> dict[str, Any]:
 
 
 def _sse(body: dict[str, Any]) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(body, ensure_ascii=False), event=body["type"])
+    return json_event(body, body["type"])
 
 
 async def _closing(

@@ -50,7 +50,7 @@ from retrieval_host.http.policy import RequestPolicy
 from retrieval_host.http.problems import error_response
 from retrieval_host.http.request_id import note_stream_failure, request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
-from retrieval_host.http.sse import event_stream, wants_stream
+from retrieval_host.http.sse import event_stream, json_event, wants_stream
 from retrieval_host.wire import runs as wire_runs
 from retrieval_host_client import run_models as wire
 
@@ -251,12 +251,7 @@ class RunRoutes:
                 async for event in events:
                     if isinstance(event, RunFailed):
                         note_stream_failure(scope, event.error.code.value, event.error.reason)
-                    yield ServerSentEvent(
-                        data=json.dumps(
-                            wire_runs.event_json(event, request_id), ensure_ascii=False
-                        ),
-                        event=event.type,
-                    )
+                    yield json_event(wire_runs.event_json(event, request_id), event.type)
         except (GeneratorExit, asyncio.CancelledError):
             # The client left before the run's last event: the run is cancelled, and the
             # access line says so (it showed a plain 200, a black-box test).

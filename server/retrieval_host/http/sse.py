@@ -3,13 +3,27 @@ the one way a stream is answered (sse-starlette, heartbeat comments, no caching 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from sse_starlette.event import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 
 from retrieval_host.http.shutdown import Shutdown
+
+# Line ends to SSE only at CR and LF, but to `str.splitlines` and httpx's `iter_lines` (which
+# the README shows raw-HTTP readers) also at these: inside an event's JSON they cut it in two
+# (probe B, session 37: an answer or a question holding U+2028). Escaped, the JSON is the same.
+_LINE_BREAKERS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def json_event(body: Mapping[str, Any], event: str) -> ServerSentEvent:
+    """An event whose `data` is `body` as JSON on one line for every line splitter."""
+    return ServerSentEvent(
+        data=json.dumps(body, ensure_ascii=False).translate(_LINE_BREAKERS), event=event
+    )
 
 
 def wants_stream(request: Request) -> bool:
