@@ -10,12 +10,21 @@ the caller's decision, and an identical index request then confirms `unchanged`.
 
 The API key is read from a callable at each request, sent only in the `Authorization` header, and
 scrubbed from every error detail (some servers echo the key they were given).
+
+Cancellation and the caller's inactivity timeout are honoured while the service computes: a
+service answers a batch only once it is embedded, so checks between body chunks alone left a
+cancelled index waiting out the whole call (cancel at 0.5 s, returned after 6 s: a black-box
+probe). A `SocketWatchdog` (as in `provider_openai`) shuts the call's socket down once the token
+is cancelled or idle, and the token's own error (`CANCELLED`, `TIMEOUT`/`idle-timeout`) is
+raised. A batch counts as progress only once it has arrived within the inactivity timeout.
+Connections are therefore not kept alive between calls: every call has its own socket.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
@@ -36,6 +45,7 @@ from retrieval_host.adapters._openai_http import (
     scrub,
     tls_verify,
 )
+from retrieval_host.adapters._socket_watchdog import SocketWatchdog
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -88,7 +98,11 @@ class OpenAIEmbedding:
     - Usage: one request per HTTP call; input tokens from the response's `usage.prompt_tokens`,
       counted as 0 for a response that reports no usage (the value is informative, never
       guessed).
-    - `timeout_s` applies to each phase (connect, write, each read, pool), as httpx defines it.
+    - `timeout_s` applies to each phase (connect, write, each read, pool), as httpx defines it,
+      and bounds each request's whole answer: a body still arriving `timeout_s` after the
+      request was sent fails (`timeout`), so a request ends within about twice `timeout_s`.
+    - `embed`'s `CancelToken` stops a request as soon as it is cancelled or its inactivity
+      timeout runs out (see the module doc); no request is sent after that.
     - `verify`: True (system CAs), False, a CA bundle path, or an `ssl.SSLContext`. Proxy
       environment variables and `.netrc` are ignored: nothing here reads the environment.
     """
@@ -124,11 +138,19 @@ class OpenAIEmbedding:
         self._max_batch_tokens = max_batch_tokens
         self._max_input_tokens = max_input_tokens
         self._count: TokenCounter = token_counter or estimate_tokens
+        self._timeout_s = timeout_s
         self._client = make_client(
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
             headers={"Accept": "application/json", "User-Agent": _USER_AGENT},
+            # A fresh connection per request: the watchdog needs the socket before the first
+            # byte arrives, and httpcore reports it only when it connects.
+            limits=httpx.Limits(max_keepalive_connections=0),
         )
+        # The adapter serves several threads at once; each request's trace hook is the
+        # watchdog of the thread sending it (httpx runs request hooks on that thread).
+        self._calls = threading.local()
+        self._client.event_hooks = {"request": [self._attach_watchdog]}
 
     @property
     def descriptor(self) -> EmbeddingDescriptor:
@@ -155,7 +177,10 @@ class OpenAIEmbedding:
         usage = EmbeddingUsage()
         for start, stop in self._batches(texts):
             cancel.check()
-            vectors, tokens = self._embed_batch(texts[start:stop])
+            vectors, tokens = self._embed_batch(texts[start:stop], cancel)
+            # A batch that took longer than the inactivity timeout is not progress: checked
+            # before `progress()`, which would otherwise reset the clock it overran.
+            cancel.check()
             out[start:stop] = vectors
             usage += EmbeddingUsage(requests=1, input_tokens=tokens)
             cancel.progress()
@@ -189,7 +214,14 @@ class OpenAIEmbedding:
 
     # --- one HTTP call ---------------------------------------------------------------------
 
-    def _embed_batch(self, texts: Sequence[str]) -> tuple[npt.NDArray[np.float32], int]:
+    def _attach_watchdog(self, request: httpx.Request) -> None:
+        watchdog: SocketWatchdog | None = getattr(self._calls, "watchdog", None)
+        if watchdog is not None:
+            request.extensions["trace"] = watchdog.trace
+
+    def _embed_batch(
+        self, texts: Sequence[str], cancel: CancelToken
+    ) -> tuple[npt.NDArray[np.float32], int]:
         body: dict[str, Any] = {
             "model": self._descriptor.model,
             "input": list(texts),
@@ -203,21 +235,36 @@ class OpenAIEmbedding:
         limit = (
             _RESPONSE_OVERHEAD_BYTES + len(texts) * self._descriptor.dimensions * _BYTES_PER_VALUE
         )
-        status, raw = post_capped(
-            self._client,
-            self._url,
-            content=content,
-            headers=headers,
-            limit=limit,
-            too_large=_too_large,
-            timed_out=lambda: _fail(
-                "the embedding service did not answer in time.", EmbeddingFailedReason.TIMEOUT
-            ),
-            unreachable=lambda name: _fail(
-                f"could not reach the embedding service ({name}).",
-                EmbeddingFailedReason.CONNECTION_FAILED,
-            ),
-        )
+        watchdog = SocketWatchdog(cancel, "embedding-watchdog")
+        self._calls.watchdog = watchdog
+        watchdog.start()
+        try:
+            status, raw = post_capped(
+                self._client,
+                self._url,
+                content=content,
+                headers=headers,
+                limit=limit,
+                too_large=_too_large,
+                timed_out=lambda: _fail(
+                    "the embedding service did not answer in time.", EmbeddingFailedReason.TIMEOUT
+                ),
+                unreachable=lambda name: _fail(
+                    f"could not reach the embedding service ({name}).",
+                    EmbeddingFailedReason.CONNECTION_FAILED,
+                ),
+                total_s=self._timeout_s,
+                cancel=cancel,
+            )
+        except RetrievalError as error:
+            # The socket the watchdog shut down fails the read: report why it was shut down.
+            verdict = watchdog.verdict() if error.code is ErrorCode.EMBEDDING_FAILED else None
+            if verdict is not None:
+                raise verdict from None
+            raise
+        finally:
+            watchdog.stop()
+            self._calls.watchdog = None
         if status != 200:
             raise self._status_error(status, raw, key)
         return self._parse(raw, len(texts), key)

@@ -32,11 +32,8 @@ count as progress: SSE comments (a proxy's keep-alives) do not keep an idle run 
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import ssl
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import httpx
@@ -60,6 +57,7 @@ from retrieval_host.adapters._openai_http import (
     scrub,
     tls_verify,
 )
+from retrieval_host.adapters._socket_watchdog import SocketWatchdog
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason, ProviderFailedReason
@@ -69,11 +67,8 @@ from retrieval_host_client import retry_after_seconds
 __all__ = ["OpenAIChatProvider"]
 
 _USER_AGENT: Final = "retrieval-host (provider-openai)"
-# How often the watchdog looks at the CancelToken: the worst-case delay of a cancellation.
-_WATCH_INTERVAL_S: Final = 0.05
 # A bound on what a server can make the client hold in memory (the stream's are with its reader).
 _MAX_JSON_RESPONSE_BYTES: Final = 8 * 1024 * 1024
-_SOCKET_EVENTS: Final = ("connection.connect_tcp.complete", "connection.start_tls.complete")
 
 
 def _key_unavailable(detail: str) -> RetrievalError:
@@ -139,7 +134,7 @@ class OpenAIChatProvider:
         key = read_api_key(self._api_key, "generation", _key_unavailable)
         content = encode_json(self._body(request))
         stream = ChatStream(request.step)
-        watchdog = _Watchdog(cancel)
+        watchdog = SocketWatchdog(cancel, "provider-watchdog")
         watchdog.start()
         try:
             yield from self._exchange(content, key, stream, watchdog, cancel)
@@ -179,7 +174,7 @@ class OpenAIChatProvider:
         content: bytes,
         key: str | None,
         stream: ChatStream,
-        watchdog: _Watchdog,
+        watchdog: SocketWatchdog,
         cancel: CancelToken,
     ) -> Iterator[GenerationEvent]:
         started = False  # the response status line has arrived
@@ -330,70 +325,3 @@ def _status_error(
 
 def _json_too_large() -> RetrievalError:
     return malformed("a response larger than expected.")
-
-
-# --- cancellation ----------------------------------------------------------------------------
-
-
-class _Watchdog:
-    """Shuts the call's socket down once the token is cancelled or idle (see the module doc).
-
-    `trace` is httpcore's documented trace hook: it runs on the caller's thread at each phase
-    of the request, and hands over the network stream when a connection (or its TLS layer) is
-    made.
-    """
-
-    def __init__(self, cancel: CancelToken) -> None:
-        self._cancel = cancel
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._stream: Any = None
-        self._tripped: RetrievalError | None = None
-        self._thread = threading.Thread(target=self._watch, name="provider-watchdog", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped.set()
-            self._stream = None
-
-    def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        if event not in _SOCKET_EVENTS:
-            return
-        with self._lock:
-            self._stream = info.get("return_value")
-            if self._tripped is not None:
-                self._shutdown()  # tripped while connecting
-
-    def raise_if_tripped(self) -> None:
-        with self._lock:
-            tripped = self._tripped
-        if tripped is not None:
-            raise tripped
-        # Cancelled or idle at the moment of a transport error: report that, not the error.
-        self._cancel.check()
-
-    def _watch(self) -> None:
-        while not self._stopped.wait(_WATCH_INTERVAL_S):
-            try:
-                self._cancel.check()
-            except RetrievalError as error:
-                with self._lock:
-                    if self._stopped.is_set():
-                        return
-                    self._tripped = error
-                    self._shutdown()
-                return
-
-    def _shutdown(self) -> None:
-        stream = self._stream
-        if stream is None:
-            return
-        sock = stream.get_extra_info("socket")
-        if isinstance(sock, socket.socket):
-            # socket.shutdown, not SSLSocket.shutdown: the TLS object stays to the reader,
-            # whose blocked read then ends with an EOF.
-            with contextlib.suppress(OSError):  # already closed
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
