@@ -111,7 +111,7 @@ def test_relative_paths_follow_a_linked_configuration_as_named(tmp_path: Path) -
         (
             _minimal(store={"postgresDsn": {"env": "DSN"}}, runs={"sqlitePath": "runs.db"}),
             {},
-            "runs.sqlitePath does not apply beside store.postgresDsn",
+            "runs.sqlitePath does not apply beside a writable store.postgresDsn",
         ),
     ],
 )
@@ -124,6 +124,12 @@ def test_settings_an_operator_would_not_mean_are_refused(
     with pytest.raises(SettingsError, match=said):
         load_settings(_write(tmp_path, data), environ)
     assert load_settings(_write(tmp_path, _minimal()), {"RETRIEVAL_HOST_STORE__READ_ONLY": "true"})
+    # Beside a read-only PostgreSQL store (a hot standby takes no writes) run records have a
+    # file of their own.
+    standby = _minimal(
+        store={"postgresDsn": {"env": "DSN"}, "readOnly": True}, runs={"sqlitePath": "runs.db"}
+    )
+    assert load_settings(_write(tmp_path, standby), {}).runs.sqlite_path is not None
 
 
 def test_secrets_come_from_a_file_or_an_environment_variable(tmp_path: Path) -> None:

@@ -434,8 +434,16 @@ class HostSettings(_Model):
         hashes = [t.sha256 for t in self.tokens]
         if len(set(hashes)) != len(hashes):
             raise ValueError("two tokens share one sha256")
-        if self.store.postgres_dsn is not None and self.runs.sqlite_path is not None:
-            raise ValueError("runs.sqlitePath does not apply beside store.postgresDsn: remove it")
+        if (
+            self.store.postgres_dsn is not None
+            and self.runs.sqlite_path is not None
+            and not self.store.read_only
+        ):
+            # Beside a read-only one it does: a hot standby records no runs (task F2).
+            raise ValueError(
+                "runs.sqlitePath does not apply beside a writable store.postgresDsn (run "
+                "records go to the same database): remove it"
+            )
         if self.limits.inline_search_ms > 0 and self.store.postgres_dsn is not None:
             # A search on the event loop waiting on the network holds every request up, and
             # only the SQLite store refuses its waits there (`core.waits`).

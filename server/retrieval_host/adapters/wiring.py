@@ -140,7 +140,9 @@ def build_run_store(
     create = migrate
     if migrate is None:
         migrate, create = _MIGRATING.get(), True
-    if store.postgres_dsn is not None:
+    # A read-only PostgreSQL store with `runs.sqlitePath` (a hot standby takes no writes): the
+    # run records in that SQLite file, this replica's own.
+    if store.postgres_dsn is not None and settings.runs.sqlite_path is None:
         from retrieval_host.adapters.postgres import PgRunStore
 
         return PgRunStore.open(

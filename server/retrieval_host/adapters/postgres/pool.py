@@ -126,6 +126,15 @@ def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
         return concurrent_writer()
     if isinstance(exc, pg_errors.LockNotAvailable):
         return busy(action)
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        # A hot standby (or a role whose sessions default to read-only): said as such, not as
+        # a database failure (a writable store opened on a standby; task F2, session 37).
+        return RetrievalError(
+            ErrorCode.STORE_READ_ONLY,
+            f"the database takes no writes (a hot standby, or read-only sessions) while "
+            f"{action}: serve it with store.readOnly: true (run records then need "
+            "runs.sqlitePath), or point store.postgresDsn at the primary.",
+        )
     if isinstance(exc, pg_errors.QueryCanceled):
         return RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
