@@ -437,7 +437,7 @@ def test_a_token_in_the_query_string_is_refused_on_public_routes_too(
             response = client.get(f"{path}?{query}")
             assert response.status_code == 401, (path, query)
             assert response.json()["reason"] == "token-in-query"
-            assert response.headers["www-authenticate"] == "Bearer"
+            assert response.headers["www-authenticate"] == 'Bearer realm="retrieval-host"'
 
 
 def test_a_content_coding_is_refused_and_two_content_types_are_ambiguous(

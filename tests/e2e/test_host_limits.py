@@ -230,6 +230,8 @@ def test_a_disallowed_origin_gets_403_and_an_allowed_one_gets_cors(
     assert evil_probe.status_code == 403
     assert good.status_code == 200
     assert good.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+    exposed = {h.strip().lower() for h in good.headers["access-control-expose-headers"].split(",")}
+    assert exposed == {"x-request-id", "retry-after"}  # a page reads a 503's wait
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
     assert no_origin.status_code == 200

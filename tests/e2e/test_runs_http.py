@@ -922,6 +922,14 @@ def test_a_run_record_is_visible_to_its_own_subject_only(
     unknown = get_run(host, world.tokens["bob"], "run_" + "0" * 24)
     assert without_request_id(problem_of(theirs)) == without_request_id(problem_of(unknown))
     assert problem_of(theirs)["code"] == "SOURCE_UNAVAILABLE"
+    # A parameter the route does not read is refused, not ignored (probe A, session 37).
+    with host.client() as client:
+        guessed = client.get(
+            f"/v1/runs/{result['runId']}",
+            params={"include": "evidence"},
+            headers=auth(world.tokens["alice"]),
+        )
+    assert problem_of(guessed)["status"] == 422
 
 
 def test_reading_or_replaying_a_run_needs_what_running_it_needed(

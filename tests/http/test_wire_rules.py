@@ -382,6 +382,18 @@ async def test_a_repeated_query_parameter_is_400(
     assert _problem(response, 400, "INVALID_REQUEST")["reason"] == "duplicate-parameter"
 
 
+async def test_a_route_that_reads_no_query_parameter_refuses_one(
+    client: httpx.AsyncClient, rules_world: World
+) -> None:
+    # Probe A (session 37): `/v1/corpora?limit=5` answered every corpus, as if understood,
+    # where the other GET routes refuse a parameter they do not know.
+    response = await client.get("/v1/corpora", params={"limit": "5"}, headers=_auth(rules_world))
+    assert _problem(response, 422, "INVALID_REQUEST")["detail"] == (
+        "This route takes no query parameters."
+    )
+    assert (await client.get("/v1/corpora", headers=_auth(rules_world))).status_code == 200
+
+
 # --- one Authorization header -----------------------------------------------------------------
 
 

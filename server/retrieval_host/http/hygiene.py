@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
-from retrieval_host.http.auth import TokenAuthenticator
+from retrieval_host.http.auth import WWW_AUTHENTICATE, TokenAuthenticator
 from retrieval_host.http.problems import send_problem
 from retrieval_host.http.request_id import request_id_of
 from retrieval_host.http.strict import InvalidRequest
@@ -43,7 +43,8 @@ class HygieneMiddleware:
         if refusal is not None:
             headers = [_NO_STORE, _NOSNIFF]
             if refusal.code is ErrorCode.UNAUTHENTICATED:
-                headers.append((b"www-authenticate", b"Bearer"))
+                # The challenge every other 401 sends (probe A: this one had no realm).
+                headers.append((b"www-authenticate", WWW_AUTHENTICATE.encode("ascii")))
             await send_problem(send, refusal, request_id_of(scope), extra_headers=headers)
             return
 

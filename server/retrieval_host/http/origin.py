@@ -47,7 +47,9 @@ class OriginMiddleware:
             allow_origins=sorted(self.allowed),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
-            expose_headers=["X-Request-Id"],
+            # Retry-After: a page told 503 HOST_BUSY or 429/502 with a wait must be able to
+            # read it (probe A, session 37: only X-Request-Id was readable).
+            expose_headers=["X-Request-Id", "Retry-After"],
             max_age=600,
         )
         self.rejected = 0

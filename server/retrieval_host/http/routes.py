@@ -34,7 +34,12 @@ from retrieval_host.http.metrics import HostMetrics
 from retrieval_host.http.policy import RequestPolicy, validation_detail
 from retrieval_host.http.request_id import request_id_of
 from retrieval_host.http.sse import wants_stream
-from retrieval_host.http.strict import InvalidRequest, check_unique_keys, utf8_query_params
+from retrieval_host.http.strict import (
+    InvalidRequest,
+    check_unique_keys,
+    no_query_params,
+    utf8_query_params,
+)
 from retrieval_host.ingest import MEDIA_TYPES
 from retrieval_host.ingest.settings import normalize_media_type
 from retrieval_host.settings import HostSettings
@@ -250,6 +255,7 @@ class Routes:
 
     async def list_corpora(self, request: Request) -> Response:
         principal = self.policy.authenticate(request)
+        no_query_params(request.scope.get("query_string", b""))
         context = self.policy.context(principal, request)
         driver = self._driver()
         corpora = await self.policy.run(

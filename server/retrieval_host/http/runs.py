@@ -51,6 +51,7 @@ from retrieval_host.http.problems import error_response
 from retrieval_host.http.request_id import note_stream_failure, request_id_of
 from retrieval_host.http.shutdown import Shutdown, shutting_down
 from retrieval_host.http.sse import event_stream, json_event, wants_stream
+from retrieval_host.http.strict import no_query_params
 from retrieval_host.wire import runs as wire_runs
 from retrieval_host_client import run_models as wire
 
@@ -283,6 +284,7 @@ class RunRoutes:
 
     async def get(self, request: Request) -> Response:
         principal = self._policy.authenticate(request)
+        no_query_params(request.scope.get("query_string", b""))
         run_id = request.path_params["run_id"]
         context = self._policy.context(principal, request, observe_scans=False)
         record = await self._policy.run(

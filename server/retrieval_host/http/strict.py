@@ -30,6 +30,7 @@ __all__ = [
     "authorization_header",
     "check_unique_keys",
     "key_names",
+    "no_query_params",
     "query_pairs",
     "refuse_non_json_constants",
     "utf8_query_params",
@@ -205,3 +206,10 @@ def _unique_object(pairs: Sequence[tuple[str, object]]) -> None:
     # for each (a body of empty objects would make several times its size in dicts).
     if len({key for key, _ in pairs}) != len(pairs):
         raise _DuplicateKey
+
+
+def no_query_params(query_string: bytes) -> None:
+    """A GET route that reads no parameter refuses one (422), as the others refuse a name they
+    do not know: `/v1/corpora?limit=5` answered every corpus, silently (probe A, session 37)."""
+    if utf8_query_params(query_string):
+        raise InvalidRequest("This route takes no query parameters.")
