@@ -4,6 +4,7 @@ on demand: every defect is a typed `RERANK_FAILED`, the key never shows, nothing
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -179,6 +180,30 @@ def test_a_service_dripping_its_answer_times_out_within_the_total_and_stops_on_c
         adapter.rerank(QUERY, DOCS, 3, token)
     canceller.join()
     assert caught.value.code is ErrorCode.CANCELLED
+
+
+def test_a_search_cancelled_while_the_service_computes_stops_at_once(fake: FakeReranker) -> None:
+    """A reranker says nothing until its answer is ready: checks between body chunks left a
+    cancelled search waiting out the whole call (session 37, after probe C found the same in
+    the embedding adapter). The call's socket is shut down and `CANCELLED` raised."""
+    fake.set_mode("slow", delay_s=30)
+    token = CancelToken()
+    calls = len(fake.requests)
+
+    def cancel_once_sent() -> None:
+        wait_until(lambda: len(fake.requests) > calls, what="the rerank request")
+        token.cancel()
+
+    canceller = threading.Thread(target=cancel_once_sent)
+    canceller.start()
+    adapter = adapter_for(fake, timeout_s=60.0)
+    started = time.monotonic()
+    with adapter, pytest.raises(RetrievalError) as caught:
+        adapter.rerank(QUERY, DOCS, 3, token)
+    canceller.join()
+    assert caught.value.code is ErrorCode.CANCELLED
+    assert time.monotonic() - started < 15  # not the service's 30 s
+    assert len(fake.requests) == calls + 1  # and not asked again
 
 
 def test_a_wrong_key_is_an_http_error_that_names_no_key(fake: FakeReranker) -> None:

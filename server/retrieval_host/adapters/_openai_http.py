@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import httpx
 
+from retrieval_host.adapters._socket_watchdog import SocketWatchdog
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
@@ -30,6 +31,8 @@ _SECRET_RUN = re.compile(
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 ConfigError = Callable[[str], RetrievalError]
+# Limits of a client whose calls `post_capped` may cancel: each call on a connection of its own.
+NO_KEEPALIVE: Final = httpx.Limits(max_keepalive_connections=0)
 
 
 def endpoint_url(base_url: str, path: str, config_error: ConfigError) -> httpx.URL:
@@ -170,10 +173,14 @@ def post_capped(
     A timeout raises `timed_out()`: the client's own per phase (connect, write, each read),
     or, with `total_s`, a body still arriving `total_s` after the request was sent (a service
     dripping a byte every half second never tripped a per-read timeout: a black-box test
-    held a search 197 s). `cancel` is checked between chunks. Any other transport failure
-    raises `unreachable(name)` with the exception's class name only (its text can carry the
-    URL)."""
+    held a search 197 s). `cancel` is checked between chunks and, while nothing arrives (a
+    service computing its answer), by a `SocketWatchdog` that shuts a connection made for this
+    call down once it is cancelled or idle: the token's error is raised, not the transport's
+    (give the client `limits=NO_KEEPALIVE`; a reused connection is only checked between
+    chunks). Any other transport failure raises `unreachable(name)` with the exception's class
+    name only (its text can carry the URL)."""
     deadline = None if total_s is None else time.monotonic() + total_s
+    watchdog = None if cancel is None else SocketWatchdog(cancel, "http-watchdog")
 
     def between() -> None:
         if cancel is not None:
@@ -181,8 +188,13 @@ def post_capped(
         if deadline is not None and time.monotonic() > deadline:
             raise timed_out()
 
+    extensions = {} if watchdog is None else {"trace": watchdog.trace}
+    if watchdog is not None:
+        watchdog.start()
     try:
-        with client.stream("POST", url, content=content, headers=dict(headers)) as resp:
+        with client.stream(
+            "POST", url, content=content, headers=dict(headers), extensions=extensions
+        ) as resp:
             status = resp.status_code
             if status != 200:
                 return status, read_capped(resp, ERROR_BODY_BYTES, truncate=True, between=between)
@@ -190,9 +202,16 @@ def post_capped(
                 resp, limit, truncate=False, too_large=too_large, between=between
             )
     except httpx.TimeoutException:
+        if watchdog is not None:
+            watchdog.raise_if_tripped()  # the socket it shut down ended the read
         raise timed_out() from None
     except httpx.HTTPError as exc:
+        if watchdog is not None:
+            watchdog.raise_if_tripped()
         raise unreachable(type(exc).__name__) from None
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
 
 
 def scrub(message: str, key: str | None) -> str:

@@ -14,8 +14,8 @@ scrubbed from every error detail (some servers echo the key they were given).
 Cancellation and the caller's inactivity timeout are honoured while the service computes: a
 service answers a batch only once it is embedded, so checks between body chunks alone left a
 cancelled index waiting out the whole call (cancel at 0.5 s, returned after 6 s: a black-box
-probe). A `SocketWatchdog` (as in `provider_openai`) shuts the call's socket down once the token
-is cancelled or idle, and the token's own error (`CANCELLED`, `TIMEOUT`/`idle-timeout`) is
+probe). `post_capped`'s `SocketWatchdog` shuts the call's socket down once the token is
+cancelled or idle, and the token's own error (`CANCELLED`, `TIMEOUT`/`idle-timeout`) is
 raised. A batch counts as progress only once it has arrived within the inactivity timeout.
 Connections are therefore not kept alive between calls: every call has its own socket.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
@@ -34,6 +33,7 @@ import numpy.typing as npt
 
 from retrieval_host.adapters._openai_http import (
     MAX_ERROR_MESSAGE_CHARS,
+    NO_KEEPALIVE,
     encode_json,
     endpoint_url,
     error_message,
@@ -45,7 +45,6 @@ from retrieval_host.adapters._openai_http import (
     scrub,
     tls_verify,
 )
-from retrieval_host.adapters._socket_watchdog import SocketWatchdog
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -143,14 +142,10 @@ class OpenAIEmbedding:
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
             headers={"Accept": "application/json", "User-Agent": _USER_AGENT},
-            # A fresh connection per request: the watchdog needs the socket before the first
-            # byte arrives, and httpcore reports it only when it connects.
-            limits=httpx.Limits(max_keepalive_connections=0),
+            # A fresh connection per request: `post_capped`'s watchdog needs the socket before
+            # the first byte arrives, and httpcore reports it only when it connects.
+            limits=NO_KEEPALIVE,
         )
-        # The adapter serves several threads at once; each request's trace hook is the
-        # watchdog of the thread sending it (httpx runs request hooks on that thread).
-        self._calls = threading.local()
-        self._client.event_hooks = {"request": [self._attach_watchdog]}
 
     @property
     def descriptor(self) -> EmbeddingDescriptor:
@@ -214,11 +209,6 @@ class OpenAIEmbedding:
 
     # --- one HTTP call ---------------------------------------------------------------------
 
-    def _attach_watchdog(self, request: httpx.Request) -> None:
-        watchdog: SocketWatchdog | None = getattr(self._calls, "watchdog", None)
-        if watchdog is not None:
-            request.extensions["trace"] = watchdog.trace
-
     def _embed_batch(
         self, texts: Sequence[str], cancel: CancelToken
     ) -> tuple[npt.NDArray[np.float32], int]:
@@ -235,36 +225,23 @@ class OpenAIEmbedding:
         limit = (
             _RESPONSE_OVERHEAD_BYTES + len(texts) * self._descriptor.dimensions * _BYTES_PER_VALUE
         )
-        watchdog = SocketWatchdog(cancel, "embedding-watchdog")
-        self._calls.watchdog = watchdog
-        watchdog.start()
-        try:
-            status, raw = post_capped(
-                self._client,
-                self._url,
-                content=content,
-                headers=headers,
-                limit=limit,
-                too_large=_too_large,
-                timed_out=lambda: _fail(
-                    "the embedding service did not answer in time.", EmbeddingFailedReason.TIMEOUT
-                ),
-                unreachable=lambda name: _fail(
-                    f"could not reach the embedding service ({name}).",
-                    EmbeddingFailedReason.CONNECTION_FAILED,
-                ),
-                total_s=self._timeout_s,
-                cancel=cancel,
-            )
-        except RetrievalError as error:
-            # The socket the watchdog shut down fails the read: report why it was shut down.
-            verdict = watchdog.verdict() if error.code is ErrorCode.EMBEDDING_FAILED else None
-            if verdict is not None:
-                raise verdict from None
-            raise
-        finally:
-            watchdog.stop()
-            self._calls.watchdog = None
+        status, raw = post_capped(
+            self._client,
+            self._url,
+            content=content,
+            headers=headers,
+            limit=limit,
+            too_large=_too_large,
+            timed_out=lambda: _fail(
+                "the embedding service did not answer in time.", EmbeddingFailedReason.TIMEOUT
+            ),
+            unreachable=lambda name: _fail(
+                f"could not reach the embedding service ({name}).",
+                EmbeddingFailedReason.CONNECTION_FAILED,
+            ),
+            total_s=self._timeout_s,
+            cancel=cancel,
+        )
         if status != 200:
             raise self._status_error(status, raw, key)
         return self._parse(raw, len(texts), key)

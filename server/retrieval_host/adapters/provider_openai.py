@@ -47,6 +47,7 @@ from retrieval_host.adapters._openai_chat_stream import (
 )
 from retrieval_host.adapters._openai_http import (
     ERROR_BODY_BYTES,
+    NO_KEEPALIVE,
     encode_json,
     endpoint_url,
     error_message,
@@ -119,7 +120,7 @@ class OpenAIChatProvider:
             headers={"Accept": "text/event-stream", "User-Agent": _USER_AGENT},
             # A fresh connection per call: the watchdog needs the socket before the first
             # byte arrives, and httpcore reports it only when it connects.
-            limits=httpx.Limits(max_keepalive_connections=0),
+            limits=NO_KEEPALIVE,
         )
 
     @property

@@ -25,6 +25,7 @@ from typing import Any, Final
 import httpx
 
 from retrieval_host.adapters._openai_http import (
+    NO_KEEPALIVE,
     encode_json,
     endpoint_url,
     error_message,
@@ -110,6 +111,9 @@ class HttpReranker:
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
             headers={"Accept": "application/json", "User-Agent": _USER_AGENT},
+            # Each call on a connection of its own, which `post_capped` shuts down when the
+            # search is cancelled while the service computes (it waited out the answer).
+            limits=NO_KEEPALIVE,
         )
 
     @property
