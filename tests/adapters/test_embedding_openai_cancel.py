@@ -108,7 +108,7 @@ def server(served: tuple[FakeOpenAI, object]) -> FakeOpenAI:
 
 
 def watchdogs() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "embedding-watchdog"]
+    return [t for t in threading.enumerate() if t.name == "http-watchdog"]
 
 
 def embed_failure(adapter: OpenAIEmbedding, cancel: CancelToken) -> tuple[RetrievalError, float]:

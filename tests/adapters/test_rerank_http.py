@@ -155,6 +155,19 @@ def test_a_slow_service_times_out_as_a_typed_failure(fake: FakeReranker) -> None
     assert caught.value.reason == RerankFailedReason.TIMEOUT
 
 
+def _cancel_once_sent(fake: FakeReranker, token: CancelToken) -> threading.Thread:
+    """A started thread that cancels `token` once the fake has received one more request."""
+    calls = len(fake.requests)
+
+    def cancel_once_sent() -> None:
+        wait_until(lambda: len(fake.requests) > calls, what="the rerank request")
+        token.cancel()
+
+    canceller = threading.Thread(target=cancel_once_sent)
+    canceller.start()
+    return canceller
+
+
 def test_a_service_dripping_its_answer_times_out_within_the_total_and_stops_on_cancel(
     fake: FakeReranker,
 ) -> None:
@@ -167,14 +180,7 @@ def test_a_service_dripping_its_answer_times_out_within_the_total_and_stops_on_c
         adapter.rerank(QUERY, DOCS, 3, CancelToken())
     assert caught.value.reason == RerankFailedReason.TIMEOUT
     token = CancelToken()
-    calls = len(fake.requests)
-
-    def cancel_once_sent() -> None:
-        wait_until(lambda: len(fake.requests) > calls, what="the rerank request")
-        token.cancel()
-
-    canceller = threading.Thread(target=cancel_once_sent)
-    canceller.start()
+    canceller = _cancel_once_sent(fake, token)
     adapter = adapter_for(fake, timeout_s=60.0)
     with adapter, pytest.raises(RetrievalError) as caught:
         adapter.rerank(QUERY, DOCS, 3, token)
@@ -189,13 +195,7 @@ def test_a_search_cancelled_while_the_service_computes_stops_at_once(fake: FakeR
     fake.set_mode("slow", delay_s=30)
     token = CancelToken()
     calls = len(fake.requests)
-
-    def cancel_once_sent() -> None:
-        wait_until(lambda: len(fake.requests) > calls, what="the rerank request")
-        token.cancel()
-
-    canceller = threading.Thread(target=cancel_once_sent)
-    canceller.start()
+    canceller = _cancel_once_sent(fake, token)
     adapter = adapter_for(fake, timeout_s=60.0)
     started = time.monotonic()
     with adapter, pytest.raises(RetrievalError) as caught:

@@ -170,27 +170,27 @@ def _another_index_version(host: dict[str, Any], config: Path, stack: contextlib
     )
 
 
+def _set_in_vector_store(config: Path, pragma: str) -> None:
+    db = apsw.Connection(str(config.parent / "state" / "store" / "retrieval.sqlite"))
+    try:
+        db.execute(f"PRAGMA {pragma}")
+    finally:
+        db.close()
+
+
 def _a_newer_release_s_vector_store(
     host: dict[str, Any], config: Path, stack: contextlib.ExitStack
 ) -> str:
     # A later release's vector store beside the earlier run records (a half-done rollback):
     # the vector store refused after the run records were migrated.
-    db = apsw.Connection(str(config.parent / "state" / "store" / "retrieval.sqlite"))
-    try:
-        db.execute("PRAGMA user_version = 99")
-    finally:
-        db.close()
+    _set_in_vector_store(config, "user_version = 99")
     return "UNSAFE_STORE: the store has schema version 99"
 
 
 def _another_application_s_database(
     host: dict[str, Any], config: Path, stack: contextlib.ExitStack
 ) -> str:
-    db = apsw.Connection(str(config.parent / "state" / "store" / "retrieval.sqlite"))
-    try:
-        db.execute("PRAGMA application_id = 1234")
-    finally:
-        db.close()
+    _set_in_vector_store(config, "application_id = 1234")
     return "UNSAFE_STORE: "
 
 
