@@ -17,7 +17,7 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -562,6 +562,22 @@ def test_a_search_whose_last_read_is_overtaken_too_says_it_is_truncated(world: W
     assert world.checks() == ["before-read", "after-read"] * GRANT_ATTEMPTS
     # The last read's places went to revisions the check did not grant: not claimed whole.
     assert result.truncated and all(h.source.id == "b" for h in result.hits)
+
+
+def test_passages_dropped_under_min_score_do_not_make_the_answer_truncated(world: World) -> None:
+    # Left alone in session 36: with `minScore`, an overtaken last read said `truncated` though
+    # what it dropped scored under the floor, and so did everything the read did not reach.
+    request = SearchRequest(CORPUS, "sea otters sleeping", mode="dense", limit=2)
+    [a0, a1, b0] = world.service.search_context(replace(request, limit=3), world.context()).hits
+    assert (a0.source.id, a1.source.id, b0.source.id) == ("a", "a", "b")
+    floor = (a1.score + b0.score) / 2
+    world.acl.searches = 0
+    world.acl.before = world.replace_every_time("b")
+    world.progress.clear()
+    result = world.service.search_context(replace(request, min_score=floor), world.context())
+    assert world.checks() == ["before-read", "after-read"] * GRANT_ATTEMPTS
+    assert [h.chunk_id for h in result.hits] == [a0.chunk_id, a1.chunk_id]
+    assert not result.truncated
 
 
 @pytest.mark.parametrize("hook", ["after-grant", "after-read"])

@@ -253,8 +253,14 @@ class CorpusSearch:
                 raise source_unavailable()  # named, and deleted since the read
             candidates = [c for c in stored if recheck.sources.get(c.source_id) == c.revision]
             # Passages dropped here (the last attempt was overtaken too) may have hidden
-            # matches the read did not reach: the answer does not claim to be whole.
-            lost = len(candidates) < len(found.candidates)
+            # matches the read did not reach: the answer does not claim to be whole. Unless
+            # each scored under `minScore`: what the read did not reach scores lower still.
+            remaining = {c.chunk_id for c in candidates}
+            floor = request.min_score
+            lost = any(
+                c.chunk_id not in remaining and (floor is None or c.score >= floor)
+                for c in found.candidates
+            )
         scores = found.scores
         rerank_usage = RerankUsage()
         if grant.reranking and candidates and corpus.reranker is not None:
