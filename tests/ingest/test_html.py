@@ -8,6 +8,7 @@ import re
 import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
+from retrieval_host.core.passage_metadata import passage_metadata
 from retrieval_host.ingest import IngestLimits, PreparedDocument, prepare_document
 from tests.ingest.conftest import TokenCounter
 
@@ -104,6 +105,26 @@ def test_text_of_two_sections_on_one_line_goes_to_each(count_tokens: TokenCounte
     prepared = prepare(page, count_tokens)
     located = [(c.location.start_line, c.location.end_line, c.text) for c in prepared.chunks]
     assert located == [(1, 1, "Intro text."), (1, 2, "Next Body text.\nMore body.")]
+
+
+def test_passages_of_sections_sharing_a_line_show_their_own_section(
+    count_tokens: TokenCounter,
+) -> None:
+    # Probe E (session 37): a minified page, one line, gave every passage its first section.
+    page = (
+        b"<h1>Plant</h1><p>Intro to the plant.</p><h2>Hall A</h2><p>Hall A holds the boilers."
+        b"</p><h2>Hall B</h2><p>Hall B holds forty pumps.</p>\n"
+    )
+    prepared = prepare(page, count_tokens)
+    shown = [
+        passage_metadata(prepared.source.metadata, c.location, c.text)["section"]
+        for c in prepared.chunks
+    ]
+    assert [s["headings"] for s in shown if isinstance(s, dict)] == [
+        ["Plant"],
+        ["Plant", "Hall A"],
+        ["Plant", "Hall B"],
+    ]
 
 
 def test_the_declared_charset_decodes_and_utf8_is_the_default(

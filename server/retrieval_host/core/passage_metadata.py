@@ -24,10 +24,11 @@ from retrieval_host.core.models import JSONValue, Location
 
 
 def passage_metadata(
-    metadata: Mapping[str, JSONValue], location: Location
+    metadata: Mapping[str, JSONValue], location: Location, text: str = ""
 ) -> Mapping[str, JSONValue]:
     """The metadata a hit at `location` shows (module docstring); `metadata` itself when it
-    holds neither list."""
+    holds neither list. `text`, the passage's, tells sections that share its first line
+    apart (`_section_at`)."""
     sections = metadata.get("sections")
     messages = metadata.get("messages")
     kind = metadata.get("mediaType")
@@ -44,7 +45,7 @@ def passage_metadata(
     shown = dict(metadata)
     if replace_sections:
         del shown["sections"]
-        shown["section"] = _section_at(sections, location.start_line)
+        shown["section"] = _section_at(sections, location.start_line, text)
     if replace_messages:
         del shown["messages"]
         shown["message"] = _message_of(messages, location.document_id)
@@ -62,16 +63,32 @@ def _all_entries(value: JSONValue | None, keys: tuple[str, ...]) -> bool:
     )
 
 
-def _section_at(sections: JSONValue | None, line: int | None) -> JSONValue:
+def _section_at(sections: JSONValue | None, line: int | None, text: str) -> JSONValue:
+    """The entry whose line range holds `line`. Where several do (HTML with a heading on the
+    line a paragraph ends, or a minified page on one line: probe E, session 37, saw every
+    passage of a page given its first section), the last of them whose heading the passage
+    begins with: a section's first passage starts with its heading. A later passage of such a
+    section gets the first entry, as before (a passage stores no section of its own)."""
     if not isinstance(sections, list) or line is None:
         return None
-    for entry in sections:
-        if not isinstance(entry, dict):
-            continue
-        start, end = entry.get("startLine"), entry.get("endLine")
-        if isinstance(start, int) and isinstance(end, int) and start <= line <= end:
-            return entry
-    return None
+    holding = [
+        entry
+        for entry in sections
+        if isinstance(entry, dict)
+        and isinstance(entry.get("startLine"), int)
+        and isinstance(entry.get("endLine"), int)
+        and entry["startLine"] <= line <= entry["endLine"]
+    ]
+    if not holding:
+        return None
+    if len(holding) > 1:
+        opening = text.lstrip("# \t\n")
+        for entry in reversed(holding):
+            headings = entry.get("headings")
+            last = headings[-1] if isinstance(headings, list) and headings else None
+            if isinstance(last, str) and last and opening.startswith(last):
+                return entry
+    return holding[0]
 
 
 def _message_of(messages: JSONValue | None, document_id: str | None) -> JSONValue:

@@ -495,7 +495,7 @@ class RetrievalService:
             stored.document_sha256,
             self._clock(),
             Scope(corpus.id, corpus.version, grant.namespace),
-            passage_metadata(stored.metadata, stored.location),
+            passage_metadata(stored.metadata, stored.location, stored.text),
         )
 
 
