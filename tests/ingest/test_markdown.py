@@ -180,6 +180,52 @@ def test_an_underline_after_a_list_quote_or_table_is_no_heading(
     assert section_of(heading, 7) == ["Top", "Plain words 2. more"]
 
 
+HTML_AND_INDENTED = """# Install guide
+
+Intro text alpha.
+
+<!--
+# TODO: write the upgrade chapter
+-->
+
+Run the installer, word bravo.
+
+## Configure
+
+    $ retrieval-host token new
+---
+
+Edit host.json, word charlie.
+
+<div class="warning">
+## Not a heading: raw HTML block text
+</div>
+
+<?php echo "# neither"; ?>
+<!-- # nor this --> after a one-line comment
+
+Restart the service, word delta.
+"""
+
+
+def test_html_blocks_and_indented_code_hold_no_heading(count_tokens: TokenCounter) -> None:
+    # Probe E (session 37): a heading commented out in `<!-- -->` named every later section, a
+    # `##` line inside a `<div>` block was a heading, and indented code underlined by `---` a
+    # setext heading. CommonMark reads only `Install guide` and `Configure` here.
+    prepared = prepare(HTML_AND_INDENTED.encode(), count_tokens)
+    sections: Any = prepared.source.metadata["sections"]
+    assert [(s["headings"], s["startLine"]) for s in sections] == [
+        (["Install guide"], 1),
+        (["Install guide", "Configure"], 11),
+    ]
+    text = "\n".join(c.text for c in prepared.chunks)
+    for kept in ("# TODO: write the upgrade chapter", "## Not a heading", "$ retrieval-host"):
+        assert kept in text  # still indexed, as text
+    # After a block ends, headings are read again.
+    after: Any = prepare(b"<div>\n# no\n</div>\n\n# Yes\n\nBody.\n", count_tokens)
+    assert [s["headings"] for s in after.source.metadata["sections"]] == [[], ["Yes"]]
+
+
 def test_a_code_fence_that_fits_stays_whole(count_tokens: TokenCounter) -> None:
     prepared = prepare(GUIDE.encode(), count_tokens, max_tokens=40, overlap_tokens=0)
     fence = "```sh\npump --start\npump --litres 40\n\npump --stop\n```"

@@ -21,7 +21,8 @@ lines, every key a name without spaces) is read as flat `key: value` lines into
 part of any passage; a leading `---` block of any other shape is a thematic break and its text
 is indexed. A setext underline (`---`,
 `===`) makes a heading only of a paragraph: after a list item, a block quote or a table it is
-a thematic break (CommonMark; GitHub's tables).
+a thematic break (CommonMark; GitHub's tables). Lines inside an HTML block (`_HTML_STARTS`) or
+an indented code block are never headings; passages are cut around them as around any text.
 """
 
 from __future__ import annotations
@@ -63,6 +64,31 @@ _INTERRUPTS: Final = re.compile(
     r"^ {0,3}(?:[-*+](?:[ \t]|$)|1[.)](?:[ \t]|$)|>|\|)|^[ \t]*:?-+:?[ \t]*\|[ \t]*:?-+:?"
 )
 _FRONT_MATTER_MAX_LINES: Final = 200
+# HTML blocks (CommonMark 4.6, the kinds that can interrupt a paragraph), by what ends each: a
+# line holding its closing text, or (a block-level tag) the next blank line. What is inside one
+# is HTML, never a heading: a `# TODO` heading commented out in `<!-- ... -->` named every later
+# section (probe E, session 37).
+_HTML_BLOCK_TAGS: Final = (
+    "address|article|aside|base|basefont|blockquote|body|caption|center|col|colgroup|dd|"
+    "details|dialog|dir|div|dl|dt|fieldset|figcaption|figure|footer|form|frame|frameset|"
+    "h[1-6]|head|header|hr|html|iframe|legend|li|link|main|menu|menuitem|nav|noframes|ol|"
+    "optgroup|option|p|param|search|section|summary|table|tbody|td|tfoot|th|thead|title|tr|"
+    "track|ul"
+)
+_HTML_STARTS: Final = (
+    (
+        re.compile(r"^ {0,3}<(?:pre|script|style|textarea)(?:[ \t>]|$)", re.I),
+        re.compile(r"</(?:pre|script|style|textarea)>", re.I),
+    ),
+    (re.compile(r"^ {0,3}<!--"), re.compile(r"-->")),
+    (re.compile(r"^ {0,3}<\?"), re.compile(r"\?>")),
+    (re.compile(r"^ {0,3}<![A-Za-z]"), re.compile(r">")),
+    (re.compile(r"^ {0,3}<!\[CDATA\["), re.compile(r"\]\]>")),
+    (re.compile(rf"^ {{0,3}}</?(?:{_HTML_BLOCK_TAGS})(?:[ \t>]|/>|$)", re.I), None),
+)
+# A line indented as code (4 spaces or a tab) cannot begin a paragraph a setext underline makes
+# a heading: with none open it is an indented code block (CommonMark 4.4).
+_INDENTED: Final = re.compile(r"^(?: {4}| {0,3}\t)")
 _FRONT_MATTER_MAX_KEYS: Final = 64
 _FRONT_MATTER_BUDGET: Final = 3000
 
@@ -191,7 +217,7 @@ def _is_paragraph(block: list[str]) -> bool:
     quote or a table before `---` or `===` is no heading (CommonMark, GitHub's tables). The
     first line decides what the block is; a later line only interrupts a paragraph as a
     bullet, an item numbered 1, a quote or a table row can (`2. ` goes on the paragraph)."""
-    if not block or _NOT_PARAGRAPH.match(block[0]):
+    if not block or _NOT_PARAGRAPH.match(block[0]) or _INDENTED.match(block[0]):
         return False
     return not any(_INTERRUPTS.match(line) for line in block[1:])
 
@@ -206,6 +232,10 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
     sections = [_Section((), 0)]
     stack: list[tuple[int, str]] = []
     paragraph: int | None = None  # first line of the open paragraph
+    # The open HTML block's end (`_HTML_STARTS`): a pattern its last line holds, None for a
+    # block a blank line ends; `html_open` says whether one is open. It only keeps headings
+    # out: blocks and passages are cut as before.
+    html_open, html_end = False, None
 
     def heading(level: int, text: str, first: int, end: int) -> None:
         while stack and stack[-1][0] >= level:
@@ -238,7 +268,14 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
             sections[-1].heading_only = False
             i = end
             continue
-        atx = _ATX.match(line)
+        if html_open and html_end is None and not line.strip():
+            html_open = False
+        if not html_open:
+            html_open, html_end = _html_block(line)
+        inside = html_open
+        if html_open and html_end is not None and html_end.search(line):
+            html_open = False  # this line ends it (it may have begun it too)
+        atx = None if inside else _ATX.match(line)
         if atx:
             close_paragraph(i)
             heading(len(atx.group(1)), atx.group(2) or "", i, i + 1)
@@ -248,7 +285,7 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
             close_paragraph(i)
             i += 1
             continue
-        setext = _SETEXT.match(line)
+        setext = None if inside else _SETEXT.match(line)
         if setext and paragraph is not None and _is_paragraph(lines[paragraph:i]):
             first = paragraph
             paragraph = None
@@ -267,6 +304,14 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
         i += 1
     close_paragraph(len(lines))
     return _merge_title_only(sections)
+
+
+def _html_block(line: str) -> tuple[bool, re.Pattern[str] | None]:
+    """Whether `line` begins an HTML block, and what ends it (`_HTML_STARTS`)."""
+    for start, end in _HTML_STARTS:
+        if start.match(line):
+            return True, end
+    return False, None
 
 
 def _merge_title_only(sections: list[_Section]) -> list[_Section]:
