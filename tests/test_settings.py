@@ -243,6 +243,29 @@ def test_an_unknown_override_is_an_error() -> None:
         )
 
 
+def test_a_settings_object_from_the_environment_is_merged_key_by_key(tmp_path: Path) -> None:
+    # Probe D (session 37): `RETRIEVAL_HOST_LIMITS='{"maxConcurrency": 8}'` dropped the file's
+    # other limits (a 6 s shutdown grace became 25 s), and `RETRIEVAL_HOST_LISTEN` with only a
+    # host moved the host to port 8443.
+    path = _write(
+        tmp_path,
+        _minimal(limits={"shutdownGraceS": 6, "maxConcurrency": 4}, listen={"port": 19833}),
+    )
+    env = {
+        "RETRIEVAL_HOST_LIMITS": '{"maxConcurrency": 8}',
+        "RETRIEVAL_HOST_LISTEN": '{"host": "127.0.0.1"}',
+    }
+    settings = load_settings(path, env)
+    assert (settings.limits.max_concurrency, settings.limits.shutdown_grace_s) == (8, 6)
+    assert (settings.listen.host, settings.listen.port) == ("127.0.0.1", 19833)
+    with pytest.raises(SettingsError, match="RETRIEVAL_HOST_LIMITS 'maxBody'"):
+        load_settings(path, {"RETRIEVAL_HOST_LIMITS": '{"maxBody": 1}'})
+    # Free-form objects are still replaced whole.
+    options = {"RETRIEVAL_HOST_APPLICATION_OPTIONS": '{"corpora": ["a"]}'}
+    with_options = _write(tmp_path, _minimal(applicationOptions={"aclFile": "acl.json"}))
+    assert load_settings(with_options, options).application_options == {"corpora": ["a"]}
+
+
 def test_a_bad_override_is_told_by_its_variable_and_a_bad_file_value_by_its_key(
     tmp_path: Path,
 ) -> None:

@@ -3,7 +3,9 @@ file's JSON before it is validated (`settings.load_settings`)."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+import json
+import types
+from typing import Any, Final, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -28,18 +30,33 @@ def apply_override(
         raise ValueError(f"unknown setting {variable}")
     name, info = fields[key]
     alias = info.alias or name
-    if len(path) == 1:
-        try:
-            data[alias] = load_unique_json(raw)
-        except DuplicateKeyError as exc:
-            raise ValueError(f"setting {variable}: {exc}") from None
-        except ValueError:
-            data[alias] = raw
-        return alias
     nested = info.annotation
     # Optional nested models (`tls`) are declared as `X | None`: find the model class.
     candidates = [nested, *getattr(nested, "__args__", ())]
     sub = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    if len(path) == 1:
+        try:
+            value: Any = load_unique_json(raw)
+        except DuplicateKeyError as exc:
+            raise ValueError(f"setting {variable}: {exc}") from None
+        except ValueError:
+            value = raw
+        if not (isinstance(value, dict) and _settings_object(nested)):
+            data[alias] = value
+            return alias
+        # A settings object (`limits`, `listen`, ...) given whole is merged key by key, each
+        # key as its own `__KEY` override: `RETRIEVAL_HOST_LIMITS='{"maxConcurrency": 8}'`
+        # dropped the file's other limits (probe D, session 37). The free-form objects
+        # (`applicationOptions`, `providers`, `tokens`) are no model: replaced whole.
+        for inner_key, inner_value in value.items():
+            apply_override(
+                data,
+                model,
+                [path[0], inner_key],
+                json.dumps(inner_value),
+                f"{variable} {inner_key!r}",
+            )
+        return alias
     if sub is None:
         raise ValueError(f"setting {variable}: {path[0]} has no nested fields")
     current = data.get(alias)
@@ -50,6 +67,15 @@ def apply_override(
     data.pop(name, None)
     data[alias] = target
     return f"{alias}.{inner}"
+
+
+def _settings_object(annotation: Any) -> bool:
+    """Whether a field holds one settings model (`X`, `X | None`), not a free-form mapping."""
+    if isinstance(annotation, type):
+        return issubclass(annotation, BaseModel)
+    return get_origin(annotation) in (Union, types.UnionType) and any(
+        isinstance(arg, type) and issubclass(arg, BaseModel) for arg in get_args(annotation)
+    )
 
 
 # Variables with the prefix that are no host setting: the client's token and the inspection
