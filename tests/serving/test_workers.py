@@ -56,7 +56,8 @@ def _served_healthz(host: HostProcess, worker: int) -> float:
 
 
 def test_two_workers_share_the_port_and_the_index_and_stop_together(tmp_path: Path) -> None:
-    subjects: dict[str, list[str]] = {"writer": [], METRICS_SCRAPER: []}
+    # `auditor` is granted a provider the host lacks: worker 0 says so before it serves.
+    subjects: dict[str, list[str]] = {"writer": [], "auditor": ["absent"], METRICS_SCRAPER: []}
     with host_process(tmp_path / "host", subjects=subjects, metrics_port=True, workers=2) as host:
         workers = _children(host.process.pid)
         assert len(workers) == 2, host.log_text()[-3000:]
@@ -97,6 +98,13 @@ def test_two_workers_share_the_port_and_the_index_and_stop_together(tmp_path: Pa
         assert sorted(r["worker"] for r in received) == [0, 1]
         access = [r for r in host.log_records() if r["logger"] == "retrieval_host.access"]
         assert access and {r["worker"] for r in access} == {0, 1}
+        # Every worker line's `worker` is its index, also those logged while its stores opened
+        # (probe D, session 37: those carried the supervisor's "0:PORT:FD" spec, a string).
+        assert {r["worker"] for r in host.log_records() if "worker" in r} == {0, 1}
+        [idle] = [r for r in host.log_records() if "'absent'" in r["message"]]
+        assert idle["worker"] == 0
+        messages = [r["message"] for r in host.log_records() if "worker" not in r]
+        assert any(m.startswith("starting 2 worker processes on ") for m in messages), messages
 
 
 def test_a_single_host_stops_on_sighup_as_on_sigterm(tmp_path: Path) -> None:

@@ -48,7 +48,10 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     settings = load_settings(args.config, environ)
     # JSON lines from the start: the application factory may log while it opens stores.
-    logging.config.dictConfig(log_config(settings.log_level, worker=args.worker))
+    # A worker's lines carry its index (`INDEX:PORT:CHANNEL`'s first part): the whole spec, a
+    # string, was logged until the server configured logging again (probe D, session 37).
+    index = None if args.worker is None else int(str(args.worker).split(":", 1)[0])
+    logging.config.dictConfig(log_config(settings.log_level, worker=index))
     if settings.tls is not None:
         # Before any worker starts or the application opens its stores: a certificate that
         # cannot be used is one line and exit 2, with nothing opened.

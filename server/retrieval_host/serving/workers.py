@@ -186,7 +186,8 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
             lock.close()
         raise
     host, port = reserved.getsockname()[:2]
-    logger.info("serving on %s:%d with %d worker processes", host, port, settings.listen.workers)
+    # Not "serving" yet: that is said once every worker's listeners accept (`all ... serving`).
+    logger.info("starting %d worker processes on %s:%d", settings.listen.workers, host, port)
     workers: list[subprocess.Popen[bytes]] = []
     stopping = False
 
@@ -264,7 +265,10 @@ def _wait(
         worker.returncode = code = os.waitstatus_to_exitcode(status)
         codes[pid] = code
         if not stopping():
-            logger.error("worker %d exited with %d; stopping the others", pid, code)
+            if code == 2:  # its one `retrieval-host: ...` line is on stderr already
+                logger.error("worker %d refused to start (exit 2); stopping the others", pid)
+            else:
+                logger.error("worker %d exited with %d; stopping the others", pid, code)
             failed = True
             first = code if first is None else first
             stop_all(signal.SIGTERM, None)
