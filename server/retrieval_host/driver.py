@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Protocol, cast, runtime_checkable
 
 from retrieval_host.core.cancel import CancelToken, LinkedCancel
 from retrieval_host.core.context import RequestContext
@@ -154,6 +154,13 @@ class IngestRequest:
     metadata: Mapping[str, JSONScalar] | None = None
 
 
+@runtime_checkable
+class _Readable(Protocol):
+    """A record store that can say whether it still answers (`SqliteRunStore`)."""
+
+    def check_readable(self) -> None: ...
+
+
 class Driver:
     """The in-process API: retrieval operations, ingestion and grounded runs.
 
@@ -230,15 +237,30 @@ class Driver:
     def stores_answer(self) -> bool:
         """Whether every corpus's store still answers a read (the readiness check), through
         the connections searches read with too (`indexed_at`: SQLite's per-thread readers;
-        a damaged database file failed every search while the main connection still read).
-        The factory opened the stores and loaded the models before the host started."""
+        a damaged database file failed every search while the main connection still read),
+        and so do the run records. The factory opened the stores and loaded the models
+        before the host started."""
         try:
             for corpus in self.retrieval.corpora.values():
                 corpus.store.get_source(corpus.id, "readyz", "readyz")
                 corpus.store.indexed_at(corpus.id, "readyz", ("readyz",))
+            for records in self._record_stores():
+                records.check_readable()
         except Exception:
             return False
         return True
+
+    def _record_stores(self) -> list[_Readable]:
+        """The run records' store, reached as the usage sink it also is (`wiring` and the
+        example application pass one object as both): with its `runs.db` removed, /readyz
+        said ready while every run and usage record went into the lost file (a black-box
+        test). A store without the check (PostgreSQL's fails each query on its own) is not
+        asked."""
+        found: dict[int, _Readable] = {}
+        for sink in (self.usage, self.runs.usage if self.runs is not None else None):
+            if isinstance(sink, _Readable):
+                found[id(sink)] = sink
+        return list(found.values())
 
     def close(self) -> None:
         """Close every store once, the run records and the providers. Call after the host

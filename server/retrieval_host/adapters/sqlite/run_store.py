@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import apsw
@@ -33,6 +34,7 @@ from retrieval_host.adapters.run_leases import (
     UNFINISHED_RUN,
     LeaseKeeper,
 )
+from retrieval_host.adapters.sqlite.files import OpenedFile
 from retrieval_host.adapters.sqlite.schema import Identity, open_database, translated
 from retrieval_host.adapters.usage_writer import UsageWriter
 from retrieval_host.core.run_ports import RunRecord, RunStatus
@@ -103,11 +105,20 @@ _INTERRUPT: Final = (
 
 
 class SqliteRunStore:
-    """Implements `core.run_ports.RunStore`. One connection, serialized by a lock."""
+    """Implements `core.run_ports.RunStore`. One connection, serialized by a lock.
 
-    def __init__(self, connection: apsw.Connection, *, lease_s: float = DEFAULT_LEASE_S) -> None:
+    Every write and read first checks that the file is still the one opened, whole
+    (`files.OpenedFile`, one `stat`): with `runs.db` removed under a serving host (a black-box
+    test), runs completed and usage was acknowledged into the unlinked file, `/readyz` said
+    ready, and the restart found none of it. They answer `STORE_UNAVAILABLE` instead.
+    """
+
+    def __init__(
+        self, connection: apsw.Connection, path: Path, *, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
         """Private: use `SqliteRunStore.open(path)`, which checks and prepares the file."""
         self._db = connection
+        self._file = OpenedFile(path)
         self._lock = threading.Lock()
         # Usage records are committed in groups by one thread (`adapters.usage_writer`).
         self._usage = UsageWriter(self._write_usage, name="usage-writer-sqlite")
@@ -135,13 +146,18 @@ class SqliteRunStore:
         Raises `UNSAFE_STORE` for an unsafe location, an unrelated or newer database, or a
         SQLite build older than 3.51.3; `STORE_UNAVAILABLE` when SQLite cannot open the file.
         """
-        connection, _ = open_database(
+        connection, database = open_database(
             path, IDENTITY, trusted_groups, upgrade=migrate, create=create
         )
-        return cls(connection, lease_s=lease_s)
+        try:
+            return cls(connection, database, lease_s=lease_s)
+        except BaseException:
+            connection.close()
+            raise
 
     def begin(self, record: RunRecord) -> RunRecord | None:
         with self._lock, translated("recording a run"):
+            self._file.check()
             with self._db:
                 self._db.execute(
                     f"INSERT INTO runs ({RUN_INSERT_COLUMNS})"  # noqa: S608 - constant columns
@@ -161,6 +177,7 @@ class SqliteRunStore:
     def complete(self, run_id: str, result: RunResult) -> None:
         self._leases.discard(run_id)
         with self._lock, translated("recording a run"), self._db:
+            self._file.check()
             self._db.execute(
                 "UPDATE runs SET status = 'completed', result_json = ?, error_code = NULL"
                 " WHERE run_id = ?",
@@ -170,6 +187,7 @@ class SqliteRunStore:
     def finish(self, run_id: str, status: RunStatus, error_code: str) -> None:
         self._leases.discard(run_id)
         with self._lock, translated("finishing a run"), self._db:
+            self._file.check()
             self._db.execute(
                 "UPDATE runs SET status = ?, error_code = ?"  # noqa: S608 - constants
                 f" WHERE run_id = ? AND {UNFINISHED_RUN}",
@@ -178,6 +196,7 @@ class SqliteRunStore:
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._lock, translated("reading a run"):
+            self._file.check()  # not an answer from the connection's cache of a lost file
             return self._read(" WHERE run_id = ?", (run_id,))
 
     def _read(self, where: str, params: tuple[str | None, ...]) -> RunRecord | None:
@@ -196,6 +215,7 @@ class SqliteRunStore:
     def _renew(self, run_ids: Sequence[str], lease_s: float) -> None:
         marks = ", ".join("?" * len(run_ids))
         with self._lock, translated("renewing run leases"), self._db:
+            self._file.check()
             self._db.execute(
                 f"UPDATE runs SET lease_until = ?"  # noqa: S608 - placeholders only
                 f" WHERE status = 'running' AND run_id IN ({marks})",
@@ -205,6 +225,7 @@ class SqliteRunStore:
     def _interrupt(self, run_ids: Sequence[str]) -> None:
         marks = ", ".join("?" * len(run_ids))
         with self._lock, translated("marking runs interrupted"), self._db:
+            self._file.check()
             self._db.execute(_INTERRUPT + f" AND run_id IN ({marks})", tuple(run_ids))
 
     def record_usage(self, records: Sequence[UsageRecord]) -> None:
@@ -213,9 +234,11 @@ class SqliteRunStore:
         self._usage.add(records)
 
     def _write_usage(self, records: Sequence[UsageRecord]) -> None:
-        """One group of records in one transaction; logs and drops them on failure."""
+        """One group of records in one transaction; logs and drops them on failure (a file
+        removed or replaced under the host included: they would be lost with it)."""
         try:
             with self._lock, self._db:
+                self._file.check()
                 self._db.executemany(
                     f"INSERT INTO usage ({USAGE_COLUMNS})"  # noqa: S608 - constant columns
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -231,6 +254,7 @@ class SqliteRunStore:
         (after this process's own records queued before the call are written)."""
         self._usage.flush()
         with self._lock, translated("reading usage"):
+            self._file.check()
             rows = self._db.execute(
                 f"SELECT {USAGE_COLUMNS} FROM usage"  # noqa: S608 - constant columns
                 " WHERE at >= ? AND (? IS NULL OR subject = ?) ORDER BY at, id LIMIT ?",
@@ -248,6 +272,7 @@ class SqliteRunStore:
         keeps its size (VACUUM with the host stopped to shrink it)."""
         self._usage.flush()
         with self._lock, translated("pruning runs"):
+            self._file.check()
             self._db.execute("PRAGMA secure_delete = ON")
             try:
                 with self._db:
@@ -266,6 +291,13 @@ class SqliteRunStore:
             # Best effort: a host reading meanwhile keeps the log's older frames until it ends.
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         return runs, used
+
+    def check_readable(self) -> None:
+        """The readiness probe's read (`Driver.stores_answer`): `STORE_UNAVAILABLE` when the
+        file is not the one opened, whole, or SQLite cannot read its runs."""
+        with self._lock, translated("probing the run records"):
+            self._file.check()
+            self._db.execute("SELECT run_id FROM runs LIMIT 1").fetchall()
 
     def close(self) -> None:
         self._leases.close()  # marks the runs still going interrupted

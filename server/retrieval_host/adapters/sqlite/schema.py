@@ -194,13 +194,15 @@ def check_not_orphaned(database: Path) -> None:
     """`STORE_UNAVAILABLE` (`missing-store`) when the database file is missing but its
     write-ahead log is there: the file was removed (while a host ran, in a black-box test),
     and creating an empty store in its place would serve nothing, ready, as if all were
-    well."""
+    well. The message names the file: a host has two (the store and its run records), and
+    an operator told only "the database file" looked at the one still there."""
     wal = database.with_name(database.name + "-wal")
     if not os.path.lexists(database) and os.path.lexists(wal):
         raise RetrievalError(
             ErrorCode.STORE_UNAVAILABLE,
-            "the database file is missing but its write-ahead log is there (was it removed?): "
-            "restore the file, or remove the -wal and -shm files to start an empty store.",
+            f"the database file {os.path.abspath(database)} is missing but its write-ahead "
+            f"log is there (was it removed?): restore the file, or remove {wal.name} and "
+            f"{database.name}-shm to start an empty store.",
             reason=StoreUnavailableReason.MISSING_STORE,
         )
 
