@@ -417,6 +417,9 @@ def usage_record(row: Sequence[Any]) -> UsageRecord:
 
 def usage_not_recorded(records: Sequence[UsageRecord], error: BaseException) -> None:
     """A sink that cannot write says so in the log and drops the records (`core.usage`)."""
-    _usage_log.warning(
-        "usage not recorded: %d record(s) dropped (%s)", len(records), type(error).__name__
-    )
+    # A typed error's code and reason say which (a run store whose file was removed, probe D);
+    # its detail and other exceptions' text may quote values, so they stay out.
+    why = type(error).__name__
+    if isinstance(error, RetrievalError):
+        why = f"{error.code.value}{f' {error.reason}' if error.reason else ''}"
+    _usage_log.warning("usage not recorded: %d record(s) dropped (%s)", len(records), why)

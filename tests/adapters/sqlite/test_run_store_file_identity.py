@@ -93,7 +93,7 @@ def test_a_damaged_run_database_refuses_writes_reads_and_the_probe(
     with caplog.at_level(logging.WARNING):
         store.record_usage([_usage()])
         _refused(store.read_usage)  # waits for the queued record's write first
-    assert "usage not recorded: 1 record(s) dropped (RetrievalError)" in caplog.text
+    assert "usage not recorded: 1 record(s) dropped (STORE_UNAVAILABLE sqlite-error)" in caplog.text
 
 
 def test_readiness_asks_the_run_records_too(recording: tuple[SqliteRunStore, Path]) -> None:
