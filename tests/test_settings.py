@@ -260,6 +260,19 @@ def test_a_settings_object_from_the_environment_is_merged_key_by_key(tmp_path: P
     assert (settings.listen.host, settings.listen.port) == ("127.0.0.1", 19833)
     with pytest.raises(SettingsError, match="RETRIEVAL_HOST_LIMITS 'maxBody'"):
         load_settings(path, {"RETRIEVAL_HOST_LIMITS": '{"maxBody": 1}'})
+    # A secret reference is one value: replaced whole, also inside an object (probe V: the
+    # environment's `env` merged over the file's `file` was refused as holding both).
+    secret = _write(tmp_path, _minimal(store={"postgresDsn": {"file": "/run/secrets/dsn"}}))
+    for env in (
+        {"RETRIEVAL_HOST_STORE__POSTGRES_DSN": '{"env": "PG_DSN"}'},
+        {"RETRIEVAL_HOST_STORE": '{"postgresDsn": {"env": "PG_DSN"}}'},
+    ):
+        dsn = load_settings(secret, env).store.postgres_dsn
+        assert dsn is not None and (dsn.file, dsn.env) == (None, "PG_DSN")
+    # `null` drops what the file sets.
+    on_sqlite = _write(tmp_path, _minimal(store={"sqlitePath": "state/r.sqlite"}))
+    moved = {"RETRIEVAL_HOST_STORE": '{"sqlitePath": null, "postgresDsn": {"env": "PG_DSN"}}'}
+    assert load_settings(on_sqlite, moved).store.sqlite_path is None
     # Free-form objects are still replaced whole.
     options = {"RETRIEVAL_HOST_APPLICATION_OPTIONS": '{"corpora": ["a"]}'}
     with_options = _write(tmp_path, _minimal(applicationOptions={"aclFile": "acl.json"}))

@@ -70,11 +70,14 @@ def apply_override(
 
 
 def _settings_object(annotation: Any) -> bool:
-    """Whether a field holds one settings model (`X`, `X | None`), not a free-form mapping."""
-    if isinstance(annotation, type):
-        return issubclass(annotation, BaseModel)
-    return get_origin(annotation) in (Union, types.UnionType) and any(
-        isinstance(arg, type) and issubclass(arg, BaseModel) for arg in get_args(annotation)
+    """Whether a field holds one settings model (`X`, `X | None`), not a free-form mapping
+    nor a model that is one value (`SecretRef`: `replaced_whole`)."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else ()
+    return any(
+        isinstance(arg, type)
+        and issubclass(arg, BaseModel)
+        and not getattr(arg, "replaced_whole", False)
+        for arg in (annotation, *args)
     )
 
 

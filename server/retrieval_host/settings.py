@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -96,6 +96,10 @@ class _Model(BaseModel):
 
 class SecretRef(_Model):
     """Where a secret lives: a file (its content, one trailing newline stripped) or an env var."""
+
+    # One reference, not settings: an environment override replaces it whole (a `{"env": ...}`
+    # merged over the file's `{"file": ...}` held both; probe V, session 37).
+    replaced_whole: ClassVar[bool] = True
 
     file: Path | None = None
     env: str | None = None

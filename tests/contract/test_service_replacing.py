@@ -25,7 +25,9 @@ import pytest
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
 from retrieval_host.adapters.sqlite import SqliteRunStore
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.grants import GRANT_ATTEMPTS
 from retrieval_host.core.models import (
@@ -35,12 +37,20 @@ from retrieval_host.core.models import (
     IndexRequest,
     JSONValue,
     Location,
+    RerankUsage,
     SearchMode,
     SearchRequest,
     SearchResult,
     SourceInfo,
 )
-from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant, VectorStore
+from retrieval_host.core.ports import (
+    ANY_REVISION,
+    AuthorizationRequest,
+    Grant,
+    RerankBatch,
+    RerankScore,
+    VectorStore,
+)
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import RunRequest, RunRetrieval
 from retrieval_host.core.service import Corpus, RetrievalService
@@ -578,6 +588,45 @@ def test_passages_dropped_under_min_score_do_not_make_the_answer_truncated(world
     assert world.checks() == ["before-read", "after-read"] * GRANT_ATTEMPTS
     assert [h.chunk_id for h in result.hits] == [a0.chunk_id, a1.chunk_id]
     assert not result.truncated
+
+
+class _ConfidentReranker:
+    """Scores every document about 0.9: `minScore` then applies to these, not fused scores."""
+
+    descriptor = RerankDescriptor("rerank", "test", "acct", "none", "rerank-fixed")
+
+    def rerank(
+        self, query: str, documents: Sequence[str], top_n: int, cancel: CancelToken
+    ) -> RerankBatch:
+        scores = [RerankScore(i, 0.9 - i * 1e-3) for i in range(len(documents))]
+        return RerankBatch(scores, RerankUsage())
+
+
+def test_a_reranked_search_s_dropped_passages_are_judged_on_no_floor(
+    harness: StoreHarness, local_embedding: LocalEmbedding
+) -> None:
+    # Probe V (session 37): the floor applies to rerank scores, which dropped passages never
+    # got; judged by their fused scores (~0.02) they always looked under it, so a reranked
+    # search that lost a source's passages said `truncated: false`.
+    store = harness.open()
+    acl = StoreAcl(store)
+    reranker = _ConfidentReranker()
+    corpus = Corpus(CORPUS, "passages-v1", local_embedding, store, acl, reranker=reranker)
+    service = RetrievalService([corpus])
+    world = World(service, acl, service, Writer())
+    try:
+        world.index("a", "r1")
+        world.index("b", "r1")
+        request = SearchRequest(CORPUS, "sea otters sleeping", limit=3, min_score=0.5)
+        assert "b" in {h.source.id for h in service.search_context(request, world.context()).hits}
+        acl.searches = 0
+        acl.before = world.replace_every_time("b")
+        world.progress.clear()
+        result = service.search_context(request, world.context())
+        assert world.checks() == ["before-read", "after-read"] * GRANT_ATTEMPTS
+        assert "b" not in {h.source.id for h in result.hits} and result.truncated
+    finally:
+        world.writer.close()
 
 
 @pytest.mark.parametrize("hook", ["after-grant", "after-read"])

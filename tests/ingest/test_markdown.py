@@ -221,6 +221,16 @@ def test_html_blocks_and_indented_code_hold_no_heading(count_tokens: TokenCounte
     text = "\n".join(c.text for c in prepared.chunks)
     for kept in ("# TODO: write the upgrade chapter", "## Not a heading", "$ retrieval-host"):
         assert kept in text  # still indexed, as text
+    # Probe V (session 37): what follows indented code or an HTML block may be underlined into
+    # a heading of its own lines only (the first cut found none, or took the comment in).
+    for document, headings in (
+        (b"    code\nFoo\n---\n\nBody.\n", ["Foo"]),
+        (b"\tcode\nTitle\n===\n\nBody.\n", ["Title"]),
+        (b"<!-- badges -->\nTitle\n=====\n\nBody.\n", ["Title"]),
+        (b"Heading text\n<!-- note -->\n---\n\nBody.\n", []),
+    ):
+        found: Any = prepare(document, count_tokens).source.metadata["sections"]
+        assert [h for s in found for h in s["headings"]] == headings, document
     # After a block ends, headings are read again.
     after: Any = prepare(b"<div>\n# no\n</div>\n\n# Yes\n\nBody.\n", count_tokens)
     assert [s["headings"] for s in after.source.metadata["sections"]] == [[], ["Yes"]]

@@ -255,8 +255,10 @@ class CorpusSearch:
             # Passages dropped here (the last attempt was overtaken too) may have hidden
             # matches the read did not reach: the answer does not claim to be whole. Unless
             # each scored under `minScore`: what the read did not reach scores lower still.
+            # Not when reranked: the floor then applies to the reranker's scores, which the
+            # dropped passages never got (probe V, session 37).
             remaining = {c.chunk_id for c in candidates}
-            floor = request.min_score
+            floor = None if grant.reranking else request.min_score
             lost = any(
                 c.chunk_id not in remaining and (floor is None or c.score >= floor)
                 for c in found.candidates

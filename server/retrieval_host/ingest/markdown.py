@@ -217,7 +217,7 @@ def _is_paragraph(block: list[str]) -> bool:
     quote or a table before `---` or `===` is no heading (CommonMark, GitHub's tables). The
     first line decides what the block is; a later line only interrupts a paragraph as a
     bullet, an item numbered 1, a quote or a table row can (`2. ` goes on the paragraph)."""
-    if not block or _NOT_PARAGRAPH.match(block[0]) or _INDENTED.match(block[0]):
+    if not block or _NOT_PARAGRAPH.match(block[0]):
         return False
     return not any(_INTERRUPTS.match(line) for line in block[1:])
 
@@ -236,6 +236,7 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
     # block a blank line ends; `html_open` says whether one is open. It only keeps headings
     # out: blocks and passages are cut as before.
     html_open, html_end = False, None
+    html_through = -1  # the last line inside an HTML block so far
 
     def heading(level: int, text: str, first: int, end: int) -> None:
         while stack and stack[-1][0] >= level:
@@ -273,6 +274,8 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
         if not html_open:
             html_open, html_end = _html_block(line)
         inside = html_open
+        if inside:
+            html_through = i
         if html_open and html_end is not None and html_end.search(line):
             html_open = False  # this line ends it (it may have begun it too)
         atx = None if inside else _ATX.match(line)
@@ -286,8 +289,19 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
             i += 1
             continue
         setext = None if inside else _SETEXT.match(line)
-        if setext and paragraph is not None and _is_paragraph(lines[paragraph:i]):
-            first = paragraph
+        # Indented code or an HTML block the open block began with is no part of a heading
+        # (CommonMark): the paragraph, if any, starts after it (`    code`, `Foo`, `---` is
+        # code, then a heading `Foo`; `<!-- badges -->`, `Title`, `===` a heading `Title`).
+        first = paragraph
+        while (
+            first is not None
+            and first < i
+            and (first <= html_through or _INDENTED.match(lines[first]))
+        ):
+            first += 1
+        if setext and first is not None and _is_paragraph(lines[first:i]):
+            if paragraph is not None and first > paragraph:
+                close_paragraph(first)  # the code, a block of its own
             paragraph = None
             text = " ".join(part.strip() for part in lines[first:i])
             heading(1 if setext.group(1)[0] == "=" else 2, text, first, i + 1)
