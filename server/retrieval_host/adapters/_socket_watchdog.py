@@ -64,23 +64,14 @@ class SocketWatchdog:
                 if self._tripped is not None:
                     self._shutdown()  # tripped while connecting
 
-    def verdict(self) -> RetrievalError | None:
-        """The token's error if it tripped the watchdog, or is cancelled or idle now (at the
-        moment of a transport error: that is the error to report); None otherwise."""
-        with self._lock:
-            if self._tripped is not None:
-                return self._tripped
-        try:
-            self._cancel.check()
-        except RetrievalError as error:
-            return error
-        return None
-
     def raise_if_tripped(self) -> None:
-        """Raise `verdict()`, if any."""
-        verdict = self.verdict()
-        if verdict is not None:
-            raise verdict
+        """Raise the token's error if it tripped the watchdog, or is cancelled or idle now (at
+        the moment of a transport error: that is the error to report)."""
+        with self._lock:
+            tripped = self._tripped
+        if tripped is not None:
+            raise tripped
+        self._cancel.check()
 
     def _watch(self) -> None:
         while not self._stopped.wait(WATCH_INTERVAL_S):

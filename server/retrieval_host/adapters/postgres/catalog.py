@@ -14,12 +14,8 @@ from retrieval_host.adapters.postgres.pool import (
     translated,
 )
 from retrieval_host.adapters.postgres.schema import (
-    VECTOR_COMPONENT,
-    VECTOR_DDL,
-    VECTOR_SCHEMA_VERSION,
-    VECTOR_TABLES,
     check_schema_name,
-    ensure_schema_component,
+    ensure_vector_schema,
     schema_sql,
     session_setup,
 )
@@ -43,15 +39,7 @@ def peek_descriptors(dsn: str, schema: str) -> dict[str, str]:
     try:
         with pool.connection() as conn:
             try:
-                ensure_schema_component(
-                    conn,
-                    schema,
-                    VECTOR_COMPONENT,
-                    VECTOR_SCHEMA_VERSION,
-                    VECTOR_TABLES,
-                    VECTOR_DDL,
-                    read_only=True,
-                )
+                ensure_vector_schema(conn, schema, read_only=True)
             except RetrievalError as exc:
                 if exc.reason == StoreUnavailableReason.MISSING_STORE:
                     return {}  # the open creates it

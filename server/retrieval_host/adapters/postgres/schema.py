@@ -464,6 +464,32 @@ VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[str]]] = {
     3: (_MEDIA_TYPE_BACKFILL,),
 }
 
+
+def ensure_vector_schema(
+    conn: Connection,
+    schema: str,
+    backfill: Callable[[Connection, int], None] | None = None,
+    *,
+    migrate: bool = True,
+    read_only: bool = False,
+) -> None:
+    """`ensure_schema_component` for the vector store's tables (created when missing, unless
+    `read_only`): the store's open and the start's read-only check (`catalog`) ask alike."""
+    ensure_schema_component(
+        conn,
+        schema,
+        VECTOR_COMPONENT,
+        VECTOR_SCHEMA_VERSION,
+        VECTOR_TABLES,
+        VECTOR_DDL,
+        VECTOR_MIGRATIONS,
+        backfill,
+        migrate=migrate,
+        create=True,
+        read_only=read_only,
+    )
+
+
 # Binary COPY column types of `chunks`, in the order `replace_source` writes them.
 COPY_TYPES: Final = "int8 text text text int8 text int8 int8 int8 text int4 vector int4".split()
 TERM_COPY_TYPES: Final = "int8 text int8 int4".split()

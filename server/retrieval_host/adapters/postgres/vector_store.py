@@ -59,14 +59,9 @@ from retrieval_host.adapters.postgres.pool import (
 from retrieval_host.adapters.postgres.schema import (
     COPY_TYPES,
     DEFAULT_SCHEMA,
-    VECTOR_COMPONENT,
-    VECTOR_DDL,
-    VECTOR_MIGRATIONS,
-    VECTOR_SCHEMA_VERSION,
-    VECTOR_TABLES,
     check_schema_name,
     ensure_hnsw_index,
-    ensure_schema_component,
+    ensure_vector_schema,
     extension,
     schema_sql,
     session_setup,
@@ -182,17 +177,11 @@ class PgVectorStore(StoreBase, PgSearch, inspect.PgInspection):
                         "HNSW needs pgvector 0.5 or newer in the database.",
                         reason=StoreUnavailableReason.PGVECTOR_VERSION,
                     )
-                ensure_schema_component(
+                ensure_vector_schema(
                     conn,
                     schema,
-                    VECTOR_COMPONENT,
-                    VECTOR_SCHEMA_VERSION,
-                    VECTOR_TABLES,
-                    VECTOR_DDL,
-                    VECTOR_MIGRATIONS,
                     lambda conn, found: lexical.backfill(conn, schema, found),
                     migrate=migrate,
-                    create=True,
                     read_only=read_only,
                 )
                 if not read_only:
