@@ -3,8 +3,6 @@ readiness probe refuse, rather than acknowledge writes no reader or restart woul
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,21 +13,8 @@ from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.driver import IngestRequest
+from tests.support.file_damage import DAMAGES, remove
 from tests.support.ingest_driver import CORPUS, NAMESPACE, Host, context, make_host
-
-
-def _truncate(db: Path) -> None:
-    os.truncate(db, 0)
-
-
-def _replace_with_a_copy(db: Path) -> None:
-    copy = db.with_name("copy.db")
-    shutil.copyfile(db, copy)
-    os.replace(copy, db)
-
-
-def _remove(db: Path) -> None:
-    db.unlink()
 
 
 @pytest.fixture
@@ -47,7 +32,7 @@ def noted(tmp_path: Path, local_embedding: LocalEmbedding) -> Iterator[tuple[Hos
         host.store.close()
 
 
-@pytest.mark.parametrize("damage", [_truncate, _replace_with_a_copy, _remove])
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_damaged_database_file_refuses_writes_and_readiness(
     noted: tuple[Host, Path], damage: Callable[[Path], None]
 ) -> None:
@@ -89,7 +74,7 @@ def test_a_read_on_a_new_thread_after_the_file_was_removed_is_store_unavailable(
     """A thread's first read opens its reader: on a removed file that raised apsw's
     CantOpenError, answered as an untyped 500 (a black-box test)."""
     host, db = noted
-    _remove(db)
+    remove(db)
     # What an authorizer asks first on every search (the example application's does).
     with ThreadPoolExecutor(max_workers=1) as fresh:
         outcome = fresh.submit(host.store.current_revisions, CORPUS, NAMESPACE).exception()

@@ -5,8 +5,6 @@ store's do (`test_file_identity`), rather than acknowledge runs and usage into a
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,21 +17,8 @@ from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.service import RetrievalService
 from retrieval_host.core.usage import UsageRecord
 from retrieval_host.driver import Driver
+from tests.support.file_damage import DAMAGES, remove
 from tests.support.run_records import a_result
-
-
-def _truncate(db: Path) -> None:
-    os.truncate(db, 0)
-
-
-def _replace_with_a_copy(db: Path) -> None:
-    copy = db.with_name("copy.db")
-    shutil.copyfile(db, copy)
-    os.replace(copy, db)
-
-
-def _remove(db: Path) -> None:
-    db.unlink()
 
 
 def _record(run_id: str) -> RunRecord:
@@ -71,7 +56,7 @@ def _refused(call: Callable[[], object]) -> RetrievalError:
     return refused.value
 
 
-@pytest.mark.parametrize("damage", [_truncate, _replace_with_a_copy, _remove])
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_damaged_run_database_refuses_writes_reads_and_the_probe(
     recording: tuple[SqliteRunStore, Path],
     damage: Callable[[Path], None],
@@ -101,7 +86,7 @@ def test_readiness_asks_the_run_records_too(recording: tuple[SqliteRunStore, Pat
     # As `wiring` and the example application build it: the run store is the usage sink.
     driver = Driver(RetrievalService([]), runs=RunEngine(None, {}, store, usage=store))
     assert driver.stores_answer()
-    _remove(db)
+    remove(db)
     assert not driver.stores_answer()
 
 
@@ -111,7 +96,7 @@ def test_a_removed_run_database_stops_the_next_open_naming_the_file(
     # The restart said "the database file is missing" beside a store whose retrieval.sqlite
     # was there: the operator could not tell which file was meant.
     _, db = recording
-    _remove(db)  # while the store is open: its log stays beside it
+    remove(db)  # while the store is open: its log stays beside it
     refused = _refused(lambda: SqliteRunStore.open(db))
     assert refused.reason == "missing-store"
     assert f"the database file {db} is missing" in refused.detail
