@@ -155,6 +155,8 @@ class RecordedRequest:
     headers: Mapping[str, str]
     body: bytes
     json: Any
+    # The client's address and port: requests from one port came over one connection.
+    peer: tuple[str, int] = ("", 0)
 
 
 @dataclass(slots=True)
@@ -1002,6 +1004,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             headers={k.lower(): v for k, v in self.headers.items()},
             body=raw,
             json=parsed,
+            peer=(str(self.client_address[0]), int(self.client_address[1])),
         )
         self._send(self.server.app._dispatch(request))
 

@@ -7,16 +7,18 @@ wording.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import ssl
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import httpx
 
-from retrieval_host.adapters._socket_watchdog import SocketWatchdog
+from retrieval_host.adapters._socket_watchdog import SocketSlot, SocketWatchdog
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
@@ -31,8 +33,8 @@ _SECRET_RUN = re.compile(
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 ConfigError = Callable[[str], RetrievalError]
-# Limits of a client whose calls `post_capped` may cancel: each call on a connection of its own.
-NO_KEEPALIVE: Final = httpx.Limits(max_keepalive_connections=0)
+# Idle lanes kept for reuse; a burst wider than this closes its extra lanes once done.
+MAX_IDLE_LANES: Final = 32
 
 
 def endpoint_url(base_url: str, path: str, config_error: ConfigError) -> httpx.URL:
@@ -82,6 +84,73 @@ def make_client(
         headers=dict(headers),
         limits=limits if limits is not None else httpx.Limits(),
     )
+
+
+class Lane:
+    """A client of one kept-alive connection at most, and the slot its watchdogs share."""
+
+    __slots__ = ("client", "slot")
+
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+        self.slot = SocketSlot()
+
+
+class ClientLanes:
+    """`make_client` clients lent to one call at a time, each keeping one connection alive.
+
+    A `SocketWatchdog` must know a call's socket before its first byte arrives, and httpcore
+    names a socket only when it connects: a shared pool would not say which kept-alive
+    connection a call got, so the earlier adapters made a connection per call (a TLS handshake
+    each: an embedding call on loopback took 7.8 ms instead of 3.1). A lane holds one
+    connection, which its `SocketSlot` remembers. Lanes are made as calls overlap, and at most
+    `MAX_IDLE_LANES` wait for reuse; one TLS context serves them all.
+    """
+
+    def __init__(
+        self, *, timeout: httpx.Timeout, verify: bool | ssl.SSLContext, headers: Mapping[str, str]
+    ) -> None:
+        if not isinstance(verify, ssl.SSLContext):
+            # Built once (loading the CA bundle takes milliseconds), from no environment.
+            verify = httpx.create_ssl_context(verify=verify, trust_env=False)
+        self._timeout = timeout
+        self._verify = verify
+        self._headers = dict(headers)
+        self._lock = threading.Lock()
+        self._idle: list[Lane] = []
+        self._closed = False
+
+    @contextlib.contextmanager
+    def lane(self) -> Iterator[Lane]:
+        """A lane no other call holds until this one returns it."""
+        with self._lock:
+            lane = self._idle.pop() if self._idle else None
+        if lane is None:
+            lane = Lane(
+                make_client(
+                    timeout=self._timeout,
+                    verify=self._verify,
+                    headers=self._headers,
+                    limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                )
+            )
+        try:
+            yield lane
+        finally:
+            with self._lock:
+                keep = not self._closed and len(self._idle) < MAX_IDLE_LANES
+                if keep:
+                    self._idle.append(lane)
+            if not keep:
+                lane.client.close()
+
+    def close(self) -> None:
+        """Close the idle lanes; a lane still lent out is closed when it comes back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for lane in idle:
+            lane.client.close()
 
 
 def read_api_key(
@@ -155,7 +224,7 @@ def read_capped(
 
 
 def post_capped(
-    client: httpx.Client,
+    lanes: ClientLanes,
     url: httpx.URL,
     *,
     content: bytes,
@@ -174,13 +243,11 @@ def post_capped(
     or, with `total_s`, a body still arriving `total_s` after the request was sent (a service
     dripping a byte every half second never tripped a per-read timeout: a black-box test
     held a search 197 s). `cancel` is checked between chunks and, while nothing arrives (a
-    service computing its answer), by a `SocketWatchdog` that shuts a connection made for this
-    call down once it is cancelled or idle: the token's error is raised, not the transport's
-    (give the client `limits=NO_KEEPALIVE`; a reused connection is only checked between
-    chunks). Any other transport failure raises `unreachable(name)` with the exception's class
-    name only (its text can carry the URL)."""
+    service computing its answer), by a `SocketWatchdog` that shuts the call's connection (a
+    lane's, kept alive otherwise) down once it is cancelled or idle: the token's error is
+    raised, not the transport's. Any other transport failure raises `unreachable(name)` with
+    the exception's class name only (its text can carry the URL)."""
     deadline = None if total_s is None else time.monotonic() + total_s
-    watchdog = None if cancel is None else SocketWatchdog(cancel, "http-watchdog")
 
     def between() -> None:
         if cancel is not None:
@@ -188,30 +255,34 @@ def post_capped(
         if deadline is not None and time.monotonic() > deadline:
             raise timed_out()
 
-    extensions = {} if watchdog is None else {"trace": watchdog.trace}
-    if watchdog is not None:
-        watchdog.start()
-    try:
-        with client.stream(
-            "POST", url, content=content, headers=dict(headers), extensions=extensions
-        ) as resp:
-            status = resp.status_code
-            if status != 200:
-                return status, read_capped(resp, ERROR_BODY_BYTES, truncate=True, between=between)
-            return status, read_capped(
-                resp, limit, truncate=False, too_large=too_large, between=between
-            )
-    except httpx.TimeoutException:
+    with lanes.lane() as lane:
+        watchdog = None if cancel is None else SocketWatchdog(cancel, "http-watchdog", lane.slot)
+        extensions = {"trace": lane.slot.trace if watchdog is None else watchdog.trace}
         if watchdog is not None:
-            watchdog.raise_if_tripped()  # the socket it shut down ended the read
-        raise timed_out() from None
-    except httpx.HTTPError as exc:
-        if watchdog is not None:
-            watchdog.raise_if_tripped()
-        raise unreachable(type(exc).__name__) from None
-    finally:
-        if watchdog is not None:
-            watchdog.stop()
+            watchdog.start()
+        try:
+            with lane.client.stream(
+                "POST", url, content=content, headers=dict(headers), extensions=extensions
+            ) as resp:
+                status = resp.status_code
+                if status != 200:
+                    return status, read_capped(
+                        resp, ERROR_BODY_BYTES, truncate=True, between=between
+                    )
+                return status, read_capped(
+                    resp, limit, truncate=False, too_large=too_large, between=between
+                )
+        except httpx.TimeoutException:
+            if watchdog is not None:
+                watchdog.raise_if_tripped()  # the socket it shut down ended the read
+            raise timed_out() from None
+        except httpx.HTTPError as exc:
+            if watchdog is not None:
+                watchdog.raise_if_tripped()
+            raise unreachable(type(exc).__name__) from None
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
 
 
 def scrub(message: str, key: str | None) -> str:

@@ -17,7 +17,8 @@ cancelled index waiting out the whole call (cancel at 0.5 s, returned after 6 s:
 probe). `post_capped`'s `SocketWatchdog` shuts the call's socket down once the token is
 cancelled or idle, and the token's own error (`CANCELLED`, `TIMEOUT`/`idle-timeout`) is
 raised. A batch counts as progress only once it has arrived within the inactivity timeout.
-Connections are therefore not kept alive between calls: every call has its own socket.
+Connections are kept alive: each call borrows a `ClientLanes` lane, a client of one connection
+whose socket the watchdog knows.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ import numpy.typing as npt
 
 from retrieval_host.adapters._openai_http import (
     MAX_ERROR_MESSAGE_CHARS,
-    NO_KEEPALIVE,
+    ClientLanes,
     encode_json,
     endpoint_url,
     error_message,
     error_param,
-    make_client,
     post_capped,
     read_api_key,
     request_headers,
@@ -138,13 +138,10 @@ class OpenAIEmbedding:
         self._max_input_tokens = max_input_tokens
         self._count: TokenCounter = token_counter or estimate_tokens
         self._timeout_s = timeout_s
-        self._client = make_client(
+        self._lanes = ClientLanes(
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
             headers={"Accept": "application/json", "User-Agent": _USER_AGENT},
-            # A fresh connection per request: `post_capped`'s watchdog needs the socket before
-            # the first byte arrives, and httpcore reports it only when it connects.
-            limits=NO_KEEPALIVE,
         )
 
     @property
@@ -182,8 +179,8 @@ class OpenAIEmbedding:
         return EmbeddingBatch(out, usage)
 
     def close(self) -> None:
-        """Close the connection pool. The adapter cannot be used afterwards."""
-        self._client.close()
+        """Close the kept-alive connections. The adapter cannot be used afterwards."""
+        self._lanes.close()
 
     def __enter__(self) -> OpenAIEmbedding:
         return self
@@ -226,7 +223,7 @@ class OpenAIEmbedding:
             _RESPONSE_OVERHEAD_BYTES + len(texts) * self._descriptor.dimensions * _BYTES_PER_VALUE
         )
         status, raw = post_capped(
-            self._client,
+            self._lanes,
             self._url,
             content=content,
             headers=headers,

@@ -25,9 +25,11 @@ Cancellation and the run's inactivity timeout are honoured while the server stal
 resume a stream after a read timeout (the connection is closed on the way out), and closing the
 response from another thread does not wake a blocked `recv`, so a watchdog thread polls the
 `CancelToken` and, once it is cancelled or idle, shuts the connection's socket down; the blocked
-read returns at once and the token's own error (`CANCELLED`, `TIMEOUT`) is raised. Connections
-are not kept alive between calls, so every call has its own socket to shut down. Only data events
-count as progress: SSE comments (a proxy's keep-alives) do not keep an idle run alive.
+read returns at once and the token's own error (`CANCELLED`, `TIMEOUT`) is raised. Each call
+borrows a `ClientLanes` lane, a client of one kept-alive connection whose socket the watchdog
+knows; a stream is left at its `[DONE]` (waiting for the body's end could hold a finished run on a
+server that never ends it), so its connection is closed rather than kept. Only data events count as
+progress: SSE comments (a proxy's keep-alives) do not keep an idle run alive.
 """
 
 from __future__ import annotations
@@ -47,11 +49,10 @@ from retrieval_host.adapters._openai_chat_stream import (
 )
 from retrieval_host.adapters._openai_http import (
     ERROR_BODY_BYTES,
-    NO_KEEPALIVE,
+    ClientLanes,
     encode_json,
     endpoint_url,
     error_message,
-    make_client,
     read_api_key,
     read_capped,
     request_headers,
@@ -114,13 +115,11 @@ class OpenAIChatProvider:
         self._url = endpoint_url(base_url, "/chat/completions", _config_error)
         self._api_key = api_key
         self._max_output_tokens = max_output_tokens
-        self._client = make_client(
+        self._timeout_s = timeout_s
+        self._lanes = ClientLanes(
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
             headers={"Accept": "text/event-stream", "User-Agent": _USER_AGENT},
-            # A fresh connection per call: the watchdog needs the socket before the first
-            # byte arrives, and httpcore reports it only when it connects.
-            limits=NO_KEEPALIVE,
         )
 
     @property
@@ -135,17 +134,18 @@ class OpenAIChatProvider:
         key = read_api_key(self._api_key, "generation", _key_unavailable)
         content = encode_json(self._body(request))
         stream = ChatStream(request.step)
-        watchdog = SocketWatchdog(cancel, "provider-watchdog")
-        watchdog.start()
-        try:
-            yield from self._exchange(content, key, stream, watchdog, cancel)
-        finally:
-            watchdog.stop()
+        with self._lanes.lane() as lane:
+            watchdog = SocketWatchdog(cancel, "provider-watchdog", lane.slot)
+            watchdog.start()
+            try:
+                yield from self._exchange(lane.client, content, key, stream, watchdog, cancel)
+            finally:
+                watchdog.stop()
         yield from stream.finish()
 
     def close(self) -> None:
-        """Close the HTTP client. The provider cannot be used afterwards."""
-        self._client.close()
+        """Close the kept-alive connections. The provider cannot be used afterwards."""
+        self._lanes.close()
 
     def __enter__(self) -> OpenAIChatProvider:
         return self
@@ -172,6 +172,7 @@ class OpenAIChatProvider:
 
     def _exchange(
         self,
+        client: httpx.Client,
         content: bytes,
         key: str | None,
         stream: ChatStream,
@@ -180,7 +181,7 @@ class OpenAIChatProvider:
     ) -> Iterator[GenerationEvent]:
         started = False  # the response status line has arrived
         try:
-            with self._client.stream(
+            with client.stream(
                 "POST",
                 self._url,
                 content=content,
@@ -198,7 +199,7 @@ class OpenAIChatProvider:
         except httpx.TimeoutException:
             watchdog.raise_if_tripped()
             raise provider_transient(
-                f"the generation provider did not answer within {self._client.timeout.read} s.",
+                f"the generation provider did not answer within {self._timeout_s} s.",
                 ProviderFailedReason.TIMEOUT,
             ) from None
         except httpx.HTTPError as exc:

@@ -25,11 +25,10 @@ from typing import Any, Final
 import httpx
 
 from retrieval_host.adapters._openai_http import (
-    NO_KEEPALIVE,
+    ClientLanes,
     encode_json,
     endpoint_url,
     error_message,
-    make_client,
     post_capped,
     read_api_key,
     request_headers,
@@ -107,13 +106,12 @@ class HttpReranker:
         self._api_key = api_key
         self._max_documents = max_documents
         self._timeout_s = timeout_s
-        self._client = make_client(
+        # Each call on a lane's kept-alive connection, which `post_capped` shuts down when the
+        # search is cancelled while the service computes (it waited out the answer).
+        self._lanes = ClientLanes(
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
             headers={"Accept": "application/json", "User-Agent": _USER_AGENT},
-            # Each call on a connection of its own, which `post_capped` shuts down when the
-            # search is cancelled while the service computes (it waited out the answer).
-            limits=NO_KEEPALIVE,
         )
 
     @property
@@ -144,7 +142,7 @@ class HttpReranker:
         )
         limit = _RESPONSE_OVERHEAD_BYTES + len(documents) * _BYTES_PER_RESULT
         status, raw = post_capped(
-            self._client,
+            self._lanes,
             self._url,
             content=content,
             headers=request_headers(key),
@@ -166,8 +164,8 @@ class HttpReranker:
         return RerankBatch(results, RerankUsage(1, len(documents), tokens))
 
     def close(self) -> None:
-        """Close the connection pool. The adapter cannot be used afterwards."""
-        self._client.close()
+        """Close the kept-alive connections. The adapter cannot be used afterwards."""
+        self._lanes.close()
 
     def __enter__(self) -> HttpReranker:
         return self
