@@ -119,11 +119,13 @@ def embed_failure(adapter: OpenAIEmbedding, cancel: CancelToken) -> tuple[Retrie
     return info.value, time.monotonic() - started
 
 
-def cancel_once_received(server: FakeOpenAI, token: CancelToken) -> threading.Thread:
-    """Cancel `token` as soon as the server has the embedding request (so mid-call)."""
+def cancel_once_received(
+    server: FakeOpenAI, token: CancelToken, count: int = 1
+) -> threading.Thread:
+    """Cancel `token` as soon as the server has `count` embedding requests (so mid-call)."""
 
     def run() -> None:
-        wait_until(lambda: server.embedding_requests_count > 0, what="the embedding request")
+        wait_until(lambda: server.embedding_requests_count >= count, what="the embedding request")
         token.cancel()
 
     thread = threading.Thread(target=run)
@@ -175,13 +177,7 @@ def test_a_cancel_stops_a_slow_request_on_a_kept_alive_connection(
     adapter.embed(TEXTS, CancelToken())  # leaves its connection open for the next call
     server.set_mode("slow", after=1, delay_s=SERVER_DELAY_S)
     token = CancelToken()
-    canceller = threading.Thread(
-        target=lambda: (
-            wait_until(lambda: server.embedding_requests_count > 1, what="the second request"),
-            token.cancel(),
-        )
-    )
-    canceller.start()
+    canceller = cancel_once_received(server, token, count=2)
 
     error, elapsed = embed_failure(adapter, token)
     canceller.join()
