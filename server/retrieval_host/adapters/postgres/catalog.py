@@ -31,7 +31,8 @@ def peek_descriptors(dsn: str, schema: str) -> dict[str, str]:
     store yet. Raises what opening the store would for a schema that is not ours or of a newer
     release (`UNSAFE_STORE`), so a start refuses before the run records or this store are
     migrated, which the release that wrote them then refuses
-    (`adapters.wiring.check_vector_store`)."""
+    (`adapters.wiring.check_vector_store`). A database without the pgvector extension holds
+    no store either: the writable open creates both (a read-only session may not)."""
     check_schema_name(schema)
     pool = ConnectionPool(
         dsn, 1, session_setup(_TIMEOUT_MS, True), answer_timeout_s=answer_timeout_s(_TIMEOUT_MS)
@@ -51,6 +52,10 @@ def peek_descriptors(dsn: str, schema: str) -> dict[str, str]:
                     schema_sql(schema, "SELECT corpus_id, descriptor_json FROM {s}.corpora")
                 ).fetchall()
         return {str(corpus): str(stored) for corpus, stored in rows}
+    except RetrievalError as exc:
+        if exc.reason == StoreUnavailableReason.PGVECTOR_MISSING:
+            return {}  # refused by the read-only session's setup: the open creates it
+        raise
     finally:
         pool.close()
 
