@@ -116,3 +116,25 @@ async def test_api_answers_outside_the_console_get_no_console_policy(
     # `/consoles` is not under `/console/`.
     other = await listed_client.get("/consoles", headers={"Origin": "https://evil.example"})
     assert "content-security-policy" not in other.headers
+
+
+@pytest.mark.parametrize("listed", ["https://app.example:443", "https://App.Example"])
+@pytest.mark.parametrize("sent", ["https://app.example", "https://app.example:443"])
+async def test_a_listed_origin_matches_as_browsers_write_it(
+    http_world: World, listed: str, sent: str
+) -> None:
+    """Probe A (session 37): `https://app.example:443` listed refused the page a browser
+    serves from `https://app.example` (browsers never send the default port)."""
+    settings = http_world.settings(allowedOrigins=[listed, "http://plain.example:80"])
+    transport = httpx.ASGITransport(app=create_app(settings, None))
+    async with httpx.AsyncClient(transport=transport, base_url="https://host.test") as client:
+        answered = await client.get("/v1/protocol", headers={"Origin": sent})
+        plain = await client.get("/v1/protocol", headers={"Origin": "http://plain.example"})
+        other_port = await client.get(
+            "/v1/protocol", headers={"Origin": "https://app.example:8443"}
+        )
+    assert answered.status_code == 200
+    if sent == "https://app.example":  # what a browser sends, and reads the answer for
+        assert answered.headers["access-control-allow-origin"] == sent
+    assert plain.status_code == 200
+    assert other_port.status_code == 403

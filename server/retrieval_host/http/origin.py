@@ -11,6 +11,9 @@ scheme the host is reached by and its `Host` header exactly, passes too: it come
 this host served. A page elsewhere cannot claim that origin for a request the browser sends to
 this host; DNS rebinding, the way to try, meets the certificate (a name it was not issued for)
 and `allowedHosts`. No CORS headers are added: a same-origin response needs none.
+
+Origins are compared as browsers serialize them: case aside, and without the scheme's default
+port (`https://app.example:443` listed is the `https://app.example` a browser sends).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class OriginMiddleware:
     def __init__(
         self, app: ASGIApp, allowed_origins: Sequence[str], *, same_origin: bool = False
     ) -> None:
-        self.allowed = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self.allowed = frozenset(_serialized(o) for o in allowed_origins)
         self.same_origin = same_origin
         self.inner = app
         self.app: ASGIApp = CORSMiddleware(
@@ -65,11 +68,20 @@ class OriginMiddleware:
             if len(origins) == 1 and self.same_origin and _own_origin(scope, origins[0]):
                 await self.inner(scope, receive, send)
                 return
-            if len(origins) > 1 or origins[0].decode("latin-1").lower() not in self.allowed:
+            if len(origins) > 1 or _serialized(origins[0].decode("latin-1")) not in self.allowed:
                 self.rejected += 1
                 await send_problem(send, origin_denied(), request_id_of(scope))
                 return
         await self.app(scope, receive, send)
+
+
+def _serialized(origin: str) -> str:
+    """`origin` as a browser sends it: lower case, no trailing slash, no default port."""
+    origin = origin.rstrip("/").lower()
+    for scheme, port in (("https://", ":443"), ("http://", ":80")):
+        if origin.startswith(scheme) and origin.endswith(port):
+            return origin.removesuffix(port)
+    return origin
 
 
 def _vary_origin(send: Send) -> Send:
