@@ -411,9 +411,21 @@ class VectorStore(Protocol):
         revision or absent."""
         ...
 
-    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
-        """The stored passage with that chunk id in the namespace (any revision; the caller
-        checks the grant), or None."""
+    def read_passage(
+        self,
+        corpus: str,
+        namespace: str,
+        chunk_id: str,
+        readable: Callable[[str, str], bool],
+    ) -> StoredPassage | None:
+        """The stored passage with that chunk id in the namespace, or None when there is none
+        or `readable(source_id, revision)` refuses its source revision.
+
+        `readable` is asked once, before the passage's text and metadata are read, and nothing
+        more is read when it refuses: a passage the caller may not read costs what a missing
+        one costs (decoding a hidden source's metadata made the hidden id measurably slower).
+        The answer is one snapshot: the passage returned is of the revision `readable` was
+        asked about. It runs under the store's lock, so it must be cheap and do no I/O."""
         ...
 
 

@@ -479,10 +479,15 @@ class RetrievalService:
         corpus = self.corpus(corpus_id)
         grant = authorize(corpus, "search", None, context)
         context.cancel.check()
-        stored = corpus.store.read_passage(corpus.id, grant.namespace, chunk_id)
-        if stored is None or searchable(grant).get(stored.source_id) != stored.revision:
-            raise source_unavailable()
-        if revision is not None and stored.revision != revision:
+        allowed = searchable(grant)
+
+        def readable(source_id: str, rev: str) -> bool:
+            return allowed.get(source_id) == rev and revision in (None, rev)
+
+        # The store checks the grant before it reads the text and metadata: a hidden passage
+        # must cost what a missing one does, or its timing tells that it exists.
+        stored = corpus.store.read_passage(corpus.id, grant.namespace, chunk_id, readable)
+        if stored is None:
             raise source_unavailable()
         still = searchable_again(corpus, (stored.source_id,), grant, context) or {}
         if still.get(stored.source_id) != stored.revision:

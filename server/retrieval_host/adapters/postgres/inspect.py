@@ -1,6 +1,7 @@
 """Inspection reads of the PostgreSQL store (`VectorStore.list_sources` and the rest).
 
-Each is one statement (one snapshot). A grant is passed as two arrays joined with `unnest`,
+Each is one statement (one snapshot), but `read_passage`: two in one REPEATABLE READ
+transaction, its grant asked between them. A grant is passed as two arrays joined with `unnest`,
 plus `source_id = ANY(...)` so the unique (corpus, namespace, source id) index finds the granted
 sources: the cost follows the grant, not the namespace (as `search.Searcher`). Source ids order
 by `COLLATE "C"`: byte order of UTF-8, i.e. code point order, as SQLite and Python order them,
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from retrieval_host.adapters._inspection_rows import (
     FIRST_ORDINAL,
@@ -24,7 +25,7 @@ from retrieval_host.adapters._inspection_rows import (
     listed_source,
     totals,
 )
-from retrieval_host.adapters.postgres.pool import Connection
+from retrieval_host.adapters.postgres.pool import Connection, transaction
 from retrieval_host.adapters.postgres.schema import schema_sql
 from retrieval_host.core.inspection import (
     PassageSummary,
@@ -38,6 +39,10 @@ _GRANTED = (
     "FROM {s}.sources s JOIN unnest(%s::text[], %s::text[]) AS g (source_id, revision) "
     "ON s.source_id = g.source_id AND s.revision = g.revision "
     "WHERE s.corpus_id = %s AND s.namespace = %s AND s.source_id = ANY(%s::text[])"
+)
+_PASSAGE = (
+    "FROM {s}.chunks c JOIN {s}.sources s ON s.id = c.source_pk "
+    "WHERE c.corpus_id = %s AND c.namespace = %s AND c.chunk_id = %s"
 )
 
 
@@ -115,18 +120,31 @@ def list_passages(
     return [listed_passage(row) for row in rows]
 
 
-def read_passage(conn: Connection, schema: str, key: tuple[str, str, str]) -> StoredPassage | None:
+def read_passage(
+    conn: Connection,
+    schema: str,
+    key: tuple[str, str, str],
+    readable: Callable[[str, str], bool],
+) -> StoredPassage | None:
     if not _no_nul(*key):
         return None
-    row = conn.execute(
-        schema_sql(
-            schema,
-            f"SELECT {READ_PASSAGE_COLUMNS} "  # noqa: S608 - constant SQL
-            "FROM {s}.chunks c JOIN {s}.sources s ON s.id = c.source_pk "
-            "WHERE c.corpus_id = %s AND c.namespace = %s AND c.chunk_id = %s",
-        ),
-        key,
-    ).fetchone()
+    # The text and metadata are read only once the grant allows them: reading and decoding a
+    # hidden source's made its chunk ids answer slower than missing ones (a black-box probe).
+    # One snapshot, so a write committed between the two reads cannot come between them.
+    with transaction(conn, repeatable_read=True, read_only=True):
+        pair = conn.execute(
+            schema_sql(schema, f"SELECT s.source_id, s.revision {_PASSAGE}"), key
+        ).fetchone()
+        if pair is None or not readable(str(pair[0]), str(pair[1])):
+            return None
+        row = conn.execute(
+            schema_sql(
+                schema,
+                f"SELECT {READ_PASSAGE_COLUMNS} {_PASSAGE} "
+                "AND s.source_id = %s AND s.revision = %s",
+            ),
+            (*key, *pair),
+        ).fetchone()
     if row is None:
         return None
     chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row
@@ -190,7 +208,13 @@ class PgInspection:
             key = (corpus, namespace, source_id, revision)
             return list_passages(conn, schema, key, after, limit)
 
-    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
-        """The stored passage with that chunk id, or None (see the port)."""
+    def read_passage(
+        self,
+        corpus: str,
+        namespace: str,
+        chunk_id: str,
+        readable: Callable[[str, str], bool],
+    ) -> StoredPassage | None:
+        """The stored passage with that chunk id if `readable`, or None (see the port)."""
         with self._inspecting(corpus, "reading a passage") as (conn, schema, _):
-            return read_passage(conn, schema, (corpus, namespace, chunk_id))
+            return read_passage(conn, schema, (corpus, namespace, chunk_id), readable)

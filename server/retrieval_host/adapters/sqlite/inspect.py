@@ -1,15 +1,16 @@
 """Inspection reads of the SQLite store (`VectorStore.list_sources` and the rest).
 
-Each is one statement on the store's connection (one snapshot). A grant is passed as a JSON
-object and joined with `json_each`, so the unique (corpus, namespace, source id) index finds
-each granted source; text compares by BINARY collation, i.e. by code point.
+Each is one statement on the store's connection (one snapshot), but `read_passage`: two in one
+transaction, its grant asked between them. A grant is passed as a JSON object and joined with
+`json_each`, so the unique (corpus, namespace, source id) index finds each granted source; text
+compares by BINARY collation, i.e. by code point.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import apsw
 
@@ -24,6 +25,7 @@ from retrieval_host.adapters._inspection_rows import (
     listed_source,
     totals,
 )
+from retrieval_host.adapters.sqlite.schema import transaction
 from retrieval_host.core.inspection import (
     PassageSummary,
     SourceSummary,
@@ -35,6 +37,10 @@ from retrieval_host.core.models import Location
 _GRANTED = (
     "FROM json_each(?) AS g JOIN sources AS s ON s.corpus_id = ? AND s.namespace = ? "
     "AND s.source_id = g.key AND s.revision = g.value"
+)
+_PASSAGE = (
+    "FROM chunks AS c JOIN sources AS s ON s.id = c.source_pk "
+    "WHERE c.corpus_id = ? AND c.namespace = ? AND c.chunk_id = ?"
 )
 
 
@@ -80,13 +86,20 @@ def list_passages(
     return [listed_passage(row) for row in rows]
 
 
-def read_passage(conn: apsw.Connection, key: tuple[str, str, str]) -> StoredPassage | None:
-    row = conn.execute(
-        f"SELECT {READ_PASSAGE_COLUMNS} "  # noqa: S608 - constant SQL
-        "FROM chunks AS c JOIN sources AS s ON s.id = c.source_pk "
-        "WHERE c.corpus_id = ? AND c.namespace = ? AND c.chunk_id = ?",
-        key,
-    ).fetchone()
+def read_passage(
+    conn: apsw.Connection, key: tuple[str, str, str], readable: Callable[[str, str], bool]
+) -> StoredPassage | None:
+    # The text and metadata are read only once the grant allows them: reading and decoding a
+    # hidden source's made its chunk ids answer slower than missing ones (a black-box probe).
+    # One transaction, so a writer in another process cannot come between the two reads.
+    with contextlib.nullcontext() if conn.in_transaction else transaction(conn, "BEGIN DEFERRED"):
+        found = conn.execute(f"SELECT s.source_id, s.revision {_PASSAGE}", key).fetchone()
+        if found is None or not readable(str(found[0]), str(found[1])):
+            return None
+        row = conn.execute(
+            f"SELECT {READ_PASSAGE_COLUMNS} {_PASSAGE} AND s.source_id = ? AND s.revision = ?",
+            (*key, *found),
+        ).fetchone()
     if row is None:
         return None
     chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row
@@ -144,7 +157,13 @@ class SqliteInspection:
         with self._inspecting(corpus, "listing passages") as (conn, _):
             return list_passages(conn, (corpus, namespace, source_id, revision), after, limit)
 
-    def read_passage(self, corpus: str, namespace: str, chunk_id: str) -> StoredPassage | None:
-        """The stored passage with that chunk id, or None (see the port)."""
+    def read_passage(
+        self,
+        corpus: str,
+        namespace: str,
+        chunk_id: str,
+        readable: Callable[[str, str], bool],
+    ) -> StoredPassage | None:
+        """The stored passage with that chunk id if `readable`, or None (see the port)."""
         with self._inspecting(corpus, "reading a passage") as (conn, _):
-            return read_passage(conn, (corpus, namespace, chunk_id))
+            return read_passage(conn, (corpus, namespace, chunk_id), readable)

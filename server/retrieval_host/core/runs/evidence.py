@@ -7,7 +7,7 @@ cannot be retracted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import source_unavailable
@@ -63,7 +63,8 @@ def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
     if namespace is not None:
         # The passage itself, as the model read it: a label deleted and written again, or
         # rolled back to, may hold other text under the same chunk ids.
-        current = _passages(run.service, spec.corpus, namespace, run.evidence.keys())
+        pinned = {h: (p.source_id, p.revision) for h, p in run.evidence.items()}
+        current = _passages(run.service, spec.corpus, namespace, pinned)
         revoked += [
             h
             for h, p in run.evidence.items()
@@ -76,21 +77,31 @@ def recheck_evidence(run: ActiveRun, spec: RunRetrieval, *, drop: bool) -> None:
 
 
 def _passages(
-    service: RetrievalService, corpus_id: str, namespace: str, chunk_ids: Iterable[str]
+    service: RetrievalService,
+    corpus_id: str,
+    namespace: str,
+    pinned: Mapping[str, tuple[str, str]],
 ) -> dict[str, StoredPassage]:
-    """The passages stored now under these chunk ids in the namespace (missing ones left out).
-    Evidence is pinned to them, not to its revision label alone: a source deleted and indexed
-    again at the same label with other text (or `r1` -> `r3` -> `r1`), or the same text cut
-    into other passages under the same ids, keeps the label, and an answer written from the
-    old passages is no longer grounded in what is served (black-box tests read such runs back
-    and replayed them)."""
+    """The passages stored now under these chunk ids in the namespace, each only if it is of
+    the (source id, revision) it is pinned to: one of another is left out as a missing one is
+    (either fails the check), and the store reads no text of it.
+
+    Evidence is pinned to the passages, not to its revision label alone: a source deleted and
+    indexed again at the same label with other text (or `r1` -> `r3` -> `r1`), or the same
+    text cut into other passages under the same ids, keeps the label, and an answer written
+    from the old passages is no longer grounded in what is served (black-box tests read such
+    runs back and replayed them)."""
     corpus = service.corpus(corpus_id)
     found: dict[str, StoredPassage] = {}
-    for chunk_id in sorted(set(chunk_ids)):
-        stored = corpus.store.read_passage(corpus.id, namespace, chunk_id)
+    for chunk_id in sorted(pinned):
+        stored = corpus.store.read_passage(corpus.id, namespace, chunk_id, _of(pinned[chunk_id]))
         if stored is not None:
             found[chunk_id] = stored
     return found
+
+
+def _of(pin: tuple[str, str]) -> Callable[[str, str], bool]:
+    return lambda source_id, revision: (source_id, revision) == pin
 
 
 def _same(stored: StoredPassage | None, source_id: str, revision: str, text: str | None) -> bool:
@@ -128,7 +139,8 @@ def reauthorize_manifest(
         raise source_unavailable()
     if result.namespace is not None and all(e.text_sha256 is None for e in result.sources):
         return  # recorded before passages were pinned: the labels decide, as then
-    current = _passages(retrieval, result.corpus, grant.namespace, (e.id for e in result.sources))
+    pinned = {e.id: (e.source_id, e.revision) for e in result.sources}
+    current = _passages(retrieval, result.corpus, grant.namespace, pinned)
     for entry in result.sources:
         stored = current.get(entry.id)
         if stored is None or not _same(stored, entry.source_id, entry.revision, None):
