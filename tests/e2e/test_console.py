@@ -1,7 +1,8 @@
 """The operator console in a real browser: Debian's headless Chromium, driven by Playwright,
 against the quickstart host over TLS (the quickstart's state and configuration, one more token
-without grants, one that may only index, and a fake OpenAI-compatible provider the tests hold or
-script). Screenshots of each step go to `test-results/console/`.
+without grants, one that may only index, one that may also search a second corpus, and a fake
+OpenAI-compatible provider the tests hold or script, with a second route that refuses every
+call). Screenshots of each step go to `test-results/console/`.
 
 Chromium trusts the host by the server certificate's public-key pin, not by ignoring
 certificate errors: the connection is the host's real TLS.
@@ -38,7 +39,14 @@ from playwright.sync_api import (
 )
 
 from retrieval_host.serving.tokens import new_token, token_config_entry
-from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI, PlannedResponse
+from tests.support.fake_openai import (
+    DEFAULT_API_KEY,
+    FakeOpenAI,
+    PlannedResponse,
+    RecordedRequest,
+    Reply,
+    openai_error,
+)
 from tests.support.host import RunningHost, wait_until
 from tests.support.ports import free_port
 from tests.support.quickstart import cli, serving
@@ -46,6 +54,11 @@ from tests.support.quickstart import cli, serving
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "console"
 QUESTION = "How do I rotate a token?"
+# A second corpus, which only `Console.vault_token` may search; "library" comes first in its
+# lists (the host sorts them).
+VAULT = "vault"
+# A provider's error message holding bidirectional controls (provider "refusing").
+REFUSAL = "quota for user \u202etxt.exe\u202c exceeded"
 HOSTILE_NOTE = """# Console note
 
 A passage that holds markup: <script>window.__pwned = 1</script>
@@ -59,18 +72,24 @@ class Console:
     token: str
     no_grant_token: str
     index_only_token: str
+    vault_token: str  # searches "library" and VAULT, writes VAULT only
     ca: Path
     pin: str
-    fake: FakeOpenAI  # provider "fake" of the quickstart token
+    fake: FakeOpenAI  # providers "fake" and "refusing" of the quickstart token
 
-    def api(self) -> httpx.Client:
-        """The host's API as the quickstart token."""
+    def api(self, token: str | None = None) -> httpx.Client:
+        """The host's API as `token`, by default the quickstart token."""
         return httpx.Client(
             base_url=self.base,
             verify=ssl.create_default_context(cafile=str(self.ca)),
-            headers={"Authorization": f"Bearer {self.token}"},
+            headers={"Authorization": f"Bearer {token or self.token}"},
             timeout=120,
         )
+
+
+def _refuse(server: FakeOpenAI, request: RecordedRequest, number: int) -> Reply:
+    """Provider "refusing": a client error whose message holds bidirectional controls."""
+    return openai_error(403, REFUSAL, type_="insufficient_quota")
 
 
 def _pin(certificate: Path) -> str:
@@ -102,16 +121,30 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     config["tokens"].append(token_config_entry(no_grant, "no-grants", providers=["local"]))
     index_only = new_token()
     config["tokens"].append(token_config_entry(index_only, "quickstart", index=["library"]))
+    config["applicationOptions"]["corpora"].append(VAULT)
+    vault = new_token()
+    config["tokens"].append(
+        token_config_entry(
+            vault,
+            "quickstart",
+            search=["library", VAULT],
+            index=[VAULT],
+            delete=[VAULT],
+            providers=["local"],
+        )
+    )
     (state / "fake-key").write_text(DEFAULT_API_KEY)
     with FakeOpenAI() as fake:
-        config["providers"]["fake"] = {
-            "kind": "openai",
-            "baseUrl": fake.base_url,
-            "apiKey": {"file": "fake-key"},
-        }
+        fake.route("POST", "/v1/refusing/chat/completions", _refuse)
+        for name, base_url in (("fake", fake.base_url), ("refusing", f"{fake.base_url}/refusing")):
+            config["providers"][name] = {
+                "kind": "openai",
+                "baseUrl": base_url,
+                "apiKey": {"file": "fake-key"},
+            }
         for entry in config["tokens"]:
             if entry["subject"] == "quickstart" and "local" in entry["providers"]:
-                entry["providers"].append("fake")
+                entry["providers"].extend(["fake", "refusing"])
         (state / "host.json").write_text(json.dumps(config))
         command = [*cli(), "serve", "--config", str(state / "host.json")]
         with serving(command, root, state / "ca.pem", port, announces=False):
@@ -120,6 +153,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
                 (state / "token").read_text().strip(),
                 no_grant,
                 index_only,
+                vault,
                 state / "ca.pem",
                 _pin(state / "server.pem"),
                 fake,
@@ -1106,3 +1140,119 @@ def test_right_to_left_text_takes_its_own_direction_and_empty_locations_no_paren
     _shot(page, "33-rtl")
     page.context.close()
     _delete(console, "rtl", "1")
+
+
+# --- findings of a black-box probe (session 38, probe G) --------------------------------------
+
+
+def test_caller_metadata_of_any_shape_leaves_a_message_s_passage_readable(
+    browser: Browser, console: Console
+) -> None:
+    # Probe G: `"attachments": "report.pdf"` or `[null]` in a caller's metadata made the
+    # passage fail to open ("….map is not a function", "Cannot read properties of null").
+    # A header that is not a string is left out, like an attachment that names no file.
+    messages = [
+        {"messageId": "<m1@x>", "from": "Ada <ada@x>", "date": 5, "subject": {"re": "x"},
+         "attachments": "report.pdf"},
+        {"messageId": "<m2@x>", "from": ["Bob"],
+         "attachments": [None, 7, "loose.pdf", {"filename": 3}, {"filename": "minutes.pdf"}]},
+    ]  # fmt: skip
+    mail = {"id": "odd-mail", "revision": "1", "metadata": {"messages": messages}}
+    cut = {"messages": "none", "messageCount": "many", "messagesTruncated": True}
+    thread = {"id": "odd-thread", "revision": "1", "metadata": cut}
+    with console.api() as api:
+        for source, numbers in ((mail, (1, 2)), (thread, (9,))):
+            chunks = [
+                {"id": f"{source['id']}-{n}", "text": f"Message {n} about invoices.",
+                 "location": {"documentId": f"<m{n}@x>"}}
+                for n in numbers
+            ]  # fmt: skip
+            body = {"corpus": "library", "source": source, "chunks": chunks}
+            indexed = api.post("/v1/retrieval/index", json=body)
+            assert indexed.status_code == 200, indexed.text
+    page, seen = _signed_in(browser, console)
+    headers = page.locator("main h2:has-text('Message headers') + dl.facts")
+    page.evaluate("() => { location.hash = '#/passage/library/odd-mail-1'; }")
+    expect(page.locator("#cited")).to_have_text("Message 1 about invoices.")
+    expect(headers.locator("dt")).to_have_text(["From", "Message-ID"])
+    expect(headers.locator("dd")).to_have_text(["Ada <ada@x>", "<m1@x>"])
+    _shot(page, "40-odd-metadata-string-attachments")
+    page.evaluate("() => { location.hash = '#/passage/library/odd-mail-2'; }")
+    expect(page.locator("#cited")).to_have_text("Message 2 about invoices.")
+    expect(headers.locator("dt")).to_have_text(["Message-ID", "Attachments"])
+    expect(headers.locator("dd")).to_have_text(["<m2@x>", "minutes.pdf"])
+    _shot(page, "41-odd-metadata-mixed-attachments")
+    page.evaluate("() => { location.hash = '#/passage/library/odd-thread-9'; }")
+    expect(page.locator("#cited")).to_have_text("Message 9 about invoices.")
+    expect(page.locator("main")).to_contain_text(
+        "Not kept: this thread's header list was cut short."
+    )
+    expect(page.locator("#error")).to_be_hidden()
+    assert seen.errors == []
+    page.context.close()
+    _delete(console, "odd-mail", "1")
+    _delete(console, "odd-thread", "1")
+
+
+def test_a_recorded_run_s_citations_link_into_the_corpus_it_searched(
+    browser: Browser, console: Console
+) -> None:
+    # Probe G: a run over a second corpus, opened as `#/ask?run=ID` (a run id pasted, no
+    # corpus) or with another corpus in the address, linked every citation into the form's
+    # first corpus, where the passage "may no longer be indexed".
+    source = {"id": "vault-note", "revision": "1", "title": "Vault note"}
+    text = "The vault gate code is kept by the porter, wombatlantern."
+    chunk = {"id": "vault-note-c1", "text": text}
+    with console.api(console.vault_token) as api:
+        body = {"corpus": VAULT, "source": source, "chunks": [chunk]}
+        indexed = api.post("/v1/retrieval/index", json=body)
+        assert indexed.status_code == 200, indexed.text
+    page, seen = _open(browser, console)
+    _sign_in(page, console.vault_token)
+    expect(page.locator("#corpora")).to_be_visible()
+    page.get_by_role("link", name="Ask").click()
+    corpus = page.locator("#ask-form select[name=corpus]")
+    expect(corpus).to_have_value("library")  # the form's first corpus is not the run's
+    corpus.select_option(VAULT)
+    page.locator("#ask-form select[name=searchMode]").select_option("lexical")
+    page.get_by_label("Question").fill("Who keeps the wombatlantern gate code?")
+    page.get_by_role("button", name="Ask").click()
+    expect(page.locator("#run-phase")).to_have_text("completed", timeout=60_000)
+    run_id = page.locator("#run-id").inner_text().removeprefix("run ")
+    citations = page.locator("#answer a.citation")
+    for address in (f"#/ask?run={run_id}", f"#/ask?run={run_id}&corpus=library"):
+        page.evaluate("() => { location.hash = '#/corpora'; }")
+        expect(page.locator("#corpora")).to_be_visible()
+        page.evaluate("(address) => { location.hash = address; }", address)
+        expect(page.locator("#run-phase")).to_have_text("completed")
+        expect(citations).not_to_have_count(0)
+        hrefs = citations.evaluate_all("(as) => as.map((a) => a.hash)")
+        assert all(href.startswith(f"#/passage/{VAULT}/vault-note-c1?") for href in hrefs), hrefs
+        expect(corpus).to_have_value(VAULT)
+    _shot(page, "42-recorded-run-other-corpus")
+    citations.first.click()
+    expect(page.locator("#cited")).to_contain_text("wombatlantern")
+    expect(page.locator("#error")).to_be_hidden()
+    assert seen.errors == []
+    page.context.close()
+    with console.api(console.vault_token) as api:
+        body = {"corpus": VAULT, "sourceId": "vault-note", "revision": "1"}
+        assert api.post("/v1/retrieval/delete", json=body).status_code == 200
+
+
+def test_bidi_controls_in_an_error_s_detail_are_shown_as_marks(
+    browser: Browser, console: Console
+) -> None:
+    # Probe G: a provider's message "quota for user <U+202E>txt.exe<U+202C> exceeded" went into
+    # the error box as it came, and read "quota for user exe.txt exceeded" reordered.
+    page, seen = _signed_in(browser, console)
+    _ask(page, QUESTION, provider="refusing", model="gpt-refused")
+    expect(page.locator("#run-phase")).to_have_text("failed", timeout=60_000)
+    error = page.locator("#error")
+    expect(error).to_contain_text("PROVIDER_FAILED")
+    expect(error).to_contain_text("quota for user U+202Etxt.exeU+202C exceeded")
+    expect(error.locator(".control")).to_have_count(2)
+    assert not page.evaluate(_RAW_CONTROLS, "#error")
+    _shot(page, "43-error-bidi-marked")
+    assert seen.errors == []
+    page.context.close()

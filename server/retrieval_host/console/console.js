@@ -243,7 +243,9 @@ function showError(error) {
   const detail = problem ? problem.detail || "" : String(error.message || error);
   const extra = problem && problem.code ? ` (${problem.code}${problem.reason ? ", " + problem.reason : ""}` +
     `${problem.requestId ? ", request " + problem.requestId : ""})` : "";
-  append(box, [h("strong", {}, title), detail + extra]);
+  // A detail may quote a provider's message, an id or a file name: its bidirectional controls
+  // are shown as marks, or "quota for user <U+202E>txt.exe<U+202C> exceeded" reorders the box.
+  append(box, [h("strong", {}, named(title)), named(detail), extra]);
   box.hidden = false;
 }
 
@@ -513,6 +515,28 @@ function messageOf(metadata, documentId) {
     message.messageId === documentId) || null;
 }
 
+// A message's header as text, or nothing: the caller's metadata may hold any JSON there.
+function header(value) {
+  return typeof value === "string" ? named(value) : null;
+}
+
+// Why a message of a long thread shows no headers; the counts only when they are numbers.
+function truncatedNote(metadata) {
+  const kept = Array.isArray(metadata.messages) ? metadata.messages.length : null;
+  const count = typeof metadata.messageCount === "number" ? metadata.messageCount : null;
+  return "Not kept: this thread's header list was cut short" +
+    (kept !== null && count !== null ? ` at ${kept} of ${count} messages.` : ".");
+}
+
+// A message's attachment names. `{"attachments": "report.pdf"}` or `[null]` from a caller made
+// the passage fail to open ("….map is not a function", probe G): only an array's entries that
+// are objects with a string `filename` are named.
+function attachmentNames(message) {
+  const attachments = Array.isArray(message.attachments) ? message.attachments : [];
+  return attachments.filter((a) => a !== null && typeof a === "object" &&
+    typeof a.filename === "string").map((a) => a.filename).join(", ");
+}
+
 async function sourceView(corpus, sourceId, params, signal) {
   const query = new URLSearchParams({ limit: "200" });
   if (params.get("cursor")) query.set("cursor", params.get("cursor"));
@@ -660,15 +684,13 @@ function showPassage(corpus, chunkId, { passage, source, before, after }) {
       ["Page", passage.location.page === null ? null : String(passage.location.page)],
     ]),
     message ? [h("h2", {}, "Message headers"), facts([
-      ["From", named(message.from)], ["Date", named(message.date)], ["Subject", named(message.subject)],
-      ["Message-ID", named(message.messageId)],
-      ["Attachments", named((message.attachments || []).map((a) => a.filename).join(", "))],
+      ["From", header(message.from)], ["Date", header(message.date)],
+      ["Subject", header(message.subject)], ["Message-ID", named(message.messageId)],
+      ["Attachments", named(attachmentNames(message))],
     ])] : null,
     !message && passage.location.documentId && metadata
       && metadata.messagesTruncated === true
-      ? [h("h2", {}, "Message headers"), h("p", { class: "muted" },
-        "Not kept: this thread's header list was cut short at "
-        + `${(metadata.messages || []).length} of ${metadata.messageCount} messages.`)]
+      ? [h("h2", {}, "Message headers"), h("p", { class: "muted" }, truncatedNote(metadata))]
       : null,
     source ? null : h("p", { class: "notice", id: "source-unopenable" },
       `The passages around it and its source's page are not shown: a browser drops ` +
@@ -867,12 +889,8 @@ async function askView(signal, params) {
   }
 }
 
-async function showRecordedRun(id, named, { bar, phase, runId, answer, after, form }, signal) {
+async function showRecordedRun(id, addressed, { bar, phase, runId, answer, after, form }, signal) {
   runId.replaceChildren(`run ${id}`);
-  // The record does not name the corpus: the address does, and only a corpus this token may
-  // search is believed (a crafted address pointed the citation links at another corpus).
-  const corpus = corporaFor("search").includes(named) ? named : form.elements.corpus?.value;
-  if (corpus && form.elements.corpus) form.elements.corpus.value = corpus;
   let record;
   try {
     record = await getJson(`/v1/runs/${segment(id)}`, signal);
@@ -882,6 +900,14 @@ async function showRecordedRun(id, named, { bar, phase, runId, answer, after, fo
     showError(error);
     return;
   }
+  // The citation links go to the corpus the run searched, which its result names: the address
+  // (a run id pasted with another corpus, or none) pointed them at the form's first corpus
+  // (probe G). The address is a fallback only, believed only for a corpus this token may
+  // search (a crafted address pointed the links at another corpus, probe V).
+  const searchable = corporaFor("search");
+  const fallback = searchable.includes(addressed) ? addressed : form.elements.corpus?.value;
+  const corpus = typeof record.result?.corpus === "string" ? record.result.corpus : fallback;
+  if (form.elements.corpus && searchable.includes(corpus)) form.elements.corpus.value = corpus;
   phase.textContent = record.status;
   if (record.result) {
     bar.value = PHASES.length - 1;
