@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -148,9 +148,14 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         return httpx.AsyncClient(**options)
 
     def _check_open(self) -> None:
-        """Closed, or called from another event loop than the first call's: its pooled
-        connections belong to that loop (httpx would fail with a bare `RuntimeError`)."""
+        """Closed, or called from another event loop than the first call's."""
         super()._check_open()
+        self._check_loop()
+
+    def _check_loop(self) -> None:
+        """`ClientClosedError` when called from another event loop than the first call's:
+        its pooled connections belong to that loop (httpx would fail with a bare
+        `RuntimeError`, or touch the other loop's transports from this thread)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # another event loop library (trio, through anyio): not checked
@@ -159,8 +164,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             self._loop = weakref.ref(loop)
         elif self._loop() is not loop:
             raise ClientClosedError(
-                "this AsyncClient was first used in another event loop; make one per "
-                "asyncio.run (or per loop)"
+                "this AsyncClient was first used in another event loop, which its "
+                "connections belong to: make one per asyncio.run (or per loop), and close it "
+                "in that loop"
             )
 
     async def __aenter__(self) -> AsyncClient:
@@ -175,7 +181,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool, in the event loop that first used the client: from
+        another, `ClientClosedError` and nothing is closed. Closing a closed client does
+        nothing."""
+        if not self._http.is_closed:
+            self._check_loop()
         await self._http.aclose()
 
     async def _send(self, call: Call[T]) -> T:
@@ -383,12 +393,14 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         cursor: str | None = None,
         title: str | None = None,
         media_type: str | None = None,
-    ) -> AsyncIterator[SourceListing]:
+    ) -> AsyncGenerator[SourceListing, None]:
         """Every source of `corpus` the subject may search, at its authorized revision (the
-        one a delete names), by id: an async iterator that fetches pages of `page_size`
+        one a delete names), by id: an async generator that fetches pages of `page_size`
         (1-1000; the host's default 100) lazily, following `nextCursor`. `cursor` resumes a
         listing from a page's `nextCursor`. `title` keeps sources whose title holds it (case
-        ignored), `media_type` those of that media type."""
+        ignored), `media_type` those of that media type. To stop early, `await aclose()` it,
+        or iterate it in `async with contextlib.aclosing(client.list_sources(...)) as
+        sources:` (left unclosed, it is finalized later by the event loop, not by the task)."""
         while True:
             call = self._list_sources(
                 corpus, limit=page_size, cursor=cursor, title=title, media_type=media_type

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -375,12 +375,13 @@ class Client(BaseClient[httpx.Client]):
         cursor: str | None = None,
         title: str | None = None,
         media_type: str | None = None,
-    ) -> Iterator[SourceListing]:
+    ) -> Generator[SourceListing, None, None]:
         """Every source of `corpus` the subject may search, at its authorized revision (the
-        one a delete names), by id: an iterator that fetches pages of `page_size`
+        one a delete names), by id: a generator that fetches pages of `page_size`
         (1-1000; the host's default 100) lazily, following `nextCursor`. `cursor` resumes a
         listing from a page's `nextCursor`. `title` keeps sources whose title holds it (case
-        ignored), `media_type` those of that media type."""
+        ignored), `media_type` those of that media type. To stop early, `close()` it, or
+        iterate it in `with contextlib.closing(client.list_sources(...)) as sources:`."""
         while True:
             call = self._list_sources(
                 corpus, limit=page_size, cursor=cursor, title=title, media_type=media_type

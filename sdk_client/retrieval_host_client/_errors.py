@@ -117,8 +117,17 @@ class RetrievalHostTimeoutError(RetrievalHostConnectionError):
 
 
 class ClientClosedError(RetrievalHostError, RuntimeError):
-    """A call on a client after `close()` / `aclose()`: nothing was sent. Make a new client.
-    (A `RuntimeError` too, which is what such a call raised before.)"""
+    """The client or stream can no longer be used; nothing was sent. Raised by:
+
+    - a call on a client after `close()` / `aclose()` (or closed by another thread or task
+      while the call was being made): make a new client;
+    - a call on an `AsyncClient`, `aclose()` included, from another event loop than the one
+      that first used it (its connections belong to that loop, and `aclose()` from another
+      closes nothing): make one per `asyncio.run`, and close it in its loop;
+    - reading a run stream after its `with` block was left: read it inside the block.
+
+    A stream being read when its client closes ends with `RetrievalHostConnectionError`
+    instead. (A `RuntimeError` too, which is what such a call raised before.)"""
 
     code = "CLIENT_CLOSED"
 

@@ -69,7 +69,9 @@ class RunRetrieval(_Request):
 
     corpus: Identifier
     mode: Literal["off", "before", "tool"] = "before"
-    source_ids: Annotated[list[Identifier], Field(max_length=10_000)] | None = None
+    # A tuple, as every sequence in a request model: a type checker takes `("a", "b")`
+    # without pydantic's plugin, and the frozen model can be hashed (a list cannot be).
+    source_ids: Annotated[tuple[Identifier, ...], Field(max_length=10_000)] | None = None
     query: QueryText | None = None
     limit: Limit = 6
     max_context_bytes: Positive | None = 32_768

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import httpx
 import pytest
@@ -20,6 +20,7 @@ from retrieval_host_client import (
     ConflictError,
     ContextReplayUnavailableError,
     DescriptorMismatchError,
+    IndexRequest,
     NoRetrievalEvidenceError,
     Problem,
     ProtocolError,
@@ -27,11 +28,16 @@ from retrieval_host_client import (
     RunDeltaEvent,
     RunFailedEvent,
     RunProgressEvent,
+    RunRequest,
     RunResult,
+    RunRetrieval,
+    SearchRequest,
     SourceConflictError,
     StoreReadOnlyError,
 )
 from retrieval_host_client._responses import RunEventReader, check_run_result, error_for
+from retrieval_host_client.inspection_models import SourceListParams
+from retrieval_host_client.models import _Request
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_CODES = [
@@ -194,6 +200,38 @@ def test_responses_tolerate_new_fields_and_requests_forbid_them() -> None:
     assert result.model_extra == {"futureField": {"x": 1}}
     with pytest.raises(ValueError, match="extra"):
         retrieval_host_client.SearchRequest.model_validate({"corpus": "c", "query": "q", "k": 1})
+
+
+def _holds_a_list(annotation: object) -> bool:
+    return get_origin(annotation) is list or any(map(_holds_a_list, get_args(annotation)))
+
+
+def test_request_models_type_their_sequences_as_tuples() -> None:
+    # As the README says (`source_ids=("a", "b")`): a type checker without pydantic's plugin
+    # refused a tuple for a list-typed field, and a list made a frozen request unhashable.
+    requests: list[type[_Request]] = []
+    pending = [_Request]
+    while pending:
+        subclasses = pending.pop().__subclasses__()
+        requests += subclasses
+        pending += subclasses
+    assert {RunRetrieval, SearchRequest, IndexRequest, SourceListParams} <= set(requests)
+    listed = [
+        f"{model.__name__}.{name}"
+        for model in requests
+        for name, field in model.model_fields.items()
+        if _holds_a_list(field.annotation)
+    ]
+    assert listed == []
+    retrieval = RunRetrieval(corpus="library", source_ids=["a", "b"])  # lists still accepted
+    assert retrieval.source_ids == ("a", "b")
+    assert hash(retrieval) == hash(RunRetrieval(corpus="library", source_ids=("a", "b")))
+    # The wire format is unchanged: a JSON array, as SearchRequest's.
+    body = RunRequest(provider="local", model="m", input="q", retrieval=retrieval)
+    assert json.loads(body.model_dump_json(by_alias=True, exclude_unset=True))["retrieval"] == {
+        "corpus": "library",
+        "sourceIds": ["a", "b"],
+    }
 
 
 def test_the_two_shells_have_the_same_methods_and_signatures() -> None:

@@ -499,6 +499,34 @@ def test_an_async_client_used_from_a_second_event_loop_raises_client_closed(
             first_loop.call(client.aclose)
 
 
+def test_an_async_client_closed_from_a_second_event_loop_raises_client_closed(
+    client_host: RunningHost, client_world: World
+) -> None:
+    # Closing touches the pooled connections, which belong to the first loop: httpx closed
+    # them from this thread while that loop ran, and failed with a bare RuntimeError ("Event
+    # loop is closed") once it had ended. Refused, the pool is left as it was, so the client
+    # still works, and closes, in its own loop.
+    client = AsyncClient(
+        client_host.base_url, token=client_world.tokens["admin"], ca_bundle=client_world.tls.ca_file
+    )
+
+    async def search() -> int:
+        return len((await client.search_context(corpus=CORPUS, query="rotate")).hits)
+
+    with start_blocking_portal("asyncio") as first_loop:
+        try:
+            assert first_loop.call(search) > 0
+            with pytest.raises(ClientClosedError, match="close it in that loop") as caught:
+                asyncio.run(client.aclose())
+            assert caught.value.code == "CLIENT_CLOSED"
+            assert first_loop.call(search) > 0
+        finally:
+            first_loop.call(client.aclose)
+    asyncio.run(client.aclose())  # closed already: nothing left to close, from any loop
+    with pytest.raises(ClientClosedError, match="is closed"):
+        asyncio.run(search())
+
+
 def test_a_stream_kept_open_after_its_terminal_event_does_not_hold_the_call(
     connect: Connect, client_world: World
 ) -> None:

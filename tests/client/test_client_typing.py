@@ -3,6 +3,7 @@ mistyped field before anything runs, and each keyword set matches its request mo
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -55,23 +56,33 @@ USES = """
 """
 
 
-def test_a_type_checker_refuses_misspelled_and_mistyped_keywords(tmp_path: Path) -> None:
-    snippet = tmp_path / "uses.py"
-    snippet.write_text(textwrap.dedent(USES))
+def _mypy_errors(
+    snippet: Path, *options: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[str, int, list[tuple[int, str]]]:
+    """mypy --strict's report on `snippet`, its exit status, and (line, code) per error."""
     # In a process of its own: mypy raises the interpreter's recursion limit for good, and
     # other tests in this process rely on the default (deeply nested JSON refused).
     checked = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", str(snippet)],
+        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", *options, str(snippet)],
         capture_output=True,
         text=True,
         check=False,
+        cwd=cwd,
+        env=env,
     )
-    report, status = checked.stdout, checked.returncode
+    report = checked.stdout
     errors = sorted(
         (int(line.split(":")[1]), line.rsplit("[", 1)[1].rstrip("]"))
         for line in report.splitlines()
         if ": error: " in line
     )
+    return report, checked.returncode, errors
+
+
+def test_a_type_checker_refuses_misspelled_and_mistyped_keywords(tmp_path: Path) -> None:
+    snippet = tmp_path / "uses.py"
+    snippet.write_text(textwrap.dedent(USES))
+    report, status, errors = _mypy_errors(snippet)
     assert status == 1
     assert errors == [
         (6, "call-arg"),  # qeury
@@ -82,3 +93,40 @@ def test_a_type_checker_refuses_misspelled_and_mistyped_keywords(tmp_path: Path)
         (14, "call-arg"),  # top_k
         (15, "arg-type"),  # max_tokens="9"
     ], report
+
+
+DOCUMENTED = """
+    import contextlib
+
+    from retrieval_host_client import AsyncClient, Client, RunRetrieval, SearchRequest
+
+    def sequences() -> None:
+        SearchRequest(corpus="library", query="q", source_ids=("a", "b"))
+        RunRetrieval(corpus="library", source_ids=("a", "b"))
+        RunRetrieval(corpus="library", source_ids="ab")
+
+    def stop_early(client: Client) -> None:
+        with contextlib.closing(client.list_sources("library")) as sources:
+            next(sources)
+
+    async def stop_early_async(client: AsyncClient) -> None:
+        async with contextlib.aclosing(client.list_sources("library")) as sources:
+            async for _ in sources:
+                break
+"""
+
+
+def test_the_documented_forms_type_check_in_user_code_without_the_pydantic_plugin(
+    tmp_path: Path,
+) -> None:
+    # User code as an application has it: no config of this repository (so no pydantic
+    # plugin, which types model constructors loosely), and the client as an installed package
+    # whose own code is not reported (`--follow-imports=silent`).
+    snippet = tmp_path / "documented.py"
+    snippet.write_text(textwrap.dedent(DOCUMENTED))
+    client_root = Path(__file__).resolve().parents[2] / "sdk_client"
+    env = {**os.environ, "MYPYPATH": str(client_root)}
+    options = ("--config-file=", "--follow-imports=silent")
+    report, status, errors = _mypy_errors(snippet, *options, cwd=tmp_path, env=env)
+    assert status == 1
+    assert errors == [(9, "arg-type")], report  # a bare str is not a tuple of ids
