@@ -135,7 +135,11 @@ def quiet_stretch(held: HeldEmbedding) -> Iterator[None]:
     over = threading.Event()
 
     def release() -> None:
-        if held.entered.wait(timeout=30):
+        # Until the stretch starts, or the test is over without one (a stream cut before it).
+        while not held.entered.wait(timeout=0.05):
+            if over.is_set():
+                break
+        else:
             over.wait(timeout=QUIET_S)
         held.release.set()
 
@@ -198,12 +202,15 @@ def test_reads_wait_for_the_interval_discover_published(
     monkeypatch.setattr(_base, "DEFAULT_HEARTBEAT_S", 0.2)
     monkeypatch.setattr(_base, "HEARTBEAT_MARGIN_S", 0.1)
     with (
-        pytest.raises(RetrievalHostTimeoutError),
+        pytest.raises(RetrievalHostTimeoutError) as cut,
         quiet_stretch(quiet_host.held),
         quiet_client.stream_run(_run(f"{mode}-assumed")) as stream,
     ):
         stream.until_done()
-    assert quiet_host.held.entered.is_set(), "cut in the quiet stretch, not before it"
+    # A read of the stream timed out (not the connection): in the quiet stretch, or, on a busy
+    # machine, in a pause of over 0.3 s before it (the run's search; a wait on the stretch
+    # failed this test under load).
+    assert cut.value.request_sent
     # ... and once the host has said it beats every minute, the same silence is sat through.
     assert quiet_client.discover().limits.heartbeat_s == HEARTBEAT_S
     with quiet_stretch(quiet_host.held), quiet_client.stream_run(_run(f"{mode}-told")) as stream:
