@@ -64,6 +64,16 @@ _AUTHENTICATION_STATES: Final = frozenset({"28000", "28P01"})
 ANSWER_GRACE_S: Final = 5.0
 # How often a wait wakes to let signals in (psycopg's own default).
 _WAIT_INTERVAL_S: Final = 0.1
+# What PostgreSQL says when it has no connection slot for a new session (max_connections, the
+# reserved slots, a role's or database's limit). libpq gives a refused connection no SQLSTATE.
+_NO_SLOT: Final = (
+    "too many clients",
+    "too many connections",
+    "remaining connection slots are reserved",
+)
+# How long a pool refused a connection for want of a slot waits for its own lent connections
+# before it asks the server for a new one again.
+_NO_SLOT_RETRY_S: Final = 1.0
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -214,6 +224,8 @@ class ConnectionPool:
         self._idle: list[Connection] = []
         self._lent: set[Connection] = set()
         self._open = 0
+        # Until then, a pool the server refused a connection for want of slots opens none.
+        self._no_slot_until = 0.0
         self._closed = False
         self._cond = threading.Condition()
 
@@ -246,7 +258,24 @@ class ConnectionPool:
             conn.close()
 
     def _acquire(self) -> Connection:
+        """An idle connection, a new one while fewer than `size` are open, or the first one
+        returned within the acquire timeout (`BUSY` after it). A server out of connection
+        slots (other replicas' pools hold them) refusing a new one is waited out the same way
+        while this pool holds others: a probe's searches failed at once although the host's
+        own connections came free within milliseconds."""
         deadline = time.monotonic() + self._timeout
+        while True:
+            conn = self._lend_or_reserve(deadline)
+            if conn is not None:
+                return conn
+            try:
+                return self._connect()
+            except _NoSlot:
+                continue  # wait for a connection this pool lent
+
+    def _lend_or_reserve(self, deadline: float) -> Connection | None:
+        """An idle connection, or None with a slot reserved for a new one (`_open` counts
+        it): wait for either until `deadline`."""
         with self._cond:
             while True:
                 if self._closed:
@@ -258,9 +287,10 @@ class ConnectionPool:
                         return idle
                     self._open -= 1
                     idle.close()  # no I/O to speak of: the server already closed its side
-                if self._open < self._size:
+                waiting = self._open > 0 and time.monotonic() < self._no_slot_until
+                if self._open < self._size and not waiting:
                     self._open += 1
-                    break
+                    return None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RetrievalError(
@@ -268,10 +298,18 @@ class ConnectionPool:
                         "no database connection became free in time.",
                         reason=StoreUnavailableReason.BUSY,
                     )
-                self._cond.wait(left)
+                self._cond.wait(min(left, _NO_SLOT_RETRY_S) if waiting else left)
+
+    def _connect(self) -> Connection:
+        """A new connection, set up, in the slot `_lend_or_reserve` reserved."""
         try:
             with translated("connecting to the database"):
-                bounded = _Connection.connect(self._conninfo, autocommit=True)
+                try:
+                    bounded = _Connection.connect(self._conninfo, autocommit=True)
+                except psycopg.OperationalError as exc:
+                    if any(words in str(exc) for words in _NO_SLOT):
+                        raise _NoSlot from None
+                    raise
                 bounded.answer_timeout_s = self._answer_timeout
                 conn: Connection = bounded
                 with self._cond:  # lent from here: a close shuts it even during `setup`
@@ -285,6 +323,19 @@ class ConnectionPool:
                         self._lent.discard(conn)
                     conn.close()
                     raise
+        except _NoSlot:
+            with self._cond:
+                self._open -= 1
+                self._cond.notify()
+                if self._open > 0:
+                    self._no_slot_until = time.monotonic() + _NO_SLOT_RETRY_S
+                    raise
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                "the database has no connection slot free for this host (its max_connections "
+                "or a role's or database's connection limit, taken by other clients).",
+                reason=StoreUnavailableReason.BUSY,
+            ) from None
         except BaseException:
             with self._cond:
                 self._open -= 1
@@ -306,6 +357,10 @@ class ConnectionPool:
             self._cond.notify()
         if not keep:
             conn.close()
+
+
+class _NoSlot(Exception):
+    """The server refused a new connection for want of a slot."""
 
 
 def _shut(conn: Connection) -> None:
