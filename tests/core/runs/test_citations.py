@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import threading
 import unicodedata
 from typing import Any
 
@@ -16,7 +17,7 @@ from retrieval_host.core.models import Location
 from retrieval_host.core.run_ports import EvidencePassage
 from retrieval_host.core.runs import citations
 from retrieval_host.core.runs.citations import check_citations
-from retrieval_host.core.runs_model import CitationPolicy, CitedSource, QuoteCheck
+from retrieval_host.core.runs_model import CitationPolicy, CitationReport, CitedSource, QuoteCheck
 
 EVIDENCE = {
     "battery-1": EvidencePassage(
@@ -359,3 +360,31 @@ def test_the_pattern_search_work_of_one_answer_is_bounded_and_fails_safe(
         check_citations(answer, pdf_evidence(passage), CHECK)
     assert excinfo.value.reason == "quote-not-in-passage"
     assert 0 < len(counter.scanned) - before <= citations._PATTERN_BUDGET // (450 * per_character)
+
+
+@pytest.mark.parametrize("opener", ["“", "«", '"'])
+def test_a_long_run_of_unclosed_quote_marks_is_checked_in_linear_time(opener: str) -> None:
+    """Probe S: 60,000 `“` without a `”` before a marker froze a host for 64 s (the quote's
+    text could hold its own opener, so it was matched from each mark to the line's end). On a
+    thread with a bound far above the linear time (0.04 s for 200,000 marks) and far below the
+    quadratic one (minutes)."""
+    text = opener * 100_000 + " [source:battery-1]"
+    done: list[CitationReport] = []
+    checker = threading.Thread(
+        target=lambda: done.append(check_citations(text, EVIDENCE, CitationPolicy())),
+        daemon=True,
+    )
+    checker.start()
+    checker.join(timeout=30)
+    assert done, "the check did not finish within 30 s"
+    assert [cited.id for cited in done[0].cited] == ["battery-1"]
+
+
+def test_of_nested_quotes_the_innermost_is_checked() -> None:
+    report = check_citations(
+        "He wrote “the report says “1,200 charge cycles” here” [source:battery-1]",
+        EVIDENCE,
+        CitationPolicy(quotes=True),
+    )
+    (cited,) = report.cited
+    assert [check.text for check in cited.quotes] == ["1,200 charge cycles"]
