@@ -292,7 +292,9 @@ def _answer(driver: Driver) -> None:
 def curl_commands(state_dir: Path, port: int, *, container: bool = False) -> list[tuple[str, str]]:
     """(what, command) pairs that work verbatim in a POSIX shell from the current directory:
     the CA, token and note in `state_dir`, or, for a container's host side, `ca.pem` and
-    `my-note.md` saved here and the token in `$TOKEN`."""
+    `my-note.md` saved here and the token in `$TOKEN`. The header reaches curl on its standard
+    input (`-H @-`) from the shell's own `printf`: in curl's arguments the token could be read
+    by every local user in `/proc/PID/cmdline` while curl runs (probe S)."""
     if container:
         ca, bearer, note = "ca.pem", "$TOKEN", "my-note.md"
     else:
@@ -300,7 +302,8 @@ def curl_commands(state_dir: Path, port: int, *, container: bool = False) -> lis
         bearer = f"$(cat {_display(state_dir / 'token')})"
         note = _display(state_dir / "my-note.md")
     base = f"https://127.0.0.1:{port}"
-    auth = f'-H "Authorization: Bearer {bearer}"'
+    header = f"printf 'Authorization: Bearer %s\\n' \"{bearer}\" | "
+    auth = "-H @-"
     search = json.dumps({"corpus": CORPUS, "query": DEMO_QUESTION}, separators=(",", ":"))
     delete = json.dumps(
         {"corpus": CORPUS, "sourceId": "my-note", "revision": "1"}, separators=(",", ":")
@@ -319,21 +322,24 @@ def curl_commands(state_dir: Path, port: int, *, container: bool = False) -> lis
         ("Discover the protocol (no token needed)", f"curl --cacert {ca} {base}/v1/protocol"),
         (
             "Search the sample documents",
-            f"curl --cacert {ca} {auth} {base}/v1/retrieval/search {json_type} -d '{search}'",
+            f"{header}curl --cacert {ca} {auth} {base}/v1/retrieval/search {json_type} "
+            f"-d '{search}'",
         ),
         (
             "Ask a grounded question, streamed as Server-Sent Events",
-            f"curl -N --cacert {ca} {auth} -H 'Accept: text/event-stream' {base}/v1/runs "
+            f"{header}curl -N --cacert {ca} {auth} -H 'Accept: text/event-stream' {base}/v1/runs "
             f"{json_type} -d '{run}'",
         ),
         (
             "Ingest a document (the raw file is the body)",
-            f"curl --cacert {ca} {auth} -H 'Content-Type: text/markdown' --data-binary @{note} "
+            f"{header}curl --cacert {ca} {auth} -H 'Content-Type: text/markdown' "
+            f"--data-binary @{note} "
             f"'{base}/v1/retrieval/ingest?corpus={CORPUS}&sourceId=my-note&revision=1'",
         ),
         (
             "Delete it again (deletes name the exact revision)",
-            f"curl --cacert {ca} {auth} {base}/v1/retrieval/delete {json_type} -d '{delete}'",
+            f"{header}curl --cacert {ca} {auth} {base}/v1/retrieval/delete {json_type} "
+            f"-d '{delete}'",
         ),
     ]
 
