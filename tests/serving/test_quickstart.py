@@ -58,10 +58,10 @@ def test_quickstart_serves_and_every_printed_curl_command_works(tmp_path: Path) 
         assert "Q: How do I rotate a token?" in output
         assert "[source:" in output  # the cited passage shown before serving
         commands = [line.strip() for line in lines if line.strip().startswith(("curl ", "printf "))]
-        for command in commands[1:]:
+        for authorized in commands[1:]:
             # The token reaches curl on its standard input, never among its arguments (every
             # local user may read those in /proc/PID/cmdline while it runs; probe S).
-            printed, _, curl = command.partition(" | curl ")
+            printed, _, curl = authorized.partition(" | curl ")
             assert printed.startswith("printf 'Authorization: Bearer %s\\n' ") and "-H @-" in curl
             assert "Authorization" not in curl and "state/token" not in curl
         assert "Extractive answer" in output  # the grounded run shown before serving
