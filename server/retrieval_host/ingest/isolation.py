@@ -29,6 +29,14 @@ Each worker:
   its size after start-up, or after `MAX_TASKS` tasks; a killed or retired worker is replaced
   on next use.
 
+Logging: a worker writes nothing to stderr itself (the host's stream of JSON lines). Every
+record it logs (its own, a library's, a `warnings` warning) is collected, at most
+`MAX_LOG_RECORDS` per document, and sent back with the document's outcome; the host logs each
+through its own configuration, so it is one JSON line like any other (probe S, session 38: a
+PDF's font name holding line feeds printed a forged JSON line through Python's last-resort
+handler). A traceback travels as its frames and exception types only: an exception's message
+may quote the document. A worker killed mid-parse takes its records with it.
+
 What runs in the worker: extraction always, and chunking too when the corpus's embedding
 adapter can describe its token counter as a picklable recipe (`portable_token_counter()`,
 which `LocalEmbedding` provides: the worker loads the same pinned tokenizer file). Otherwise
@@ -47,6 +55,7 @@ import resource
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -79,6 +88,8 @@ DEFAULT_WORKERS: Final = 2
 MEMORY_HEADROOM_BYTES: Final = 1024 * MiB
 RECYCLE_RSS_BYTES: Final = 256 * MiB
 MAX_TASKS: Final = 500
+# Log records one document may leave (pypdf logs an error per damaged font: a file's volume).
+MAX_LOG_RECORDS: Final = 20
 
 _log = logging.getLogger(__name__)
 
@@ -113,6 +124,11 @@ class ParseTask:
     limits: IngestLimits
     counter: CounterRecipe | None
     cpu_seconds: int
+
+
+# A log record from a worker: logger name, level, time created, message, and the traceback
+# (frames and exception types) if it had one.
+WorkerRecord = tuple[str, int, float, str, str | None]
 
 
 @dataclass
@@ -215,9 +231,10 @@ class ParsePool:
             ready = multiprocessing.connection.wait([worker.conn, sentinel], timeout=POLL_S)
             if worker.conn in ready:
                 try:
-                    outcome, retire = worker.conn.recv()
+                    outcome, retire, records = worker.conn.recv()
                 except (EOFError, OSError):
                     raise self._ended(worker, cancel) from None
+                _log_records(records)
                 self.counters.tasks += 1
                 if retire:
                     self.counters.retired += 1
@@ -292,7 +309,13 @@ class ParsePool:
         for attempt in range(1, START_ATTEMPTS + 1):
             process = context.Process(
                 target=_worker_main,
-                args=(child, self._memory, self._recycle, self._max_tasks),
+                args=(
+                    child,
+                    self._memory,
+                    self._recycle,
+                    self._max_tasks,
+                    logging.getLogger("retrieval_host").getEffectiveLevel(),
+                ),
                 name="parse-worker",
                 daemon=True,
             )
@@ -315,13 +338,99 @@ class ParsePool:
         return _Worker(process, parent)
 
 
+def _log_records(records: Sequence[WorkerRecord]) -> None:
+    """Log a worker's records here, through the host's handlers and levels."""
+    for name, level, created, message, error in records:
+        logger = logging.getLogger(name)
+        if not logger.isEnabledFor(level):
+            continue
+        attributes: dict[str, object] = {
+            "name": name,
+            "levelno": level,
+            "levelname": logging.getLevelName(level),
+            "msg": message,
+            "created": created,
+        }
+        if error is not None:
+            attributes["fields"] = {"error": error}
+        logger.handle(logging.makeLogRecord(attributes))
+
+
 # --- the worker process ----------------------------------------------------------------------
 
 
-def _worker_main(conn: Connection, memory_headroom: int, recycle_rss: int, max_tasks: int) -> None:
+class _Collector(logging.Handler):
+    """Every record the worker logs, kept for the host (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[WorkerRecord] = []
+        self.dropped = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) >= MAX_LOG_RECORDS:
+            self.dropped += 1
+            return
+        try:
+            message = record.getMessage()
+            error = None if record.exc_info is None else _frames_only(record.exc_info[1])
+        except Exception:  # never a raw line on stderr, which `handleError` would print
+            message, error = f"a log record of {record.name} could not be formatted", None
+        self.records.append((record.name, record.levelno, record.created, message, error))
+
+    def take(self) -> list[WorkerRecord]:
+        """The records since the last call, and a note of those dropped."""
+        records, self.records = self.records, []
+        if self.dropped:
+            note = f"{self.dropped} more log records of the parse worker were dropped"
+            records.append((__name__, logging.WARNING, time.time(), note, None))
+            self.dropped = 0
+        return records
+
+
+def _frames_only(exc: BaseException | None) -> str | None:
+    """A traceback as Python prints it, less the exceptions' messages and notes: a parser's
+    exception may quote the document (a key or name it read), and no document text is
+    logged (`http/logs.py`)."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if not chain:
+        return None
+    parts = [
+        "Traceback (most recent call last):\n"
+        + "".join(traceback.format_tb(e.__traceback__))
+        + f"{type(e).__module__}.{type(e).__qualname__}"
+        for e in reversed(chain)
+    ]
+    return "\n\nwhich led to\n\n".join(parts)
+
+
+def _collect_logs(level: int) -> _Collector:
+    """Send every record of this process to a collector: the host's own levels for its
+    loggers, warning for libraries (as `http/logs.py` configures the host)."""
+    collector = _Collector()
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(collector)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("retrieval_host").setLevel(level)
+    # A logger that does not propagate and has no handler would reach the last-resort
+    # handler, which writes the bare message to stderr; a warning would be printed there.
+    logging.lastResort = collector
+    logging.captureWarnings(True)
+    return collector
+
+
+def _worker_main(
+    conn: Connection, memory_headroom: int, recycle_rss: int, max_tasks: int, log_level: int
+) -> None:
     # The host decides when a worker stops (SIGKILL); Ctrl+C on the host's terminal reaches
     # the whole process group and must not kill a worker mid-answer.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logs = _collect_logs(log_level)
     # One thread: the tokenizer's thread pool would multiply the address space (an arena per
     # thread) and compete with the host's own threads for the same cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -335,7 +444,7 @@ def _worker_main(conn: Connection, memory_headroom: int, recycle_rss: int, max_t
         except (EOFError, OSError):
             return
         except MemoryError:  # the document alone does not fit under the limit
-            conn.send((("error", _memory_error()), True))
+            conn.send((("error", _memory_error()), True, logs.take()))
             return
         _arm_cpu_limit(task.cpu_seconds)
         retire = done == max_tasks
@@ -359,10 +468,11 @@ def _worker_main(conn: Connection, memory_headroom: int, recycle_rss: int, max_t
             baseline_rss = rss  # after the first task: the tokenizer is loaded by then
         elif rss > baseline_rss + recycle_rss:
             retire = True
+        records = logs.take()
         try:
-            conn.send((outcome, retire))
+            conn.send((outcome, retire, records))
         except MemoryError:
-            conn.send((("error", _memory_error()), True))
+            conn.send((("error", _memory_error()), True, []))
             return
         if retire:
             return

@@ -89,11 +89,15 @@ class _Noted(threading.local):
 class _PypdfLog(logging.Handler):
     """pypdf's log. It logs every repair it makes to a damaged file as a warning: for uploaded
     files that is log volume an attacker controls (one line per broken object), so warnings
-    are dropped and errors passed on. Two warnings matter, each noted for the thread that
-    reads: text extraction gave up on a page's form XObjects past its invocation bound and
-    returned the text before them (`skipped_forms`); and a Flate stream failed to inflate,
-    for which pypdf logs zlib's error ("Error -3 while decompressing data: invalid code
-    lengths set") and returns only the bytes before the damage, often none (`damaged_stream`).
+    are dropped. Errors are logged as pypdf's message template, not its arguments, which are
+    what it read from the file (a font's `/Encoding` name holding line feeds once forged log
+    lines, probe S, session 38; no document text is logged, `http/logs.py`); a message given
+    without arguments only by the module that logged it. Two warnings matter, each noted for
+    the thread that reads: text extraction gave up on a page's form XObjects past its
+    invocation bound and returned the text before them (`skipped_forms`); and a Flate stream
+    failed to inflate, for which pypdf logs zlib's error ("Error -3 while decompressing data:
+    invalid code lengths set") and returns only the bytes before the damage, often none
+    (`damaged_stream`).
     """
 
     def __init__(self) -> None:
@@ -102,7 +106,9 @@ class _PypdfLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.ERROR:
-            _log.handle(record)
+            # A message without arguments may have been formatted by pypdf itself.
+            what = str(record.msg) if record.args else "an error (it may quote the file)"
+            _log.error("%s: %s", record.name, what)
         elif "form XObject invocations" in str(record.msg):
             self.noted.skipped_forms = True
         elif record.name == "pypdf.filters" and "while decompressing" in str(record.msg):
