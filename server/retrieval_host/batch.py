@@ -31,6 +31,10 @@ unique across directories), else the file name. A file named twice is ingested o
 different files mapping to one id, or a file outside `root`, are refused before anything is
 ingested.
 
+Each file is read from one descriptor opened without blocking: a regular file, the one listed
+(`ListedFile`: below its folder, through no link), else `skipped` with the reason (probe S: a
+listed file swapped for a link indexed a file outside the folder; for a FIFO, hung the batch).
+
 A cancel (the caller's token, or a `KeyboardInterrupt` reaching the waiting thread) starts no
 further file and cancels the token of every file in flight, so each stops at its next cancel
 check (the parse worker is killed, embedding stops between slices) and none commits after it,
@@ -40,12 +44,14 @@ unless it was already committing. The report then lists those files `cancelled`
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import stat
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -104,7 +110,8 @@ class JournalInUseError(JournalError):
 
 @dataclass(frozen=True)
 class BatchItem:
-    """What happened to one file. `skipped` means the journal already recorded it done;
+    """What happened to one file. `skipped` means the journal already recorded it done (or,
+    with a `reason`, that the path no longer names the regular file listed, `ListedFile`);
     `cancelled` that the batch was cancelled before the file committed (`reason`: `in-flight`,
     stopped before its commit, or `not-started`); a rerun ingests it."""
 
@@ -128,6 +135,16 @@ class BatchReport:
 
     def count(self, status: Status) -> int:
         return sum(1 for item in self.items if item.status == status)
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """Which file a path named when the caller listed it (`st_dev`, `st_ino`), and the folder
+    it was found in, below which no link is followed (None: a path named as is, taken as given)."""
+
+    device: int
+    inode: int
+    folder: Path | None = None
 
 
 def source_id_for(path: Path, root: Path | None) -> str:
@@ -168,6 +185,7 @@ def ingest_paths(
     deadline_s: float | None = None,
     idle_timeout_s: float | None = None,
     in_flight: int | None = None,
+    listed: Mapping[Path, ListedFile] | None = None,
 ) -> BatchReport:
     """Ingest `paths` into `corpus`, `in_flight` files at a time (see the module docstring).
 
@@ -187,7 +205,8 @@ def ingest_paths(
     `context` starts no further file, aborts the files in flight before they commit, and
     returns the report with `cancelled=True`; a `KeyboardInterrupt` in the calling thread
     aborts them the same way and is raised once they have stopped. Errors that are not about
-    one file stop the batch the same way and are raised.
+    one file stop the batch the same way and are raised. `listed`: which file each path named
+    when the caller listed it (a path not in it is taken as given: see the module docstring).
     """
     planned = _plan(paths, root)
     with _Journal(journal_path) as journal:
@@ -197,7 +216,8 @@ def ingest_paths(
         def one(path: Path, source_id: str) -> BatchItem:
             token = LinkedCancel(batch, idle_timeout_s)
             scoped = replace(context, cancel=token)
-            return _one(driver, corpus, path, source_id, scoped, done, journal, deadline_s)
+            known = listed.get(path) if listed else None
+            return _one(driver, corpus, path, source_id, known, scoped, done, journal, deadline_s)
 
         finished: dict[int, BatchItem] = {}
         failure: BaseException | None = None
@@ -299,6 +319,7 @@ def _one(
     corpus: str,
     path: Path,
     source_id: str,
+    listed: ListedFile | None,
     context: RequestContext,
     done: dict[tuple[str, str], str],
     journal: _Journal,
@@ -307,9 +328,9 @@ def _one(
     name = str(path)
     try:
         media_type = media_type_for_path(path)
-        if path.stat().st_size > driver.ingest_limits.max_bytes:
-            raise too_large("bytes", f"the file is larger than {driver.ingest_limits.max_bytes}.")
-        data = path.read_bytes()
+        data = _read(path, listed, driver.ingest_limits.max_bytes)
+    except _NotListed as exc:
+        return BatchItem(name, source_id, "skipped", reason=str(exc))
     except RetrievalError as exc:
         return _failed(journal, corpus, name, source_id, None, exc)
     except OSError:
@@ -344,6 +365,52 @@ def _one(
         }
     )
     return BatchItem(name, source_id, result.status, result.source.revision, result.chunk_count)
+
+
+class _NotListed(Exception):
+    """The path no longer names the regular file listed: skipped, with the reason."""
+
+
+_CHANGED: Final = "changed since it was listed"
+# Never blocks: opening a FIFO for reading waits for a writer, in the kernel, past SIGTERM.
+_OPEN_FILE: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+_OPEN_FOLDER: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _read(path: Path, listed: ListedFile | None, max_bytes: int) -> bytes:
+    """The bytes of the file `path` names, read from one descriptor: a regular file, the one
+    listed (`_NotListed` else), at most `max_bytes` (`too_large` else); OSError if unreadable."""
+    with open(_open(path, listed), "rb") as file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise _NotListed("not a regular file")
+        if listed is not None and (status.st_dev, status.st_ino) != (listed.device, listed.inode):
+            raise _NotListed(_CHANGED)
+        if status.st_size <= max_bytes:
+            data = file.read(max_bytes + 1)  # bounded: the file may grow as it is read
+            if len(data) <= max_bytes:
+                return data
+    raise too_large("bytes", f"the file is larger than {max_bytes}.")
+
+
+def _open(path: Path, listed: ListedFile | None) -> int:
+    """The file's descriptor: a path named as is, as given; else from its folder, via no link."""
+    if listed is None or listed.folder is None:
+        return os.open(path, _OPEN_FILE)
+    *folders, name = path.relative_to(listed.folder).parts
+    fd = os.open(listed.folder, _OPEN_FOLDER & ~os.O_NOFOLLOW)  # the folder named: as given
+    try:
+        for folder in folders:
+            below = os.open(folder, _OPEN_FOLDER, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return os.open(name, _OPEN_FILE | os.O_NOFOLLOW, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link now, or a folder above it is
+            raise _NotListed(_CHANGED) from None
+        raise
+    finally:
+        os.close(fd)
 
 
 def _holds(

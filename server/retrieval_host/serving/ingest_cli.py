@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import os
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,6 +53,7 @@ from retrieval_host.batch import (
     BatchItem,
     BatchReport,
     JournalError,
+    ListedFile,
     ingest_paths,
     source_id_for,
 )
@@ -72,12 +74,14 @@ from retrieval_host.settings import (
 @dataclass(frozen=True)
 class FilePlan:
     """What the paths name: files to ingest, files set aside (path, reason), paths that do
-    not exist, and the root source ids are relative to (the directory, when one is given)."""
+    not exist, the root source ids are relative to (the directory, when one is given), and
+    which file each file to ingest was when listed (the batch reads that one or none)."""
 
     files: list[Path]
     set_aside: list[tuple[Path, str]]
     missing: list[Path]
     root: Path | None
+    listed: dict[Path, ListedFile]
 
 
 def plan_files(paths: Sequence[Path]) -> FilePlan:
@@ -87,8 +91,10 @@ def plan_files(paths: Sequence[Path]) -> FilePlan:
     the folder does not hold, and one to a file inside it would index that file twice (under
     two source ids). Each is set aside with what it points at. A path named on the command
     line is taken as given, link or not. A file reached twice (named twice, or named and in a
-    folder named too) is planned once."""
+    folder named too) is planned once. Links are checked here, but a writer of the folder can
+    swap a file for one later: the batch reads only the file listed (`ListedFile`)."""
     files: list[Path] = []
+    listed: dict[Path, ListedFile] = {}
     set_aside: list[tuple[Path, str]] = []
     missing: list[Path] = []
     given: dict[Path, Path] = {}
@@ -99,9 +105,9 @@ def plan_files(paths: Sequence[Path]) -> FilePlan:
             given.setdefault(path.resolve(), path)
     seen: set[Path] = set()
     for path in given.values():
-        candidates, links = _walk(path) if path.is_dir() else ([path], [])
+        candidates, links = _walk(path) if path.is_dir() else (_named(path), [])
         set_aside.extend(links)
-        for candidate in candidates:
+        for candidate, identity in candidates:
             resolved = candidate.resolve()
             if resolved in seen:
                 continue
@@ -113,14 +119,21 @@ def plan_files(paths: Sequence[Path]) -> FilePlan:
                 set_aside.append((candidate, f"unsupported type ({suffix})"))
                 continue
             files.append(candidate)
+            listed[candidate] = identity
     unique = list(given.values())
     root = unique[0] if len(unique) == 1 and unique[0].is_dir() and not missing else None
-    return FilePlan(files, set_aside, missing, root)
+    return FilePlan(files, set_aside, missing, root, listed)
 
 
-def _walk(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+def _named(path: Path) -> list[tuple[Path, ListedFile]]:
+    """A path named on the command line: the file it names now, link or not."""
+    status = path.stat()
+    return [(path, ListedFile(status.st_dev, status.st_ino))]
+
+
+def _walk(folder: Path) -> tuple[list[tuple[Path, ListedFile]], list[tuple[Path, str]]]:
     """The regular files under `folder`, in path order, and its links with their reasons."""
-    files: list[Path] = []
+    files: list[tuple[Path, ListedFile]] = []
     links: list[tuple[Path, str]] = []
     top = folder.resolve()
     # followlinks=False: a link to a folder is listed among the folders, not entered.
@@ -128,11 +141,15 @@ def _walk(folder: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
         here = Path(directory)
         for name in (*folders, *names):
             entry = here / name
-            if entry.is_symlink():
+            try:
+                status = entry.lstat()  # one look: the type and the file it is (device, inode)
+            except OSError:
+                continue  # gone since the folder was read
+            if stat.S_ISLNK(status.st_mode):
                 links.append((entry, _link_reason(entry, top)))
-            elif name in names and entry.is_file():  # not a FIFO, socket or device
-                files.append(entry)
-    return sorted(files), sorted(links)
+            elif name in names and stat.S_ISREG(status.st_mode):  # not a FIFO, socket, device
+                files.append((entry, ListedFile(status.st_dev, status.st_ino, folder)))
+    return sorted(files, key=lambda found: found[0]), sorted(links)
 
 
 def _link_reason(link: Path, top: Path) -> str:
@@ -175,7 +192,8 @@ def too_large(files: Sequence[Path], max_bytes: int) -> list[tuple[Path, str]]:
 def item_line(item: BatchItem) -> str:
     detail = f"{item.chunk_count} passages" if item.chunk_count is not None else ""
     if item.status == "skipped":
-        detail = "done in an earlier run (journal)"
+        # With a reason, the file is not the one listed any more (swapped for a link, a FIFO).
+        detail = item.reason or "done in an earlier run (journal)"
     elif item.status == "cancelled":
         detail = "stopped before its commit" if item.reason == IN_FLIGHT else "not started"
     if item.error_code is not None:
@@ -403,6 +421,7 @@ def run_ingest(
                     root=plan.root,
                     deadline_s=settings.limits.ingest_deadline_s,
                     idle_timeout_s=None if idle_ms is None else idle_ms / 1000,
+                    listed=plan.listed,
                 )
     except JournalError as exc:
         print(f"retrieval-host: {exc}", file=err)
