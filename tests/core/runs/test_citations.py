@@ -380,11 +380,30 @@ def test_a_long_run_of_unclosed_quote_marks_is_checked_in_linear_time(opener: st
     assert [cited.id for cited in done[0].cited] == ["battery-1"]
 
 
-def test_of_nested_quotes_the_innermost_is_checked() -> None:
+def test_a_quote_runs_to_the_next_closing_mark_so_invented_outer_text_fails() -> None:
+    """Review V: `“X “Y””` checked only `Y` for a while, so invented text around a real
+    fragment passed; a quote runs from its opener to the next closer, openers included."""
+    policy = CitationPolicy(quotes=True)
+    nested = "“it lasts forever “1,200 charge cycles”” [source:battery-1]"
+    with pytest.raises(RetrievalError) as invented:
+        check_citations(nested, EVIDENCE, policy)
+    assert invented.value.reason == "quote-not-in-passage"
     report = check_citations(
-        "He wrote “the report says “1,200 charge cycles” here” [source:battery-1]",
-        EVIDENCE,
-        CitationPolicy(quotes=True),
+        "«measured «battery lifetime» [source:battery-1]", EVIDENCE, citations.MARKERS_ONLY
     )
-    (cited,) = report.cited
-    assert [check.text for check in cited.quotes] == ["1,200 charge cycles"]
+    assert [check.text for check in report.cited[0].quotes] == ["measured «battery lifetime"]
+    assert not report.cited[0].quotes[0].found
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_quotes_are_found_as_the_regular_expression_finds_them(seed: int) -> None:
+    """The scan gives what `finditer` of the expression it replaced gives, in linear time."""
+    expression = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|«([^»\n]+)»')
+    rng = random.Random(seed)
+    for _ in range(3_000):
+        text = "".join(rng.choice('ab "“”«»\n') for _ in range(rng.randint(0, 30)))
+        expected = [
+            (m.start(), next(g for g in m.groups() if g is not None))
+            for m in expression.finditer(text)
+        ]
+        assert list(citations._quotes(text)) == expected, text

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Final
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
@@ -70,11 +70,11 @@ MARKERS_ONLY: Final = CitationPolicy(require=False, quotes=False)
 # spaces around `source`, opens a marker; one that is not `[source:ID]` is malformed.
 _OPEN: Final = re.compile(r"\[\s*source\s*:", re.IGNORECASE)
 _WELL_FORMED: Final = re.compile(r"\[source:([^\[\]\s]+)\]")
-# A quote's text holds neither of its marks: with the opener allowed inside, a run of `“`
-# without a `”` was matched from each of its marks to the line's end, in quadratic time under
-# the interpreter lock (60,000 of them froze a host for 64 s; probe S). The innermost of nested
-# quotes is the one checked.
-_QUOTE: Final = re.compile(r'"([^"\n]+)"|“([^“”\n]+)”|«([^«»\n]+)»')
+# A quote runs from its opening mark to the next closing mark on its line (openers inside it
+# are its text: of `“X “Y”` all of `X “Y` must be in the passage). Found by a scan, not the
+# regular expression `“([^”\n]+)”`, which was tried from each of a run of unclosed `“` to the
+# line's end: quadratic under the interpreter lock (60,000 froze a host for 64 s; probe S).
+_QUOTE_MARKS: Final = {'"': '"', "“": "”", "«": "»"}
 # A hyphen at a line end between word characters, where a PDF's text breaks a word or a range.
 # In a folded passage each becomes `_BREAK` (between two letters: the word joined or
 # hyphenated) or `_KEPT_HYPHEN` (else: hyphenated only), characters folding first removes from
@@ -143,6 +143,32 @@ _PATTERN_BUDGET: Final = 100_000_000
 _COMPILE_WORK: Final = 2_500
 
 
+def _quotes(text: str) -> Iterator[tuple[int, str]]:
+    """(position, text) of each quote in `text`, in order, as the expression
+    `"([^"\n]+)"|“([^”\n]+)”|«([^»\n]+)»` finds them, in linear time: an opener whose closing
+    mark is not on its line is remembered as such until the line's end, so no later opener of
+    its kind on that line is searched from again."""
+    hopeless: dict[str, int] = {}  # opener -> the line end before which it cannot close
+    i, end, line_end = 0, len(text), -1
+    while i < end:
+        close = _QUOTE_MARKS.get(text[i])
+        if close is None or i < hopeless.get(text[i], -1):
+            i += 1
+            continue
+        if line_end < i:
+            line_end = text.find("\n", i)
+            line_end = end if line_end < 0 else line_end
+        j = text.find(close, i + 1, line_end)
+        if j < 0:
+            hopeless[text[i]] = line_end
+            i += 1
+        elif j == i + 1:  # an empty quote is none: its closer may open the next
+            i += 1
+        else:
+            yield i, text[i + 1 : j]
+            i = j + 1
+
+
 def check_citations(
     text: str, evidence: Mapping[str, EvidencePassage], policy: CitationPolicy
 ) -> CitationReport:
@@ -173,15 +199,14 @@ def check_citations(
         offset = segment_start if line_break < 0 else line_break + 1
         stretch = text[offset : opening.start()]
         checks = quotes.setdefault(handle, [])
-        for quoted in _QUOTE.finditer(stretch):
-            said = next(g for g in quoted.groups() if g is not None)
+        for start, said in _quotes(stretch):
             if handle not in folded:
                 folded[handle] = _FoldedPassage(passage.text)
             verdict = folded[handle].holds(_folded(said), budget)
             if not verdict and policy.quotes:
                 # Only positions in the detail: problem bodies carry no generated text.
                 where = (
-                    f"the quote at character {offset + quoted.start()} of the answer, next to "
+                    f"the quote at character {offset + start} of the answer, next to "
                     f"[source:{handle}],"
                 )
                 raise _invalid(
