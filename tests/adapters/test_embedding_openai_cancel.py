@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import trustme
 
+from retrieval_host.adapters import _openai_http
 from retrieval_host.adapters.embedding_openai import OpenAIEmbedding
 from retrieval_host.adapters.sqlite import SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
@@ -39,6 +40,7 @@ from tests.support.fake_openai import (
     fake_token_count,
     fake_vector,
 )
+from tests.support.fake_openai import _embeddings as answer_embeddings
 from tests.support.host import wait_until
 
 MODEL = "text-embedding-3-small"
@@ -219,6 +221,61 @@ def test_overlapping_calls_get_connections_of_their_own(server: FakeOpenAI, make
     assert codes == [ErrorCode.CANCELLED]
     assert connections(server) == 2
     assert adapter.embed(TEXTS, CancelToken()).usage.requests == 1  # a lane of each still works
+
+
+def test_a_kept_alive_connection_closed_as_a_call_begins_is_replaced_once(
+    server: FakeOpenAI, make: Factory
+) -> None:
+    """Review V: a service closing an idle connection just as the next call arrived on it
+    failed that call (`connection-failed`); it is sent again once on a new connection. A
+    failure on a connection made for the call is not retried."""
+
+    def drop_the_second(server: FakeOpenAI, request: RecordedRequest, number: int) -> Reply:
+        return Reply(drop=True) if number == 2 else answer_embeddings(server, request, number)
+
+    server.route("POST", EMBEDDINGS_PATH, drop_the_second)
+    adapter = make()
+    adapter.embed(TEXTS, CancelToken())
+    assert adapter.embed(TEXTS, CancelToken()).usage.requests == 1
+    assert server.embedding_requests_count == 3  # the dropped one, and once again
+    assert connections(server) == 2
+
+    server.set_mode("drop-connection")
+    server.route("POST", EMBEDDINGS_PATH, answer_embeddings)
+    fresh = make()
+    error, _ = embed_failure(fresh, CancelToken())
+    assert (error.code, error.reason) == (
+        ErrorCode.EMBEDDING_FAILED,
+        EmbeddingFailedReason.CONNECTION_FAILED,
+    )
+    assert server.embedding_requests_count == 4  # a new connection's failure: once
+
+
+def test_lanes_idle_past_the_keep_alive_expiry_are_closed_at_the_next_call(
+    server: FakeOpenAI, make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review V: after a burst, every lane's connection stayed open (in CLOSE_WAIT once the
+    service closed it) while calls one at a time reused only the last one returned."""
+    gate = threading.Event()
+
+    def held(server: FakeOpenAI, request: RecordedRequest, number: int) -> Reply:
+        gate.wait(timeout=60)  # until all three calls are in: they overlap
+        return answer_embeddings(server, request, number)
+
+    server.route("POST", EMBEDDINGS_PATH, held)
+    adapter = make()
+    calls = [threading.Thread(target=adapter.embed, args=(TEXTS, CancelToken())) for _ in "abc"]
+    for call in calls:
+        call.start()
+    wait_until(lambda: server.embedding_requests_count == 3, what="three overlapping calls")
+    gate.set()
+    for call in calls:
+        call.join()
+    assert server.open_connections == 3  # each lane keeps its connection
+
+    monkeypatch.setattr(_openai_http, "LANE_IDLE_S", 0.0)
+    adapter.embed(TEXTS, CancelToken())
+    wait_until(lambda: server.open_connections == 1, what="the idle lanes to close")
 
 
 def test_an_idle_timeout_shorter_than_one_slow_batch_fails_with_the_idle_timeout(

@@ -338,6 +338,12 @@ class FakeOpenAI:
             return sum(1 for r in self._records if r.path == EMBEDDINGS_PATH)
 
     @property
+    def open_connections(self) -> int:
+        """Client connections the server holds open now."""
+        assert self._httpd is not None
+        return self._httpd.connection_count()
+
+    @property
     def chat_disconnects(self) -> int:
         """Stalled streams whose client hung up."""
         with self._lock:
@@ -964,6 +970,10 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that hung up (a timeout test, a dropped connection) is expected
+
+    def connection_count(self) -> int:
+        with self._conns_lock:
+            return len(self._conns)
 
     def close_connections(self) -> None:
         """Wake handler threads idling on keep-alive connections so they can be joined."""

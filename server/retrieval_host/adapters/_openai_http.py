@@ -35,6 +35,10 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 ConfigError = Callable[[str], RetrievalError]
 # Idle lanes kept for reuse; a burst wider than this closes its extra lanes once done.
 MAX_IDLE_LANES: Final = 32
+# A lane idle longer is closed when the next call borrows one: httpx would not reuse its
+# connection after its keep-alive expiry anyway (5 s), and a service closes idle ones, which
+# then sat in CLOSE_WAIT (review V: 31 such sockets after one burst of 40 calls).
+LANE_IDLE_S: Final = 5.0
 
 
 def endpoint_url(base_url: str, path: str, config_error: ConfigError) -> httpx.URL:
@@ -89,11 +93,12 @@ def make_client(
 class Lane:
     """A client of one kept-alive connection at most, and the slot its watchdogs share."""
 
-    __slots__ = ("client", "slot")
+    __slots__ = ("client", "returned", "slot")
 
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
         self.slot = SocketSlot()
+        self.returned = 0.0  # when it was last returned (monotonic)
 
 
 class ClientLanes:
@@ -123,8 +128,16 @@ class ClientLanes:
     @contextlib.contextmanager
     def lane(self) -> Iterator[Lane]:
         """A lane no other call holds until this one returns it."""
+        now = time.monotonic()
         with self._lock:
+            # Oldest first: the lanes returned before `LANE_IDLE_S` ago are at the start.
+            stale = 0
+            while stale < len(self._idle) and now - self._idle[stale].returned > LANE_IDLE_S:
+                stale += 1
+            expired, self._idle = self._idle[:stale], self._idle[stale:]
             lane = self._idle.pop() if self._idle else None
+        for old in expired:
+            old.client.close()
         if lane is None:
             lane = Lane(
                 make_client(
@@ -137,6 +150,7 @@ class ClientLanes:
         try:
             yield lane
         finally:
+            lane.returned = time.monotonic()
             with self._lock:
                 keep = not self._closed and len(self._idle) < MAX_IDLE_LANES
                 if keep:
@@ -245,8 +259,11 @@ def post_capped(
     held a search 197 s). `cancel` is checked between chunks and, while nothing arrives (a
     service computing its answer), by a `SocketWatchdog` that shuts the call's connection (a
     lane's, kept alive otherwise) down once it is cancelled or idle: the token's error is
-    raised, not the transport's. Any other transport failure raises `unreachable(name)` with
-    the exception's class name only (its text can carry the URL)."""
+    raised, not the transport's. A call whose kept-alive connection fails before any answer
+    (the service closed it as the call began) is sent again once on a new connection: the
+    embedding and rerank calls `post_capped` serves have no effect but their answer. Any other
+    transport failure raises `unreachable(name)` with the exception's class name only (its
+    text can carry the URL)."""
     deadline = None if total_s is None else time.monotonic() + total_s
 
     def between() -> None:
@@ -256,33 +273,45 @@ def post_capped(
             raise timed_out()
 
     with lanes.lane() as lane:
-        watchdog = None if cancel is None else SocketWatchdog(cancel, "http-watchdog", lane.slot)
-        extensions = {"trace": lane.slot.trace if watchdog is None else watchdog.trace}
-        if watchdog is not None:
-            watchdog.start()
-        try:
-            with lane.client.stream(
-                "POST", url, content=content, headers=dict(headers), extensions=extensions
-            ) as resp:
-                status = resp.status_code
-                if status != 200:
+        for attempt in (1, 2):
+            lane.slot.connected = False
+            answered = False
+            watchdog = (
+                None if cancel is None else SocketWatchdog(cancel, "http-watchdog", lane.slot)
+            )
+            extensions = {"trace": lane.slot.trace if watchdog is None else watchdog.trace}
+            if watchdog is not None:
+                watchdog.start()
+            try:
+                with lane.client.stream(
+                    "POST", url, content=content, headers=dict(headers), extensions=extensions
+                ) as resp:
+                    answered = True
+                    status = resp.status_code
+                    if status != 200:
+                        return status, read_capped(
+                            resp, ERROR_BODY_BYTES, truncate=True, between=between
+                        )
                     return status, read_capped(
-                        resp, ERROR_BODY_BYTES, truncate=True, between=between
+                        resp, limit, truncate=False, too_large=too_large, between=between
                     )
-                return status, read_capped(
-                    resp, limit, truncate=False, too_large=too_large, between=between
-                )
-        except httpx.TimeoutException:
-            if watchdog is not None:
-                watchdog.raise_if_tripped()  # the socket it shut down ended the read
-            raise timed_out() from None
-        except httpx.HTTPError as exc:
-            if watchdog is not None:
-                watchdog.raise_if_tripped()
-            raise unreachable(type(exc).__name__) from None
-        finally:
-            if watchdog is not None:
-                watchdog.stop()
+            except httpx.TimeoutException:
+                if watchdog is not None:
+                    watchdog.raise_if_tripped()  # the socket it shut down ended the read
+                raise timed_out() from None
+            except httpx.HTTPError as exc:
+                if watchdog is not None:
+                    watchdog.raise_if_tripped()
+                if attempt == 1 and not answered and not lane.slot.connected:
+                    # A kept-alive connection the service closed as this call began (its idle
+                    # timeout): asked again once, on a new connection (review V: 2-8 of 150
+                    # calls near a service's keep-alive timeout failed).
+                    continue
+                raise unreachable(type(exc).__name__) from None
+            finally:
+                if watchdog is not None:
+                    watchdog.stop()
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
 
 def scrub(message: str, key: str | None) -> str:
