@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from retrieval_host.serving.server_protocol import HeaderDeadlineProtocol
-from tests.e2e.conftest import ALLOWED_ORIGIN, HOST_LIMITS
+from tests.e2e.conftest import ALLOWED_ORIGIN, DEADLINE_LIMITS, HOST_LIMITS
 from tests.support.host import (
     CORPUS,
     RawConnection,
@@ -140,17 +140,17 @@ def test_concurrency_limit_plus_one_gets_503_at_once_and_probes_still_answer(
 
 
 def test_headers_sent_one_byte_a_second_are_cut_off_at_the_deadline(
-    running_host: RunningHost,
+    deadline_host: RunningHost,
 ) -> None:
-    deadline = float(HOST_LIMITS["headerTimeoutS"])
-    protocol = running_host.server.config.http_protocol_class
+    deadline = float(DEADLINE_LIMITS["headerTimeoutS"])
+    protocol = deadline_host.server.config.http_protocol_class
     assert issubclass(protocol, HeaderDeadlineProtocol)
     before = protocol.header_timeouts
     request = b"GET /v1/protocol HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     outcome: dict[str, object] = {}
 
     def slow_client() -> None:
-        with raw_connect(running_host) as conn:
+        with raw_connect(deadline_host) as conn:
             started = time.monotonic()
             for byte in request:
                 conn.send_quietly(bytes([byte]))
@@ -164,7 +164,7 @@ def test_headers_sent_one_byte_a_second_are_cut_off_at_the_deadline(
     slow = threading.Thread(target=slow_client)
     slow.start()
     served = []
-    with running_host.client() as client:
+    with deadline_host.client() as client:
         while slow.is_alive():
             served.append(client.get("/v1/protocol").status_code)
     slow.join()
@@ -182,11 +182,11 @@ def test_headers_sent_one_byte_a_second_are_cut_off_at_the_deadline(
 
 
 def test_a_body_sent_too_slowly_is_cut_off_at_the_body_deadline(
-    running_host: RunningHost, host_world: World
+    deadline_host: RunningHost, host_world: World
 ) -> None:
-    deadline = float(HOST_LIMITS["bodyTimeoutS"])
-    before = running_host.app.counters.body_timeouts
-    with raw_connect(running_host) as conn:
+    deadline = float(DEADLINE_LIMITS["bodyTimeoutS"])
+    before = deadline_host.app.counters.body_timeouts
+    with raw_connect(deadline_host) as conn:
         conn.sendall(_ingest_head(host_world, "Content-Length: 1000\r\n"))
         started = time.monotonic()
         while not conn.answered(timeout=1.0):  # one body byte a second
@@ -198,7 +198,7 @@ def test_a_body_sent_too_slowly_is_cut_off_at_the_body_deadline(
     assert response.status == 408
     assert response.json()["reason"] == "request-timeout"
     assert deadline - 0.1 <= elapsed < deadline + 1.5, elapsed
-    assert running_host.app.counters.body_timeouts == before + 1
+    assert deadline_host.app.counters.body_timeouts == before + 1
     assert closed
 
 
@@ -238,12 +238,12 @@ def test_a_disallowed_origin_gets_403_and_an_allowed_one_gets_cors(
 
 
 def test_a_tls_handshake_never_begun_is_cut_off_at_the_header_deadline(
-    running_host: RunningHost,
+    deadline_host: RunningHost,
 ) -> None:
     # A black-box tester's connections that sent nothing (or half a ClientHello) were held
     # for asyncio's 60 s handshake timeout, each a file descriptor, with no request to time.
-    deadline = float(HOST_LIMITS["headerTimeoutS"])
-    with socket.create_connection(("127.0.0.1", running_host.port), timeout=60) as silent:
+    deadline = float(DEADLINE_LIMITS["headerTimeoutS"])
+    with socket.create_connection(("127.0.0.1", deadline_host.port), timeout=60) as silent:
         started = time.monotonic()
         try:
             closed = silent.recv(1) == b""  # blocks until the host closes (or resets)
@@ -263,12 +263,12 @@ def test_plain_http_on_the_tls_port_gets_no_answer(running_host: RunningHost) ->
     assert response.status_code != 200
 
 
-def test_a_body_nobody_reads_cannot_keep_the_connection_open(running_host: RunningHost) -> None:
-    deadline = float(HOST_LIMITS["bodyTimeoutS"])
-    protocol = running_host.server.config.http_protocol_class
+def test_a_body_nobody_reads_cannot_keep_the_connection_open(deadline_host: RunningHost) -> None:
+    deadline = float(DEADLINE_LIMITS["bodyTimeoutS"])
+    protocol = deadline_host.server.config.http_protocol_class
     assert issubclass(protocol, HeaderDeadlineProtocol)
     before = protocol.body_timeouts
-    with raw_connect(running_host) as conn:
+    with raw_connect(deadline_host) as conn:
         # The route answers without reading the announced body; the client then trickles it.
         conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
         started = time.monotonic()

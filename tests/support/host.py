@@ -308,8 +308,9 @@ class RunningHost:
         return f"https://127.0.0.1:{self.port}"
 
     def client(self, **kwargs: Any) -> httpx.Client:
+        # A bound for a hang, not a pace: a 128 KiB search read for over 30 s on a loaded machine.
         return httpx.Client(
-            base_url=self.base_url, verify=self.tls.client_context(), timeout=30, **kwargs
+            base_url=self.base_url, verify=self.tls.client_context(), timeout=120, **kwargs
         )
 
     def task_count(self) -> int:
