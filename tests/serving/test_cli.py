@@ -213,6 +213,7 @@ def tls_config(
     pytest's capture, closed after the test): left in place, a later test's background log
     line would fail to write. These tests read only the printed error line."""
     monkeypatch.setattr(logging.config, "dictConfig", lambda config: None)
+    monkeypatch.setattr(logging, "captureWarnings", lambda capture: None)
     config, environ = example_config
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")

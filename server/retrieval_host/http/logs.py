@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.config
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -114,3 +115,11 @@ def log_config(level: str, worker: int | None = None) -> dict[str, object]:
         "loggers": loggers,
         "root": {"handlers": ["json"], "level": "WARNING"},
     }
+
+
+def configure_logging(level: str, worker: int | None = None) -> None:
+    """Configure the process's logging (`log_config`) and send Python's `warnings` to it: a
+    library's warning is then one JSON line on stderr, not the free text (two lines, a source
+    line of the library's) that `warnings.showwarning` prints."""
+    logging.config.dictConfig(log_config(level, worker))
+    logging.captureWarnings(True)

@@ -21,7 +21,6 @@ import gc
 import importlib.metadata
 import json
 import logging
-import logging.config
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -43,7 +42,7 @@ from retrieval_host.settings import PROVIDER_NAME, SettingsError, load_settings
 
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from retrieval_host.http.logs import log_config
+    from retrieval_host.http.logs import configure_logging
     from retrieval_host.serving.server import check_listeners, run_server
 
     settings = load_settings(args.config, environ)
@@ -51,7 +50,7 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     # A worker's lines carry its index (`INDEX:PORT:CHANNEL`'s first part): the whole spec, a
     # string, was logged until the server configured logging again (probe D, session 37).
     index = None if args.worker is None else int(str(args.worker).split(":", 1)[0])
-    logging.config.dictConfig(log_config(settings.log_level, worker=index))
+    configure_logging(settings.log_level, worker=index)
     if settings.tls is not None:
         # Before any worker starts or the application opens its stores: a certificate that
         # cannot be used is one line and exit 2, with nothing opened.
