@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -224,11 +225,12 @@ def test_a_cancelled_query_leaves_without_stalling_the_others(
     with ThreadPoolExecutor(4) as pool:
         first = pool.submit(embedder.embed, QUERIES[0], "alice", CancelToken())
         assert model.entered.wait(30)
-        rest: list[Future[EmbeddingBatch]] = [
-            pool.submit(embedder.embed, q, "alice", t)
-            for q, t in zip(QUERIES[1:4], tokens, strict=True)
-        ]
-        wait_until(lambda: _queued(embedder, 3), timeout=30, what="three queued queries")
+        rest: list[Future[EmbeddingBatch]] = []
+        # One at a time, so that the queue's order is the list's: the pool's threads could
+        # otherwise enqueue in any order (seen with the suite run on two processes).
+        for queued, (q, t) in enumerate(zip(QUERIES[1:4], tokens, strict=True), start=1):
+            rest.append(pool.submit(embedder.embed, q, "alice", t))
+            wait_until(partial(_queued, embedder, queued), timeout=30, what=f"{queued} queued")
         tokens[0].cancel()  # the query next in line to lead
         with pytest.raises(RetrievalError) as excinfo:
             rest[0].result(30)
