@@ -86,7 +86,7 @@ def _trailing_quote(lines: Sequence[str], said: _Hashes, budget: list[int]) -> I
     """The lines of the quote the body ends with, from its last paragraph back, while each
     repeats the thread (an attribution paragraph just before one that does goes too)."""
     dropped = False
-    for start, end in reversed(list(_paragraphs(lines))):
+    for start, end in reversed(list(paragraph_spans(lines))):
         budget[0] -= 1
         if budget[0] < 0 or len(said) == 0:
             return
@@ -154,7 +154,9 @@ def _shingles(words: Iterator[str]) -> _Hashes:
     return shingles
 
 
-def _paragraphs(lines: Sequence[str]) -> Iterator[tuple[int, int]]:
+def paragraph_spans(lines: Sequence[str]) -> Iterator[tuple[int, int]]:
+    """`(start, end)` line indices of each run of non-blank lines (a paragraph), in order; the
+    chunker's paragraph blocks are these spans too (`ingest/chunking.py`)."""
     start: int | None = None
     for i, line in enumerate(lines):
         if line.strip():

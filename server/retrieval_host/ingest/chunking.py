@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from retrieval_host.core.cancel import CancelToken
+from retrieval_host.core.mail_quotes import paragraph_spans
 from retrieval_host.core.models import Location, Metadata
 from retrieval_host.core.reasons import DocumentTooComplexReason, PayloadTooLargeReason
 from retrieval_host.ingest.settings import ChunkingSettings, too_complex, too_large
@@ -106,18 +107,7 @@ class _Piece:
 
 def paragraph_blocks(lines: Sequence[str]) -> tuple[Block, ...]:
     """Blocks of consecutive non-blank lines (paragraphs separated by blank lines)."""
-    blocks: list[Block] = []
-    start: int | None = None
-    for i, line in enumerate(lines):
-        if line.strip():
-            if start is None:
-                start = i
-        elif start is not None:
-            blocks.append(Block(start, i))
-            start = None
-    if start is not None:
-        blocks.append(Block(start, len(lines)))
-    return tuple(blocks)
+    return tuple(Block(start, end) for start, end in paragraph_spans(lines))
 
 
 class Chunker:
