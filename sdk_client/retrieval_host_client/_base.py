@@ -1,4 +1,5 @@
-"""Everything both clients share on the way out, without I/O: options and requests.
+"""Everything both clients share on the way out, without I/O: requests (the options a client
+is made with are checked in `_options`).
 
 `Client` and `AsyncClient` only send what a `Call` describes, read the response and hand the
 bytes back to `Call.parse`; streamed runs feed their bytes to one `RunEventReader`. The way
@@ -9,10 +10,8 @@ rules exist once, and the two shells cannot drift apart.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
-import re
 import ssl
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,18 @@ import httpx
 from pydantic import BaseModel
 
 from retrieval_host_client._errors import ClientClosedError
+from retrieval_host_client._options import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_TIMEOUT,
+    HEARTBEAT_MARGIN_S,
+    TOKEN_ENV,
+    TimeoutTypes,
+    check_base_url,
+    checked_timeout,
+    resolve_token,
+    ssl_verify,
+    stream_timeout,
+)
 from retrieval_host_client._responses import (
     EVENT_STREAM,
     check_event_stream,
@@ -68,8 +79,6 @@ __all__ = [
     "stream_timeout",
 ]
 
-TOKEN_ENV: Final = "RETRIEVAL_HOST_TOKEN"  # noqa: S105 - a variable name, not a secret
-DEFAULT_TIMEOUT: Final = 30.0
 UPLOAD_CHUNK_BYTES: Final = 64 * 1024
 CLIENT_VERSION: Final = "0.1.0"
 USER_AGENT: Final = f"retrieval-host-client/{CLIENT_VERSION} httpx/{httpx.__version__}"
@@ -77,7 +86,6 @@ USER_AGENT: Final = f"retrieval-host-client/{CLIENT_VERSION} httpx/{httpx.__vers
 JSON_TYPES: Final = "application/json, application/problem+json"
 
 # RFC 6750 b64token: what a bearer token may contain (the host issues `rh_` + base64url).
-_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 _SUFFIX_MEDIA_TYPES: Final[Mapping[str, str]] = {
     ".pdf": "application/pdf",
@@ -93,11 +101,10 @@ _SUFFIX_MEDIA_TYPES: Final[Mapping[str, str]] = {
 T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
-TimeoutTypes: TypeAlias = float | httpx.Timeout | None
 DocumentInput: TypeAlias = str | os.PathLike[str] | bytes | bytearray | memoryview | IO[bytes]
 
 
-# --- options ----------------------------------------------------------------------------------
+# --- streams ----------------------------------------------------------------------------------
 
 
 DRAIN_BYTES: Final = 64 * 1024
@@ -110,116 +117,6 @@ timeout (a host or proxy that kept a finished stream open would hold the call th
 DRAIN_S: Final = 0.5
 
 STREAM_LEFT: Final = "this stream was closed when its block was left; read it inside the block"
-
-
-def resolve_token(token: str | None, environ: Mapping[str, str]) -> str | None:
-    """The token argument, else `RETRIEVAL_HOST_TOKEN`, checked (its value is never echoed)."""
-    value = token if token is not None else environ.get(TOKEN_ENV)
-    if value is None or value == "":
-        return None
-    if not _BEARER_TOKEN.fullmatch(value):
-        where = "the token argument" if token is not None else TOKEN_ENV
-        raise ValueError(
-            f"{where} is not a bearer token: only ASCII letters, digits and -._~+/ (then any "
-            "'=') may appear, so whitespace or a newline read from a file must be stripped first"
-        )
-    return value
-
-
-def check_base_url(base_url: str | httpx.URL) -> httpx.URL:
-    """An https URL; plain http only to a loopback address (a local TLS-terminating proxy)."""
-    url = httpx.URL(str(base_url))
-    if url.userinfo:
-        raise ValueError("base_url must not carry credentials; pass token= instead")
-    if url.scheme not in ("https", "http") or not url.host:
-        raise ValueError(
-            f"base_url must be an https:// URL with a host (plain http only to a loopback "
-            f"address), got {str(base_url)!r}"
-        )
-    if url.port is not None and not 0 < url.port < 65536:
-        raise ValueError(f"base_url's port must be 1-65535, got {url.port} in {str(base_url)!r}")
-    if url.scheme == "https" or _is_loopback(url.host):
-        return url
-    raise ValueError(
-        f"base_url must be https:// (plain http only to a loopback address), got {str(base_url)!r}"
-    )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def ssl_verify(ca_bundle: str | os.PathLike[str] | ssl.SSLContext | None) -> ssl.SSLContext | bool:
-    """What httpx verifies the server with: the system's default (True), or a context that
-    trusts the given PEM bundle (certificate checks and hostname checks stay on)."""
-    if ca_bundle is None:
-        return True
-    if isinstance(ca_bundle, ssl.SSLContext):
-        return ca_bundle
-    context = ssl.create_default_context(cafile=os.fspath(ca_bundle))
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    return context
-
-
-# Longer than this, the standard library's clocks overflow (1e10 s): a year is "wait a lot".
-MAX_TIMEOUT_S: Final = 365 * 24 * 3600.0
-_TIMEOUT_RULE: Final = (
-    "timeout must be a positive number of seconds up to a year, or None to wait forever"
-)
-
-
-def _timeout(timeout: TimeoutTypes) -> httpx.Timeout:
-    """Checked here, not at the first call: httpx accepts -1, infinity or 1e10 and fails when
-    it is used (sync and async differently), with errors that are not this package's."""
-    if isinstance(timeout, httpx.Timeout):
-        parts = timeout.as_dict().values()
-        if not all(part is None or _seconds(part) for part in parts):
-            raise ValueError(f"{_TIMEOUT_RULE}; every part of an httpx.Timeout too")
-        return timeout
-    if timeout is not None and not _seconds(timeout):
-        raise ValueError(_TIMEOUT_RULE)
-    return httpx.Timeout(timeout)
-
-
-def _seconds(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0 < value <= MAX_TIMEOUT_S
-    )
-
-
-DEFAULT_HEARTBEAT_S: Final = 15.0
-"""The host's default `runs.heartbeatS`: assumed of a host whose interval the client was not
-told (`discover()` not called, or a host from before `limits.heartbeatS`)."""
-
-HEARTBEAT_MARGIN_S: Final = 5.0
-"""Added to the interval for a ping sent late: a host busy on its event loop, the network."""
-
-
-def stream_timeout(timeout: httpx.Timeout, heartbeat_s: float | None) -> httpx.Timeout:
-    """The timeout of a streamed ingest or run: `timeout`, with its read part raised to the
-    heartbeat interval plus `HEARTBEAT_MARGIN_S` when shorter (20 s for an interval not known).
-
-    A stream is silent up to one interval between events, and a read that gives up then closes
-    the stream, which the host takes for the caller leaving: it cancels the ingest or run. So
-    `timeout` alone cannot be a stream's read timeout, nor can a fixed floor alone (a host may
-    beat every hour). Connect, write and pool keep `timeout`'s; `None` (no limit) stays.
-    """
-    if timeout.read is None:
-        return timeout
-    interval = DEFAULT_HEARTBEAT_S if heartbeat_s is None else heartbeat_s
-    floor = min(interval + HEARTBEAT_MARGIN_S, MAX_TIMEOUT_S)
-    if timeout.read >= floor:
-        return timeout
-    return httpx.Timeout(
-        connect=timeout.connect, read=floor, write=timeout.write, pool=timeout.pool
-    )
 
 
 # --- calls ------------------------------------------------------------------------------------
@@ -345,7 +242,7 @@ class BaseClient(Generic[H]):
             "base_url": self.base_url,
             "headers": headers,
             "verify": ssl_verify(ca_bundle),
-            "timeout": _timeout(timeout),
+            "timeout": checked_timeout(timeout),
             "trust_env": trust_env,
             # A redirect could carry the bearer token elsewhere; protocol v1 never redirects.
             "follow_redirects": False,

@@ -41,7 +41,7 @@ from retrieval_host_client import (
     RunRequest,
     RunRetrieval,
     RunStartedEvent,
-    _base,
+    _options,
 )
 from retrieval_host_client.models import ProtocolLimits
 from tests.client.modes import ClientApi, PortalClient
@@ -199,8 +199,8 @@ def test_reads_wait_for_the_interval_discover_published(
     quiet_client: ClientApi, quiet_host: QuietHost, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An assumed interval far under the host's: without `discover()` the stream is cut...
-    monkeypatch.setattr(_base, "DEFAULT_HEARTBEAT_S", 0.2)
-    monkeypatch.setattr(_base, "HEARTBEAT_MARGIN_S", 0.1)
+    monkeypatch.setattr(_options, "DEFAULT_HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(_options, "HEARTBEAT_MARGIN_S", 0.1)
     with (
         pytest.raises(RetrievalHostTimeoutError) as cut,
         quiet_stretch(quiet_host.held),
@@ -219,13 +219,13 @@ def test_reads_wait_for_the_interval_discover_published(
 
 def test_a_stream_read_timeout_is_the_interval_plus_a_margin_when_longer() -> None:
     short = httpx.Timeout(5.0, connect=2.0)
-    raised = _base.stream_timeout(short, None)
+    raised = _options.stream_timeout(short, None)
     assert (raised.read, raised.connect, raised.write, raised.pool) == (20.0, 2.0, 5.0, 5.0)
-    assert _base.stream_timeout(short, 60.0).read == 65.0  # a host that said it beats slower
-    assert _base.stream_timeout(short, 0.5).read == 5.5  # or faster
+    assert _options.stream_timeout(short, 60.0).read == 65.0  # a host that said it beats slower
+    assert _options.stream_timeout(short, 0.5).read == 5.5  # or faster
     longer = httpx.Timeout(30.0)
-    assert _base.stream_timeout(longer, None) == longer
-    assert _base.stream_timeout(httpx.Timeout(5.0, read=None), None).read is None
+    assert _options.stream_timeout(longer, None) == longer
+    assert _options.stream_timeout(httpx.Timeout(5.0, read=None), None).read is None
 
 
 def test_an_older_host_without_the_interval_still_parses() -> None:
