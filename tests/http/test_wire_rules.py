@@ -392,6 +392,14 @@ async def test_a_route_that_reads_no_query_parameter_refuses_one(
         "This route takes no query parameters."
     )
     assert (await client.get("/v1/corpora", headers=_auth(rules_world))).status_code == 200
+    response = await client.get("/v1/runs/run_x", params={"x": "1"}, headers=_auth(rules_world))
+    assert _problem(response, 422, "INVALID_REQUEST")["detail"] == (
+        "This route takes no query parameters."
+    )
+    # And the document says so (probe A, session 39: both answered a 422 it did not declare).
+    paths = _openapi()["paths"]
+    assert "422" in paths["/v1/corpora"]["get"]["responses"]
+    assert "422" in paths["/v1/runs/{runId}"]["get"]["responses"]
 
 
 # --- one Authorization header -----------------------------------------------------------------

@@ -112,7 +112,7 @@ def _run_operations() -> list[_Operation]:
             "The recorded run of the token's subject, its evidence re-authorized.",
             run_wire.RunRecord,
             secured=True,
-            problems=(400, 401, 403, 404, 408, 500, 503),
+            problems=(400, 401, 403, 404, 408, 422, 500, 503),
         ),
     ]
 
@@ -223,7 +223,7 @@ def _inspection_operations() -> list[_Operation]:
             "the sources its subject may search.",
             wire.CorporaResponse,
             secured=True,
-            problems=(401, 403, 408, 500, 503),
+            problems=(401, 403, 408, 422, 500, 503),
         ),
         _Operation(
             "/v1/corpora/{corpus}/sources",
