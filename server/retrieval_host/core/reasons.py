@@ -52,6 +52,10 @@ class PermissionDeniedReason(StrEnum):
     """Reasons of `PERMISSION_DENIED` (403); a missing grant has none, on purpose."""
 
     ORIGIN_NOT_ALLOWED = "origin-not-allowed"  # a browser Origin outside the allow-list
+    # A listed origin's CORS preflight asking for what cross-origin requests may not use.
+    CORS_METHOD_NOT_ALLOWED = "cors-method-not-allowed"  # a method other than GET and POST
+    CORS_HEADER_NOT_ALLOWED = "cors-header-not-allowed"  # a header beyond the allowed ones
+    CORS_PRIVATE_NETWORK_NOT_ALLOWED = "cors-private-network-not-allowed"  # Private Network Access
 
 
 class SourceConflictReason(StrEnum):

@@ -4,7 +4,9 @@ Browsers send `Origin` on cross-origin requests; other clients (back ends, curl)
 request whose `Origin` is not listed gets 403 before any route runs, so a page on another
 site cannot make a logged-in browser (or one on the host's network) spend a token. Requests
 without `Origin` are not from a browser page and pass. Listed origins get CORS headers
-(preflight included) from Starlette's CORS middleware, which this one wraps.
+(preflight included) from Starlette's CORS middleware, which this one wraps. A listed origin's
+preflight that asks for a method, a header or private-network access the host does not allow
+gets 403 too, as a problem like every other refusal (Starlette answers it in plain text).
 
 With the console enabled (`same_origin`), a request whose `Origin` is this host's own, the
 scheme the host is reached by and its `Host` header exactly, passes too: it comes from a page
@@ -13,13 +15,16 @@ this host; DNS rebinding, the way to try, meets the certificate (a name it was n
 and `allowedHosts`. No CORS headers are added: a same-origin response needs none.
 
 Origins are compared as browsers serialize them: case aside, and without the scheme's default
-port (`https://app.example:443` listed is the `https://app.example` a browser sends).
+port (`https://app.example:443` listed is the `https://app.example` a browser sends). Starlette
+compares exact strings, so it is given both the allow-list and the request's `Origin` in that
+form, and echoes the serialized form in `Access-Control-Allow-Origin`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,6 +41,39 @@ def origin_denied() -> RetrievalError:
     )
 
 
+def preflight_refused(cors: CORSMiddleware, asked: Headers) -> RetrievalError | None:
+    """Why `cors` would refuse this preflight of a listed origin, or None: the checks of
+    Starlette's `preflight_response`, asked of its own settings so that the two cannot drift
+    (Starlette answers a refusal itself, in plain text). The detail names what is allowed
+    rather than echoing what was asked."""
+    if asked.get("access-control-request-method") not in cors.allow_methods:
+        return RetrievalError(
+            ErrorCode.PERMISSION_DENIED,
+            "Cross-origin requests may use only these methods: "
+            + ", ".join(cors.allow_methods)
+            + ".",
+            reason="cors-method-not-allowed",
+        )
+    names = asked.get("access-control-request-headers")
+    if names is not None and any(
+        name.strip() not in cors.allow_headers for name in names.lower().split(",")
+    ):
+        return RetrievalError(
+            ErrorCode.PERMISSION_DENIED,
+            "Cross-origin requests may send only these headers: "
+            + ", ".join(cors.allow_headers)
+            + ".",
+            reason="cors-header-not-allowed",
+        )
+    if "access-control-request-private-network" in asked and not cors.allow_private_network:
+        return RetrievalError(
+            ErrorCode.PERMISSION_DENIED,
+            "Pages on a more public network may not call this host (Private Network Access).",
+            reason="cors-private-network-not-allowed",
+        )
+    return None
+
+
 class OriginMiddleware:
     """Pure ASGI: refuse unlisted origins, add CORS headers for listed ones."""
 
@@ -45,7 +83,7 @@ class OriginMiddleware:
         self.allowed = frozenset(_serialized(o) for o in allowed_origins)
         self.same_origin = same_origin
         self.inner = app
-        self.app: ASGIApp = CORSMiddleware(
+        self.cors = CORSMiddleware(
             app,
             allow_origins=sorted(self.allowed),
             allow_methods=["GET", "POST"],
@@ -68,11 +106,22 @@ class OriginMiddleware:
             if len(origins) == 1 and self.same_origin and _own_origin(scope, origins[0]):
                 await self.inner(scope, receive, send)
                 return
-            if len(origins) > 1 or _serialized(origins[0].decode("latin-1")) not in self.allowed:
+            origin = _serialized(origins[0].decode("latin-1"))
+            if len(origins) > 1 or origin not in self.allowed:
                 self.rejected += 1
                 await send_problem(send, origin_denied(), request_id_of(scope))
                 return
-        await self.app(scope, receive, send)
+            asked = Headers(scope=scope)
+            if scope["method"] == "OPTIONS" and "access-control-request-method" in asked:
+                refusal = preflight_refused(self.cors, asked)
+                if refusal is not None:
+                    await send_problem(send, refusal, request_id_of(scope))
+                    return
+            # Starlette compares (and echoes) the exact string: give it the listed form.
+            listed = origin.encode("latin-1")
+            headers = [(k, listed if k == b"origin" else v) for k, v in scope["headers"]]
+            scope = {**scope, "headers": headers}
+        await self.cors(scope, receive, send)
 
 
 def _serialized(origin: str) -> str:
