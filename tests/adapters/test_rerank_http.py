@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from retrieval_host.adapters import _openai_http
 from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import RerankDescriptor
@@ -19,7 +20,7 @@ from retrieval_host.core.ports import Candidate
 from retrieval_host.core.reasons import InvalidRequestReason, RerankFailedReason
 from retrieval_host.core.rerank import rerank_candidates
 from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
-from tests.support.fake_rerank import RERANK_MODEL, FakeReranker, RerankMode
+from tests.support.fake_rerank import RERANK_MODEL, RERANK_PATH, FakeReranker, RerankMode
 from tests.support.host import wait_until
 
 DESCRIPTOR = RerankDescriptor("rerank-http", "cohere", "acct-1", "api-key", RERANK_MODEL)
@@ -134,6 +135,25 @@ def test_every_defect_is_a_typed_failure_after_one_request(
     assert caught.value.status == 502
     assert caught.value.reason == reason
     assert len(fake.requests) == 1  # never retried
+
+
+def test_a_call_its_kept_alive_connection_loses_after_the_service_read_it_is_sent_once(
+    server: FakeOpenAI, fake: FakeReranker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probe B (session 39): a reranker that read the call on a kept-alive connection and
+    closed it without answering was asked again on a new one, scoring (and billing) it twice
+    while usage counted one request."""
+    # However loaded the machine, the second call must find the first one's connection.
+    monkeypatch.setattr(_openai_http, "LANE_IDLE_S", 60.0)
+    with adapter_for(fake) as reranker:
+        reranker.rerank(QUERY, DOCS, 3, CancelToken())
+        fake.set_mode("drop-connection")
+        with pytest.raises(RetrievalError) as caught:
+            reranker.rerank(QUERY, DOCS, 3, CancelToken())
+    assert caught.value.code is ErrorCode.RERANK_FAILED
+    assert caught.value.reason == RerankFailedReason.CONNECTION_FAILED
+    assert len(fake.requests) == 2  # the dropped call reached the service once
+    assert len({r.peer for r in server.requests if r.path == RERANK_PATH}) == 1  # kept alive
 
 
 def test_a_server_that_echoes_the_key_does_not_get_it_into_the_error(

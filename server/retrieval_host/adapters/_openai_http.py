@@ -35,10 +35,15 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 ConfigError = Callable[[str], RetrievalError]
 # Idle lanes kept for reuse; a burst wider than this closes its extra lanes once done.
 MAX_IDLE_LANES: Final = 32
-# A lane idle longer is closed when the next call borrows one: httpx would not reuse its
-# connection after its keep-alive expiry anyway (5 s), and a service closes idle ones, which
-# then sat in CLOSE_WAIT (review V: 31 such sockets after one burst of 40 calls).
-LANE_IDLE_S: Final = 5.0
+# No connection idle longer is reused, by the lanes (the next call closes a lane idle longer:
+# review V found 31 sockets in CLOSE_WAIT after a burst of 40 calls) or by httpx (a lane's
+# `keepalive_expiry`). A call is never sent twice, so a connection the service closes as a call
+# goes out fails that call (review V: 2-8 of 150 calls near a 5 s keep-alive timeout); 1 s is
+# below the idle timeouts of common servers (gunicorn 2 s, uvicorn and Node 5 s, cloud load
+# balancers 60 s, nginx 75 s). httpcore also drops a pooled connection whose socket is readable
+# (the service's close already arrived): what remains is a close still in flight as the call is
+# sent, and a service whose own idle timeout is under 1 s.
+LANE_IDLE_S: Final = 1.0
 
 
 def endpoint_url(base_url: str, path: str, config_error: ConfigError) -> httpx.URL:
@@ -108,8 +113,9 @@ class ClientLanes:
     names a socket only when it connects: a shared pool would not say which kept-alive
     connection a call got, so the earlier adapters made a connection per call (a TLS handshake
     each: an embedding call on loopback took 7.8 ms instead of 3.1). A lane holds one
-    connection, which its `SocketSlot` remembers. Lanes are made as calls overlap, and at most
-    `MAX_IDLE_LANES` wait for reuse; one TLS context serves them all.
+    connection, which its `SocketSlot` remembers, kept alive for up to `LANE_IDLE_S` (1 s)
+    idle. Lanes are made as calls overlap, and at most `MAX_IDLE_LANES` wait for reuse; one TLS
+    context serves them all.
     """
 
     def __init__(
@@ -144,7 +150,11 @@ class ClientLanes:
                     timeout=self._timeout,
                     verify=self._verify,
                     headers=self._headers,
-                    limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                    limits=httpx.Limits(
+                        max_connections=1,
+                        max_keepalive_connections=1,
+                        keepalive_expiry=LANE_IDLE_S,
+                    ),
                 )
             )
         try:
@@ -259,11 +269,13 @@ def post_capped(
     held a search 197 s). `cancel` is checked between chunks and, while nothing arrives (a
     service computing its answer), by a `SocketWatchdog` that shuts the call's connection (a
     lane's, kept alive otherwise) down once it is cancelled or idle: the token's error is
-    raised, not the transport's. A call whose kept-alive connection fails before any answer
-    (the service closed it as the call began) is sent again once on a new connection: the
-    embedding and rerank calls `post_capped` serves have no effect but their answer. Any other
-    transport failure raises `unreachable(name)` with the exception's class name only (its
-    text can carry the URL)."""
+    raised, not the transport's. The request is sent once, never again: a connection that fails
+    before any answer may have carried the whole call to a service that computed (and billed)
+    it, new connection or kept-alive one alike (probe B, session 39: a retry had the service
+    embed a batch twice, metered as one request). Any transport failure raises
+    `unreachable(name)` with the exception's class name only (its text can carry the URL);
+    `ClientLanes` reuses no connection idle long enough to meet a service's keep-alive
+    timeout."""
     deadline = None if total_s is None else time.monotonic() + total_s
 
     def between() -> None:
@@ -273,45 +285,33 @@ def post_capped(
             raise timed_out()
 
     with lanes.lane() as lane:
-        for attempt in (1, 2):
-            lane.slot.connected = False
-            answered = False
-            watchdog = (
-                None if cancel is None else SocketWatchdog(cancel, "http-watchdog", lane.slot)
-            )
-            extensions = {"trace": lane.slot.trace if watchdog is None else watchdog.trace}
-            if watchdog is not None:
-                watchdog.start()
-            try:
-                with lane.client.stream(
-                    "POST", url, content=content, headers=dict(headers), extensions=extensions
-                ) as resp:
-                    answered = True
-                    status = resp.status_code
-                    if status != 200:
-                        return status, read_capped(
-                            resp, ERROR_BODY_BYTES, truncate=True, between=between
-                        )
+        watchdog = None if cancel is None else SocketWatchdog(cancel, "http-watchdog", lane.slot)
+        extensions = {"trace": lane.slot.trace if watchdog is None else watchdog.trace}
+        if watchdog is not None:
+            watchdog.start()
+        try:
+            with lane.client.stream(
+                "POST", url, content=content, headers=dict(headers), extensions=extensions
+            ) as resp:
+                status = resp.status_code
+                if status != 200:
                     return status, read_capped(
-                        resp, limit, truncate=False, too_large=too_large, between=between
+                        resp, ERROR_BODY_BYTES, truncate=True, between=between
                     )
-            except httpx.TimeoutException:
-                if watchdog is not None:
-                    watchdog.raise_if_tripped()  # the socket it shut down ended the read
-                raise timed_out() from None
-            except httpx.HTTPError as exc:
-                if watchdog is not None:
-                    watchdog.raise_if_tripped()
-                if attempt == 1 and not answered and not lane.slot.connected:
-                    # A kept-alive connection the service closed as this call began (its idle
-                    # timeout): asked again once, on a new connection (review V: 2-8 of 150
-                    # calls near a service's keep-alive timeout failed).
-                    continue
-                raise unreachable(type(exc).__name__) from None
-            finally:
-                if watchdog is not None:
-                    watchdog.stop()
-        raise AssertionError("unreachable: the second attempt returns or raises")
+                return status, read_capped(
+                    resp, limit, truncate=False, too_large=too_large, between=between
+                )
+        except httpx.TimeoutException:
+            if watchdog is not None:
+                watchdog.raise_if_tripped()  # the socket it shut down ended the read
+            raise timed_out() from None
+        except httpx.HTTPError as exc:
+            if watchdog is not None:
+                watchdog.raise_if_tripped()
+            raise unreachable(type(exc).__name__) from None
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
 
 
 def scrub(message: str, key: str | None) -> str:

@@ -41,17 +41,15 @@ _SEND_EVENT: Final = "http11.send_request_headers.started"
 class SocketSlot:
     """The network stream of a client's one connection, as the last call saw it made."""
 
-    __slots__ = ("connected", "stream")
+    __slots__ = ("stream",)
 
     def __init__(self) -> None:
         self.stream: Any = None
-        self.connected = False  # a connection was made since the caller last cleared this
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
         """Remember the stream of a connection made (for a call without a watchdog)."""
         if event in _SOCKET_EVENTS:
             self.stream = info.get("return_value")
-            self.connected = True
 
 
 class SocketWatchdog:

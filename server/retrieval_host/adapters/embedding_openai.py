@@ -17,8 +17,10 @@ cancelled index waiting out the whole call (cancel at 0.5 s, returned after 6 s:
 probe). `post_capped`'s `SocketWatchdog` shuts the call's socket down once the token is
 cancelled or idle, and the token's own error (`CANCELLED`, `TIMEOUT`/`idle-timeout`) is
 raised. A batch counts as progress only once it has arrived within the inactivity timeout.
-Connections are kept alive: each call borrows a `ClientLanes` lane, a client of one connection
-whose socket the watchdog knows.
+Connections are kept alive for up to 1 s idle: each call borrows a `ClientLanes` lane, a client
+of one connection whose socket the watchdog knows. A call is sent once, never twice: a connection
+that fails before the answer fails the call (`connection-failed`), because the service may have
+embedded, and billed, the batch it read.
 """
 
 from __future__ import annotations

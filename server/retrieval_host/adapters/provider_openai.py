@@ -26,9 +26,10 @@ resume a stream after a read timeout (the connection is closed on the way out), 
 response from another thread does not wake a blocked `recv`, so a watchdog thread polls the
 `CancelToken` and, once it is cancelled or idle, shuts the connection's socket down; the blocked
 read returns at once and the token's own error (`CANCELLED`, `TIMEOUT`) is raised. Each call
-borrows a `ClientLanes` lane, a client of one kept-alive connection whose socket the watchdog
-knows; a stream is left at its `[DONE]` (waiting for the body's end could hold a finished run on a
-server that never ends it), so its connection is closed rather than kept. Only data events count as
+borrows a `ClientLanes` lane, a client of one connection kept alive for up to 1 s idle, whose
+socket the watchdog knows; a call is sent once, even when that connection fails first. A stream
+is left at its `[DONE]` (waiting for the body's end could hold a finished run on a server that
+never ends it), so its connection is closed rather than kept. Only data events count as
 progress: SSE comments (a proxy's keep-alives) do not keep an idle run alive.
 """
 

@@ -10,9 +10,10 @@ count and is not read).
 Shapes are checked here (a list of objects, an integer index, a JSON number); the semantic
 checks every reranker gets (one result per document, no index twice or out of range, finite
 scores) are `core.rerank.check_scores`. Any failure raises `RERANK_FAILED` with its reason;
-nothing is retried. The API key is read from a callable for each request, sent only in the
-`Authorization` header and scrubbed from error details, and proxies and redirects are not
-followed (see `_openai_http`).
+nothing is retried, not even a call whose kept-alive connection fails before the answer (the
+service may have scored, and billed, it). Connections are kept alive for up to 1 s idle. The API
+key is read from a callable for each request, sent only in the `Authorization` header and
+scrubbed from error details, and proxies and redirects are not followed (see `_openai_http`).
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ class HttpReranker:
         self._api_key = api_key
         self._max_documents = max_documents
         self._timeout_s = timeout_s
-        # Each call on a lane's kept-alive connection, which `post_capped` shuts down when the
-        # search is cancelled while the service computes (it waited out the answer).
+        # Each call on a lane's connection (kept alive up to 1 s idle), which `post_capped`
+        # shuts down when the search is cancelled while the service computes (it waited out the
+        # answer).
         self._lanes = ClientLanes(
             timeout=httpx.Timeout(timeout_s),
             verify=tls_verify(verify, _config_error),
