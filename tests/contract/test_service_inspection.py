@@ -4,18 +4,22 @@ opaque cursors, a missing and an unauthorized source answered alike."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, source_unavailable
-from retrieval_host.core.inspection import MAX_PAGE_LIMIT
-from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
+from retrieval_host.core.inspection import MAX_PAGE_LIMIT, PassageSummary, SourceDetail
+from retrieval_host.core.models import ChunkInput, DeleteRequest, IndexRequest, Location, SourceInfo
+from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant, VectorStore
 from retrieval_host.core.reasons import InvalidRequestReason, SourceConflictReason
 from retrieval_host.core.service import Corpus, RetrievalService
 from tests.contract.conftest import StoreHarness
 from tests.contract.test_service_with_store import GrantBook, Setup, ctx, index_request
+from tests.core.test_inspection_cursor import earlier_passages_cursor
 
 
 @pytest.fixture
@@ -177,3 +181,103 @@ def test_an_unknown_corpus_is_denied_like_a_denied_one(setup: Setup) -> None:
     for corpus in ("docs", "nope"):
         error = _error(lambda: setup.service.list_sources(corpus, ctx()))  # noqa: B023
         assert error.code is ErrorCode.PERMISSION_DENIED
+
+
+# --- a passage cursor belongs to one write (probe A, session 39) ---------------------------
+
+
+def _write(service: RetrievalService, tag: str, rev: str, n: int = 4) -> None:
+    """Source `a` at `rev` with `n` passages whose ids and text say which write they are of."""
+    chunks = [
+        ChunkInput(f"a-{tag}-{i}", f"Write {tag}, passage {i}.", Location(start_line=i + 1))
+        for i in range(n)
+    ]
+    service.index_context(IndexRequest("docs", SourceInfo("a", rev), chunks), ctx())
+
+
+def _ids(detail: SourceDetail) -> list[str]:
+    return [p.chunk_id for p in detail.passages]
+
+
+def _revision_changed(work: object) -> None:
+    error = _error(work)
+    assert (error.code, error.reason) == (
+        ErrorCode.SOURCE_CONFLICT,
+        SourceConflictReason.REVISION_CHANGED,
+    )
+
+
+def test_a_passage_cursor_belongs_to_its_write_not_to_its_label(setup: Setup) -> None:
+    # A walk checked by label only went on over the passages of r1 written again (r1 -> r2 ->
+    # r1, as the README allows) and of r1 deleted and indexed again: one listing, two writes.
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    setup.book.grants["delete"] = Grant("team", {"a": "r1"})
+    service = setup.service
+    _write(service, "A", "r1")
+    first = service.get_source("docs", "a", ctx(), limit=2)
+    assert _ids(first) == ["a-A-0", "a-A-1"]
+    cursor = first.next_cursor
+    rest = service.get_source("docs", "a", ctx(), limit=2, cursor=cursor)
+    assert _ids(rest) == ["a-A-2", "a-A-3"]  # the same write goes on
+
+    _write(service, "X", "r2", 1)
+    _write(service, "B", "r1")
+    _revision_changed(lambda: service.get_source("docs", "a", ctx(), limit=2, cursor=cursor))
+    again = service.get_source("docs", "a", ctx(), limit=2)
+    assert _ids(again) == ["a-B-0", "a-B-1"]
+
+    service.delete_context(DeleteRequest("docs", "a", "r1"), ctx())
+    _write(service, "C", "r1")
+    _revision_changed(
+        lambda: service.get_source("docs", "a", ctx(), limit=2, cursor=again.next_cursor)
+    )
+    assert _ids(service.get_source("docs", "a", ctx(), limit=2)) == ["a-C-0", "a-C-1"]
+
+
+def test_a_passage_cursor_of_the_earlier_format_restarts_the_walk(setup: Setup) -> None:
+    # It names no write, so nothing shows its walk is this write's: the answer a replaced
+    # source gets, whose remedy (list again without a cursor) is the right one, not a 400
+    # that tells a client it sent what no listing returned (it did, before an upgrade).
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    _write(setup.service, "A", "r1")
+    earlier = earlier_passages_cursor("docs", 1, "a", "r1")
+    _revision_changed(lambda: setup.service.get_source("docs", "a", ctx(), cursor=earlier))
+
+
+class WritesBeforePassages:
+    """The store, except that `writes` commit right before its next passage read: between the
+    two reads of a page (the source, then its passages)."""
+
+    def __init__(self, store: VectorStore, writes: list[Callable[[], None]]) -> None:
+        self.store = store
+        self.writes = writes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def list_passages(self, *args: Any, **kwargs: Any) -> list[PassageSummary]:
+        while self.writes:
+            self.writes.pop(0)()
+        return self.store.list_passages(*args, **kwargs)
+
+
+def test_a_page_never_shows_passages_of_a_write_that_came_between_its_reads(
+    setup: Setup,
+) -> None:
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    writer = setup.service
+    docs = writer.corpus("docs")
+    _write(writer, "A", "r1", 3)
+    writes: list[Callable[[], None]] = []
+    racing = WritesBeforePassages(docs.store, writes)
+    reader = RetrievalService([dataclasses.replace(docs, store=cast(VectorStore, racing))])
+    label_back = [lambda: _write(writer, "X", "r2", 1), lambda: _write(writer, "B", "r1")]
+
+    writes += label_back
+    detail = reader.get_source("docs", "a", ctx(), limit=10)
+    # Read again, whole: not A's source (3 passages) with B's passages.
+    assert (detail.source.chunk_count, _ids(detail)) == (4, [f"a-B-{i}" for i in range(4)])
+
+    cursor = reader.get_source("docs", "a", ctx(), limit=2).next_cursor
+    writes += [lambda: _write(writer, "X", "r2", 1), lambda: _write(writer, "C", "r1")]
+    _revision_changed(lambda: reader.get_source("docs", "a", ctx(), limit=2, cursor=cursor))

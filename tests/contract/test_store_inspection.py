@@ -22,6 +22,7 @@ from retrieval_host.core.descriptor import LexicalDescriptor
 from retrieval_host.core.inspection import SourceTotals
 from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, query_terms
 from retrieval_host.core.models import Location
+from retrieval_host.core.ports import ReadRevision
 from tests.contract.conftest import ContractStore, StoreHarness
 from tests.contract.test_store_contract import LIMITS, put
 from tests.support.pg import schema_for, shared_dsn
@@ -80,6 +81,31 @@ def test_list_sources_pages_in_code_point_order(store: ContractStore) -> None:
         seen += page
         after = page[-1]
     assert seen == sorted(names)
+
+
+def test_list_sources_names_the_write_and_a_label_that_comes_back_is_another_one(
+    store: ContractStore,
+) -> None:
+    # A passage cursor names this version (probe A, session 39: a walk checked by label went
+    # on over other passages after r1 -> r2 -> r1). SQLite reuses a deleted row's id for the
+    # next insert, so a delete and re-create at r1 is the case a row id would miss there.
+    def listed() -> str | None:
+        [summary] = store.list_sources("c1", "ns", {"a": "r1"}, after=None, limit=1)
+        return summary.version
+
+    put(store, "a", "r1", rows(2))
+    first = listed()
+    stored = store.get_source("c1", "ns", "a")
+    assert stored is not None and isinstance(stored.revision, ReadRevision)
+    assert first is not None and first == stored.revision.version
+    assert listed() == first  # a read changes nothing
+    put(store, "a", "r2", rows(1), expected="r1")
+    put(store, "a", "r1", rows(2, seed=1), expected="r2")
+    rolled_back = listed()
+    store.delete_source("c1", "ns", "a", "r1")
+    put(store, "a", "r1", rows(2, seed=2))
+    recreated = listed()
+    assert len({first, rolled_back, recreated}) == 3
 
 
 def test_source_totals_count_what_the_listing_shows(store: ContractStore) -> None:

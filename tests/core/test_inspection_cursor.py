@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import unicodedata
 from collections.abc import Callable
 
@@ -23,6 +25,19 @@ from retrieval_host.core.inspection import (
 ids = st.text(min_size=1, max_size=256)
 
 
+def signed_cursor(body: str) -> str:
+    """A cursor of any JSON payload with a valid check, as any client can write one (the
+    format is public): `body` is the JSON text, escapes as written."""
+    payload = body.encode()
+    check = hashlib.sha256(b"retrieval-host/cursor/v1\x00" + payload).digest()[:10]
+    return (payload + check).hex()
+
+
+def earlier_passages_cursor(corpus: str, after: int, source: str, revision: str) -> str:
+    """A passage cursor as the host wrote it before cursors named the write (five fields)."""
+    return signed_cursor(json.dumps(["passages", corpus, after, source, revision]))
+
+
 @given(corpus=ids, after=ids)
 def test_a_sources_cursor_decodes_to_its_position(corpus: str, after: str) -> None:
     token = encode_cursor(Cursor("sources", corpus, after))
@@ -35,6 +50,56 @@ def test_a_passages_cursor_names_its_source_and_revision(
 ) -> None:
     token = encode_cursor(Cursor("passages", corpus, after, source, revision))
     assert decode_cursor(token, "passages", corpus, source).revision == revision
+
+
+@given(corpus=ids, source=ids, revision=ids, version=ids, after=st.integers(0, 10**6))
+def test_a_passages_cursor_names_the_write_it_was_read_from(
+    corpus: str, source: str, revision: str, version: str, after: int
+) -> None:
+    cursor = Cursor("passages", corpus, after, source, revision, version)
+    assert decode_cursor(encode_cursor(cursor), "passages", corpus, source) == cursor
+
+
+def test_cursors_of_the_earlier_format_still_decode_without_a_write() -> None:
+    # Five fields, as the host wrote them before (a source cursor's meaning did not change).
+    earlier = earlier_passages_cursor("docs", 3, "a", "r1")
+    assert decode_cursor(earlier, "passages", "docs", "a") == Cursor(
+        "passages", "docs", 3, "a", "r1"
+    )
+    listing = signed_cursor('["sources","docs","a",null,null]')
+    assert decode_cursor(listing, "sources", "docs") == Cursor("sources", "docs", "a")
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "source"),
+    [
+        # Probe A, session 39: a forged source cursor with a lone surrogate was a 500 (the
+        # store could not encode it); a JSON escape spells one in a valid UTF-8 payload.
+        ('["sources","docs","\\ud800",null,null]', "sources", None),
+        ('["sources","docs","a\\udfff",null,null,null]', "sources", None),
+        ('["passages","docs",1,"a","\\ud800"]', "passages", "a"),
+        ('["passages","docs",1,"a","r1","\\udc00"]', "passages", "a"),
+        # What a listing never writes: a source cursor with a revision or a write.
+        ('["sources","docs","a",null,"r1",null]', "sources", None),
+        ('["sources","docs","a",null,null,"7"]', "sources", None),
+        ('["passages","docs",1,"a","r1",7]', "passages", "a"),
+    ],
+)
+def test_a_forged_cursor_with_what_no_listing_writes_is_refused(
+    body: str, kind: str, source: str | None
+) -> None:
+    with pytest.raises(RetrievalError) as excinfo:
+        decode_cursor(signed_cursor(body), kind, "docs", source)  # type: ignore[arg-type]
+    assert (excinfo.value.code, excinfo.value.reason) == (
+        ErrorCode.INVALID_REQUEST,
+        "invalid-cursor",
+    )
+
+
+def test_an_escaped_surrogate_pair_is_one_character_and_decodes() -> None:
+    # JSON spells a character outside the BMP as a pair: that is scalar text, not a forgery.
+    cursor = signed_cursor('["sources","docs","\\ud83d\\ude00",null,null]')
+    assert decode_cursor(cursor, "sources", "docs").after == "\U0001f600"
 
 
 @given(at=st.integers(0, 200), digit=st.sampled_from("0123456789abcdef"))

@@ -3,8 +3,12 @@ and the one 404 for a missing and an unauthorized source or passage."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import httpx
+
+from tests.core.test_inspection_cursor import signed_cursor
 from tests.support.host import CORPUS, HANDBOOK, RunningHost, World
 
 
@@ -74,3 +78,55 @@ def test_inspection_needs_the_token_search_grant(
     assert anonymous.status_code == 401
     assert bob.status_code == 403
     assert bob_corpora.json() == {"corpora": [], "writeOnly": []}
+
+
+def test_a_passage_cursor_of_a_label_written_again_is_a_409_not_other_passages(
+    running_host: RunningHost, host_world: World
+) -> None:
+    # Probe A, session 39: r1, r2, then r1 again with other passages, and page 1's cursor
+    # went on with page 2 of the new r1 (200): one listing of two writes.
+    url = f"/v1/corpora/{CORPUS}/sources/relabel"
+
+    def index(client: httpx.Client, revision: str, tag: str) -> None:
+        chunks = [{"id": f"relabel-{tag}-{i}", "text": f"Relabel {tag} {i}."} for i in range(4)]
+        source = {"id": "relabel", "revision": revision}
+        body = {"corpus": CORPUS, "source": source, "chunks": chunks}
+        response = client.post("/v1/retrieval/index", json=body)
+        assert response.status_code == 200, response.text
+
+    with running_host.client(headers=_bearer(host_world, "admin")) as client:
+        try:
+            index(client, "r1", "A")
+            first = client.get(url, params={"limit": 2}).json()
+            index(client, "r2", "X")
+            index(client, "r1", "B")
+            stale = client.get(url, params={"limit": 2, "cursor": first["nextCursor"]})
+            fresh = client.get(url, params={"limit": 2}).json()
+        finally:
+            gone = {"corpus": CORPUS, "sourceId": "relabel", "revision": "r1"}
+            client.post("/v1/retrieval/delete", json=gone)
+    assert [p["chunkId"] for p in first["passages"]] == ["relabel-A-0", "relabel-A-1"]
+    assert stale.status_code == 409, stale.text
+    assert (stale.json()["code"], stale.json()["reason"]) == ("SOURCE_CONFLICT", "revision-changed")
+    assert [p["chunkId"] for p in fresh["passages"]] == ["relabel-B-0", "relabel-B-1"]
+
+
+def test_a_forged_cursor_holding_a_lone_surrogate_is_a_400_not_a_500(
+    running_host: RunningHost, host_world: World
+) -> None:
+    # Probe A, session 39: JSON escapes spell a lone surrogate in a valid UTF-8 payload, and
+    # the store could not encode it (500 INTERNAL). `json.dumps` writes it as `\ud800`.
+    sources = signed_cursor(json.dumps(["sources", CORPUS, "\ud800", None, None]))
+    passages = signed_cursor(json.dumps(["passages", CORPUS, 0, "handbook", "r1\udfff", "1"]))
+    with running_host.client(headers=_bearer(host_world, "alice")) as client:
+        answers = [
+            client.get(f"/v1/corpora/{CORPUS}/sources", params={"cursor": sources}),
+            client.get(f"/v1/corpora/{CORPUS}/sources/handbook", params={"cursor": passages}),
+        ]
+    for response in answers:
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert (response.json()["code"], response.json()["reason"]) == (
+            "INVALID_REQUEST",
+            "invalid-cursor",
+        )

@@ -11,7 +11,15 @@ hex of canonical JSON followed by a 10-byte SHA-256 check (hex: URL-safe, and co
 to a few stdlib modules). The check makes any
 edited or truncated cursor a typed `INVALID_REQUEST` (reason `invalid-cursor`) rather than a
 silently different page; it is not a secret: a cursor grants nothing, since every page is
-authorized again when it is read.
+authorized again when it is read. The format is public, so a forged cursor is checked like
+input: a string in it that is not Unicode scalar text (a lone surrogate, which JSON escapes can
+spell) is `invalid-cursor` too, not a 500 when a store encodes it (probe A, session 39).
+
+A passage cursor also names the write it was read from (`SourceSummary.version`): a label
+can come back with other passages (r1 -> r2 -> r1, a delete and re-index at r1), and a walk
+checked by label only went on over the new passages (probe A, session 39). A source cursor
+needs no such thing: it is a position in source id order, which no write of a source moves.
+Cursors of the earlier format (five fields, no write) still decode, with `version` None.
 """
 
 from __future__ import annotations
@@ -54,7 +62,12 @@ class CorpusSummary:
 @dataclass(frozen=True, slots=True)
 class SourceSummary:
     """One visible source at its authorized revision. `media_type` and `indexed_at` are None
-    when the store did not record them (sources indexed as prepared passages have no type)."""
+    when the store did not record them (sources indexed as prepared passages have no type).
+
+    `version` is the store's token of the write the revision was read from, as
+    `ports.ReadRevision.version`: every write of the source changes it, even one that brings
+    the same label back, and it never comes back. Opaque and never shown: a passage cursor
+    carries it to tell a later write under the same label (None: a store that keeps none)."""
 
     id: str
     revision: str
@@ -64,6 +77,7 @@ class SourceSummary:
     bytes: int
     media_type: str | None = None
     indexed_at: str | None = None
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +212,15 @@ class StoredPassage:
 
 @dataclass(frozen=True, slots=True)
 class Cursor:
-    """A decoded position: after source id `after` (sources) or ordinal `after` (passages)."""
+    """A decoded position: after source id `after` (sources) or ordinal `after` (passages) of
+    the write `version` of `revision` (None in a passage cursor of the earlier format)."""
 
     kind: Literal["sources", "passages"]
     corpus: str
     after: str | int
     source_id: str | None = None
     revision: str | None = None
+    version: str | None = None
 
 
 def invalid_cursor() -> RetrievalError:
@@ -225,7 +241,14 @@ def check_page_limit(limit: int) -> None:
 
 
 def encode_cursor(cursor: Cursor) -> str:
-    body = [cursor.kind, cursor.corpus, cursor.after, cursor.source_id, cursor.revision]
+    body = [
+        cursor.kind,
+        cursor.corpus,
+        cursor.after,
+        cursor.source_id,
+        cursor.revision,
+        cursor.version,
+    ]
     payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     check = hashlib.sha256(_CURSOR_DOMAIN + payload).digest()[:_CHECK_BYTES]
     return (payload + check).hex()
@@ -243,7 +266,8 @@ def decode_cursor(
     source_id: str | None = None,
 ) -> Cursor:
     """The position a cursor names; `INVALID_REQUEST` (`invalid-cursor`) for one that was
-    edited, truncated, or returned by another listing (another corpus, kind or source)."""
+    edited, truncated, or returned by another listing (another corpus, kind or source), or
+    that holds a string no listing writes (not Unicode scalar text)."""
     if not token or len(token) > MAX_CURSOR_CHARS or not token.isascii():
         raise invalid_cursor()
     try:
@@ -259,12 +283,18 @@ def decode_cursor(
         body = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise invalid_cursor() from None
-    if not isinstance(body, list) or len(body) != 5:
+    # Five fields: a cursor of the earlier format, which named no write (module docstring).
+    if not isinstance(body, list) or len(body) not in (5, 6):
         raise invalid_cursor()
-    got_kind, got_corpus, after, got_source, revision = body
+    if not all(_scalar_text(value) for value in body if isinstance(value, str)):
+        raise invalid_cursor()
+    got_kind, got_corpus, after, got_source, revision, *rest = body
+    version = rest[0] if rest else None
     if got_kind != kind or got_corpus != corpus or got_source != source_id:
         raise invalid_cursor()
-    if kind == "sources" and not isinstance(after, str):
+    if kind == "sources" and (
+        not isinstance(after, str) or revision is not None or version is not None
+    ):
         raise invalid_cursor()
     if kind == "passages" and (
         isinstance(after, bool)
@@ -273,6 +303,17 @@ def decode_cursor(
         # write (the format is public, only checksummed), was a 500 (probe A, session 37).
         or not 0 <= after < 2**63
         or not isinstance(revision, str)
+        or not (version is None or isinstance(version, str))
     ):
         raise invalid_cursor()
-    return Cursor(kind, corpus, after, source_id, revision)
+    return Cursor(kind, corpus, after, source_id, revision, version)
+
+
+def _scalar_text(value: str) -> bool:
+    """Whether `value` holds no surrogate code point: JSON's `\\ud800` escape decodes to
+    one, which a store then fails to encode (UTF-8 has no form for it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

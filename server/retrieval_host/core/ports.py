@@ -387,7 +387,8 @@ class VectorStore(Protocol):
     ) -> list[SourceSummary]:
         """The allowed sources whose current revision is the allowed one, ordered by source
         id, those after `after` only (all when None), at most `limit`. `bytes` is the UTF-8
-        size of the revision's passage text."""
+        size of the revision's passage text; `version` the version of the write it was read
+        from, as `get_source`'s `ReadRevision.version` (a passage cursor names it)."""
         ...
 
     def source_totals(

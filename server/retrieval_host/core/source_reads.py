@@ -108,7 +108,8 @@ def read_source(
 ) -> SourceDetail:
     """One source at its authorized revision with one page of its passages (module
     docstring). `SOURCE_UNAVAILABLE` for a source missing or not granted; `SOURCE_CONFLICT`
-    (`revision-changed`) for a cursor of a revision that is no longer the source's."""
+    (`revision-changed`) for a cursor of a write that is no longer the source's, even one
+    under the same label, and for a cursor of the earlier format, which names no write."""
     previous: Mapping[str, str] = {}
     attempt = 1
     while True:
@@ -131,18 +132,18 @@ def _source_once(
     if revision is None:
         raise source_unavailable()
     context.cancel.check()
-    rows = corpus.store.list_sources(
-        corpus.id, grant.namespace, {source_id: revision}, after=None, limit=1
-    )
-    if not rows or rows[0].id != source_id:
+    summary = _summary(corpus, grant.namespace, source_id, revision)
+    if summary is None:
         # Missing looks exactly like unauthorized, unless a commit replaced the granted revision.
         stored = corpus.store.current_revisions(corpus.id, grant.namespace, (source_id,))
         return overtaken({source_id: revision}, stored)
-    summary = rows[0]
     after: int | None = None
     if cursor is not None:
         position = decode_cursor(cursor, "passages", corpus.id, source_id)
-        if position.revision != summary.revision:
+        # The write, not only the label: r1 -> r2 -> r1 (or a delete and re-index at r1) brings
+        # the label back with other passages. A cursor of the earlier format names no write,
+        # so its walk cannot be shown to be this one's: it restarts as after a replacement.
+        if (position.revision, position.version) != (summary.revision, summary.version):
             raise RetrievalError(
                 ErrorCode.SOURCE_CONFLICT,
                 "the source changed revision since this cursor was returned; list its "
@@ -154,13 +155,36 @@ def _source_once(
     passages = corpus.store.list_passages(
         corpus.id, grant.namespace, source_id, summary.revision, after=after, limit=limit + 1
     )
+    # The passages are read by label in a statement of their own: a write between the two
+    # reads that left the same label would pass its passages off as this write's. Versions
+    # never come back, so the same one read again after the passages proves none came between.
+    again = _summary(corpus, grant.namespace, source_id, revision)
+    if again is None or again.version != summary.version:
+        return {source_id: summary.revision}  # read again, whole (a cursor then meets 409)
     still = searchable_again(corpus, (source_id,), grant, context) or {}
     if still.get(source_id) != summary.revision:
         return overtaken({source_id: summary.revision}, still)
     page, more = passages[:limit], len(passages) > limit
     next_cursor = (
-        encode_cursor(Cursor("passages", corpus.id, page[-1].ordinal, source_id, summary.revision))
+        encode_cursor(
+            Cursor(
+                "passages",
+                corpus.id,
+                page[-1].ordinal,
+                source_id,
+                summary.revision,
+                summary.version,
+            )
+        )
         if more and page
         else None
     )
     return SourceDetail(summary, page, next_cursor)
+
+
+def _summary(corpus: Corpus, namespace: str, source_id: str, revision: str) -> SourceSummary | None:
+    """The source if the store holds it at `revision`, with the version of that write."""
+    rows = corpus.store.list_sources(
+        corpus.id, namespace, {source_id: revision}, after=None, limit=1
+    )
+    return rows[0] if rows and rows[0].id == source_id else None

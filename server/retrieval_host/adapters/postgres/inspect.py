@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from retrieval_host.adapters._inspection_rows import (
     FIRST_ORDINAL,
@@ -68,16 +69,17 @@ def list_sources(
     after = after or FIRST_SOURCE_ID
     if not ids or not _no_nul(*key, after):
         return []
+    # Then the version of the write: the row id, as every write inserts a row (`stored_source`).
     rows = conn.execute(
         schema_sql(
             schema,
-            f"SELECT {LISTED_SOURCE_COLUMNS} {_GRANTED} "
+            f"SELECT {LISTED_SOURCE_COLUMNS}, s.id {_GRANTED} "
             'AND s.source_id COLLATE "C" > %s ORDER BY s.source_id COLLATE "C" LIMIT %s',
         ),
         (ids, revisions, *key, ids, after, limit),
         prepare=False,
     ).fetchall()
-    return [listed_source(row, dimensions) for row in rows]
+    return [replace(listed_source(row[:-1], dimensions), version=str(row[-1])) for row in rows]
 
 
 def source_totals(
