@@ -184,3 +184,17 @@ def test_the_title_filter_ignores_case_accents_and_unicode_spelling() -> None:
     for wanted in ("résumé", "RESUME", "hauptstrasse", unicodedata.normalize("NFD", "RÉSUMÉ")):
         assert SourceFilter(title=wanted).keeps(source), wanted
     assert not SourceFilter(title="resumes").keeps(source)
+
+
+def test_a_cursor_without_a_write_keeps_the_earlier_five_field_format() -> None:
+    # Review V (session 39): a replica of the previous release, beside this one in a rolling
+    # update, refused every cursor of six fields, source cursors included, which name no write.
+    def fields(cursor: Cursor) -> list[object]:
+        body = json.loads(bytes.fromhex(encode_cursor(cursor))[:-10])
+        assert isinstance(body, list)
+        return body
+
+    assert fields(Cursor("sources", "docs", "a")) == ["sources", "docs", "a", None, None]
+    passage = Cursor("passages", "docs", 3, "a", "r1", "17")
+    assert fields(passage) == ["passages", "docs", 3, "a", "r1", "17"]
+    assert decode_cursor(encode_cursor(passage), "passages", "docs", "a") == passage

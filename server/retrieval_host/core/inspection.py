@@ -241,14 +241,11 @@ def check_page_limit(limit: int) -> None:
 
 
 def encode_cursor(cursor: Cursor) -> str:
-    body = [
-        cursor.kind,
-        cursor.corpus,
-        cursor.after,
-        cursor.source_id,
-        cursor.revision,
-        cursor.version,
-    ]
+    body = [cursor.kind, cursor.corpus, cursor.after, cursor.source_id, cursor.revision]
+    # Without a write (every source cursor) in the earlier format, byte for byte: a replica of
+    # the previous release, beside this one in a rolling update, still reads it (review V).
+    if cursor.version is not None:
+        body.append(cursor.version)
     payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     check = hashlib.sha256(_CURSOR_DOMAIN + payload).digest()[:_CHECK_BYTES]
     return (payload + check).hex()

@@ -159,8 +159,13 @@ def _source_once(
     # reads that left the same label would pass its passages off as this write's. Versions
     # never come back, so the same one read again after the passages proves none came between.
     again = _summary(corpus, grant.namespace, source_id, revision)
-    if again is None or again.version != summary.version:
+    if again is None:
         return {source_id: summary.revision}  # read again, whole (a cursor then meets 409)
+    if again.version != summary.version:
+        # The same label, written again: read again, whole. The marker names the write, so a
+        # second such race is not taken for an authorizer stuck on one revision (`ask_again`):
+        # it was answered 404 for a source that was there all along (review V, session 39).
+        return {source_id: f"{summary.revision}\x00{again.version}"}
     still = searchable_again(corpus, (source_id,), grant, context) or {}
     if still.get(source_id) != summary.revision:
         return overtaken({source_id: summary.revision}, still)
