@@ -61,8 +61,12 @@ HANDBOOK = [
 SECRET = ["The acquisition closes in March; do not share this outside the board."]
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    """Poll `predicate` until it holds (no fixed sleeps: each poll is a short yield)."""
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+    """Poll `predicate` until it holds (no fixed sleeps: each poll is a short yield).
+
+    `timeout` only bounds a failing test: 30 s, as a full run under load (two test processes
+    beside eight busy loops) once took over 10 s for a client's disconnect to reach the fake
+    provider through the host's threads."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
