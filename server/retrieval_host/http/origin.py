@@ -47,31 +47,30 @@ def preflight_refused(cors: CORSMiddleware, asked: Headers) -> RetrievalError | 
     (Starlette answers a refusal itself, in plain text). The detail names what is allowed
     rather than echoing what was asked."""
     if asked.get("access-control-request-method") not in cors.allow_methods:
-        return RetrievalError(
-            ErrorCode.PERMISSION_DENIED,
-            "Cross-origin requests may use only these methods: "
-            + ", ".join(cors.allow_methods)
-            + ".",
-            reason="cors-method-not-allowed",
+        allowed = ", ".join(cors.allow_methods)
+        return _refused(
+            f"Cross-origin requests may use only these methods: {allowed}.",
+            "cors-method-not-allowed",
         )
     names = asked.get("access-control-request-headers")
     if names is not None and any(
         name.strip() not in cors.allow_headers for name in names.lower().split(",")
     ):
-        return RetrievalError(
-            ErrorCode.PERMISSION_DENIED,
-            "Cross-origin requests may send only these headers: "
-            + ", ".join(cors.allow_headers)
-            + ".",
-            reason="cors-header-not-allowed",
+        allowed = ", ".join(cors.allow_headers)
+        return _refused(
+            f"Cross-origin requests may send only these headers: {allowed}.",
+            "cors-header-not-allowed",
         )
     if "access-control-request-private-network" in asked and not cors.allow_private_network:
-        return RetrievalError(
-            ErrorCode.PERMISSION_DENIED,
+        return _refused(
             "Pages on a more public network may not call this host (Private Network Access).",
-            reason="cors-private-network-not-allowed",
+            "cors-private-network-not-allowed",
         )
     return None
+
+
+def _refused(detail: str, reason: str) -> RetrievalError:
+    return RetrievalError(ErrorCode.PERMISSION_DENIED, detail, reason=reason)
 
 
 class OriginMiddleware:
