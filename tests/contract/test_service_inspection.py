@@ -234,6 +234,24 @@ def test_a_passage_cursor_belongs_to_its_write_not_to_its_label(setup: Setup) ->
     assert _ids(service.get_source("docs", "a", ctx(), limit=2)) == ["a-C-0", "a-C-1"]
 
 
+def test_a_passage_cursor_names_content_and_counts_no_other_write(setup: Setup) -> None:
+    # It carried the store's version of the write, a counter every write of the corpus bumps:
+    # comparing the cursors of two writes of a source told a reader how many writes (of any
+    # source, any namespace) came between (probe L, session 40).
+    setup.book.grants["search"] = Grant("team", {"a": "r1"})
+    service = setup.service
+    _write(service, "A", "r1")
+    cursor = service.get_source("docs", "a", ctx(), limit=2).next_cursor
+    for i in range(3):
+        _index(setup, "b", f"r{i}", [f"Another source, write {i}."])
+    _write(service, "X", "r2", 1)
+    _write(service, "A", "r1")  # the same passages under the label again
+    assert service.get_source("docs", "a", ctx(), limit=2).next_cursor == cursor
+    # ...so the walk goes on over them rightly.
+    rest = service.get_source("docs", "a", ctx(), limit=2, cursor=cursor)
+    assert _ids(rest) == ["a-A-2", "a-A-3"]
+
+
 def test_a_passage_cursor_of_the_earlier_format_restarts_the_walk(setup: Setup) -> None:
     # It names no write, so nothing shows its walk is this write's: the answer a replaced
     # source gets, whose remedy (list again without a cursor) is the right one, not a 400

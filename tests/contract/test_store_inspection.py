@@ -108,6 +108,29 @@ def test_list_sources_names_the_write_and_a_label_that_comes_back_is_another_one
     assert len({first, rolled_back, recreated}) == 3
 
 
+def test_list_sources_names_the_content_and_no_other_write_moves_it(store: ContractStore) -> None:
+    # A passage cursor carries `content`, not `version`: the version counts every write of the
+    # corpus, so a reader comparing two cursors counted writes it may not see, other
+    # namespaces' too (probe L, session 40). The content is the write's fingerprint alone.
+    def listed(revision: str) -> tuple[str | None, str | None]:
+        [summary] = store.list_sources("c1", "ns", {"a": revision}, after=None, limit=1)
+        return summary.version, summary.content
+
+    put(store, "a", "r1", rows(2))
+    version, content = listed("r1")
+    stored = store.get_source("c1", "ns", "a")
+    assert stored is not None and content == stored.fingerprint
+    for i in range(3):
+        put(store, f"other-{i}", "r1", rows(1, i), chunk_ids=[f"other-{i}"], namespace="elsewhere")
+    put(store, "a", "r2", rows(1), expected="r1")
+    put(store, "a", "r1", rows(2, seed=1), expected="r2")
+    again_version, again_content = listed("r1")
+    assert again_version != version  # another write of the same label...
+    assert again_content == content  # ...holding the same passages: the same content
+    put(store, "a", "r1", rows(2), expected="r1", texts=["new text", "other passages"])
+    assert listed("r1")[1] not in (None, content)
+
+
 def test_source_totals_count_what_the_listing_shows(store: ContractStore) -> None:
     put(store, "a", "r1", rows(2), texts=["één", "two"])
     put(store, "b", "r1", rows(3))

@@ -52,15 +52,15 @@ def test_a_passages_cursor_names_its_source_and_revision(
     assert decode_cursor(token, "passages", corpus, source).revision == revision
 
 
-@given(corpus=ids, source=ids, revision=ids, version=ids, after=st.integers(0, 10**6))
-def test_a_passages_cursor_names_the_write_it_was_read_from(
-    corpus: str, source: str, revision: str, version: str, after: int
+@given(corpus=ids, source=ids, revision=ids, content=ids, after=st.integers(0, 10**6))
+def test_a_passages_cursor_names_the_content_it_was_read_from(
+    corpus: str, source: str, revision: str, content: str, after: int
 ) -> None:
-    cursor = Cursor("passages", corpus, after, source, revision, version)
+    cursor = Cursor("passages", corpus, after, source, revision, content)
     assert decode_cursor(encode_cursor(cursor), "passages", corpus, source) == cursor
 
 
-def test_cursors_of_the_earlier_format_still_decode_without_a_write() -> None:
+def test_cursors_of_the_earlier_format_still_decode_without_content() -> None:
     # Five fields, as the host wrote them before (a source cursor's meaning did not change).
     earlier = earlier_passages_cursor("docs", 3, "a", "r1")
     assert decode_cursor(earlier, "passages", "docs", "a") == Cursor(

@@ -162,10 +162,10 @@ async def test_bad_limits_and_cursors_are_typed_400s(
         forged = encode_cursor(Cursor("passages", CORPUS, after, "handbook", revision))
         response = await client.get(source_url, params={"cursor": forged}, headers=auth)
         assert _problem(response, 400, "INVALID_REQUEST")["reason"] == "invalid-cursor", after
-    # A passage cursor names the write it was read from: taken from a real one.
+    # A passage cursor names the content it was read from: taken from a real one.
     real = (await client.get(source_url, params={"limit": 1}, headers=auth)).json()["nextCursor"]
-    version = decode_cursor(real, "passages", CORPUS, "handbook").version
-    last = encode_cursor(Cursor("passages", CORPUS, 2**63 - 1, "handbook", revision, version))
+    content = decode_cursor(real, "passages", CORPUS, "handbook").content
+    last = encode_cursor(Cursor("passages", CORPUS, 2**63 - 1, "handbook", revision, content))
     response = await client.get(source_url, params={"cursor": last}, headers=auth)
     assert response.status_code == 200 and response.json()["passages"] == []
     _problem(await client.get(url, params={"other": "1"}, headers=auth), 422, "INVALID_REQUEST")

@@ -14,10 +14,11 @@ from typing import Any, Final
 from retrieval_host.core.inspection import PassageSummary, SourceSummary, SourceTotals
 from retrieval_host.core.models import Location
 
-# Sources are aliased `s`, passages `c`.
+# Sources are aliased `s`, passages `c`. Followed by the version of the write, spelled per store
+# (`_store_rules.stored_source`).
 LISTED_SOURCE_COLUMNS: Final = (
     "s.source_id, s.revision, s.title, s.metadata_json, s.chunk_count, s.payload_bytes, "
-    "s.media_type, s.indexed_at"
+    "s.media_type, s.indexed_at, s.fingerprint"
 )
 TOTAL_COLUMNS: Final = (
     "COUNT(*), COALESCE(SUM(s.chunk_count), 0), COALESCE(SUM(s.payload_bytes), 0)"
@@ -38,7 +39,8 @@ def text_bytes(payload_bytes: int, passages: int, dimensions: int) -> int:
 
 
 def listed_source(row: Sequence[Any], dimensions: int) -> SourceSummary:
-    source_id, revision, title, metadata_json, chunk_count, payload, media_type, indexed_at = row
+    source_id, revision, title, metadata_json, chunk_count, payload, media_type = row[:7]
+    indexed_at, fingerprint, version = row[7:]
     return SourceSummary(
         id=str(source_id),
         revision=str(revision),
@@ -48,6 +50,8 @@ def listed_source(row: Sequence[Any], dimensions: int) -> SourceSummary:
         bytes=text_bytes(int(payload), int(chunk_count), dimensions),
         media_type=None if media_type is None else str(media_type),
         indexed_at=None if indexed_at is None else str(indexed_at),
+        version=str(version),
+        content=str(fingerprint),
     )
 
 

@@ -15,11 +15,17 @@ authorized again when it is read. The format is public, so a forged cursor is ch
 input: a string in it that is not Unicode scalar text (a lone surrogate, which JSON escapes can
 spell) is `invalid-cursor` too, not a 500 when a store encodes it (probe A, session 39).
 
-A passage cursor also names the write it was read from (`SourceSummary.version`): a label
+A passage cursor also names the content it was read from (`SourceSummary.content`): a label
 can come back with other passages (r1 -> r2 -> r1, a delete and re-index at r1), and a walk
-checked by label only went on over the new passages (probe A, session 39). A source cursor
-needs no such thing: it is a position in source id order, which no write of a source moves.
-Cursors of the earlier format (five fields, no write) still decode, with `version` None.
+checked by label only went on over the new passages (probe A, session 39). It names the
+content, not the store's version of the write: that version is a counter every write of the
+corpus bumps (SQLite's generation, PostgreSQL's row id), and a reader comparing two cursors
+counted the writes of sources it may not see, other namespaces' too (probe L, session 40).
+The content fingerprint is a digest of what the reader of those passages sees anyway, and a
+write under the same label with the same fingerprint holds the same passages in the same
+order, so a walk over it goes on rightly. A source cursor needs no such thing: it is a
+position in source id order, which no write of a source moves. Cursors of the earlier format
+(five fields, no content) still decode, with `content` None.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ DEFAULT_PAGE_LIMIT: Final = 100
 MAX_CURSOR_CHARS: Final = 8192
 _CHECK_BYTES: Final = 10
 _CURSOR_DOMAIN: Final = b"retrieval-host/cursor/v1\x00"
+_CONTENT_CHARS: Final = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +73,11 @@ class SourceSummary:
 
     `version` is the store's token of the write the revision was read from, as
     `ports.ReadRevision.version`: every write of the source changes it, even one that brings
-    the same label back, and it never comes back. Opaque and never shown: a passage cursor
-    carries it to tell a later write under the same label (None: a store that keeps none)."""
+    the same label back, and it never comes back. Never shown (it counts the corpus's writes).
+    `content` is the write's fingerprint (`core.fingerprint.revision_fingerprint`): equal
+    exactly when the passages, their locations and the provenance are; a passage cursor
+    carries it to tell a later write of other passages under the same label (module
+    docstring). None: a store that keeps them not."""
 
     id: str
     revision: str
@@ -78,6 +88,7 @@ class SourceSummary:
     media_type: str | None = None
     indexed_at: str | None = None
     version: str | None = None
+    content: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,14 +224,20 @@ class StoredPassage:
 @dataclass(frozen=True, slots=True)
 class Cursor:
     """A decoded position: after source id `after` (sources) or ordinal `after` (passages) of
-    the write `version` of `revision` (None in a passage cursor of the earlier format)."""
+    `revision` holding `content` (`cursor_content`; None in a passage cursor of the earlier
+    format)."""
 
     kind: Literal["sources", "passages"]
     corpus: str
     after: str | int
     source_id: str | None = None
     revision: str | None = None
-    version: str | None = None
+    content: str | None = None
+
+
+def cursor_content(summary: SourceSummary) -> str | None:
+    """What a passage cursor names of the write it walks: 128 bits of its fingerprint."""
+    return None if summary.content is None else summary.content[:_CONTENT_CHARS]
 
 
 def invalid_cursor() -> RetrievalError:
@@ -244,8 +261,8 @@ def encode_cursor(cursor: Cursor) -> str:
     body = [cursor.kind, cursor.corpus, cursor.after, cursor.source_id, cursor.revision]
     # Without a write (every source cursor) in the earlier format, byte for byte: a replica of
     # the previous release, beside this one in a rolling update, still reads it (review V).
-    if cursor.version is not None:
-        body.append(cursor.version)
+    if cursor.content is not None:
+        body.append(cursor.content)
     payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     check = hashlib.sha256(_CURSOR_DOMAIN + payload).digest()[:_CHECK_BYTES]
     return (payload + check).hex()
@@ -286,11 +303,11 @@ def decode_cursor(
     if not all(_scalar_text(value) for value in body if isinstance(value, str)):
         raise invalid_cursor()
     got_kind, got_corpus, after, got_source, revision, *rest = body
-    version = rest[0] if rest else None
+    content = rest[0] if rest else None
     if got_kind != kind or got_corpus != corpus or got_source != source_id:
         raise invalid_cursor()
     if kind == "sources" and (
-        not isinstance(after, str) or revision is not None or version is not None
+        not isinstance(after, str) or revision is not None or content is not None
     ):
         raise invalid_cursor()
     if kind == "passages" and (
@@ -300,10 +317,10 @@ def decode_cursor(
         # write (the format is public, only checksummed), was a 500 (probe A, session 37).
         or not 0 <= after < 2**63
         or not isinstance(revision, str)
-        or not (version is None or isinstance(version, str))
+        or not (content is None or isinstance(content, str))
     ):
         raise invalid_cursor()
-    return Cursor(kind, corpus, after, source_id, revision, version)
+    return Cursor(kind, corpus, after, source_id, revision, content)
 
 
 def _scalar_text(value: str) -> bool:

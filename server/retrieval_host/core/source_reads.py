@@ -32,6 +32,7 @@ from retrieval_host.core.inspection import (
     SourceFilter,
     SourcePage,
     SourceSummary,
+    cursor_content,
     decode_cursor,
     encode_cursor,
     source_page,
@@ -140,10 +141,11 @@ def _source_once(
     after: int | None = None
     if cursor is not None:
         position = decode_cursor(cursor, "passages", corpus.id, source_id)
-        # The write, not only the label: r1 -> r2 -> r1 (or a delete and re-index at r1) brings
-        # the label back with other passages. A cursor of the earlier format names no write,
-        # so its walk cannot be shown to be this one's: it restarts as after a replacement.
-        if (position.revision, position.version) != (summary.revision, summary.version):
+        # The content, not only the label: r1 -> r2 -> r1 (or a delete and re-index at r1)
+        # brings the label back with other passages. A cursor of the earlier format names no
+        # content, so its walk cannot be shown to be this one's: it restarts as after a
+        # replacement (unless the store keeps no fingerprints either).
+        if (position.revision, position.content) != (summary.revision, cursor_content(summary)):
             raise RetrievalError(
                 ErrorCode.SOURCE_CONFLICT,
                 "the source changed revision since this cursor was returned; list its "
@@ -178,7 +180,7 @@ def _source_once(
                 page[-1].ordinal,
                 source_id,
                 summary.revision,
-                summary.version,
+                cursor_content(summary),
             )
         )
         if more and page

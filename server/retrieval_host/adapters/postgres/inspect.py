@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from retrieval_host.adapters._inspection_rows import (
     FIRST_ORDINAL,
@@ -69,7 +68,7 @@ def list_sources(
     after = after or FIRST_SOURCE_ID
     if not ids or not _no_nul(*key, after):
         return []
-    # Then the version of the write: the row id, as every write inserts a row (`stored_source`).
+    # The version of the write is the row id, as every write inserts a row (`stored_source`).
     rows = conn.execute(
         schema_sql(
             schema,
@@ -79,7 +78,7 @@ def list_sources(
         (ids, revisions, *key, ids, after, limit),
         prepare=False,
     ).fetchall()
-    return [replace(listed_source(row[:-1], dimensions), version=str(row[-1])) for row in rows]
+    return [listed_source(row, dimensions) for row in rows]
 
 
 def source_totals(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 import apsw
 
@@ -53,13 +52,13 @@ def list_sources(
     after: str | None,
     limit: int,
 ) -> list[SourceSummary]:
-    # Then the version of the write: the corpus generation it committed at (`stored_source`).
+    # The version of the write is the corpus generation it committed at (`stored_source`).
     rows = conn.execute(
         f"SELECT {LISTED_SOURCE_COLUMNS}, s.generation {_GRANTED} "
         "WHERE s.source_id > ? ORDER BY s.source_id LIMIT ?",
         (json.dumps(dict(allowed)), *key, after or FIRST_SOURCE_ID, limit),
     ).fetchall()
-    return [replace(listed_source(row[:-1], dimensions), version=str(row[-1])) for row in rows]
+    return [listed_source(row, dimensions) for row in rows]
 
 
 def source_totals(
