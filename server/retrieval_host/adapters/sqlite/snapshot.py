@@ -10,11 +10,19 @@ cache. Each array has room beyond its rows (a sparse hole in the file), so rows 
 the open are written in place, into the process's private copies of those pages only.
 
 SQLite stays the authority. A snapshot records, per source, the revision, document digest,
-chunk count and commit generation it holds; an open keeps a source's rows only when SQLite has
-that source at exactly that generation, revision, digest and count, drops the rest, and loads
-from SQLite whatever changed since (the store's usual incremental reload). A snapshot that is
-missing, unreadable, unsafe (a link, someone else's, writable by others), from another format,
-corpus or descriptor is ignored: the index is loaded from SQLite and a new snapshot written.
+content fingerprint (passages, locations, provenance: `sources.fingerprint`), chunk count and
+commit generation it holds; an open keeps a source's rows only when SQLite has that source at
+exactly that generation, revision, digest, fingerprint and count, drops the rest, and loads
+from SQLite whatever changed since (the store's usual incremental reload). Generations alone
+do not name a write: a restored backup counts them again from its own, and its next writes
+reuse numbers the snapshot recorded for other text (probe T, session 40: the snapshot's text
+was served until the fingerprint joined the key, format 3). A snapshot of a generation past
+the database's comes from a state the database does not hold (a restored backup, a new
+database in the same place): it is not used, and a store that may write removes it and its
+graph files (`SqliteSnapshots._adopt_snapshot`). A snapshot that is missing, unreadable,
+unsafe (a link, someone else's, writable by others), from another format (an earlier
+release's: its sources have no fingerprint), corpus or descriptor is ignored: the index is
+loaded from SQLite and a new snapshot written.
 
 A damaged one is too. The header carries its own CRC-32 and, per array, the CRC-32 of each
 piece of its bytes (`snapshot_checks`); an open reads the whole file once and compares every
@@ -78,8 +86,10 @@ from retrieval_host.core.errors import RetrievalError
 
 _log = logging.getLogger(__name__)
 
+# The magic names the prefix's layout (magic, header length, header CRC-32: since format 2);
+# the header's `format` names the rest. Format 3: each source's entry has its fingerprint.
 MAGIC: Final = b"RHSNAP\x00\x02"
-FORMAT: Final = 2
+FORMAT: Final = 3
 # The magic, the header's length (8 bytes) and its CRC-32 (4 bytes).
 _PREFIX: Final = len(MAGIC) + 8 + 4
 ALIGN: Final = 4096
@@ -164,7 +174,15 @@ def write(
             "size": ns.size,
             "arrays": placed,
             "sources": [
-                [e.source_id, e.revision, e.document_sha256, e.generation, e.start, e.stop]
+                [
+                    e.source_id,
+                    e.revision,
+                    e.document_sha256,
+                    e.fingerprint,
+                    e.generation,
+                    e.start,
+                    e.stop,
+                ]
                 for e in ns.sources
             ],
         }
@@ -418,8 +436,8 @@ def _mapped(
         if arrays["matrix"].shape[1:] != (dims,) or len(arrays["hashes"]) < size:
             raise SnapshotUnusable("its arrays do not match the corpus")
         sources = [
-            SourceEntry(str(sid), str(rev), str(sha), int(gen), int(start), int(stop))
-            for sid, rev, sha, gen, start, stop in entry["sources"]
+            SourceEntry(str(sid), str(rev), str(sha), int(gen), int(start), int(stop), str(fp))
+            for sid, rev, sha, fp, gen, start, stop in entry["sources"]
         ]
         if any(not 0 <= e.start <= e.stop <= size for e in sources):
             raise SnapshotUnusable("a source's rows lie outside the snapshot")
@@ -466,7 +484,7 @@ def _view(
 # --- adopting a snapshot ------------------------------------------------------------------------
 
 
-Listing = Mapping[tuple[str, str], tuple[str, str, int, int, Mapping[str, Any]]]
+Listing = Mapping[tuple[str, str], tuple[str, str, str, int, int, Mapping[str, Any]]]
 
 
 def segments(
@@ -474,7 +492,8 @@ def segments(
 ) -> Iterator[tuple[str, Segment, list[tuple[str, int]]]]:
     """The snapshot's namespaces as segments, keeping only the sources SQLite still holds as
     the snapshot does (`listing`: (namespace, source id) -> (revision, document digest,
-    generation, chunk count, metadata)); with each the (source id, generation) kept."""
+    content fingerprint, generation, chunk count, metadata); an entry without a fingerprint
+    matches none); with each the (source id, generation) kept."""
     for namespace, (size, arrays, entries) in snapshot.namespaces.items():
         segment = Segment(dims)
         kept: list[tuple[str, int]] = []
@@ -482,8 +501,8 @@ def segments(
         live = np.zeros(len(arrays["lengths"]), dtype=np.bool_)
         for entry in entries:
             held = listing.get((namespace, entry.source_id))
-            current = held is not None and held[:4] == entry.key()
-            metadata = held[4] if held is not None and current else {}
+            current = held is not None and bool(entry.fingerprint) and held[:5] == entry.key()
+            metadata = held[5] if held is not None and current else {}
             source = Revision(
                 entry.source_id, entry.revision, entry.document_sha256, metadata, entry.generation
             )

@@ -4,7 +4,7 @@ piece as they are written (the file format is in `snapshot`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -20,7 +20,15 @@ BYTE_ARRAYS: Final = ("ids", "text", "documents")
 
 @dataclass(frozen=True, slots=True)
 class SourceEntry:
-    """One live source of a snapshot: where its rows are and what SQLite must still hold."""
+    """One live source of a snapshot: where its rows are and what SQLite must still hold.
+
+    `fingerprint` is the write's content fingerprint (`sources.fingerprint`: passages, their
+    locations, provenance), "" when unknown (an entry that matches no SQLite row). Revision,
+    digest and commit generation alone did not tell two writes apart: a restored database
+    counts generations again from the backup's, so a later write reused a generation the
+    snapshot had recorded for other text, and the snapshot's text was served (probe T,
+    session 40); a caller-given document digest, or one of the text alone, says nothing of
+    the passages or their locations."""
 
     source_id: str
     revision: str
@@ -28,9 +36,18 @@ class SourceEntry:
     generation: int
     start: int
     stop: int
+    fingerprint: str = ""
 
-    def key(self) -> tuple[str, str, int, int]:
-        return (self.revision, self.document_sha256, self.generation, self.stop - self.start)
+    def key(self) -> tuple[str, str, str, int, int]:
+        """What SQLite must hold for this source for its rows to be used: revision, document
+        digest, content fingerprint, commit generation and passage count."""
+        return (
+            self.revision,
+            self.document_sha256,
+            self.fingerprint,
+            self.generation,
+            self.stop - self.start,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +87,21 @@ def image(namespace: str, segment: Segment) -> NamespaceImage:
     # Postings objects are appended to later (beyond `size`): keep the arrays and counts now.
     postings = {term: [p.view()] for term, p in segment.lexicon.postings.items()}
     return NamespaceImage(namespace, size, arrays, sources, postings, segment.lexicon.base)
+
+
+def with_fingerprints(
+    ns: NamespaceImage, held: Mapping[tuple[str, str], tuple[int, str]]
+) -> NamespaceImage:
+    """The image with each source's content fingerprint as SQLite holds it (`held`:
+    (namespace, source id) -> (commit generation, fingerprint)), read after the capture. A
+    source SQLite holds at another generation (written again since) gets none: its rows are
+    read from SQLite at the next open."""
+
+    def fingerprint(entry: SourceEntry) -> str:
+        row = held.get((ns.namespace, entry.source_id))
+        return row[1] if row is not None and row[0] == entry.generation else ""
+
+    return replace(ns, sources=[replace(e, fingerprint=fingerprint(e)) for e in ns.sources])
 
 
 def postings(ns: NamespaceImage) -> BasePostings:

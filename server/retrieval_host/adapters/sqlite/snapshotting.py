@@ -13,8 +13,11 @@ from pathlib import Path
 import apsw
 
 from retrieval_host.adapters.sqlite import graph_file, snapshot, snapshot_image
-from retrieval_host.adapters.sqlite.schema import translated
+from retrieval_host.adapters.sqlite.catalog import open_reader
+from retrieval_host.adapters.sqlite.schema import transaction, translated
 from retrieval_host.adapters.sqlite.segment import CorpusState
+from retrieval_host.adapters.sqlite.tables import committed_generation
+from retrieval_host.core.errors import RetrievalError
 
 _log = logging.getLogger(__name__)
 
@@ -49,7 +52,8 @@ class SqliteSnapshots:
         exactly as written (the caller holds the db lock; `_refresh` then loads the rest).
         Whether the file must be rewritten: it holds rows that are not live (deleted or
         replaced since it was written, or written by a release that kept dead rows; their text
-        must leave the disk)."""
+        must leave the disk). A snapshot of a generation past the database's is not used
+        (`_discard_future`)."""
         descriptor = state.descriptor
         path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
         mapped = snapshot.read(
@@ -63,15 +67,28 @@ class SqliteSnapshots:
         if mapped is None:
             return False
         conn = self._connection()
-        with translated("reading the corpus's sources"):
+        # Read after the file, in one read transaction: a snapshot of this database's history
+        # was written at a generation it had committed, so it is never past the one read here.
+        with translated("reading the corpus's sources"), transaction(conn, "BEGIN"):
+            committed = committed_generation(conn, descriptor.corpus_id) or 0
             listing = {
-                (str(ns), str(sid)): (str(rev), str(sha), int(gen), int(count), json.loads(meta))
-                for ns, sid, rev, sha, gen, count, meta in conn.execute(
-                    "SELECT namespace, source_id, revision, document_sha256, generation, "
-                    "chunk_count, metadata_json FROM sources WHERE corpus_id = ?",
+                (str(ns), str(sid)): (
+                    str(rev),
+                    str(sha),
+                    str(fingerprint),
+                    int(gen),
+                    int(count),
+                    json.loads(meta),
+                )
+                for ns, sid, rev, sha, fingerprint, gen, count, meta in conn.execute(
+                    "SELECT namespace, source_id, revision, document_sha256, fingerprint, "
+                    "generation, chunk_count, metadata_json FROM sources WHERE corpus_id = ?",
                     (descriptor.corpus_id,),
                 )
             }
+        if mapped.generation > committed:
+            self._discard_future(path, mapped, committed)
+            return False
         try:
             adopted = list(snapshot.segments(mapped, state.dimensions, listing))
         except snapshot.SnapshotUnusable as exc:
@@ -100,6 +117,35 @@ class SqliteSnapshots:
             state.unsnapshotted += dead  # a close rewrites it, if the eraser has not
             return True
         return False
+
+    def _discard_future(self, path: Path, mapped: snapshot.Snapshot, committed: int) -> None:
+        """The snapshot at `path` (`mapped`) is of a generation past the database's
+        `committed`: it comes from a state the database does not hold (a restored backup, a
+        new database in the same place). None of its rows is used: the index loads from
+        SQLite, as at a first start. A store that may write removes it and its graph files
+        now: a write never replaces a newer generation, so every later rewrite (a delete's
+        among them) would have been skipped until the database counted past it, the deleted
+        and rolled-back text left on disk (probe T, session 40). Under the writers' lock,
+        and only the version read: another process (a worker of the same host) may have
+        removed it already and written the database's state in its place."""
+        what = (
+            f"index snapshot {path} not used: it is of commit generation {mapped.generation}, "
+            f"past the database's {committed} (a restored backup, or a new database in its "
+            "place)"
+        )
+        if self._read_only:
+            _log.warning("%s; a read-only store leaves it in place", what)
+            return
+        try:
+            with snapshot.writing(path):
+                if snapshot.current_identity(path) != mapped.identity:
+                    return  # removed or rewritten by another process meanwhile
+                path.unlink()
+                graph_file.remove_graphs(path)
+        except OSError as exc:
+            _log.warning("%s; it could not be removed: %s", what, exc)
+            return
+        _log.warning("%s; removed with its graph files, the index is read from SQLite", what)
 
     def _remove_snapshot(self, corpus: str) -> None:
         """After a delete with snapshots off: a snapshot an earlier start wrote is removed,
@@ -135,8 +181,9 @@ class SqliteSnapshots:
 
     def _write_snapshot(self, state: CorpusState, force: bool = False) -> bool:
         """Write one corpus's snapshot unless one as recent is there already (`force`: also
-        over one of the same generation; never over a newer one). A failure is logged: the
-        snapshot is only a cache. Whether the file now holds this state or a newer one."""
+        over one of the same generation; never over a newer one, unless it is newer than the
+        database too: `_discard_future`). A failure is logged: the snapshot is only a cache.
+        Whether the file now holds this state or a newer one."""
         if self._read_only or not self._snapshots:
             return True
         corpus = state.descriptor.corpus_id
@@ -159,25 +206,58 @@ class SqliteSnapshots:
                     written = snapshot.written_generation(
                         path, corpus, descriptor_json, state.dimensions, self._trusted_groups
                     )
-                    if written is not None and (
+                    # Read after the file (see `_adopt_snapshot`): the database's generation,
+                    # and the fingerprint of each source the images hold.
+                    committed, held = self._committed_sources(corpus)
+                    if written is not None and written > committed:
+                        _log.warning(
+                            "index snapshot %s is of commit generation %d, past the "
+                            "database's %d: replaced",
+                            path,
+                            written,
+                            committed,
+                        )
+                    elif written is not None and (
                         written > generation or (written == generation and not force)
                     ):
                         # Another process (a worker of the same host) wrote it already.
                         with self._cache_lock:
                             state.unsnapshotted = max(0, state.unsnapshotted - changed)
                         return True
+                    images = [snapshot_image.with_fingerprints(i, held) for i in images]
                     snapshot.remove_temporaries(path)
                     size = snapshot.write(path, corpus, descriptor_json, generation, images)
                     # Graphs of earlier versions of the file hold their rows' vectors (int8),
                     # deleted ones too; none fits the new file.
                     graph_file.remove_graphs(path)
-            except OSError as exc:
+            except (OSError, RetrievalError) as exc:
                 _log.warning("could not write the index snapshot %s: %s", path, exc)
                 return False
             with self._cache_lock:
                 state.unsnapshotted = max(0, state.unsnapshotted - changed)
             _log.info("wrote the index snapshot of corpus %s (%d bytes)", corpus, size)
             return True
+
+    def _committed_sources(self, corpus: str) -> tuple[int, dict[tuple[str, str], tuple[int, str]]]:
+        """The corpus's committed generation and each source's (generation, fingerprint), read
+        in one transaction on a connection of its own: the store's is used under the db lock,
+        which an open holds while it waits for the snapshot's lock (`_adopt_snapshot`)."""
+        with translated("reading the sources' fingerprints"):
+            conn = open_reader(self._path)
+            try:
+                with transaction(conn, "BEGIN"):
+                    committed = committed_generation(conn, corpus) or 0
+                    held = {
+                        (str(ns), str(sid)): (int(gen), str(fingerprint))
+                        for ns, sid, gen, fingerprint in conn.execute(
+                            "SELECT namespace, source_id, generation, fingerprint FROM sources "
+                            "WHERE corpus_id = ?",
+                            (corpus,),
+                        )
+                    }
+            finally:
+                conn.close()
+        return committed, held
 
     def _after_delete(self, state: CorpusState) -> None:
         """The deleted rows leave the snapshot file: rewritten without them, or, with
