@@ -26,10 +26,12 @@ from retrieval_host_client._errors import ClientClosedError
 from retrieval_host_client._fields import DeleteFields, IndexFields, RunFields, SearchFields
 from retrieval_host_client._ingest_stream import IngestEventReader, ProgressCallback
 from retrieval_host_client._responses import (
+    BodyReader,
     RunEventReader,
     check_same_source,
     corpora_of,
     is_event_stream,
+    next_cursor,
     transport_error,
 )
 from retrieval_host_client.models import (
@@ -125,13 +127,26 @@ class AsyncRunStream:
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
     """Read what is left of a response whose terminal event has been read, up to
     `DRAIN_BYTES` and for at most `DRAIN_S` seconds; a transport error here only means the
-    connection is not kept."""
+    connection is not kept. What is read is not decoded: the terminal event was the answer."""
     read = 0
     with anyio.move_on_after(DRAIN_S), contextlib.suppress(httpx.RequestError):
         async for chunk in chunks:
             read += len(chunk)
             if read > DRAIN_BYTES:
                 return
+
+
+async def _read(response: httpx.Response) -> bytes:
+    """The body of an answer that is not a stream, read under `BodyReader`'s bounds (the
+    caller closes the response; one not read to its end is not pooled)."""
+    body = BodyReader(response.status_code, response.headers)
+    try:
+        async for chunk in response.aiter_bytes():
+            if body.feed(chunk):
+                break
+    except httpx.RequestError as exc:
+        raise transport_error(exc) from exc
+    return body.body()
 
 
 class AsyncClient(BaseClient[httpx.AsyncClient]):
@@ -192,13 +207,19 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         with self._body(call.body) as (content, length):
             request = self._request(call, content, length)
             try:
-                response = await self._http.send(request)
+                # Streamed, so the body is read under a bound (probe C, session 40: read
+                # whole, an endless answer grew the client to gigabytes).
+                response = await self._http.send(request, stream=True)
             except httpx.RequestError as exc:
                 raise transport_error(exc) from exc
             except RuntimeError as exc:  # httpx's, when closed meanwhile
                 self._raise_if_closed(exc)
                 raise
-        return call.parse(response.status_code, response.headers, response.content)
+        try:
+            body = await _read(response)
+        finally:
+            await response.aclose()
+        return call.parse(response.status_code, response.headers, body)
 
     @staticmethod
     @contextlib.contextmanager
@@ -305,8 +326,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
                 raise
         try:
             if not is_event_stream(response):  # a refusal, or a host that answers JSON
-                await response.aread()
-                return call.parse(response.status_code, response.headers, response.content)
+                body = await _read(response)
+                return call.parse(response.status_code, response.headers, body)
             chunks = response.aiter_bytes()
             async for chunk in chunks:
                 reader.feed(chunk)
@@ -359,12 +380,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         stream = AsyncRunStream(response)
         try:
             refused = not 200 <= response.status_code < 300
-            if refused:
-                try:
-                    await response.aread()
-                except httpx.RequestError as exc:
-                    raise transport_error(exc) from exc
-            call.parse(response.status_code, response.headers, response.content if refused else b"")
+            body = await _read(response) if refused else b""
+            call.parse(response.status_code, response.headers, body)
             yield stream
         finally:
             await stream._aclose()
@@ -400,7 +417,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         listing from a page's `nextCursor`. `title` keeps sources whose title holds it (case
         ignored), `media_type` those of that media type. To stop early, `await aclose()` it,
         or iterate it in `async with contextlib.aclosing(client.list_sources(...)) as
-        sources:` (left unclosed, it is finalized later by the event loop, not by the task)."""
+        sources:` (left unclosed, it is finalized later by the event loop, not by the task).
+        A host that returns a cursor of an earlier page again raises `ProtocolError`."""
+        followed: set[str] = set() if cursor is None else {cursor}
         while True:
             call = self._list_sources(
                 corpus, limit=page_size, cursor=cursor, title=title, media_type=media_type
@@ -408,9 +427,9 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             page = await self._send(call)
             for source in page.sources:
                 yield source
-            if page.next_cursor is None:
+            cursor = next_cursor(page, followed)
+            if cursor is None:
                 return
-            cursor = page.next_cursor
 
     async def get_source(
         self, corpus: str, source_id: str, *, limit: int | None = None, cursor: str | None = None

@@ -111,10 +111,13 @@ DRAIN_BYTES: Final = 64 * 1024
 """At most what a shell reads of a stream after its terminal event, to reach the body's end:
 httpx returns a connection to its pool only from a response read to the end, so a stream
 closed right after `run.completed` would cost the next call a new TCP and TLS handshake.
-Best effort: the async shell gives it `DRAIN_S`; the sync one reads only with a finite read
-timeout (a host or proxy that kept a finished stream open would hold the call that long)."""
+Best effort: both shells give it `DRAIN_S`; the sync one reads only with a finite read
+timeout, and a read under way when `DRAIN_S` passes ends with that read (a sync read cannot be
+interrupted), so a host or proxy that keeps a finished stream open and silent holds a sync
+call one read timeout at most. The bytes are not decoded: the terminal event was the answer."""
 
 DRAIN_S: Final = 0.5
+"""The longest a shell reads a stream after its terminal event (see `DRAIN_BYTES`)."""
 
 STREAM_LEFT: Final = "this stream was closed when its block was left; read it inside the block"
 
@@ -235,7 +238,10 @@ class BaseClient(Generic[H]):
     ) -> None:
         self.base_url = check_base_url(base_url)
         token = resolve_token(token, os.environ)
-        headers = {"User-Agent": USER_AGENT, "Accept": JSON_TYPES}
+        # `identity`: the host never compresses, and a compressed answer is a body whose
+        # size on the wire says nothing of its size decoded (probe C, session 40: a 4 MB
+        # gzip answer became 3.85 GB; httpx asks for gzip and deflate by default).
+        headers = {"User-Agent": USER_AGENT, "Accept": JSON_TYPES, "Accept-Encoding": "identity"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         self._http_options: dict[str, Any] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
@@ -12,6 +13,7 @@ import httpx
 
 from retrieval_host_client._base import (
     DRAIN_BYTES,
+    DRAIN_S,
     STREAM_LEFT,
     UPLOAD_CHUNK_BYTES,
     BaseClient,
@@ -23,10 +25,12 @@ from retrieval_host_client._errors import ClientClosedError
 from retrieval_host_client._fields import DeleteFields, IndexFields, RunFields, SearchFields
 from retrieval_host_client._ingest_stream import IngestEventReader, ProgressCallback
 from retrieval_host_client._responses import (
+    BodyReader,
     RunEventReader,
     check_same_source,
     corpora_of,
     is_event_stream,
+    next_cursor,
     transport_error,
 )
 from retrieval_host_client.models import (
@@ -121,17 +125,35 @@ class RunStream:
 
 def _drain(response: httpx.Response, chunks: Iterator[bytes]) -> None:
     """Read what is left of a response whose terminal event has been read, up to
-    `DRAIN_BYTES`, and only under a finite read timeout; a transport error
-    here only means the connection is not kept."""
+    `DRAIN_BYTES` and for at most `DRAIN_S` seconds, and only under a finite read timeout
+    (the read under way when `DRAIN_S` passes is not interrupted: a sync read cannot be);
+    a transport error here only means the connection is not kept. What is read is not
+    decoded: the terminal event was the answer."""
     timeout = response.request.extensions.get("timeout", {})
     if timeout.get("read") is None:
         return
+    # A deadline as the async shell's, on the monotonic clock (probe C, session 40: a host
+    # trickling 3 bytes every 0.5 s after `run.completed` held the call for hours).
+    deadline = time.monotonic() + DRAIN_S
     read = 0
     with contextlib.suppress(httpx.RequestError):
         for chunk in chunks:
             read += len(chunk)
-            if read > DRAIN_BYTES:
+            if read > DRAIN_BYTES or time.monotonic() >= deadline:
                 return
+
+
+def _read(response: httpx.Response) -> bytes:
+    """The body of an answer that is not a stream, read under `BodyReader`'s bounds (the
+    caller closes the response; one not read to its end is not pooled)."""
+    body = BodyReader(response.status_code, response.headers)
+    try:
+        for chunk in response.iter_bytes():
+            if body.feed(chunk):
+                break
+    except httpx.RequestError as exc:
+        raise transport_error(exc) from exc
+    return body.body()
 
 
 class Client(BaseClient[httpx.Client]):
@@ -174,13 +196,19 @@ class Client(BaseClient[httpx.Client]):
         with self._body(call.body) as (content, length):
             request = self._request(call, content, length)
             try:
-                response = self._http.send(request)
+                # Streamed, so the body is read under a bound (probe C, session 40: read
+                # whole, an endless answer grew the client to gigabytes).
+                response = self._http.send(request, stream=True)
             except httpx.RequestError as exc:
                 raise transport_error(exc) from exc
             except RuntimeError as exc:  # httpx's, when closed meanwhile
                 self._raise_if_closed(exc)
                 raise
-        return call.parse(response.status_code, response.headers, response.content)
+        try:
+            body = _read(response)
+        finally:
+            response.close()
+        return call.parse(response.status_code, response.headers, body)
 
     @staticmethod
     @contextlib.contextmanager
@@ -287,8 +315,7 @@ class Client(BaseClient[httpx.Client]):
                 raise
         try:
             if not is_event_stream(response):  # a refusal, or a host that answers JSON
-                response.read()
-                return call.parse(response.status_code, response.headers, response.content)
+                return call.parse(response.status_code, response.headers, _read(response))
             chunks = response.iter_bytes()
             for chunk in chunks:
                 reader.feed(chunk)
@@ -341,12 +368,7 @@ class Client(BaseClient[httpx.Client]):
         stream = RunStream(response)
         try:
             refused = not 200 <= response.status_code < 300
-            if refused:
-                try:
-                    response.read()
-                except httpx.RequestError as exc:
-                    raise transport_error(exc) from exc
-            call.parse(response.status_code, response.headers, response.content if refused else b"")
+            call.parse(response.status_code, response.headers, _read(response) if refused else b"")
             yield stream
         finally:
             stream._close()
@@ -381,16 +403,18 @@ class Client(BaseClient[httpx.Client]):
         (1-1000; the host's default 100) lazily, following `nextCursor`. `cursor` resumes a
         listing from a page's `nextCursor`. `title` keeps sources whose title holds it (case
         ignored), `media_type` those of that media type. To stop early, `close()` it, or
-        iterate it in `with contextlib.closing(client.list_sources(...)) as sources:`."""
+        iterate it in `with contextlib.closing(client.list_sources(...)) as sources:`. A host
+        that returns a cursor of an earlier page again raises `ProtocolError`."""
+        followed: set[str] = set() if cursor is None else {cursor}
         while True:
             call = self._list_sources(
                 corpus, limit=page_size, cursor=cursor, title=title, media_type=media_type
             )
             page = self._send(call)
             yield from page.sources
-            if page.next_cursor is None:
+            cursor = next_cursor(page, followed)
+            if cursor is None:
                 return
-            cursor = page.next_cursor
 
     def get_source(
         self, corpus: str, source_id: str, *, limit: int | None = None, cursor: str | None = None

@@ -54,9 +54,16 @@ __all__ = [
     "StoreUnavailableError",
     "UnsupportedMediaTypeError",
     "UpstreamError",
+    "bounded_retry_after",
     "error_from_problem",
     "error_from_status",
 ]
+
+MAX_RETRY_AFTER_S: Final = 24 * 60 * 60
+"""The longest wait a `retry_after` says: a longer `Retry-After` (or problem `retryAfter`) is
+read as this (probe C, session 40: 400 digits made `inf`, which `time.sleep` refuses). Capped
+rather than dropped: the host reads a model's `Retry-After` with the same function, and a wait
+of days must stay longer than any run waits, so the run fails and the caller is told when."""
 
 
 class RetrievalHostError(Exception):
@@ -356,13 +363,31 @@ def _status_class(status: int) -> type[APIStatusError]:
     return InternalServerError if status >= 500 else APIStatusError
 
 
+def bounded_retry_after(seconds: float | None) -> float | None:
+    """`seconds`, at most `MAX_RETRY_AFTER_S` (`inf` included); None stays None."""
+    return None if seconds is None else min(seconds, float(MAX_RETRY_AFTER_S))
+
+
+def printable(text: str) -> str:
+    """`text` with its control and other unprintable characters escaped (`\\n`, `\\x1b`):
+    a host's words go into exception messages, which land in terminals and line-based logs
+    (probe C, session 40: a `detail` with newlines or terminal escapes was put in verbatim)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def error_from_problem(
     problem: Problem, *, status: int | None = None, retry_after: float | None = None
 ) -> APIStatusError:
     """The typed error for a problem document (a response body or a `run.failed` event)."""
     effective = status if status is not None else problem.status
     cls = _CODE_CLASSES.get(problem.code) or _status_class(effective)
-    message = f"{problem.code} ({effective}): {problem.detail} [request {problem.request_id}]"
+    message = printable(
+        f"{problem.code} ({effective}): {problem.detail} [request {problem.request_id}]"
+    )
+    if retry_after is None:
+        retry_after = bounded_retry_after(problem.retry_after)
     return cls(
         message,
         status=effective,
@@ -370,7 +395,7 @@ def error_from_problem(
         request_id=problem.request_id,
         reason=problem.reason,
         problem=problem,
-        retry_after=retry_after if retry_after is not None else problem.retry_after,
+        retry_after=retry_after,
     )
 
 
@@ -379,7 +404,7 @@ def error_from_status(
 ) -> APIStatusError:
     """The typed error for an error response whose body is not a problem document."""
     cls = _status_class(status)
-    suffix = f" [request {request_id}]" if request_id else ""
+    suffix = f" [request {printable(request_id)}]" if request_id else ""
     return cls(
         f"HTTP {status} without a problem document{suffix}",
         status=status,

@@ -52,7 +52,8 @@ def _event(sse: ServerSentEvent) -> IngestEvent | None:
 class IngestEventReader:
     """Turns the bytes of an ingest's event stream into typed events, in order:
     `ingest.started`, progress, then `ingest.completed` (its result must pass `check`) or
-    `ingest.failed`. Each progress event goes to `on_progress` as it is read."""
+    `ingest.failed`. Each progress event goes to `on_progress` as it is read. Nothing after
+    the terminal event is read as an event (as `RunEventReader`)."""
 
     def __init__(
         self,
@@ -77,13 +78,13 @@ class IngestEventReader:
         except SSEError as exc:
             raise ProtocolError(str(exc)) from None
         for sse in decoded:
+            if self.finished:
+                break
             event = _event(sse)
             if event is not None:
                 self._accept(event)
 
     def _accept(self, event: IngestEvent) -> None:
-        if self.finished:
-            raise ProtocolError(f"a {event.type} event after the ingest ended")
         if isinstance(event, IngestStartedEvent):
             if self.started:
                 raise ProtocolError("a second ingest.started event")

@@ -23,6 +23,7 @@ from retrieval_host_client._errors import (
     RetrievalHostConnectionError,
     RetrievalHostError,
     RetrievalHostTimeoutError,
+    bounded_retry_after,
     error_from_problem,
     error_from_status,
 )
@@ -52,6 +53,9 @@ from retrieval_host_client.run_models import (
 
 __all__ = [
     "EVENT_STREAM",
+    "MAX_BODY_BYTES",
+    "MAX_ERROR_BODY_BYTES",
+    "BodyReader",
     "RunEventReader",
     "check_event_stream",
     "check_page",
@@ -64,6 +68,7 @@ __all__ = [
     "corpora_of",
     "error_for",
     "is_event_stream",
+    "next_cursor",
     "parser",
     "raise_for_status",
     "retry_after_seconds",
@@ -73,7 +78,58 @@ __all__ = [
 
 EVENT_STREAM: Final = "text/event-stream"
 
+MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+"""The most a successful answer that is not a stream may hold, decoded: more is refused with
+`ProtocolError` (probe C, session 40: a body read whole, with no bound, let an endless or
+decompressed-bomb answer grow the client to gigabytes). Far above what the host answers: 100
+search hits of 16 KiB passages (the default passage bound) are under 2 MiB."""
+
+MAX_ERROR_BODY_BYTES: Final = 1024 * 1024
+"""The most of an error answer's body the client reads: a problem document is a few hundred
+bytes. A longer body is cut there and the rest is not read (the connection is not reused);
+cut, it is no valid problem document, so the error is typed by its HTTP status."""
+
 R = TypeVar("R", bound=BaseModel)
+
+
+# --- bodies read whole ------------------------------------------------------------------------
+
+
+class BodyReader:
+    """The body of an answer that is not a stream, collected chunk by chunk under its bound.
+
+    A 2xx body over `MAX_BODY_BYTES` (declared in `Content-Length`, or as it arrives) raises
+    `ProtocolError`; an error body is kept up to `MAX_ERROR_BODY_BYTES` and `feed` then says
+    to stop reading. The shells feed it the decoded chunks and close the response after.
+    """
+
+    def __init__(self, status: int, headers: httpx.Headers) -> None:
+        self._ok = 200 <= status < 300
+        self._limit = MAX_BODY_BYTES if self._ok else MAX_ERROR_BODY_BYTES
+        self._parts: list[bytes] = []
+        self._size = 0
+        declared = headers.get("content-length", "")
+        if self._ok and declared.isascii() and declared.isdigit() and int(declared) > self._limit:
+            raise self._too_large()
+
+    def _too_large(self) -> ProtocolError:
+        return ProtocolError(f"the host's answer is larger than {self._limit} bytes")
+
+    def feed(self, chunk: bytes) -> bool:
+        """Add a chunk of the body; True when an error body is cut and reading should stop
+        (a 2xx body exactly at its bound is read on: only a byte past it is refused)."""
+        room = self._limit - self._size
+        if len(chunk) > room:
+            if self._ok:
+                raise self._too_large()
+            chunk = chunk[:room]
+        self._parts.append(chunk)
+        self._size += len(chunk)
+        return not self._ok and self._size >= self._limit
+
+    def body(self) -> bytes:
+        """The bytes collected so far."""
+        return b"".join(self._parts)
 
 
 # --- answers to models or typed errors --------------------------------------------------------
@@ -104,21 +160,21 @@ def error_for(status: int, headers: httpx.Headers, body: bytes) -> APIStatusErro
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
     """A `Retry-After` header in seconds from now (RFC 9110 §10.2.3: delay-seconds or an
-    HTTP date); None when absent or unreadable, 0 for a date in the past. `now`: seconds
-    since the epoch (default: the clock)."""
+    HTTP date), at most a day (`MAX_RETRY_AFTER_S`); None when absent or unreadable, 0 for a
+    date in the past. `now`: seconds since the epoch (default: the clock)."""
     if value is None:
         return None
     value = value.strip()
     if value.isascii() and value.isdigit():  # `isdigit` alone takes `²` and other digits
-        return float(value)
+        return bounded_retry_after(float(value))
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         return None  # RFC 9110 dates are GMT; one without a zone is not one
     current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
+    return bounded_retry_after(max(0.0, when.timestamp() - current))
 
 
 def parser(
@@ -230,6 +286,20 @@ def check_page(cursor: str | None) -> Callable[[P], P]:
     return check
 
 
+def next_cursor(page: SourcesResponse, followed: set[str]) -> str | None:
+    """The cursor of a listing's next page, None at its end; `followed` holds the cursors this
+    walk has sent (the first one included) and gets this one. A cursor sent before would page
+    forever (probe C, session 40: a host cycling A, B, A kept a listing going), so it raises
+    `ProtocolError`; the set grows by one cursor per page walked."""
+    cursor = page.next_cursor
+    if cursor is None:
+        return None
+    if cursor in followed:
+        raise ProtocolError("the host returned a cursor of an earlier page again")
+    followed.add(cursor)
+    return cursor
+
+
 def check_source(source_id: str, cursor: str | None) -> Callable[[SourceResponse], SourceResponse]:
     """The answer is about the asked source, and its page of passages moves on."""
     same_page = check_page(cursor)
@@ -296,9 +366,11 @@ class RunEventReader:
     """Turns the bytes of a `run` event stream into validated, typed events.
 
     Order: `run.started` opens the run (a `run.failed` may come alone when the run never
-    started); `run.completed` or `run.failed` ends it and nothing may follow. A completed
-    result must be of the started run and pass `check_run_result`. Heartbeat comments and
-    event types this client does not know are skipped.
+    started); `run.completed` or `run.failed` ends it. A completed result must be of the
+    started run and pass `check_run_result`. Heartbeat comments and event types this client
+    does not know are skipped. Nothing after the terminal event is read as an event, in the
+    same chunk or a later one: the terminal event is the answer (probe C, session 40: an
+    event after it was refused when it arrived in the same read, and dropped in a later one).
     """
 
     def __init__(self) -> None:
@@ -320,6 +392,8 @@ class RunEventReader:
             raise ProtocolError(str(exc)) from None
         events: list[RunEvent] = []
         for sse in decoded:
+            if self.finished:
+                break
             event = _run_event(sse)
             if event is None:
                 continue
@@ -328,8 +402,6 @@ class RunEventReader:
         return events
 
     def _accept(self, event: RunEvent) -> None:
-        if self.finished:
-            raise ProtocolError(f"a {event.type} event after the run ended")
         if isinstance(event, RunStartedEvent):
             if self.run_id is not None:
                 raise ProtocolError("a second run.started event")

@@ -6,7 +6,7 @@ them, camelCase on the wire).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
 
@@ -18,6 +18,7 @@ from retrieval_host_client.models import (
     _integral,
     _Request,
     _Response,
+    known_values,
 )
 
 __all__ = [
@@ -43,6 +44,10 @@ __all__ = [
 # application authorizes for search, at exactly the authorized revision.
 
 MAX_PAGE_LIMIT = 1000
+# A token's operations on a corpus in protocol v1 (`models.known_values`: a newer host may list
+# others, which the client passes on).
+Operation: TypeAlias = Literal["search", "index", "delete"]
+WriteOperation: TypeAlias = Literal["index", "delete"]
 # Cursors are opaque: hex, as the host returns them (a changed one is a 400 `invalid-cursor`).
 PageCursor = Annotated[str, StringConstraints(min_length=1, max_length=8192, pattern="^[0-9a-f]+$")]
 PageLimit = Annotated[int, Field(ge=1, le=MAX_PAGE_LIMIT), BeforeValidator(_integral)]
@@ -91,7 +96,7 @@ class CorpusInfo(_Response):
     id: str
     version: str
     embedding: EmbeddingLabels
-    operations: list[Literal["search", "index", "delete"]]
+    operations: list[Annotated[Operation | str, known_values(Operation)]]
     sources: int
     passages: int
     bytes: int
@@ -103,7 +108,7 @@ class WriteOnlyCorpus(_Response):
     operations, nothing about what it holds."""
 
     id: str
-    operations: list[Literal["index", "delete"]]
+    operations: list[Annotated[WriteOperation | str, known_values(WriteOperation)]]
 
 
 class CorporaResponse(_Response):

@@ -11,7 +11,7 @@ corpus, such as passage bytes, are reported by the host as typed problems).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import (
     AfterValidator,
@@ -341,6 +341,23 @@ class DeleteRequest(_Request):
 Score = Annotated[float, Field(allow_inf_nan=False)]
 
 
+def known_values(literal: Any) -> WithJsonSchema:
+    """The schema of a response field open to values a newer host may add, as `Annotated[Known
+    | str, known_values(Known)]`: the OpenAPI document lists the values of this protocol version
+    (what this host sends), a type checker shows them, and the client accepts any string (probe
+    C, session 40: a closed `Literal` turned a mutation the host had applied into
+    `ProtocolError` once a newer host answered with a new status). Request fields stay closed."""
+    values = list(get_args(literal))
+    known = {"const": values[0]} if len(values) == 1 else {"enum": values}  # as pydantic says
+    return WithJsonSchema({**known, "type": "string"})
+
+
+# The values of protocol v1 in the open response fields (a newer host may send others).
+IndexStatus: TypeAlias = Literal["indexed", "unchanged"]
+Reclamation: TypeAlias = Literal["overwritten", "pending", "unknown"]
+AuthScheme: TypeAlias = Literal["bearer"]
+
+
 class Location(_Response):
     """Where a passage came from: page, line range and, in a thread, the message id. Pages
     and lines count from 1, and a range never ends before it starts."""
@@ -439,11 +456,12 @@ class SearchResponse(_Response):
 
 
 class IndexResponse(_Response):
-    """`indexed` when the revision was stored, `unchanged` when it already was, identically."""
+    """`indexed` when the revision was stored, `unchanged` when it already was, identically
+    (a newer host may add a status)."""
 
     corpus: str
     source: SourceRef
-    status: Literal["indexed", "unchanged"]
+    status: Annotated[IndexStatus | str, known_values(IndexStatus)]
     chunk_count: int
     document_sha256: str
     replaced_revision: str | None
@@ -487,7 +505,7 @@ class DeleteResponse(_Response):
     corpus: str
     source: SourceRef
     deleted_chunks: int
-    reclamation: Literal["overwritten", "pending", "unknown"]
+    reclamation: Annotated[Reclamation | str, known_values(Reclamation)]
 
 
 class Problem(_Response):
@@ -505,8 +523,9 @@ class Problem(_Response):
     reason: str | None = None
     run_id: str | None = None
     # Whole seconds the service behind a failure asked to be left alone (a model's 429
-    # `Retry-After`, which the host did not wait out): when to try again.
-    retry_after: int | None = None
+    # `Retry-After`, which the host did not wait out): when to try again. Never negative
+    # (probe C, session 40: -100 was taken, and handed to the caller as a wait).
+    retry_after: Annotated[int, Field(ge=0)] | None = None
 
 
 class ProtocolLimits(_Response):
@@ -524,7 +543,7 @@ class ProtocolLimits(_Response):
 
 
 class ProtocolAuth(_Response):
-    scheme: Literal["bearer"]
+    scheme: Annotated[AuthScheme | str, known_values(AuthScheme)]
     header: str = "Authorization"
 
 

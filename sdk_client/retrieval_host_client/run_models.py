@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeAlias
 
 from pydantic import BeforeValidator, Field, JsonValue, StringConstraints
 
@@ -23,6 +23,7 @@ from retrieval_host_client.models import (
     _integral,
     _Request,
     _Response,
+    known_values,
 )
 
 __all__ = [
@@ -61,6 +62,12 @@ ModelName = Annotated[
     StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"),
 ]
 InputText = Annotated[str, StringConstraints(min_length=1, max_length=16_384, pattern=NOT_BLANK)]
+
+# The values of protocol v1 in the open response fields (`models.known_values`): a newer host
+# may send others, which the client passes on instead of refusing the answer.
+ManifestOrigin: TypeAlias = Literal["retrieval"]
+ReceiptStatus: TypeAlias = Literal["ok", "failed", "duplicate", "quota-exceeded"]
+RunStatus: TypeAlias = Literal["running", "completed", "failed", "cancelled"]
 
 
 class RunRetrieval(_Request):
@@ -167,7 +174,7 @@ class ManifestEntry(_Response):
     """A passage the run supplied to the model; `id` is what `[source:ID]` cites."""
 
     id: str
-    origin: Literal["retrieval"]
+    origin: Annotated[ManifestOrigin | str, known_values(ManifestOrigin)]
     source: SourceRef
     title: str = ""
     location: Location
@@ -187,7 +194,7 @@ class Receipt(_Response):
     query: str
     key: str
     started_at: str
-    status: Literal["ok", "failed", "duplicate", "quota-exceeded"]
+    status: Annotated[ReceiptStatus | str, known_values(ReceiptStatus)]
     source_ids: list[str]
     error_code: str | None = None
     search_mode: str | None = None  # the search's mode; None for runs recorded before
@@ -282,10 +289,12 @@ class RunResult(_Response):
 
 
 class RunRecord(_Response):
-    """`GET /v1/runs/{id}`: the recorded run of the caller's subject."""
+    """`GET /v1/runs/{id}`: the recorded run of the caller's subject. `status` is `running`,
+    `completed` (with its `result`), `failed` (with its `error_code`) or `cancelled` (a newer
+    host may add a status)."""
 
     run_id: str
-    status: Literal["running", "completed", "failed", "cancelled"]
+    status: Annotated[RunStatus | str, known_values(RunStatus)]
     created_at: str
     result: RunResult | None = None
     error_code: str | None = None

@@ -1,8 +1,10 @@
 """A real TLS server on 127.0.0.1 that misbehaves on purpose, for the client's error paths.
 
 It reads each request whole (headers, then a `Content-Length` or chunked body), records it,
-and then does what the test's `respond` says: send canned response bytes, drop the
-connection without answering (`DROP`), or stay silent until the server stops (`SILENT`).
+and then does what the test's `respond` says: send canned response bytes, send the pieces an
+iterator yields as it yields them (an endless or trickling answer: it stops when the client
+goes away or the server stops), drop the connection without answering (`DROP`), or stay
+silent until the server stops (`SILENT`).
 Keep-alive is honoured, so a client can reuse a connection before the misbehaviour.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -20,7 +22,7 @@ from tests.support.host import TlsFiles
 
 DROP: Final = "drop"
 SILENT: Final = "silent"
-Action = bytes | Literal["drop", "silent"]
+Action = bytes | Iterable[bytes] | Literal["drop", "silent"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,13 @@ class CannedHost:
                 if action == SILENT:
                     self.stopping.wait()
                     return
-                assert isinstance(action, bytes)
+                if not isinstance(action, bytes):
+                    conn.settimeout(10)  # the client may pause between reads (parsing, GC)
+                    for piece in action:
+                        if self.stopping.is_set():
+                            return
+                        conn.sendall(piece)
+                    return  # a piecewise answer ends its connection
                 conn.sendall(action)
                 if b"connection: close" in action.split(b"\r\n\r\n", 1)[0].lower():
                     return

@@ -160,10 +160,6 @@ def test_a_failed_run_is_an_event_and_its_outcome_raises_the_typed_error() -> No
         ([STARTED, {"type": "run.progress", "phase": ""}], "without its phase"),
         ([STARTED, STARTED], "second run.started"),
         ([STARTED, {"type": "run.completed", "result": _result(runId="run_2")}], "another run"),
-        (
-            [STARTED, {"type": "run.completed", "result": _result()}, STARTED],
-            "after the run ended",
-        ),
         ([STARTED, {"type": "run.delta", "text": 3}], "malformed run.delta"),
     ],
 )
