@@ -50,7 +50,10 @@ def resolve_token(token: str | None, environ: Mapping[str, str]) -> str | None:
 
 def check_base_url(base_url: str | httpx.URL) -> httpx.URL:
     """An https URL; plain http only to a loopback address (a local TLS-terminating proxy)."""
-    url = httpx.URL(str(base_url))
+    try:
+        url = httpx.URL(str(base_url))
+    except httpx.InvalidURL as exc:  # `https://[::1`: a ValueError like every other refusal
+        raise ValueError(f"base_url is not a URL ({exc}): {str(base_url)!r}") from None
     if url.userinfo:
         raise ValueError("base_url must not carry credentials; pass token= instead")
     if url.scheme not in ("https", "http") or not url.host:

@@ -309,6 +309,8 @@ def test_plain_http_is_refused_except_to_loopback(connect: Connect) -> None:
         ("notaurl", "'notaurl'"),
         ("ftp://127.0.0.1:21", "'ftp://127.0.0.1:21'"),
         ("https://127.0.0.1:99999", "port must be 1-65535, got 99999"),
+        # httpx's own InvalidURL is no ValueError: it escaped (probe O, session 40).
+        ("https://[::1", "'https://[::1'"),
     ],
 )
 def test_a_url_that_cannot_be_reached_is_refused_quoting_what_was_given(
