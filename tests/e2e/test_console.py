@@ -194,14 +194,15 @@ class Seen:
 
 
 def _open(
-    browser: Browser, console: Console, width: int = 1280, height: int = 800
+    browser: Browser, console: Console, width: int = 1280, height: int = 800, address: str = ""
 ) -> tuple[Page, Seen]:
+    """A new tab at the console, opened at `address` (`#/...`: the page shown after sign-in)."""
     page = browser.new_context(viewport={"width": width, "height": height}).new_page()
     seen = Seen([], [], [])
     page.on("request", lambda request: seen.requests.append(request))
     page.on("response", lambda response: seen.responses.append(response))
     page.on("pageerror", lambda error: seen.errors.append(str(error)))
-    page.goto(f"{console.base}/console/")
+    page.goto(f"{console.base}/console/{address}")
     return page, seen
 
 

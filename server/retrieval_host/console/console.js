@@ -808,10 +808,15 @@ async function askView(signal, params) {
   const stop = form.querySelector("#stop");
   const ask = form.querySelector("button[type=submit]");
   let running = new AbortController();
+  // The read of the run the address names ends when a question is asked: its record, arriving
+  // late, overwrote the new run's outcome (probe K, session 40: a failed run shown "completed"
+  // under its own id, with the old run's answer and a second Sources list).
+  const reading = new AbortController();
   stop.addEventListener("click", () => running.abort());
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     if (!stop.disabled) return; // one run at a time: Stop ends it
+    reading.abort();
     const data = new FormData(form);
     const body = {
       provider: data.get("provider"),
@@ -885,7 +890,8 @@ async function askView(signal, params) {
   const recorded = params.get("run");
   if (recorded) {
     const shown = { bar, phase, runId, answer, after, form };
-    await showRecordedRun(recorded, params.get("corpus"), shown, signal);
+    await showRecordedRun(recorded, params.get("corpus"), shown,
+      AbortSignal.any([signal, reading.signal]));
   }
 }
 
@@ -896,8 +902,19 @@ async function showRecordedRun(id, addressed, { bar, phase, runId, answer, after
     record = await getJson(`/v1/runs/${segment(id)}`, signal);
   } catch (error) {
     if (signal.aborted) return;
-    phase.textContent = "not found";
     showError(error);
+    if (!(error instanceof ProblemError) || error.problem.code !== "SOURCE_UNAVAILABLE") {
+      phase.textContent = "not read";
+      return;
+    }
+    // The host gives this one answer, with no reason, both for a run of this subject whose
+    // sources changed since and for a run this token cannot read or that does not exist
+    // (`RunEngine.get_run`): "not found" was wrong for the first (probe K, session 40).
+    phase.textContent = "unavailable";
+    append(answer, [h("p", { class: "notice", id: "answer-note" },
+      "This run's answer can no longer be shown: a source it read was re-indexed or deleted " +
+      "since the run, or this token may no longer read it. Or there is no such run for this " +
+      "token: the host answers both the same way.")]);
     return;
   }
   // The citation links go to the corpus the run searched, which its result names: the address
@@ -1070,6 +1087,7 @@ function ingestView(signal) {
     outcome.replaceChildren();
     bar.value = 0;
     ingest.disabled = true;
+    let ended = false; // the host said how the ingest ended
     try {
       const response = await request(`/v1/retrieval/ingest?${query}`, {
         method: "POST", body: chosen, type: mediaTypeOf(chosen), accept: "text/event-stream",
@@ -1082,6 +1100,7 @@ function ingestView(signal) {
         phase.textContent = name === "ingest.progress" && payload.passagesTotal !== null
           ? `${step}: ${payload.passagesDone} of ${payload.passagesTotal} passages` : step;
         if (name === "ingest.completed") {
+          ended = true;
           const result = payload.result;
           phase.textContent = "completed";
           // A write-only token may not open the source it wrote: its id, not a link to a 403.
@@ -1093,10 +1112,12 @@ function ingestView(signal) {
             " at revision ", short(result.source.revision), "."));
         }
         if (name === "ingest.failed") {
+          ended = true;
           phase.textContent = "failed";
           showError(new ProblemError(payload.problem.status, payload.problem));
         }
       }
+      if (!ended) showUnknownIngest(phase, outcome, data.get("corpus"), data.get("sourceId"));
     } catch (error) {
       if (signal.aborted) return; // the page was left: the upload ended with it
       phase.textContent = "failed";
@@ -1111,6 +1132,23 @@ function ingestView(signal) {
     h("div", { class: "progress" }, bar, phase),
     outcome,
   );
+}
+
+// A stream that ended before the host said how the ingest ended (a proxy closing a long
+// stream, a cut connection): it left "embed: 64 of 200 passages" on screen with no error
+// (probe K, session 40). The ingest may have been committed or not: the source says which
+// revision is indexed.
+function showUnknownIngest(phase, outcome, corpus, sourceId) {
+  phase.textContent = "outcome unknown";
+  showError(new Error("The ingest's stream ended before the host said how the ingest ended."));
+  const readable = state.corpora.some((c) => c.id === corpus);
+  outcome.append(h("p", { class: "notice", id: "ingest-unknown" },
+    "It may or may not have been indexed: read the source back to see which revision is ",
+    "indexed now",
+    " (", !readable ? [named(sourceId), ", with a token that may search its corpus"]
+      : unopenable(sourceId) ? [named(sourceId), ", with the client or the command line"]
+        : sourceLink(corpus, sourceId, named(sourceId)),
+    ")."));
 }
 
 // --- routing --------------------------------------------------------------------------------
