@@ -292,3 +292,24 @@ def test_a_reranker_setting_error_names_its_key(
 ) -> None:
     with pytest.raises(SettingsError, match=re.escape(said)):
         create_driver(example_settings(tmp_path, reranker=reranker), {})
+
+
+def test_an_acl_nested_too_deeply_is_refused_at_load_and_denies_once_live(
+    tmp_path: Path, registry: StoreRevisions, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Probe O, session 40: `[` * 100000 escaped as a RecursionError, a traceback and exit 1 at
+    # start, and a 500 INTERNAL on every request once renamed over a live ACL.
+    deep = "[" * 100_000 + "]" * 100_000
+    text = f'{{"subjects": {{"alice": {{"namespace": "team", "search": {deep}}}}}}}'
+    (tmp_path / "acl.json").write_text(text)
+    with pytest.raises(SettingsError, match="nested too deeply"):
+        FileAcl(tmp_path / "acl.json", registry).load()
+    live = _acl(tmp_path, registry, search=["*"])
+    assert _ask(live, "search") is not None
+    replacement = tmp_path / "acl.json.new"
+    replacement.write_text(text)
+    os.replace(replacement, tmp_path / "acl.json")
+    with caplog.at_level("ERROR", logger="retrieval_host"):
+        assert _ask(live, "search") is None  # denied, as any ACL the host cannot use
+    [logged] = [r for r in caplog.records if "every request is denied" in r.getMessage()]
+    assert "nested too deeply" in logged.getMessage()

@@ -44,7 +44,7 @@ from retrieval_host.access_files import shared_access_file
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.validation import check_id
 from retrieval_host.setting_overrides import CLIENT_VARIABLES, apply_override
-from retrieval_host.unique_json import DuplicateKeyError, load_unique_json
+from retrieval_host.unique_json import DuplicateKeyError, TooDeepError, load_unique_json
 
 __all__ = [
     "ENV_PREFIX",
@@ -427,14 +427,19 @@ class HostSettings(_Model):
 
     @model_validator(mode="after")
     def _transport_is_safe(self) -> HostSettings:
-        if self.tls is None:
-            if not self.behind_proxy:
-                raise ValueError(
-                    "tls is required (set behindProxy: true only behind a TLS-terminating "
-                    "proxy on this machine)"
-                )
-            if not is_loopback(self.listen.host):
-                raise ValueError("behindProxy needs a loopback listen host (127.0.0.1 or ::1)")
+        if self.tls is None and not self.behind_proxy:
+            raise ValueError(
+                "tls is required (set behindProxy: true only behind a TLS-terminating "
+                "proxy on this machine)"
+            )
+        if self.behind_proxy and not is_loopback(self.listen.host):
+            # Also beside `tls`: the host trusts X-Forwarded-* from loopback, which on a
+            # public listener is any local process (probe O, session 40: it was checked only
+            # without tls, while deploy/README says "accepted only on a loopback address").
+            raise ValueError(
+                "behindProxy needs a loopback listen host (127.0.0.1 or ::1), with or without "
+                "tls: it trusts the X-Forwarded-* headers of a proxy on this machine"
+            )
         hashes = [t.sha256 for t in self.tokens]
         if len(set(hashes)) != len(hashes):
             raise ValueError("two tokens share one sha256")
@@ -501,7 +506,7 @@ def load_settings(
             loaded = load_unique_json(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise SettingsError(f"cannot read {file}: {exc.strerror}") from exc
-        except DuplicateKeyError as exc:
+        except (DuplicateKeyError, TooDeepError) as exc:
             raise SettingsError(f"{file}: {exc}") from None
         except ValueError as exc:
             raise SettingsError(f"{file} is not valid JSON: {exc}") from exc
@@ -546,7 +551,7 @@ def _read_tokens_file(file: Path) -> list[Any]:
         loaded = load_unique_json(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SettingsError(f"cannot read tokensFile {file}: {exc.strerror}") from exc
-    except DuplicateKeyError as exc:
+    except (DuplicateKeyError, TooDeepError) as exc:
         raise SettingsError(f"tokensFile {file}: {exc}") from None
     except ValueError:
         raise SettingsError(f"tokensFile {file} is not valid JSON") from None

@@ -133,3 +133,20 @@ def test_every_host_command_is_accepted_by_the_real_cli(path: Path) -> None:
         argv = service.get("entrypoint", _entrypoint())[1:] + list(service["command"])
         arguments = cli_parser().parse_args(argv)
         assert arguments.command == "serve"
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_no_compose_file_mounts_the_acl_as_a_single_file(path: Path) -> None:
+    # A file mount keeps the file it found at start: an ACL replaced by a rename (the README's
+    # way) never reached the host, and a revoked subject kept reading (probe G; probe O,
+    # session 40, found the scale-out file doing it after compose.yaml was fixed). The
+    # configuration's folder, where a relative `aclFile` lies, is mounted whole instead.
+    hosts = [s for s in _compose(path)["services"].values() if "build" in s]
+    assert hosts
+    for service in hosts:
+        mounts = _bind_mounts(service)
+        for source, target in mounts:
+            for named in (PurePosixPath(source), PurePosixPath(target)):
+                assert "acl" not in named.name.lower(), f"{path.name}: {source}:{target}"
+        config_target = PurePosixPath(service["command"][-1])
+        assert config_target.parent in {PurePosixPath(t) for _, t in mounts}, mounts

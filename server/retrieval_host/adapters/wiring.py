@@ -169,7 +169,13 @@ def sqlite_runs_path(settings: HostSettings) -> Path:
     path = settings.runs.sqlite_path
     if path is None:
         if settings.store.sqlite_path is None:
-            raise RetrievalError(ErrorCode.STORE_UNAVAILABLE, "set runs.sqlitePath.")
+            # The store first: `"store": {}` was told "set runs.sqlitePath.", which would still
+            # leave the host without a vector store (probe O, session 40).
+            raise RetrievalError(
+                ErrorCode.STORE_UNAVAILABLE,
+                "set store.sqlitePath or store.postgresDsn (or runs.sqlitePath for the run "
+                "records alone).",
+            )
         path = settings.path(settings.store.sqlite_path).parent / "runs.db"
     return settings.path(path)
 

@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.validation import check_id
@@ -40,11 +41,25 @@ from retrieval_host.serving.ingest_cli import run_ingest
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import PROVIDER_NAME, SettingsError, load_settings
 
+if TYPE_CHECKING:
+    from retrieval_host.serving.server import EarlyStop
+
 
 def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from retrieval_host.serving.server import EarlyStop
+
+    # A stop while the host starts waits for the step under way and then ends the start with
+    # exit 0 (`EarlyStop`): before this, the signal's default action ends the process, with
+    # nothing opened yet (the interpreter is still loading the host's modules).
+    with EarlyStop().watching() as early:
+        return _start_and_serve(args, environ, early)
+
+
+def _start_and_serve(args: argparse.Namespace, environ: Mapping[str, str], early: EarlyStop) -> int:
     from retrieval_host.http.logs import configure_logging
     from retrieval_host.serving.server import check_listeners, run_server
 
+    log = logging.getLogger("retrieval_host")
     settings = load_settings(args.config, environ)
     # JSON lines from the start: the application factory may log while it opens stores.
     # A worker's lines carry its index (`INDEX:PORT:CHANNEL`'s first part): the whole spec, a
@@ -63,6 +78,10 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             password.get_secret_value() if password is not None else None,
             warn=args.worker is None,  # once per start, not again in each worker
         )
+        if password is not None:
+            _refuse_a_password_for_a_plain_key(
+                settings.tls.cert_file, settings.tls.key_file, password.get_secret_value()
+            )
     if args.worker is None:  # once per start, not again in each worker
         warn_of_exposed_secrets(settings)
     worker = None
@@ -73,24 +92,52 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     elif settings.listen.workers > 1:
         from retrieval_host.serving.workers import supervise
 
-        return supervise(args.config, settings, environ)
+        return supervise(args.config, settings, environ, early=early)
     # Before the factory opens the stores, which migrates an earlier release's (that release
     # then refuses them): a start refused for a port in use must change nothing (probe U).
     check_listeners(settings, worker)
+    if early.signal is not None:
+        log.info("received %s while starting: stopped before opening the stores", early.name)
+        return 0
     driver = build_driver(settings, environ)
-    if worker is None or worker.index == 0:  # once per host, not per worker
-        warn_of_idle_grants(settings, driver)
     try:
-        run_server(settings, driver, environ, worker=worker)
+        if early.signal is not None:
+            log.info("received %s while starting: stopping", early.name)
+        else:
+            if worker is None or worker.index == 0:  # once per host, not per worker
+                warn_of_idle_grants(settings, driver)
+            run_server(settings, driver, environ, worker=worker, early=early)
     finally:
         # After a graceful shutdown (SIGTERM) no request is left running: close the stores.
         close_driver(driver)
-        logging.getLogger("retrieval_host").info("stopped; stores closed")
+        log.info("stopped; stores closed")
         # Nothing is left to finalize, yet the interpreter's exit collects the whole heap:
         # 9-10 s from "stores closed" to exit on a loaded 2-core machine (load average ~18),
         # 1.5 s with the heap frozen out of the collector. The grace period must cover the exit.
         gc.freeze()
     return 0
+
+
+def _refuse_a_password_for_a_plain_key(cert_file: Path, key_file: Path, password: str) -> None:
+    """`SettingsError` when `tls.keyPassword` is set for a key that is not encrypted: OpenSSL
+    asks for a password only to decrypt, so the setting did nothing, silently (probe O,
+    session 40), where the host refuses every other setting that cannot take effect. The
+    pair is known to load (`server_context` has just loaded it)."""
+    import ssl
+
+    asked = False
+
+    def give() -> str:
+        nonlocal asked
+        asked = True
+        return password
+
+    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file, password=give)
+    if not asked:
+        raise SettingsError(
+            f"tls.keyPassword is set, but tls.keyFile {key_file} is not encrypted: remove "
+            "keyPassword (or encrypt the key)"
+        )
 
 
 def _token_new(args: argparse.Namespace) -> int:

@@ -47,13 +47,15 @@ def add_command(commands: Any) -> None:
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None = None) -> int:
     out = sys.stdout if out is None else out
     settings = load_settings(args.config, environ)
-    if settings.store.postgres_dsn is None and not sqlite_runs_path(settings).exists():
-        # Nothing to prune, and nothing created (as `usage`).
-        raise SettingsError(
-            f"no run records: {sqlite_runs_path(settings)} does not exist (a host creates it "
-            "when it starts with a provider configured)."
-        )
     try:
+        # Inside the `try`: a configuration naming no store (`"store": {}`) is one line, as
+        # in `usage`; it was a traceback (probe O, session 40).
+        if settings.store.postgres_dsn is None and not sqlite_runs_path(settings).exists():
+            # Nothing to prune, and nothing created (as `usage`).
+            raise SettingsError(
+                f"no run records: {sqlite_runs_path(settings)} does not exist (a host creates "
+                "it when it starts with a provider configured)."
+            )
         store = build_run_store(settings, environ, migrate=False)
         try:
             runs, used = store.prune(args.before, usage=args.usage)

@@ -7,7 +7,8 @@ work still running is cancelled and open run streams end with a final `run.faile
 (`CANCELLED`, reason `shutdown`); after `limits.shutdownGraceS` uvicorn cancels whatever is
 left, runs the app's lifespan shutdown, and `serve` returns. The caller then closes the stores
 and the process exits 0 (uvicorn on its own would re-raise the signal after shutting down, and
-the default SIGTERM action would end the process before the stores are closed).
+the default SIGTERM action would end the process before the stores are closed). A signal
+that comes while the host starts is recorded and honoured between its steps (`EarlyStop`).
 """
 
 from __future__ import annotations
@@ -102,9 +103,50 @@ logger = logging.getLogger("retrieval_host.http")
 SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class EarlyStop:
+    """The shutdown signals (SIGTERM, SIGINT, SIGHUP) received while the host starts, before
+    `HostServer` takes them: recorded, never acted on in the middle of a step.
+
+    With their default action a stop during the start ended a single host with 143, its
+    stores left unclosed (a migration cut wherever it was), and a worker with -15, which its
+    supervisor counted as a worker that died: exit 1 with no line saying why (probe O,
+    session 40). `serve` checks `signal` between steps and stops cleanly, exit 0: before the
+    application opens the stores (nothing to close), once they are open (closed first; a
+    migration runs to its end), or as the server starts (it shuts down at once, `HostServer`).
+    While `watching`, a signal after the server has stopped is recorded too: closing the
+    stores is not cut short either."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The first signal's name (`SIGTERM`); "" when none came."""
+        return "" if self.signal is None else signal.Signals(self.signal).name
+
+    def _record(self, sig: int, frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = sig
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[EarlyStop]:
+        """Record the shutdown signals while the block runs (main thread only: signals are
+        delivered there), then restore the previous handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self._record) for sig in SHUTDOWN_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 class HostServer(uvicorn.Server):
     """uvicorn's server, telling the app when shutdown begins and exiting normally after it;
-    `on_serving` is called once its listeners accept connections."""
+    `on_serving` is called once its listeners accept connections. A signal `early` recorded
+    during the start stops it as soon as it starts (it then never says it serves)."""
 
     def __init__(
         self,
@@ -112,10 +154,12 @@ class HostServer(uvicorn.Server):
         app: HostApp | None = None,
         *,
         on_serving: Callable[[], None] | None = None,
+        early: EarlyStop | None = None,
     ) -> None:
         super().__init__(config)
         self._host_app = app
         self._on_serving = on_serving
+        self._early = early
 
         self.signalled: int | None = None
 
@@ -147,6 +191,9 @@ class HostServer(uvicorn.Server):
             yield
             return
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in SHUTDOWN_SIGNALS}
+        if self._early is not None and self._early.signal is not None:
+            # Received while the app was being built: uvicorn starts, then shuts down.
+            self.handle_exit(self._early.signal, None)
         try:
             yield
         finally:
@@ -257,15 +304,17 @@ def serve(
     *,
     log_config: dict[str, object] | None = None,
     worker: WorkerSeat | None = None,
+    early: EarlyStop | None = None,
 ) -> None:
     """Serve in the foreground until SIGINT/SIGTERM, then shut down gracefully (see the
     module docstring) and return. `worker`: serve as one of a supervisor's workers, on its
-    own socket on the host's port, ready once every worker serves (`serving.workers`)."""
+    own socket on the host's port, ready once every worker serves (`serving.workers`).
+    `early`: the signals recorded while the host started (`EarlyStop`)."""
     config = uvicorn_config(settings, app, environ, log_config=log_config)
     host_app = app if isinstance(app, HostApp) else None
     if worker is None:
         check_listen_address(settings.listen.host, settings.listen.port)
-        server = HostServer(config, host_app)
+        server = HostServer(config, host_app, early=early)
         with loopback_metrics(settings, app):
             server.run()
         return
@@ -277,7 +326,9 @@ def serve(
             host_app.routes.workers_ready = True
 
     # The metrics listener is up before uvicorn starts, so "serving" covers both listeners.
-    server = HostServer(config, host_app, on_serving=lambda: worker.serving(all_serving))
+    server = HostServer(
+        config, host_app, on_serving=lambda: worker.serving(all_serving), early=early
+    )
     with loopback_metrics(settings, app, offset=worker.index):
         server.run(sockets=[worker.sock])
 
@@ -288,9 +339,11 @@ def run_server(
     environ: Mapping[str, str],
     *,
     worker: WorkerSeat | None = None,
+    early: EarlyStop | None = None,
 ) -> None:
     """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as one of the
-    supervisor's workers when `worker` is given."""
+    supervisor's workers when `worker` is given; stopping at once for a signal `early`
+    recorded during the start."""
     app = create_app(settings, driver)
     logs = log_config(settings.log_level, worker=None if worker is None else worker.index)
-    serve(settings, app, environ, log_config=logs, worker=worker)
+    serve(settings, app, environ, log_config=logs, worker=worker, early=early)

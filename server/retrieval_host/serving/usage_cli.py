@@ -25,6 +25,8 @@ from retrieval_host.core.usage import UsageRecord, summarize
 from retrieval_host.serving._args import whole_number
 from retrieval_host.settings import SettingsError, load_settings
 
+# The largest integer SQLite and PostgreSQL (bigint) bind.
+SQL_INTEGER_MAX = 2**63 - 1
 _HEADER = (
     "subject",
     "corpus",
@@ -54,7 +56,9 @@ def add_command(commands: Any) -> None:
     usage.add_argument("--json", action="store_true", help="one JSON object per line")
     usage.add_argument(
         "--limit",
-        type=whole_number(1, None, "a positive whole number"),
+        # SQLite's largest integer: a larger --limit was an OverflowError binding it (probe O,
+        # session 40).
+        type=whole_number(1, SQL_INTEGER_MAX, f"a whole number from 1 to {SQL_INTEGER_MAX}"),
         default=100_000,
         help="records read at most (1 or more)",
     )
@@ -79,7 +83,14 @@ def instant(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} has no offset: add Z for UTC (2026-12-01T00:00:00Z) or +HH:MM"
         )
-    return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    try:
+        utc = when.astimezone(dt.UTC)
+    except OverflowError:
+        # 0001-01-01T00:00:00+01:00 is in the year 0 in UTC: a traceback (probe O, session 40).
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time of the years 0001-9999 in UTC"
+        ) from None
+    return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO = sys.stdout) -> int:

@@ -14,11 +14,14 @@ worker up would report the host ready while the kernel could not yet hand a conn
 metrics scrape, to the others.
 
 The supervisor forwards SIGTERM/SIGINT/SIGHUP (as SIGTERM) to every worker (each shuts down
-gracefully, as a single host does) and exits 0 once all have exited 0. If a worker exits on
-its own, the supervisor stops the others and exits 1, so the service manager restarts the
-whole host (a host with a missing worker would silently serve at a fraction of its capacity).
-Workers run in their own session: a terminal's Ctrl-C reaches only the supervisor, which
-forwards it once.
+gracefully, as a single host does) and exits 0 once all have stopped: exited 0, or ended by
+that SIGTERM while still loading its modules (before it could take the signal: nothing of it
+was open). A stop while the workers start is one too (each finishes the step under way,
+`server.EarlyStop`): it read as a worker that died, exit 1 with no line saying why (probe O,
+session 40). If a worker exits on its own, the supervisor stops the others and exits 1, so
+the service manager restarts the whole host (a host with a missing worker would silently
+serve at a fraction of its capacity). Workers run in their own session: a terminal's Ctrl-C
+reaches only the supervisor, which forwards it once.
 
 What is per worker: `limits.maxConcurrency` (the host accepts up to N times as many requests at
 once), the grant cache, the embedding model, and metrics: `GET /metrics`
@@ -30,6 +33,7 @@ holds one copy; only what a worker loads from SQLite after its start is its own.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
@@ -45,7 +49,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-from retrieval_host.serving.server import check_listen_address, check_metrics_port
+from retrieval_host.serving.server import EarlyStop, check_listen_address, check_metrics_port
 from retrieval_host.settings import HostSettings, SettingsError
 
 logger = logging.getLogger("retrieval_host.workers")
@@ -166,8 +170,15 @@ def worker_command(config_file: Path, index: int, port: int, channel: int) -> li
     ]
 
 
-def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, str]) -> int:
-    """Run `settings.listen.workers` workers on one socket until they stop; the exit code."""
+def supervise(
+    config_file: Path,
+    settings: HostSettings,
+    environ: Mapping[str, str],
+    *,
+    early: EarlyStop | None = None,
+) -> int:
+    """Run `settings.listen.workers` workers on one socket until they stop; the exit code.
+    A signal `early` recorded while the supervisor started starts no worker (exit 0)."""
     metrics_port = settings.metrics.port
     if metrics_port is not None and metrics_port + settings.listen.workers - 1 > 65535:
         raise SettingsError("metrics.port + listen.workers - 1 must be a port number")
@@ -190,18 +201,32 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
     logger.info("starting %d worker processes on %s:%d", settings.listen.workers, host, port)
     workers: list[subprocess.Popen[bytes]] = []
     stopping = False
+    told: set[int] = set()
+
+    def stop(worker: subprocess.Popen[bytes]) -> None:
+        # Once per worker, and without `poll()`/`send_signal()`: they reap a worker that has
+        # exited, which `_wait`'s waitpid would then never see. Until `_wait` has reaped it
+        # its pid stays this worker's (a zombie ignores the signal); reaped, it may be gone.
+        if worker.returncode is None and worker.pid not in told:
+            told.add(worker.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGTERM)
 
     def forward(sig: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
         for worker in workers:
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGTERM)
+            stop(worker)
 
     previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    if early is not None and early.signal is not None:
+        logger.info("received %s while starting: no worker started", early.name)
+        forward(early.signal, None)
     channels: list[socket.socket] = []
     try:
         for index in range(settings.listen.workers):
+            if stopping:
+                break  # a stop while the workers start: none more
             ours, theirs = socket.socketpair()
             channels.append(ours)
             with theirs:
@@ -213,6 +238,8 @@ def supervise(config_file: Path, settings: HostSettings, environ: Mapping[str, s
                         pass_fds=(theirs.fileno(),),
                     )
                 )
+            if stopping:  # the signal came while this worker was being started
+                stop(workers[-1])
         threading.Thread(
             target=_ready_when_all_serve, args=(channels,), name="workers-ready", daemon=True
         ).start()
@@ -252,7 +279,9 @@ def _wait(
 ) -> int:
     """Reap workers as they exit; the first one to exit unasked stops the rest. The exit code:
     0, or 2 when that first worker refused its configuration (exit 2, its one line already on
-    stderr: an ACL file or store it cannot open), else 1."""
+    stderr: an ACL file or store it cannot open), else 1. Once stopping, a worker ended by the
+    SIGTERM forwarded to it (-15: it was still loading its modules, with nothing open) has
+    stopped as asked, as one that exits 0."""
     codes: dict[int, int] = {}
     by_pid = {worker.pid: worker for worker in workers}
     failed = False
@@ -272,7 +301,10 @@ def _wait(
             failed = True
             first = code if first is None else first
             stop_all(signal.SIGTERM, None)
+        elif code == -signal.SIGTERM:
+            logger.info("worker %d stopped while it was loading (SIGTERM)", pid)
         elif code != 0:
+            logger.error("worker %d exited with %d while stopping", pid, code)
             failed = True
     if first == 2:
         return 2
