@@ -23,6 +23,8 @@ DEFAULT_MAX_EVENT_BYTES: Final = 32 * 1024 * 1024
 
 # A line ends with CRLF, LF or CR: the longest match first, so a CRLF is one line end.
 _LINE_END: Final = re.compile(r"\r\n?|\n")
+# The longest `retry` value read (`_field`).
+_MAX_RETRY_DIGITS: Final = 18
 
 
 class SSEError(ValueError):
@@ -127,7 +129,10 @@ class SSEDecoder:
                 self._last_id = value
             self._has_fields = True
         elif name == "retry":
-            if value.isascii() and value.isdigit():
+            # Digits only, as the standard says; past 18 of them ignored too (no reconnection
+            # delay is that long), since `int()` refuses a string of over 4,300 digits with a
+            # ValueError that escaped the client untyped (review V, session 40).
+            if value.isascii() and value.isdigit() and len(value) <= _MAX_RETRY_DIGITS:
                 self._retry = int(value)
             self._has_fields = True
         # Any other field name is ignored, as the standard says.

@@ -165,3 +165,11 @@ def test_a_cr_ending_a_chunk_and_an_lf_opening_the_next_are_one_line_end() -> No
     assert decoder.feed(b"") == []  # an empty read keeps the pending CR
     assert decoder.feed(b"\n\r") == [ServerSentEvent("message", "a")]
     assert decoder.feed(b"\ndata: b\n\n") == [ServerSentEvent("message", "b")]
+
+
+def test_a_retry_too_long_for_an_integer_is_ignored_not_raised() -> None:
+    # `int()` refuses over 4,300 digits with a ValueError, which escaped `stream_run` untyped
+    # (review V, session 40); a value that long is no delay anyone meant.
+    decoder = SSEDecoder()
+    events = decoder.feed(b"retry: " + b"9" * 5000 + b"\ndata: x\n\nretry: 250\ndata: y\n\n")
+    assert [(e.data, e.retry) for e in events] == [("x", None), ("y", 250)]

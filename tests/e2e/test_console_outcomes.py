@@ -8,8 +8,13 @@ answers every other request.
 
 from __future__ import annotations
 
+import re
+import socket
+import ssl
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from playwright.sync_api import Browser, FilePayload, Page, Route, expect
@@ -205,5 +210,68 @@ def test_an_ingest_stream_that_ends_without_its_outcome_says_so(
     expect(page.locator("#ingested")).to_have_count(0)
     expect(ingest).to_be_enabled()
     _shot(page, "52-ingest-stream-cut")
+    assert seen.errors == []
+    page.context.close()
+
+
+@contextmanager
+def _cutting_host(console: Console) -> Iterator[str]:
+    """A TLS listener on loopback (the host's own certificate, which the browser trusts) that
+    answers one request with the start of an ingest stream and then closes the connection
+    with no final chunk: a cut, not a clean end. Yields its origin."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    state = console.ca.parent
+    context.load_cert_chain(state / "server.pem", state / "server-key.pem")
+    listener = socket.create_server(("127.0.0.1", 0))
+    chunk = CUT_INGEST.encode()
+
+    def answer() -> None:
+        with listener:
+            raw, _ = listener.accept()
+            with context.wrap_socket(raw, server_side=True) as conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536)
+                # The whole upload read: closing with unread bytes resets the connection,
+                # which the browser reports before any answer.
+                head, _, body = request.partition(b"\r\n\r\n")
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                while length is not None and len(body) < int(length.group(1)):
+                    body += conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                    + f"{len(chunk):x}\r\n".encode()
+                    + chunk
+                    + b"\r\n"
+                )
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    yield f"https://127.0.0.1:{listener.getsockname()[1]}"
+    thread.join(timeout=30)
+
+
+def test_an_ingest_stream_whose_connection_is_cut_says_the_outcome_is_unknown(
+    browser: Browser, console: Console
+) -> None:
+    # Review V: a connection cut mid-stream ends the read with a network error, which the page
+    # showed as "failed", though the ingest may have been committed.
+    page, seen = _open(browser, console)
+    with _cutting_host(console) as origin:
+        page.route(
+            "**/v1/retrieval/ingest?*",
+            lambda route: route.continue_(url=origin + "/v1/retrieval/ingest"),
+        )
+        _sign_in(page, console.token)
+        expect(page.locator("#corpora")).to_be_visible()
+        page.get_by_role("link", name="Ingest").click()
+        note = FilePayload(name="cut.md", mimeType="text/markdown", buffer=b"# Cut\n\nText.\n")
+        page.locator("input[type=file]").set_input_files(files=[note])
+        page.get_by_role("button", name="Ingest").click()
+        expect(page.locator("#ingest-phase")).to_have_text("outcome unknown")
+    expect(page.locator("#ingest-unknown")).to_contain_text("may or may not have been indexed")
+    expect(page.locator("#ingested")).to_have_count(0)
+    _shot(page, "53-ingest-connection-cut")
     assert seen.errors == []
     page.context.close()

@@ -1088,11 +1088,13 @@ function ingestView(signal) {
     bar.value = 0;
     ingest.disabled = true;
     let ended = false; // the host said how the ingest ended
+    let streaming = false; // the host answered: the ingest began, its outcome comes as events
     try {
       const response = await request(`/v1/retrieval/ingest?${query}`, {
         method: "POST", body: chosen, type: mediaTypeOf(chosen), accept: "text/event-stream",
         signal,
       });
+      streaming = true;
       for await (const { event: name, data: payload } of events(response)) {
         const step = name === "ingest.progress" ? payload.phase : name;
         const at = INGEST_PHASES.indexOf(step);
@@ -1120,6 +1122,12 @@ function ingestView(signal) {
       if (!ended) showUnknownIngest(phase, outcome, data.get("corpus"), data.get("sourceId"));
     } catch (error) {
       if (signal.aborted) return; // the page was left: the upload ended with it
+      // A connection cut once the stream began ends the read with a network error, not a
+      // clean end: the ingest may still have been committed (review V, session 40).
+      if (streaming && !ended) {
+        showUnknownIngest(phase, outcome, data.get("corpus"), data.get("sourceId"));
+        return;
+      }
       phase.textContent = "failed";
       showError(error);
     } finally {
