@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from retrieval_host.adapters._openai_http import error_object, scrub
+from retrieval_host.adapters._openai_http import error_object, scrub, token_count
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.reasons import ProviderFailedReason
 from retrieval_host.core.run_ports import (
@@ -282,8 +282,10 @@ class ChatStream:
             return
         if not isinstance(usage, dict):
             raise malformed("usage that is not an object.")
-        counts = [usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)]
-        if not all(type(n) is int and n >= 0 for n in counts):
+        # A count beyond what a usage record holds is not a count either (probe H, session 40).
+        prompt = token_count(usage.get("prompt_tokens", 0))
+        completion = token_count(usage.get("completion_tokens", 0))
+        if prompt is None or completion is None:
             raise malformed("usage whose token counts are not counts.")
         self.received += 1
-        self._usage = GenerationUsage(input_tokens=counts[0], output_tokens=counts[1])
+        self._usage = GenerationUsage(input_tokens=prompt, output_tokens=completion)

@@ -24,6 +24,10 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.reasons import InvalidRequestReason
 
 MAX_ERROR_MESSAGE_CHARS: Final = 200
+# The most tokens a service may report for one call: what a usage record's 64-bit column holds.
+# A reranker's `total_tokens: 2**70` was echoed by the search and dropped the usage records
+# committed with it, other searches' too (probe H, session 40).
+MAX_REPORTED_TOKENS: Final = 2**63 - 1
 ERROR_BODY_BYTES: Final = 64 * 1024
 # Key-shaped runs scrubbed from server messages in addition to the configured key itself; the
 # 40-character opaque run matches what `core.descriptor` refuses as a label, so model names pass.
@@ -31,6 +35,15 @@ _SECRET_RUN = re.compile(
     r"(?i)\b(?:bearer\s+\S+|(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{6,}|[A-Za-z0-9_\-]{40,})"
 )
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def token_count(value: object) -> int | None:
+    """`value` as a reported token count: an int (`true` is not one) from 0 to
+    `MAX_REPORTED_TOKENS`; None for anything else (each adapter decides what that means)."""
+    if type(value) is int and 0 <= value <= MAX_REPORTED_TOKENS:
+        return value
+    return None
+
 
 ConfigError = Callable[[str], RetrievalError]
 # Idle lanes kept for reuse; a burst wider than this closes its extra lanes once done.

@@ -46,6 +46,7 @@ from retrieval_host.adapters._openai_http import (
     request_headers,
     scrub,
     tls_verify,
+    token_count,
 )
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import EmbeddingDescriptor
@@ -374,10 +375,11 @@ def _prompt_tokens(usage: object) -> int:
             "the embedding response reports malformed usage.",
             EmbeddingFailedReason.MALFORMED_RESPONSE,
         )
-    tokens = usage.get("prompt_tokens")
-    if tokens is None:
+    reported = usage.get("prompt_tokens")
+    if reported is None:
         return 0
-    if type(tokens) is not int or tokens < 0:
+    tokens = token_count(reported)  # beyond what a usage record holds: malformed too
+    if tokens is None:
         raise _fail(
             "the embedding response reports malformed usage.",
             EmbeddingFailedReason.MALFORMED_RESPONSE,

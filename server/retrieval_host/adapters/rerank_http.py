@@ -35,6 +35,7 @@ from retrieval_host.adapters._openai_http import (
     request_headers,
     scrub,
     tls_verify,
+    token_count,
 )
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import RerankDescriptor
@@ -237,7 +238,8 @@ def _tokens(usage: object) -> int:
     if not isinstance(usage, dict):
         return 0
     for name in ("total_tokens", "prompt_tokens"):
-        tokens = usage.get(name)
-        if type(tokens) is int and tokens >= 0:
+        # A count no usage record can hold is not reported, like a negative one.
+        tokens = token_count(usage.get(name))
+        if tokens is not None:
             return tokens
     return 0

@@ -14,8 +14,12 @@ its operation's answer (milliseconds), not before it: an operator's `retrieval-h
 at that very moment may miss it, and a host killed outright (SIGKILL, power loss) loses what it
 had not written yet. `flush` waits for every record added before it (the store's own reads call
 it, so a reader in the same process sees its own writes); `close` flushes and stops the thread.
-Like any sink, it never raises: a write that fails is logged and its records dropped by the
-store's write function; records added after `close` are logged and dropped here.
+Like any sink, it never raises: a write that fails is logged and its records dropped here;
+records added after `close` too. A group the store refuses for a record's values (a token count
+beyond its 64-bit column: one reranker's `2**70` dropped 22 records of other searches and runs,
+probe H, session 40) is written again one record at a time, so only the records it refuses are
+lost; a store that cannot be written (`RetrievalError`) loses the group without a retry, which
+would only wait out the same outage once per record.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from retrieval_host.adapters._store_rules import usage_not_recorded
+from retrieval_host.core.errors import RetrievalError
 from retrieval_host.core.usage import UsageRecord
 
 __all__ = ["MAX_PENDING", "UsageWriter"]
@@ -41,8 +46,9 @@ class StoreClosed(Exception):
 class UsageWriter:
     """One store's usage records, written in groups by one thread (see the module docstring).
 
-    `write` writes one group in one transaction and never raises (it logs and drops on
-    failure, like `UsageSink.record_usage`).
+    `write` writes one group in one transaction, or raises: `RetrievalError` when the store
+    cannot be written, another exception when it refuses the records' values. The writer
+    logs and drops what could not be written (`UsageSink.record_usage` never raises).
     """
 
     def __init__(
@@ -107,9 +113,30 @@ class UsageWriter:
                 if not group:  # closed, nothing left
                     return
             try:
-                self._write(group)
-            except BaseException as error:  # `write` should not raise; never lose the thread
+                self._write_group(group)
+            except BaseException as error:  # never lose the thread
                 usage_not_recorded(group, error)
             with self._changed:
                 self._done += len(group)
                 self._changed.notify_all()
+
+    def _write_group(self, group: Sequence[UsageRecord]) -> None:
+        """One group in one transaction; refused for its values, each record alone."""
+        try:
+            self._write(group)
+            return
+        except RetrievalError as error:  # the store, not a record, failed
+            usage_not_recorded(group, error)
+            return
+        except Exception as error:
+            if len(group) == 1:
+                usage_not_recorded(group, error)
+                return
+        for i, record in enumerate(group):
+            try:
+                self._write([record])
+            except RetrievalError as error:  # the store failed meanwhile: the rest with it
+                usage_not_recorded(group[i:], error)
+                return
+            except Exception as error:
+                usage_not_recorded([record], error)

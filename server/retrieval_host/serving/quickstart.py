@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.errors import RetrievalError
+from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import Location
 from retrieval_host.core.runs_model import RunRequest, RunRetrieval
 from retrieval_host.driver import Driver, IngestRequest
@@ -254,6 +254,24 @@ def index_samples(driver: Driver, samples: list[Path]) -> None:
         )
 
 
+def _index_samples_or_say_why_not(driver: Driver, samples: list[Path], host_file: Path) -> None:
+    """`index_samples`, or one line (`SettingsError`, exit 2) when host.json no longer lets the
+    demo subject index corpus `library`: a rerun on such a state ended in a traceback (probe H,
+    session 40). Refused rather than served without samples: the demo question needs them."""
+    try:
+        index_samples(driver, samples)
+    except RetrievalError as exc:
+        if exc.code is not ErrorCode.PERMISSION_DENIED:
+            raise
+        raise SettingsError(
+            f"the quickstart indexes its samples into corpus {CORPUS!r} as subject "
+            f"{SUBJECT!r}, which {_display(host_file)} no longer configures or grants "
+            f"(applicationOptions.corpora, the token's retrieval lists): add {CORPUS!r} back, "
+            f"or serve that configuration with: retrieval-host serve --config "
+            f"{_display(host_file)}"
+        ) from None
+
+
 def _short(revision: str) -> str:
     return revision if len(revision) <= 20 else revision[:19] + "…"
 
@@ -399,7 +417,7 @@ def quickstart(
     driver = build_driver(settings, environ)
     assert driver is not None
     try:
-        index_samples(driver, samples)
+        _index_samples_or_say_why_not(driver, samples, host_file)
         print(f"\nQ: {DEMO_QUESTION}")
         _answer(driver)
         print("\nTry it" + (" from the machine running the container:" if container else ":"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+import psycopg
 from psycopg import sql
 
 from retrieval_host.adapters._store_rules import (
@@ -27,7 +28,6 @@ from retrieval_host.adapters._store_rules import (
     run_insert_values,
     run_record,
     run_result_json,
-    usage_not_recorded,
     usage_record,
     usage_values,
 )
@@ -35,6 +35,7 @@ from retrieval_host.adapters.postgres.pool import (
     Connection,
     ConnectionPool,
     answer_timeout_s,
+    store_error,
     translated,
 )
 from retrieval_host.adapters.postgres.schema import (
@@ -318,7 +319,9 @@ class PgRunStore:
         self._usage.add(records)
 
     def _write_usage(self, records: Sequence[UsageRecord]) -> None:
-        """One group of records in one transaction; logs and drops them on failure."""
+        """One group of records in one transaction (`UsageWriter`'s `write`): `RetrievalError`
+        when the store cannot be written, the driver's `DataError` when a record's values are
+        refused (`bigint out of range` for a token count beyond 64 bits)."""
         try:
             with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cursor:
                 cursor.executemany(
@@ -328,8 +331,10 @@ class PgRunStore:
                     ),
                     [usage_values(r) for r in records],
                 )
-        except Exception as error:  # metering never fails the operation that succeeded
-            usage_not_recorded(records, error)
+        except psycopg.DataError:
+            raise  # a record's values: the writer tries each record alone
+        except psycopg.Error as error:
+            raise store_error("recording usage", error) from error
 
     def read_usage(
         self, *, since: str | None = None, subject: str | None = None, limit: int = 10_000

@@ -24,7 +24,6 @@ from retrieval_host.adapters._store_rules import (
     run_insert_values,
     run_record,
     run_result_json,
-    usage_not_recorded,
     usage_record,
     usage_values,
 )
@@ -234,18 +233,17 @@ class SqliteRunStore:
         self._usage.add(records)
 
     def _write_usage(self, records: Sequence[UsageRecord]) -> None:
-        """One group of records in one transaction; logs and drops them on failure (a file
-        removed or replaced under the host included: they would be lost with it)."""
-        try:
-            with self._lock, self._db:
-                self._file.check()
-                self._db.executemany(
-                    f"INSERT INTO usage ({USAGE_COLUMNS})"  # noqa: S608 - constant columns
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [usage_values(r) for r in records],
-                )
-        except Exception as error:  # metering never fails the operation that succeeded
-            usage_not_recorded(records, error)
+        """One group of records in one transaction (`UsageWriter`'s `write`): `RetrievalError`
+        when the store cannot be written (a file removed or replaced under the host included:
+        they would be lost with it), the binding's error (`OverflowError` for an integer
+        beyond 64 bits) when a record's values are refused."""
+        with self._lock, translated("recording usage"), self._db:
+            self._file.check()
+            self._db.executemany(
+                f"INSERT INTO usage ({USAGE_COLUMNS})"  # noqa: S608 - constant columns
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [usage_values(r) for r in records],
+            )
 
     def read_usage(
         self, *, since: str | None = None, subject: str | None = None, limit: int = 10_000

@@ -454,6 +454,16 @@ def _without_evidence(
             "passage(s), but none fits the run's byte budget (maxContextBytes); the run has "
             "no evidence to answer from.",
         )
+    if run.held_back is not None:
+        # A budget kept a search from being made (`maxRerankCalls: 0` on a reranking corpus
+        # answered "The documents do not cover this." without searching them: probe H,
+        # session 40): like the byte budget above, no `noEvidence` reply applies.
+        sequence, budget = run.held_back
+        raise RetrievalError(
+            ErrorCode.NO_RETRIEVAL_EVIDENCE,
+            f"Search {sequence} of the run was not made: the run's {budget} was spent; "
+            "the run has no evidence to answer from.",
+        )
     failed = next((r for r in run.receipts if r.outcome in ("unavailable", "failed")), None)
     if failed is None:
         return _fallback(run, taken, "no-evidence", fallbacks.no_evidence, error)

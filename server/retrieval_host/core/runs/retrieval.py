@@ -81,6 +81,13 @@ def tool_call(run: ActiveRun, spec: RunRetrieval, call: ToolCall) -> str | list[
     }.get(receipt.status, "The search failed.")
 
 
+def _held_back(run: ActiveRun, budget: str, receipt: Receipt) -> Receipt:
+    """Note the first search a budget kept from being made (`ActiveRun.held_back`)."""
+    if run.held_back is None:
+        run.held_back = (receipt.sequence, budget)
+    return receipt
+
+
 def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
     """One search of the run's corpus; its passages join the run's evidence."""
     service = run.service
@@ -154,15 +161,16 @@ def retrieve(run: ActiveRun, spec: RunRetrieval, raw_query: str) -> Receipt:
         run.seen.add(key)
         return receipt("failed", code=error.code.value)
     if reranks and run.rerank_calls >= spec.max_rerank_calls:
-        return receipt("quota-exceeded")
+        return _held_back(run, "reranker-call budget (maxRerankCalls)", receipt("quota-exceeded"))
     if run.max_tokens is not None and run.tokens_spent >= run.max_tokens:
-        return receipt("quota-exceeded")  # the run's token budget is spent
+        # the run's token budget is spent
+        return _held_back(run, "token budget (maxTokens)", receipt("quota-exceeded"))
     # the run's byte budget: nothing more can join the evidence once it is spent
     remaining = (
         None if spec.max_context_bytes is None else spec.max_context_bytes - run.context_bytes
     )
     if remaining is not None and remaining <= 0:
-        return receipt("quota-exceeded")
+        return _held_back(run, "byte budget (maxContextBytes)", receipt("quota-exceeded"))
     # reserve the key: a failed attempt keeps it and is not retried
     run.seen.add(key)
 

@@ -74,6 +74,11 @@ class ActiveRun:
     # Bytes of passage text the run's searches added to its evidence (never given back when
     # a revoked passage is dropped: it may have reached the model), against `maxContextBytes`.
     context_bytes: int = 0
+    # The first search a budget kept from being made (its sequence and that budget, named
+    # with its request field: `maxRerankCalls`, `maxTokens`, `maxContextBytes`; `maxQueries`,
+    # spent only by searches that were made, is not one). A run left without evidence then
+    # fails naming it: its documents were not searched, so no `noEvidence` reply applies.
+    held_back: tuple[int, str] | None = None
 
     def visible(self, question: str) -> list[EvidencePassage]:
         """The evidence the model may read now, as the context policy selects it (only
