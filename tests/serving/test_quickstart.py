@@ -249,6 +249,21 @@ def test_a_rerun_refuses_a_configuration_with_a_key_twice_and_leaves_it(tmp_path
     assert not (state / "host.json.bak").exists()
 
 
+def test_a_rerun_refuses_a_configuration_nested_too_deeply_and_leaves_it(tmp_path: Path) -> None:
+    # Review V (session 40): since `serve` refuses JSON past 64 levels, the quickstart took such
+    # a host.json, a valid object, for "not a JSON object", moved it aside and wrote a new one.
+    state = tmp_path / "state"
+    host_file = prepare_state(state, 18013)
+    config = json.loads(host_file.read_text())
+    config["applicationOptions"]["deep"] = json.loads("[" * 70 + "]" * 70)
+    deep = json.dumps(config)
+    host_file.write_text(deep)
+    with pytest.raises(SettingsError, match="nested too deeply"):
+        prepare_state(state, 18014)
+    assert host_file.read_text() == deep
+    assert not (state / "host.json.bak").exists()
+
+
 def test_a_rerun_after_the_demo_token_was_rotated_says_its_commands_will_be_refused(
     tmp_path: Path,
 ) -> None:

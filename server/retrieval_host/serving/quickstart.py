@@ -48,7 +48,7 @@ from retrieval_host.serving.server import check_listen_address, run_server
 from retrieval_host.serving.tls import DEFAULT_HOSTS, ensure_local_certificates
 from retrieval_host.serving.tokens import new_token, token_config_entry
 from retrieval_host.settings import SettingsError, load_settings
-from retrieval_host.unique_json import DuplicateKeyError, load_unique_json
+from retrieval_host.unique_json import DuplicateKeyError, TooDeepError, load_unique_json
 from retrieval_host_client import validate_source_citations
 
 CORPUS: Final = "library"
@@ -215,15 +215,17 @@ def prepare_state(
 def _kept_configuration(host_file: Path) -> dict[str, Any] | None:
     """The existing `host.json` as an object, or None when there is none. One that is not a
     JSON object is moved aside to `host.json.bak` (said on stderr), never lost. An object with
-    a key twice is refused (`SettingsError`, the file left as it is), as `serve` refuses it:
-    read as its last one and written back, an operator's other entry was deleted."""
+    a key twice, or nested deeper than `serve` reads, is refused (`SettingsError`, the file
+    left as it is), as `serve` refuses it: read as its last one and written back, an
+    operator's other entry was deleted; a deep one, moved aside as "not a JSON object", was a
+    valid object replaced (review V, session 40)."""
     try:
         text = host_file.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     try:
         loaded = load_unique_json(text)
-    except DuplicateKeyError as exc:
+    except (DuplicateKeyError, TooDeepError) as exc:
         raise SettingsError(f"{host_file}: {exc}") from None
     except ValueError:
         loaded = None
