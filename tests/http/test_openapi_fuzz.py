@@ -66,7 +66,7 @@ CONFIG = schemathesis.Config.from_dict(
             "negative_data_rejection": {
                 "expected-statuses": ["400", "401", "403", "404", "405", "409", "413", "415", "422"]
             },
-        }
+        },
     }
 )
 
