@@ -12,15 +12,19 @@ from pathlib import Path
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
+from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.adapters.sqlite import SqliteRunStore, SqliteVectorStore
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
+from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant, Reranker
 from retrieval_host.core.run_ports import GenerationEvent, GenerationProvider, GenerationRequest
 from retrieval_host.core.runs import RunEngine
 from retrieval_host.core.runs_model import RunEvent, RunProgress
 from retrieval_host.core.service import Corpus, RetrievalService
+from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
+from tests.support.fake_rerank import RERANK_MODEL, FakeReranker
 
 DOCS = {
     "battery": (
@@ -127,3 +131,21 @@ def acting_at(
             action()
 
     return events, sink
+
+
+@contextmanager
+def open_reranking_run_world(
+    directory: Path, embedding: LocalEmbedding
+) -> Iterator[tuple[RunWorld, FakeReranker]]:
+    """`open_run_world` whose corpus the HTTP reranker reranks, against a fake `/rerank`
+    service on loopback (its calls in `FakeReranker.requests`)."""
+    with FakeOpenAI() as server:
+        fake = FakeReranker(server)
+        descriptor = RerankDescriptor("rerank-http", "test", "acct", "api-key", RERANK_MODEL)
+        with (
+            HttpReranker(
+                descriptor=descriptor, base_url=fake.base_url, api_key=lambda: DEFAULT_API_KEY
+            ) as reranker,
+            open_run_world(directory, embedding, reranker=reranker) as world,
+        ):
+            yield world, fake

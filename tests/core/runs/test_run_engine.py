@@ -15,10 +15,8 @@ import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
 from retrieval_host.adapters.provider_extractive import ExtractiveProvider
-from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.evidence import fence
 from retrieval_host.core.models import (
@@ -64,9 +62,7 @@ from retrieval_host.core.runs_model import (
 from retrieval_host.core.service import RetrievalService
 from retrieval_host.core.validation import cut_query
 from retrieval_host_client import validate_source_citations
-from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
-from tests.support.fake_rerank import RERANK_MODEL, FakeReranker
-from tests.support.run_engine import DOCS, RunWorld, acting_at, open_run_world
+from tests.support.run_engine import DOCS, RunWorld, acting_at, open_reranking_run_world
 
 ALICE = RequestContext("alice")
 
@@ -591,35 +587,27 @@ def test_reranker_calls_draw_on_the_runs_budget(
     statuses: list[str],
     calls: int,
 ) -> None:
-    with FakeOpenAI() as server:
-        fake = FakeReranker(server)
-        descriptor = RerankDescriptor("rerank-http", "test", "acct", "api-key", RERANK_MODEL)
-        with (
-            HttpReranker(
-                descriptor=descriptor, base_url=fake.base_url, api_key=lambda: DEFAULT_API_KEY
-            ) as reranker,
-            open_run_world(tmp_path, local_embedding, reranker=reranker) as world,
-        ):
-            request = RunRequest(
-                provider="local",
-                model="m",
-                input="q",
-                retrieval=RunRetrieval(
-                    corpus="library",
-                    mode="tool",
-                    max_queries=3,
-                    limit=1,
-                    rerank=rerank,
-                    max_rerank_calls=max_calls,
-                ),
-            )
-            result = world.with_provider("local", AsksThreeTimes()).run(request, ALICE)
-        assert [r.status for r in result.receipts] == statuses
-        assert len(fake.requests) == calls
-        assert result.usage.rerank.requests == calls
-        # Each reranked search sends every passage it may read: the corpus holds fewer than its
-        # rerank candidates.
-        assert result.usage.rerank.documents == len(DOCS) * calls
+    with open_reranking_run_world(tmp_path, local_embedding) as (world, fake):
+        request = RunRequest(
+            provider="local",
+            model="m",
+            input="q",
+            retrieval=RunRetrieval(
+                corpus="library",
+                mode="tool",
+                max_queries=3,
+                limit=1,
+                rerank=rerank,
+                max_rerank_calls=max_calls,
+            ),
+        )
+        result = world.with_provider("local", AsksThreeTimes()).run(request, ALICE)
+    assert [r.status for r in result.receipts] == statuses
+    assert len(fake.requests) == calls
+    assert result.usage.rerank.requests == calls
+    # Each reranked search sends every passage it may read: the corpus holds fewer than its
+    # rerank candidates.
+    assert result.usage.rerank.documents == len(DOCS) * calls
 
 
 def test_replay_returns_the_recorded_answer_without_new_work_and_fails_once_revoked(

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from retrieval_host.adapters.embedding_local import LocalEmbedding
-from retrieval_host.adapters.rerank_http import HttpReranker
 from retrieval_host.core.context import RequestContext
-from retrieval_host.core.descriptor import RerankDescriptor
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.runs_model import (
     Fallbacks,
@@ -22,9 +20,7 @@ from retrieval_host.core.runs_model import (
     RunRequest,
     RunRetrieval,
 )
-from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
-from tests.support.fake_rerank import RERANK_MODEL, FakeReranker
-from tests.support.run_engine import open_run_world
+from tests.support.run_engine import open_reranking_run_world, open_run_world
 
 ALICE = RequestContext("alice")
 
@@ -33,38 +29,30 @@ ALICE = RequestContext("alice")
 def test_a_run_whose_rerank_budget_kept_its_search_from_being_made_fails_naming_it(
     tmp_path: Path, local_embedding: LocalEmbedding, fallbacks: Fallbacks
 ) -> None:
-    with FakeOpenAI() as server:
-        fake = FakeReranker(server)
-        descriptor = RerankDescriptor("rerank-http", "test", "acct", "api-key", RERANK_MODEL)
-        with (
-            HttpReranker(
-                descriptor=descriptor, base_url=fake.base_url, api_key=lambda: DEFAULT_API_KEY
-            ) as reranker,
-            open_run_world(tmp_path, local_embedding, reranker=reranker) as world,
-        ):
-            request = RunRequest(
+    with open_reranking_run_world(tmp_path, local_embedding) as (world, fake):
+        request = RunRequest(
+            provider="local",
+            model="extractive",
+            input="How long does the battery last?",
+            retrieval=RunRetrieval(corpus="library", max_rerank_calls=0),
+            fallbacks=fallbacks,
+        )
+        events: list[RunEvent] = []
+        world.engine.execute(request, ALICE, events.append)
+        assert world.provider.requests == []
+        # The same run with a rerank call to spend finds the passages the budget kept back.
+        found = world.engine.run(
+            RunRequest(
                 provider="local",
                 model="extractive",
                 input="How long does the battery last?",
-                retrieval=RunRetrieval(corpus="library", max_rerank_calls=0),
+                retrieval=RunRetrieval(corpus="library", max_rerank_calls=1),
                 fallbacks=fallbacks,
-            )
-            events: list[RunEvent] = []
-            world.engine.execute(request, ALICE, events.append)
-            assert world.provider.requests == []
-            # The same run with a rerank call to spend finds the passages the budget kept back.
-            found = world.engine.run(
-                RunRequest(
-                    provider="local",
-                    model="extractive",
-                    input="How long does the battery last?",
-                    retrieval=RunRetrieval(corpus="library", max_rerank_calls=1),
-                    fallbacks=fallbacks,
-                ),
-                ALICE,
-            )
-        assert [r.status for r in found.receipts] == ["ok"] and found.sources
-        assert len(fake.requests) == 1  # only the second run's search called the reranker
+            ),
+            ALICE,
+        )
+    assert [r.status for r in found.receipts] == ["ok"] and found.sources
+    assert len(fake.requests) == 1  # only the second run's search called the reranker
     receipts = [
         e.context for e in events if isinstance(e, RunProgress) and e.phase == "retrieval.receipt"
     ]
