@@ -30,7 +30,9 @@ options (0.835 -> 0.855) and mail versions, no query kind down by more than 0.00
 not measured keeps plain min-max (its cosines may lie on another scale).
 
 Equal fused scores come in dense similarity order, then chunk id order, so a result never
-depends on which store answered, and a smaller limit's hits are the first of a larger one's.
+depends on which store answered. A convex fusion's hits are the first of one order over every
+passage, whatever the limit: `settled` tells `core.ranking` whether a passage in neither list
+could still come before the last hit, and it reads deeper while one could.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "for_model",
     "fuse",
     "missing",
+    "settled",
     "single",
 ]
 
@@ -113,29 +116,44 @@ def single(mode: Literal["dense", "lexical"], candidates: Sequence[Candidate]) -
     return [Ranked(c, {mode: c.score}) for c in candidates]
 
 
-def _scaled(
+@dataclass(frozen=True, slots=True)
+class _Scale:
+    """Min-max over a set of scores, applied to any score of the mode and kept within 0..1: a
+    deeper candidate below that range counts 0, and one above it (an approximate dense list's
+    deeper candidate scored exactly) counts 1."""
+
+    low: float
+    high: float
+    spread: float  # 0: one score for every candidate in the range
+
+    @classmethod
+    def over(cls, basis: Sequence[float], min_spread: float) -> _Scale:
+        low, high = min(basis), max(basis)
+        # With a floor, equal scores are a band of width 0: they add nothing, as a band of
+        # 0.001 adds almost nothing (no jump between the two).
+        return cls(
+            low, high, 0.0 if high == low and not min_spread else max(high - low, min_spread)
+        )
+
+    def __call__(self, value: float) -> float:
+        if not self.spread:
+            # One score for every candidate ranks nothing. Positive (one candidate, or equal
+            # matches), each is as good as the best; zero or less (no query term in any
+            # passage, no similarity), none is worth anything: a query matching no word
+            # scored 1.0 in hybrid, above real matches, which `minScore` could not tell apart.
+            return 1.0 if self.high > 0 and value >= self.high else 0.0
+        return min(1.0, max(0.0, (value - self.low) / self.spread))
+
+
+def _scale(
     values: Mapping[str, float], min_spread: float = 0.0, scale: frozenset[str] | None = None
-) -> dict[str, float]:
-    """Min-max over the candidates in `scale` (all when None), applied to every value and
-    kept within 0..1: a deeper candidate below that range counts 0, and one above it (an
-    approximate dense list's deeper candidate scored exactly) counts 1."""
+) -> _Scale | None:
+    """The min-max of one mode over the candidates in `scale` (all when None); None when the
+    mode scored no candidate."""
     if not values:
-        return {}
+        return None
     basis = [v for i, v in values.items() if i in scale] if scale is not None else []
-    if not basis:
-        basis = list(values.values())
-    low = min(basis)
-    high = max(basis)
-    if high == low and not min_spread:
-        # One score for every candidate ranks nothing. Positive (one candidate, or equal
-        # matches), each is as good as the best; zero or less (no query term in any passage,
-        # no similarity), none is worth anything: a query matching no word scored 1.0 in
-        # hybrid, above real matches, which `minScore` could not tell apart.
-        return {i: 1.0 if high > 0 and v >= high else 0.0 for i, v in values.items()}
-    # With a floor, equal scores are a band of width 0: they add nothing, as a band of 0.001
-    # adds almost nothing (no jump between the two).
-    spread = max(high - low, min_spread)
-    return {chunk_id: min(1.0, max(0.0, (v - low) / spread)) for chunk_id, v in values.items()}
+    return _Scale.over(basis or list(values.values()), min_spread)
 
 
 def missing(
@@ -171,22 +189,13 @@ def fuse(
             raw.setdefault(c.chunk_id, {})[mode] = c.score
     fused: dict[str, float] = dict.fromkeys(by_id, 0.0)
     if settings.method == "convex":
-        weights = {"dense": settings.dense_weight, "lexical": 1.0 - settings.dense_weight}
-        floors = {"dense": settings.dense_min_spread or 0.0, "lexical": 0.0}
-        # Scaled over the first `candidates` of each list, whatever the limit: a search with
-        # limit 100 reads 101 of each, and scaled over all of them, the same passages got
-        # other scores and near-ties other places than at limit 8 (a black-box test: 18 of
-        # 86 queries' top 8 differed), so `minScore` admitted other passages.
-        depth = settings.candidates
-        scale = frozenset(c.chunk_id for c in (*dense[:depth], *lexical[:depth]))
-        for mode, candidates in (("dense", dense), ("lexical", lexical)):
-            values = {c.chunk_id: c.score for c in candidates}
-            for chunk_id, value in (completed or {}).get(mode, {}).items():
-                if chunk_id in by_id and chunk_id not in values:
-                    values[chunk_id] = value
-                    raw[chunk_id][mode] = value
-            for chunk_id, value in _scaled(values, floors[mode], scale).items():
-                fused[chunk_id] += weights[mode] * value
+        values, scales = _convex(dense, lexical, settings, completed)
+        for mode, weight in _weights(settings).items():
+            scaled = scales[mode]
+            for chunk_id, value in values[mode].items():
+                raw[chunk_id][mode] = value
+                if scaled is not None:
+                    fused[chunk_id] += weight * scaled(value)
     else:
         for candidates in (dense, lexical):
             for rank, c in enumerate(candidates, start=1):
@@ -202,3 +211,67 @@ def fuse(
 
     order = sorted(by_id, key=key)[:limit]
     return [Ranked(replace(by_id[i], score=fused[i]), raw[i]) for i in order]
+
+
+def settled(
+    dense: Sequence[Candidate],
+    lexical: Sequence[Candidate],
+    settings: FusionSettings,
+    completed: Mapping[str, Mapping[str, float]] | None,
+    depth: int,
+    ranked: Sequence[Ranked],
+    wanted: int,
+) -> bool:
+    """Whether `ranked`, the first `wanted` of a convex fusion of lists each read `depth`
+    deep, are the first `wanted` over every passage the lists were read from: no passage in
+    neither list can come before its last. Such a passage scores at most the dense list's
+    last score in dense and the lexical list's last in lexical (0 when that list is shorter
+    than `depth`: every passage with a matching term is in it), so it scales to at most
+    their scaled values (`_Scale` is monotone). A dense list shorter than `depth` holds every
+    passage. Reciprocal rank fusion depends on the depth read anyway: always settled."""
+    if settings.method != "convex" or len(dense) < depth or len(ranked) < wanted:
+        return True
+    _, scales = _convex(dense, lexical, settings, completed)
+    weights = _weights(settings)
+    last = {"dense": dense[-1].score, "lexical": lexical[-1].score if len(lexical) >= depth else 0}
+    ceiling = sum(
+        weights[mode] * scaled(last[mode]) for mode, scaled in scales.items() if scaled is not None
+    )
+    edge = ranked[wanted - 1]
+    # On an equal fused score, the higher dense similarity comes first (`fuse`); one equal
+    # to the edge's too is a tie of the same text, in no defined order (README).
+    return ceiling < edge.candidate.score or (
+        ceiling == edge.candidate.score and last["dense"] <= edge.scores.get("dense", -math.inf)
+    )
+
+
+def _weights(settings: FusionSettings) -> dict[str, float]:
+    return {"dense": settings.dense_weight, "lexical": 1.0 - settings.dense_weight}
+
+
+def _convex(
+    dense: Sequence[Candidate],
+    lexical: Sequence[Candidate],
+    settings: FusionSettings,
+    completed: Mapping[str, Mapping[str, float]] | None,
+) -> tuple[dict[str, dict[str, float]], dict[str, _Scale | None]]:
+    """Per mode, every candidate's score (its list's, or the store's `completed` one) and the
+    min-max that mode is scaled by.
+
+    Scaled over the first `candidates` of each list, whatever the limit: a search with limit
+    100 reads 101 of each, and scaled over all of them, the same passages got other scores
+    and near-ties other places than at limit 8 (a black-box test: 18 of 86 queries' top 8
+    differed), so `minScore` admitted other passages."""
+    floors = {"dense": settings.dense_min_spread or 0.0, "lexical": 0.0}
+    depth = settings.candidates
+    scale = frozenset(c.chunk_id for c in (*dense[:depth], *lexical[:depth]))
+    known = {c.chunk_id for c in (*dense, *lexical)}
+    values: dict[str, dict[str, float]] = {}
+    scales: dict[str, _Scale | None] = {}
+    for mode, candidates in (("dense", dense), ("lexical", lexical)):
+        own = {c.chunk_id: c.score for c in candidates}
+        for chunk_id, value in (completed or {}).get(mode, {}).items():
+            if chunk_id in known and chunk_id not in own:
+                own[chunk_id] = value
+        values[mode], scales[mode] = own, _scale(own, floors[mode], scale)
+    return values, scales

@@ -11,7 +11,7 @@ from dataclasses import replace
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.filters import MetadataFilter
-from retrieval_host.core.fusion import Ranked, for_model, fuse, missing, single
+from retrieval_host.core.fusion import Ranked, for_model, fuse, missing, settled, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
 from retrieval_host.core.ports import ApproximateRanking, Candidate, RankingPolicy, Vectors
@@ -33,55 +33,82 @@ def rank(
     """The request's ranking over the allowed revisions (already authorized) whose metadata
     pass `where` (the request's parsed filters), at most `wanted` long, and what the query
     embedding cost (`queries`: the corpus's embedding, batched and cached)."""
-    usage = EmbeddingUsage()
-    dense: list[Candidate] = []
-    lexical: list[Candidate] = []
-    # Hybrid takes more candidates from each ranking than it returns: fusion reorders them.
-    depth = max(wanted, corpus.fusion.candidates) if request.mode == "hybrid" else wanted
     context.cancel.check()
     store, terms = corpus.store, query_terms(request.query, corpus.analyzer)
-    vector = None
-    if request.mode != "lexical":
-        context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
-        batch = queries.embed(request.query, context.subject, context.cancel)
-        usage = batch.usage
-        vector = batch.vectors[0]
-        context.cancel.progress()
+    if request.mode == "lexical":
         context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
-        dense = store.search(corpus.id, namespace, allowed, vector, depth, context.cancel, where)
-        context.cancel.progress()
-    if request.mode != "dense":
-        if request.mode == "lexical":
-            context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
         lexical = store.lexical_search(
-            corpus.id, namespace, allowed, terms, depth, context.cancel, where
+            corpus.id, namespace, allowed, terms, wanted, context.cancel, where
         )
         context.cancel.progress()
+        return single("lexical", lexical), EmbeddingUsage()
+    context.report("retrieval.embedding", corpus=corpus.id, inputs=1)
+    batch = queries.embed(request.query, context.subject, context.cancel)
+    vector = batch.vectors[0]
+    context.cancel.progress()
+    context.report("retrieval.scan", corpus=corpus.id, sources=len(allowed))
     if request.mode == "dense":
-        if isinstance(dense, ApproximateRanking) and vector is not None:
+        dense = store.search(corpus.id, namespace, allowed, vector, wanted, context.cancel, where)
+        context.cancel.progress()
+        if isinstance(dense, ApproximateRanking):
             dense = _with_lexical(
                 corpus, namespace, allowed, terms, where, wanted, dense, vector, context
             )
-        return single("dense", dense), usage
-    if request.mode == "lexical":
-        return single("lexical", lexical), usage
+        return single("dense", dense), batch.usage
+    # Hybrid takes more candidates from each ranking than it returns: fusion reorders them.
+    depth = max(wanted, corpus.fusion.candidates)
+    fusion = for_model(corpus.fusion, corpus.embedding.descriptor.model)
+    while True:
+        dense, lexical, completed = _both(
+            corpus, namespace, allowed, terms, where, depth, vector, context
+        )
+        ranked = fuse(dense, lexical, fusion, completed, wanted)
+        if depth >= _MAX_DEPTH or settled(dense, lexical, fusion, completed, depth, ranked, wanted):
+            return ranked, batch.usage
+        # A passage below both lists could still outrank the last hit: read deeper, so a
+        # smaller limit's hits are the first of a larger one's (probe H, session 40: limit 49
+        # and 55 disagreed on 4 of 25 queries, the deeper read's passages in between).
+        depth = min(depth * 4, _MAX_DEPTH)
+
+
+# The deepest hybrid reads each list (the largest fusion depth a corpus may set): past it, a
+# result is the best of the first 1,000 of each ranking.
+_MAX_DEPTH = 1000
+
+
+def _both(
+    corpus: Corpus,
+    namespace: str,
+    allowed: Mapping[str, str],
+    terms: Sequence[str],
+    where: MetadataFilter | None,
+    depth: int,
+    vector: Vectors,
+    context: RequestContext,
+) -> tuple[list[Candidate], list[Candidate], dict[str, dict[str, float]]]:
+    """Both rankings read `depth` deep, and for a convex fusion the score of each candidate
+    in the mode whose list missed it."""
+    store, cancel = corpus.store, context.cancel
+    dense = store.search(corpus.id, namespace, allowed, vector, depth, cancel, where)
+    cancel.progress()
+    lexical = store.lexical_search(corpus.id, namespace, allowed, terms, depth, cancel, where)
+    cancel.progress()
     completed: dict[str, dict[str, float]] = {}
-    if corpus.fusion.method == "convex" and vector is not None:
+    if corpus.fusion.method == "convex":
         # Every candidate scored in both modes: the store scores, in the mode that did not
         # rank it, each candidate drawn from the other (already authorized) list.
         no_dense, no_lexical = missing(dense, lexical)
         if no_dense:
-            values = store.dense_scores(corpus.id, namespace, no_dense, vector, context.cancel)
+            values = store.dense_scores(corpus.id, namespace, no_dense, vector, cancel)
             completed["dense"] = _known(no_dense, values)
         if no_lexical:
             # The grant and filters of the lexical search: its statistics, not the namespace's.
             values = store.lexical_scores(
-                corpus.id, namespace, allowed, no_lexical, terms, context.cancel, where
+                corpus.id, namespace, allowed, no_lexical, terms, cancel, where
             )
             completed["lexical"] = _known(no_lexical, values)
-        context.cancel.progress()
-    fusion = for_model(corpus.fusion, corpus.embedding.descriptor.model)
-    return fuse(dense, lexical, fusion, completed, wanted), usage
+        cancel.progress()
+    return dense, lexical, completed
 
 
 def _with_lexical(
