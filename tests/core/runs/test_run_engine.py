@@ -656,6 +656,23 @@ def test_get_run_is_for_the_same_subject_only(run_world: RunWorld) -> None:
     assert info.value.code is ErrorCode.SOURCE_UNAVAILABLE
 
 
+def test_a_run_whose_evidence_was_revoked_reads_as_one_that_does_not_exist(
+    run_world: RunWorld,
+) -> None:
+    """Probe S, session 41: the owner of a run whose evidence it may no longer read got the
+    evidence check's detail, a missing run "No such run.": the difference said the run
+    existed. SPEC 3.2: same status, same body, no hint which."""
+    result = run_world.engine.run(_before(), ALICE)
+    run_world.acl.search = {k: v for k, v in run_world.acl.search.items() if k != "battery"}
+    answers = []
+    for run_id in (result.run_id, "run_does_not_exist"):
+        with pytest.raises(RetrievalError) as info:
+            run_world.engine.get_run(run_id, ALICE)
+        answers.append((info.value.code, info.value.detail, info.value.reason))
+    assert answers[0] == answers[1]
+    assert answers[0][0] is ErrorCode.SOURCE_UNAVAILABLE
+
+
 def test_an_idle_timeout_fails_a_stalled_provider(run_world: RunWorld) -> None:
     release = threading.Event()
 

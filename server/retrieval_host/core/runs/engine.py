@@ -155,18 +155,26 @@ class RunEngine:
         """The recorded run of this subject, its evidence re-authorized.
 
         `permits` is the caller's credential check beyond its subject (the host passes its
-        token's provider and search grants). A run of another subject, one `permits` refuses
-        and one that does not exist all raise the same `SOURCE_UNAVAILABLE`.
+        token's provider and search grants). A run of another subject, one `permits` refuses,
+        one whose evidence this subject may no longer read (or whose sources changed) and one
+        that does not exist all raise the same `SOURCE_UNAVAILABLE`, word for word: the
+        evidence check's own detail told the owner that the run existed (probe S, session 41).
         """
+        no_such_run = RetrievalError(ErrorCode.SOURCE_UNAVAILABLE, "No such run.")
         record = self._store.get(run_id)
         if (
             record is None
             or record.subject != context.subject
             or (permits is not None and not permits(record))
         ):
-            raise RetrievalError(ErrorCode.SOURCE_UNAVAILABLE, "No such run.")
+            raise no_such_run
         if record.result is not None:
-            reauthorize_manifest(self._retrieval, record.result, context)
+            try:
+                reauthorize_manifest(self._retrieval, record.result, context)
+            except RetrievalError as exc:
+                if exc.code is not ErrorCode.SOURCE_UNAVAILABLE:
+                    raise
+                raise no_such_run from None
         return record
 
     def execute(self, request: RunRequest, context: RequestContext, emit: EventSink) -> None:
