@@ -47,7 +47,7 @@ from retrieval_host.serving.factory import build_driver, close_driver
 from retrieval_host.serving.server import check_listen_address, run_server
 from retrieval_host.serving.tls import DEFAULT_HOSTS, ensure_local_certificates
 from retrieval_host.serving.tokens import new_token, token_config_entry
-from retrieval_host.settings import SettingsError, load_settings
+from retrieval_host.settings import HostSettings, SettingsError, load_settings
 from retrieval_host.unique_json import DuplicateKeyError, TooDeepError, load_unique_json
 from retrieval_host_client import validate_source_citations
 
@@ -274,6 +274,23 @@ def _index_samples_or_say_why_not(driver: Driver, samples: list[Path], host_file
         ) from None
 
 
+def _check_demo_grant(settings: HostSettings, token: str, host_file: Path) -> None:
+    """`SettingsError` (exit 2) when host.json still holds the demo token but no longer lets
+    it search corpus `library`: the quickstart indexed and answered in-process (its own
+    subject, not the token) and printed commands that all answered 403 (probe R, session 41).
+    A token it no longer holds is a note above, not a refusal (rotated, as deploy/README
+    says)."""
+    digest = token_sha256(token)
+    for entry in settings.tokens:
+        if entry.sha256 == digest and CORPUS not in entry.retrieval.search:
+            raise SettingsError(
+                f"the quickstart's demo token may not search corpus {CORPUS!r} in "
+                f"{_display(host_file)} (its tokens entry's retrieval.search), so every "
+                f"command it prints would answer 403: add {CORPUS!r} back, or serve that "
+                f"configuration with: retrieval-host serve --config {_display(host_file)}"
+            )
+
+
 def _short(revision: str) -> str:
     return revision if len(revision) <= 20 else revision[:19] + "…"
 
@@ -420,6 +437,7 @@ def quickstart(
     assert driver is not None
     try:
         _index_samples_or_say_why_not(driver, samples, host_file)
+        _check_demo_grant(settings, token, host_file)
         print(f"\nQ: {DEMO_QUESTION}")
         _answer(driver)
         print("\nTry it" + (" from the machine running the container:" if container else ":"))
@@ -436,8 +454,14 @@ def quickstart(
                 if container
                 else (f"https://127.0.0.1:{port}")
             )
-            print(f"Serving {where} (Ctrl+C stops it).", flush=True)
-            run_server(settings, driver, environ)
+            # Once it listens: a script that waits for this line and then connects was
+            # refused when it came before the bind (probe R, session 41).
+            run_server(
+                settings,
+                driver,
+                environ,
+                on_serving=lambda: print(f"Serving {where} (Ctrl+C stops it).", flush=True),
+            )
         else:
             config = _display(state_dir / "host.json")
             print(f"Serve it later with: retrieval-host serve --config {config}", flush=True)

@@ -305,16 +305,18 @@ def serve(
     log_config: dict[str, object] | None = None,
     worker: WorkerSeat | None = None,
     early: EarlyStop | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
     """Serve in the foreground until SIGINT/SIGTERM, then shut down gracefully (see the
     module docstring) and return. `worker`: serve as one of a supervisor's workers, on its
     own socket on the host's port, ready once every worker serves (`serving.workers`).
-    `early`: the signals recorded while the host started (`EarlyStop`)."""
+    `early`: the signals recorded while the host started (`EarlyStop`). `on_serving` (not
+    with `worker`): called once the listener accepts connections."""
     config = uvicorn_config(settings, app, environ, log_config=log_config)
     host_app = app if isinstance(app, HostApp) else None
     if worker is None:
         check_listen_address(settings.listen.host, settings.listen.port)
-        server = HostServer(config, host_app, early=early)
+        server = HostServer(config, host_app, on_serving=on_serving, early=early)
         with loopback_metrics(settings, app):
             server.run()
         return
@@ -340,10 +342,13 @@ def run_server(
     *,
     worker: WorkerSeat | None = None,
     early: EarlyStop | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> None:
     """Serve `driver` over HTTPS in the foreground (until SIGINT/SIGTERM); as one of the
     supervisor's workers when `worker` is given; stopping at once for a signal `early`
-    recorded during the start."""
+    recorded during the start; calling `on_serving` once it accepts connections."""
     app = create_app(settings, driver)
     logs = log_config(settings.log_level, worker=None if worker is None else worker.index)
-    serve(settings, app, environ, log_config=logs, worker=worker, early=early)
+    serve(
+        settings, app, environ, log_config=logs, worker=worker, early=early, on_serving=on_serving
+    )
