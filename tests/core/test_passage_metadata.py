@@ -60,3 +60,27 @@ def test_metadata_without_those_lists_or_of_another_shape_is_shown_as_it_is() ->
         "section": "ops",
     }
     assert passage_metadata(upload, Location(start_line=6)) is upload
+
+
+def test_the_stored_media_type_decides_not_the_metadata_s_own_key() -> None:
+    # Probe H (session 40): an upload's caller metadata is laid over the document's, so its
+    # `mediaType` turned narrowing off; a prepared source's own `mediaType` turned it on.
+    upload: dict[str, JSONValue] = {"mediaType": "text/plain", "sections": SECTIONS}
+    shown = passage_metadata(upload, Location(start_line=6), "", "text/markdown")
+    assert shown == {"mediaType": "text/plain", "section": SECTIONS[1]}
+    mail: dict[str, JSONValue] = {"mediaType": "x", "messages": MESSAGES}
+    shown = passage_metadata(mail, Location(document_id="<a@x>"), "", "message/rfc822")
+    assert shown == {"mediaType": "x", "message": MESSAGES[0]}
+    prepared: dict[str, JSONValue] = {"mediaType": "text/markdown", "sections": SECTIONS}
+    assert passage_metadata(prepared, Location(start_line=6), "", None) is prepared
+    assert passage_metadata(prepared, Location(start_line=6), "", "text/plain") is prepared
+    # Still never over a caller's own `section`.
+    own: dict[str, JSONValue] = {"sections": SECTIONS, "section": "ops"}
+    assert passage_metadata(own, Location(start_line=6), "", "text/markdown") is own
+
+
+def test_a_media_type_key_that_is_no_string_is_no_type() -> None:
+    # Read from the metadata itself (a document's own), a list or object failed as unhashable.
+    listed: dict[str, JSONValue] = {"mediaType": ["text/markdown"], "sections": SECTIONS}
+    assert passage_metadata(listed, Location(start_line=6)) is listed
+    assert passage_metadata(listed, Location(start_line=6), "", None) is listed

@@ -219,6 +219,7 @@ class StoredPassage:
     location: Location
     document_sha256: str
     metadata: Metadata = field(default_factory=dict)  # the source revision's
+    media_type: str | None = None  # the source revision's stored type, as `Candidate`'s
 
 
 @dataclass(frozen=True, slots=True)

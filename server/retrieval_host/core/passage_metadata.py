@@ -10,28 +10,57 @@ entry instead: `section`, the entry whose line range holds the passage's first l
 short before it (`sectionsTruncated` / `messagesTruncated` stay, as every other field). The
 source itself (`GET .../sources/{id}`) keeps the whole lists.
 
-Only an ingested document's lists are replaced (its `mediaType` says which kind, and the
-lists have the shapes ingestion writes), and never over a `section` or `message` key of the
-caller's own (an upload's metadata is laid over the document's): prepared passages' and
-callers' metadata is shown as it is (a black-box test found a caller's `section` replaced).
+Only an ingested document's lists are replaced (the media type the store recorded for the
+source revision says which kind, and the lists have the shapes ingestion writes), and never
+over a `section` or `message` key of the caller's own: prepared passages' and callers'
+metadata is shown as it is (a black-box test found a caller's `section` replaced).
+
+The kind is the stored type, not the metadata's `mediaType` key: an upload's caller metadata
+is laid over the document's key by key, so `{"mediaType": "x"}` turned narrowing off (every
+hit carried the whole list again), and a prepared source whose own metadata held
+`mediaType: "text/markdown"` and a list of that shape was narrowed (probe H, session 40).
+The store records the type apart from the metadata (None for prepared passages).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
+from typing import Final, Literal
 
 from retrieval_host.core.models import JSONValue, Location
 
 
+class _Own(Enum):
+    METADATA = "the metadata's own mediaType"
+
+
+# `passage_metadata`'s `media_type` when the metadata is a document's own as ingestion wrote
+# it (`prepare_document`'s), before a caller's is laid over: there its `mediaType` is the
+# document's type. Never a stored source's metadata.
+OWN_METADATA: Final = _Own.METADATA
+
+
 def passage_metadata(
-    metadata: Mapping[str, JSONValue], location: Location, text: str = ""
+    metadata: Mapping[str, JSONValue],
+    location: Location,
+    text: str = "",
+    media_type: str | Literal[_Own.METADATA] | None = OWN_METADATA,
 ) -> Mapping[str, JSONValue]:
     """The metadata a hit at `location` shows (module docstring); `metadata` itself when it
     holds neither list. `text`, the passage's, tells sections that share its first line
-    apart (`_section_at`)."""
+    apart (`_section_at`). `media_type`: the stored media type of the passage's source
+    revision (`Candidate.media_type`, `StoredPassage.media_type`; None, as for prepared
+    passages, shows the metadata as it is); left out only for a document's own metadata
+    (`OWN_METADATA`)."""
     sections = metadata.get("sections")
     messages = metadata.get("messages")
-    kind = metadata.get("mediaType")
+    kind: str | None
+    if media_type is OWN_METADATA:
+        own = metadata.get("mediaType")  # a list or object is no type (and unhashable)
+        kind = own if isinstance(own, str) else None
+    else:
+        kind = media_type
     replace_sections = (
         kind in _SECTIONED
         and "section" not in metadata

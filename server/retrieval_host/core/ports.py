@@ -192,6 +192,9 @@ class Candidate:
     document_sha256: str
     score: float
     metadata: Metadata = field(default_factory=dict)  # the source's, as the hit shows it
+    # The source revision's stored media type (`StoredSource.media_type`; None for prepared
+    # passages): what decides whether the hit's metadata is narrowed (`core.passage_metadata`).
+    media_type: str | None = None
 
 
 class ApproximateRanking(list[Candidate]):

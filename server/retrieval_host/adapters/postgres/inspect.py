@@ -141,14 +141,14 @@ def read_passage(
         row = conn.execute(
             schema_sql(
                 schema,
-                f"SELECT {READ_PASSAGE_COLUMNS} {_PASSAGE} "
+                f"SELECT {READ_PASSAGE_COLUMNS}, s.media_type {_PASSAGE} "
                 "AND s.source_id = %s AND s.revision = %s",
             ),
             (*key, *pair),
         ).fetchone()
     if row is None:
         return None
-    chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row
+    chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row[:10]
     return StoredPassage(
         str(chunk_id),
         str(source_id),
@@ -162,6 +162,7 @@ def read_passage(
         ),
         str(digest),
         json.loads(str(meta)),
+        None if row[10] is None else str(row[10]),
     )
 
 

@@ -408,7 +408,8 @@ def lexical_search(
         _bm25_sql(
             schema,
             "SELECT c.chunk_id, c.text, c.page, c.start_line, c.end_line, c.document_id, "
-            "s.source_id, s.revision, s.document_sha256, r.score, s.metadata_json FROM ("
+            "s.source_id, s.revision, s.document_sha256, r.score, s.metadata_json, "
+            "s.media_type FROM ("
             "{bm25} WHERE c.source_pk = ANY(%s::bigint[]) GROUP BY t.chunk_pk) r "
             "JOIN {s}.chunks c ON c.id = r.chunk_pk JOIN {s}.sources s ON s.id = c.source_pk "
             'ORDER BY r.score DESC, c.chunk_id COLLATE "C" LIMIT %s',
@@ -431,6 +432,7 @@ def lexical_search(
             document_sha256=str(row[8]),
             score=float(row[9]),
             metadata=json.loads(row[10]),
+            media_type=None if row[11] is None else str(row[11]),
         )
         for row in rows
     ]

@@ -266,8 +266,8 @@ class Searcher:
             for row in conn.execute(
                 self._sql(
                     "SELECT c.id, c.chunk_id, c.text, c.page, c.start_line, c.end_line, "
-                    "c.document_id, s.source_id, s.revision, s.document_sha256, s.metadata_json "
-                    "FROM {s}.chunks c JOIN {s}.sources s ON s.id = c.source_pk "
+                    "c.document_id, s.source_id, s.revision, s.document_sha256, s.metadata_json, "
+                    "s.media_type FROM {s}.chunks c JOIN {s}.sources s ON s.id = c.source_pk "
                     "WHERE c.id = ANY(%s)"
                 ),
                 (chosen,),
@@ -287,6 +287,7 @@ class Searcher:
                     document_sha256=str(row[9]),
                     score=float(np.clip(scores[i], -1.0, 1.0)),
                     metadata=json.loads(row[10]),
+                    media_type=None if row[11] is None else str(row[11]),
                 )
             )
         return results

@@ -98,12 +98,13 @@ def read_passage(
         if found is None or not readable(str(found[0]), str(found[1])):
             return None
         row = conn.execute(
-            f"SELECT {READ_PASSAGE_COLUMNS} {_PASSAGE} AND s.source_id = ? AND s.revision = ?",
+            f"SELECT {READ_PASSAGE_COLUMNS}, s.media_type {_PASSAGE} "
+            "AND s.source_id = ? AND s.revision = ?",
             (*key, *found),
         ).fetchone()
     if row is None:
         return None
-    chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row
+    chunk_id, source_id, revision, text, page, start, end, document_id, digest, meta = row[:10]
     return StoredPassage(
         str(chunk_id),
         str(source_id),
@@ -112,6 +113,7 @@ def read_passage(
         Location(page, start, end, document_id),
         str(digest),
         json.loads(str(meta)),
+        None if row[10] is None else str(row[10]),
     )
 
 

@@ -40,6 +40,9 @@ class Revision:
     document_sha256: str
     metadata: Mapping[str, Any]
     generation: int
+    # `sources.media_type` (None for prepared passages): decides what a hit shows of the
+    # metadata (`core.passage_metadata`). Read from SQLite, never from a snapshot file.
+    media_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

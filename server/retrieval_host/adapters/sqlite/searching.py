@@ -204,4 +204,5 @@ def _candidate(row: Row, score: float) -> Candidate:
         document_sha256=source.document_sha256,
         score=score,
         metadata=source.metadata,
+        media_type=source.media_type,
     )

@@ -484,7 +484,7 @@ def _view(
 # --- adopting a snapshot ------------------------------------------------------------------------
 
 
-Listing = Mapping[tuple[str, str], tuple[str, str, str, int, int, Mapping[str, Any]]]
+Listing = Mapping[tuple[str, str], tuple[str, str, str, int, int, Mapping[str, Any], str | None]]
 
 
 def segments(
@@ -492,8 +492,10 @@ def segments(
 ) -> Iterator[tuple[str, Segment, list[tuple[str, int]]]]:
     """The snapshot's namespaces as segments, keeping only the sources SQLite still holds as
     the snapshot does (`listing`: (namespace, source id) -> (revision, document digest,
-    content fingerprint, generation, chunk count, metadata); an entry without a fingerprint
-    matches none); with each the (source id, generation) kept."""
+    content fingerprint, generation, chunk count, metadata, media type); an entry without a
+    fingerprint matches none); with each the (source id, generation) kept. The metadata and
+    media type come from SQLite, not the file: a snapshot of an earlier release serves them
+    as well."""
     for namespace, (size, arrays, entries) in snapshot.namespaces.items():
         segment = Segment(dims)
         kept: list[tuple[str, int]] = []
@@ -503,8 +505,14 @@ def segments(
             held = listing.get((namespace, entry.source_id))
             current = held is not None and bool(entry.fingerprint) and held[:5] == entry.key()
             metadata = held[5] if held is not None and current else {}
+            media_type = held[6] if held is not None and current else None
             source = Revision(
-                entry.source_id, entry.revision, entry.document_sha256, metadata, entry.generation
+                entry.source_id,
+                entry.revision,
+                entry.document_sha256,
+                metadata,
+                entry.generation,
+                media_type,
             )
             sources.append(source)
             if current:

@@ -79,10 +79,12 @@ class SqliteSnapshots:
                     int(gen),
                     int(count),
                     json.loads(meta),
+                    None if media_type is None else str(media_type),
                 )
-                for ns, sid, rev, sha, fingerprint, gen, count, meta in conn.execute(
+                for ns, sid, rev, sha, fingerprint, gen, count, meta, media_type in conn.execute(
                     "SELECT namespace, source_id, revision, document_sha256, fingerprint, "
-                    "generation, chunk_count, metadata_json FROM sources WHERE corpus_id = ?",
+                    "generation, chunk_count, metadata_json, media_type FROM sources "
+                    "WHERE corpus_id = ?",
                     (descriptor.corpus_id,),
                 )
             }

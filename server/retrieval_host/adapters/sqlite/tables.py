@@ -182,7 +182,7 @@ def load_revision(conn: apsw.Connection, dims: int, source_pk: int, out: Matrix)
     row = one(
         conn.execute(
             "SELECT namespace, source_id, revision, document_sha256, metadata_json, "
-            "generation FROM sources WHERE id = ?",
+            "generation, media_type FROM sources WHERE id = ?",
             (source_pk,),
         )
     )
@@ -210,7 +210,14 @@ def load_revision(conn: apsw.Connection, dims: int, source_pk: int, out: Matrix)
     )
     return Loaded(
         str(row[0]),
-        Revision(str(row[1]), str(row[2]), str(row[3]), json.loads(str(row[4])), int(row[5])),
+        Revision(
+            str(row[1]),
+            str(row[2]),
+            str(row[3]),
+            json.loads(str(row[4])),
+            int(row[5]),
+            None if row[6] is None else str(row[6]),
+        ),
         rows,
         out,
         terms,

@@ -417,6 +417,7 @@ class SqliteVectorStore(StoreBase, SqliteSearch, SqliteSnapshots, inspect.Sqlite
                     source.document_sha256,
                     json.loads(checked.metadata_json),
                     generation,
+                    source.media_type,
                 ),
                 tuple(
                     (chunks[i].chunk_id, chunks[i].text.encode("utf-8"), chunks[i].location)
