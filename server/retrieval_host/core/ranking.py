@@ -68,12 +68,14 @@ def rank(
         # A passage below both lists could still outrank the last hit: read deeper, so a
         # smaller limit's hits are the first of a larger one's (probe H, session 40: limit 49
         # and 55 disagreed on 4 of 25 queries, the deeper read's passages in between).
-        depth = min(depth * 4, _MAX_DEPTH)
+        depth = min(depth * _GROWTH, _MAX_DEPTH)
 
 
 # The deepest hybrid reads each list (the largest fusion depth a corpus may set): past it, a
 # result is the best of the first 1,000 of each ranking.
 _MAX_DEPTH = 1000
+# How much deeper each further read goes.
+_GROWTH = 4
 
 
 def _both(
