@@ -201,13 +201,15 @@ class CorpusSearch:
                 return SearchResult([], False, grant.retrieved_at, grant.scope, found.usage)
             context.report("retrieval.authorization", corpus=corpus.id, check="after-read")
             recheck = authorize_or_none(corpus, "search", prepared.source_ids, context)
+            # Once per check: a grant may list every source of a large corpus.
+            current = {} if recheck is None else searchable(recheck)
             if (
                 grant.attempt >= GRANT_ATTEMPTS
                 or recheck is None
                 or recheck.namespace != grant.namespace
                 or not (
-                    overtaken(grant.granted, searchable(recheck))
-                    or (prepared.source_ids is None and _vanished(found, searchable(recheck)))
+                    overtaken(grant.granted, current)
+                    or (prepared.source_ids is None and _vanished(found, current))
                 )
             ):
                 break
@@ -231,8 +233,8 @@ class CorpusSearch:
                 raise permission_denied()  # the subject may no longer search the corpus
             if (
                 recheck.namespace != grant.namespace
-                or overtaken(grant.granted, searchable(recheck))
-                or any(sid not in searchable(recheck) for sid in grant.granted)
+                or overtaken(grant.granted, current)
+                or any(sid not in current for sid in grant.granted)
             ):
                 # Overtaken again, or deleted or revoked since it was granted.
                 raise source_unavailable()
