@@ -310,6 +310,18 @@ def unit_rows(vectors: _Matrix, what: str) -> _Matrix:
     return np.ascontiguousarray(vectors / norms, dtype=np.float32)
 
 
+def cosines(rows: _Matrix, unit_query: _Matrix) -> list[float]:
+    """Each unit row's cosine with the unit query (1-D), within -1..1, the same to the last bit
+    whichever path asks: a search's ranking, or the second scoring of a passage the other mode
+    found (`dense_scores`). A float32 product of a batch rounds as its kernel sums, which
+    depends on the batch's shape, so the two disagreed by a float32 step for about half the
+    passages, hybrid's scaling moved with them and `minScore` admitted a passage at one limit
+    and not at another (review V, session 41). Summed in float64 (each float32 product is
+    exact there) and rounded to float32 once, any order gives the same value."""
+    exact = rows.astype(np.float64) @ unit_query.astype(np.float64)
+    return cast(list[float], np.clip(exact, -1.0, 1.0).astype(np.float32).tolist())
+
+
 # --- rows -----------------------------------------------------------------------------------
 
 # Then each store's version column (`stored_source`).

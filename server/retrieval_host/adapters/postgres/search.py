@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 from psycopg import sql
 
-from retrieval_host.adapters._store_rules import CounterTally, stack_vectors, unit_rows
+from retrieval_host.adapters._store_rules import CounterTally, cosines, stack_vectors, unit_rows
 from retrieval_host.adapters.postgres.filters import filter_sql
 from retrieval_host.adapters.postgres.pool import (
     Connection,
@@ -174,8 +174,8 @@ class Searcher:
             return [None] * len(passages)
         at = sorted(held)
         vectors = [_scored((0, 0, 0, held[i][1])).vector for i in at]
-        scores = unit_rows(np.stack(vectors), "stored vectors") @ unit_query[0]
-        by_position = {i: float(np.clip(v, -1.0, 1.0)) for i, v in zip(at, scores, strict=True)}
+        scores = cosines(unit_rows(np.stack(vectors), "stored vectors"), unit_query[0])
+        by_position = dict(zip(at, scores, strict=True))
         return [by_position.get(i) for i in range(len(passages))]
 
     def _index_scan(
@@ -253,12 +253,12 @@ class Searcher:
         if not scored:
             return []
         matrix = unit_rows(np.stack([s.vector for s in scored]), "stored vectors")
-        scores = matrix @ unit_query
+        scores = cosines(matrix, unit_query)  # as `dense_scores` scores, to the last bit
         # Best first; equal scores in (source revision, ordinal) order, as SQLite breaks ties.
         position = {pk: i for i, (pk, _) in enumerate(sources)}
         order = sorted(
             range(len(scored)),
-            key=lambda i: (-float(scores[i]), position[scored[i].source_pk], scored[i].ordinal),
+            key=lambda i: (-scores[i], position[scored[i].source_pk], scored[i].ordinal),
         )[:k]
         chosen = [scored[i].pk for i in order]
         details = {
@@ -285,7 +285,7 @@ class Searcher:
                     text=str(row[2]),
                     location=Location(row[3], row[4], row[5], row[6]),
                     document_sha256=str(row[9]),
-                    score=float(np.clip(scores[i], -1.0, 1.0)),
+                    score=scores[i],
                     metadata=json.loads(row[10]),
                     media_type=None if row[11] is None else str(row[11]),
                 )

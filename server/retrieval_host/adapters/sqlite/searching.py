@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from retrieval_host.adapters._store_rules import CounterTally
+from retrieval_host.adapters._store_rules import CounterTally, cosines
 from retrieval_host.adapters.sqlite import approximate
 from retrieval_host.adapters.sqlite.grant_cache import GrantCache
 from retrieval_host.adapters.sqlite.lexicon import score, score_slots
@@ -71,11 +71,13 @@ class SqliteSearch:
             rows, scores = self._exact(scan, unit_query, k, cancel)
         else:
             rows, scores = self._approximate(plan, scan, unit_query, k, cancel)
-        # Best first; equal scores in row order, so results are deterministic.
-        top = np.lexsort((rows, -scores))[:k]
-        found = scan.rows.many(rows[top].tolist())
-        values = np.clip(scores[top], -1.0, 1.0).tolist()
-        ranked = [_candidate(row, value) for row, value in zip(found, values, strict=True)]
+        # The best k, scored again as `dense_scores` scores (`cosines`: the same value to the
+        # last bit); best first, equal scores in row order, so results are deterministic.
+        chosen = rows[np.lexsort((rows, -scores))[:k]]
+        exact = cosines(scan.matrix[chosen], unit_query)
+        order = sorted(range(len(exact)), key=lambda i: (-exact[i], int(chosen[i])))
+        found = scan.rows.many([int(chosen[i]) for i in order])
+        ranked = [_candidate(row, exact[i]) for row, i in zip(found, order, strict=True)]
         return ranked if plan is None else ApproximateRanking(ranked)
 
     def _exact(
@@ -160,8 +162,8 @@ class SqliteSearch:
                 return [None] * len(passages)
             matrix, rows = segment.locate(passages)
         held = [r for r in rows if r is not None]
-        values = iter((matrix[held] @ unit_query).tolist() if held else [])
-        return [None if r is None else min(1.0, max(-1.0, next(values))) for r in rows]
+        values = iter(cosines(matrix[held], unit_query) if held else [])
+        return [None if r is None else next(values) for r in rows]
 
     def lexical_scores(
         self,
