@@ -50,6 +50,30 @@ def test_a_rerun_whose_demo_token_may_no_longer_search_library_says_so_and_exits
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    assert "demo token may not search corpus 'library'" in lines[0]
+    assert "demo token may no longer search in corpus 'library'" in lines[0]
+    assert "index" not in lines[0].split("may no longer")[1].split(" in state")[0]
     assert "retrieval-host serve --config state/host.json" in lines[0]
     assert "Try it" not in done.stdout  # no command printed
+
+
+def test_a_rerun_whose_demo_token_lost_its_write_or_provider_grants_names_them_and_exits_2(
+    tmp_path: Path,
+) -> None:
+    """Review V, session 41: with search kept but index, delete and the provider gone, the
+    printed ingest, delete and run commands answered 403."""
+    host_file = prepare_state(tmp_path / "state", free_port())
+    config = json.loads(host_file.read_text())
+    config["tokens"][0]["retrieval"]["index"] = []
+    config["tokens"][0]["retrieval"]["delete"] = []
+    config["tokens"][0]["providers"] = []
+    host_file.write_text(json.dumps(config))
+    done = subprocess.run(
+        [*cli(), "quickstart", "--state-dir", "state", "--port", str(free_port()), "--no-serve"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    for lost in ("index in corpus 'library'", "delete in corpus", "provider 'local'"):
+        assert lost in lines[0], lines[0]
+    assert "search in corpus" not in lines[0]

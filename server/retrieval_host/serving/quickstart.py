@@ -276,18 +276,33 @@ def _index_samples_or_say_why_not(driver: Driver, samples: list[Path], host_file
 
 def _check_demo_grant(settings: HostSettings, token: str, host_file: Path) -> None:
     """`SettingsError` (exit 2) when host.json still holds the demo token but no longer lets
-    it search corpus `library`: the quickstart indexed and answered in-process (its own
-    subject, not the token) and printed commands that all answered 403 (probe R, session 41).
+    it do what the printed commands do (search, index and delete in corpus `library`, runs
+    with provider `local`): the quickstart indexed and answered in-process (its own subject,
+    not the token) and printed commands that answered 403 (probe R and review V, session 41).
     A token it no longer holds is a note above, not a refusal (rotated, as deploy/README
     says)."""
     digest = token_sha256(token)
     for entry in settings.tokens:
-        if entry.sha256 == digest and CORPUS not in entry.retrieval.search:
+        if entry.sha256 != digest:
+            continue
+        grants = entry.retrieval
+        lost = [
+            f"{operation} in corpus {CORPUS!r} (retrieval.{operation})"
+            for operation, corpora in (
+                ("search", grants.search),
+                ("index", grants.index),
+                ("delete", grants.delete),
+            )
+            if CORPUS not in corpora
+        ]
+        if PROVIDER not in entry.providers:
+            lost.append(f"runs with provider {PROVIDER!r} (providers)")
+        if lost:
             raise SettingsError(
-                f"the quickstart's demo token may not search corpus {CORPUS!r} in "
-                f"{_display(host_file)} (its tokens entry's retrieval.search), so every "
-                f"command it prints would answer 403: add {CORPUS!r} back, or serve that "
-                f"configuration with: retrieval-host serve --config {_display(host_file)}"
+                f"the quickstart's demo token may no longer {', '.join(lost)} in "
+                f"{_display(host_file)}, so commands it prints would answer 403: grant "
+                f"them back, or serve that configuration with: retrieval-host serve "
+                f"--config {_display(host_file)}"
             )
 
 
