@@ -808,15 +808,17 @@ async function askView(signal, params) {
   const stop = form.querySelector("#stop");
   const ask = form.querySelector("button[type=submit]");
   let running = new AbortController();
-  // The read of the run the address names ends when a question is asked: its record, arriving
-  // late, overwrote the new run's outcome (probe K, session 40: a failed run shown "completed"
-  // under its own id, with the old run's answer and a second Sources list).
-  const reading = new AbortController();
+  // A read of a run's record (the run the address names, or one whose connection was lost)
+  // ends when a question is asked: its record, arriving late, overwrote the new run's outcome
+  // (probe K, session 40: a failed run shown "completed" under its own id, with the old run's
+  // answer and a second Sources list).
+  let reading = new AbortController();
   stop.addEventListener("click", () => running.abort());
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     if (!stop.disabled) return; // one run at a time: Stop ends it
     reading.abort();
+    reading = new AbortController();
     const data = new FormData(form);
     const body = {
       provider: data.get("provider"),
@@ -834,6 +836,8 @@ async function askView(signal, params) {
     stop.disabled = false;
     ask.disabled = true;
     let outcome = null; // "completed" or "failed", once the host said so
+    let started = null; // the run's id, once `run.started` named it
+    let lost = null; // the network error that cut the stream after `run.started`
     try {
       const response = await request("/v1/runs", {
         method: "POST", body: JSON.stringify(body), type: "application/json",
@@ -845,6 +849,7 @@ async function askView(signal, params) {
         if (at > bar.value) bar.value = at;
         if (name === "run.progress" || name === "run.started") phase.textContent = step;
         if (name === "run.started" && payload.runId) {
+          started = payload.runId;
           runId.replaceChildren(`run ${payload.runId}`);
           const names = new URLSearchParams({ run: payload.runId, corpus: body.retrieval.corpus });
           history.replaceState(null, "", `${hash("ask")}?${names}`);
@@ -872,12 +877,26 @@ async function askView(signal, params) {
       if (signal.aborted) return; // the page was left: the run ended with it
       if (outcome !== null) return; // Stop pressed after the host said how the run ended
       const stopped = error.name === "AbortError";
-      phase.textContent = stopped ? "stopped" : "failed";
-      if (!stopped) showError(error);
-      markUnchecked(answer, stopped ? "The run was stopped" : "The run failed");
+      // A network error (fetch's TypeError) once the run started: the connection was cut (a
+      // proxy's timeout, Wi-Fi lost), not the run, which the host may have completed and
+      // recorded, or recorded cancelled (a disconnect cancels a run). "failed" was wrong for
+      // the first (probe K, session 40): the run's record says which, read below.
+      if (!stopped && started !== null && error instanceof TypeError) {
+        lost = error;
+      } else {
+        phase.textContent = stopped ? "stopped" : "failed";
+        if (!stopped) showError(error);
+        markUnchecked(answer, stopped ? "The run was stopped" : "The run failed");
+      }
     } finally {
       stop.disabled = true;
       ask.disabled = false;
+    }
+    if (lost !== null) {
+      // Read once Ask is enabled again: a question asked meanwhile ends this read.
+      const shown = { bar, phase, runId, answer, after, form };
+      await showCutRun(started, lost, body.retrieval.corpus, shown,
+        AbortSignal.any([signal, reading.signal]));
     }
   });
   show(
@@ -895,7 +914,8 @@ async function askView(signal, params) {
   }
 }
 
-async function showRecordedRun(id, addressed, { bar, phase, runId, answer, after, form }, signal) {
+async function showRecordedRun(id, addressed, shown, signal) {
+  const { phase, runId, answer } = shown;
   runId.replaceChildren(`run ${id}`);
   let record;
   try {
@@ -917,6 +937,37 @@ async function showRecordedRun(id, addressed, { bar, phase, runId, answer, after
       "token: the host answers both the same way.")]);
     return;
   }
+  showRecord(record, addressed, shown);
+}
+
+// A run whose stream was cut by a network error once it had started: "connection lost", its
+// streamed text marked unchecked and the error kept on screen while its record is read; then
+// what the record says, as for a run the address names. A record that cannot be read leaves
+// the outcome unknown (the address names the run: a reload reads it again).
+async function showCutRun(id, lost, asked, shown, signal) {
+  const { phase, answer } = shown;
+  phase.textContent = "connection lost";
+  showError(new Error(`The connection to the host was lost during the run (${lost.message}). ` +
+    "The host may still have completed the run, or cancelled it: its record says how it ended."));
+  markUnchecked(answer, "The connection was lost");
+  let record;
+  try {
+    record = await getJson(`/v1/runs/${segment(id)}`, signal);
+  } catch (error) {
+    if (signal.aborted) return;
+    phase.textContent = "outcome unknown";
+    showError(error);
+    answer.prepend(h("p", { class: "notice", id: "run-unknown" },
+      "The connection was lost during the run and its record could not be read: reload the " +
+      "page to read it again."));
+    return;
+  }
+  showRecord(record, asked, shown);
+}
+
+// A run's record: its answer with checked citations and its sources, or how it ended. A note
+// for a run without an answer comes before any text it streamed (marked unchecked).
+function showRecord(record, addressed, { bar, phase, answer, after, form }) {
   // The citation links go to the corpus the run searched, which its result names: the address
   // (a run id pasted with another corpus, or none) pointed them at the form's first corpus
   // (probe G). The address is a fallback only, believed only for a corpus this token may
@@ -930,9 +981,11 @@ async function showRecordedRun(id, addressed, { bar, phase, runId, answer, after
     bar.value = PHASES.length - 1;
     renderAnswer(answer, after, record.result, corpus);
   } else {
-    append(answer, [h("p", { class: "notice", id: "answer-note" }, record.status === "running"
-      ? "This run is still running: reload the page to see its answer once it ends."
-      : `This run ended without an answer (${record.status}${record.errorCode ? `, ${record.errorCode}` : ""}).`)]);
+    const streamed = answer.hasChildNodes(); // text a cut run streamed: its note is `answer-note`
+    answer.prepend(h("p", { class: "notice", id: streamed ? "record-note" : "answer-note" },
+      record.status === "running"
+        ? "This run is still running: reload the page to see its answer once it ends."
+        : `This run ended without an answer (${record.status}${record.errorCode ? `, ${record.errorCode}` : ""}).`));
   }
 }
 
