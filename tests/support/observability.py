@@ -88,10 +88,12 @@ class HostProcess:
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.tokens[token]}"} if token else {}
+        # A bound for a hang, not a pace: a host process's first ingest (model load, parse
+        # workers) took over 30 s under `under-load` beside a CI run (session 41).
         return httpx.Client(
             base_url=self.base_url,
             verify=self.tls.client_context(),
-            timeout=30,
+            timeout=120,
             headers=headers,
             **kwargs,
         )
