@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from retrieval_host.adapters.sqlite.grant_cache import GrantCache
 from retrieval_host.adapters.sqlite.lexicon import score, score_slots
 from retrieval_host.adapters.sqlite.rows import Row
 from retrieval_host.adapters.sqlite.scan import Index, Matrix, Scan, Scanner, query_unit
-from retrieval_host.adapters.sqlite.segment import CorpusState
+from retrieval_host.adapters.sqlite.segment import CorpusState, Segment, Verdicts, decide
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.lexical import Bm25
@@ -59,8 +60,7 @@ class SqliteSearch:
         if k <= 0 or not allowed:
             return []
         self._ensure_fresh(state)
-        with locked(self._cache_lock, "the store's index"):
-            segment = state.segments.get(namespace)
+        with self._segment(state, namespace, allowed, filters, cancel) as segment:
             scan = None if segment is None else segment.capture(allowed, filters)
             plan = None
             if segment is not None and scan is not None and filters is None:
@@ -79,6 +79,33 @@ class SqliteSearch:
         found = scan.rows.many([int(chosen[i]) for i in order])
         ranked = [_candidate(row, exact[i]) for row, i in zip(found, order, strict=True)]
         return ranked if plan is None else ApproximateRanking(ranked)
+
+    @contextmanager
+    def _segment(
+        self,
+        state: CorpusState,
+        namespace: str,
+        allowed: Mapping[str, str],
+        filters: MetadataFilter | None,
+        cancel: CancelToken,
+    ) -> Iterator[Segment | None]:
+        """The namespace's segment, under the cache lock, with the filter's verdicts for the
+        allowed revisions reached outside it (`segment.decide`). A write between the two
+        holds leaves new revisions undecided: they are decided the same way, and the block
+        runs only once every allowed revision of the segment then held has its verdict."""
+        if filters is None:
+            with locked(self._cache_lock, "the store's index"):
+                yield state.segments.get(namespace)
+            return
+        decided: Verdicts = {}
+        while True:
+            with locked(self._cache_lock, "the store's index"):
+                segment = state.segments.get(namespace)
+                pending = [] if segment is None else segment.undecided(allowed, filters, decided)
+                if not pending:
+                    yield segment
+                    return
+            decide(pending, filters, decided, cancel)
 
     def _exact(
         self, scan: Scan, query: Matrix, k: int, cancel: CancelToken
@@ -131,8 +158,7 @@ class SqliteSearch:
         if k <= 0 or not allowed or not terms:
             return []
         self._ensure_fresh(state)
-        with locked(self._cache_lock, "the store's index"):
-            segment = state.segments.get(namespace)
+        with self._segment(state, namespace, allowed, filters, cancel) as segment:
             capture = None if segment is None else segment.lexical_capture(allowed, terms, filters)
         if capture is None:
             return []
@@ -181,8 +207,7 @@ class SqliteSearch:
         if not passages:
             return []
         self._ensure_fresh(state)
-        with locked(self._cache_lock, "the store's index"):
-            segment = state.segments.get(namespace)
+        with self._segment(state, namespace, allowed, filters, cancel) as segment:
             if segment is None:
                 return [None] * len(passages)
             capture, slots = segment.lexical_passages(allowed, filters, passages, terms)

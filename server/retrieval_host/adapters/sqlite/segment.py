@@ -22,6 +22,7 @@ import numpy.typing as npt
 from retrieval_host.adapters.sqlite.lexicon import Granted, LexicalCapture, Lexicon
 from retrieval_host.adapters.sqlite.rows import Revision, Row, Rows, chunk_hash
 from retrieval_host.adapters.sqlite.scan import Hashes, Index, Matrix, Scan, find_rows
+from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.descriptor import CorpusDescriptor
 from retrieval_host.core.filters import MetadataFilter, matches
 from retrieval_host.core.models import Location
@@ -31,13 +32,17 @@ if TYPE_CHECKING:
     from retrieval_host.adapters.sqlite.approximate import Graph
     from retrieval_host.adapters.sqlite.graph_file import Origin
 
-__all__ = ["CorpusState", "Loaded", "Revision", "Row", "Segment", "Span"]
+__all__ = ["CorpusState", "Loaded", "Revision", "Row", "Segment", "Span", "Verdicts", "decide"]
 
 # Captures (a grant's rows) kept per namespace: at most this many grants, this many sources.
 CAPTURES: Final = 64
 CAPTURED_SOURCES: Final = 200_000
 # A segment of more rows than this is compacted when fewer than a quarter of them are live.
 COMPACT_MIN_ROWS: Final = 4096
+# Filtered grants whose hits a segment keeps (`Segment._filtered`).
+FILTERED: Final = 4
+# Revisions whose filter verdicts `decide` reaches between two checks of the cancel token.
+DECIDE_BATCH: Final = 64
 
 
 class Span(NamedTuple):
@@ -62,6 +67,9 @@ class Loaded:
 
 
 GrantKey = tuple[int, str, str]  # a grant's size, first and last source
+# A filter's verdict per source revision, by the revision object's identity (the object is
+# kept in the value, so its id is not reused while the verdict is).
+Verdicts = dict[int, tuple[Revision, bool]]
 
 
 class Segment:
@@ -90,13 +98,14 @@ class Segment:
         # the grant and its capture; emptied by any change to the segment.
         self.captures: OrderedDict[GrantKey, tuple[dict[str, str], Scan]] = OrderedDict()
         self._captured_sources = 0
-        # The last filtered grant's hits, with the grant and filter objects they were found
-        # for (compared by identity, kept alive here): one search asks for them up to three
-        # times per read (dense, lexical, the convex completion), and hybrid may read again
-        # deeper, while a filter of 256 conditions over 10,000 sources costs seconds (probe
-        # Q, session 41: 13.5 s of CPU per hybrid search, under the cache lock). Emptied by
-        # any change to the segment.
-        self._filtered: tuple[Mapping[str, str], MetadataFilter, list[Span]] | None = None
+        # The last `FILTERED` filtered grants' hits, with the grant and filter objects they
+        # were found for (compared by identity, kept alive here): one search asks for them up
+        # to three times per read (dense, lexical, the convex completion), and hybrid may read
+        # again deeper, while a filter of 256 conditions over 10,000 sources costs seconds
+        # (probe Q, session 41: 13.5 s of CPU per hybrid search). Several, as concurrent
+        # filtered searches interleave (each evaluates outside the cache lock). Emptied by any
+        # change to the segment.
+        self._filtered: list[tuple[Mapping[str, str], MetadataFilter, list[Span]]] = []
         # The approximate search graph of this array's rows (`approximate`), and whether a
         # build of one is under way.
         self.graph: Graph | None = None
@@ -133,7 +142,7 @@ class Segment:
             self._captured_sources -= len(self.captures.popitem(last=False)[1][0])
 
     def _changed(self) -> None:
-        self._filtered = None
+        self._filtered.clear()
         self.captures.clear()
         self._captured_sources = 0
         self.lexicon.masks.clear()
@@ -212,11 +221,45 @@ class Segment:
         ids = [p.chunk_id for p in passages]
         return find_rows(self.hashes, spans, ids, chunk_hash, self.rows.chunk_id)
 
+    def undecided(
+        self, allowed: Mapping[str, str], filters: MetadataFilter, decided: Verdicts
+    ) -> list[Revision]:
+        """The allowed revisions whose verdict under `filters` is not in `decided` (under the
+        cache lock; the caller reaches them without it, `decide`, and asks again). When none
+        is left, the matching spans are kept for this grant and filter object, and the
+        search's captures under this same hold read them (`_hits`)."""
+        if self._remembered(allowed, filters) is not None:
+            return []
+        hits = self._allowed(allowed)
+        pending = [s.source for s in hits if id(s.source) not in decided]
+        if not pending:
+            self._remember(allowed, filters, [s for s in hits if decided[id(s.source)][1]])
+        return pending
+
+    def _remembered(self, allowed: Mapping[str, str], filters: MetadataFilter) -> list[Span] | None:
+        for entry in self._filtered:
+            if entry[0] is allowed and entry[1] is filters:
+                return entry[2]
+        return None
+
+    def _remember(
+        self, allowed: Mapping[str, str], filters: MetadataFilter, hits: list[Span]
+    ) -> None:
+        self._filtered.insert(0, (allowed, filters, hits))
+        del self._filtered[FILTERED:]
+
     def _hits(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> list[Span]:
         """The spans of the allowed revisions that match the filters."""
-        last = self._filtered
-        if filters is not None and last is not None and last[0] is allowed and last[1] is filters:
-            return last[2]
+        if filters is None:
+            return self._allowed(allowed)
+        hits = self._remembered(allowed, filters)
+        if hits is None:
+            hits = [s for s in self._allowed(allowed) if matches(filters, s.source.metadata)]
+            self._remember(allowed, filters, hits)
+        return hits
+
+    def _allowed(self, allowed: Mapping[str, str]) -> list[Span]:
+        """The spans of the allowed revisions."""
         index = self.spans
         # Walk the smaller side: the grant or the namespace's sources.
         if len(allowed) <= len(index):
@@ -229,9 +272,6 @@ class Segment:
         else:
             granted = allowed.get
             hits = [span for sid, span in index.items() if granted(sid) == span.revision]
-        if filters is not None:
-            hits = [s for s in hits if matches(filters, s.source.metadata)]
-            self._filtered = (allowed, filters, hits)
         return hits
 
     def capture(self, allowed: Mapping[str, str], filters: MetadataFilter | None) -> Scan | None:
@@ -300,6 +340,18 @@ class Segment:
             if grant is not None:
                 self.lexicon.remember(grant, granted)
         return granted if granted.passages else None
+
+
+def decide(
+    pending: Sequence[Revision], filters: MetadataFilter, decided: Verdicts, cancel: CancelToken
+) -> None:
+    """Each pending revision's verdict under `filters`, into `decided` (no lock held: a filter
+    of 256 conditions costs ~0.4 ms per source, seconds over a grant of 10,000, and every
+    search and write of the store would wait on the cache lock meanwhile)."""
+    for i, source in enumerate(pending):
+        if i % DECIDE_BATCH == 0:
+            cancel.check()
+        decided[id(source)] = (source, matches(filters, source.metadata))
 
 
 def _rows_below(span: Span, row: int) -> int:
