@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from retrieval_host.adapters._store_rules import StoreCounters
-from retrieval_host.adapters.sqlite import SqliteVectorStore
+from retrieval_host.adapters.sqlite import SqliteVectorStore, segment
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.lexical import DEFAULT_ANALYZER, query_terms
@@ -125,3 +126,24 @@ def test_counters_are_snapshots(store: SqliteVectorStore) -> None:
     assert store.counters == StoreCounters(
         scans_started=1, scan_batches=3, scans_cancelled=0, rows_scored=40
     )
+
+
+def test_passages_are_found_by_their_chunk_id_when_every_hash_collides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A passage's row is found by its chunk id's hash and checked against the id itself:
+    with one hash for every chunk, each passage still gets its own score (and a chunk id the
+    store does not hold, none)."""
+    monkeypatch.setattr(segment, "chunk_hash", lambda chunk_id: 7)
+    rng = np.random.default_rng(3)
+    with SqliteVectorStore.open(tmp_path / "store.db") as store:
+        store.open_corpus(descriptor("c1"))
+        source, chunks = revision("s1", "r1", unit_vectors(rng, 5))
+        store.replace_source("c1", "ns", source, chunks, expected_revision=None, limits=LIMITS)
+        query = unit_vectors(rng, 1)[0]
+        hits = store.search("c1", "ns", {"s1": "r1"}, query, 5, CancelToken())
+        assert len(hits) == 5
+        shuffled = [hits[i] for i in (3, 0, 4, 1, 2)]
+        ghost = replace(hits[0], chunk_id="not-held")
+        scores = store.dense_scores("c1", "ns", [*shuffled, ghost], query, CancelToken())
+        assert scores == [h.score for h in shuffled] + [None]

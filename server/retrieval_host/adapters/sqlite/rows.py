@@ -201,6 +201,9 @@ class Rows:
     def chunk_id(self, i: int) -> str:
         return self.ids.get(i).decode("utf-8")
 
+    def chunk_ids(self, rows: Sequence[int]) -> list[str]:
+        return [b.decode("utf-8") for b in self.ids.get_many(rows)]
+
     def append(self, source: Revision, rows: Sequence[tuple[str, bytes, Location]]) -> None:
         """One source revision's rows, at the end."""
         size, count = len(self), len(rows)

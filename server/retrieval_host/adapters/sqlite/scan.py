@@ -78,11 +78,13 @@ def find_rows(
     spans: Sequence[tuple[int, int] | None],
     chunk_ids: Sequence[str],
     hash_of: Callable[[str], int],
-    chunk_id_at: Callable[[int], str],
+    chunk_ids_at: Callable[[Sequence[int]], list[str]],
 ) -> list[int | None]:
     """For each chunk id, the row in its span `(start, stop)` holding it, found by its hash
-    (`hash_of`) in `hashes` and checked with `chunk_id_at`; None when absent or the span is None.
-    Vectorized over all the spans' rows at once (a passage's lookup costs no Python loop)."""
+    (`hash_of`) in `hashes` and checked with `chunk_ids_at` (the chunk ids of rows, read in
+    one call: a hybrid read at limit 100 looks up ~800 passages); None when absent or the
+    span is None. Vectorized over all the spans' rows at once (a passage's lookup costs no
+    Python loop)."""
     found: list[int | None] = [None] * len(chunk_ids)
     held = [(i, span) for i, span in enumerate(spans) if span is not None]
     if not held:
@@ -94,9 +96,11 @@ def find_rows(
     first = np.cumsum(counts) - counts
     rows = starts[owner] + np.arange(len(owner)) - first[owner]
     wanted = np.array([hash_of(chunk_ids[i]) for i in at], dtype=np.int64)
-    for m in np.flatnonzero(hashes[rows] == wanted[owner]).tolist():
-        i, row = at[int(owner[m])], int(rows[m])
-        if found[i] is None and chunk_id_at(row) == chunk_ids[i]:
+    matched = np.flatnonzero(hashes[rows] == wanted[owner])
+    where = rows[matched].tolist()
+    for o, row, chunk_id in zip(owner[matched].tolist(), where, chunk_ids_at(where), strict=True):
+        i = at[o]
+        if found[i] is None and chunk_id == chunk_ids[i]:
             found[i] = row
     return found
 

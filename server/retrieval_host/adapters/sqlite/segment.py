@@ -219,7 +219,7 @@ class Segment:
             current = span is not None and span.revision == p.revision
             spans.append((span.start, span.stop) if current and span is not None else None)
         ids = [p.chunk_id for p in passages]
-        return find_rows(self.hashes, spans, ids, chunk_hash, self.rows.chunk_id)
+        return find_rows(self.hashes, spans, ids, chunk_hash, self.rows.chunk_ids)
 
     def undecided(
         self, allowed: Mapping[str, str], filters: MetadataFilter, decided: Verdicts
