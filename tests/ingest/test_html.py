@@ -8,7 +8,7 @@ import re
 import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
-from retrieval_host.core.passage_metadata import passage_metadata
+from retrieval_host.core.passage_metadata import OWN_METADATA, passage_metadata
 from retrieval_host.ingest import IngestLimits, PreparedDocument, prepare_document
 from tests.ingest.conftest import TokenCounter
 
@@ -117,7 +117,9 @@ def test_passages_of_sections_sharing_a_line_show_their_own_section(
     )
     prepared = prepare(page, count_tokens)
     shown = [
-        passage_metadata(prepared.source.metadata, c.location, c.text)["section"]
+        passage_metadata(prepared.source.metadata, c.location, c.text, media_type=OWN_METADATA)[
+            "section"
+        ]
         for c in prepared.chunks
     ]
     assert [s["headings"] for s in shown if isinstance(s, dict)] == [

@@ -45,14 +45,17 @@ def passage_metadata(
     metadata: Mapping[str, JSONValue],
     location: Location,
     text: str = "",
-    media_type: str | Literal[_Own.METADATA] | None = OWN_METADATA,
+    *,
+    media_type: str | Literal[_Own.METADATA] | None,
 ) -> Mapping[str, JSONValue]:
     """The metadata a hit at `location` shows (module docstring); `metadata` itself when it
     holds neither list. `text`, the passage's, tells sections that share its first line
     apart (`_section_at`). `media_type`: the stored media type of the passage's source
     revision (`Candidate.media_type`, `StoredPassage.media_type`; None, as for prepared
-    passages, shows the metadata as it is); left out only for a document's own metadata
-    (`OWN_METADATA`)."""
+    passages, shows the metadata as it is), or `OWN_METADATA` for a document's own
+    metadata (its `mediaType` key decides). Required: a caller that forgot the stored type
+    and read the metadata's key let an upload's own `mediaType` turn narrowing off (session
+    41)."""
     sections = metadata.get("sections")
     messages = metadata.get("messages")
     kind: str | None

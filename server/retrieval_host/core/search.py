@@ -292,7 +292,7 @@ class CorpusSearch:
                 retrieved_at=grant.retrieved_at,
                 scope=grant.scope,
                 scores=scores[c.chunk_id],
-                metadata=passage_metadata(c.metadata, c.location, c.text, c.media_type),
+                metadata=passage_metadata(c.metadata, c.location, c.text, media_type=c.media_type),
                 indexed_at=_indexed_at(times, c.source_id, c.revision),
             )
             for c in shown

@@ -500,7 +500,9 @@ class RetrievalService:
             stored.document_sha256,
             self._clock(),
             Scope(corpus.id, corpus.version, grant.namespace),
-            passage_metadata(stored.metadata, stored.location, stored.text, stored.media_type),
+            passage_metadata(
+                stored.metadata, stored.location, stored.text, media_type=stored.media_type
+            ),
         )
 
 
