@@ -477,3 +477,25 @@ def test_a_snapshot_that_holds_dead_rows_is_rewritten_after_an_open(
         got = answers(store)
     assert_same(got, fresh_answers(path))
     assert got["allowed"]["doc"] == "r2"
+
+
+def test_a_snapshot_of_another_format_is_rewritten_after_an_open(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Probe U, session 42: a snapshot an earlier release wrote (format 1 and 2 alike) was not
+    # used, and kept a source's deleted text on disk until a clean stop (never, after a
+    # crash): a rewrite was due only once enough rows changed.
+    snap = snapshot_holding(path, "doc", SECRET)
+    with SqliteVectorStore.open(path, snapshots=False) as other:
+        other.open_corpus(descriptor("c1"))
+        put_text(other, "doc", "r2", "the ocelot escrow phrase was changed")
+    data = bytearray(snap.read_bytes())
+    data[: len(snapshot.MAGIC)] = snapshot.MAGIC[:-1] + b"\x01"  # an earlier release's
+    snap.write_bytes(bytes(data))
+    with open_warned(path, caplog) as store:
+        assert "not used" in caplog.text
+        wait_until_gone(snap, SECRET, "the unused snapshot still holds the replaced text")
+        got = answers(store)
+    assert_same(got, fresh_answers(path))
+    with open_mapped(path, caplog) as store:
+        assert_same(answers(store), got)

@@ -52,8 +52,8 @@ class SqliteSnapshots:
         exactly as written (the caller holds the db lock; `_refresh` then loads the rest).
         Whether the file must be rewritten: it holds rows that are not live (deleted or
         replaced since it was written, or written by a release that kept dead rows; their text
-        must leave the disk). A snapshot of a generation past the database's is not used
-        (`_discard_future`)."""
+        must leave the disk), or it is there and not used (the same). A snapshot of a
+        generation past the database's is not used (`_discard_future`)."""
         descriptor = state.descriptor
         path = snapshot.snapshot_path(self._path, descriptor.corpus_id)
         mapped = snapshot.read(
@@ -65,7 +65,11 @@ class SqliteSnapshots:
             remove_damaged=not self._read_only,
         )
         if mapped is None:
-            return False
+            # A file there but not used (another format, one written before checksums, of
+            # another descriptor) is rewritten too: it may hold deleted text, and a rewrite
+            # was due only once enough rows changed (probe U, session 42: a format-1 file kept
+            # a deleted source's text until a clean stop).
+            return not self._read_only and path.exists()
         conn = self._connection()
         # Read after the file, in one read transaction: a snapshot of this database's history
         # was written at a generation it had committed, so it is never past the one read here.
@@ -95,7 +99,7 @@ class SqliteSnapshots:
             adopted = list(snapshot.segments(mapped, state.dimensions, listing))
         except snapshot.SnapshotUnusable as exc:
             _log.warning("index snapshot %s not used: %s", path, exc)
-            return False
+            return not self._read_only
         dead = 0
         for namespace, segment, kept in adopted:
             dead += segment.size - sum(s.stop - s.start for s in segment.spans.values())
