@@ -268,3 +268,56 @@ def test_a_cancel_while_counting_stops_within_one_slice(count_tokens: TokenCount
         )
     assert caught.value.code is ErrorCode.CANCELLED
     assert sum(counted) <= COUNT_SLICE_CHARS + 1000
+
+
+@pytest.mark.parametrize("media_type", ["text/markdown", "text/plain"])
+def test_a_passage_is_its_cited_lines_without_the_first_lines_indentation(
+    media_type: str, count_tokens: TokenCounter
+) -> None:
+    # Probe I, session 42 checked that a passage equals its cited lines: passages starting at a
+    # nested list item lack that item's indentation. That is the documented rule (README,
+    # "Passage context"; `ingest.chunking`), the same in every format, and kept: a change would
+    # alter stored passages, which re-ingesting an unchanged file then meets as a conflict.
+    items = "".join("  " * depth + f"- item at depth {depth}\n" for depth in range(120))
+    doc = f"Deep\n\n{items}\nThe closing paragraph.\n"
+    prepared = prepare_document(
+        doc.encode(),
+        media_type,
+        source_id="deep",
+        token_counter=count_tokens,
+        settings=ChunkingSettings(max_tokens=64, overlap_tokens=8),
+    )
+    lines = doc.split("\n")
+    indented = 0
+    for chunk in prepared.chunks:
+        start, end = chunk.location.start_line, chunk.location.end_line
+        assert start is not None and end is not None
+        cited = "\n".join(lines[start - 1 : end])
+        assert chunk.text == cited.lstrip()
+        indented += cited != cited.lstrip()
+    assert indented >= 5  # passages that start at an indented item were checked
+
+
+def test_a_passage_starting_inside_a_code_fence_keeps_its_indentation(
+    count_tokens: TokenCounter,
+) -> None:
+    # Code is cut by whole lines from their first column (`ingest.chunking`), so these
+    # passages are exactly their cited lines, indentation included.
+    code = "".join(f"    total_{n} = total_{n - 1} + fee({n})\n" for n in range(1, 80))
+    doc = f"# Fees\n\n```python\ndef fees():\n{code}```\n"
+    prepared = prepare_document(
+        doc.encode(),
+        "text/markdown",
+        source_id="fees.md",
+        token_counter=count_tokens,
+        settings=ChunkingSettings(max_tokens=64, overlap_tokens=8),
+    )
+    lines = doc.split("\n")
+    indented = 0
+    for chunk in prepared.chunks:
+        start, end = chunk.location.start_line, chunk.location.end_line
+        assert start is not None and end is not None
+        if start > 3:  # inside the fence
+            assert chunk.text == "\n".join(lines[start - 1 : end])
+            indented += chunk.text.startswith("    total_")
+    assert indented >= 5

@@ -144,8 +144,59 @@ def test_front_matter_may_hold_comments_lists_and_nested_values(
         b'og:image: pump.png\n$schema: page\n"quoted key": 1\n---\nBody.\n'
     )
     prepared = prepare(data, count_tokens)
-    assert prepared.source.metadata["frontMatter"] == {"title": "Pumps", "tags": "", "owner": ""}
+    assert prepared.source.metadata["frontMatter"] == {
+        "title": "Pumps",
+        "tags": "  - a\n- b\n-",  # no common indentation to remove: kept as written
+        "owner": "name: ops",
+    }
     assert [(c.location.start_line, c.text) for c in prepared.chunks] == [(14, "Body.")]
+
+
+def test_a_nested_front_matter_value_is_kept_as_its_text(count_tokens: TokenCounter) -> None:
+    # Probe I, session 42: `tags:` over an indented list was stored as `""`, though nested
+    # values were documented as kept as their text.
+    data = (
+        "---\n"
+        "title: Front Matter Title\n"
+        "tags:\n  - alpha\n  - beta\n"
+        "aliases:\n- one\n- two\n"  # YAML's compact list, at the key's own column
+        "owner:\n  name: ops\n  on_call:\n    - mira\n"
+        "summary: |\n  First line.\n\n  Third line.\n"
+        "note: starts here\n  and goes on\n"
+        "# a comment ends the block above it\n"
+        'quoted: "kept flat"\n'
+        "empty:\n"
+        "---\n# Body\n\nText.\n"
+    )
+    prepared = prepare(data.encode(), count_tokens)
+    assert prepared.source.metadata["frontMatter"] == {
+        "title": "Front Matter Title",
+        "tags": "- alpha\n- beta",
+        "aliases": "- one\n- two",
+        "owner": "name: ops\non_call:\n  - mira",
+        "summary": "First line.\n\nThird line.",  # `|` is syntax, not text
+        "note": "starts here\nand goes on",
+        "quoted": "kept flat",
+        "empty": "",
+    }
+    assert prepared.source.title == "Front Matter Title"
+    assert [(c.location.start_line, c.text) for c in prepared.chunks] == [(23, "# Body\n\nText.")]
+
+
+def test_nested_front_matter_values_keep_the_front_matter_bounds(
+    count_tokens: TokenCounter,
+) -> None:
+    # 12 keys of 15 items: 192 lines, under the 200 a front matter may have.
+    items = "".join(f"  - a rather long tag, number {n:02}\n" for n in range(15))
+    lists = "".join(f"list{k}:\n{items}" for k in range(12))
+    data = f"---\n{lists}---\nBody.\n"
+    front = prepare(data.encode(), count_tokens).source.metadata["frontMatter"]
+    assert isinstance(front, dict) and 5 <= len(front) < 12
+    assert 2_600 < json_bytes(front) <= 3_000
+    first = front["list0"]
+    assert isinstance(first, str)
+    assert len(first) == 300 and first.endswith("…")
+    assert first.startswith("- a rather long tag, number 00\n- a rather long tag, number 01\n")
 
 
 def test_prose_between_two_rules_is_text_not_a_heading(count_tokens: TokenCounter) -> None:

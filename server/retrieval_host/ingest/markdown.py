@@ -16,9 +16,11 @@ section whose range holds its `startLine`); a list rather than a per-chunk map b
 smaller and serves any location. If it would not fit the metadata budget it is cut short and
 `sectionsTruncated` is true. Front matter (`---` ... `---` or `...` at the very top, shaped as a
 YAML mapping: a `key:` line first, then only such lines, comments, list items and indented
-lines, every key a name without spaces) is read as flat `key: value` lines into
-`frontMatter` (strings; no YAML evaluation, nested values kept as their text) and is not
-part of any passage; a leading `---` block of any other shape is a thematic break and its text
+lines, every key a name without spaces) is read into `frontMatter` as strings, with no YAML
+evaluation: a top-level key's value is the text after its colon, and a nested value (the
+indented lines under the key, or after a bare `key:` its `- ` items) is kept as its text,
+dedented as a block, lines joined by `\\n` (`_nested_value`). Front matter is not part of any
+passage; a leading `---` block of any other shape is a thematic break and its text
 is indexed. A setext underline (`---`,
 `===`) makes a heading only of a paragraph: after a list item, a block quote or a table it is
 a thematic break (CommonMark; GitHub's tables). Lines inside an HTML block (`_HTML_STARTS`) or
@@ -28,6 +30,7 @@ an indented code block are never headings; passages are cut around them as aroun
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -64,6 +67,9 @@ _INTERRUPTS: Final = re.compile(
     r"^ {0,3}(?:[-*+](?:[ \t]|$)|1[.)](?:[ \t]|$)|>|\|)|^[ \t]*:?-+:?[ \t]*\|[ \t]*:?-+:?"
 )
 _FRONT_MATTER_MAX_LINES: Final = 200
+# A YAML block scalar's header (`|`, `>`, `|-`, `>+2`): what follows the key's colon when its
+# value is the indented block below it.
+_BLOCK_SCALAR: Final = re.compile(r"^[|>](?:[1-9][+-]?|[+-][1-9]?)?$")
 # HTML blocks (CommonMark 4.6, the kinds that can interrupt a paragraph), by what ends each: a
 # line holding its closing text, or (a block-level tag) the next blank line. What is inside one
 # is HTML, never a heading: a `# TODO` heading commented out in `<!-- ... -->` named every later
@@ -184,16 +190,56 @@ def _front_matter(lines: list[str]) -> tuple[dict[str, JSONValue], int]:
     if not _looks_like_front_matter(lines[1:end]):
         return {}, 0  # prose between two rules is text, not metadata
     front: dict[str, JSONValue] = {}
-    for line in lines[1:end]:
-        match = _FRONT_KEY.match(line)
-        if match is None or len(front) >= _FRONT_MATTER_MAX_KEYS:
+    i = 1
+    while i < end:
+        match = _FRONT_KEY.match(lines[i])
+        i += 1
+        if match is None:
+            continue
+        inline = (match.group(2) or "").strip()
+        nested = i
+        while nested < end and _nested_line(lines[nested], compact_list=not inline):
+            nested += 1
+        block, i = lines[i:nested], nested
+        if len(front) >= _FRONT_MATTER_MAX_KEYS:
             continue
         key = match.group(1).strip()
-        value = clip(_unquote((match.group(2) or "").strip()), FIELD_CHARS)
+        if any(line.strip() for line in block):
+            value = _nested_value(inline, block)
+        else:
+            value = clip(_unquote(inline), FIELD_CHARS)
         if json_bytes({**front, key: value}) > _FRONT_MATTER_BUDGET:
             break
         front[key] = value
     return front, end + 1
+
+
+def _nested_line(line: str, *, compact_list: bool) -> bool:
+    """Whether `line` goes on the value of the key above it: an indented or blank line, or
+    (after a key with nothing after its colon) a list item at the key's own column, as YAML
+    writes a list under a key (`tags:` then `- alpha`)."""
+    return (
+        not line.strip()
+        or line[:1] in (" ", "\t")
+        or (compact_list and (line.startswith("- ") or line.rstrip() == "-"))
+    )
+
+
+def _nested_value(inline: str, block: list[str]) -> str:
+    """A key's nested value as its text: the indented block dedented as a whole, each line
+    cleaned as a flat value is (`clip`) but keeping its indentation under the block's, lines
+    joined by `\\n`, blank lines at either end dropped, bounded at `FIELD_CHARS` as a flat
+    value is. What is written after the colon comes first, except a block scalar's indicator
+    (`|`, `>-`: syntax, not text). A list under `tags:` was stored as `""` (probe I,
+    session 42), though the docstring promised nested values kept as their text."""
+    lines = [
+        line[: len(line) - len(line.lstrip())] + clip(line)
+        for line in textwrap.dedent("\n".join(block)).split("\n")
+    ]
+    if inline and not _BLOCK_SCALAR.match(inline):
+        lines.insert(0, clip(inline))
+    value = "\n".join(lines).strip("\n")
+    return value if len(value) <= FIELD_CHARS else value[: FIELD_CHARS - 1] + "…"
 
 
 def _looks_like_front_matter(block: list[str]) -> bool:
