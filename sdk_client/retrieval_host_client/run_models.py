@@ -68,6 +68,7 @@ InputText = Annotated[str, StringConstraints(min_length=1, max_length=16_384, pa
 ManifestOrigin: TypeAlias = Literal["retrieval"]
 ReceiptStatus: TypeAlias = Literal["ok", "failed", "duplicate", "quota-exceeded"]
 RunStatus: TypeAlias = Literal["running", "completed", "failed", "cancelled"]
+FinishReason: TypeAlias = Literal["stop", "length", "content-filter", "other"]
 
 
 class RunRetrieval(_Request):
@@ -266,13 +267,20 @@ class FallbackTaken(_Response):
 
 
 class RunResult(_Response):
-    """A completed run: the answer, what it may cite, how it searched, and what it cost."""
+    """A completed run: the answer, what it may cite, how it searched, and what it cost.
+
+    `finish_reason` says how the answer ended: `"stop"` (the model ended it), `"length"` (cut
+    at the output-token limit: `maxOutputTokens` or the model's own), `"content-filter"` (a
+    provider's filter cut it) or `"other"`; None for a run recorded before hosts kept it
+    (unknown). A run completes whichever it is: check it before showing `text` as a whole
+    answer."""
 
     run_id: str
     status: Literal["completed"]
     provider: str
     model: str
     text: str
+    finish_reason: Annotated[FinishReason | str, known_values(FinishReason)] | None = None
     sources: list[ManifestEntry]
     receipts: list[Receipt]
     usage: RunUsage

@@ -25,6 +25,7 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
 from retrieval_host.core.run_ports import (
+    FinishReported,
     GenerationEvent,
     GenerationRequest,
     Message,
@@ -133,7 +134,7 @@ def assert_no_key(error: BaseException) -> None:
 # --- streaming -------------------------------------------------------------------------------
 
 
-def test_streamed_deltas_arrive_one_by_one_and_usage_comes_last(
+def test_streamed_deltas_arrive_one_by_one_then_the_finish_and_usage_come_last(
     server: FakeOpenAI, make: Factory
 ) -> None:
     server.script_chat(
@@ -144,6 +145,7 @@ def test_streamed_deltas_arrive_one_by_one_and_usage_comes_last(
         TextDelta("The batt"),
         TextDelta("ery lasts "),
         TextDelta("1,200 cycles."),
+        FinishReported("stop"),
         UsageReported(GenerationUsage(requests=0, input_tokens=57, output_tokens=9)),
     ]
     (sent,) = server.chat_requests
@@ -239,6 +241,7 @@ def test_parallel_tool_calls_are_assembled_from_fragmented_deltas(
     assert events == [
         ToolCallRequested(ToolCall("call_first", "search_context", first)),
         ToolCallRequested(ToolCall("call_second", "search_context", second)),
+        FinishReported("stop"),  # OpenAI's `tool_calls`: the model ended its answer
         UsageReported(GenerationUsage(input_tokens=40, output_tokens=22)),
     ]
 
@@ -281,6 +284,7 @@ def test_a_server_that_ignores_stream_and_answers_json_is_read_too(
     assert collect(make(), request(tools=True)) == [
         TextDelta("Let me search."),
         ToolCallRequested(ToolCall("c1", "search_context", '{"query": "x"}')),
+        FinishReported("stop"),
         UsageReported(GenerationUsage(input_tokens=12, output_tokens=3)),
     ]
 

@@ -13,7 +13,13 @@ import pytest
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import RerankUsage
-from retrieval_host.core.runs_model import CitationReport, CitedSource, QuoteCheck, RunResult
+from retrieval_host.core.runs_model import (
+    CitationReport,
+    CitedSource,
+    FinishReason,
+    QuoteCheck,
+    RunResult,
+)
 from retrieval_host.wire.run_storage import STORAGE_VERSION, decode_result, encode_result
 from retrieval_host.wire.runs import result_to_json
 from tests.support.run_records import OLD_PLAIN, OLD_PLAIN_JSON, OLD_RESULT, OLD_RESULT_JSON
@@ -29,7 +35,8 @@ def test_the_literal_old_records_are_what_the_previous_release_wrote() -> None:
     # receipts name their search mode (null for a receipt recorded before they did), usage
     # counts reranking (none in a run recorded before it existed), the host's citation
     # check is null for a run that did not ask for one, no fallback was taken, receipts
-    # name their outcome (derived from what they recorded), and what was not kept is null.
+    # name their outcome (derived from what they recorded), and what was not kept is null
+    # (how the answer ended, `finishReason`, too: unknown).
     for result, stored in ((OLD_RESULT, OLD_RESULT_JSON), (OLD_PLAIN, OLD_PLAIN_JSON)):
         expected = json.loads(stored)
         for receipt in expected["receipts"]:
@@ -50,6 +57,7 @@ def test_the_literal_old_records_are_what_the_previous_release_wrote() -> None:
         expected["fallbacks"] = []
         expected["state"] = None
         expected["verification"] = None
+        expected["finishReason"] = None
         assert result_to_json(result) == expected
 
 
@@ -73,6 +81,18 @@ def test_a_stored_result_reads_back_equal(result: RunResult) -> None:
         ),
     )
     assert decode_result(encode_result(checked)) == checked
+
+
+@pytest.mark.parametrize("finish", ["stop", "length", "content-filter", "other"])
+def test_how_the_answer_ended_is_stored_and_a_record_written_before_reads_unknown(
+    finish: FinishReason,
+) -> None:
+    ended = replace(OLD_RESULT, finish_reason=finish)
+    stored = json.loads(encode_result(ended))
+    assert stored["finish_reason"] == finish
+    assert decode_result(json.dumps(stored)) == ended
+    del stored["finish_reason"]  # a version-2 record of a host before runs kept it
+    assert decode_result(json.dumps(stored)).finish_reason is None
 
 
 def test_a_record_of_a_later_storage_version_is_refused() -> None:

@@ -4,16 +4,22 @@ No I/O here: `OpenAIChatProvider` feeds the body's bytes to `SSEDecoder` and eac
 `ChatStream` (or a whole `chat.completion` object, when a server did not stream), and asks
 `ChatStream.finish` for the events due at the end. Content deltas become `TextDelta`s at once;
 tool-call fragments are joined by their `index` and reported as `ToolCallRequested` at the end,
-then the usage. Whatever breaks the expected shape raises `PROVIDER_FAILED` with the reason
+then how the answer ended (`FinishReported`: OpenAI's `finish_reason` as a `FinishReason`) and
+the usage. Whatever breaks the expected shape raises `PROVIDER_FAILED` with the reason
 `malformed-chunk`, `stream-error` or `stream-ended-early`; the bounds below cap what a server can
 make the host hold in memory.
+
+The answer is complete at `[DONE]`, or once the usage chunk (`choices: []` with `usage`, the
+last thing `stream_options.include_usage` asks for) follows a `finish_reason`
+(`ChatStream.complete`): a server that sent all that and then neither `[DONE]` nor the end of
+the body held a finished run until `timeoutS` failed it (probe G, session 42).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -21,13 +27,14 @@ from retrieval_host.adapters._openai_http import error_object, scrub, token_coun
 from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.reasons import ProviderFailedReason
 from retrieval_host.core.run_ports import (
+    FinishReported,
     GenerationEvent,
     TextDelta,
     ToolCall,
     ToolCallRequested,
     UsageReported,
 )
-from retrieval_host.core.runs_model import GenerationUsage
+from retrieval_host.core.runs_model import FinishReason, GenerationUsage
 
 __all__ = ["ChatStream", "SSEDecoder", "malformed", "provider_failed"]
 
@@ -36,6 +43,15 @@ _MAX_LINE_BYTES: Final = 1024 * 1024
 _MAX_TOOL_CALLS: Final = 128
 _MAX_TOOL_ARGUMENT_CHARS: Final = 1024 * 1024
 _EOL = re.compile(rb"\r\n|\n|\r")
+# OpenAI's `finish_reason`s as the host's; any other is `other`. Calling tools (and the older
+# `function_call`) is the model ending its answer; so is `[DONE]` without a finish_reason.
+_FINISH_REASONS: Final[Mapping[str, FinishReason]] = {
+    "stop": "stop",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    "length": "length",
+    "content_filter": "content-filter",
+}
 
 
 def provider_failed(detail: str, reason: ProviderFailedReason) -> RetrievalError:
@@ -134,7 +150,10 @@ class ChatStream:
         self._argument_chars = 0
         self._usage: GenerationUsage | None = None
         self._finished = False  # a finish_reason arrived
+        self._finish_reason: str | None = None
         self.done = False  # `[DONE]` arrived
+        # The usage chunk arrived after the finish_reason: nothing of the answer is left.
+        self.complete = False
         # Grows with what the answer received (text, tool call parts, a finish, usage): a data
         # event that leaves it alone (`{"delta": {}}`, `"content": ""`) is no progress.
         self.received = 0
@@ -160,6 +179,7 @@ class ChatStream:
         choices = chunk.get("choices", [])
         if not isinstance(choices, list):
             raise malformed("a chunk whose choices are not a list.")
+        finished = self._finished  # before this chunk
         for choice in choices:
             if not isinstance(choice, dict):
                 raise malformed("a choice that is not an object.")
@@ -170,6 +190,8 @@ class ChatStream:
                 yield from self._delta(delta)
             self._finish(choice.get("finish_reason"))
         self._read_usage(chunk.get("usage"))
+        if finished and not choices and chunk.get("usage") is not None:
+            self.complete = True
 
     def completion(self, raw: bytes, key: str | None) -> Iterator[GenerationEvent]:
         """A whole `chat.completion` object (a server that did not stream)."""
@@ -195,8 +217,14 @@ class ChatStream:
         self._read_usage(doc.get("usage"))
         self.done = True
 
+    @property
+    def usage_reported(self) -> bool:
+        """Whether the server sent the answer's token usage."""
+        return self._usage is not None
+
     def finish(self) -> Iterator[GenerationEvent]:
-        """The events due at the end: the assembled tool calls, then the usage."""
+        """The events due at the end: the assembled tool calls, how the answer ended, then the
+        usage."""
         if not self.done and not self._finished:
             raise provider_transient(
                 "the generation provider's stream ended before the answer was complete.",
@@ -209,6 +237,8 @@ class ChatStream:
             # Some compatible servers send no id; the engine needs one to pair the result.
             call_id = call.id or f"call_{self._step}_{index}"
             yield ToolCallRequested(ToolCall(call_id, call.name, call.arguments))
+        reason = self._finish_reason
+        yield FinishReported("stop" if reason is None else _FINISH_REASONS.get(reason, "other"))
         if self._usage is not None:
             yield UsageReported(self._usage)
 
@@ -275,6 +305,7 @@ class ChatStream:
             raise malformed("a finish_reason that is not text.")
         self.received += 1
         self._finished = True
+        self._finish_reason = reason
 
     def _read_usage(self, usage: object) -> None:
         # Servers that report usage on every chunk report running totals: the last one counts.

@@ -26,6 +26,7 @@ from retrieval_host.core.lexical import DEFAULT_ANALYZER, analyze
 from retrieval_host.core.mail_quotes import ATTRIBUTION, QUOTE_MARKS, is_attribution
 from retrieval_host.core.run_ports import (
     EvidencePassage,
+    FinishReported,
     GenerationEvent,
     GenerationRequest,
     TextDelta,
@@ -369,6 +370,7 @@ class ExtractiveProvider:
             # same question again would find the same nothing).
             arguments = json.dumps({"query": request.question})
             yield ToolCallRequested(ToolCall(f"call_{request.step}", "search_context", arguments))
+            yield FinishReported("stop")
             return
         question = _terms(request.question)
         evidence = request.evidence
@@ -411,4 +413,7 @@ class ExtractiveProvider:
             cancel.check()
             yield TextDelta(_line(sentence, passage))
             cancel.progress()
+        # It has no output-token limit to cut at: its answers end where it chose (at most
+        # `max_sentences` quotes), so always `stop`.
+        yield FinishReported("stop")
         yield UsageReported(GenerationUsage(input_tokens=0, output_tokens=0))

@@ -4,8 +4,11 @@ One model call per `generate`: the request carries the run's messages (system, u
 assistant's tool calls and the tool results, in OpenAI's message format) and, in `tool` mode, the
 tools as `function` specs. The answer is read as Server-Sent Events: each content delta becomes a
 `TextDelta` as it arrives; tool-call fragments are joined by their `index` and reported as
-`ToolCallRequested` once the stream ends; the final usage chunk (`stream_options.include_usage`)
-becomes one `UsageReported` (tokens only: the engine counts requests). A server that ignores
+`ToolCallRequested` once the stream ends, then the `finish_reason` as one `FinishReported`; the
+final usage chunk (`stream_options.include_usage`) becomes one `UsageReported` (tokens only: the
+engine counts requests). A call whose server sent no usage logs a warning (logger
+`retrieval_host.usage`, naming the provider): its usage record counts the request with 0
+tokens, which reads as free rather than unknown (probe G, session 42). A server that ignores
 `stream` and answers one `chat.completion` JSON object is read the same way. Reading the answer
 (`_openai_chat_stream`) does no I/O; this module sends the request and watches the connection.
 
@@ -28,13 +31,15 @@ response from another thread does not wake a blocked `recv`, so a watchdog threa
 read returns at once and the token's own error (`CANCELLED`, `TIMEOUT`) is raised. Each call
 borrows a `ClientLanes` lane, a client of one connection kept alive for up to 1 s idle, whose
 socket the watchdog knows; a call is sent once, even when that connection fails first. A stream
-is left at its `[DONE]` (waiting for the body's end could hold a finished run on a server that
-never ends it), so its connection is closed rather than kept. Only data events count as
-progress: SSE comments (a proxy's keep-alives) do not keep an idle run alive.
+is left at its `[DONE]`, or at the usage chunk that follows a `finish_reason` (waiting for the
+body's end, or for a `[DONE]` a server never sends, held a finished run until `timeoutS`), so
+its connection is closed rather than kept. Only data events count as progress: SSE comments
+(a proxy's keep-alives) do not keep an idle run alive.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -70,6 +75,8 @@ from retrieval_host_client import retry_after_seconds
 __all__ = ["OpenAIChatProvider"]
 
 _USER_AGENT: Final = "retrieval-host (provider-openai)"
+# Where metering problems are logged (as `usage not recorded` is).
+_usage_log = logging.getLogger("retrieval_host.usage")
 # A bound on what a server can make the client hold in memory (the stream's are with its reader).
 _MAX_JSON_RESPONSE_BYTES: Final = 8 * 1024 * 1024
 
@@ -143,6 +150,28 @@ class OpenAIChatProvider:
             finally:
                 watchdog.stop()
         yield from stream.finish()
+        if not stream.usage_reported:
+            self._warn_no_usage(request)
+
+    def _warn_no_usage(self, request: GenerationRequest) -> None:
+        # A compatible server that ignores `stream_options.include_usage` (or an API that does
+        # not count) leaves the call's usage record at 0 tokens: said once per call, so an
+        # operator reading usage knows those zeros are unknown, not free.
+        _usage_log.warning(
+            "generation provider %r reported no token usage for a model call; its usage "
+            "record counts the request with 0 tokens",
+            request.provider or self.kind,
+            extra={
+                "fields": {
+                    "provider": request.provider or None,
+                    "kind": self.kind,
+                    "account": self.account_id,
+                    "model": request.model,
+                    "runId": request.run_id or None,
+                    "step": request.step,
+                }
+            },
+        )
 
     def close(self) -> None:
         """Close the kept-alive connections. The provider cannot be used afterwards."""
@@ -244,11 +273,11 @@ class OpenAIChatProvider:
             cancel.check()
             for data in decoder.feed(chunk):
                 yield from self._progressed(stream, data, key, cancel)
-                if stream.done:
+                if stream.done or stream.complete:
                     return
         for data in decoder.end():
             yield from self._progressed(stream, data, key, cancel)
-            if stream.done:
+            if stream.done or stream.complete:
                 return
         # The watchdog shuts a cancelled call's socket down, and a body that ends when the
         # connection closes (no length, no chunking) reads that as its end: a cancel, not a

@@ -274,6 +274,7 @@ class ProviderFailedReason(StrEnum):
     MALFORMED_CHUNK = "malformed-chunk"  # a response or stream chunk of the wrong shape
     ANSWER_TOO_LARGE = "answer-too-large"  # one call's answer passed `MAX_ANSWER_CHARS`
     UNOFFERED_TOOL_CALL = "unoffered-tool-call"  # the model called a tool the run did not offer
+    ANSWER_TRUNCATED = "answer-truncated"  # a tool call cut off at the output-token limit
     VERIFIER_UNAVAILABLE = "verifier-unavailable"  # the application's verifier could not judge
     VERIFIER_RETRYABLE = "verifier-retryable"  # the verifier failed in a way worth retrying
 

@@ -9,7 +9,7 @@ from typing import Literal, Protocol, TypeAlias
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.models import Hit, JSONValue, Location, SearchRequest, SearchResult
-from retrieval_host.core.runs_model import GenerationUsage, Receipt, RunResult
+from retrieval_host.core.runs_model import FinishReason, GenerationUsage, Receipt, RunResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,10 @@ class GenerationRequest:
     evidence: Sequence[EvidencePassage] = ()
     question: str = ""
     step: int = 1
+    # The run's provider as the host names it (its key in `providers`) and the run: for what
+    # an adapter logs about the call (a provider that reported no token usage).
+    provider: str = ""
+    run_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,16 @@ class UsageReported:
     usage: GenerationUsage
 
 
-GenerationEvent: TypeAlias = TextDelta | ToolCallRequested | UsageReported
+@dataclass(frozen=True, slots=True)
+class FinishReported:
+    """How the model ended this call's answer (`core.runs_model.FinishReason`), after its text
+    and tool calls. A call whose provider reports none ended `stop` (its stream ended whole);
+    a tool call in an answer that ended `length` is cut off and fails the run."""
+
+    reason: FinishReason
+
+
+GenerationEvent: TypeAlias = TextDelta | ToolCallRequested | FinishReported | UsageReported
 
 
 class GenerationProvider(Protocol):
@@ -84,6 +97,10 @@ class GenerationProvider(Protocol):
     as progress for an idle timeout (the engine marks it); a provider that receives chunks
     it yields nothing for (a model's reasoning, keep-alives with content) calls
     `cancel.progress()` on them itself, so an idle timeout counts real progress only.
+
+    A call's events: its text (`TextDelta`) as it streams, then its tool calls, how the answer
+    ended (`FinishReported`) and its token usage (`UsageReported`; zeros for a call that
+    costs nothing: a call without it counts as a request of unknown tokens).
 
     A provider that serves a fixed set of models may name them in a `models` attribute (a set
     of strings): a run naming another is then refused before it starts (`INVALID_REQUEST`,

@@ -27,6 +27,11 @@ FallbackAction: TypeAlias = Literal["fail", "continue"]
 RunOutcome: TypeAlias = Literal[
     "no-evidence", "search-failed", "source-unavailable", "invalid-citation", "answer-rejected"
 ]
+# How a model's answer ended: the model ended it (`stop`; also when it asked for tools), it
+# was cut at the output-token limit (`length`), a content filter cut it (`content-filter`), or
+# the provider named another reason (`other`). Probe G, session 42: a cut answer was recorded
+# as a complete one, and nothing told them apart.
+FinishReason: TypeAlias = Literal["stop", "length", "content-filter", "other"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +297,9 @@ class RunResult:
     # "rejected" when the run's `answer_rejected` fallback continued past a rejection (None
     # when no verifier is wired, or the reply was a fixed fallback).
     verification: str | None = None
+    # How the answer in `text` ended: the last model call's finish (a fixed fallback reply is
+    # whole: `stop`). None in records written before runs kept it (unknown).
+    finish_reason: FinishReason | None = None
 
 
 # --- events --------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ of `RunResult` under their core (snake_case) names:
 "found"}]}]` or null), `citation_failure`, `fallbacks` (`[{"outcome", "action"}]`), `state`,
 `verification`, `namespace` (where the evidence was read), the sources' `text_sha256`
 (the digest of each passage's text as the run read it) and the receipts' `raw_query`,
-`success`, `extensions` and `effect_error` were added to version 2 without a bump: a record
-written before them has none and reads as no reranking, no check, no fallback, no state, no
-verdict and no namespace, and a host that predates them ignores the keys.
+`success`, `extensions` and `effect_error`, and `finish_reason` (how the answer ended) were
+added to version 2 without a bump: a record written before them has none and reads as no
+reranking, no check, no fallback, no state, no verdict, no namespace and an unknown finish
+(None), and a host that predates them ignores the keys.
 
 Version 1 has no version field: the previous release stored the public wire JSON of the
 result (`wire.runs.result_to_json` as it was then: camelCase, locations without their unset
@@ -142,6 +143,7 @@ def encode_result(result: RunResult) -> str:
         "citation_failure": None if result.citations is None else result.citations.failure,
         "fallbacks": [{"outcome": f.outcome, "action": f.action} for f in result.fallbacks],
         "verification": result.verification,
+        "finish_reason": result.finish_reason,
         "state": None
         if result.state is None
         else {
@@ -236,6 +238,7 @@ def _from_version_2(body: Mapping[str, Any]) -> RunResult:
         ),
         state=_state(body.get("state")),
         verification=body.get("verification"),
+        finish_reason=body.get("finish_reason"),
     )
 
 

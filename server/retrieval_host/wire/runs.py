@@ -140,6 +140,9 @@ def result_to_json(result: RunResult) -> dict[str, Any]:
         "provider": result.provider,
         "model": result.model,
         "text": result.text,
+        # How the answer ended: "stop", "length", "content-filter", "other" (null: a record
+        # written before runs kept it).
+        "finishReason": result.finish_reason,
         "sources": [
             {
                 "id": s.id,

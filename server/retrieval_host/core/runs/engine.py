@@ -55,6 +55,7 @@ from retrieval_host.core.runs_model import (
     FallbackAction,
     FallbackApplied,
     Fallbacks,
+    FinishReason,
     FixedAnswer,
     RunCompleted,
     RunEvent,
@@ -282,6 +283,8 @@ class RunEngine:
 
         tools = [SEARCH_TOOL] if mode == "tool" else []
         text: list[str] = []
+        # How the last model call ended: the answer's end (tool mode: the final answer's).
+        finish: FinishReason = "stop"
         rounds: list[ToolRound] = []
         for step in range(1, request.max_generation_steps + 1):
             if fixed is not None:
@@ -324,6 +327,7 @@ class RunEngine:
                 backoff_s=self._retry_backoff_s,
             )
             text.append(output.text)
+            finish = output.finish_reason
             if output.calls and (mode != "tool" or spec is None):
                 # No tool was offered: the answer is not all there (often it is nothing but
                 # the call), and recording it as completed would pass it off as one.
@@ -356,6 +360,8 @@ class RunEngine:
                 replied = _fallback(run, taken, "source-unavailable", action, error)
                 fixed = replied if replied is not None else fixed
         answer = fixed if fixed is not None else "".join(text)
+        if fixed is not None:
+            finish = "stop"  # a fixed reply is whole, whatever the model's answer was
         report = None
         if fixed is None:
             # Every completed answer's markers name passages of its manifest (issue 5; a model
@@ -374,7 +380,7 @@ class RunEngine:
                     run, taken, "invalid-citation", fallbacks.invalid_citation, error
                 )
                 if replied is not None:
-                    answer = replied
+                    answer, finish = replied, "stop"
                 else:
                     report = CitationReport([], failure=error.reason)
         verification = None
@@ -389,8 +395,11 @@ class RunEngine:
                     verification = "rejected"  # completed as it is, the verdict on record
                 else:
                     answer, report = replied, None  # a fixed reply cites nothing
+                    finish = "stop"
         result = replace(
-            build_result(request, run, answer, report, taken), verification=verification
+            build_result(request, run, answer, report, taken),
+            verification=verification,
+            finish_reason=finish,
         )
         self._store.complete(run.run_id, result)
         self._meter(request, provider, run, result.completed_at or result.created_at)

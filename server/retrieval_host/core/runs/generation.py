@@ -10,6 +10,7 @@ from retrieval_host.core.errors import ErrorCode, RetrievalError, TransientError
 from retrieval_host.core.evidence import SYSTEM_INSTRUCTIONS
 from retrieval_host.core.reasons import InvalidRequestReason, ProviderFailedReason
 from retrieval_host.core.run_ports import (
+    FinishReported,
     GenerationProvider,
     GenerationRequest,
     Message,
@@ -21,7 +22,13 @@ from retrieval_host.core.run_ports import (
 )
 from retrieval_host.core.runs.evidence import render_tool, user_prompt
 from retrieval_host.core.runs.state import ActiveRun
-from retrieval_host.core.runs_model import GenerationUsage, RunDelta, RunProgress, RunRequest
+from retrieval_host.core.runs_model import (
+    FinishReason,
+    GenerationUsage,
+    RunDelta,
+    RunProgress,
+    RunRequest,
+)
 
 # A tool round: the model's message, and per call its id and outcome (the handles it found,
 # or a note for the model).
@@ -43,6 +50,8 @@ DELTA_OVERHEAD: Final = 8
 class StepOutput:
     text: str
     calls: list[ToolCall] = field(default_factory=list)
+    # How the model ended this answer (`stop` when its provider did not say).
+    finish_reason: FinishReason = "stop"
 
 
 def generate_step(
@@ -59,7 +68,8 @@ def generate_step(
     """Ask the provider, streaming its text as `run.delta` events; ask again (up to the
     request's `max_attempts`, waiting `backoff_s`, doubling, at most `MAX_BACKOFF_S`; at least
     the service's `Retry-After`, and no retry when that asks for longer) after a
-    `TransientError` before anything of the answer streamed.
+    `TransientError` before anything of the answer streamed. A tool call in an answer that
+    ended `length` fails the step (`answer-truncated`): its arguments are cut off.
 
     The tool rounds so far are rendered again at every step, so a passage revoked since it
     was found is left out of what the model sees next.
@@ -84,11 +94,14 @@ def generate_step(
         evidence=visible,
         question=request.input,
         step=step,
+        provider=request.provider,
+        run_id=run.run_id,
     )
     for attempt in range(1, request.max_attempts + 1):
         calls: list[ToolCall] = []
         text: list[str] = []
         size = 0
+        finish: FinishReason = "stop"
         try:
             for event in provider.generate(asked, run.context.cancel):
                 run.context.cancel.check()
@@ -108,6 +121,8 @@ def generate_step(
                     calls.append(event.call)
                 elif isinstance(event, UsageReported):
                     run.generation += event.usage
+                elif isinstance(event, FinishReported):
+                    finish = event.reason
         except RetrievalError as error:
             transient = isinstance(error, TransientError)
             # The failed attempt was a request, whatever ended it (a cancel, a broken stream):
@@ -135,7 +150,9 @@ def generate_step(
             run.context.cancel.wait(delay)
             continue
         run.generation += GenerationUsage(requests=1)
-        return StepOutput("".join(text), calls)
+        if calls and finish == "length":
+            raise answer_truncated()
+        return StepOutput("".join(text), calls, finish)
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
 
@@ -145,6 +162,18 @@ def answer_too_large() -> RetrievalError:
         f"The model's answer passed the host's bound of {MAX_ANSWER_CHARS:,} characters per "
         "call (the provider did not stop at maxOutputTokens).",
         reason=ProviderFailedReason.ANSWER_TOO_LARGE,
+    )
+
+
+def answer_truncated() -> RetrievalError:
+    """A tool call in an answer cut at the output-token limit: its arguments are incomplete.
+    Searching with them failed, and the run ended `NO_RETRIEVAL_EVIDENCE` as if the corpus
+    had nothing (probe G, session 42)."""
+    return RetrievalError(
+        ErrorCode.PROVIDER_FAILED,
+        "The model's answer was cut off at its output-token limit (maxOutputTokens or the "
+        "model's own) in the middle of a tool call.",
+        reason=ProviderFailedReason.ANSWER_TRUNCATED,
     )
 
 
