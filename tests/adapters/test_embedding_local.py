@@ -8,7 +8,10 @@ a deliberate change of weights or tokenizer, and say so in the commit.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -582,3 +585,28 @@ def test_a_cancel_stops_every_lane_and_frees_them() -> None:
 def test_refuses_a_shape_without_room(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         LocalEmbedding(**kwargs)
+
+
+def test_the_local_model_writes_nothing_under_home(tmp_path: Path) -> None:
+    """onnxruntime wrote a device id and a telemetry event cache under `$HOME/.cache/
+    Microsoft` (probe A, session 42): the host sets `ORT_DISABLE_TELEMETRY` first. In a fresh
+    process, as a host starts: this one imported onnxruntime before any adapter did."""
+    home = tmp_path / "home"
+    home.mkdir()
+    environ = {
+        k: v for k, v in os.environ.items() if k not in ("ORT_DISABLE_TELEMETRY", "XDG_CACHE_HOME")
+    }
+    child = (
+        "from retrieval_host.adapters.embedding_local import LocalEmbedding\n"
+        "from retrieval_host.core.cancel import CancelToken\n"
+        "print(len(LocalEmbedding().embed(['rotate a token'], CancelToken()).vectors))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        env={**environ, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
+    assert [str(p.relative_to(home)) for p in home.rglob("*")] == []
