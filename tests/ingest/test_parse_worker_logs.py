@@ -19,13 +19,8 @@ from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.ingest import ChunkingSettings, IngestLimits
 from retrieval_host.ingest.chunking import Extracted
-from retrieval_host.ingest.isolation import (
-    MAX_LOG_RECORDS,
-    CounterRecipe,
-    ParsePool,
-    ParseTask,
-    TokenCounter,
-)
+from retrieval_host.ingest.isolation import CounterRecipe, ParsePool, ParseTask, TokenCounter
+from retrieval_host.ingest.worker_logs import MAX_LOG_RECORDS
 from tests.support import ingest_documents as docs
 
 FORGED_MESSAGE = "FORGED by an uploaded PDF"

@@ -189,6 +189,7 @@ class HostBusyReason(StrEnum):
     BUSY = "busy"  # the host is at its concurrency limit
     INGEST_BYTES = "ingest-bytes"  # uploads in flight hold the host's budget of document bytes
     SUBJECT = "subject-busy"  # the caller's subject holds its share of the concurrency limit
+    PARSE_WORKER_UNAVAILABLE = "parse-worker-unavailable"  # a parse worker could not start
 
 
 class UnsafeStoreReason(StrEnum):

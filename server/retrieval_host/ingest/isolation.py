@@ -15,7 +15,15 @@ Each worker:
   threads, onnxruntime), and a `fork` of it could copy a lock some other thread holds;
   `forkserver` forks from a small single-threaded server that imported the parsers once, so a
   replacement worker is ready in tens of milliseconds, not the ~1 s a fresh interpreter
-  (`spawn`) needs to import pypdf and BeautifulSoup;
+  (`spawn`) needs to import pypdf and BeautifulSoup. The fork server starts with the pool
+  (`ParsePool.start`, at host start) and loads everything a worker runs then
+  (`ingest.fork_server`): a worker never reads the host's code from disk, so a release
+  written into the venv under a running host takes effect at the restart, not in a worker
+  that mixes old and new modules (probe I, session 42);
+- says it has started before it takes a document. One that dies before that (it could not
+  start: the fork server is gone, a fork failed) is the host's failure, answered `HOST_BUSY` /
+  `parse-worker-unavailable` (503, retry later) and logged with its cause, never the
+  document's `parser-exited`;
 - caps its address space (`RLIMIT_AS`) at its size after start-up plus `MEMORY_HEADROOM_BYTES`:
   an allocation beyond it fails (`MemoryError`, answered `DOCUMENT_TOO_COMPLEX` /
   `memory-limit`) instead of growing the machine's memory;
@@ -29,13 +37,8 @@ Each worker:
   its size after start-up, or after `MAX_TASKS` tasks; a killed or retired worker is replaced
   on next use.
 
-Logging: a worker writes nothing to stderr itself (the host's stream of JSON lines). Every
-record it logs (its own, a library's, a `warnings` warning) is collected, at most
-`MAX_LOG_RECORDS` per document, and sent back with the document's outcome; the host logs each
-through its own configuration, so it is one JSON line like any other (probe S, session 38: a
-PDF's font name holding line feeds printed a forged JSON line through Python's last-resort
-handler). A traceback travels as its frames and exception types only: an exception's message
-may quote the document. A worker killed mid-parse takes its records with it.
+Logging: a worker writes nothing to stderr itself; its records reach the host's log with the
+document's outcome (`ingest.worker_logs`).
 
 What runs in the worker: extraction always, and chunking too when the corpus's embedding
 adapter can describe its token counter as a picklable recipe (`portable_token_counter()`,
@@ -47,6 +50,7 @@ passage allowance bounding the work.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -55,7 +59,6 @@ import resource
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -66,10 +69,11 @@ from typing import Any, Final, Protocol
 from retrieval_host.core.cancel import CancelToken
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.models import JSONScalar
-from retrieval_host.core.reasons import DocumentTooComplexReason
+from retrieval_host.core.reasons import DocumentTooComplexReason, HostBusyReason
 from retrieval_host.ingest.chunking import Extracted
 from retrieval_host.ingest.document import PreparedDocument, extract_document, finish_document
 from retrieval_host.ingest.settings import ChunkingSettings, IngestLimits, MiB, too_complex
+from retrieval_host.ingest.worker_logs import collect_logs, frames_only, log_records
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
@@ -88,8 +92,9 @@ DEFAULT_WORKERS: Final = 2
 MEMORY_HEADROOM_BYTES: Final = 1024 * MiB
 RECYCLE_RSS_BYTES: Final = 256 * MiB
 MAX_TASKS: Final = 500
-# Log records one document may leave (pypdf logs an error per damaged font: a file's volume).
-MAX_LOG_RECORDS: Final = 20
+# The fork server's only preload, and the process name by which it knows a worker.
+PRELOAD: Final = "retrieval_host.ingest.fork_server"
+WORKER_NAME: Final = "retrieval-host-parse-worker"
 
 _log = logging.getLogger(__name__)
 
@@ -103,10 +108,14 @@ class CounterRecipe(Protocol):
 
 
 def counter_recipe(embedding: object) -> CounterRecipe | None:
-    """The adapter's portable counter recipe, if it offers one (`portable_token_counter()`)."""
+    """The adapter's portable counter recipe, if it offers one (`portable_token_counter()`).
+    None for a recipe defined in the host's `__main__` (an application's script), which a
+    worker never runs (`ingest.fork_server`): the host then cuts the text itself."""
     method = getattr(embedding, "portable_token_counter", None)
     recipe = method() if callable(method) else None
-    return recipe if recipe is not None and callable(getattr(recipe, "build", None)) else None
+    if recipe is None or not callable(getattr(recipe, "build", None)):
+        return None
+    return None if type(recipe).__module__ in ("__main__", "__mp_main__") else recipe
 
 
 @dataclass(frozen=True)
@@ -126,11 +135,6 @@ class ParseTask:
     cpu_seconds: int
 
 
-# A log record from a worker: logger name, level, time created, message, and the traceback
-# (frames and exception types) if it had one.
-WorkerRecord = tuple[str, int, float, str, str | None]
-
-
 @dataclass
 class PoolCounters:
     """What the pool did (for tests and the hostile-input benchmark)."""
@@ -138,6 +142,7 @@ class PoolCounters:
     started: int = 0
     killed: int = 0
     retired: int = 0
+    start_failures: int = 0  # workers that died (or could not be made) before they started
     tasks: int = 0
     busy: int = 0  # documents in a worker right now
 
@@ -146,6 +151,7 @@ class _Worker:
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
+        self.started = False  # its first message, `_STARTED`, has been read
 
     def kill(self) -> None:
         try:
@@ -166,7 +172,8 @@ class _Worker:
 class ParsePool:
     """Worker processes that parse untrusted documents (see the module docstring).
 
-    Thread-safe; processes start on first use, so a pool that never parses costs nothing.
+    Thread-safe. `start` starts the fork server and one worker; without it they start on
+    first use, so a pool that never parses costs nothing.
     """
 
     def __init__(
@@ -201,10 +208,12 @@ class ParsePool:
             worker = self._take()
             try:
                 worker.conn.send(task)
-            except OSError:  # it died while idle (killed from outside): one fresh try
-                self._discard(worker)
-                worker = self._start()
-                worker.conn.send(task)
+            except OSError:  # it died: while idle (killed from outside), or as it started
+                if worker.started:  # one fresh try
+                    self._discard(worker)
+                    worker = self._start()
+                    with contextlib.suppress(OSError):  # it could not start: `_await` reads why
+                        worker.conn.send(task)
             with self._lock:
                 self.counters.busy += 1
             try:
@@ -214,6 +223,15 @@ class ParsePool:
                     self.counters.busy -= 1
         finally:
             self._slots.release()
+
+    def start(self) -> None:
+        """Start the fork server and one idle worker now, at host start: the fork server
+        loads the worker code that is on disk then, which is the code the host runs (see the
+        module docstring). Returns once the worker has started (~1 s for the fork server to
+        load); raises `HOST_BUSY` (`parse-worker-unavailable`) if it could not start."""
+        worker = self._start()
+        self._started(worker, CancelToken())
+        self._give_back(worker)
 
     def close(self) -> None:
         """Stop the idle workers; a parse still running ends its worker when it returns."""
@@ -226,27 +244,43 @@ class ParsePool:
     # --- internals -------------------------------------------------------------------------
 
     def _await(self, worker: _Worker, cancel: CancelToken) -> PreparedDocument | Extracted:
+        if not worker.started:
+            self._started(worker, cancel)
+        outcome, retire, records = self._receive(worker, cancel)
+        log_records(records)
+        self.counters.tasks += 1
+        if retire:
+            self.counters.retired += 1
+            self._discard(worker)
+        else:
+            self._give_back(worker)
+        kind, payload = outcome
+        if kind == "ok":
+            result: PreparedDocument | Extracted = payload
+            return result
+        code, detail, reason = payload
+        raise RetrievalError(ErrorCode(code), detail, reason=reason)
+
+    def _started(self, worker: _Worker, cancel: CancelToken) -> None:
+        """Read a new worker's first message: `_STARTED`, or the frames of its failure."""
+        message = self._receive(worker, cancel)
+        if message != _STARTED:
+            self.counters.killed += 1
+            worker.kill()
+            raise self._could_not_start(f"it failed as it started:\n{message}")
+        worker.started = True
+
+    def _receive(self, worker: _Worker, cancel: CancelToken) -> Any:
+        """The worker's next message; raises what ended it if it died, and the cancel (after
+        killing it) if `cancel` is cancelled first."""
         sentinel = worker.process.sentinel
         while True:
             ready = multiprocessing.connection.wait([worker.conn, sentinel], timeout=POLL_S)
             if worker.conn in ready:
                 try:
-                    outcome, retire, records = worker.conn.recv()
+                    return worker.conn.recv()
                 except (EOFError, OSError):
                     raise self._ended(worker, cancel) from None
-                _log_records(records)
-                self.counters.tasks += 1
-                if retire:
-                    self.counters.retired += 1
-                    self._discard(worker)
-                else:
-                    self._give_back(worker)
-                kind, payload = outcome
-                if kind == "ok":
-                    result: PreparedDocument | Extracted = payload
-                    return result
-                code, detail, reason = payload
-                raise RetrievalError(ErrorCode(code), detail, reason=reason)
             if sentinel in ready:
                 raise self._ended(worker, cancel)
             try:
@@ -261,6 +295,10 @@ class ParsePool:
         exitcode = worker.process.exitcode
         worker.conn.close()
         self.counters.killed += 1
+        if not worker.started and exitcode != -signal.SIGTERM:
+            # It died before it took the document (probe I, session 42: each new worker
+            # failed at import after the package changed on disk): not the document's fault.
+            return self._could_not_start(f"it exited with {exitcode} before it started.")
         if exitcode == -signal.SIGTERM:
             # Stopped with its process group (a service manager, `timeout`): no parse ends
             # that way, and the caller's own cancel is on its way (a signal handler runs on
@@ -300,9 +338,9 @@ class ParsePool:
         with self._lock:
             if self._context is None:
                 context = multiprocessing.get_context("forkserver")
-                # Preload the parsers in the fork server (the default would import the host's
-                # `__main__`, which may be any script).
-                context.set_forkserver_preload([__name__])
+                # The worker code, its parsers' lazy imports and the hook that keeps the
+                # host's `__main__` out of a worker (`ingest.fork_server`).
+                context.set_forkserver_preload([PRELOAD])
                 self._context = context
             context = self._context
         parent, child = context.Pipe(duplex=True)
@@ -316,13 +354,13 @@ class ParsePool:
                     self._max_tasks,
                     logging.getLogger("retrieval_host").getEffectiveLevel(),
                 ),
-                name="parse-worker",
+                name=WORKER_NAME,
                 daemon=True,
             )
             try:
                 process.start()
                 break
-            except (EOFError, OSError):
+            except (EOFError, OSError) as exc:
                 # The first start launches the fork server, which imports the parsers before
                 # it ignores SIGINT itself: a Ctrl-C on the terminal (the whole process group)
                 # in those seconds kills it, and the ingest ended in a traceback, not its
@@ -330,98 +368,34 @@ class ParsePool:
                 # one has exited; the caller's cancel, if that was one, is checked as the
                 # parse waits.
                 if attempt == START_ATTEMPTS:
-                    raise
+                    child.close()
+                    parent.close()
+                    raise self._could_not_start(frames_only(exc) or "") from exc
                 _log.warning("the parse workers' fork server exited; starting another")
                 time.sleep(0.1 * attempt)
         child.close()
         self.counters.started += 1
         return _Worker(process, parent)
 
-
-def _log_records(records: Sequence[WorkerRecord]) -> None:
-    """Log a worker's records here, through the host's handlers and levels."""
-    for name, level, created, message, error in records:
-        logger = logging.getLogger(name)
-        if not logger.isEnabledFor(level):
-            continue
-        attributes: dict[str, object] = {
-            "name": name,
-            "levelno": level,
-            "levelname": logging.getLevelName(level),
-            "msg": message,
-            "created": created,
-        }
-        if error is not None:
-            attributes["fields"] = {"error": error}
-        logger.handle(logging.makeLogRecord(attributes))
+    def _could_not_start(self, cause: str) -> RetrievalError:
+        """A worker that could not start: one log line with the cause, and the host's failure
+        for the caller (503: another worker or a new fork server may start)."""
+        with self._lock:
+            self.counters.start_failures += 1
+        _log.error("a parse worker could not start", extra={"fields": {"error": cause}})
+        return RetrievalError(
+            ErrorCode.HOST_BUSY,
+            "The host could not start a document parser; retry later.",
+            reason=HostBusyReason.PARSE_WORKER_UNAVAILABLE,
+        )
 
 
 # --- the worker process ----------------------------------------------------------------------
 
 
-class _Collector(logging.Handler):
-    """Every record the worker logs, kept for the host (see the module docstring)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[WorkerRecord] = []
-        self.dropped = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if len(self.records) >= MAX_LOG_RECORDS:
-            self.dropped += 1
-            return
-        try:
-            message = record.getMessage()
-            error = None if record.exc_info is None else _frames_only(record.exc_info[1])
-        except Exception:  # never a raw line on stderr, which `handleError` would print
-            message, error = f"a log record of {record.name} could not be formatted", None
-        self.records.append((record.name, record.levelno, record.created, message, error))
-
-    def take(self) -> list[WorkerRecord]:
-        """The records since the last call, and a note of those dropped."""
-        records, self.records = self.records, []
-        if self.dropped:
-            note = f"{self.dropped} more log records of the parse worker were dropped"
-            records.append((__name__, logging.WARNING, time.time(), note, None))
-            self.dropped = 0
-        return records
-
-
-def _frames_only(exc: BaseException | None) -> str | None:
-    """A traceback as Python prints it, less the exceptions' messages and notes: a parser's
-    exception may quote the document (a key or name it read), and no document text is
-    logged (`http/logs.py`)."""
-    chain: list[BaseException] = []
-    while exc is not None and all(exc is not seen for seen in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    if not chain:
-        return None
-    parts = [
-        "Traceback (most recent call last):\n"
-        + "".join(traceback.format_tb(e.__traceback__))
-        + f"{type(e).__module__}.{type(e).__qualname__}"
-        for e in reversed(chain)
-    ]
-    return "\n\nwhich led to\n\n".join(parts)
-
-
-def _collect_logs(level: int) -> _Collector:
-    """Send every record of this process to a collector: the host's own levels for its
-    loggers, warning for libraries (as `http/logs.py` configures the host)."""
-    collector = _Collector()
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    root.addHandler(collector)
-    root.setLevel(logging.WARNING)
-    logging.getLogger("retrieval_host").setLevel(level)
-    # A logger that does not propagate and has no handler would reach the last-resort
-    # handler, which writes the bare message to stderr; a warning would be printed there.
-    logging.lastResort = collector
-    logging.captureWarnings(True)
-    return collector
+# A worker's first message: it has started and takes documents. Anything else is the traceback
+# (frames only) of what stopped it.
+_STARTED: Final = "started"
 
 
 def _worker_main(
@@ -430,12 +404,17 @@ def _worker_main(
     # The host decides when a worker stops (SIGKILL); Ctrl+C on the host's terminal reaches
     # the whole process group and must not kill a worker mid-answer.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logs = _collect_logs(log_level)
-    # One thread: the tokenizer's thread pool would multiply the address space (an arena per
-    # thread) and compete with the host's own threads for the same cores.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    limit = _vm_bytes() + memory_headroom
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        logs = collect_logs(log_level)
+        # One thread: the tokenizer's thread pool would multiply the address space (an arena
+        # per thread) and compete with the host's own threads for the same cores.
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        limit = _vm_bytes() + memory_headroom
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except Exception as exc:  # the host logs it: a worker never writes to stderr
+        conn.send(frames_only(exc))
+        return
+    conn.send(_STARTED)
     counters: dict[CounterRecipe, TokenCounter] = {}
     baseline_rss: int | None = None
     for done in range(1, max_tasks + 1):
@@ -445,6 +424,10 @@ def _worker_main(
             return
         except MemoryError:  # the document alone does not fit under the limit
             conn.send((("error", _memory_error()), True, logs.take()))
+            return
+        except Exception:  # a class of the task could not be imported: the host's fault
+            _log.exception("a parse worker could not read its document's task")
+            conn.send((("error", _task_unreadable()), True, logs.take()))
             return
         _arm_cpu_limit(task.cpu_seconds)
         retire = done == max_tasks
@@ -496,6 +479,14 @@ def _parse(task: ParseTask, counters: dict[CounterRecipe, TokenCounter]) -> Any:
         token_counter=counter,
         settings=task.settings,
         limits=task.limits,
+    )
+
+
+def _task_unreadable() -> tuple[str, str, str]:
+    return (
+        ErrorCode.HOST_BUSY.value,
+        "The host could not start a document parser; retry later.",
+        HostBusyReason.PARSE_WORKER_UNAVAILABLE.value,
     )
 
 

@@ -31,6 +31,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from retrieval_host.driver import Driver
 from retrieval_host.http.app import HostApp, create_app
 from retrieval_host.http.logs import log_config
+from retrieval_host.ingest.isolation import ParsePool
 from retrieval_host.serving.event_loop import bounded_handshakes
 from retrieval_host.serving.server_protocol import HeaderDeadlineProtocol
 from retrieval_host.serving.tls import server_context
@@ -306,13 +307,17 @@ def serve(
     worker: WorkerSeat | None = None,
     early: EarlyStop | None = None,
     on_serving: Callable[[], None] | None = None,
+    parse_pool: ParsePool | None = None,
 ) -> None:
     """Serve in the foreground until SIGINT/SIGTERM, then shut down gracefully (see the
     module docstring) and return. `worker`: serve as one of a supervisor's workers, on its
     own socket on the host's port, ready once every worker serves (`serving.workers`).
     `early`: the signals recorded while the host started (`EarlyStop`). `on_serving` (not
-    with `worker`): called once the listener accepts connections."""
+    with `worker`): called once the listener accepts connections. `parse_pool`: the
+    driver's, started now (`start_parsers`)."""
     config = uvicorn_config(settings, app, environ, log_config=log_config)
+    if parse_pool is not None:
+        start_parsers(parse_pool)  # once logging is configured: it may log
     host_app = app if isinstance(app, HostApp) else None
     if worker is None:
         check_listen_address(settings.listen.host, settings.listen.port)
@@ -335,6 +340,21 @@ def serve(
         server.run(sockets=[worker.sock])
 
 
+def start_parsers(pool: ParsePool) -> None:
+    """Start the parse workers' fork server now, on a thread of its own (about 1 s), so that
+    it loads the code on disk at the host's start rather than at the first ingest, which may
+    come after a new release was written into the venv (`ingest.fork_server`; probe I,
+    session 42). A failure is logged; the first ingest starts it again."""
+
+    def start() -> None:
+        try:
+            pool.start()
+        except Exception as exc:  # logged: the first ingest tries again
+            logger.warning("the parse workers could not start: %s", exc)
+
+    threading.Thread(target=start, name="parse-pool-start", daemon=True).start()
+
+
 def run_server(
     settings: HostSettings,
     driver: Driver | None,
@@ -350,5 +370,12 @@ def run_server(
     app = create_app(settings, driver)
     logs = log_config(settings.log_level, worker=None if worker is None else worker.index)
     serve(
-        settings, app, environ, log_config=logs, worker=worker, early=early, on_serving=on_serving
+        settings,
+        app,
+        environ,
+        log_config=logs,
+        worker=worker,
+        early=early,
+        on_serving=on_serving,
+        parse_pool=None if driver is None else driver.parse_pool,
     )
