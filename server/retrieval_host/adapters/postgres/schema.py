@@ -25,6 +25,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
+from retrieval_host.adapters.postgres.media_types import fill_media_types
 from retrieval_host.adapters.postgres.pool import (
     Connection,
     lock_key,
@@ -43,6 +44,10 @@ HNSW_BUILD_MEMORY: Final = "512MB"
 HNSW_BUILD_WAIT_S: Final = 3600.0  # how long a replica waits for another one's index build
 _SCHEMA_NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _VERSION_TABLE: Final[Mapping[str, str]] = {"component": "text", "version": "int4"}
+# One step of a migration: a statement (`{s}` names the schema), or a function run with the
+# connection and the schema inside the migration's transaction, for what SQL alone cannot
+# decide (the media-type backfill derives passage ids from their text: `media_types`).
+MigrationStep = str | Callable[[Connection, str], None]
 
 _log = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ def ensure_schema_component(
     version: int,
     tables: Mapping[str, Mapping[str, str]],
     ddl: Sequence[str],
-    migrations: Mapping[int, Sequence[str]] | None = None,
+    migrations: Mapping[int, Sequence[MigrationStep]] | None = None,
     backfill: Callable[[Connection, int], None] | None = None,
     *,
     migrate: bool = True,
@@ -79,7 +84,7 @@ def ensure_schema_component(
     """Create `component`'s tables in `schema` on first use, or check they are ours.
 
     Runs in one transaction under an advisory lock, so replicas starting together create the
-    schema once. `migrations[v]` holds the statements that bring version v to v + 1: a schema
+    schema once. `migrations[v]` holds the steps that bring version v to v + 1: a schema
     an earlier release wrote is upgraded in that same transaction, and then `backfill` (when
     given) is called with the connection and the version found, to fill what SQL alone
     cannot (the lexical index is analyzed from stored text in Python). Refuses (`UNSAFE_STORE`) a
@@ -168,8 +173,11 @@ def ensure_schema_component(
                     UnsafeStoreReason.SCHEMA_VERSION,
                 )
             for step in range(stored, version):
-                for statement in steps[step]:
-                    conn.execute(schema_sql(schema, statement))
+                for migration_step in steps[step]:
+                    if isinstance(migration_step, str):
+                        conn.execute(schema_sql(schema, migration_step))
+                    else:
+                        migration_step(conn, schema)
             if stored != version and backfill is not None:
                 backfill(conn, stored)
             if stored != version:
@@ -447,21 +455,12 @@ _SOURCE_RECORD_DDL: Final = (
     "ALTER TABLE {s}.sources ADD COLUMN indexed_at text",
 )
 # Schema version 4: the media type of those sources, when ingested, read back from the
-# metadata ingestion wrote it into (`sqlite.tables._MEDIA_TYPE_BACKFILL` says why and which
-# sources: every passage id of ingestion's shape, a type the host ingests). Data only: a new
-# schema has nothing to fill. (`{{24}}`: a brace of the regex, not a placeholder.)
-_MEDIA_TYPE_BACKFILL: Final = (
-    "UPDATE {s}.sources s SET media_type = s.metadata ->> 'mediaType' "
-    "WHERE s.media_type IS NULL AND s.metadata ->> 'mediaType' IN ('application/mbox', "
-    "'application/pdf', 'message/rfc822', 'text/html', 'text/markdown', 'text/plain') "
-    "AND NOT EXISTS (SELECT 1 FROM {s}.chunks c WHERE c.source_pk = s.id "
-    "AND c.chunk_id COLLATE \"C\" !~ '^p[0-9a-f]{{24}}$')"
-)
+# metadata ingestion wrote it into (`media_types`; data only: a new schema has nothing to fill).
 VECTOR_DDL: Final = (*_VECTOR_DDL_V1, *_LEXICAL_DDL, *_SOURCE_RECORD_DDL)
-VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[str]]] = {
+VECTOR_MIGRATIONS: Final[Mapping[int, Sequence[MigrationStep]]] = {
     1: _LEXICAL_DDL,
     2: _SOURCE_RECORD_DDL,
-    3: (_MEDIA_TYPE_BACKFILL,),
+    3: (fill_media_types,),
 }
 
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -42,19 +42,25 @@ WAL_SIZE_LIMIT_BYTES: Final = 64 * 1024 * 1024
 _log = logging.getLogger(__name__)
 
 
+# One step of a migration: a statement, or a function run with the connection inside the
+# migration's transaction, for what SQL alone cannot decide (the vector store's media-type
+# backfill derives passage ids from their text: `tables._fill_media_types`).
+MigrationStep = str | Callable[[apsw.Connection], None]
+
+
 @dataclass(frozen=True)
 class Identity:
     """What makes a database file ours: its application id, schema version and tables.
 
-    `schema` creates the current version in an empty file; `migrations[v]` holds the
-    statements that bring version v to v + 1.
+    `schema` creates the current version in an empty file; `migrations[v]` holds the steps
+    (statements or functions) that bring version v to v + 1.
     """
 
     application_id: int
     version: int
     tables: frozenset[str]
     schema: Sequence[str]
-    migrations: Mapping[int, Sequence[str]] = field(default_factory=dict)
+    migrations: Mapping[int, Sequence[MigrationStep]] = field(default_factory=dict)
     name: str = "store"  # what the log calls it ("migrated the run store at ...")
 
 
@@ -392,7 +398,10 @@ def migrate(conn: apsw.Connection, identity: Identity, database: Path | None = N
             return
         for step in range(version, identity.version):
             for statement in identity.migrations[step]:
-                conn.execute(statement)
+                if isinstance(statement, str):
+                    conn.execute(statement)
+                else:
+                    statement(conn)
         conn.execute(f"PRAGMA user_version={identity.version}")  # a constant, not input
     _log.info(
         "migrated the %s at %s from schema version %d to %d (an earlier release can no "

@@ -4,11 +4,19 @@ beyond plain reads (the replacement checks, the corpus generation, loading one r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import apsw
 import numpy as np
 
+from retrieval_host.adapters._media_type_backfill import (
+    INGESTED_MEDIA_TYPES,
+    Candidate,
+    Passage,
+    Window,
+    fill_media_types,
+)
 from retrieval_host.adapters._store_rules import (
     capacity_exceeded,
     check_expected_revision,
@@ -83,20 +91,47 @@ _SCHEMA: Final = (
 # Version 3 had no index of the passages without terms (built once, by the migration).
 # Version 4 kept NULL the media type of the sources written before version 3 (a black-box
 # probe: `mediaType: null`, hidden by the media-type filter, kept by an `unchanged` re-ingest).
-# Ingestion also wrote the type into the source's metadata, and it is read back from there for
-# ingested sources only: a prepared-passage source (NULL by contract) may carry a `mediaType`
-# key of its own. Ingested: every passage id has ingestion's shape (`DERIVED_CHUNK_ID`, "p"
-# and 24 lowercase hex digits, refused to prepared passages since 2026-12 unless it is their
-# own digest); and the value is a type the host ingests (`ingest.MEDIA_TYPES`, spelt out: the
-# migration repairs what earlier releases wrote). The same rule as `postgres.schema`'s.
-_MEDIA_TYPE_BACKFILL: Final = (
-    "UPDATE sources SET media_type = metadata_json ->> '$.mediaType' "
-    "WHERE media_type IS NULL AND metadata_json ->> '$.mediaType' IN ('application/mbox', "
-    "'application/pdf', 'message/rfc822', 'text/html', 'text/markdown', 'text/plain') "
-    "AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.source_pk = sources.id AND NOT ("
-    "length(c.chunk_id) = 25 AND c.chunk_id GLOB 'p*' "  # GLOB: case-sensitive
-    "AND substr(c.chunk_id, 2) NOT GLOB '*[^0-9a-f]*'))"
+# Ingestion also wrote the type into the source's metadata, and `_fill_media_types` reads it
+# back from there for ingested sources only (`adapters._media_type_backfill` says which: every
+# passage id the one ingestion derives for it). The previous main decided by the ids' shape in
+# SQL and so also typed prepared sources with ids of that shape (probe U, session 42); a store
+# it migrated keeps what it set (a re-index through the index API resets it to NULL).
+_SOURCE_WINDOW: Final = (  # the last column: whether the source is a candidate
+    "SELECT id, source_id, revision, metadata_json ->> '$.mediaType', chunk_count, "
+    "media_type IS NULL AND metadata_json ->> '$.mediaType' IN (SELECT value FROM json_each(?)) "
+    "FROM sources WHERE id > ? ORDER BY id LIMIT ?"
 )
+
+
+def _fill_media_types(conn: apsw.Connection) -> None:
+    """The media-type backfill of version 4 -> 5, inside the migration's transaction. Linear:
+    it reads every candidate passage's text once (`fill_media_types`)."""
+    kinds = json.dumps(INGESTED_MEDIA_TYPES)
+
+    def window(after: int, limit: int) -> Window:
+        rows: list[tuple[Any, ...]] = conn.execute(_SOURCE_WINDOW, (kinds, after, limit)).fetchall()
+        found = [
+            Candidate(int(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in rows if r[5]
+        ]
+        return found, int(rows[-1][0]) if rows else None
+
+    def passages(keys: Sequence[int]) -> Iterator[Passage]:
+        # Streamed: nothing else runs on the connection until the batch is read.
+        rows: apsw.Cursor = conn.execute(
+            "SELECT source_pk, ordinal, chunk_id, text FROM chunks "
+            "WHERE source_pk IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(keys)),),
+        )
+        row: tuple[Any, ...]
+        for row in rows:
+            yield int(row[0]), int(row[1]), str(row[2]), str(row[3])
+
+    def record(found: Sequence[tuple[str, int]]) -> None:
+        conn.executemany("UPDATE sources SET media_type = ? WHERE id = ?", found)
+
+    fill_media_types(window, passages, record)
+
+
 _MIGRATIONS: Final = {
     1: ("ALTER TABLE chunks ADD COLUMN terms TEXT",),
     2: (
@@ -104,7 +139,7 @@ _MIGRATIONS: Final = {
         "ALTER TABLE sources ADD COLUMN indexed_at TEXT",
     ),
     3: (_WITHOUT_TERMS,),
-    4: (_MEDIA_TYPE_BACKFILL,),
+    4: (_fill_media_types,),
 }
 IDENTITY: Final = Identity(
     APPLICATION_ID,
