@@ -364,8 +364,9 @@ def _status_class(status: int) -> type[APIStatusError]:
 
 
 def bounded_retry_after(seconds: float | None) -> float | None:
-    """`seconds`, at most `MAX_RETRY_AFTER_S` (`inf` included); None stays None."""
-    return None if seconds is None else min(seconds, float(MAX_RETRY_AFTER_S))
+    """`seconds` as a float (a problem's `retryAfter` may be an integer), at most
+    `MAX_RETRY_AFTER_S` (`inf` included); None stays None."""
+    return None if seconds is None else min(float(seconds), float(MAX_RETRY_AFTER_S))
 
 
 def printable(text: str) -> str:

@@ -339,3 +339,21 @@ def test_a_problems_control_characters_are_escaped_in_the_error_message(
     assert "first line\\nforged line \\x1b[2J" in message
     assert "[request r\\x07]" in message
     assert caught.value.detail == detail  # the problem itself is kept as the host said it
+
+
+def test_a_failed_runs_retry_after_is_seconds_as_a_float(
+    connect: Connect, client_world: World
+) -> None:
+    # Probe G, session 42: `retry_after` was 3.0 from a header and 3 from a stream's problem.
+    problem = _problem_doc(502, "PROVIDER_FAILED", retryAfter=3)
+    started = {"type": "run.started", "runId": "run_1", "createdAt": "t"}
+    failed = {"type": "run.failed", "runId": "run_1", "problem": problem}
+    body = b"".join(
+        f"event: {d['type']}\ndata: {json.dumps(d)}\n\n".encode() for d in (started, failed)
+    )
+    answer = http_response(200, body, content_type="text/event-stream", close=True)
+    with canned_host(client_world.tls, lambda request: answer) as host:
+        api = connect(base_url=host.base_url)
+        with pytest.raises(ProviderFailedError) as caught, api.stream_run(RUN) as stream:
+            stream.until_done()
+    assert caught.value.retry_after == 3.0 and type(caught.value.retry_after) is float
