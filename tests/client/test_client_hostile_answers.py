@@ -306,18 +306,8 @@ def test_a_retry_after_no_caller_could_wait_is_not_passed_on(
 
 def test_a_failed_runs_retry_after_is_at_most_a_day(connect: Connect, client_world: World) -> None:
     # A stream's `run.failed` has no headers: the problem's own `retryAfter` is the hint.
-    problem = _problem_doc(502, "PROVIDER_FAILED", retryAfter=10**9)
-    started = {"type": "run.started", "runId": "run_1", "createdAt": "t"}
-    failed = {"type": "run.failed", "runId": "run_1", "problem": problem}
-    body = b"".join(
-        f"event: {d['type']}\ndata: {json.dumps(d)}\n\n".encode() for d in (started, failed)
-    )
-    answer = http_response(200, body, content_type="text/event-stream", close=True)
-    with canned_host(client_world.tls, lambda request: answer) as host:
-        api = connect(base_url=host.base_url)
-        with pytest.raises(ProviderFailedError) as caught, api.stream_run(RUN) as stream:
-            stream.until_done()
-    assert caught.value.retry_after == DAY
+    failed = _failed_run(connect, client_world, retryAfter=10**9)
+    assert failed.retry_after == DAY
 
 
 # --- words for a terminal ---------------------------------------------------------------------
@@ -345,7 +335,13 @@ def test_a_failed_runs_retry_after_is_seconds_as_a_float(
     connect: Connect, client_world: World
 ) -> None:
     # Probe G, session 42: `retry_after` was 3.0 from a header and 3 from a stream's problem.
-    problem = _problem_doc(502, "PROVIDER_FAILED", retryAfter=3)
+    failed = _failed_run(connect, client_world, retryAfter=3)
+    assert failed.retry_after == 3.0 and type(failed.retry_after) is float
+
+
+def _failed_run(connect: Connect, client_world: World, **fields: Any) -> ProviderFailedError:
+    """What a stream whose run failed `PROVIDER_FAILED` with these problem `fields` raises."""
+    problem = _problem_doc(502, "PROVIDER_FAILED", **fields)
     started = {"type": "run.started", "runId": "run_1", "createdAt": "t"}
     failed = {"type": "run.failed", "runId": "run_1", "problem": problem}
     body = b"".join(
@@ -356,4 +352,4 @@ def test_a_failed_runs_retry_after_is_seconds_as_a_float(
         api = connect(base_url=host.base_url)
         with pytest.raises(ProviderFailedError) as caught, api.stream_run(RUN) as stream:
             stream.until_done()
-    assert caught.value.retry_after == 3.0 and type(caught.value.retry_after) is float
+    return caught.value

@@ -460,16 +460,23 @@ def test_a_delete_without_snapshots_removes_the_file_that_holds_its_rows(path: P
     assert not any(SECRET.encode() in p.read_bytes() for p in path.parent.iterdir() if p.is_file())
 
 
+def snapshot_of_a_replaced_source(path: Path) -> Path:
+    """A snapshot holding `SECRET` in source `doc`, which a writer without snapshots then
+    replaced: the file holds dead rows."""
+    snap = snapshot_holding(path, "doc", SECRET)
+    with SqliteVectorStore.open(path, snapshots=False) as other:
+        other.open_corpus(descriptor("c1"))
+        put_text(other, "doc", "r2", "the ocelot escrow phrase was changed")
+    return snap
+
+
 def test_a_snapshot_that_holds_dead_rows_is_rewritten_after_an_open(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A black-box test: the snapshot an earlier release wrote (dead rows kept) still held a
     # deleted passage after the upgrade and a clean stop. Here the dead rows come from a
     # writer without snapshots that replaced the source after the file was written.
-    snap = snapshot_holding(path, "doc", SECRET)
-    with SqliteVectorStore.open(path, snapshots=False) as other:
-        other.open_corpus(descriptor("c1"))
-        put_text(other, "doc", "r2", "the ocelot escrow phrase was changed")
+    snap = snapshot_of_a_replaced_source(path)
     assert holds(snap, SECRET)
     with open_mapped(path, caplog) as store:
         # Rewritten in the background after the open.
@@ -485,10 +492,7 @@ def test_a_snapshot_of_another_format_is_rewritten_after_an_open(
     # Probe U, session 42: a snapshot an earlier release wrote (format 1 and 2 alike) was not
     # used, and kept a source's deleted text on disk until a clean stop (never, after a
     # crash): a rewrite was due only once enough rows changed.
-    snap = snapshot_holding(path, "doc", SECRET)
-    with SqliteVectorStore.open(path, snapshots=False) as other:
-        other.open_corpus(descriptor("c1"))
-        put_text(other, "doc", "r2", "the ocelot escrow phrase was changed")
+    snap = snapshot_of_a_replaced_source(path)
     data = bytearray(snap.read_bytes())
     data[: len(snapshot.MAGIC)] = snapshot.MAGIC[:-1] + b"\x01"  # an earlier release's
     snap.write_bytes(bytes(data))
