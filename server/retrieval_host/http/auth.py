@@ -3,20 +3,24 @@
 The token decides who the caller is (`subject`) and which corpora it may use per operation;
 the application's authorizer then decides which sources inside a corpus. An omitted grant
 denies. A token in the query string is refused outright (it ends up in logs and histories):
-wherever it sits, as a parameter's name or value, percent-decoded, alone or as a word among
-others (`Bearer <token>`, `<token> `, `"<token>"`), and so is any parameter named like a
-credential.
+wherever it sits, as a parameter's name or value, percent-decoded or not, alone or as a word
+among others (`Bearer <token>`, `"<token>"`, `next=/cb/<token>`, `<token>.`), and so is any
+parameter named like a credential. A word is a run of a token's letters of at least
+`MIN_QUERY_TOKEN_CHARS`; the check costs at most a few milliseconds of CPU whatever the query.
 """
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import hmac
 import re
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from itertools import chain, islice
 from typing import Final
-from urllib.parse import unquote_to_bytes
 
 from retrieval_host.core.errors import ErrorCode, RetrievalError, permission_denied
 
@@ -30,12 +34,50 @@ QUERY_CREDENTIAL_NAMES: Final = frozenset(
      "bearer", "bearer_token", "id_token", "refresh_token"}
 )  # fmt: skip
 WWW_AUTHENTICATE: Final = 'Bearer realm="retrieval-host"'
-# RFC 6750 b64token: a token inside other text (quotes, `key:token`) is one of these runs.
-_B64TOKEN: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
-# The distinct words of one query string looked up as tokens: the check guards against a token
-# put in a URL by mistake (it authenticates nothing), and looking up every word of a 62 KiB
-# query cost 19-26 ms of the host's CPU per unauthenticated request (probe S).
+# The shortest word of a query string looked up as a token. The configuration holds only hashes,
+# so the length of its tokens is unknown: 16 is below what token generators make (`token new`:
+# 46 characters; a UUID: 36; 16 random bytes in hex: 32, in base64: 22). Without a floor, the
+# check answered whether any of 1,000 short guesses was a token, without a token (probe A,
+# session 42); a token must be high-entropy, and one shorter than this is not looked for.
+MIN_QUERY_TOKEN_CHARS: Final = 16
+# The distinct words of one query string looked up as tokens, in the order found: the check
+# guards against a token put in a URL by mistake (it authenticates nothing), so a token hidden
+# behind a thousand other long words passes; looking up every word cost CPU per unauthenticated
+# request (probe S, session 38).
 MAX_QUERY_WORDS: Final = 1_000
+
+_TOKEN_LETTERS: Final = rb"A-Za-z0-9_\-"  # `token new` (base64url, `serving/tokens.py`)
+_B64TOKEN_LETTERS: Final = rb"A-Za-z0-9_\-.~+/"  # RFC 6750 b64token, then `=` padding
+# Whole runs only: the lookbehind makes a start inside a shorter run fail at once.
+_TOKEN_WORD: Final = re.compile(
+    rb"(?<![%s])[%s]{%d,}" % (_TOKEN_LETTERS, _TOKEN_LETTERS, MIN_QUERY_TOKEN_CHARS)
+)
+_B64TOKEN_WORD: Final = re.compile(
+    rb"(?<![%s])[%s]{%d,}=*" % (_B64TOKEN_LETTERS, _B64TOKEN_LETTERS, MIN_QUERY_TOKEN_CHARS)
+)
+# Each credential name as it ends a parameter's name (`&name=` or `&name&`), in the text below.
+_WHITESPACE: Final = b" \t\n\r\x0b\x0c"
+_CREDENTIAL_PARAMETERS: Final = tuple(
+    b"&" + name.encode("ascii") + end
+    for name in sorted(QUERY_CREDENTIAL_NAMES)
+    for end in (b"=", b"&")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _CleanQuery:
+    query_string: bytes
+    digests: frozenset[bytes]
+
+
+# The query string this request's `HygieneMiddleware` found clean, and the tokens it looked
+# for: a route's `authenticate` then answers without a second look (probe A, session 42: the
+# check ran twice on every route that needs a token). A context variable, not the ASGI scope,
+# because `authenticate` is handed the query string, not the scope; each request is its own
+# task and context, and the string is compared by identity.
+_CLEAN_QUERY: Final[ContextVar[_CleanQuery | None]] = ContextVar(
+    "retrieval_host_clean_query", default=None
+)
 
 
 def token_sha256(token: str) -> str:
@@ -113,32 +155,55 @@ class TokenAuthenticator:
 
     def token_in_query(self, query_string: bytes) -> bool:
         """Whether the query string carries a credential: a credential parameter name, or a
-        configured token anywhere in a name or value (among its first `MAX_QUERY_WORDS`
-        distinct words)."""
-        seen: set[str] = set()
-        for is_name, text in _query_texts(query_string):
-            stripped = text.strip()
-            if is_name and stripped.lower() in QUERY_CREDENTIAL_NAMES:
+        configured token as a word in a name or value (among its first `MAX_QUERY_WORDS`
+        distinct words of at least `MIN_QUERY_TOKEN_CHARS`)."""
+        clean = _CLEAN_QUERY.get()
+        if clean and clean.query_string is query_string and self._digests <= clean.digests:
+            return False  # already looked for these tokens, and more, in this request
+        named, words = _query_words(query_string)
+        if named:
+            return True
+        for word in islice(words, MAX_QUERY_WORDS):
+            if hashlib.sha256(word).digest() in self._digests:
                 return True
-            if len(seen) >= MAX_QUERY_WORDS:
-                continue  # the names are still checked
-            for word in (stripped, *stripped.split(), *_B64TOKEN.findall(stripped)):
-                if not word or word in seen:
-                    continue
-                if len(seen) >= MAX_QUERY_WORDS:
-                    break
-                seen.add(word)
-                digest = hashlib.sha256(word.encode("utf-8", "surrogatepass")).digest()
-                if digest in self._digests:
-                    return True
         return False
 
+    @contextmanager
+    def clean_query(self, query_string: bytes) -> Iterator[None]:
+        """Within this block (the rest of the request), `token_in_query` of this very query
+        string, by an authenticator whose tokens are among these, answers at once. For the
+        caller that has just found it clean."""
+        reset = _CLEAN_QUERY.set(_CleanQuery(query_string, self._digests))
+        try:
+            yield
+        finally:
+            _CLEAN_QUERY.reset(reset)
 
-def _query_texts(query_string: bytes) -> Iterator[tuple[bool, str]]:
-    """Every parameter name and value, percent-decoded both with `+` as a space (forms) and
-    without (a token may hold `+`); undecodable bytes kept as surrogate escapes."""
-    for part in query_string.split(b"&"):
-        for decoded in {unquote_to_bytes(part.replace(b"+", b" ")), unquote_to_bytes(part)}:
-            name, _, value = decoded.partition(b"=")
-            yield True, name.decode("utf-8", "surrogateescape")
-            yield False, value.decode("utf-8", "surrogateescape")
+
+def _query_words(query_string: bytes) -> tuple[bool, dict[bytes, None]]:
+    """Whether a parameter is named like a credential, and the distinct words that could be a
+    token, in the order looked up.
+
+    A fixed number of passes in C over the whole query string, none per parameter: a loop per
+    `&`-separated part cost 102 ms of CPU for `?` and 60,000 `&` (probe A, session 42). `+` is
+    a space in a form but may be a letter of a token: both readings are searched. An escaped
+    `&` (`%26`) does not separate parameters (it decodes to NUL here, no letter either)."""
+    spaced = _percent_decoded(query_string.replace(b"+", b" ").replace(b"%26", b"%00"))
+    # Names compared in any case, whitespace ignored (` Token =` too, and so `to ken`).
+    names = b"".join((b"&", spaced.lower(), b"&")).translate(None, _WHITESPACE)
+    if any(parameter in names for parameter in _CREDENTIAL_PARAMETERS):
+        return True, {}
+    found = [_TOKEN_WORD.findall(spaced), _B64TOKEN_WORD.findall(spaced)]
+    if b"+" in query_string:
+        found.append(_B64TOKEN_WORD.findall(_percent_decoded(query_string)))
+    return False, dict.fromkeys(chain.from_iterable(found))
+
+
+def _percent_decoded(raw: bytes) -> bytes:
+    """`urllib.parse.unquote_to_bytes(raw)` in C, but for a `%` that starts no escape, which
+    reads as `=` (both are no letter of a token; `%%` as one, a final `%` as none; before CR,
+    as `a2b_qp`'s soft line break up to LF, which no HTTP request line holds).
+
+    `unquote_to_bytes` loops in Python once per escape: 4 ms for the 21,000 of a 64 KiB query.
+    Quoted-printable has the same escape with `=` for `%`, and `a2b_qp` copies the rest."""
+    return binascii.a2b_qp(raw.replace(b"=", b"=3D").replace(b"%", b"="))

@@ -2,7 +2,8 @@
 
 - A token in the query string is refused on every route, the public ones included (401,
   reason `token-in-query`): a URL ends up in proxies' logs and browsers' histories, and the
-  caller must learn that its token leaked there, not be served as if nothing happened.
+  caller must learn that its token leaked there, not be served as if nothing happened. It is
+  looked for once per request: the route's own `authenticate` takes this answer.
 - A body in a content coding (`Content-Encoding` other than `identity`) is refused (415): the
   host decodes none, and reading gzip bytes as JSON or Markdown would be a guess.
 - Two `Content-Type` headers are refused (400, reason `duplicate-header`): which one is meant?
@@ -59,7 +60,8 @@ class HygieneMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.app(scope, receive, hardened_send)
+        with self.authenticator.clean_query(scope.get("query_string", b"")):
+            await self.app(scope, receive, hardened_send)
 
     def _refusal(self, scope: Scope) -> RetrievalError | None:
         query: bytes = scope.get("query_string", b"")
