@@ -15,9 +15,9 @@ from typing import Any, Literal
 import pytest
 
 from retrieval_host_client import ProviderFailedError, RunRequest, RunRetrieval
-from tests.support.chat_endings import Ending, Endings
 from tests.client.conftest import CHAT_MODEL, Connect
 from tests.client.modes import ClientApi
+from tests.support.chat_endings import Ending, Endings
 from tests.support.fake_openai import FakeOpenAI
 from tests.support.host import CORPUS, RunningHost, World, wait_until
 

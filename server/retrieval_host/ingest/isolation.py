@@ -405,6 +405,19 @@ def _worker_main(
     # the whole process group and must not kill a worker mid-answer.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        _serve(conn, memory_headroom, recycle_rss, max_tasks, log_level)
+    except OSError:
+        # The host closed its end (it stopped, or gave up on this worker) while this one
+        # answered: there is no one to tell, and a worker never writes to stderr (a host
+        # stopped within a second of its start printed a `BrokenPipeError` traceback there,
+        # amid its JSON log lines, as the worker it had just started said `_STARTED`).
+        return
+
+
+def _serve(
+    conn: Connection, memory_headroom: int, recycle_rss: int, max_tasks: int, log_level: int
+) -> None:
+    try:
         logs = collect_logs(log_level)
         # One thread: the tokenizer's thread pool would multiply the address space (an arena
         # per thread) and compete with the host's own threads for the same cores.
