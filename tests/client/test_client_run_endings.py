@@ -94,12 +94,21 @@ def test_a_record_written_before_runs_kept_the_ending_reads_as_unknown(
     api: ClientApi, client_host: RunningHost, client_world: World
 ) -> None:
     result = api.run(_request("extractive"))
+    path = client_world.directory / "store" / "runs.sqlite"
+
+    def stored() -> str | None:
+        with sqlite3.connect(path) as db:
+            row = db.execute(
+                "SELECT result_json FROM runs WHERE run_id = ?", (result.run_id,)
+            ).fetchone()
+        return None if row is None else row[0]
+
+    # Read from another connection: once (async client, under load) the row still held no
+    # result when the answer had arrived; waited for rather than assumed (session 42 note).
+    wait_until(lambda: stored() is not None, what="the run's result in its record")
     # Its stored result as a host of the previous release wrote it: no `finish_reason`.
-    with sqlite3.connect(client_world.directory / "store" / "runs.sqlite") as db:
-        (stored,) = db.execute(
-            "SELECT result_json FROM runs WHERE run_id = ?", (result.run_id,)
-        ).fetchone()
-        old = json.loads(stored)
+    with sqlite3.connect(path) as db:
+        old = json.loads(str(stored()))
         old.pop("finish_reason", None)  # (a key this release adds)
         db.execute(
             "UPDATE runs SET result_json = ? WHERE run_id = ?", (json.dumps(old), result.run_id)

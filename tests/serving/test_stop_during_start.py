@@ -30,6 +30,7 @@ from retrieval_host.example_acl import create_driver as example_driver
 def create_driver(settings, environ):
     driver = example_driver(settings, environ)
     gate = Path(environ["TEST_GATE_DIR"])
+    (gate / f"opened-{os.getpid()}").touch()  # its stores are open
     try:
         os.close(os.open(gate / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
@@ -82,6 +83,13 @@ def test_a_host_with_workers_stopped_while_a_worker_opens_its_stores_exits_0(
         wait_ready=False,
     ) as host:
         wait_until(lambda: (gate / "held").exists(), timeout=90, what="a worker to be held")
+        # The other worker too has opened its stores (under load it was still loading when
+        # the signal came: stopped while loading, with nothing to close, session 42).
+        wait_until(
+            lambda: len(list(gate.glob("opened-*"))) == 2,
+            timeout=90,
+            what="both workers to open their stores",
+        )
         host.process.send_signal(signal.SIGTERM)  # forwarded to both workers
         (gate / "release").touch()
         code = host.process.wait(timeout=60)
