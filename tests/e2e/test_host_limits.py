@@ -181,12 +181,24 @@ def test_headers_sent_one_byte_a_second_are_cut_off_at_the_deadline(
     assert len(served) >= 5 and set(served) == {200}  # others were served meanwhile
 
 
+def _handshaken(host: RunningHost) -> RawConnection:
+    """A connection to the deadline host whose TLS handshake beat its 1 s header deadline:
+    under load a handshake took longer, and the host rightly cut it (the whole suite under
+    `under-load`, session 42); the body's deadline is what the caller times."""
+    for _ in range(4):
+        try:
+            return raw_connect(host)
+        except (ssl.SSLError, ConnectionResetError):
+            continue
+    return raw_connect(host)
+
+
 def test_a_body_sent_too_slowly_is_cut_off_at_the_body_deadline(
     deadline_host: RunningHost, host_world: World
 ) -> None:
     deadline = float(DEADLINE_LIMITS["bodyTimeoutS"])
     before = deadline_host.app.counters.body_timeouts
-    with raw_connect(deadline_host) as conn:
+    with _handshaken(deadline_host) as conn:
         conn.sendall(_ingest_head(host_world, "Content-Length: 1000\r\n"))
         started = time.monotonic()
         while not conn.answered(timeout=1.0):  # one body byte a second
