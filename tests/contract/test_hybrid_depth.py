@@ -5,7 +5,7 @@ Each list is read 50 deep (or limit + 1). A passage below both lists' first 50 c
 above the last hit of a smaller limit (its scores scale within the first 50's range), so the
 deeper read of a larger limit put it in between (probe H, session 40: 4 of 25 queries at
 limit 49 on 130 passages of a 12-word vocabulary). Core reads deeper until no passage below
-both lists can outrank the last hit (`core.fusion.settled`).
+both lists can outrank the last hit (`core.fusion.fuse_settled`).
 """
 
 from __future__ import annotations

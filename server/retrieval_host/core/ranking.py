@@ -11,7 +11,7 @@ from dataclasses import replace
 from retrieval_host.core.context import RequestContext
 from retrieval_host.core.corpus import Corpus
 from retrieval_host.core.filters import MetadataFilter
-from retrieval_host.core.fusion import Ranked, for_model, fuse, missing, settled, single
+from retrieval_host.core.fusion import Ranked, for_model, fuse_settled, missing, single
 from retrieval_host.core.lexical import query_terms
 from retrieval_host.core.models import EmbeddingUsage, SearchRequest
 from retrieval_host.core.ports import ApproximateRanking, Candidate, RankingPolicy, Vectors
@@ -66,8 +66,8 @@ def rank(
         dense, lexical, completed = _both(
             corpus, namespace, allowed, terms, where, depth, vector, context
         )
-        ranked = fuse(dense, lexical, fusion, completed, wanted)
-        if depth >= _MAX_DEPTH or settled(dense, lexical, fusion, completed, depth, ranked, wanted):
+        ranked, settled = fuse_settled(dense, lexical, fusion, completed, depth, wanted)
+        if settled or depth >= _MAX_DEPTH:
             return ranked, batch.usage
         # A passage below both lists could still outrank the last hit: read deeper, so a
         # smaller limit's hits are the first of a larger one's (probe H, session 40: limit 49
