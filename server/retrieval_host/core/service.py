@@ -46,13 +46,12 @@ from retrieval_host.core.models import (
     EmbeddingUsage,
     IndexRequest,
     IndexResult,
-    Scope,
     SearchRequest,
     SearchResult,
     SourceRef,
 )
 from retrieval_host.core.passage_context import embedding_text
-from retrieval_host.core.passage_metadata import passage_metadata
+from retrieval_host.core.passage_reads import read_passage
 from retrieval_host.core.ports import (
     ANY_REVISION,
     Grant,
@@ -476,34 +475,7 @@ class RetrievalService:
         check_id("chunk id", chunk_id)
         if revision is not None:
             check_id("revision", revision)
-        corpus = self.corpus(corpus_id)
-        grant = authorize(corpus, "search", None, context)
-        context.cancel.check()
-        allowed = searchable(grant)
-
-        def readable(source_id: str, rev: str) -> bool:
-            return allowed.get(source_id) == rev and revision in (None, rev)
-
-        # The store checks the grant before it reads the text and metadata: a hidden passage
-        # must cost what a missing one does, or its timing tells that it exists.
-        stored = corpus.store.read_passage(corpus.id, grant.namespace, chunk_id, readable)
-        if stored is None:
-            raise source_unavailable()
-        still = searchable_again(corpus, (stored.source_id,), grant, context) or {}
-        if still.get(stored.source_id) != stored.revision:
-            raise source_unavailable()
-        return Passage(
-            stored.chunk_id,
-            SourceRef(stored.source_id, stored.revision),
-            stored.location,
-            stored.text,
-            stored.document_sha256,
-            self._clock(),
-            Scope(corpus.id, corpus.version, grant.namespace),
-            passage_metadata(
-                stored.metadata, stored.location, stored.text, media_type=stored.media_type
-            ),
-        )
+        return read_passage(self.corpus(corpus_id), chunk_id, revision, context, self._clock)
 
 
 def _notify(
