@@ -25,7 +25,10 @@ The content fingerprint is a digest of what the reader of those passages sees an
 write under the same label with the same fingerprint holds the same passages in the same
 order, so a walk over it goes on rightly. A source cursor needs no such thing: it is a
 position in source id order, which no write of a source moves. Cursors of the earlier format
-(five fields, no content) still decode, with `content` None.
+(five fields, no content) still decode, with `content` None; a passage cursor of them cannot
+be shown to walk the current write, so reading it is a 409 whose detail says it is from an
+earlier release when its label is still current (`source_reads`; probe A, session 42: it said
+the source had changed revision).
 """
 
 from __future__ import annotations

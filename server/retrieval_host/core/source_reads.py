@@ -110,7 +110,8 @@ def read_source(
     """One source at its authorized revision with one page of its passages (module
     docstring). `SOURCE_UNAVAILABLE` for a source missing or not granted; `SOURCE_CONFLICT`
     (`revision-changed`) for a cursor of a write that is no longer the source's, even one
-    under the same label, and for a cursor of the earlier format, which names no write."""
+    under the same label, and for a cursor of the earlier format, which names no write (its
+    detail says so when its label is still current)."""
     previous: Mapping[str, str] = {}
     attempt = 1
     while True:
@@ -146,12 +147,8 @@ def _source_once(
         # content, so its walk cannot be shown to be this one's: it restarts as after a
         # replacement (unless the store keeps no fingerprints either).
         if (position.revision, position.content) != (summary.revision, cursor_content(summary)):
-            raise RetrievalError(
-                ErrorCode.SOURCE_CONFLICT,
-                "the source changed revision since this cursor was returned; list its "
-                "passages again without a cursor.",
-                reason=SourceConflictReason.REVISION_CHANGED,
-            )
+            earlier = position.content is None and position.revision == summary.revision
+            raise _cursor_conflict(earlier=earlier)
         after = int(position.after)
     context.cancel.check()
     passages = corpus.store.list_passages(
@@ -187,6 +184,26 @@ def _source_once(
         else None
     )
     return SourceDetail(summary, page, next_cursor)
+
+
+def _cursor_conflict(*, earlier: bool) -> RetrievalError:
+    """`SOURCE_CONFLICT` (`revision-changed`) for a passage cursor that does not name the
+    source's current write. `earlier`: a cursor of the earlier format (no content) whose
+    label is still the current one, which was told that the source changed revision although
+    it need not have (probe A, session 42). Its label alone cannot show the write is the one
+    it walked (r1 -> r2 -> r1), so it still restarts, with words that say why. The code and
+    reason stay those of a replacement: a client does the same, list the passages again."""
+    detail = (
+        "this cursor was returned by an earlier release of the host and does not say which "
+        "write of the source it pages through; list the source's passages again without a "
+        "cursor."
+        if earlier
+        else "the source changed revision since this cursor was returned; list its "
+        "passages again without a cursor."
+    )
+    return RetrievalError(
+        ErrorCode.SOURCE_CONFLICT, detail, reason=SourceConflictReason.REVISION_CHANGED
+    )
 
 
 def _summary(corpus: Corpus, namespace: str, source_id: str, revision: str) -> SourceSummary | None:

@@ -30,6 +30,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from retrieval_host.driver import Driver
 from retrieval_host.http.app import HostApp, create_app
+from retrieval_host.http.hosts import host_name
 from retrieval_host.http.logs import log_config
 from retrieval_host.ingest.isolation import ParsePool
 from retrieval_host.serving.event_loop import bounded_handshakes
@@ -215,7 +216,7 @@ def loopback_metrics(
         return
     port = settings.metrics.port + offset
     try:
-        server, thread = _metrics_server(port, app.metrics.registry)
+        server, thread = _metrics_server(port, app.metrics.registry, settings.allowed_hosts)
     except OSError as exc:
         raise _metrics_refused(port, offset, exc) from exc
     logger.info("metrics on http://127.0.0.1:%d/metrics", port)
@@ -227,6 +228,10 @@ def loopback_metrics(
         thread.join(timeout=5)
 
 
+# The names a client that reached 127.0.0.1 by name sends as Host (lower-case, see `host_name`).
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
 def _metrics_refused(port: int, offset: int, exc: OSError) -> SettingsError:
     which = f"metrics.port + {offset}, worker {offset}'s" if offset else "metrics.port"
     return SettingsError(
@@ -234,13 +239,29 @@ def _metrics_refused(port: int, offset: int, exc: OSError) -> SettingsError:
     )
 
 
-def _metrics_server(port: int, registry: CollectorRegistry) -> tuple[WSGIServer, threading.Thread]:
+def _metrics_server(
+    port: int, registry: CollectorRegistry, allowed_hosts: Iterable[str]
+) -> tuple[WSGIServer, threading.Thread]:
     """prometheus_client's WSGI server on 127.0.0.1, answering `/metrics` only: its own
     answered every path with the metrics and 200, so a readiness probe pointed at this port
-    by mistake reported ready while the host's `/readyz` said 503 (a black-box test)."""
+    by mistake reported ready while the host's `/readyz` said 503 (a black-box test).
+
+    Only to a loopback Host (`127.0.0.1`, `localhost`, `[::1]`, any port), a name in
+    `allowed_hosts`, or no Host at all; any other gets a 400 and nothing of the metrics. The
+    port has no token, so a page in a browser on this machine that rebinds its own DNS name
+    to 127.0.0.1 (DNS rebinding) could otherwise read it (probe A, session 42): the browser
+    sends the page's name as Host. A missing Host is answered: browsers always send one,
+    and an HTTP/1.0 scraper may not."""
     metrics = make_wsgi_app(registry)
+    answers_to = _LOOPBACK_HOSTS | {host_name(h) for h in allowed_hosts}
 
     def only_metrics(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        # wsgiref joins repeated Host headers with ",": refused whole, as `host_name` would
+        # read `127.0.0.1:9100,evil.example` as 127.0.0.1.
+        host: str | None = environ.get("HTTP_HOST")
+        if host is not None and ("," in host or host_name(host) not in answers_to):
+            start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"Bad request: this port answers only to a loopback Host or allowedHosts.\n"]
         if environ.get("PATH_INFO") == "/metrics":
             answer: Iterable[bytes] = metrics(environ, start_response)
             return answer
