@@ -49,9 +49,10 @@ def _serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from retrieval_host.serving.server import EarlyStop
 
     # A stop while the host starts waits for the step under way and then ends the start with
-    # exit 0 (`EarlyStop`): before this, the signal's default action ends the process, with
+    # exit 0 (`EarlyStop`), a second SIGINT or SIGTERM without waiting (not in a worker: its
+    # supervisor decides): before this, the signal's default action ends the process, with
     # nothing opened yet (the interpreter is still loading the host's modules).
-    with EarlyStop().watching() as early:
+    with EarlyStop(second_exits=args.worker is None).watching() as early:
         return _start_and_serve(args, environ, early)
 
 
@@ -99,7 +100,9 @@ def _start_and_serve(args: argparse.Namespace, environ: Mapping[str, str], early
     if early.signal is not None:
         log.info("received %s while starting: stopped before opening the stores", early.name)
         return 0
+    early.step = "the stores to open"  # the application factory: a migration, a large store
     driver = build_driver(settings, environ)
+    early.step = "the server to start"
     try:
         if early.signal is not None:
             log.info("received %s while starting: stopping", early.name)
@@ -109,6 +112,7 @@ def _start_and_serve(args: argparse.Namespace, environ: Mapping[str, str], early
             run_server(settings, driver, environ, worker=worker, early=early)
     finally:
         # After a graceful shutdown (SIGTERM) no request is left running: close the stores.
+        early.step = "the stores to close"
         close_driver(driver)
         log.info("stopped; stores closed")
         # Nothing is left to finalize, yet the interpreter's exit collects the whole heap:

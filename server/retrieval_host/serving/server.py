@@ -9,6 +9,8 @@ left, runs the app's lifespan shutdown, and `serve` returns. The caller then clo
 and the process exits 0 (uvicorn on its own would re-raise the signal after shutting down, and
 the default SIGTERM action would end the process before the stores are closed). A signal
 that comes while the host starts is recorded and honoured between its steps (`EarlyStop`).
+A second SIGINT or SIGTERM, while the host starts, drains or closes its stores, ends it at
+once (`exit_at_once`), as uvicorn and gunicorn end on a second Ctrl-C.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import uvicorn
@@ -103,6 +106,26 @@ logger = logging.getLogger("retrieval_host.http")
 # SIGHUP too: a host started from a terminal that closes, or told to "reload" by a service
 # manager, stops as on SIGTERM (its stores closed) instead of dying at once; it has no reload.
 SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The signals that, coming again once a stop has begun, end the process at once. Not SIGHUP:
+# a terminal that closes often sends it twice (`ingest`'s cancel escalates on Ctrl-C alone).
+FORCING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def exit_at_once(sig: int, step: str) -> NoReturn:
+    """End the process now, for a second SIGINT or SIGTERM: one line naming what it does not
+    wait for (`step`), then exit 128 + the signal's number (130 for SIGINT, 143 for SIGTERM:
+    what a shell reports for a process a signal ended, and not 0, since the stop was cut
+    short), with the stores left as they are. Before this, an operator's second Ctrl-C, or a
+    supervisor's second SIGTERM, waited for the whole step: a start loading a large store,
+    the grace period, a close (signals helper, session 43).
+
+    Nothing committed is lost: a SQLite commit is on disk when it returns (WAL,
+    `synchronous=FULL`), one cut short is rolled back when the store next opens, and
+    PostgreSQL rolls back a transaction whose connection ends. A request or stream in flight
+    loses its connection, and a run under way reads `INTERRUPTED` once its lease lapses."""
+    logger.warning("second %s: exiting without waiting for %s", signal.Signals(sig).name, step)
+    logging.shutdown()  # flushes stderr's handler: `os._exit` skips the interpreter's exit
+    os._exit(128 + sig)
 
 
 class EarlyStop:
@@ -116,10 +139,18 @@ class EarlyStop:
     application opens the stores (nothing to close), once they are open (closed first; a
     migration runs to its end), or as the server starts (it shuts down at once, `HostServer`).
     While `watching`, a signal after the server has stopped is recorded too: closing the
-    stores is not cut short either."""
+    stores is not cut short either.
 
-    def __init__(self) -> None:
+    A second SIGINT or SIGTERM does not wait: it ends the process at once (`exit_at_once`),
+    naming `step`, the step under way, which `serve` keeps up to date. Not in a worker
+    (`second_exits=False`): under systemd's default `KillMode` every process of the service
+    gets the SIGTERM besides the one its supervisor forwards, so a worker's second signal is
+    no operator's; the supervisor ends its workers itself on its own second signal."""
+
+    def __init__(self, *, second_exits: bool = True) -> None:
         self.signal: int | None = None
+        self.step = "the configuration checks"
+        self.second_exits = second_exits
 
     @property
     def name(self) -> str:
@@ -129,6 +160,16 @@ class EarlyStop:
     def _record(self, sig: int, frame: FrameType | None) -> None:
         if self.signal is None:
             self.signal = sig
+            # At once, not only between steps: the operator learns the stop was heard, and
+            # how not to wait for it.
+            logger.info(
+                "received %s while waiting for %s: stopping then%s",
+                signal.Signals(sig).name,
+                self.step,
+                " (SIGINT or SIGTERM again exits at once)" if self.second_exits else "",
+            )
+        elif self.second_exits and sig in FORCING_SIGNALS:
+            exit_at_once(sig, self.step)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[EarlyStop]:
@@ -148,7 +189,9 @@ class EarlyStop:
 class HostServer(uvicorn.Server):
     """uvicorn's server, telling the app when shutdown begins and exiting normally after it;
     `on_serving` is called once its listeners accept connections. A signal `early` recorded
-    during the start stops it as soon as it starts (it then never says it serves)."""
+    during the start stops it as soon as it starts (it then never says it serves). A second
+    SIGINT or SIGTERM ends the process at once (`exit_at_once`; not with an `early` whose
+    `second_exits` is off: a worker's)."""
 
     def __init__(
         self,
@@ -174,6 +217,13 @@ class HostServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.signalled is None:
             self.signalled = sig
+            if self._early is not None and self._early.signal is None:
+                # So that a second signal while the stores close ends the process too.
+                self._early.signal = sig
+        elif sig in FORCING_SIGNALS and (self._early is None or self._early.second_exits):
+            exit_at_once(
+                sig, "the requests in flight to end" if self.started else "the server to start"
+            )
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

@@ -21,7 +21,10 @@ was open). A stop while the workers start is one too (each finishes the step und
 session 40). If a worker exits on its own, the supervisor stops the others and exits 1, so
 the service manager restarts the whole host (a host with a missing worker would silently
 serve at a fraction of its capacity). Workers run in their own session: a terminal's Ctrl-C
-reaches only the supervisor, which forwards it once.
+reaches only the supervisor, which forwards it once. A second SIGINT or SIGTERM to the
+supervisor does not wait for the workers: it kills them (SIGKILL) and exits 130 or 143 at once
+(`server.exit_at_once`). A worker itself never takes a second signal so: under systemd's
+default `KillMode` each worker gets the service's SIGTERM as well as the forwarded one.
 
 What is per worker: `limits.maxConcurrency` (the host accepts up to N times as many requests at
 once), the grant cache, the embedding model, and metrics: `GET /metrics`
@@ -49,7 +52,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-from retrieval_host.serving.server import EarlyStop, check_listen_address, check_metrics_port
+from retrieval_host.serving.server import (
+    FORCING_SIGNALS,
+    EarlyStop,
+    check_listen_address,
+    check_metrics_port,
+    exit_at_once,
+)
 from retrieval_host.settings import HostSettings, SettingsError
 
 logger = logging.getLogger("retrieval_host.workers")
@@ -218,7 +227,22 @@ def supervise(
         for worker in workers:
             stop(worker)
 
-    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    signalled = None if early is None else early.signal
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        nonlocal signalled
+        if signalled is None:
+            signalled = sig
+            logger.info(
+                "%s: stopping the workers (SIGINT or SIGTERM again kills them at once)",
+                signal.Signals(sig).name,
+            )
+        elif sig in FORCING_SIGNALS:
+            _kill(workers)
+            exit_at_once(sig, "the workers to stop (killed)")
+        forward(sig, frame)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}
     if early is not None and early.signal is not None:
         logger.info("received %s while starting: no worker started", early.name)
         forward(early.signal, None)
@@ -256,6 +280,19 @@ def supervise(
         reserved.close()
         if lock is not None:
             lock.close()
+
+
+def _kill(workers: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every worker not yet reaped, then reap them: nothing of the host is left
+    running once the supervisor has exited."""
+    for worker in workers:
+        if worker.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)
+    for worker in workers:
+        if worker.returncode is None:
+            with contextlib.suppress(ChildProcessError):  # reaped by `_wait` just before
+                os.waitpid(worker.pid, 0)
 
 
 def _ready_when_all_serve(channels: Sequence[socket.socket]) -> None:
