@@ -30,6 +30,7 @@ from retrieval_host.core.models import (
 )
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.service import Corpus, RetrievalService
+from tests.support.adapter_factory import closing_factory
 from tests.support.fake_openai import (
     DEFAULT_API_KEY,
     FakeOpenAI,
@@ -67,33 +68,19 @@ def expected(
     return np.array([fake_vector(model, t, 1536, dims) for t in texts], dtype=np.float32)
 
 
-@pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
-
-
 Factory = Callable[..., OpenAIEmbedding]
 
 
 @pytest.fixture
 def make(server: FakeOpenAI) -> Iterator[Factory]:
-    made: list[OpenAIEmbedding] = []
-
-    def factory(**overrides: object) -> OpenAIEmbedding:
-        kwargs: dict[str, object] = {
-            "descriptor": descriptor(),
-            "base_url": server.base_url,
-            "api_key": lambda: DEFAULT_API_KEY,
-        }
-        kwargs.update(overrides)
-        adapter = OpenAIEmbedding(**kwargs)  # type: ignore[arg-type]
-        made.append(adapter)
-        return adapter
-
-    yield factory
-    for adapter in made:
-        adapter.close()
+    """`make(**overrides)`: an adapter for `server` with `descriptor()` and the key."""
+    with closing_factory(
+        OpenAIEmbedding,
+        descriptor=descriptor(),
+        base_url=server.base_url,
+        api_key=lambda: DEFAULT_API_KEY,
+    ) as factory:
+        yield factory
 
 
 def fail(adapter: OpenAIEmbedding, texts: Sequence[str] = TEXTS) -> RetrievalError:

@@ -32,6 +32,7 @@ from retrieval_host.core.models import ChunkInput, IndexRequest, Location, Sourc
 from retrieval_host.core.ports import ANY_REVISION, AuthorizationRequest, Grant
 from retrieval_host.core.reasons import EmbeddingFailedReason, TimeoutReason
 from retrieval_host.core.service import Corpus, RetrievalService
+from tests.support.adapter_factory import closing_factory
 from tests.support.fake_openai import (
     DEFAULT_API_KEY,
     EMBEDDINGS_PATH,
@@ -85,28 +86,20 @@ Factory = Callable[..., OpenAIEmbedding]
 @pytest.fixture
 def make(served: tuple[FakeOpenAI, object]) -> Iterator[Factory]:
     server, verify = served
-    made: list[OpenAIEmbedding] = []
-
-    def factory(**overrides: object) -> OpenAIEmbedding:
-        kwargs: dict[str, object] = {
-            "descriptor": DESCRIPTOR,
-            "base_url": server.base_url,
-            "api_key": lambda: DEFAULT_API_KEY,
-            "verify": verify,
-            "timeout_s": 60.0,
-        }
-        kwargs.update(overrides)
-        adapter = OpenAIEmbedding(**kwargs)  # type: ignore[arg-type]
-        made.append(adapter)
-        return adapter
-
-    yield factory
-    for adapter in made:
-        adapter.close()
+    with closing_factory(
+        OpenAIEmbedding,
+        descriptor=DESCRIPTOR,
+        base_url=server.base_url,
+        api_key=lambda: DEFAULT_API_KEY,
+        verify=verify,
+        timeout_s=60.0,
+    ) as factory:
+        yield factory
 
 
 @pytest.fixture
 def server(served: tuple[FakeOpenAI, object]) -> FakeOpenAI:
+    """The server of `served`, in place of the conftest's plain-HTTP one."""
     return served[0]
 
 

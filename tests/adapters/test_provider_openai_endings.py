@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,8 +35,9 @@ from retrieval_host.core.runs_model import (
     RunRequest,
     RunRetrieval,
 )
+from tests.support.adapter_factory import ChatFactory
 from tests.support.chat_endings import Ending, Endings
-from tests.support.fake_openai import DEFAULT_API_KEY, FakeOpenAI
+from tests.support.fake_openai import FakeOpenAI
 from tests.support.host import wait_until
 from tests.support.run_engine import RunWorld
 
@@ -52,34 +53,9 @@ ASKED = GenerationRequest(
 
 
 @pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture
 def endings(server: FakeOpenAI) -> Iterator[Endings]:
     with Endings(server) as queued:
         yield queued
-
-
-Factory = Callable[..., OpenAIChatProvider]
-
-
-@pytest.fixture
-def make(server: FakeOpenAI) -> Iterator[Factory]:
-    made: list[OpenAIChatProvider] = []
-
-    def factory(**overrides: Any) -> OpenAIChatProvider:
-        kwargs: dict[str, Any] = {"base_url": server.base_url, "api_key": lambda: DEFAULT_API_KEY}
-        kwargs.update(overrides)
-        provider = OpenAIChatProvider(**kwargs)
-        made.append(provider)
-        return provider
-
-    yield factory
-    for provider in made:
-        provider.close()
 
 
 def collect(provider: OpenAIChatProvider) -> list[GenerationEvent]:
@@ -103,7 +79,7 @@ def collect(provider: OpenAIChatProvider) -> list[GenerationEvent]:
     ],
 )
 def test_the_finish_reason_is_reported_after_the_text_and_before_the_usage(
-    endings: Endings, make: Factory, finish: str | None, expected: FinishReason, as_json: bool
+    endings: Endings, make: ChatFactory, finish: str | None, expected: FinishReason, as_json: bool
 ) -> None:
     endings.queue(Ending(finish=finish, text="The battery lasts", json=as_json))
     events = collect(make())
@@ -115,7 +91,7 @@ def test_the_finish_reason_is_reported_after_the_text_and_before_the_usage(
 
 
 def test_a_stream_complete_but_for_done_ends_at_its_usage_chunk_not_at_timeout(
-    server: FakeOpenAI, endings: Endings, make: Factory
+    server: FakeOpenAI, endings: Endings, make: ChatFactory
 ) -> None:
     # Probe G: text, finish_reason and usage arrived, then the server neither sent `[DONE]`
     # nor ended the body, and the run failed `timeout` after `timeoutS` with its whole answer.
@@ -151,7 +127,7 @@ def test_a_stream_complete_but_for_done_ends_at_its_usage_chunk_not_at_timeout(
 
 
 def test_without_a_usage_chunk_a_finished_stream_still_waits_for_its_end(
-    endings: Endings, make: Factory
+    endings: Endings, make: ChatFactory
 ) -> None:
     # A finish_reason alone is not the end: the usage chunk (or `[DONE]`) may follow.
     endings.queue(Ending(text="The battery lasts.", usage=False, done=False, stall=True))
@@ -162,7 +138,7 @@ def test_without_a_usage_chunk_a_finished_stream_still_waits_for_its_end(
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["stream", "json"])
 def test_a_call_without_usage_logs_one_warning_naming_the_provider(
-    endings: Endings, make: Factory, caplog: pytest.LogCaptureFixture, as_json: bool
+    endings: Endings, make: ChatFactory, caplog: pytest.LogCaptureFixture, as_json: bool
 ) -> None:
     caplog.set_level(logging.WARNING, logger="retrieval_host.usage")
     endings.queue(Ending(usage=False, json=as_json), Ending(json=as_json))
@@ -200,7 +176,7 @@ def _run(mode: RetrievalMode = "before", **extra: Any) -> RunRequest:
     [("stop", "stop"), ("length", "length"), ("content_filter", "content-filter"), ("x", "other")],
 )
 def test_a_completed_run_records_how_its_answer_ended(
-    run_world: RunWorld, endings: Endings, make: Factory, finish: str, expected: str
+    run_world: RunWorld, endings: Endings, make: ChatFactory, finish: str, expected: str
 ) -> None:
     endings.queue(Ending(finish=finish))  # the fake's cited answer, ended so
     result = run_world.with_provider("openai", make()).run(_run(), ALICE)
@@ -211,7 +187,7 @@ def test_a_completed_run_records_how_its_answer_ended(
 
 
 def test_a_tool_mode_run_reports_its_final_answers_ending(
-    run_world: RunWorld, endings: Endings, make: Factory, server: FakeOpenAI
+    run_world: RunWorld, endings: Endings, make: ChatFactory, server: FakeOpenAI
 ) -> None:
     # The first call asks to search (`tool_calls`), the second answers and is cut.
     endings.queue(Ending(finish="tool_calls"), Ending(finish="length"))
@@ -222,7 +198,7 @@ def test_a_tool_mode_run_reports_its_final_answers_ending(
 
 
 def test_a_fixed_fallback_reply_is_a_whole_answer(
-    run_world: RunWorld, endings: Endings, make: Factory
+    run_world: RunWorld, endings: Endings, make: ChatFactory
 ) -> None:
     endings.queue(Ending(finish="length", text="The battery lasts [source:nowhere"))
     fixed = Fallbacks(invalid_citation=FixedAnswer("Ask the battery team."))
@@ -243,7 +219,7 @@ def test_the_extractive_provider_ends_its_answers_stop(run_world: RunWorld) -> N
 
 
 def test_a_tool_call_cut_at_the_output_limit_fails_the_run_answer_truncated(
-    run_world: RunWorld, endings: Endings, make: Factory, server: FakeOpenAI
+    run_world: RunWorld, endings: Endings, make: ChatFactory, server: FakeOpenAI
 ) -> None:
     # Probe G: the cut arguments were searched, the search failed, and the run ended
     # `NO_RETRIEVAL_EVIDENCE` as if the corpus had nothing.
@@ -264,7 +240,7 @@ def test_a_tool_call_cut_at_the_output_limit_fails_the_run_answer_truncated(
 
 
 def test_a_run_whose_provider_reported_no_usage_completes_and_warns_with_its_run(
-    run_world: RunWorld, endings: Endings, make: Factory, caplog: pytest.LogCaptureFixture
+    run_world: RunWorld, endings: Endings, make: ChatFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="retrieval_host.usage")
     endings.queue(Ending(usage=False))

@@ -34,6 +34,7 @@ QUERY = "do otters sleep holding hands"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[FakeOpenAI]:
+    """One server for the module, in place of the conftest's one per test (`fake` resets it)."""
     with FakeOpenAI() as s:
         yield s
 

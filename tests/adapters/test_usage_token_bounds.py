@@ -5,7 +5,6 @@ usage: the reranker as not reported, the embedding and chat adapters as a malfor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,12 +32,6 @@ from tests.support.fake_rerank import RERANK_MODEL, RERANK_PATH
 
 HUGE = 2**70
 MAX_REPORTED_TOKENS = 2**63 - 1  # what a usage record's 64-bit column holds
-
-
-@pytest.fixture
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
 
 
 def _reporting(usage: dict[str, Any]) -> Any:

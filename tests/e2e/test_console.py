@@ -17,6 +17,7 @@ import re
 import ssl
 import subprocess
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -666,11 +667,22 @@ def _ask_held(page: Page, console: Console, stalls: int) -> None:
     assert console.fake.chat_disconnects == stalls
 
 
+@contextmanager
+def _held_chat(console: Console, chunks: int) -> Iterator[None]:
+    """The fake provider's answers stall after `chunks` chunks within the block; after it, the
+    held streams are let go and it answers at once again (the module's tests share it)."""
+    console.fake.set_chat_mode("stall", chunks=chunks)
+    try:
+        yield
+    finally:
+        console.fake.set_chat_mode("ok")
+        console.fake.release_stalls()
+
+
 def test_leaving_a_page_or_signing_out_cancels_its_run_and_its_error_stays_behind(
     browser: Browser, console: Console
 ) -> None:
-    console.fake.set_chat_mode("stall", chunks=1)
-    try:
+    with _held_chat(console, chunks=1):
         page, seen = _signed_in(browser, console)
         _ask_held(page, console, stalls=0)
         page.get_by_role("link", name="Search").click()
@@ -689,9 +701,6 @@ def test_leaving_a_page_or_signing_out_cancels_its_run_and_its_error_stays_behin
         _shot(page, "23-signed-out-mid-run")
         assert seen.errors == []
         page.context.close()
-    finally:
-        console.fake.set_chat_mode("ok")
-        console.fake.release_stalls()
 
 
 def test_an_answer_with_malformed_or_unknown_markers_fails_and_is_not_shown_as_one(
@@ -1027,8 +1036,7 @@ def test_a_failed_or_stopped_run_s_text_is_labelled_not_an_answer(
     expect(page.locator("#answer a")).to_have_count(0)
     _shot(page, "31-failed-run-unchecked")
 
-    console.fake.set_chat_mode("stall", chunks=3)
-    try:
+    with _held_chat(console, chunks=3):
         _ask(page, QUESTION, provider="fake", model="gpt-held")
         wait_until(lambda: console.fake.stalled_streams == 1, timeout=60, what="the held stream")
         expect(page.locator("#answer")).to_contain_text("Based on")
@@ -1039,9 +1047,6 @@ def test_a_failed_or_stopped_run_s_text_is_labelled_not_an_answer(
             "The run was stopped: this text was not checked and is not an answer."
         )
         expect(unchecked).to_contain_text("Based on")
-    finally:
-        console.fake.set_chat_mode("ok")
-        console.fake.release_stalls()
     assert seen.errors == []
     page.context.close()
 

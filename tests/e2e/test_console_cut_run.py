@@ -21,7 +21,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,7 +30,7 @@ import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.e2e import test_console as base
-from tests.e2e.test_console import Console, _ask, _shot, _signed_in
+from tests.e2e.test_console import Console, _ask, _held_chat, _shot, _signed_in
 from tests.e2e.test_console_outcomes import _next_frames, _until
 from tests.support.host import wait_until
 
@@ -251,10 +251,9 @@ def test_a_run_whose_connection_is_cut_shows_how_its_record_says_it_ended(
 ) -> None:
     # Probe K: the run showed "failed" and "The run failed" whatever the host had done.
     cut = CUTS[outcome]
-    if cut.provider == "fake":
-        # "Based on", then silence; the proxy forwards the first delta ("Based" at least).
-        console.fake.set_chat_mode("stall", chunks=3)
-    try:
+    # With the fake provider: "Based on", then silence; the proxy forwards the first delta
+    # ("Based" at least).
+    with _held_chat(console, chunks=3) if cut.provider == "fake" else nullcontext():
         page, seen = _signed_in(browser, console)
         with _proxied_runs(page, RunProxy(console, cut.stop_after, cut.upstream)) as proxy:
             _ask(page, base.QUESTION, provider=cut.provider, model=cut.model)
@@ -311,9 +310,6 @@ def test_a_run_whose_connection_is_cut_shows_how_its_record_says_it_ended(
             _recorded_as(console, run_id, "cancelled")  # the proxy hung up on leaving
         assert seen.errors == []
         page.context.close()
-    finally:
-        console.fake.set_chat_mode("ok")
-        console.fake.release_stalls()
 
 
 def test_a_cut_run_s_late_record_never_overwrites_the_run_asked_meanwhile(
@@ -321,8 +317,7 @@ def test_a_cut_run_s_late_record_never_overwrites_the_run_asked_meanwhile(
 ) -> None:
     # The record of a run whose connection was lost is read as the address's run is (probe K):
     # a question asked before it arrived must end that read.
-    console.fake.set_chat_mode("stall", chunks=3)
-    try:
+    with _held_chat(console, chunks=3):
         page, seen = _signed_in(browser, console)
         held: list[Route] = []
         settled: list[str] = []
@@ -367,9 +362,6 @@ def test_a_cut_run_s_late_record_never_overwrites_the_run_asked_meanwhile(
         assert held[0].request.failure == "net::ERR_ABORTED"
         assert seen.errors == []
         page.context.close()
-    finally:
-        console.fake.set_chat_mode("ok")
-        console.fake.release_stalls()
 
 
 def test_a_run_whose_connection_is_cut_before_it_started_stays_failed(

@@ -8,6 +8,7 @@ import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -270,6 +271,33 @@ def test_a_cancel_while_counting_stops_within_one_slice(count_tokens: TokenCount
     assert sum(counted) <= COUNT_SLICE_CHARS + 1000
 
 
+class _CitedPassage(NamedTuple):
+    text: str
+    start_line: int
+    cited: str  # the document's lines the passage cites, joined
+
+
+def _small_passages(
+    doc: str, media_type: str, source_id: str, count_tokens: TokenCounter
+) -> list[_CitedPassage]:
+    """`doc` cut into passages of at most 64 tokens (8 overlapping), each with the lines it
+    cites: small passages, so that many start inside a list or a code block."""
+    prepared = prepare_document(
+        doc.encode(),
+        media_type,
+        source_id=source_id,
+        token_counter=count_tokens,
+        settings=ChunkingSettings(max_tokens=64, overlap_tokens=8),
+    )
+    lines = doc.split("\n")
+    passages: list[_CitedPassage] = []
+    for chunk in prepared.chunks:
+        start, end = chunk.location.start_line, chunk.location.end_line
+        assert start is not None and end is not None
+        passages.append(_CitedPassage(chunk.text, start, "\n".join(lines[start - 1 : end])))
+    return passages
+
+
 @pytest.mark.parametrize("media_type", ["text/markdown", "text/plain"])
 def test_a_passage_is_its_cited_lines_without_the_first_lines_indentation(
     media_type: str, count_tokens: TokenCounter
@@ -280,21 +308,10 @@ def test_a_passage_is_its_cited_lines_without_the_first_lines_indentation(
     # alter stored passages, which re-ingesting an unchanged file then meets as a conflict.
     items = "".join("  " * depth + f"- item at depth {depth}\n" for depth in range(120))
     doc = f"Deep\n\n{items}\nThe closing paragraph.\n"
-    prepared = prepare_document(
-        doc.encode(),
-        media_type,
-        source_id="deep",
-        token_counter=count_tokens,
-        settings=ChunkingSettings(max_tokens=64, overlap_tokens=8),
-    )
-    lines = doc.split("\n")
     indented = 0
-    for chunk in prepared.chunks:
-        start, end = chunk.location.start_line, chunk.location.end_line
-        assert start is not None and end is not None
-        cited = "\n".join(lines[start - 1 : end])
-        assert chunk.text == cited.lstrip()
-        indented += cited != cited.lstrip()
+    for passage in _small_passages(doc, media_type, "deep", count_tokens):
+        assert passage.text == passage.cited.lstrip()
+        indented += passage.cited != passage.cited.lstrip()
     assert indented >= 5  # passages that start at an indented item were checked
 
 
@@ -305,19 +322,9 @@ def test_a_passage_starting_inside_a_code_fence_keeps_its_indentation(
     # passages are exactly their cited lines, indentation included.
     code = "".join(f"    total_{n} = total_{n - 1} + fee({n})\n" for n in range(1, 80))
     doc = f"# Fees\n\n```python\ndef fees():\n{code}```\n"
-    prepared = prepare_document(
-        doc.encode(),
-        "text/markdown",
-        source_id="fees.md",
-        token_counter=count_tokens,
-        settings=ChunkingSettings(max_tokens=64, overlap_tokens=8),
-    )
-    lines = doc.split("\n")
     indented = 0
-    for chunk in prepared.chunks:
-        start, end = chunk.location.start_line, chunk.location.end_line
-        assert start is not None and end is not None
-        if start > 3:  # inside the fence
-            assert chunk.text == "\n".join(lines[start - 1 : end])
-            indented += chunk.text.startswith("    total_")
+    for passage in _small_passages(doc, "text/markdown", "fees.md", count_tokens):
+        if passage.start_line > 3:  # inside the fence
+            assert passage.text == passage.cited
+            indented += passage.text.startswith("    total_")
     assert indented >= 5

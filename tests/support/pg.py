@@ -171,6 +171,19 @@ def drop_schema(dsn: str, schema: str) -> None:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
+def vector_store_version(dsn: str, schema: str) -> int:
+    """The `vector-store` version `schema` records (what its migration tests check)."""
+    with connect(dsn) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT version FROM {}.schema_version WHERE component = %s").format(
+                sql.Identifier(schema)
+            ),
+            ("vector-store",),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
     """The DSN of a real PostgreSQL with pgvector on loopback, for the whole session."""

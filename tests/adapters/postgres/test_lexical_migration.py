@@ -22,7 +22,7 @@ from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, analyze, query_t
 from retrieval_host.core.ports import CapacityLimits
 from tests.support.host import wait_until
 from tests.support.lexical_reference import reference
-from tests.support.pg import connect
+from tests.support.pg import connect, vector_store_version
 from tests.support.previous_vector_store import old_vectors, pg_v1_schema, pg_v1_write
 from tests.support.sqlite_store import descriptor, revision, unit_vectors
 
@@ -73,14 +73,9 @@ def test_a_schema_of_the_previous_release_gets_its_lexical_index_at_open(
             (c, round(s, 9)) for c, s in reference(docs, set(grant), "cells")
         ]
 
+    assert vector_store_version(pg_dsn, pg_schema) == VECTOR_SCHEMA_VERSION
     with connect(pg_dsn) as conn:
         s = sql.Identifier(pg_schema)
-        version = conn.execute(
-            sql.SQL(
-                "SELECT version FROM {}.schema_version WHERE component = 'vector-store'"
-            ).format(s)
-        ).fetchone()
-        assert version == (VECTOR_SCHEMA_VERSION,)
         missing = conn.execute(
             sql.SQL("SELECT count(*) FROM {}.chunks WHERE term_count IS NULL").format(s)
         ).fetchone()
@@ -150,27 +145,15 @@ def test_without_migration_an_earlier_schema_is_refused_and_the_migration_is_log
     # Black-box tests: this release's `ingest` migrated the schema under the earlier host
     # still serving it, and no log line said a migration had happened.
     pg_v1_schema(pg_dsn, pg_schema, descriptor("c1"), OLD)
-
-    def version() -> int:
-        with connect(pg_dsn) as conn:
-            row = conn.execute(
-                sql.SQL("SELECT version FROM {}.schema_version WHERE component = %s").format(
-                    sql.Identifier(pg_schema)
-                ),
-                ("vector-store",),
-            ).fetchone()
-        assert row is not None
-        return int(row[0])
-
     with pytest.raises(RetrievalError) as refused:
         PgVectorStore.open(pg_dsn, schema=pg_schema, migrate=False)
     assert (refused.value.code, refused.value.reason) == ("UNSAFE_STORE", "schema-version")
     assert "start the host of this release first" in refused.value.detail
-    assert version() == 1
+    assert vector_store_version(pg_dsn, pg_schema) == 1
     caplog.set_level(logging.INFO, logger="retrieval_host.adapters.postgres.schema")
     with PgVectorStore.open(pg_dsn, schema=pg_schema):
         pass
-    assert version() == VECTOR_SCHEMA_VERSION
+    assert vector_store_version(pg_dsn, pg_schema) == VECTOR_SCHEMA_VERSION
     said = [r.getMessage() for r in caplog.records if "migrated" in r.getMessage()]
     assert said == [
         f"migrated the vector-store schema {pg_schema!r} from version 1 to "

@@ -18,22 +18,17 @@ from tests.adapters.sqlite.test_media_type_migration import (
     small_batches,
     write_cases,
 )
-from tests.support.pg import connect
+from tests.support.pg import connect, vector_store_version
 
 
 def _raw(dsn: str, schema: str) -> tuple[int, dict[tuple[str, str], str | None]]:
-    s = sql.Identifier(schema)
     with connect(dsn) as conn:
-        row = conn.execute(
-            sql.SQL(
-                "SELECT version FROM {}.schema_version WHERE component = 'vector-store'"
-            ).format(s)
-        ).fetchone()
-        assert row is not None
         rows = conn.execute(
-            sql.SQL("SELECT namespace, source_id, media_type FROM {}.sources").format(s)
+            sql.SQL("SELECT namespace, source_id, media_type FROM {}.sources").format(
+                sql.Identifier(schema)
+            )
         ).fetchall()
-    return int(row[0]), {(str(r[0]), str(r[1])): r[2] for r in rows}
+    return vector_store_version(dsn, schema), {(str(r[0]), str(r[1])): r[2] for r in rows}
 
 
 def _previous_schema(dsn: str, schema: str) -> None:
