@@ -803,6 +803,7 @@ async function askView(signal, params) {
   const bar = h("progress", { id: "run-progress", max: String(PHASES.length - 1), value: "0", "aria-label": "Run progress" });
   const phase = h("span", { id: "run-phase", "aria-live": "polite" }, "not started");
   const runId = h("span", { id: "run-id" }); // to read the run's record later: GET /v1/runs/{id}
+  const ending = h("div", { id: "run-ending", "aria-live": "polite" }); // how the answer ended
   const answer = h("div", { class: "answer", id: "answer", "aria-live": "polite", dir: "auto" });
   const after = h("section", { id: "run-details" });
   const stop = form.querySelector("#stop");
@@ -827,6 +828,7 @@ async function askView(signal, params) {
       retrieval: { corpus: data.get("corpus"), mode: data.get("mode"), searchMode: data.get("searchMode") },
     };
     showError(null);
+    ending.replaceChildren();
     answer.replaceChildren();
     after.replaceChildren();
     bar.value = 0;
@@ -859,7 +861,7 @@ async function askView(signal, params) {
           outcome = "completed";
           bar.value = PHASES.length - 1;
           phase.textContent = "completed";
-          renderAnswer(answer, after, payload.result, body.retrieval.corpus);
+          renderAnswer({ ending, answer, after }, payload.result, body.retrieval.corpus);
         }
         if (name === "run.failed") {
           outcome = "failed";
@@ -894,7 +896,7 @@ async function askView(signal, params) {
     }
     if (lost !== null) {
       // Read once Ask is enabled again: a question asked meanwhile ends this read.
-      const shown = { bar, phase, runId, answer, after, form };
+      const shown = { bar, phase, runId, ending, answer, after, form };
       await showCutRun(started, lost, body.retrieval.corpus, shown,
         AbortSignal.any([signal, reading.signal]));
     }
@@ -903,12 +905,13 @@ async function askView(signal, params) {
     h("h1", {}, "Ask"),
     corpora.length ? form : h("p", { class: "notice" }, "This token may not search any corpus."),
     h("div", { class: "progress" }, bar, phase, runId),
+    ending,
     answer,
     after,
   );
   const recorded = params.get("run");
   if (recorded) {
-    const shown = { bar, phase, runId, answer, after, form };
+    const shown = { bar, phase, runId, ending, answer, after, form };
     await showRecordedRun(recorded, params.get("corpus"), shown,
       AbortSignal.any([signal, reading.signal]));
   }
@@ -967,7 +970,7 @@ async function showCutRun(id, lost, asked, shown, signal) {
 
 // A run's record: its answer with checked citations and its sources, or how it ended. A note
 // for a run without an answer comes before any text it streamed (marked unchecked).
-function showRecord(record, addressed, { bar, phase, answer, after, form }) {
+function showRecord(record, addressed, { bar, phase, ending, answer, after, form }) {
   // The citation links go to the corpus the run searched, which its result names: the address
   // (a run id pasted with another corpus, or none) pointed them at the form's first corpus
   // (probe G). The address is a fallback only, believed only for a corpus this token may
@@ -979,7 +982,7 @@ function showRecord(record, addressed, { bar, phase, answer, after, form }) {
   phase.textContent = record.status;
   if (record.result) {
     bar.value = PHASES.length - 1;
-    renderAnswer(answer, after, record.result, corpus);
+    renderAnswer({ ending, answer, after }, record.result, corpus);
   } else {
     const streamed = answer.hasChildNodes(); // text a cut run streamed: its note is `answer-note`
     answer.prepend(h("p", { class: "notice", id: streamed ? "record-note" : "answer-note" },
@@ -987,6 +990,33 @@ function showRecord(record, addressed, { bar, phase, answer, after, form }) {
         ? "This run is still running: reload the page to see its answer once it ends."
         : `This run ended without an answer (${record.status}${record.errorCode ? `, ${record.errorCode}` : ""}).`));
   }
+}
+
+// How the model ended a completed run's answer (`finishReason`, added in session 42). A run
+// completes whatever it says, so an answer cut at the token limit, filtered or ended for
+// another reason looked whole in this console, its citations checked (until session 43): such
+// an ending is said above the answer; "stop", and null (a record from before hosts kept the
+// reason), in a quiet line.
+const FINISH_NOTES = {
+  length: ["The answer was cut at the token limit",
+    " (length): it is incomplete, even where its citations check."],
+  "content-filter": ["The answer was cut by the provider's content filter",
+    " (content-filter): it may be incomplete."],
+  other: ["The answer ended for another reason the provider gave",
+    " (other): it may be incomplete."],
+};
+
+function finishNote(reason) {
+  if (reason === "stop" || reason === null || reason === undefined) {
+    return h("p", { class: "finish muted", id: "finish-reason" }, reason === "stop"
+      ? "Ended: the model finished its answer (stop)."
+      : "How the answer ended: not recorded (an earlier release).");
+  }
+  // A reason a later host may add: shown as sent, as a warning still.
+  const [headline, detail] = Object.hasOwn(FINISH_NOTES, reason) ? FINISH_NOTES[reason]
+    : ["The answer ended for a reason this console does not know",
+      [" (", named(String(reason)), "): it may be incomplete."]];
+  return h("p", { class: "notice finish", id: "finish-reason" }, h("strong", {}, headline), detail);
 }
 
 // Text a run streamed before it failed or was stopped: the host checked none of its citations
@@ -1009,7 +1039,8 @@ function markUnchecked(answer, what) {
 // controls are shown as marks, and each marker is isolated (`<bdi>`), so neither the text nor
 // a right-to-left passage quoted in it reorders a marker (a black-box test saw
 // "[source:p…]" read "[…p:ecruos]").
-function renderAnswer(answer, after, result, corpus) {
+function renderAnswer({ ending, answer, after }, result, corpus) {
+  ending.replaceChildren(finishNote(result.finishReason));
   const manifest = new Map((result.sources || []).map((source) => [source.id, source]));
   const text = result.text;
   const pieces = [];
