@@ -5,13 +5,13 @@ limit, a stream complete without `[DONE]`, and a provider that reported no usage
 
 from __future__ import annotations
 
-import json
 import logging
-import sqlite3
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
+import apsw
 import pytest
 
 from retrieval_host_client import ProviderFailedError, RunRequest, RunRetrieval
@@ -90,29 +90,36 @@ def test_an_extractive_answer_ends_stop(api: ClientApi) -> None:
     assert api.run(_request("extractive")).finish_reason == "stop"
 
 
+def _forget_finish_reason(path: Path, run_id: str) -> None:
+    """Make the run's stored result one a host of the previous release wrote: no
+    `finish_reason` (a key this release adds), edited in place through the host's own SQLite.
+
+    Not with stdlib `sqlite3`: it links a second copy of SQLite (the system's) into this
+    process, and POSIX locks are per process, so that copy cannot see the host's connection
+    ("How To Corrupt An SQLite Database File", 2.2.1). Its connection, closed whenever the
+    garbage collector got to it, took itself for the last one, checkpointed the WAL and unlinked
+    it under the session host: the host's later commits went to the unlinked log, and a record
+    read after its answer had arrived held no result or was missing (the async variant, once
+    under load; every time the test ran alone: session 43)."""
+    db = apsw.Connection(str(path))
+    try:
+        db.set_busy_timeout(30_000)
+        db.execute(
+            "UPDATE runs SET result_json = json_remove(result_json, '$.finish_reason') "
+            "WHERE run_id = ? AND json_extract(result_json, '$.finish_reason') = 'stop'",
+            (run_id,),
+        )
+        # At once, not polled: the host commits the record before it answers.
+        assert db.changes() == 1
+    finally:
+        db.close()
+
+
 def test_a_record_written_before_runs_kept_the_ending_reads_as_unknown(
     api: ClientApi, client_host: RunningHost, client_world: World
 ) -> None:
     result = api.run(_request("extractive"))
-    path = client_world.directory / "store" / "runs.sqlite"
-
-    def stored() -> str | None:
-        with sqlite3.connect(path) as db:
-            row = db.execute(
-                "SELECT result_json FROM runs WHERE run_id = ?", (result.run_id,)
-            ).fetchone()
-        return None if row is None else row[0]
-
-    # Read from another connection: once (async client, under load) the row still held no
-    # result when the answer had arrived; waited for rather than assumed (session 42 note).
-    wait_until(lambda: stored() is not None, what="the run's result in its record")
-    # Its stored result as a host of the previous release wrote it: no `finish_reason`.
-    with sqlite3.connect(path) as db:
-        old = json.loads(str(stored()))
-        old.pop("finish_reason", None)  # (a key this release adds)
-        db.execute(
-            "UPDATE runs SET result_json = ? WHERE run_id = ?", (json.dumps(old), result.run_id)
-        )
+    _forget_finish_reason(client_world.directory / "store" / "runs.sqlite", result.run_id)
     raw = _raw_result(client_host, client_world, result.run_id)
     assert "finishReason" in raw and raw["finishReason"] is None
     record = api.get_run(result.run_id)
