@@ -116,4 +116,3 @@ def test_an_authorizer_that_keeps_granting_a_replaced_revision_is_asked_once_mor
     world.acl.pinned = {"a": "r1"}
     _unavailable(world)
     assert world.acl.searches == 2
-
