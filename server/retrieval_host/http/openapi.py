@@ -17,6 +17,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from retrieval_host.core.errors import ErrorCode
 from retrieval_host.core.reasons import reasons_of
+from retrieval_host.http.routes import EMPTY_MEANS_NOT_GIVEN
 from retrieval_host_client import models as wire
 from retrieval_host_client import run_models as run_wire
 
@@ -338,6 +339,9 @@ _JSON_PARAMETERS: Final = frozenset({"metadata"})
 
 def _query_parameter(name: str, required: bool, schema: dict[str, Any]) -> dict[str, Any]:
     parameter: dict[str, Any] = {"name": name, "in": "query", "required": required}
+    if name in EMPTY_MEANS_NOT_GIVEN:
+        # Sent empty, the parameter is as if absent (`routes.EMPTY_MEANS_NOT_GIVEN`).
+        parameter["allowEmptyValue"] = True
     if name in _JSON_PARAMETERS:
         parameter["content"] = {"application/json": {"schema": schema}}
     else:

@@ -196,16 +196,20 @@ def finish_document(
     check_user_metadata(given)
     merged = {**_fit_metadata(dict(extracted.metadata), json_bytes(given)), **given}
     if revision is None:
-        revision = "sha256:" + _digest(
-            {
-                "scheme": CHUNKING_SCHEME,
-                "chunking": dict(settings.as_identity()),
-                "mediaType": media,
-                "documentSha256": document_sha256,
-                "title": final_title,
-                "metadata": merged,
-            }
-        )
+        identity: dict[str, JSONValue] = {
+            "scheme": CHUNKING_SCHEME,
+            "chunking": dict(settings.as_identity()),
+            "mediaType": media,
+            "documentSha256": document_sha256,
+            "title": final_title,
+            "metadata": merged,
+        }
+        if chunker.markup_left_out:
+            # Its passages differ from an earlier release's (`Chunker.markup_left_out`): a new
+            # default revision, so sending it again replaces them. Every other document keeps
+            # its revision, and its passages are those it had.
+            identity["markupOnlyPassages"] = "left out"
+        revision = "sha256:" + _digest(identity)
     chunks = tuple(
         ChunkInput(
             derived_chunk_id(source_id, revision, ordinal, p.text), p.text, p.location, p.path

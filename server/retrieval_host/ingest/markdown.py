@@ -16,8 +16,10 @@ section whose range holds its `startLine`); a list rather than a per-chunk map b
 smaller and serves any location. If it would not fit the metadata budget it is cut short and
 `sectionsTruncated` is true. Front matter (`---` ... `---` or `...` at the very top, shaped as a
 YAML mapping: a `key:` line first, then only such lines, comments, list items and indented
-lines, every key a name without spaces) is read into `frontMatter` as strings, with no YAML
-evaluation: a top-level key's value is the text after its colon, and a nested value (the
+lines, every key a name without spaces or a quoted one: `_FRONT_KEY`) is read into
+`frontMatter` as strings, with no YAML evaluation. Every key that shape admits is kept (up
+to 64 keys and 3,000 bytes), as written but for its quotes (`og:image`, `$schema`, `my key`),
+at most 300 characters; a top-level key's value is the text after its colon, and a nested value (the
 indented lines under the key, or after a bare `key:` its `- ` items) is kept as its text,
 dedented as a block, lines joined by `\\n` (`_nested_value`). Front matter is not part of any
 passage; a leading `---` block of any other shape is a thematic break and its text
@@ -25,6 +27,9 @@ is indexed. A setext underline (`---`,
 `===`) makes a heading only of a paragraph: after a list item, a block quote or a table it is
 a thematic break (CommonMark; GitHub's tables). Lines inside an HTML block (`_HTML_STARTS`) or
 an indented code block are never headings; passages are cut around them as around any text.
+A fence's opening and closing lines, a thematic break and a setext underline are markup
+(`Block.markup`): they go into passages with the text around them, never into one of their
+own (a fence cut at 64 tokens left a passage of its closing ``` alone, session 43).
 """
 
 from __future__ import annotations
@@ -50,17 +55,20 @@ from retrieval_host.ingest.settings import MARKDOWN, invalid_document
 _FENCE: Final = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _ATX: Final = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _SETEXT: Final = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
-_FRONT_KEY: Final = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_ .-]{0,63}?)[ \t]*:(?:[ \t]+(.*))?$")
 # Lines that make the block they are in something other than a paragraph: a list item, a
 # block quote, a table row or a table's delimiter row.
 _NOT_PARAGRAPH: Final = re.compile(
     r"^ {0,3}(?:[-*+](?:[ \t]|$)|\d{1,9}[.)](?:[ \t]|$)|>|\|)"
     r"|^[ \t]*:?-+:?[ \t]*\|[ \t]*:?-+:?"
 )
-# A front matter key in the shape test: YAML's plain or quoted key without spaces (`og:image`,
-# `$schema`, `título`), then `:` and a space or the end ("Do thing 1 carefully: now." is
-# prose, though `_FRONT_KEY` would read it).
-_SHAPED_KEY: Final = re.compile(r"""^(?:[^\s#\-"'][^\s]*?|"[^"\n]*"|'[^'\n]*')[ \t]*:(?:[ \t]|$)""")
+# A front matter key: YAML's plain key without spaces (`og:image`, `$schema`, `título`) or a
+# quoted one (`"my key"`), then `:` and a space or the end ("Do thing 1 carefully: now." is
+# prose). The shape test and the reader use this one pattern: the reader's own, narrower one
+# (ASCII letters, digits, `_ .-`) passed the block as front matter and then dropped the keys it
+# could not read, silently (session 43).
+_FRONT_KEY: Final = re.compile(
+    r"""^([^\s#\-"'][^\s]*?|"[^"\n]*"|'[^'\n]*')[ \t]*:(?:[ \t]+(.*)|[ \t]*)$"""
+)
 # A thematic break: three or more of one of `-`, `*`, `_` (spaces between allowed).
 _BREAK: Final = re.compile(r"^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$")
 _INTERRUPTS: Final = re.compile(
@@ -147,7 +155,12 @@ def extract_markdown(data: bytes, title: str | None) -> Extracted:
             Segment(
                 lines=tuple(lines[first:last]),
                 first_line=first + 1,
-                blocks=tuple(Block(b.start - first, b.end - first, b.code) for b in section.blocks),
+                blocks=tuple(
+                    Block(
+                        b.start - first, b.end - first, b.code, tuple(m - first for m in b.markup)
+                    )
+                    for b in section.blocks
+                ),
                 path=tuple(clip(h, 200) for h in section.path),
             )
         )
@@ -203,7 +216,7 @@ def _front_matter(lines: list[str]) -> tuple[dict[str, JSONValue], int]:
         block, i = lines[i:nested], nested
         if len(front) >= _FRONT_MATTER_MAX_KEYS:
             continue
-        key = match.group(1).strip()
+        key = clip(_unquote(match.group(1)), FIELD_CHARS)
         if any(line.strip() for line in block):
             value = _nested_value(inline, block)
         else:
@@ -247,10 +260,10 @@ def _looks_like_front_matter(block: list[str]) -> bool:
     too, a comment, a list item or an indented continuation. Anything else (a paragraph, a
     list alone) means the leading `---` was a thematic break."""
     content = [line for line in block if line.strip() and not line.lstrip().startswith("#")]
-    if not content or _SHAPED_KEY.match(content[0]) is None:
+    if not content or _FRONT_KEY.match(content[0]) is None:
         return False
     return all(
-        _SHAPED_KEY.match(line) is not None
+        _FRONT_KEY.match(line) is not None
         or line[:1] in (" ", "\t")
         or line.startswith("- ")
         or line.rstrip() == "-"
@@ -284,12 +297,12 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
     html_open, html_end = False, None
     html_through = -1  # the last line inside an HTML block so far
 
-    def heading(level: int, text: str, first: int, end: int) -> None:
+    def heading(level: int, text: str, first: int, end: int, markup: tuple[int, ...] = ()) -> None:
         while stack and stack[-1][0] >= level:
             stack.pop()
         stack.append((level, text.strip()))
         path = tuple(h for _, h in stack)
-        sections.append(_Section(path, level, [Block(first, end)], top=stack[0][0]))
+        sections.append(_Section(path, level, [Block(first, end, markup=markup)], top=stack[0][0]))
 
     def close_paragraph(end: int) -> None:
         nonlocal paragraph
@@ -311,7 +324,10 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
                 if closing.match(lines[j]):
                     end = j + 1
                     break
-            sections[-1].blocks.append(Block(i, end, code=True))
+            # The fence's own lines are markup, never a passage alone (`Block.markup`); an
+            # unclosed fence's last line is code.
+            fences = (i, end - 1) if end - 1 > i and closing.match(lines[end - 1]) else (i,)
+            sections[-1].blocks.append(Block(i, end, code=True, markup=fences))
             sections[-1].heading_only = False
             i = end
             continue
@@ -350,13 +366,13 @@ def _sections(lines: list[str], start: int) -> list[_Section]:
                 close_paragraph(first)  # the code, a block of its own
             paragraph = None
             text = " ".join(part.strip() for part in lines[first:i])
-            heading(1 if setext.group(1)[0] == "=" else 2, text, first, i + 1)
+            heading(1 if setext.group(1)[0] == "=" else 2, text, first, i + 1, (i,))
             i += 1
             continue
         if paragraph is None and _BREAK.match(line):
             # A thematic break with no paragraph open is a block of its own: it never begins
             # a paragraph the next `---` could underline into a heading.
-            sections[-1].blocks.append(Block(i, i + 1))
+            sections[-1].blocks.append(Block(i, i + 1, markup=(i,)))
             i += 1
             continue
         if paragraph is None:
