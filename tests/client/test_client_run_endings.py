@@ -8,10 +8,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Literal
 
-import apsw
 import pytest
 
 from retrieval_host_client import ProviderFailedError, RunRequest, RunRetrieval
@@ -20,6 +18,7 @@ from tests.client.modes import ClientApi
 from tests.support.chat_endings import Ending, Endings
 from tests.support.fake_openai import FakeOpenAI
 from tests.support.host import CORPUS, RunningHost, World, wait_until
+from tests.support.run_records import forget_finish_reason
 
 QUESTION = "How do I rotate a token?"
 
@@ -90,36 +89,11 @@ def test_an_extractive_answer_ends_stop(api: ClientApi) -> None:
     assert api.run(_request("extractive")).finish_reason == "stop"
 
 
-def _forget_finish_reason(path: Path, run_id: str) -> None:
-    """Make the run's stored result one a host of the previous release wrote: no
-    `finish_reason` (a key this release adds), edited in place through the host's own SQLite.
-
-    Not with stdlib `sqlite3`: it links a second copy of SQLite (the system's) into this
-    process, and POSIX locks are per process, so that copy cannot see the host's connection
-    ("How To Corrupt An SQLite Database File", 2.2.1). Its connection, closed whenever the
-    garbage collector got to it, took itself for the last one, checkpointed the WAL and unlinked
-    it under the session host: the host's later commits went to the unlinked log, and a record
-    read after its answer had arrived held no result or was missing (the async variant, once
-    under load; every time the test ran alone: session 43)."""
-    db = apsw.Connection(str(path))
-    try:
-        db.set_busy_timeout(30_000)
-        db.execute(
-            "UPDATE runs SET result_json = json_remove(result_json, '$.finish_reason') "
-            "WHERE run_id = ? AND json_extract(result_json, '$.finish_reason') = 'stop'",
-            (run_id,),
-        )
-        # At once, not polled: the host commits the record before it answers.
-        assert db.changes() == 1
-    finally:
-        db.close()
-
-
 def test_a_record_written_before_runs_kept_the_ending_reads_as_unknown(
     api: ClientApi, client_host: RunningHost, client_world: World
 ) -> None:
     result = api.run(_request("extractive"))
-    _forget_finish_reason(client_world.directory / "store" / "runs.sqlite", result.run_id)
+    forget_finish_reason(client_world.directory / "store" / "runs.sqlite", result.run_id)
     raw = _raw_result(client_host, client_world, result.run_id)
     assert "finishReason" in raw and raw["finishReason"] is None
     record = api.get_run(result.run_id)

@@ -17,9 +17,8 @@ from retrieval_host.core.context import RequestContext
 from retrieval_host.core.errors import ErrorCode, RetrievalError
 from retrieval_host.core.grants import GRANT_ATTEMPTS
 from retrieval_host.core.models import ChunkInput, IndexRequest, Location, SourceInfo
-from retrieval_host.core.service import Corpus, RetrievalService
 from tests.contract.conftest import StoreHarness
-from tests.contract.test_service_replacing import CORPUS, StoreAcl, World, Writer, texts
+from tests.contract.test_service_replacing import CORPUS, World, opened_world, texts
 
 
 class SameIds(World):
@@ -43,21 +42,8 @@ class SameIds(World):
 def world(
     request: pytest.FixtureRequest, harness: StoreHarness, local_embedding: LocalEmbedding
 ) -> Iterator[SameIds]:
-    store = harness.open()
-    acl = StoreAcl(store)
-    service = RetrievalService([Corpus(CORPUS, "passages-v1", local_embedding, store, acl)])
-    writing = service
-    if request.param == "other-connection":
-        other = harness.open()
-        corpus = Corpus(CORPUS, "passages-v1", local_embedding, other, StoreAcl(other))
-        writing = RetrievalService([corpus])
-    writer = Writer()
-    w = SameIds(service, acl, writing, writer)
-    w.index("a", "r1")
-    try:
+    with opened_world(str(request.param), harness, local_embedding, SameIds, "a") as w:
         yield w
-    finally:
-        writer.close()
 
 
 def _unavailable(world: SameIds, revision: str | None = None) -> None:

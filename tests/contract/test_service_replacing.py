@@ -17,8 +17,10 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -211,26 +213,39 @@ class World:
         return [d["check"] for p, d in self.progress if p == "retrieval.authorization"]
 
 
-@pytest.fixture(params=["same-store", "other-connection"])
-def world(
-    request: pytest.FixtureRequest, harness: StoreHarness, local_embedding: LocalEmbedding
-) -> Iterator[World]:
+W = TypeVar("W", bound=World)
+
+
+@contextmanager
+def opened_world(
+    kind: str, harness: StoreHarness, embedding: LocalEmbedding, cls: type[W], sources: str
+) -> Iterator[W]:
+    """A `cls` world whose writer commits through this service's store (`same-store`) or
+    another connection to it (`other-connection`), `sources` indexed at r1."""
     store = harness.open()
     acl = StoreAcl(store)
-    service = RetrievalService([Corpus(CORPUS, "passages-v1", local_embedding, store, acl)])
+    service = RetrievalService([Corpus(CORPUS, "passages-v1", embedding, store, acl)])
     writing = service
-    if request.param == "other-connection":
+    if kind == "other-connection":
         other = harness.open()
-        corpus = Corpus(CORPUS, "passages-v1", local_embedding, other, StoreAcl(other))
+        corpus = Corpus(CORPUS, "passages-v1", embedding, other, StoreAcl(other))
         writing = RetrievalService([corpus])
     writer = Writer()
-    w = World(service, acl, writing, writer)
-    w.index("a", "r1")
-    w.index("b", "r1")
+    w = cls(service, acl, writing, writer)
+    for source_id in sources:
+        w.index(source_id, "r1")
     try:
         yield w
     finally:
         writer.close()
+
+
+@pytest.fixture(params=["same-store", "other-connection"])
+def world(
+    request: pytest.FixtureRequest, harness: StoreHarness, local_embedding: LocalEmbedding
+) -> Iterator[World]:
+    with opened_world(str(request.param), harness, local_embedding, World, "ab") as w:
+        yield w
 
 
 def passages(hits: Sequence[Hit], source_id: str) -> list[tuple[str, str]]:

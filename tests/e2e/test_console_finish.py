@@ -12,9 +12,7 @@ the host meets a real `finish_reason` over HTTP.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-import apsw
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
@@ -22,6 +20,7 @@ from tests.e2e import test_console as base
 from tests.e2e.test_console import Console, _ask, _open, _shot, _sign_in, _signed_in
 from tests.e2e.test_console_outcomes import _recorded_run
 from tests.support.chat_endings import Ending, Endings
+from tests.support.run_records import forget_finish_reason
 
 # The fixtures of `test_console.py`, bound here so that pytest finds them in this module.
 playwright = base.playwright
@@ -126,27 +125,11 @@ def test_a_completed_run_says_how_its_answer_ended_streamed_and_opened_by_its_id
     page.context.close()
 
 
-def _forget_finish_reason(runs_db: Path, run_id: str) -> None:
-    """The run's stored result as a release before `finish_reason` wrote it (storage version
-    2 without the key: `wire/run_storage.py`), in the host's own runs database."""
-    db = apsw.Connection(str(runs_db))
-    try:
-        db.set_busy_timeout(30_000)
-        db.execute(
-            "UPDATE runs SET result_json = json_remove(result_json, '$.finish_reason') "
-            "WHERE run_id = ? AND json_extract(result_json, '$.finish_reason') = 'stop'",
-            (run_id,),
-        )
-        assert db.changes() == 1
-    finally:
-        db.close()
-
-
 def test_a_run_recorded_before_hosts_kept_how_it_ended_says_it_is_not_recorded(
     browser: Browser, console: Console
 ) -> None:
     run_id, _ = _recorded_run(console, base.QUESTION)
-    _forget_finish_reason(console.ca.parent / "store" / "runs.db", run_id)
+    forget_finish_reason(console.ca.parent / "store" / "runs.db", run_id)
     assert _result(console, run_id)["finishReason"] is None
     page = _opened_by_id(browser, console, run_id)
     _expect_finish(page, NOT_RECORDED, warning=False)

@@ -197,3 +197,28 @@ def old_database(
         for statement, values in rows:
             db.execute(statement, values)
     db.close()
+
+
+def forget_finish_reason(runs_db: Path, run_id: str) -> None:
+    """The run's stored result as a release before `finish_reason` wrote it (storage version
+    2 without the key: `wire/run_storage.py`), edited in place in the host's runs database.
+    The run must have completed, its answer ended `stop`; it is asserted at once, not polled
+    for: the host commits a run's record before it answers.
+
+    Through apsw, the host's own SQLite, never stdlib `sqlite3`: with a host in this process,
+    that links a second copy of SQLite whose locks the host's cannot see (POSIX locks are per
+    process: "How To Corrupt An SQLite Database File", 2.2.1). Its connection, closed whenever
+    the garbage collector got to it, took itself for the last one, checkpointed the WAL and
+    unlinked it under the host: the host's later commits went to the unlinked log, and a record
+    read after its answer had arrived held no result or was missing (session 43)."""
+    db = apsw.Connection(str(runs_db))
+    try:
+        db.set_busy_timeout(30_000)
+        db.execute(
+            "UPDATE runs SET result_json = json_remove(result_json, '$.finish_reason') "
+            "WHERE run_id = ? AND json_extract(result_json, '$.finish_reason') = 'stop'",
+            (run_id,),
+        )
+        assert db.changes() == 1
+    finally:
+        db.close()
