@@ -347,13 +347,20 @@ class BaseClient(Generic[H]):
         stream: bool = False,
         idle_timeout_ms: int | None = None,
     ) -> Call[IndexResponse]:
-        params = IngestParams(
-            corpus=corpus,
-            source_id=source_id,
-            revision=revision,
-            title=title,
-            metadata=None if metadata is None else json.dumps(dict(metadata), allow_nan=False),
-            idle_timeout_ms=idle_timeout_ms,
+        # Validated from a mapping: `metadata` is the JSON text of the object (a `Json` field,
+        # whose constructor argument only pydantic's mypy plugin types as text), so that the
+        # package type-checks without the plugin too (probe "sdk", session 43). NaN and
+        # infinities pass `json.dumps` (as `NaN`), so that the model refuses them as
+        # `pydantic.ValidationError` on `metadata`, as any other bad value.
+        params = IngestParams.model_validate(
+            {
+                "corpus": corpus,
+                "source_id": source_id,
+                "revision": revision,
+                "title": title,
+                "metadata": None if metadata is None else json.dumps(dict(metadata)),
+                "idle_timeout_ms": idle_timeout_ms,
+            }
         )
         if not isinstance(document, str | os.PathLike | bytes | bytearray | memoryview) and not (
             callable(getattr(document, "read", None))

@@ -216,7 +216,16 @@ _METADATA_SCALAR: dict[str, Any] = {
     ]
 }
 UserMetadata = Annotated[
-    dict[str, Annotated[str, StringConstraints(max_length=256)] | int | float | bool | None],
+    dict[
+        str,
+        Annotated[str, StringConstraints(max_length=256)]
+        # JSON has no NaN or infinity: refused here, as any other bad value (probe "sdk",
+        # session 43: `json.dumps` raised a bare `ValueError` for it before validation).
+        | int
+        | Annotated[float, Field(allow_inf_nan=False)]
+        | bool
+        | None,
+    ],
     Field(max_length=16),
     WithJsonSchema(
         {

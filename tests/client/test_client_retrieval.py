@@ -102,6 +102,21 @@ def test_a_document_of_another_type_is_a_type_error_before_sending(api: ClientAp
         api.ingest_context(5, corpus=CORPUS, source_id="n", media_type="text/markdown")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_metadata_that_json_cannot_hold_is_a_validation_error_before_sending(
+    api: ClientApi, value: float
+) -> None:
+    # Probe "sdk", session 43: `json.dumps` raised a bare ValueError that named no field.
+    with pytest.raises(ValidationError, match="metadata"):
+        api.ingest_context(
+            b"Chains want wax.",
+            corpus=CORPUS,
+            source_id="nan",
+            media_type="text/plain",
+            metadata={"weight": value},
+        )
+
+
 def test_index_then_unchanged_then_conflict(api: ClientApi, mode: str) -> None:
     source_id = f"{mode}-prepared"
     request = IndexRequest(
