@@ -42,12 +42,17 @@ def test_corpora_lists_what_the_token_may_search(
     [line] = capsys.readouterr().out.splitlines()
     corpus = json.loads(line)
     assert (corpus["id"], corpus["sources"], corpus["passages"]) == (CORPUS, 1, len(HANDBOOK))
+    assert corpus["writeOnly"] is False
     assert main(["corpora", "--ca-bundle", ca], environ=_env(world, "admin", host)) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{CORPUS}  version passages-v1  2 sources  ")
     # A writer's token learns where it may write (it was shown nothing).
     assert main(["corpora", "--ca-bundle", ca], environ=_env(world, "scribe", host)) == 0
     assert capsys.readouterr().out == f"{CORPUS}  [index]  (may not search)\n"
+    # As JSON, it says which list it came from (probe "cli", session 43).
+    assert main(["corpora", "--ca-bundle", ca, "--json"], environ=_env(world, "scribe", host)) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert json.loads(line) == {"id": CORPUS, "operations": ["index"], "writeOnly": True}
 
 
 def test_sources_list_and_show(

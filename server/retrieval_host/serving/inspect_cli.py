@@ -124,14 +124,18 @@ def _hint(exc: RetrievalHostError, url: str, ca_bundle: Path | None) -> str:
     return ""
 
 
-def _line(model: BaseModel) -> None:
-    print(json.dumps(model.model_dump(mode="json", by_alias=True), ensure_ascii=False))
+def _line(model: BaseModel, **more: object) -> None:
+    answer = model.model_dump(mode="json", by_alias=True)
+    print(json.dumps({**answer, **more}, ensure_ascii=False))
 
 
 def _corpora(client: Client, as_json: bool) -> None:
+    # `--json`: one line per corpus, `writeOnly` saying which list of the host's answer it
+    # came from (a write-only corpus's line has only `id` and `operations`; a script could
+    # tell it only by the missing fields: probe "cli", session 43).
     for corpus in client.list_corpora():
         if as_json:
-            _line(corpus)
+            _line(corpus, writeOnly=False)
             continue
         print(
             f"{corpus.id}  version {corpus.version}  {corpus.sources} sources  "
@@ -141,7 +145,7 @@ def _corpora(client: Client, as_json: bool) -> None:
     # Those it may write to but not search: a writer's token was shown nothing at all.
     for writable in client.list_write_only_corpora():
         if as_json:
-            _line(writable)
+            _line(writable, writeOnly=True)
             continue
         print(f"{writable.id}  [{', '.join(writable.operations)}]  (may not search)")
 
