@@ -15,7 +15,10 @@ from pathlib import Path
 import apsw
 import pytest
 
+from retrieval_host.adapters.sqlite import tables
+from retrieval_host.adapters.sqlite.run_store import SqliteRunStore
 from retrieval_host.settings import HostSettings, LimitSettings, ListenSettings, TlsSettings
+from tests.adapters.sqlite.test_snapshot_restore import open_store, write
 from tests.support.deploy import DEPLOY, k8s_object, yaml_documents
 from tests.support.host import RunningHost, TlsFiles, make_tls, serve_in_thread
 
@@ -192,6 +195,105 @@ def test_backup_refuses_a_destination_that_is_the_live_database_or_not_a_backup(
         other.close()
     finally:
         writer.close()
+
+
+def _files(*folders: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for folder in folders for p in sorted(folder.iterdir())}
+
+
+def _set_user_version(path: Path, version: int) -> None:
+    connection = apsw.Connection(str(path))
+    try:
+        connection.execute(f"PRAGMA user_version={version}")
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def stopped_host(tmp_path: Path) -> dict[str, Path]:
+    """Probe F1's scene: a host's two databases after it ran and stopped (its index snapshots
+    beside `retrieval.sqlite`, no -wal or -shm left), a copy of that store as a second host's,
+    and backups of both databases, one as a later release (newer schema version) took it."""
+    tmp_path.chmod(0o700)
+    store_dir = tmp_path / "store"
+    store_dir.mkdir(mode=0o700)
+    index, runs = store_dir / "retrieval.sqlite", store_dir / "runs.db"
+    with open_store(index) as store:
+        write(store, "s1", ["the only passage"])
+    SqliteRunStore.open(runs).close()
+    assert [p for p in store_dir.iterdir() if "-index-" in p.name]
+    assert not [p for p in store_dir.iterdir() if p.name.endswith(("-wal", "-shm"))]
+    other_host = shutil.copytree(store_dir, tmp_path / "other-host") / index.name
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    paths = {
+        "index": index,
+        "runs": runs,
+        "other host's index": other_host,
+        "index backup": backups / "index.sqlite",
+        "runs backup": backups / "runs.db",
+        "newer index backup": backups / "newer.sqlite",
+        "older index backup": backups / "older.sqlite",
+    }
+    for source, dest in (("index", "index backup"), ("runs", "runs backup")):
+        assert run_script(BACKUP, str(paths[source]), str(paths[dest])).returncode == 0
+    for name, version in (
+        ("newer", tables.SCHEMA_VERSION + 1),
+        ("older", tables.SCHEMA_VERSION - 1),
+    ):
+        shutil.copyfile(paths["index backup"], paths[f"{name} index backup"])
+        _set_user_version(paths[f"{name} index backup"], version)
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("source", "dest", "words"),
+    [
+        ("runs", "index", "is a host's store (it has retrieval.sqlite-index-* beside it)"),
+        ("index", "other host's index", "is a host's store (it has retrieval.sqlite-index-*"),
+        ("index", "runs", "is another kind of database (application_id 0x52484e52"),
+        ("runs", "index backup", "is another kind of database (application_id 0x52485653"),
+        ("index", "runs backup", "is another kind of database (application_id 0x52484e52"),
+        ("index", "newer index backup", f"newer schema (user_version {tables.SCHEMA_VERSION + 1})"),
+    ],
+    ids=[
+        "probe-f1",
+        "another-host",
+        "index-onto-runs",
+        "runs-onto-index-backup",
+        "index-onto-runs-backup",
+        "newer-schema",
+    ],
+)
+def test_backup_refuses_to_replace_a_database_that_is_not_an_earlier_backup_of_the_source(
+    stopped_host: dict[str, Path], source: str, dest: str, words: str
+) -> None:
+    """Probe F1, session 43: with the host stopped, `runs.db` backed up onto `retrieval.sqlite`
+    replaced the index ("integrity ok", exit 0) and the host no longer started. DEST is
+    replaced only by a backup of the same kind of database (its application_id) with a schema
+    no newer than the source's, and never where a host keeps its index snapshots."""
+    folders = {p.parent for p in stopped_host.values()}
+    before = _files(*folders)
+    result = run_script(BACKUP, str(stopped_host[source]), str(stopped_host[dest]))
+    assert result.returncode == 1 and words in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr  # one line, no traceback
+    assert _files(*folders) == before  # byte for byte, and nothing added or left behind
+
+
+def test_backup_replaces_an_earlier_backup_of_the_same_database(
+    stopped_host: dict[str, Path],
+) -> None:
+    """The refusals above keep the one use: a backup over the last one, also over one that an
+    earlier release (an older schema version) took."""
+    for source, dest in (
+        ("index", "index backup"),
+        ("runs", "runs backup"),
+        ("index", "older index backup"),
+    ):
+        result = run_script(BACKUP, str(stopped_host[source]), str(stopped_host[dest]))
+        assert result.returncode == 0, (dest, result.stderr)
+    replaced = stopped_host["older index backup"].read_bytes()
+    assert replaced == stopped_host["index backup"].read_bytes()
 
 
 @pytest.mark.parametrize("name", ["check-image", "check-compose"])
