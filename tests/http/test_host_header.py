@@ -78,10 +78,18 @@ async def test_an_allow_list_refuses_other_hosts_with_a_problem_before_authentic
         twice = await client.get(
             "/v1/protocol", headers=[("Host", "retrieval.example"), ("Host", "evil.example")]
         )
+        # One header naming two hosts, or a port that is not digits: read as the listed name's
+        # before (session 43).
+        glued = [
+            await client.get("/v1/protocol", headers={"Host": value})
+            for value in ("127.0.0.1:8443,evil.example", "retrieval.example:80x", "[::1]x")
+        ]
     assert (listed.status_code, by_ip.status_code) == (200, 200)
     _problem(other, 400, "INVALID_REQUEST", "host-not-allowed")
     _problem(suffix, 400, "INVALID_REQUEST", "host-not-allowed")
     _problem(twice, 400, "INVALID_REQUEST", "host-not-allowed")
+    for response in glued:
+        _problem(response, 400, "INVALID_REQUEST", "host-not-allowed")
     # Orchestrator probes reach the pod by its address; they read nothing the Host could abuse.
     assert probe.status_code == 200
 

@@ -30,12 +30,23 @@ def host_not_allowed() -> RetrievalError:
 
 
 def host_name(value: str) -> str:
-    """The name part of a Host header value, lower-cased: `[::1]:8443` → `[::1]`."""
+    """The name part of a Host header value, lower-cased: `[::1]:8443` → `[::1]`; "" for a
+    value that is not one host and an optional port of digits (`a:80,evil.example`, `a:80x`,
+    `a b`), which no list names: `127.0.0.1:80,evil.example` read as `127.0.0.1` (session 43)."""
     value = value.strip().lower()
+    if not value or any(c in value for c in ", \t/\\@?#"):
+        return ""
     if value.startswith("["):
         end = value.find("]")
-        return value[: end + 1] if end != -1 else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+        name, rest = (value[: end + 1], value[end + 1 :]) if end != -1 else (value, "")
+        port = rest.removeprefix(":") if rest.startswith(":") else (None if rest else "")
+    elif value.count(":") == 1:
+        name, port = value.split(":")
+    else:
+        name, port = value, ""
+    if port is None or (port and not (port.isascii() and port.isdigit())):
+        return ""
+    return name
 
 
 class AllowedHostsMiddleware:
@@ -43,7 +54,7 @@ class AllowedHostsMiddleware:
 
     def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
         self.app = app
-        self.allowed = frozenset(host_name(h) for h in allowed_hosts)
+        self.allowed = frozenset(host_name(h) for h in allowed_hosts) - {""}
         self.rejected = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -303,7 +303,7 @@ def _metrics_server(
     sends the page's name as Host. A missing Host is answered: browsers always send one,
     and an HTTP/1.0 scraper may not."""
     metrics = make_wsgi_app(registry)
-    answers_to = _LOOPBACK_HOSTS | {host_name(h) for h in allowed_hosts}
+    answers_to = (_LOOPBACK_HOSTS | {host_name(h) for h in allowed_hosts}) - {""}
 
     def only_metrics(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         # wsgiref joins repeated Host headers with ",": refused whole, as `host_name` would
