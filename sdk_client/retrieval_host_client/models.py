@@ -159,14 +159,9 @@ _OPERATORS: dict[str, Any] = {
     "minProperties": 1,
     "additionalProperties": False,
     "properties": {
-        "eq": _SCALAR,
-        "ne": _SCALAR,
-        "in": _VALUES,
-        "nin": _VALUES,
-        "gt": _ORDERABLE,
-        "gte": _ORDERABLE,
-        "lt": _ORDERABLE,
-        "lte": _ORDERABLE,
+        **dict.fromkeys(("eq", "ne"), _SCALAR),
+        **dict.fromkeys(("in", "nin"), _VALUES),
+        **dict.fromkeys(("gt", "gte", "lt", "lte"), _ORDERABLE),
     },
 }
 
@@ -206,6 +201,10 @@ Filters = Annotated[
 ]
 
 
+# A number JSON can carry: never NaN or infinite (probe "sdk", session 43: `json.dumps` raised a
+# bare `ValueError` for one in metadata before validation; a host never sends one in a score).
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
 # What a caller attaches to an ingested document (the `metadata` query parameter, a JSON
 # object): at most 16 keys, scalar values, strings at most 256 characters. The host also
 # bounds the whole at 4 KiB of ASCII-escaped JSON.
@@ -218,13 +217,7 @@ _METADATA_SCALAR: dict[str, Any] = {
 UserMetadata = Annotated[
     dict[
         str,
-        Annotated[str, StringConstraints(max_length=256)]
-        # JSON has no NaN or infinity: refused here, as any other bad value (probe "sdk",
-        # session 43: `json.dumps` raised a bare `ValueError` for it before validation).
-        | int
-        | Annotated[float, Field(allow_inf_nan=False)]
-        | bool
-        | None,
+        Annotated[str, StringConstraints(max_length=256)] | int | FiniteFloat | bool | None,
     ],
     Field(max_length=16),
     WithJsonSchema(
@@ -308,13 +301,13 @@ class SearchRequest(_Request):
     # `hybrid` fuses the vector and the lexical (BM25) rankings; `dense` and `lexical` use one.
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     # Leaves out hits whose final `score` is lower (they are not counted as `truncated`).
-    min_score: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    min_score: FiniteFloat | None = None
     # Rerank the authorized top candidates with the corpus's reranker. None: when the corpus
     # has one; True on a corpus without one is refused (`rerank-unavailable`).
     rerank: bool | None = None
     # Only revisions committed at most this many seconds ago (chosen with authorization,
     # before ranking; a revision without a recorded commit time is left out).
-    max_age_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    max_age_s: Annotated[FiniteFloat, Field(gt=0)] | None = None
 
 
 class IngestParams(_Request):
@@ -346,8 +339,8 @@ class DeleteRequest(_Request):
 # --- responses ------------------------------------------------------------------------------
 
 
-# A score as received: a number, never NaN or infinite (a host never sends one).
-Score = Annotated[float, Field(allow_inf_nan=False)]
+# A score as received.
+Score = FiniteFloat
 
 
 def known_values(literal: Any) -> WithJsonSchema:
@@ -548,7 +541,7 @@ class ProtocolLimits(_Response):
     # Seconds between a stream's heartbeat comments (`runs.heartbeatS`): the longest a streamed
     # ingest or run stays silent, so the shortest read timeout that outlasts it. None: a host
     # from before the field (the host's default then was 15 s too).
-    heartbeat_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    heartbeat_s: Annotated[FiniteFloat, Field(gt=0)] | None = None
 
 
 class ProtocolAuth(_Response):
