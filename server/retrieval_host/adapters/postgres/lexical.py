@@ -22,10 +22,14 @@ side (`_statistics`): over the granted passages, or as the namespace's count min
 other sources' passages. N and the total length are sums of per-revision totals kept in memory
 (`SourceTotals`: a revision's passages never change), read once per revision from its passage
 rows. No schema change; per-revision totals stored in `sources` would spare that first read.
+
+Terms are stored and looked up by `term_key`: the term itself, or for one over 1,024 bytes a
+shorter key (the primary key's btree cannot hold it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import Counter
@@ -49,6 +53,33 @@ from retrieval_host.core.filters import MetadataFilter
 from retrieval_host.core.lexical import ANALYZER_EN_SNOWBALL_1, Bm25, term_frequencies
 from retrieval_host.core.models import Location
 from retrieval_host.core.ports import Candidate
+
+# A term of at most this many bytes of UTF-8 is its own key in `chunk_terms`; a longer one is
+# keyed by `term_key`. PostgreSQL's btree refuses an index row over 2,704 bytes (a third of a
+# page), and `term` is part of the primary key: a passage holding one long word that does not
+# compress (a 2,800-digit hex dump, a base64 blob) failed its whole source with a database
+# error, retried forever in vain, while SQLite indexed it (probe "parity", session 44). Rows
+# written before keys hold a longer term as itself (up to about 2,680 bytes, longer where it
+# compressed: measured on PostgreSQL 18); a search looks such a term up under both (`_weights`),
+# so no stored row changes and nothing is migrated.
+TERM_KEY_BYTES: Final = 1_024
+# The characters of a long term its key begins with (at most 800 bytes, the key 865).
+_KEY_PREFIX_CHARS: Final = 200
+
+
+def term_key(term: str) -> str:
+    """A term's key in `chunk_terms`: the term, or for one over `TERM_KEY_BYTES` its first 200
+    characters, a space and the SHA-256 of the whole term in hex. No analyzer term holds a
+    space (`core.lexical`: terms are runs of word characters, marks and compound joints), so a
+    key equals no other term, and a long query term matches exactly the passages holding it.
+    Keys keep the terms' code point order, but for a long term and another sharing its first
+    200 characters (the key's space sorts before any of their next characters)."""
+    if len(term) <= TERM_KEY_BYTES // 4:  # at most 4 bytes a character: no need to encode
+        return term
+    encoded = term.encode()
+    if len(encoded) <= TERM_KEY_BYTES:
+        return term
+    return f"{term[:_KEY_PREFIX_CHARS]} {hashlib.sha256(encoded).hexdigest()}"
 
 
 def space(conn: Connection, schema: str, corpus: str, namespace: str) -> int:
@@ -109,6 +140,7 @@ def copy_terms(
     space_pk: int,
     passages: Sequence[tuple[int, Mapping[str, int]]],
 ) -> None:
+    """Write passages' term counts, each term under its `term_key` (writes and the backfill)."""
     with (
         conn.cursor() as cur,
         cur.copy(
@@ -122,7 +154,7 @@ def copy_terms(
         copy.set_types(TERM_COPY_TYPES)
         for chunk_pk, terms in passages:
             for term, tf in terms.items():
-                copy.write_row((space_pk, term, chunk_pk, tf))
+                copy.write_row((space_pk, term_key(term), chunk_pk, tf))
 
 
 def add_to_space(conn: Connection, schema: str, space_pk: int, passages: int, terms: int) -> None:
@@ -330,25 +362,34 @@ def _weights(
     """The lexical space id, the average passage length, and each query term with its
     weight (occurrences x idf), N, the lengths and df counted over the passages of `sources`
     only (the granted revisions: what the search may rank); None when nothing can match."""
-    counts = Counter(t for t in terms if "\x00" not in t)
+    # Keyed as stored (`term_key`): df, weights and the BM25 sum all see keys. A long term is
+    # also looked up as itself, as rows written before keys hold it (`TERM_KEY_BYTES`); one
+    # passage holds one of the two, so its df is the sum of both and both carry its weight.
+    counts = Counter(term_key(t) for t in terms if "\x00" not in t)
     if not counts or not sources:
         return None
-    query = list(counts)
+    as_written = {key: t for t in terms if (key := term_key(t)) != t and "\x00" not in t}
+    query = [*counts, *as_written.values()]
     passages, total, df = _statistics(
         conn, schema, totals, corpus, namespace, space, sources, query
     )
     if passages <= 0:
         return None
+    for key, term in as_written.items():
+        df[key] = df.get(key, 0) + df.pop(term, 0)
     # Python's int / int, as the SQLite store divides: the same (correctly rounded) float.
     average = total / passages
-    weighted = [(t, counts[t] * Bm25.idf(df[t], passages)) for t in query if df.get(t)]
+    weighted = [(t, counts[t] * Bm25.idf(df[t], passages)) for t in counts if df.get(t)]
+    weighted += [(as_written[t], weight) for t, weight in weighted if t in as_written]
     return (space.pk, average, weighted) if weighted else None
 
 
 # The BM25 sum of one passage over the query terms it holds. The same operations, in the same
 # order (terms summed in code point order, `term` being COLLATE "C"), as `sqlite.lexicon.score`:
-# both stores give bit-equal scores. Parameters: k1, 1 - b, b, average length, terms, weights,
-# space id.
+# both stores give bit-equal scores. `term` holds keys (`term_key`): only a query holding a term
+# over 1,024 bytes, beside another term sharing its first 200 characters, may sum in another
+# order than SQLite's (its scores then may differ in the last bits). Parameters: k1, 1 - b, b,
+# average length, terms, weights, space id.
 _BM25_SUM: Final = (
     "SELECT t.chunk_pk, sum(w.weight * (t.tf / (t.tf + %s * (%s + %s * c.term_count "
     "/ %s))) ORDER BY t.term) AS score "

@@ -61,6 +61,9 @@ __all__ = [
 RV = TypeVar("RV")
 # SQLSTATE class 28: invalid authorization specification, invalid password.
 _AUTHENTICATION_STATES: Final = frozenset({"28000", "28P01"})
+# SQLSTATE class 54: program limit exceeded (an index row too large, a statement too complex,
+# too many columns or arguments).
+_LIMIT_CLASS: Final = "54"
 ANSWER_GRACE_S: Final = 5.0
 # How often a wait wakes to let signals in (psycopg's own default).
 _WAIT_INTERVAL_S: Final = 0.1
@@ -150,6 +153,15 @@ def store_error(action: str, exc: psycopg.Error) -> RetrievalError:
             ErrorCode.STORE_UNAVAILABLE,
             f"the database statement timeout passed while {action}.",
             reason=StoreUnavailableReason.STATEMENT_TIMEOUT,
+        )
+    if (exc.sqlstate or "").startswith(_LIMIT_CLASS):
+        # psycopg raises class 54 as an OperationalError, which read as a failed connection:
+        # a client retried in vain a source the database refuses every time (an index row over
+        # the btree's 2,704 bytes, probe "parity", session 44). The same request fails alike.
+        return RetrievalError(
+            ErrorCode.STORE_UNAVAILABLE,
+            f"a database limit was exceeded while {action}; the same request fails again.",
+            reason=StoreUnavailableReason.DATABASE_ERROR,
         )
     if isinstance(exc, psycopg.OperationalError) and (
         exc.sqlstate in _AUTHENTICATION_STATES or "authentication failed" in str(exc)
