@@ -1,14 +1,15 @@
 """`retrieval-host runs prune`: delete run records (and usage records) older than a time.
 
-retrieval-host runs prune --config host.json --before TIME [--usage]
+retrieval-host runs prune --config host.json --before TIME [--usage] [--vacuum]
 
 Run records keep each answer and its evidence manifest (titles, locations, quoted text) and
 usage records what was spent, for good: a host serving a steady run rate grows its run store
-without bound (~2.4 KB a run), and deleting a source never reaches them (README, "What the
+without bound (2.5-4 KB a run), and deleting a source never reaches them (README, "What the
 index does not do"). This is the supported way to expire them, beside a serving host: the
 finished runs created before `--before` go (a running one stays), and with `--usage` the
 usage records before it. A pruned run reads as the 404 of a run that never was, and its
-idempotency key, used again, starts a new run.
+idempotency key, used again, starts a new run. `--vacuum` (SQLite) then rewrites the file
+without its free pages, so it shrinks; PostgreSQL's autovacuum makes the space reusable.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from retrieval_host.adapters.sqlite import SqliteRunStore
 from retrieval_host.adapters.wiring import build_run_store, sqlite_runs_path
 from retrieval_host.core.errors import RetrievalError
 from retrieval_host.serving.usage_cli import instant
@@ -42,11 +44,22 @@ def add_command(commands: Any) -> None:
     prune.add_argument(
         "--usage", action="store_true", help="also delete the usage records before that time"
     )
+    prune.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="then shrink the SQLite file (VACUUM; the host's run writes wait meanwhile)",
+    )
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None = None) -> int:
     out = sys.stdout if out is None else out
     settings = load_settings(args.config, environ)
+    if args.vacuum and settings.store.postgres_dsn is not None:
+        # VACUUM FULL would lock the tables of a serving database; plain VACUUM is autovacuum's.
+        raise SettingsError(
+            "--vacuum shrinks the SQLite run store; on PostgreSQL the pruned rows' space is "
+            "reused after (auto)vacuum"
+        )
     try:
         # Inside the `try`: a configuration naming no store (`"store": {}`) is one line, as
         # in `usage`; it was a traceback (probe O, session 40).
@@ -58,7 +71,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None
             )
         store = build_run_store(settings, environ, migrate=False)
         try:
-            runs, used = store.prune(args.before, usage=args.usage)
+            if args.vacuum:
+                assert isinstance(store, SqliteRunStore)  # refused above for PostgreSQL
+                runs, used = store.prune(args.before, usage=args.usage, vacuum=True)
+            else:
+                runs, used = store.prune(args.before, usage=args.usage)
         finally:
             store.close()
     except RetrievalError as error:
@@ -67,4 +84,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None
     if args.usage:
         said += f" and {used} usage record(s)"
     out.write(f"deleted {said} from before {args.before}\n")
+    if args.vacuum:
+        size = sqlite_runs_path(settings).stat().st_size
+        out.write(f"{sqlite_runs_path(settings)} is now {size:,} bytes\n")
     return 0

@@ -90,3 +90,67 @@ def test_the_command_prunes_beside_the_configuration_and_creates_nothing(
         main(["runs", "prune", "--config", str(config), "--before", "yesterday"], environ={})
     assert refused.value.code == 2
     assert "not an RFC 3339 time" in capsys.readouterr().err
+
+
+def _fill_many(store: SqliteRunStore, count: int) -> None:
+    for n in range(count):
+        run_id = f"old-{n}"
+        assert store.begin(_record(run_id, "2026-01-01T00:00:00.000Z", f"key-{n}")) is None
+        store.complete(
+            run_id, dataclasses.replace(a_result(run_id), text=f"{'x' * 4000} {n} [source:a-1].")
+        )
+
+
+def test_prune_with_vacuum_gives_the_space_back_and_without_keeps_the_file(
+    tmp_path: Path,
+) -> None:
+    """Probe "soak" (session 44): pruned runs left runs.db at its size (11.8 MB for 0.3 MB of
+    records) and the README named no command that shrinks it."""
+    sizes: dict[bool, tuple[int, int]] = {}
+    for vacuum in (False, True):
+        path = tmp_path / f"runs-{vacuum}.db"
+        store = SqliteRunStore.open(path)
+        _fill_many(store, 300)
+        full = path.stat().st_size
+        assert store.prune("2026-02-01T00:00:00.000Z", vacuum=vacuum) == (300, 0)
+        sizes[vacuum] = (full, path.stat().st_size)
+        assert store.get("old-0") is None
+        # Still a working store: a new run is recorded and read back.
+        assert store.begin(_record("after", "2026-03-01T00:00:00.000Z", "key-after")) is None
+        assert store.get("after") is not None
+        store.close()
+    # After the prune's checkpoint the file holds every page the 300 answers of ~4 KB took:
+    # kept without VACUUM, given back with it.
+    (_, kept), (_, shrunk) = sizes[False], sizes[True]
+    assert kept > 1_000_000
+    assert shrunk < kept / 10
+
+
+def test_the_command_vacuums_on_request_and_refuses_it_for_postgres(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store_dir = tmp_path / "store"
+    store_dir.mkdir(mode=0o700)
+    config = tmp_path / "host.json"
+    tls = {"certFile": "c.pem", "keyFile": "k.pem"}
+    config.write_text(
+        json.dumps({"tls": tls, "store": {"sqlitePath": str(store_dir / "retrieval.sqlite")}})
+    )
+    store = SqliteRunStore.open(store_dir / "runs.db")
+    _fill_many(store, 300)
+    store.close()
+    argv = ["runs", "prune", "--config", str(config), "--before", "2026-02-01", "--vacuum"]
+    assert main(argv, environ={}) == 0
+    said = capsys.readouterr().out.splitlines()
+    size = (store_dir / "runs.db").stat().st_size
+    assert said == [
+        "deleted 300 run record(s) from before 2026-02-01T00:00:00.000Z",
+        f"{store_dir / 'runs.db'} is now {size:,} bytes",
+    ]
+    assert size < 200_000  # 300 answers of ~4 KB took more than 1.2 MB
+    postgres = tmp_path / "pg.json"
+    postgres.write_text(json.dumps({"tls": tls, "store": {"postgresDsn": {"env": "PG_DSN"}}}))
+    argv[3] = str(postgres)
+    # Refused before any connection (nothing listens on port 1).
+    assert main(argv, environ={"PG_DSN": "postgresql://u@127.0.0.1:1/db"}) == 2
+    assert "--vacuum shrinks the SQLite run store" in capsys.readouterr().err
