@@ -11,7 +11,7 @@ retrieval-host corpora [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources list CORPUS [--page-size N] [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host sources show CORPUS SOURCE_ID [--url URL] [--ca-bundle PEM] [--json]
 retrieval-host usage --config host.json [--since TIME] [--subject S] [--records] [--json]
-retrieval-host runs prune --config host.json --before TIME [--usage]
+retrieval-host runs prune --config host.json --before TIME [--usage] [--vacuum]
 """
 
 from __future__ import annotations
