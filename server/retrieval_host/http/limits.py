@@ -14,11 +14,13 @@ Pure ASGI, so it sees the body as the server delivers it, before any framework b
   closed). The header deadline lives in the server protocol (`serving/server_protocol.py`): no ASGI
   code runs before the headers are complete.
 - At most `maxConcurrency` requests are in flight; one more is answered `HOST_BUSY` (503) at
-  once, never queued. Raw document uploads also share a budget of bytes
-  (`maxIngestBytesInFlight`, at least `maxBodyBytes`): an upload whose Content-Length would
-  pass it is answered `HOST_BUSY` (reason `ingest-bytes`) before its body is read, and one
-  without a length is counted as it arrives and refused (connection closed) the moment it
-  would; its bytes stay counted until its ingest has answered. Probes and discovery
+  once, never queued (closing the connection when it announces a body of more than 64 KiB,
+  or of unknown length, which it would otherwise read and discard). Raw document uploads
+  also share a budget of bytes (`maxIngestBytesInFlight`, at least `maxBodyBytes`): an
+  upload whose Content-Length would pass it is answered `HOST_BUSY` (reason `ingest-bytes`)
+  before its body is read, and one without a length is counted as it arrives and refused
+  (connection closed) the moment it would; its bytes stay counted until its ingest has
+  answered. Probes and discovery
   (`/healthz`, `/readyz`, `/v1/protocol`, `/v1/openapi.json`) are exempt: they are cheap, hold
   no worker, and must answer while the host is saturated (a busy host is alive, and a client
   must still be able to discover it).
@@ -186,9 +188,13 @@ class LimitsMiddleware:
         if not exempt:
             if self.counters.in_flight >= self.limits.max_concurrency:
                 self.counters.busy_rejections += 1
-                await send_problem(
-                    send, host_busy(), request_id, extra_headers=[(b"retry-after", b"1")]
-                )
+                headers = [(b"retry-after", b"1")]
+                if _large_body(scope, declared):
+                    # Kept alive, the server read and discarded the whole refused body (up
+                    # to `maxBodyBytes`) before the connection served anything else (probe
+                    # "overload", session 44). A small body costs less than a new handshake.
+                    headers.append(_CLOSE)
+                await send_problem(send, host_busy(), request_id, extra_headers=headers)
                 return
             if reserved and self.counters.ingest_bytes + reserved > self._ingest_budget:
                 self.counters.ingest_bytes_rejections += 1
@@ -287,6 +293,13 @@ class LimitsMiddleware:
 
 
 _CLOSE: Final = (b"connection", b"close")
+
+
+def _large_body(scope: Scope, declared: int | None) -> bool:
+    """Whether the request announces a body of more than one piece, or one of unknown length."""
+    if declared is not None:
+        return declared > BODY_PIECE_BYTES
+    return any(key == b"transfer-encoding" for key, _ in scope["headers"])
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -27,17 +27,16 @@ and one over the bound is refused there, before the application sees the request
 the parser refuses (malformed framing, a request target over its bound) gets a 400 problem
 body with a request id, as every other error does, instead of uvicorn's plain-text line. A
 connection that queues more than `MAX_PIPELINED` requests behind the one being answered is
-closed.
+closed. A connection whose writes are paused (its buffers full) and whose client has taken
+none of its answer for the body deadline is aborted (`delivery.py`: a client that stopped
+reading held its request's concurrency slot for as long as it stayed connected).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import re
-import sys
-import termios
 from typing import Any, ClassVar, Final
 
 from uvicorn.config import Config
@@ -50,6 +49,7 @@ from retrieval_host.http.limits import RequestTimeout
 from retrieval_host.http.logs import log_access
 from retrieval_host.http.request_id import new_request_id
 from retrieval_host.http.strict import InvalidRequest
+from retrieval_host.serving.delivery import StallWatch, unsent
 from retrieval_host.wire.problems import PROBLEM_MEDIA_TYPE, encode_problem, problem_body
 
 logger = logging.getLogger("retrieval_host.http")
@@ -145,27 +145,9 @@ def _head_part(tail: bytes, data: bytes) -> int:
     return max(0, min(ends) - len(tail)) if ends else len(data)
 
 
-def _unsent(transport: asyncio.Transport) -> int:
-    """Bytes written to `transport` that its client has not acknowledged yet, as far as they
-    can be seen: the TLS layer's buffer and the kernel's send queue (Linux `TIOCOUTQ`, unsent
-    and unacknowledged bytes). The loop's own socket buffer in between is not visible; it holds
-    bytes only while the kernel's queue is full."""
-    unsent = transport.get_write_buffer_size()
-    sock = transport.get_extra_info("socket")
-    if sock is not None and _OUTQ is not None:
-        try:
-            queued = fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0")
-            unsent += int.from_bytes(queued, sys.byteorder, signed=True)
-        except (OSError, ValueError):
-            pass  # not a kernel socket, or already closed: nothing more to see
-    return unsent
-
-
-_OUTQ: Final = getattr(termios, "TIOCOUTQ", None)
-
-
 class HeaderDeadlineProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol that cuts off clients too slow to send their request headers."""
+    """HttpToolsProtocol that cuts off clients too slow to send their requests, or to take
+    their answers."""
 
     header_timeout_s: ClassVar[float] = 10.0
     body_timeout_s: ClassVar[float] = 60.0
@@ -175,6 +157,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     headers_too_large: ClassVar[int] = 0
     pipelines_too_deep: ClassVar[int] = 0
     bad_requests: ClassVar[int] = 0
+    stalled_readers: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -199,6 +182,9 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._unanswered = 0  # requests parsed (running or queued) whose answer has not ended
         self._drop_timer: asyncio.TimerHandle | None = None  # shutting down: see `shutdown`
         self._lost = False
+        # A client that takes nothing of its answer for `body_timeout_s` ("data taken too
+        # slowly", the mirror of the body deadline) is cut off: see `delivery.py`.
+        self._stall_watch = StallWatch(self.loop, self.body_timeout_s, self._reader_stalled)
 
     @classmethod
     def with_timeouts(cls, header_s: float, body_s: float) -> type[HeaderDeadlineProtocol]:
@@ -214,6 +200,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
                 "headers_too_large": 0,
                 "pipelines_too_deep": 0,
                 "bad_requests": 0,
+                "stalled_readers": 0,
             },
         )
 
@@ -226,6 +213,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             "headers-too-large": cls.headers_too_large,
             "bad-http": cls.bad_requests,
             "pipeline-too-deep": cls.pipelines_too_deep,
+            "stalled-reader": cls.stalled_readers,
         }
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -359,7 +347,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def _idle(self) -> bool:
         """Nothing in flight or queued, and nothing written that the client has not received."""
         done = self.cycle is None or self.cycle.response_complete
-        return done and not self.pipeline and not _unsent(self.transport)
+        return done and not self.pipeline and not unsent(self.transport)
 
     def _poll_drop(self, idle_before: bool) -> None:
         # Dropped after two quiet looks a poll apart: between them the loop has run, so bytes
@@ -373,8 +361,38 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             return
         self._drop_timer = self.loop.call_later(DROP_POLL_S, self._poll_drop, idle)
 
+    def pause_writing(self) -> None:
+        super().pause_writing()  # the application's next `send` waits for the client
+        if not self._lost:
+            self._stall_watch.start(self.transport)
+
+    def resume_writing(self) -> None:
+        self._stall_watch.stop()
+        super().resume_writing()
+
+    def _reader_stalled(self) -> None:
+        # Aborted, not closed: a polite close would wait for the same client to take the
+        # buffered bytes. The application's pending `send` returns as for a client gone (a
+        # run is cancelled), so its slot is freed.
+        type(self).stalled_readers += 1
+        cycle = self.cycle
+        logger.warning(
+            "client took none of its answer for %s s; closing the connection",
+            self.body_timeout_s,
+            extra={
+                "fields": {
+                    "reason": "stalled-reader",
+                    "client": self.client[0] if self.client else None,
+                    "path": cycle.scope["path"] if cycle is not None else None,
+                    "unsentBytes": unsent(self.transport),
+                }
+            },
+        )
+        self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._stall_watch.stop()
         if self._drop_timer is not None:
             self._drop_timer.cancel()
             self._drop_timer = None
