@@ -1,7 +1,7 @@
 """What a client has taken of the bytes written to it, and the bound on a client that takes none.
 
 A client that stops reading while it stays connected (a paused process, a frozen VM, a
-deliberate attacker: its TCP stack keeps acknowledging with a zero window) held its answer's
+client that never reads: its TCP stack keeps acknowledging with a zero window) held its answer's
 concurrency slot for as long as it stayed (probe "overload", session 44: a run's 5.7 MB
 stream completed in 10 s, and its slot stayed taken until the client left at 72 s).
 uvicorn's `send` waits for the transport to drain with no bound, and the slot is released
@@ -79,7 +79,9 @@ def delivery_mark(transport: asyncio.Transport) -> tuple[str, int]:
 class StallWatch:
     """Watches one connection while its writes are paused, and calls `on_stall` once its
     client has taken nothing for `window_s`. A client reading slowly but steadily is never
-    cut: any byte taken starts the window again. Event-loop owned, like the protocol."""
+    cut: each acknowledgement of more bytes (a window update, once the client's kernel has
+    freed part of its receive buffer) starts the window again. Event-loop owned, like the
+    protocol."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, window_s: float, on_stall: Callable[[], None]

@@ -47,7 +47,8 @@ def add_command(commands: Any) -> None:
     prune.add_argument(
         "--vacuum",
         action="store_true",
-        help="then shrink the SQLite file (VACUUM; the host's run writes wait meanwhile)",
+        help="then shrink the SQLite file (VACUUM: it locks the run store throughout, ~20 s a "
+        "GB; with a large store stop the host first)",
     )
 
 
@@ -85,6 +86,13 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], out: TextIO | None
         said += f" and {used} usage record(s)"
     out.write(f"deleted {said} from before {args.before}\n")
     if args.vacuum:
-        size = sqlite_runs_path(settings).stat().st_size
-        out.write(f"{sqlite_runs_path(settings)} is now {size:,} bytes\n")
+        path = sqlite_runs_path(settings)
+        out.write(f"{path} is now {path.stat().st_size:,} bytes\n")
+        log = path.with_name(path.name + "-wal")
+        left = log.stat().st_size if log.exists() else 0
+        if left:  # the serving host was reading throughout: its own checkpoint finishes it
+            out.write(
+                f"  its write-ahead log still holds {left:,} bytes: the file shrinks at the "
+                "host's next checkpoint\n"
+            )
     return 0

@@ -7,9 +7,11 @@ import dataclasses
 import json
 from pathlib import Path
 
+import apsw
 import pytest
 
 from retrieval_host.adapters.sqlite import SqliteRunStore
+from retrieval_host.adapters.sqlite import schema as sqlite_schema
 from retrieval_host.core.run_ports import RunRecord
 from retrieval_host.core.usage import UsageRecord
 from retrieval_host.serving.cli import main
@@ -154,3 +156,39 @@ def test_the_command_vacuums_on_request_and_refuses_it_for_postgres(
     # Refused before any connection (nothing listens on port 1).
     assert main(argv, environ={"PG_DSN": "postgresql://u@127.0.0.1:1/db"}) == 2
     assert "--vacuum shrinks the SQLite run store" in capsys.readouterr().err
+
+
+def test_vacuum_beside_a_reader_says_the_file_shrinks_at_the_hosts_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review V (session 44): with a serving host reading, the checkpoint after VACUUM is busy
+    and the command printed the old size as the new one, beside a log of the whole copy."""
+    # The checkpoints wait for the reader this long (the host's 10 s), then give up.
+    monkeypatch.setattr(sqlite_schema, "BUSY_TIMEOUT_MS", 200)
+    store_dir = tmp_path / "store"
+    store_dir.mkdir(mode=0o700)
+    config = tmp_path / "host.json"
+    config.write_text(
+        json.dumps(
+            {
+                "tls": {"certFile": "c.pem", "keyFile": "k.pem"},
+                "store": {"sqlitePath": str(store_dir / "retrieval.sqlite")},
+            }
+        )
+    )
+    store = SqliteRunStore.open(store_dir / "runs.db")
+    _fill_many(store, 300)
+    store.close()
+    reader = apsw.Connection(str(store_dir / "runs.db"))  # a host's read, held throughout
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM runs").fetchall() == [(300,)]
+    argv = ["runs", "prune", "--config", str(config), "--before", "2026-02-01", "--vacuum"]
+    try:
+        assert main(argv, environ={}) == 0
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "deleted 300 run record(s) from before 2026-02-01T00:00:00.000Z"
+    assert said[2].startswith("  its write-ahead log still holds ")
+    assert said[2].endswith(" bytes: the file shrinks at the host's next checkpoint")

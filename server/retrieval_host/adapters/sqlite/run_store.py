@@ -268,9 +268,10 @@ class SqliteRunStore:
         usage records) deleted. The deleted rows' bytes are overwritten (`secure_delete`) and
         the write-ahead log checkpointed, so the text does not stay in free pages; the file
         keeps its size unless `vacuum`: then the file is rewritten without its free pages
-        (SQLite's VACUUM, beside a serving host: its run writes wait meanwhile, under their
-        busy timeout) and the log checkpointed again, which gives the space back (probe
-        "soak", session 44: 11.8 MB of runs.db held 0.3 MB of records)."""
+        (SQLite's VACUUM: it holds the write lock throughout, ~20 s a GB, so a serving host's
+        run writes wait and past their busy timeout fail) and the log checkpointed again,
+        which gives the space back (probe "soak", session 44: 11.8 MB of runs.db held 0.3 MB
+        of records)."""
         self._usage.flush()
         with self._lock, translated("pruning runs"):
             self._file.check()
@@ -293,7 +294,10 @@ class SqliteRunStore:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             if vacuum:
                 # The rewrite goes through the log; the checkpoint moves it into the file and
-                # truncates both (the file shrinks only then).
+                # truncates both (the file shrinks only then). It waits for a serving host's
+                # readers up to the busy timeout; past it the host's own checkpoints finish
+                # the job, and the command says so (review V, session 44: it reported the old
+                # size as the new one, beside a 728 MB log).
                 self._db.execute("VACUUM")
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         return runs, used
